@@ -1,0 +1,181 @@
+// Package client is the WheelFS client core: path resolution with cues,
+// write-back file buffering, the block cache and every call to storage
+// servers. It knows nothing of FUSE; the FUSE adapter and tests drive it
+// through this Go API, and errors come back as wrapped fserr sentinels.
+package client
+
+import (
+	"context"
+	"log/slog"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+
+	"github.com/wheelfs/wheelfs/internal/blockcache"
+	"github.com/wheelfs/wheelfs/internal/cue"
+	"github.com/wheelfs/wheelfs/internal/fserr"
+	"github.com/wheelfs/wheelfs/internal/oid"
+	"github.com/wheelfs/wheelfs/internal/wire"
+)
+
+// BlockSize is the size of a file block (DESIGN.md: 64 KiB).
+const BlockSize = 64 << 10
+
+// DefaultTimeout bounds every operation that has no .MaxTime cue, so that an
+// unreachable server can never hang a mount.
+const DefaultTimeout = 30 * time.Second
+
+// Router finds the server that is primary for a slice.
+type Router interface {
+	// Primary returns a client for the current primary of slice s.
+	Primary(ctx context.Context, s oid.Slice) (wire.StorageClient, error)
+	// Describe reports the slice's primary and replicas, with their sites.
+	Describe(ctx context.Context, s oid.Slice) (SliceInfo, error)
+}
+
+// ServerRef names a server and its site.
+type ServerRef struct {
+	Server string `json:"server"`
+	Site   string `json:"site"`
+}
+
+// SliceInfo is the placement of one slice.
+type SliceInfo struct {
+	Primary  ServerRef   `json:"primary"`
+	Replicas []ServerRef `json:"replicas"`
+	Epoch    int64       `json:"epoch"`
+}
+
+// Config configures a client core.
+type Config struct {
+	Logger *slog.Logger
+	// Site is the client's own site (for write-local placement).
+	Site string
+	// CacheBytes bounds the in-memory block cache.
+	CacheBytes int64
+	// DirtyBytes is how much written data a file buffers before uploading
+	// full blocks ahead of close (they are committed only on close/fsync).
+	DirtyBytes int64
+	// Timeout bounds operations without a .MaxTime cue.
+	Timeout time.Duration
+}
+
+// NewConfig returns a Config with defaults filled in.
+func NewConfig() Config {
+	return Config{
+		Logger:     slog.Default(),
+		CacheBytes: 256 << 20,
+		DirtyBytes: 4 << 20,
+		Timeout:    DefaultTimeout,
+	}
+}
+
+// User is the local user on whose behalf an operation runs.
+type User struct {
+	Uid, Gid uint32
+	Groups   []uint32
+	Pid      uint32
+}
+
+func (u User) caller() *wire.Caller {
+	return &wire.Caller{Uid: u.Uid, Gid: u.Gid, Groups: u.Groups, Pid: u.Pid}
+}
+
+// FS is one client's view of a WheelFS deployment.
+type FS struct {
+	cfg    Config
+	log    *slog.Logger
+	router Router
+	cache  *blockcache.Cache
+
+	mu    sync.Mutex
+	files map[oid.ID]*fileState // open files
+}
+
+// New returns a client core that reaches servers through router.
+func New(cfg Config, router Router) *FS {
+	def := NewConfig()
+	if cfg.Logger == nil {
+		cfg.Logger = def.Logger
+	}
+	if cfg.CacheBytes <= 0 {
+		cfg.CacheBytes = def.CacheBytes
+	}
+	if cfg.DirtyBytes <= 0 {
+		cfg.DirtyBytes = def.DirtyBytes
+	}
+	if cfg.Timeout <= 0 {
+		cfg.Timeout = def.Timeout
+	}
+	return &FS{
+		cfg:    cfg,
+		log:    cfg.Logger.With("component", "client"),
+		router: router,
+		cache:  blockcache.New(cfg.CacheBytes),
+		files:  make(map[oid.ID]*fileState),
+	}
+}
+
+// Root returns the ID of the root directory.
+func (f *FS) Root() oid.ID { return oid.Root }
+
+// bound applies the operation's time limit: .MaxTime when given, the default
+// otherwise. The whole operation, every remote step included, must finish
+// within it (paper §4.5).
+func (f *FS) bound(ctx context.Context, cues cue.Set) (context.Context, context.CancelFunc) {
+	d := f.cfg.Timeout
+	if cues.MaxTime > 0 {
+		d = cues.MaxTime
+	}
+	return context.WithTimeout(ctx, d)
+}
+
+// server returns the primary for id.
+func (f *FS) server(ctx context.Context, id oid.ID) (wire.StorageClient, error) {
+	c, err := f.router.Primary(ctx, id.Slice())
+	if err != nil {
+		return nil, fserr.FromStatus(err)
+	}
+	return c, nil
+}
+
+// call runs one RPC against id's primary and converts its error.
+func call[Req any, Resp any](ctx context.Context, f *FS, id oid.ID,
+	rpc func(wire.StorageClient, context.Context, Req, ...grpc.CallOption) (Resp, error), req Req) (Resp, error) {
+	c, err := f.server(ctx, id)
+	if err != nil {
+		var zero Resp
+		return zero, err
+	}
+	resp, err := rpc(c, ctx, req)
+	if err != nil {
+		if ctx.Err() != nil {
+			return resp, fserr.ErrTimeout
+		}
+		return resp, fserr.FromStatus(err)
+	}
+	return resp, nil
+}
+
+func syncLevel(c cue.Set) uint32 {
+	if c.SyncLevel > 0 {
+		return uint32(c.SyncLevel)
+	}
+	return 0
+}
+
+// wireCues converts the persistent part of a cue set for a new object.
+func wireCues(c cue.Set, typ wire.Type) *wire.Cues {
+	p := c.Persistent()
+	if p.IsZero() {
+		return nil
+	}
+	return &wire.Cues{
+		Site:         p.Site,
+		KeepTogether: p.KeepTogether,
+		RepSites:     int32(p.RepSites),
+		RepLevel:     int32(p.RepLevel),
+		Eventual:     p.EventualConsistency && typ == wire.Type_TYPE_DIR,
+	}
+}

@@ -1,0 +1,508 @@
+package client
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"slices"
+	"sync"
+	"syscall"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+
+	"github.com/wheelfs/wheelfs/internal/cue"
+	"github.com/wheelfs/wheelfs/internal/fserr"
+	"github.com/wheelfs/wheelfs/internal/oid"
+	"github.com/wheelfs/wheelfs/internal/wire"
+)
+
+// refsPerFetch is how many block references one GetBlocks call returns.
+const refsPerFetch = 1024
+
+// blocksPerRPC bounds the blocks moved by one ReadBlocks/PutBlocks call.
+const blocksPerRPC = 16
+
+type blockRef struct {
+	hash [32]byte
+	len  uint32
+}
+
+// fileState is what a client knows about one open file: the block list of
+// the version it read, and the writes it buffers until close or fsync.
+// All handles of the file on this client share it, as POSIX requires.
+type fileState struct {
+	mu   sync.Mutex
+	id   oid.ID
+	refs int
+
+	version uint64 // server version that hashes describes
+	size    int64  // current size, local writes included
+	hashes  map[uint64]blockRef
+	loaded  map[uint64]bool // which refsPerFetch-chunks of hashes are known
+
+	dirty      map[uint64][]byte   // written blocks not yet uploaded
+	dirtyBytes int64               //
+	staged     map[uint64]blockRef // uploaded, not yet committed
+	modified   bool
+	mtimeNs    int64
+}
+
+func newFileState(id oid.ID, m *wire.Meta) *fileState {
+	st := &fileState{id: id, dirty: map[uint64][]byte{}, staged: map[uint64]blockRef{}}
+	st.reset(m)
+	return st
+}
+
+// reset forgets the block list and adopts the server's version m.
+func (st *fileState) reset(m *wire.Meta) {
+	st.version = m.Version
+	st.size = int64(m.Size)
+	st.hashes = map[uint64]blockRef{}
+	st.loaded = map[uint64]bool{}
+}
+
+// updateMeta adopts meta-data the server returned after a change this
+// client made (a truncate drops the cached block list).
+func (st *fileState) updateMeta(m *wire.Meta, sizeChanged bool) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if st.modified {
+		return
+	}
+	if sizeChanged || m.Version != st.version+1 {
+		st.reset(m)
+		return
+	}
+	st.version = m.Version
+	st.size = int64(m.Size)
+}
+
+// Handle is an open file.
+type Handle struct {
+	fs   *FS
+	st   *fileState
+	user User
+	cues cue.Set
+	// Writable reports whether the handle was opened for writing.
+	Writable bool
+}
+
+func (f *FS) openState(id oid.ID) *fileState {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.files[id]
+}
+
+// overlay returns m as this client sees it: with buffered writes applied.
+func (f *FS) overlay(m *wire.Meta) *wire.Meta {
+	if m == nil || m.Type != wire.Type_TYPE_FILE {
+		return m
+	}
+	st := f.openState(oid.ID(m.Id))
+	if st == nil {
+		return m
+	}
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if !st.modified {
+		return m
+	}
+	m = proto.CloneOf(m)
+	m.Size = uint64(st.size)
+	if st.mtimeNs != 0 {
+		m.MtimeNs = st.mtimeNs
+	}
+	return m
+}
+
+// Open opens a file. flags are open(2) flags; the server checks the
+// caller's permission for them. Close-to-open: the primary is asked for
+// the current version on every open, and cached blocks are reused only if
+// the version is unchanged.
+func (f *FS) Open(ctx context.Context, u User, cues cue.Set, id oid.ID, flags uint32) (*Handle, *wire.Meta, error) {
+	ctx, cancel := f.bound(ctx, cues)
+	defer cancel()
+	resp, err := call(ctx, f, id, wire.StorageClient.Open,
+		&wire.OpenRequest{Caller: u.caller(), Id: uint64(id), Flags: flags})
+	if err != nil {
+		return nil, nil, fmt.Errorf("open %v: %w", id, err)
+	}
+	m := resp.Meta
+	if m.Type == wire.Type_TYPE_DIR && flags&syscall.O_ACCMODE != syscall.O_RDONLY {
+		f.release(ctx, id)
+		return nil, nil, fmt.Errorf("open %v for writing: %w", id, fserr.ErrIsDir)
+	}
+	f.mu.Lock()
+	st := f.files[id]
+	if st == nil {
+		st = newFileState(id, m)
+		f.files[id] = st
+	}
+	st.refs++
+	f.mu.Unlock()
+
+	st.mu.Lock()
+	if !st.modified && m.Version != st.version {
+		st.reset(m)
+	}
+	st.mu.Unlock()
+	h := &Handle{fs: f, st: st, user: u, cues: cues, Writable: flags&syscall.O_ACCMODE != syscall.O_RDONLY}
+	if flags&syscall.O_TRUNC != 0 && h.Writable && m.Type == wire.Type_TYPE_FILE && m.Size > 0 {
+		m, err = f.SetAttr(ctx, u, cues, id, &wire.SetAttrRequest{Valid: wire.SetSize, Size: 0})
+		if err != nil {
+			h.Release(ctx)
+			return nil, nil, err
+		}
+	}
+	return h, f.overlay(m), nil
+}
+
+// Version returns the file version this client last saw committed.
+func (h *Handle) Version() uint64 {
+	h.st.mu.Lock()
+	defer h.st.mu.Unlock()
+	return h.st.version
+}
+
+// ID returns the open object's ID.
+func (h *Handle) ID() oid.ID { return h.st.id }
+
+// Read reads up to len(p) bytes at off.
+func (h *Handle) Read(ctx context.Context, p []byte, off int64) (int, error) {
+	ctx, cancel := h.fs.bound(ctx, h.cues)
+	defer cancel()
+	st := h.st
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if off >= st.size {
+		return 0, nil
+	}
+	if end := st.size - off; int64(len(p)) > end {
+		p = p[:end]
+	}
+	first := uint64(off / BlockSize)
+	last := uint64((off + int64(len(p)) - 1) / BlockSize)
+	// Read ahead a full RPC's worth for sequential readers (the kernel
+	// issues 128 KiB reads); .WholeFile fetches the rest of the file.
+	ahead := last + blocksPerRPC
+	if h.cues.WholeFile {
+		ahead = uint64((st.size - 1) / BlockSize)
+	}
+	if maxIdx := uint64((st.size - 1) / BlockSize); ahead > maxIdx {
+		ahead = maxIdx
+	}
+	blocks, err := st.blocks(ctx, h.fs, h.user, first, last, ahead)
+	if err != nil {
+		return 0, fmt.Errorf("read %v at %d: %w", st.id, off, err)
+	}
+	n := 0
+	for idx := first; idx <= last; idx++ {
+		b := blocks[idx-first]
+		start := int64(0)
+		if idx == first {
+			start = off % BlockSize
+		}
+		want := min(int64(len(p)-n), BlockSize-start)
+		seg := p[n : n+int(want)]
+		c := 0
+		if start < int64(len(b)) {
+			c = copy(seg, b[start:])
+		}
+		clear(seg[c:]) // holes and short blocks read as zeros
+		n += int(want)
+	}
+	return n, nil
+}
+
+// blocks returns the contents of blocks first..last (nil for holes),
+// fetching missing ones up to ahead in the same round trips.
+func (st *fileState) blocks(ctx context.Context, f *FS, u User, first, last, ahead uint64) ([][]byte, error) {
+	if err := st.loadRefs(ctx, f, u, first, ahead); err != nil {
+		return nil, err
+	}
+	out := make([][]byte, last-first+1)
+	var missing [][32]byte
+	for idx := first; idx <= ahead; idx++ {
+		if b, ok := st.dirty[idx]; ok {
+			if idx <= last {
+				out[idx-first] = b
+			}
+			continue
+		}
+		ref, ok := st.ref(idx)
+		if !ok {
+			continue
+		}
+		if b, ok := f.cache.Get(ref.hash); ok {
+			if idx <= last {
+				out[idx-first] = b
+			}
+			continue
+		}
+		if len(missing) == 0 || missing[len(missing)-1] != ref.hash {
+			missing = append(missing, ref.hash)
+		}
+	}
+	if len(missing) > 0 {
+		if err := f.fetch(ctx, u, st.id, missing); err != nil {
+			return nil, err
+		}
+		for idx := first; idx <= last; idx++ {
+			if out[idx-first] != nil || st.dirty[idx] != nil {
+				continue
+			}
+			if ref, ok := st.ref(idx); ok {
+				b, ok := f.cache.Get(ref.hash)
+				if !ok {
+					return nil, fmt.Errorf("block %d evicted while reading: %w", idx, fserr.ErrIO)
+				}
+				out[idx-first] = b
+			}
+		}
+	}
+	return out, nil
+}
+
+// fetch reads blocks by hash from the file's primary into the cache.
+func (f *FS) fetch(ctx context.Context, u User, id oid.ID, hashes [][32]byte) error {
+	for chunk := range slices.Chunk(hashes, blocksPerRPC) {
+		req := &wire.ReadBlocksRequest{Caller: u.caller(), Id: uint64(id), Hashes: make([][]byte, len(chunk))}
+		for i := range chunk {
+			req.Hashes[i] = chunk[i][:]
+		}
+		resp, err := call(ctx, f, id, wire.StorageClient.ReadBlocks, req)
+		if err != nil {
+			return err
+		}
+		if len(resp.Data) != len(chunk) {
+			return fmt.Errorf("server returned %d of %d blocks: %w", len(resp.Data), len(chunk), fserr.ErrIO)
+		}
+		for i, h := range chunk {
+			f.cache.Add(h, resp.Data[i])
+		}
+	}
+	return nil
+}
+
+// ref returns the reference of block idx in the current view of the file.
+func (st *fileState) ref(idx uint64) (blockRef, bool) {
+	if r, ok := st.staged[idx]; ok {
+		return r, true
+	}
+	r, ok := st.hashes[idx]
+	return r, ok
+}
+
+// loadRefs makes sure the block references of first..last are known.
+func (st *fileState) loadRefs(ctx context.Context, f *FS, u User, first, last uint64) error {
+	for chunk := first / refsPerFetch; chunk <= last/refsPerFetch; chunk++ {
+		if st.loaded[chunk] {
+			continue
+		}
+		resp, err := call(ctx, f, st.id, wire.StorageClient.GetBlocks, &wire.GetBlocksRequest{
+			Caller: u.caller(), Id: uint64(st.id), First: chunk * refsPerFetch, Count: refsPerFetch})
+		if err != nil {
+			return err
+		}
+		if resp.Meta.Version != st.version && !st.modified {
+			// Another client committed since we opened: read the newer
+			// version whole rather than mixing two versions' blocks.
+			st.reset(resp.Meta)
+		}
+		for _, r := range resp.Blocks {
+			var ref blockRef
+			copy(ref.hash[:], r.Hash)
+			ref.len = r.Len
+			st.hashes[r.Index] = ref
+		}
+		st.loaded[chunk] = true
+	}
+	return nil
+}
+
+// blockLen is how many bytes of block idx lie inside a file of size.
+func blockLen(idx uint64, size int64) int64 {
+	start := int64(idx) * BlockSize
+	if size <= start {
+		return 0
+	}
+	return min(size-start, BlockSize)
+}
+
+// Write buffers p at off; the data reaches the server on close or fsync
+// (full blocks may travel earlier to bound memory, uncommitted).
+func (h *Handle) Write(ctx context.Context, p []byte, off int64) (int, error) {
+	if !h.Writable {
+		return 0, fmt.Errorf("write on read-only handle: %w", fserr.ErrBadFD)
+	}
+	ctx, cancel := h.fs.bound(ctx, h.cues)
+	defer cancel()
+	st := h.st
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	total := len(p)
+	for len(p) > 0 {
+		idx := uint64(off / BlockSize)
+		boff := off % BlockSize
+		n := int(min(int64(len(p)), BlockSize-boff))
+		buf, ok := st.dirty[idx]
+		if !ok {
+			var err error
+			if buf, err = st.startBlock(ctx, h.fs, h.user, idx, boff, int64(n)); err != nil {
+				return total - len(p), fmt.Errorf("write %v at %d: %w", st.id, off, err)
+			}
+			st.dirty[idx] = buf
+			st.dirtyBytes += BlockSize
+		}
+		if int64(len(buf)) < boff+int64(n) {
+			buf = buf[:boff+int64(n)]
+			st.dirty[idx] = buf
+		}
+		copy(buf[boff:], p[:n])
+		p = p[n:]
+		off += int64(n)
+	}
+	st.size = max(st.size, off)
+	st.modified = true
+	st.mtimeNs = time.Now().UnixNano()
+	if st.dirtyBytes > h.fs.cfg.DirtyBytes {
+		if err := st.upload(ctx, h.fs, h.user, true); err != nil {
+			return total, err
+		}
+	}
+	return total, nil
+}
+
+// startBlock returns a buffer for a block about to be written at
+// [boff, boff+n): the block's current contents when the write covers only
+// part of the existing data, zeros otherwise.
+func (st *fileState) startBlock(ctx context.Context, f *FS, u User, idx uint64, boff, n int64) ([]byte, error) {
+	buf := make([]byte, 0, BlockSize)
+	existing := blockLen(idx, st.size)
+	if existing == 0 || (boff == 0 && n >= existing) {
+		return buf, nil
+	}
+	old, err := st.blocks(ctx, f, u, idx, idx, idx)
+	if err != nil {
+		return nil, err
+	}
+	buf = buf[:existing]
+	copy(buf, old[0])
+	return buf, nil
+}
+
+// upload sends dirty blocks to the primary (only full ones when onlyFull)
+// and keeps their references staged for the next commit.
+func (st *fileState) upload(ctx context.Context, f *FS, u User, onlyFull bool) error {
+	idxs := make([]uint64, 0, len(st.dirty))
+	for idx, b := range st.dirty {
+		if !onlyFull || len(b) == BlockSize {
+			idxs = append(idxs, idx)
+		}
+	}
+	slices.Sort(idxs)
+	for chunk := range slices.Chunk(idxs, blocksPerRPC) {
+		req := &wire.PutBlocksRequest{Caller: u.caller(), Id: uint64(st.id), Data: make([][]byte, len(chunk))}
+		for i, idx := range chunk {
+			req.Data[i] = st.dirty[idx]
+		}
+		resp, err := call(ctx, f, st.id, wire.StorageClient.PutBlocks, req)
+		if err != nil {
+			return fmt.Errorf("upload blocks of %v: %w", st.id, err)
+		}
+		if len(resp.Hashes) != len(chunk) {
+			return fmt.Errorf("server stored %d of %d blocks: %w", len(resp.Hashes), len(chunk), fserr.ErrIO)
+		}
+		for i, idx := range chunk {
+			var ref blockRef
+			copy(ref.hash[:], resp.Hashes[i])
+			ref.len = uint32(len(req.Data[i]))
+			st.staged[idx] = ref
+			f.cache.Add(ref.hash, req.Data[i])
+			delete(st.dirty, idx)
+			st.dirtyBytes -= BlockSize
+		}
+	}
+	return nil
+}
+
+// flush commits buffered writes as a new version; close() and fsync()
+// return only after the primary has them durably at the cue's SyncLevel.
+func (st *fileState) flush(ctx context.Context, f *FS, u User, cues cue.Set) error {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if !st.modified {
+		return nil
+	}
+	if err := st.upload(ctx, f, u, false); err != nil {
+		return err
+	}
+	req := &wire.CommitRequest{Caller: u.caller(), Id: uint64(st.id), Size: uint64(st.size),
+		MtimeNs: st.mtimeNs, SyncLevel: syncLevel(cues), Blocks: make([]*wire.BlockRef, 0, len(st.staged))}
+	for idx, ref := range st.staged {
+		req.Blocks = append(req.Blocks, &wire.BlockRef{Index: idx, Hash: ref.hash[:], Len: ref.len})
+	}
+	resp, err := call(ctx, f, st.id, wire.StorageClient.Commit, req)
+	if err != nil {
+		return fmt.Errorf("commit %v: %w", st.id, err)
+	}
+	m := resp.Meta
+	if m.Version == st.version+1 {
+		for idx, ref := range st.staged {
+			st.hashes[idx] = ref
+		}
+		st.version = m.Version
+		st.size = int64(m.Size)
+	} else {
+		st.reset(m)
+	}
+	clear(st.staged)
+	st.modified = false
+	st.mtimeNs = 0
+	return nil
+}
+
+// Flush commits this file's buffered writes (close(2)).
+func (h *Handle) Flush(ctx context.Context) error {
+	if !h.Writable {
+		return nil
+	}
+	ctx, cancel := h.fs.bound(ctx, h.cues)
+	defer cancel()
+	return h.st.flush(ctx, h.fs, h.user, h.cues)
+}
+
+// Fsync is Flush: a commit is durable at the promised SyncLevel.
+func (h *Handle) Fsync(ctx context.Context) error { return h.Flush(ctx) }
+
+// Release drops the handle. The last handle of a file forgets its state.
+func (h *Handle) Release(ctx context.Context) {
+	f, st := h.fs, h.st
+	f.mu.Lock()
+	st.refs--
+	last := st.refs == 0
+	if last {
+		delete(f.files, st.id)
+	}
+	f.mu.Unlock()
+	if last {
+		st.mu.Lock()
+		lost := st.modified
+		st.mu.Unlock()
+		if lost {
+			f.log.Error("writes dropped: file released with uncommitted data", slog.String("id", st.id.String()))
+		}
+		ctx, cancel := f.bound(ctx, h.cues)
+		defer cancel()
+		f.release(ctx, st.id)
+	}
+}
+
+// release tells the primary one open of id is gone, so an unlinked file can
+// be reclaimed.
+func (f *FS) release(ctx context.Context, id oid.ID) {
+	if _, err := call(ctx, f, id, wire.StorageClient.Release, &wire.ReleaseRequest{Id: uint64(id)}); err != nil {
+		f.log.Warn("release failed", slog.String("id", id.String()), slog.Any("err", err))
+	}
+}

@@ -1,0 +1,329 @@
+package client
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/wheelfs/wheelfs/internal/cue"
+	"github.com/wheelfs/wheelfs/internal/fserr"
+	"github.com/wheelfs/wheelfs/internal/oid"
+	"github.com/wheelfs/wheelfs/internal/wire"
+)
+
+// maxNameLen is the longest name a directory accepts (as on ext4).
+const maxNameLen = 255
+
+func checkName(name string) error {
+	switch {
+	case name == "" || name == "." || name == "..":
+		return fmt.Errorf("name %q: %w", name, fserr.ErrInvalid)
+	case len(name) > maxNameLen:
+		return fmt.Errorf("name of %d bytes: %w", len(name), fserr.ErrNameTooLong)
+	}
+	for i := 0; i < len(name); i++ {
+		if name[i] == '/' || name[i] == 0 {
+			return fmt.Errorf("name %q: %w", name, fserr.ErrInvalid)
+		}
+	}
+	return nil
+}
+
+// Lookup finds name in dir and returns the object's meta-data.
+func (f *FS) Lookup(ctx context.Context, u User, cues cue.Set, dir oid.ID, name string) (*wire.Meta, error) {
+	if len(name) > maxNameLen {
+		return nil, fmt.Errorf("lookup: %w", fserr.ErrNameTooLong)
+	}
+	ctx, cancel := f.bound(ctx, cues)
+	defer cancel()
+	resp, err := call(ctx, f, dir, wire.StorageClient.Lookup,
+		&wire.LookupRequest{Caller: u.caller(), Dir: uint64(dir), Name: name})
+	if err != nil {
+		return nil, fmt.Errorf("lookup %q in %v: %w", name, dir, err)
+	}
+	return f.overlay(resp.Meta), nil
+}
+
+// GetAttr returns an object's current meta-data, including the effect of
+// writes this client has buffered but not yet committed.
+func (f *FS) GetAttr(ctx context.Context, u User, cues cue.Set, id oid.ID) (*wire.Meta, error) {
+	ctx, cancel := f.bound(ctx, cues)
+	defer cancel()
+	resp, err := call(ctx, f, id, wire.StorageClient.GetAttr,
+		&wire.GetAttrRequest{Caller: u.caller(), Id: uint64(id)})
+	if err != nil {
+		return nil, fmt.Errorf("getattr %v: %w", id, err)
+	}
+	return f.overlay(resp.Meta), nil
+}
+
+// CreateArgs describes a new object.
+type CreateArgs struct {
+	Type      wire.Type
+	Mode      uint32 // permission bits, already umasked
+	Rdev      uint32
+	Target    string // symlink target
+	Exclusive bool
+}
+
+// Create makes a new file, directory, symlink or special file in dir. The
+// persistent cues in cues are recorded on the new object.
+func (f *FS) Create(ctx context.Context, u User, cues cue.Set, dir oid.ID, name string, a CreateArgs) (*wire.Meta, error) {
+	if err := checkName(name); err != nil {
+		return nil, err
+	}
+	ctx, cancel := f.bound(ctx, cues)
+	defer cancel()
+	resp, err := call(ctx, f, dir, wire.StorageClient.Create, &wire.CreateRequest{
+		Caller: u.caller(), Dir: uint64(dir), Name: name, Type: a.Type, Mode: a.Mode,
+		Rdev: a.Rdev, Target: a.Target, Cues: wireCues(cues, a.Type), Exclusive: a.Exclusive,
+		SyncLevel: syncLevel(cues),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("create %q in %v: %w", name, dir, err)
+	}
+	return resp.Meta, nil
+}
+
+// Link adds a hard link name in dir to the object id.
+func (f *FS) Link(ctx context.Context, u User, cues cue.Set, dir oid.ID, name string, id oid.ID) (*wire.Meta, error) {
+	if err := checkName(name); err != nil {
+		return nil, err
+	}
+	ctx, cancel := f.bound(ctx, cues)
+	defer cancel()
+	resp, err := call(ctx, f, dir, wire.StorageClient.Link,
+		&wire.LinkRequest{Caller: u.caller(), Dir: uint64(dir), Name: name, Id: uint64(id)})
+	if err != nil {
+		return nil, fmt.Errorf("link %q in %v to %v: %w", name, dir, id, err)
+	}
+	return resp.Meta, nil
+}
+
+// Remove unlinks name from dir: a directory (rmdir) when dirOnly, anything
+// but a directory (unlink) otherwise.
+func (f *FS) Remove(ctx context.Context, u User, cues cue.Set, dir oid.ID, name string, dirOnly bool) error {
+	ctx, cancel := f.bound(ctx, cues)
+	defer cancel()
+	_, err := call(ctx, f, dir, wire.StorageClient.Remove, &wire.RemoveRequest{
+		Caller: u.caller(), Dir: uint64(dir), Name: name, DirOnly: dirOnly, FileOnly: !dirOnly})
+	if err != nil {
+		return fmt.Errorf("remove %q in %v: %w", name, dir, err)
+	}
+	return nil
+}
+
+// Rename moves srcName in srcDir to dstName in dstDir. Flags are
+// wire.RenameNoReplace / wire.RenameExchange.
+func (f *FS) Rename(ctx context.Context, u User, cues cue.Set, srcDir oid.ID, srcName string, dstDir oid.ID, dstName string, flags uint32) error {
+	if err := checkName(dstName); err != nil {
+		return err
+	}
+	if srcDir.Slice() != dstDir.Slice() {
+		// The two directories have different primaries; cross-primary
+		// rename is not atomic and arrives with multi-server deployments.
+		return fmt.Errorf("rename across slices %v and %v: %w", srcDir.Slice(), dstDir.Slice(), fserr.ErrCrossDevice)
+	}
+	ctx, cancel := f.bound(ctx, cues)
+	defer cancel()
+	_, err := call(ctx, f, srcDir, wire.StorageClient.Rename, &wire.RenameRequest{
+		Caller: u.caller(), SrcDir: uint64(srcDir), SrcName: srcName,
+		DstDir: uint64(dstDir), DstName: dstName, Flags: flags})
+	if err != nil {
+		return fmt.Errorf("rename %q in %v to %q in %v: %w", srcName, srcDir, dstName, dstDir, err)
+	}
+	return nil
+}
+
+// SetAttr changes meta-data; req.Valid says which fields. A size change
+// first commits this client's buffered writes so the truncation orders after them.
+func (f *FS) SetAttr(ctx context.Context, u User, cues cue.Set, id oid.ID, req *wire.SetAttrRequest) (*wire.Meta, error) {
+	ctx, cancel := f.bound(ctx, cues)
+	defer cancel()
+	st := f.openState(id)
+	if st != nil && req.Valid&wire.SetSize != 0 {
+		if err := st.flush(ctx, f, u, cues); err != nil {
+			return nil, err
+		}
+	}
+	req.Caller = u.caller()
+	req.Id = uint64(id)
+	req.SyncLevel = syncLevel(cues)
+	resp, err := call(ctx, f, id, wire.StorageClient.SetAttr, req)
+	if err != nil {
+		return nil, fmt.Errorf("setattr %v: %w", id, err)
+	}
+	if st != nil {
+		st.updateMeta(resp.Meta, req.Valid&wire.SetSize != 0)
+	}
+	return f.overlay(resp.Meta), nil
+}
+
+// ReadDir lists a directory. With the .WholeFile cue the entries' meta-data
+// comes along in the same round trips (paper §5.5).
+func (f *FS) ReadDir(ctx context.Context, u User, cues cue.Set, dir oid.ID) ([]*wire.Entry, []*wire.Meta, error) {
+	ctx, cancel := f.bound(ctx, cues)
+	defer cancel()
+	var entries []*wire.Entry
+	var metas []*wire.Meta
+	after := ""
+	for {
+		resp, err := call(ctx, f, dir, wire.StorageClient.ReadDir, &wire.ReadDirRequest{
+			Caller: u.caller(), Dir: uint64(dir), After: after, Limit: 1024, WithMeta: cues.WholeFile})
+		if err != nil {
+			return nil, nil, fmt.Errorf("readdir %v: %w", dir, err)
+		}
+		entries = append(entries, resp.Entries...)
+		metas = append(metas, resp.Metas...)
+		if resp.Eof || len(resp.Entries) == 0 {
+			return entries, metas, nil
+		}
+		after = resp.Entries[len(resp.Entries)-1].Name
+	}
+}
+
+// Readlink returns a symlink's target.
+func (f *FS) Readlink(ctx context.Context, u User, cues cue.Set, id oid.ID) (string, error) {
+	m, err := f.GetAttr(ctx, u, cues, id)
+	if err != nil {
+		return "", err
+	}
+	if m.Type != wire.Type_TYPE_SYMLINK {
+		return "", fmt.Errorf("readlink %v: %w", id, fserr.ErrInvalid)
+	}
+	return m.Target, nil
+}
+
+// StatFS reports capacity, as seen by the primary of the root slice.
+func (f *FS) StatFS(ctx context.Context, u User, cues cue.Set) (*wire.StatFSResponse, error) {
+	ctx, cancel := f.bound(ctx, cues)
+	defer cancel()
+	resp, err := call(ctx, f, oid.Root, wire.StorageClient.StatFS, &wire.StatFSRequest{Caller: u.caller()})
+	if err != nil {
+		return nil, fmt.Errorf("statfs: %w", err)
+	}
+	return resp, nil
+}
+
+// GetXattr returns an extended attribute's value.
+func (f *FS) GetXattr(ctx context.Context, u User, cues cue.Set, id oid.ID, name string) ([]byte, error) {
+	ctx, cancel := f.bound(ctx, cues)
+	defer cancel()
+	resp, err := call(ctx, f, id, wire.StorageClient.GetXattr,
+		&wire.XattrRequest{Caller: u.caller(), Id: uint64(id), Name: name})
+	if err != nil {
+		return nil, fmt.Errorf("getxattr %q of %v: %w", name, id, err)
+	}
+	return resp.Value, nil
+}
+
+// ListXattr returns the names of an object's extended attributes.
+func (f *FS) ListXattr(ctx context.Context, u User, cues cue.Set, id oid.ID) ([]string, error) {
+	ctx, cancel := f.bound(ctx, cues)
+	defer cancel()
+	resp, err := call(ctx, f, id, wire.StorageClient.ListXattr,
+		&wire.XattrRequest{Caller: u.caller(), Id: uint64(id)})
+	if err != nil {
+		return nil, fmt.Errorf("listxattr %v: %w", id, err)
+	}
+	return resp.Names, nil
+}
+
+// SetXattr sets an extended attribute. Flags are XATTR_CREATE/XATTR_REPLACE.
+func (f *FS) SetXattr(ctx context.Context, u User, cues cue.Set, id oid.ID, name string, value []byte, flags uint32) error {
+	ctx, cancel := f.bound(ctx, cues)
+	defer cancel()
+	_, err := call(ctx, f, id, wire.StorageClient.SetXattr,
+		&wire.XattrRequest{Caller: u.caller(), Id: uint64(id), Name: name, Value: value, Flags: flags})
+	if err != nil {
+		return fmt.Errorf("setxattr %q of %v: %w", name, id, err)
+	}
+	return nil
+}
+
+// RemoveXattr removes an extended attribute.
+func (f *FS) RemoveXattr(ctx context.Context, u User, cues cue.Set, id oid.ID, name string) error {
+	ctx, cancel := f.bound(ctx, cues)
+	defer cancel()
+	_, err := call(ctx, f, id, wire.StorageClient.RemoveXattr,
+		&wire.XattrRequest{Caller: u.caller(), Id: uint64(id), Name: name})
+	if err != nil {
+		return fmt.Errorf("removexattr %q of %v: %w", name, id, err)
+	}
+	return nil
+}
+
+// Info describes an object's identity and placement (`wheelfs info`,
+// the user.wheelfs.info xattr).
+type Info struct {
+	ID       string         `json:"id"`
+	Slice    uint32         `json:"slice"`
+	Type     string         `json:"type"`
+	Version  uint64         `json:"version"`
+	Size     uint64         `json:"size"`
+	Primary  ServerRef      `json:"primary"`
+	Replicas []ServerRef    `json:"replicas"`
+	Epoch    int64          `json:"epoch"`
+	Cues     map[string]any `json:"cues"`
+}
+
+// Info returns the identity and placement of id.
+func (f *FS) Info(ctx context.Context, u User, cues cue.Set, id oid.ID) (*Info, error) {
+	m, err := f.GetAttr(ctx, u, cues, id)
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := f.bound(ctx, cues)
+	defer cancel()
+	si, err := f.router.Describe(ctx, id.Slice())
+	if err != nil {
+		return nil, fmt.Errorf("describe slice of %v: %w", id, err)
+	}
+	return &Info{
+		ID:       fmt.Sprintf("%016x", uint64(id)),
+		Slice:    uint32(id.Slice()),
+		Type:     typeName(m.Type),
+		Version:  m.Version,
+		Size:     m.Size,
+		Primary:  si.Primary,
+		Replicas: si.Replicas,
+		Epoch:    si.Epoch,
+		Cues:     CuesMap(m.Cues),
+	}, nil
+}
+
+// CuesMap renders persistent cues as JSON-friendly values ({"RepLevel": 2}).
+func CuesMap(c *wire.Cues) map[string]any {
+	out := map[string]any{}
+	if c == nil {
+		return out
+	}
+	if c.Site != "" {
+		out["Site"] = c.Site
+	}
+	if c.KeepTogether {
+		out["KeepTogether"] = true
+	}
+	if c.RepSites > 0 {
+		out["RepSites"] = c.RepSites
+	}
+	if c.RepLevel > 0 {
+		out["RepLevel"] = c.RepLevel
+	}
+	if c.Eventual {
+		out["EventualConsistency"] = true
+	}
+	return out
+}
+
+func typeName(t wire.Type) string {
+	switch t {
+	case wire.Type_TYPE_FILE:
+		return "file"
+	case wire.Type_TYPE_DIR:
+		return "dir"
+	case wire.Type_TYPE_SYMLINK:
+		return "symlink"
+	default:
+		return "special"
+	}
+}

@@ -1,0 +1,788 @@
+package configsvc
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/tls"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap/zapcore"
+
+	"github.com/wheelfs/wheelfs/internal/configsvc/internal/zapslog"
+	"github.com/wheelfs/wheelfs/internal/oid"
+)
+
+// Options configure an EtcdService. Zero fields take the defaults below.
+type Options struct {
+	// Prefix is prepended to every key (default "/wheelfs/"; a missing
+	// trailing slash is added).
+	Prefix string
+	// LockTTL is the slice lock lease length L (default 2 minutes, paper
+	// §5.3). etcd leases have whole-second TTLs, so it is rounded up to a
+	// whole second (minimum 1 s); etcd may raise very short TTLs to its own
+	// minimum (1.5 × election timeout).
+	LockTTL time.Duration
+	// MemberTTL is the server membership lease length (default 10 s),
+	// rounded up like LockTTL. Keep-alives are sent every MemberTTL/3.
+	MemberTTL time.Duration
+	// RPCTimeout bounds every etcd call (default 5 s); a shorter deadline on
+	// the caller's context wins.
+	RPCTimeout time.Duration
+	// Logger receives the service's and etcd client's logs (nil = discard).
+	Logger *slog.Logger
+}
+
+func (o Options) withDefaults() Options {
+	if o.Prefix == "" {
+		o.Prefix = "/wheelfs/"
+	}
+	if !strings.HasSuffix(o.Prefix, "/") {
+		o.Prefix += "/"
+	}
+	if o.LockTTL <= 0 {
+		o.LockTTL = 2 * time.Minute
+	}
+	if o.MemberTTL <= 0 {
+		o.MemberTTL = 10 * time.Second
+	}
+	if o.RPCTimeout <= 0 {
+		o.RPCTimeout = 5 * time.Second
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	return o
+}
+
+// ttlSeconds rounds d up to whole seconds, at least 1.
+func ttlSeconds(d time.Duration) int64 {
+	s := int64((d + time.Second - 1) / time.Second)
+	return max(s, 1)
+}
+
+// EtcdService implements Service on etcd.
+type EtcdService struct {
+	cli        *clientv3.Client
+	ownsClient bool
+	opts       Options
+	log        *slog.Logger
+	lockTTL    int64 // seconds
+	memberTTL  int64 // seconds
+
+	serversPfx, slicesPfx, locksPfx, deploymentKey string
+
+	ctx    context.Context // canceled by Close
+	cancel context.CancelFunc
+	wg     sync.WaitGroup // registration and watch goroutines
+
+	mu     sync.Mutex
+	closed bool
+	regs   map[string]*registration
+}
+
+type registration struct {
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+var _ Service = (*EtcdService)(nil)
+
+// NewEtcd returns a Service using cli. The caller keeps ownership of cli:
+// Close does not close it.
+func NewEtcd(cli *clientv3.Client, opts Options) (*EtcdService, error) {
+	if cli == nil {
+		return nil, errors.New("configsvc: nil etcd client")
+	}
+	opts = opts.withDefaults()
+	ctx, cancel := context.WithCancel(context.Background())
+	s := &EtcdService{
+		cli:           cli,
+		opts:          opts,
+		log:           opts.Logger.With("component", "configsvc"),
+		lockTTL:       ttlSeconds(opts.LockTTL),
+		memberTTL:     ttlSeconds(opts.MemberTTL),
+		serversPfx:    opts.Prefix + "servers/",
+		slicesPfx:     opts.Prefix + "slices/",
+		locksPfx:      opts.Prefix + "locks/",
+		deploymentKey: opts.Prefix + "deployment",
+		ctx:           ctx,
+		cancel:        cancel,
+		regs:          make(map[string]*registration),
+	}
+	return s, nil
+}
+
+// Dial connects to the etcd cluster at endpoints (tlsConfig may be nil for
+// plain connections), checks that an endpoint answers within ctx and
+// RPCTimeout, and returns a Service that owns the client.
+func Dial(ctx context.Context, endpoints []string, tlsConfig *tls.Config, opts Options) (*EtcdService, error) {
+	if len(endpoints) == 0 {
+		return nil, errors.New("configsvc: no etcd endpoints")
+	}
+	opts = opts.withDefaults()
+	cli, err := clientv3.New(clientv3.Config{
+		Endpoints:            endpoints,
+		TLS:                  tlsConfig,
+		DialTimeout:          opts.RPCTimeout,
+		DialKeepAliveTime:    10 * time.Second,
+		DialKeepAliveTimeout: opts.RPCTimeout,
+		AutoSyncInterval:     time.Minute, // learn the full member list
+		Logger:               zapslog.New(opts.Logger.With("component", "etcd-client"), zapcore.WarnLevel),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("configsvc: etcd client for %v: %w", endpoints, err)
+	}
+	pctx, cancel := context.WithTimeout(ctx, opts.RPCTimeout)
+	defer cancel()
+	if _, err := cli.Get(pctx, opts.Prefix+"deployment", clientv3.WithSerializable(), clientv3.WithCountOnly()); err != nil {
+		cli.Close()
+		return nil, fmt.Errorf("configsvc: cannot reach etcd at %v: %w", endpoints, err)
+	}
+	s, err := NewEtcd(cli, opts)
+	if err != nil {
+		cli.Close()
+		return nil, err
+	}
+	s.ownsClient = true
+	return s, nil
+}
+
+// Client returns the underlying etcd client.
+func (s *EtcdService) Client() *clientv3.Client { return s.cli }
+
+func (s *EtcdService) rpcCtx(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, s.opts.RPCTimeout)
+}
+
+func (s *EtcdService) isClosed() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.closed
+}
+
+func (s *EtcdService) sliceKey(sl oid.Slice) string { return fmt.Sprintf("%s%08x", s.slicesPfx, uint32(sl)) }
+func (s *EtcdService) lockKey(sl oid.Slice) string  { return fmt.Sprintf("%s%08x", s.locksPfx, uint32(sl)) }
+
+// sliceRecord is the persistent value under slices/.
+type sliceRecord struct {
+	Policy   Policy   `json:"policy"`
+	Replicas []string `json:"replicas"`
+}
+
+// lockRecord is the value under locks/.
+type lockRecord struct {
+	Holder string `json:"holder"`
+}
+
+func lockValue(holder string) string {
+	b, _ := json.Marshal(lockRecord{Holder: holder})
+	return string(b)
+}
+
+func parseHolder(v []byte) (string, error) {
+	var r lockRecord
+	if err := json.Unmarshal(v, &r); err != nil {
+		return "", err
+	}
+	return r.Holder, nil
+}
+
+func parseSlice(suffix string) (oid.Slice, error) {
+	n, err := strconv.ParseUint(suffix, 16, 32)
+	if err != nil {
+		return 0, err
+	}
+	return oid.Slice(n), nil
+}
+
+// ---- membership ----
+
+// Register implements Service.
+func (s *EtcdService) Register(ctx context.Context, info ServerInfo) error {
+	if info.ID == "" {
+		return errors.New("configsvc: register: empty server ID")
+	}
+	val, err := json.Marshal(info)
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return ErrClosed
+	}
+	old := s.regs[info.ID]
+	delete(s.regs, info.ID)
+	s.mu.Unlock()
+	if old != nil {
+		old.cancel()
+		<-old.done
+	}
+
+	lease, err := s.putServer(ctx, info.ID, val)
+	if err != nil {
+		return fmt.Errorf("configsvc: register %s: %w", info.ID, err)
+	}
+
+	rctx, cancel := context.WithCancel(ctx)
+	stop := context.AfterFunc(s.ctx, cancel)
+	reg := &registration{cancel: cancel, done: make(chan struct{})}
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		stop()
+		cancel()
+		s.revoke(lease)
+		return ErrClosed
+	}
+	if prev := s.regs[info.ID]; prev != nil { // concurrent Register of the same ID
+		prev.cancel()
+	}
+	s.regs[info.ID] = reg
+	s.wg.Add(1)
+	s.mu.Unlock()
+
+	go func() {
+		defer s.wg.Done()
+		defer close(reg.done)
+		defer stop()
+		defer cancel()
+		s.keepMember(rctx, info.ID, val, lease)
+		s.mu.Lock()
+		if s.regs[info.ID] == reg {
+			delete(s.regs, info.ID)
+		}
+		s.mu.Unlock()
+	}()
+	s.log.Info("server registered", "server", info.ID, "site", info.Site, "addr", info.Addr, "lease", fmt.Sprintf("%x", int64(lease)))
+	return nil
+}
+
+// putServer grants a membership lease and writes the server's key under it.
+func (s *EtcdService) putServer(ctx context.Context, id string, val []byte) (clientv3.LeaseID, error) {
+	cctx, cancel := s.rpcCtx(ctx)
+	defer cancel()
+	g, err := s.cli.Grant(cctx, s.memberTTL)
+	if err != nil {
+		return 0, err
+	}
+	if _, err := s.cli.Put(cctx, s.serversPfx+id, string(val), clientv3.WithLease(g.ID)); err != nil {
+		s.revoke(g.ID)
+		return 0, err
+	}
+	return g.ID, nil
+}
+
+// revoke revokes lease, best effort, with its own deadline.
+func (s *EtcdService) revoke(lease clientv3.LeaseID) {
+	if lease == clientv3.NoLease {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), s.opts.RPCTimeout)
+	defer cancel()
+	if _, err := s.cli.Revoke(ctx, lease); err != nil && !errors.Is(err, rpctypes.ErrLeaseNotFound) {
+		s.log.Debug("revoke lease", "lease", fmt.Sprintf("%x", int64(lease)), "err", err)
+	}
+}
+
+// keepMember keeps the membership lease alive with deadline-bounded
+// KeepAliveOnce calls every MemberTTL/3 until ctx ends, re-registering if
+// the lease is lost, and revokes the lease on exit.
+func (s *EtcdService) keepMember(ctx context.Context, id string, val []byte, lease clientv3.LeaseID) {
+	defer func() { s.revoke(lease) }()
+	interval := time.Duration(s.memberTTL) * time.Second / 3
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if lease != clientv3.NoLease {
+			cctx, cancel := s.rpcCtx(ctx)
+			resp, err := s.cli.KeepAliveOnce(cctx, lease)
+			cancel()
+			switch {
+			case err == nil && resp.TTL > 0:
+				continue
+			case err == nil || errors.Is(err, rpctypes.ErrLeaseNotFound):
+				s.log.Warn("membership lease lost; re-registering", "server", id)
+				lease = clientv3.NoLease
+			default:
+				if ctx.Err() == nil {
+					s.log.Warn("membership keep-alive failed", "server", id, "err", err)
+				}
+				continue
+			}
+		}
+		l, err := s.putServer(ctx, id, val)
+		if err != nil {
+			if ctx.Err() == nil {
+				s.log.Warn("re-register failed", "server", id, "err", err)
+			}
+			continue
+		}
+		lease = l
+		s.log.Info("server re-registered", "server", id)
+	}
+}
+
+// ---- table ----
+
+// Table implements Service.
+func (s *EtcdService) Table(ctx context.Context) (*Table, error) {
+	if s.isClosed() {
+		return nil, ErrClosed
+	}
+	cctx, cancel := s.rpcCtx(ctx)
+	defer cancel()
+	// A read-only transaction: all three ranges at one revision.
+	resp, err := s.cli.Txn(cctx).Then(
+		clientv3.OpGet(s.serversPfx, clientv3.WithPrefix()),
+		clientv3.OpGet(s.slicesPfx, clientv3.WithPrefix()),
+		clientv3.OpGet(s.locksPfx, clientv3.WithPrefix()),
+	).Commit()
+	if err != nil {
+		return nil, fmt.Errorf("configsvc: read table: %w", err)
+	}
+	t := &Table{
+		Revision: resp.Header.Revision,
+		Slices:   make(map[oid.Slice]Slice),
+		Servers:  make(map[string]ServerInfo),
+	}
+	for _, kv := range resp.Responses[0].GetResponseRange().Kvs {
+		id := strings.TrimPrefix(string(kv.Key), s.serversPfx)
+		var si ServerInfo
+		if err := json.Unmarshal(kv.Value, &si); err != nil {
+			s.log.Warn("bad server record", "key", string(kv.Key), "err", err)
+			continue
+		}
+		if si.ID == "" {
+			si.ID = id
+		}
+		t.Servers[id] = si
+	}
+	for _, kv := range resp.Responses[1].GetResponseRange().Kvs {
+		sl, err := parseSlice(strings.TrimPrefix(string(kv.Key), s.slicesPfx))
+		var rec sliceRecord
+		if err == nil {
+			err = json.Unmarshal(kv.Value, &rec)
+		}
+		if err != nil {
+			s.log.Warn("bad slice record", "key", string(kv.Key), "err", err)
+			continue
+		}
+		t.Slices[sl] = Slice{ID: sl, Policy: rec.Policy, Replicas: rec.Replicas}
+	}
+	for _, kv := range resp.Responses[2].GetResponseRange().Kvs {
+		sl, err := parseSlice(strings.TrimPrefix(string(kv.Key), s.locksPfx))
+		var holder string
+		if err == nil {
+			holder, err = parseHolder(kv.Value)
+		}
+		if err != nil {
+			s.log.Warn("bad lock record", "key", string(kv.Key), "err", err)
+			continue
+		}
+		e := t.Slices[sl]
+		e.ID = sl
+		e.Holder = holder
+		e.Epoch = kv.CreateRevision
+		t.Slices[sl] = e
+	}
+	return t, nil
+}
+
+// Watch implements Service.
+func (s *EtcdService) Watch(ctx context.Context) <-chan *Table {
+	ch := make(chan *Table, 1)
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		close(ch)
+		return ch
+	}
+	s.wg.Add(1)
+	s.mu.Unlock()
+	go func() {
+		defer s.wg.Done()
+		defer close(ch)
+		wctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		stop := context.AfterFunc(s.ctx, cancel)
+		defer stop()
+		s.watchLoop(wctx, ch)
+	}()
+	return ch
+}
+
+// sendLatest puts t in ch (capacity 1), replacing an unreceived older table.
+// Only one goroutine sends on ch, so it never blocks.
+func sendLatest(ch chan *Table, t *Table) {
+	select {
+	case ch <- t:
+		return
+	default:
+	}
+	select {
+	case <-ch:
+	default:
+	}
+	ch <- t
+}
+
+func (s *EtcdService) relevant(evs []*clientv3.Event) bool {
+	for _, ev := range evs {
+		k := string(ev.Kv.Key)
+		if strings.HasPrefix(k, s.serversPfx) || strings.HasPrefix(k, s.slicesPfx) || strings.HasPrefix(k, s.locksPfx) {
+			return true
+		}
+	}
+	return false
+}
+
+func (s *EtcdService) watchLoop(ctx context.Context, ch chan *Table) {
+	const maxBackoff = 5 * time.Second
+	backoff := 100 * time.Millisecond
+	sleep := func() bool {
+		select {
+		case <-ctx.Done():
+			return false
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, maxBackoff)
+		return true
+	}
+	for ctx.Err() == nil {
+		t, err := s.Table(ctx)
+		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			s.log.Warn("watch: table read failed", "err", err)
+			if !sleep() {
+				return
+			}
+			continue
+		}
+		sendLatest(ch, t)
+		backoff = 100 * time.Millisecond
+
+		// Watch from just after the snapshot, so no change is missed.
+		wctx, wcancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
+		wch := s.cli.Watch(wctx, s.opts.Prefix, clientv3.WithPrefix(), clientv3.WithRev(t.Revision+1))
+		err = s.follow(ctx, wch, ch)
+		wcancel()
+		if ctx.Err() != nil {
+			return
+		}
+		s.log.Debug("watch restarting", "err", err)
+		if !sleep() {
+			return
+		}
+	}
+}
+
+// follow re-reads and delivers the table after relevant watch events until
+// the watch fails or ctx ends.
+func (s *EtcdService) follow(ctx context.Context, wch clientv3.WatchChan, ch chan *Table) error {
+	for {
+		var wr clientv3.WatchResponse
+		var ok bool
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case wr, ok = <-wch:
+		}
+		if !ok {
+			return errors.New("watch channel closed")
+		}
+		if err := wr.Err(); err != nil {
+			return err
+		}
+		changed := s.relevant(wr.Events)
+		// Coalesce a burst: drain whatever else is already pending.
+	drain:
+		for {
+			select {
+			case more, ok := <-wch:
+				if !ok {
+					return errors.New("watch channel closed")
+				}
+				if err := more.Err(); err != nil {
+					return err
+				}
+				changed = changed || s.relevant(more.Events)
+			default:
+				break drain
+			}
+		}
+		if !changed {
+			continue
+		}
+		t, err := s.Table(ctx)
+		if err != nil {
+			return err
+		}
+		sendLatest(ch, t)
+	}
+}
+
+// ---- locks ----
+
+const maxTxnAttempts = 5
+
+// Acquire implements Service.
+func (s *EtcdService) Acquire(ctx context.Context, sl oid.Slice, holder string, p Policy, replicas []string) (Lock, error) {
+	if holder == "" {
+		return Lock{}, errors.New("configsvc: acquire: empty holder")
+	}
+	if s.isClosed() {
+		return Lock{}, ErrClosed
+	}
+	rec, err := json.Marshal(sliceRecord{Policy: p, Replicas: replicas})
+	if err != nil {
+		return Lock{}, err
+	}
+	lk, sk, lv := s.lockKey(sl), s.sliceKey(sl), lockValue(holder)
+	for range maxTxnAttempts {
+		l, retry, err := s.tryAcquire(ctx, sl, holder, lk, sk, lv, string(rec))
+		if !retry {
+			if err == nil {
+				s.log.Debug("lock acquired", "slice", fmt.Sprintf("%x", uint32(sl)), "holder", holder, "epoch", l.Epoch)
+			}
+			return l, err
+		}
+	}
+	return Lock{}, fmt.Errorf("configsvc: acquire slice %x: lock kept changing", uint32(sl))
+}
+
+func (s *EtcdService) tryAcquire(ctx context.Context, sl oid.Slice, holder, lk, sk, lv, rec string) (_ Lock, retry bool, _ error) {
+	cctx, cancel := s.rpcCtx(ctx)
+	defer cancel()
+	g, err := s.cli.Grant(cctx, s.lockTTL)
+	if err != nil {
+		return Lock{}, false, fmt.Errorf("configsvc: acquire: grant lease: %w", err)
+	}
+	resp, err := s.cli.Txn(cctx).
+		If(clientv3.Compare(clientv3.CreateRevision(lk), "=", 0)).
+		Then(clientv3.OpPut(lk, lv, clientv3.WithLease(g.ID)), clientv3.OpPut(sk, rec)).
+		Else(clientv3.OpGet(lk)).
+		Commit()
+	if err != nil {
+		s.revoke(g.ID)
+		return Lock{}, false, fmt.Errorf("configsvc: acquire: %w", err)
+	}
+	if resp.Succeeded {
+		return Lock{Slice: sl, Holder: holder, Epoch: resp.Header.Revision}, false, nil
+	}
+	s.revoke(g.ID) // unused
+	kvs := resp.Responses[0].GetResponseRange().Kvs
+	if len(kvs) == 0 {
+		return Lock{}, true, nil // expired in between; try again
+	}
+	cur, err := parseHolder(kvs[0].Value)
+	if err != nil {
+		return Lock{}, false, fmt.Errorf("configsvc: acquire: bad lock record: %w", err)
+	}
+	if cur != holder {
+		return Lock{}, false, fmt.Errorf("%w (slice %x held by %q)", ErrLocked, uint32(sl), cur)
+	}
+	// Our own live lock: keep its epoch, update the record, renew the lease.
+	epoch := kvs[0].CreateRevision
+	up, err := s.cli.Txn(cctx).
+		If(clientv3.Compare(clientv3.CreateRevision(lk), "=", epoch)).
+		Then(clientv3.OpPut(sk, rec)).
+		Commit()
+	if err != nil {
+		return Lock{}, false, fmt.Errorf("configsvc: acquire: %w", err)
+	}
+	if !up.Succeeded {
+		return Lock{}, true, nil
+	}
+	ka, err := s.cli.KeepAliveOnce(cctx, clientv3.LeaseID(kvs[0].Lease))
+	if errors.Is(err, rpctypes.ErrLeaseNotFound) || (err == nil && ka.TTL <= 0) {
+		return Lock{}, true, nil
+	}
+	if err != nil {
+		return Lock{}, false, fmt.Errorf("configsvc: acquire: renew: %w", err)
+	}
+	return Lock{Slice: sl, Holder: holder, Epoch: epoch}, false, nil
+}
+
+// checkLock reports whether the lock key's current value (kvs from a read
+// of it) is still lock l.
+func (s *EtcdService) checkLock(kvs []*mvccpb.KeyValue, l Lock) bool {
+	if len(kvs) == 0 || kvs[0].CreateRevision != l.Epoch {
+		return false
+	}
+	h, err := parseHolder(kvs[0].Value)
+	return err == nil && h == l.Holder
+}
+
+// Renew implements Service.
+func (s *EtcdService) Renew(ctx context.Context, l Lock) error {
+	if s.isClosed() {
+		return ErrClosed
+	}
+	cctx, cancel := s.rpcCtx(ctx)
+	defer cancel()
+	resp, err := s.cli.Get(cctx, s.lockKey(l.Slice))
+	if err != nil {
+		return fmt.Errorf("configsvc: renew: %w", err)
+	}
+	if !s.checkLock(resp.Kvs, l) {
+		return ErrLockLost
+	}
+	ka, err := s.cli.KeepAliveOnce(cctx, clientv3.LeaseID(resp.Kvs[0].Lease))
+	if errors.Is(err, rpctypes.ErrLeaseNotFound) || (err == nil && ka.TTL <= 0) {
+		return ErrLockLost
+	}
+	if err != nil {
+		return fmt.Errorf("configsvc: renew: %w", err)
+	}
+	return nil
+}
+
+// UpdateReplicas implements Service.
+func (s *EtcdService) UpdateReplicas(ctx context.Context, l Lock, replicas []string) error {
+	if s.isClosed() {
+		return ErrClosed
+	}
+	lk, sk := s.lockKey(l.Slice), s.sliceKey(l.Slice)
+	for range maxTxnAttempts {
+		done, err := s.tryUpdateReplicas(ctx, l, lk, sk, replicas)
+		if done {
+			return err
+		}
+	}
+	return fmt.Errorf("configsvc: update replicas of slice %x: record kept changing", uint32(l.Slice))
+}
+
+func (s *EtcdService) tryUpdateReplicas(ctx context.Context, l Lock, lk, sk string, replicas []string) (done bool, _ error) {
+	cctx, cancel := s.rpcCtx(ctx)
+	defer cancel()
+	rd, err := s.cli.Txn(cctx).Then(clientv3.OpGet(lk), clientv3.OpGet(sk)).Commit()
+	if err != nil {
+		return true, fmt.Errorf("configsvc: update replicas: %w", err)
+	}
+	if !s.checkLock(rd.Responses[0].GetResponseRange().Kvs, l) {
+		return true, ErrLockLost
+	}
+	skv := rd.Responses[1].GetResponseRange().Kvs
+	if len(skv) == 0 {
+		return true, fmt.Errorf("%w: slice %x", ErrNotFound, uint32(l.Slice))
+	}
+	var rec sliceRecord
+	if err := json.Unmarshal(skv[0].Value, &rec); err != nil {
+		return true, fmt.Errorf("configsvc: update replicas: bad slice record: %w", err)
+	}
+	rec.Replicas = replicas
+	val, err := json.Marshal(rec)
+	if err != nil {
+		return true, err
+	}
+	resp, err := s.cli.Txn(cctx).
+		If(
+			clientv3.Compare(clientv3.CreateRevision(lk), "=", l.Epoch),
+			clientv3.Compare(clientv3.Value(lk), "=", lockValue(l.Holder)),
+			clientv3.Compare(clientv3.ModRevision(sk), "=", skv[0].ModRevision),
+		).
+		Then(clientv3.OpPut(sk, string(val))).
+		Commit()
+	if err != nil {
+		return true, fmt.Errorf("configsvc: update replicas: %w", err)
+	}
+	return resp.Succeeded, nil // on failure, re-read: lock lost or record changed
+}
+
+// Release implements Service.
+func (s *EtcdService) Release(ctx context.Context, l Lock) error {
+	if s.isClosed() {
+		return ErrClosed
+	}
+	lk := s.lockKey(l.Slice)
+	cctx, cancel := s.rpcCtx(ctx)
+	defer cancel()
+	resp, err := s.cli.Txn(cctx).
+		If(
+			clientv3.Compare(clientv3.CreateRevision(lk), "=", l.Epoch),
+			clientv3.Compare(clientv3.Value(lk), "=", lockValue(l.Holder)),
+		).
+		Then(clientv3.OpGet(lk), clientv3.OpDelete(lk)).
+		Commit()
+	if err != nil {
+		return fmt.Errorf("configsvc: release: %w", err)
+	}
+	if !resp.Succeeded {
+		return ErrLockLost
+	}
+	if kvs := resp.Responses[0].GetResponseRange().Kvs; len(kvs) > 0 {
+		s.revoke(clientv3.LeaseID(kvs[0].Lease))
+	}
+	return nil
+}
+
+// ---- deployment ----
+
+// Deployment implements Service.
+func (s *EtcdService) Deployment(ctx context.Context) (string, error) {
+	if s.isClosed() {
+		return "", ErrClosed
+	}
+	var b [16]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return "", err
+	}
+	id := hex.EncodeToString(b[:])
+	cctx, cancel := s.rpcCtx(ctx)
+	defer cancel()
+	resp, err := s.cli.Txn(cctx).
+		If(clientv3.Compare(clientv3.CreateRevision(s.deploymentKey), "=", 0)).
+		Then(clientv3.OpPut(s.deploymentKey, id)).
+		Else(clientv3.OpGet(s.deploymentKey)).
+		Commit()
+	if err != nil {
+		return "", fmt.Errorf("configsvc: deployment: %w", err)
+	}
+	if resp.Succeeded {
+		s.log.Info("created deployment", "deployment", id)
+		return id, nil
+	}
+	kvs := resp.Responses[0].GetResponseRange().Kvs
+	if len(kvs) == 0 {
+		return "", fmt.Errorf("configsvc: deployment: key vanished")
+	}
+	return string(kvs[0].Value), nil
+}
+
+// ---- close ----
+
+// Close implements Service. It is idempotent.
+func (s *EtcdService) Close() error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil
+	}
+	s.closed = true
+	s.mu.Unlock()
+	s.cancel() // stops registrations (which revoke their leases) and watches
+	s.wg.Wait()
+	if s.ownsClient {
+		return s.cli.Close()
+	}
+	return nil
+}

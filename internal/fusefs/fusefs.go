@@ -1,0 +1,205 @@
+// Package fusefs is the thin FUSE adapter over the client core: it maps
+// kernel requests to client.FS calls, cue path components to directory
+// views, object IDs to stable inode numbers, and errors to errnos, once,
+// here at the edge. It is the only package that imports go-fuse.
+package fusefs
+
+import (
+	"context"
+	"encoding/json"
+	"hash/fnv"
+	"log/slog"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
+
+	"github.com/wheelfs/wheelfs/internal/client"
+	"github.com/wheelfs/wheelfs/internal/cue"
+	"github.com/wheelfs/wheelfs/internal/fserr"
+	"github.com/wheelfs/wheelfs/internal/oid"
+	"github.com/wheelfs/wheelfs/internal/wire"
+)
+
+// InfoXattr is the virtual extended attribute that describes an object.
+const InfoXattr = "user.wheelfs.info"
+
+// Options configures a mount.
+type Options struct {
+	Logger *slog.Logger
+	// AttrTimeout is how long the kernel may cache attributes and entries.
+	AttrTimeout time.Duration
+	// AllowOther lets every local user use the mount (set when root mounts).
+	AllowOther bool
+	// Debug logs every FUSE request.
+	Debug bool
+}
+
+// Mount mounts core at dir and returns the running server; Unmount it to stop.
+func Mount(dir string, core *client.FS, o Options) (*fuse.Server, error) {
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	r := &root{core: core, log: o.Logger.With("component", "fuse"), groups: map[uint32]groupEntry{}}
+	top := &node{root: r, id: oid.Root}
+	neg := time.Duration(0)
+	opts := &fs.Options{
+		MountOptions: fuse.MountOptions{
+			AllowOther:   o.AllowOther,
+			FsName:       "wheelfs",
+			Name:         "wheelfs",
+			MaxWrite:     1 << 20,
+			MaxReadAhead: 1 << 20,
+			DirectMount:  true,
+			Debug:        o.Debug,
+			// The kernel checks permissions with the attributes we return
+			// (it knows the caller's groups exactly); the server checks again.
+			Options:             []string{"default_permissions"},
+			EnableAcl:           false,
+			DisableXAttrs:       false,
+			IgnoreSecurityLabels: true,
+		},
+		EntryTimeout:    &o.AttrTimeout,
+		AttrTimeout:     &o.AttrTimeout,
+		NegativeTimeout: &neg,
+		RootStableAttr:  &fs.StableAttr{Ino: inode(oid.Root, cue.Set{}), Mode: syscall.S_IFDIR},
+	}
+	return fs.Mount(dir, top, opts)
+}
+
+type root struct {
+	core *client.FS
+	log  *slog.Logger
+
+	mu     sync.Mutex
+	groups map[uint32]groupEntry // pid -> supplementary groups
+}
+
+type groupEntry struct {
+	groups []uint32
+	at     time.Time
+}
+
+// user returns the calling process's identity, with its supplementary
+// groups read from /proc (cached briefly per pid).
+func (r *root) user(ctx context.Context) client.User {
+	c, ok := fuse.FromContext(ctx)
+	if !ok {
+		return client.User{Uid: 65534, Gid: 65534}
+	}
+	u := client.User{Uid: c.Uid, Gid: c.Gid, Pid: c.Pid}
+	now := time.Now()
+	r.mu.Lock()
+	e, ok := r.groups[c.Pid]
+	r.mu.Unlock()
+	if ok && now.Sub(e.at) < time.Second {
+		u.Groups = e.groups
+		return u
+	}
+	u.Groups = procGroups(c.Pid)
+	r.mu.Lock()
+	if len(r.groups) > 4096 {
+		clear(r.groups)
+	}
+	r.groups[c.Pid] = groupEntry{groups: u.Groups, at: now}
+	r.mu.Unlock()
+	return u
+}
+
+func procGroups(pid uint32) []uint32 {
+	data, err := os.ReadFile("/proc/" + strconv.FormatUint(uint64(pid), 10) + "/status")
+	if err != nil {
+		return nil
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		rest, ok := strings.CutPrefix(line, "Groups:")
+		if !ok {
+			continue
+		}
+		var out []uint32
+		for _, f := range strings.Fields(rest) {
+			if g, err := strconv.ParseUint(f, 10, 32); err == nil {
+				out = append(out, uint32(g))
+			}
+		}
+		return out
+	}
+	return nil
+}
+
+// inode derives the inode number of (object, cue set): the object ID itself
+// for the plain view, so that every mount of the deployment agrees and
+// rename keeps it; a mix of the ID and the cue key for cue views.
+func inode(id oid.ID, cues cue.Set) uint64 {
+	key := cues.Key()
+	if key == "" {
+		return uint64(id)
+	}
+	h := fnv.New64a()
+	h.Write([]byte(key))
+	ino := uint64(id) ^ h.Sum64()
+	if ino == 0 || ino == uint64(oid.Root) {
+		ino++
+	}
+	return ino
+}
+
+// errno maps a core error to the errno the kernel sees, logging what the
+// application cannot see (I/O errors, timeouts).
+func (r *root) errno(op string, err error) syscall.Errno {
+	if err == nil {
+		return 0
+	}
+	e := fserr.Errno(err)
+	switch e {
+	case syscall.EIO, syscall.ETIMEDOUT, syscall.EINVAL:
+		r.log.Warn("operation failed", "op", op, "errno", e.Error(), "err", err)
+	}
+	return e
+}
+
+var typeMode = map[wire.Type]uint32{
+	wire.Type_TYPE_FILE:    syscall.S_IFREG,
+	wire.Type_TYPE_DIR:     syscall.S_IFDIR,
+	wire.Type_TYPE_SYMLINK: syscall.S_IFLNK,
+	wire.Type_TYPE_FIFO:    syscall.S_IFIFO,
+	wire.Type_TYPE_SOCKET:  syscall.S_IFSOCK,
+	wire.Type_TYPE_CHAR:    syscall.S_IFCHR,
+	wire.Type_TYPE_BLOCK:   syscall.S_IFBLK,
+}
+
+func modeType(mode uint32) wire.Type {
+	for t, m := range typeMode {
+		if mode&syscall.S_IFMT == m {
+			return t
+		}
+	}
+	return wire.Type_TYPE_FILE
+}
+
+func fillAttr(m *wire.Meta, cues cue.Set, out *fuse.Attr) {
+	out.Ino = inode(oid.ID(m.Id), cues)
+	out.Size = m.Size
+	out.Blocks = (m.Size + 511) / 512
+	out.Blksize = 64 << 10
+	out.Mode = typeMode[m.Type] | m.Mode&0o7777
+	out.Nlink = m.Nlink
+	out.Uid, out.Gid = m.Uid, m.Gid
+	out.Rdev = m.Rdev
+	setTime := func(ns int64, sec *uint64, nsec *uint32) {
+		*sec = uint64(ns / 1e9)
+		*nsec = uint32(ns % 1e9)
+	}
+	setTime(m.AtimeNs, &out.Atime, &out.Atimensec)
+	setTime(m.MtimeNs, &out.Mtime, &out.Mtimensec)
+	setTime(m.CtimeNs, &out.Ctime, &out.Ctimensec)
+}
+
+func infoJSON(info *client.Info) ([]byte, error) {
+	return json.Marshal(info)
+}

@@ -1,0 +1,368 @@
+package fusefs
+
+import (
+	"context"
+	"log/slog"
+	"sync/atomic"
+	"syscall"
+
+	"github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
+
+	"github.com/wheelfs/wheelfs/internal/client"
+	"github.com/wheelfs/wheelfs/internal/cue"
+	"github.com/wheelfs/wheelfs/internal/oid"
+	"github.com/wheelfs/wheelfs/internal/wire"
+)
+
+// node is one object seen through one cue set. A cue component is a node
+// for the same object as its parent directory with the cue applied.
+type node struct {
+	fs.Inode
+	root *root
+	id   oid.ID
+	cues cue.Set
+	// version is the file version the kernel's page cache holds.
+	version atomic.Uint64
+}
+
+var (
+	_ fs.NodeLookuper      = (*node)(nil)
+	_ fs.NodeGetattrer     = (*node)(nil)
+	_ fs.NodeSetattrer     = (*node)(nil)
+	_ fs.NodeCreater       = (*node)(nil)
+	_ fs.NodeMkdirer       = (*node)(nil)
+	_ fs.NodeMknoder       = (*node)(nil)
+	_ fs.NodeSymlinker     = (*node)(nil)
+	_ fs.NodeReadlinker    = (*node)(nil)
+	_ fs.NodeLinker        = (*node)(nil)
+	_ fs.NodeUnlinker      = (*node)(nil)
+	_ fs.NodeRmdirer       = (*node)(nil)
+	_ fs.NodeRenamer       = (*node)(nil)
+	_ fs.NodeReaddirer     = (*node)(nil)
+	_ fs.NodeOpener        = (*node)(nil)
+	_ fs.NodeStatfser      = (*node)(nil)
+	_ fs.NodeGetxattrer    = (*node)(nil)
+	_ fs.NodeSetxattrer    = (*node)(nil)
+	_ fs.NodeListxattrer   = (*node)(nil)
+	_ fs.NodeRemovexattrer = (*node)(nil)
+)
+
+// child returns the inode for m seen with cues, creating it if needed.
+func (n *node) child(ctx context.Context, m *wire.Meta, cues cue.Set, out *fuse.EntryOut) *fs.Inode {
+	fillAttr(m, cues, &out.Attr)
+	c := &node{root: n.root, id: oid.ID(m.Id), cues: cues}
+	return n.NewInode(ctx, c, fs.StableAttr{Mode: typeMode[m.Type], Ino: out.Attr.Ino})
+}
+
+// Lookup implements fs.NodeLookuper. A cue name yields a view of this
+// directory with the cue applied; anything else is looked up on the server.
+func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
+	r := n.root
+	u := r.user(ctx)
+	if c, ok, err := cue.ParseComponent(name); ok {
+		if err != nil {
+			r.log.Warn("malformed cue", slog.String("cue", name), slog.Any("err", err))
+			return nil, syscall.EINVAL
+		}
+		cues := n.cues.Apply(c)
+		if err := cues.Validate(); err != nil {
+			r.log.Warn("malformed cue", slog.String("cue", name), slog.Any("err", err))
+			return nil, syscall.EINVAL
+		}
+		m, err := r.core.GetAttr(ctx, u, cues, n.id)
+		if err != nil {
+			return nil, r.errno("lookup", err)
+		}
+		if m.Type != wire.Type_TYPE_DIR {
+			return nil, syscall.ENOTDIR
+		}
+		return n.child(ctx, m, cues, out), 0
+	}
+	m, err := r.core.Lookup(ctx, u, n.cues, n.id, name)
+	if err != nil {
+		return nil, r.errno("lookup", err)
+	}
+	return n.child(ctx, m, n.cues, out), 0
+}
+
+// Getattr implements fs.NodeGetattrer.
+func (n *node) Getattr(ctx context.Context, f fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
+	m, err := n.root.core.GetAttr(ctx, n.root.user(ctx), n.cues, n.id)
+	if err != nil {
+		return n.root.errno("getattr", err)
+	}
+	fillAttr(m, n.cues, &out.Attr)
+	return 0
+}
+
+// Setattr implements fs.NodeSetattrer.
+func (n *node) Setattr(ctx context.Context, f fs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
+	req := &wire.SetAttrRequest{ViaHandle: f != nil}
+	if m, ok := in.GetMode(); ok {
+		req.Valid |= wire.SetMode
+		req.Mode = m & 0o7777
+	}
+	if v, ok := in.GetUID(); ok {
+		req.Valid |= wire.SetUID
+		req.Uid = v
+	}
+	if v, ok := in.GetGID(); ok {
+		req.Valid |= wire.SetGID
+		req.Gid = v
+	}
+	if v, ok := in.GetSize(); ok {
+		req.Valid |= wire.SetSize
+		req.Size = v
+	}
+	if in.Valid&fuse.FATTR_ATIME != 0 {
+		req.Valid |= wire.SetAtime
+		req.AtimeNow = in.Valid&fuse.FATTR_ATIME_NOW != 0
+		req.AtimeNs = int64(in.Atime)*1e9 + int64(in.Atimensec)
+	}
+	if in.Valid&fuse.FATTR_MTIME != 0 {
+		req.Valid |= wire.SetMtime
+		req.MtimeNow = in.Valid&fuse.FATTR_MTIME_NOW != 0
+		req.MtimeNs = int64(in.Mtime)*1e9 + int64(in.Mtimensec)
+	}
+	m, err := n.root.core.SetAttr(ctx, n.root.user(ctx), n.cues, n.id, req)
+	if err != nil {
+		return n.root.errno("setattr", err)
+	}
+	fillAttr(m, n.cues, &out.Attr)
+	return 0
+}
+
+func (n *node) create(ctx context.Context, name string, a client.CreateArgs, out *fuse.EntryOut) (*fs.Inode, *wire.Meta, syscall.Errno) {
+	m, err := n.root.core.Create(ctx, n.root.user(ctx), n.cues, n.id, name, a)
+	if err != nil {
+		return nil, nil, n.root.errno("create", err)
+	}
+	return n.child(ctx, m, n.cues, out), m, 0
+}
+
+// Create implements fs.NodeCreater.
+func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint32, out *fuse.EntryOut) (*fs.Inode, fs.FileHandle, uint32, syscall.Errno) {
+	ino, m, errno := n.create(ctx, name, client.CreateArgs{
+		Type: wire.Type_TYPE_FILE, Mode: mode & 0o7777, Exclusive: flags&syscall.O_EXCL != 0}, out)
+	if errno != 0 {
+		return nil, nil, 0, errno
+	}
+	h, _, err := n.root.core.Open(ctx, n.root.user(ctx), n.cues, oid.ID(m.Id), flags&^(syscall.O_CREAT|syscall.O_EXCL))
+	if err != nil {
+		return nil, nil, 0, n.root.errno("create", err)
+	}
+	ino.Operations().(*node).version.Store(m.Version)
+	return ino, &handle{node: ino.Operations().(*node), h: h}, 0, 0
+}
+
+// Mkdir implements fs.NodeMkdirer.
+func (n *node) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
+	ino, _, errno := n.create(ctx, name, client.CreateArgs{Type: wire.Type_TYPE_DIR, Mode: mode & 0o7777}, out)
+	return ino, errno
+}
+
+// Mknod implements fs.NodeMknoder.
+func (n *node) Mknod(ctx context.Context, name string, mode uint32, dev uint32, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
+	ino, _, errno := n.create(ctx, name, client.CreateArgs{Type: modeType(mode), Mode: mode & 0o7777, Rdev: dev}, out)
+	return ino, errno
+}
+
+// Symlink implements fs.NodeSymlinker.
+func (n *node) Symlink(ctx context.Context, target, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
+	ino, _, errno := n.create(ctx, name, client.CreateArgs{Type: wire.Type_TYPE_SYMLINK, Mode: 0o777, Target: target}, out)
+	return ino, errno
+}
+
+// Readlink implements fs.NodeReadlinker.
+func (n *node) Readlink(ctx context.Context) ([]byte, syscall.Errno) {
+	t, err := n.root.core.Readlink(ctx, n.root.user(ctx), n.cues, n.id)
+	if err != nil {
+		return nil, n.root.errno("readlink", err)
+	}
+	return []byte(t), 0
+}
+
+// Link implements fs.NodeLinker.
+func (n *node) Link(ctx context.Context, target fs.InodeEmbedder, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
+	t := target.(*node)
+	m, err := n.root.core.Link(ctx, n.root.user(ctx), n.cues, n.id, name, t.id)
+	if err != nil {
+		return nil, n.root.errno("link", err)
+	}
+	return n.child(ctx, m, n.cues, out), 0
+}
+
+// Unlink implements fs.NodeUnlinker.
+func (n *node) Unlink(ctx context.Context, name string) syscall.Errno {
+	return n.root.errno("unlink", n.root.core.Remove(ctx, n.root.user(ctx), n.cues, n.id, name, false))
+}
+
+// Rmdir implements fs.NodeRmdirer.
+func (n *node) Rmdir(ctx context.Context, name string) syscall.Errno {
+	return n.root.errno("rmdir", n.root.core.Remove(ctx, n.root.user(ctx), n.cues, n.id, name, true))
+}
+
+// Rename implements fs.NodeRenamer.
+func (n *node) Rename(ctx context.Context, name string, newParent fs.InodeEmbedder, newName string, flags uint32) syscall.Errno {
+	p := newParent.(*node)
+	return n.root.errno("rename", n.root.core.Rename(ctx, n.root.user(ctx), n.cues, n.id, name, p.id, newName, flags))
+}
+
+// Readdir implements fs.NodeReaddirer. Cue components never appear.
+func (n *node) Readdir(ctx context.Context) (fs.DirStream, syscall.Errno) {
+	entries, _, err := n.root.core.ReadDir(ctx, n.root.user(ctx), n.cues, n.id)
+	if err != nil {
+		return nil, n.root.errno("readdir", err)
+	}
+	list := make([]fuse.DirEntry, len(entries))
+	for i, e := range entries {
+		list[i] = fuse.DirEntry{Name: e.Name, Ino: inode(oid.ID(e.Id), n.cues), Mode: typeMode[e.Type]}
+	}
+	return fs.NewListDirStream(list), 0
+}
+
+// Open implements fs.NodeOpener. The kernel keeps its page cache only when
+// the version is the one it cached (close-to-open).
+func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
+	h, m, err := n.root.core.Open(ctx, n.root.user(ctx), n.cues, n.id, flags)
+	if err != nil {
+		return nil, 0, n.root.errno("open", err)
+	}
+	var fuseFlags uint32
+	if n.version.Swap(m.Version) == m.Version {
+		fuseFlags |= fuse.FOPEN_KEEP_CACHE
+	}
+	return &handle{node: n, h: h}, fuseFlags, 0
+}
+
+// Statfs implements fs.NodeStatfser.
+func (n *node) Statfs(ctx context.Context, out *fuse.StatfsOut) syscall.Errno {
+	st, err := n.root.core.StatFS(ctx, n.root.user(ctx), n.cues)
+	if err != nil {
+		return n.root.errno("statfs", err)
+	}
+	*out = fuse.StatfsOut{Blocks: st.Blocks, Bfree: st.Bfree, Bavail: st.Bavail, Files: st.Files,
+		Ffree: st.Ffree, Bsize: st.Bsize, NameLen: st.NameLen, Frsize: st.Bsize}
+	return 0
+}
+
+// Getxattr implements fs.NodeGetxattrer; InfoXattr is computed here.
+func (n *node) Getxattr(ctx context.Context, attr string, dest []byte) (uint32, syscall.Errno) {
+	var val []byte
+	var err error
+	if attr == InfoXattr {
+		var info *client.Info
+		if info, err = n.root.core.Info(ctx, n.root.user(ctx), n.cues, n.id); err == nil {
+			val, err = infoJSON(info)
+		}
+	} else {
+		val, err = n.root.core.GetXattr(ctx, n.root.user(ctx), n.cues, n.id, attr)
+	}
+	if err != nil {
+		return 0, n.root.errno("getxattr", err)
+	}
+	if len(dest) < len(val) {
+		return uint32(len(val)), syscall.ERANGE
+	}
+	return uint32(copy(dest, val)), 0
+}
+
+// Setxattr implements fs.NodeSetxattrer.
+func (n *node) Setxattr(ctx context.Context, attr string, data []byte, flags uint32) syscall.Errno {
+	if attr == InfoXattr {
+		return syscall.EPERM
+	}
+	return n.root.errno("setxattr", n.root.core.SetXattr(ctx, n.root.user(ctx), n.cues, n.id, attr, data, flags))
+}
+
+// Removexattr implements fs.NodeRemovexattrer.
+func (n *node) Removexattr(ctx context.Context, attr string) syscall.Errno {
+	return n.root.errno("removexattr", n.root.core.RemoveXattr(ctx, n.root.user(ctx), n.cues, n.id, attr))
+}
+
+// Listxattr implements fs.NodeListxattrer.
+func (n *node) Listxattr(ctx context.Context, dest []byte) (uint32, syscall.Errno) {
+	names, err := n.root.core.ListXattr(ctx, n.root.user(ctx), n.cues, n.id)
+	if err != nil {
+		return 0, n.root.errno("listxattr", err)
+	}
+	size := 0
+	for _, s := range names {
+		size += len(s) + 1
+	}
+	if len(dest) < size {
+		return uint32(size), syscall.ERANGE
+	}
+	off := 0
+	for _, s := range names {
+		off += copy(dest[off:], s)
+		dest[off] = 0
+		off++
+	}
+	return uint32(size), 0
+}
+
+// handle is an open file.
+type handle struct {
+	node *node
+	h    *client.Handle
+}
+
+var (
+	_ fs.FileReader   = (*handle)(nil)
+	_ fs.FileWriter   = (*handle)(nil)
+	_ fs.FileFlusher  = (*handle)(nil)
+	_ fs.FileFsyncer  = (*handle)(nil)
+	_ fs.FileReleaser = (*handle)(nil)
+)
+
+// Read implements fs.FileReader.
+func (h *handle) Read(ctx context.Context, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
+	n, err := h.h.Read(ctx, dest, off)
+	if err != nil {
+		return nil, h.node.root.errno("read", err)
+	}
+	return fuse.ReadResultData(dest[:n]), 0
+}
+
+// Write implements fs.FileWriter.
+func (h *handle) Write(ctx context.Context, data []byte, off int64) (uint32, syscall.Errno) {
+	n, err := h.h.Write(ctx, data, off)
+	if err != nil {
+		return uint32(n), h.node.root.errno("write", err)
+	}
+	return uint32(n), 0
+}
+
+// Flush implements fs.FileFlusher: close(2) returns after the commit.
+func (h *handle) Flush(ctx context.Context) syscall.Errno {
+	if err := h.h.Flush(ctx); err != nil {
+		return h.node.root.errno("flush", err)
+	}
+	h.syncVersion()
+	return 0
+}
+
+// Fsync implements fs.FileFsyncer.
+func (h *handle) Fsync(ctx context.Context, flags uint32) syscall.Errno {
+	if err := h.h.Fsync(ctx); err != nil {
+		return h.node.root.errno("fsync", err)
+	}
+	h.syncVersion()
+	return 0
+}
+
+// syncVersion records the committed version as the one the page cache
+// holds: our own writes went through it.
+func (h *handle) syncVersion() {
+	if h.h.Writable {
+		h.node.version.Store(h.h.Version())
+	}
+}
+
+// Release implements fs.FileReleaser.
+func (h *handle) Release(ctx context.Context) syscall.Errno {
+	h.h.Release(context.WithoutCancel(ctx))
+	return 0
+}

@@ -1,0 +1,1077 @@
+package server
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/wheelfs/wheelfs/internal/configsvc"
+	"github.com/wheelfs/wheelfs/internal/fserr"
+	"github.com/wheelfs/wheelfs/internal/oid"
+	"github.com/wheelfs/wheelfs/internal/perm"
+	"github.com/wheelfs/wheelfs/internal/store"
+	"github.com/wheelfs/wheelfs/internal/wire"
+)
+
+// blockSize is the file block size (DESIGN.md: 64 KiB).
+const blockSize = 64 << 10
+
+func cred(c *wire.Caller) perm.Cred {
+	if c == nil {
+		// No caller: the least privileged user.
+		return perm.Cred{Uid: 65534, Gid: 65534}
+	}
+	return perm.Cred{Uid: c.Uid, Gid: c.Gid, Groups: c.Groups}
+}
+
+var typeBits = map[wire.Type]uint32{
+	wire.Type_TYPE_FILE:    syscall.S_IFREG,
+	wire.Type_TYPE_DIR:     syscall.S_IFDIR,
+	wire.Type_TYPE_SYMLINK: syscall.S_IFLNK,
+	wire.Type_TYPE_FIFO:    syscall.S_IFIFO,
+	wire.Type_TYPE_SOCKET:  syscall.S_IFSOCK,
+	wire.Type_TYPE_CHAR:    syscall.S_IFCHR,
+	wire.Type_TYPE_BLOCK:   syscall.S_IFBLK,
+}
+
+func attr(m *wire.Meta) perm.Attr {
+	return perm.Attr{Mode: m.Mode&0o7777 | typeBits[m.Type], Uid: m.Uid, Gid: m.Gid}
+}
+
+func isDir(m *wire.Meta) bool { return m.Type == wire.Type_TYPE_DIR }
+
+// ownerOrAccess allows operations on a file the caller has open: the
+// kernel checked permission at open, so the owner keeps access even
+// after a chmod, as with an open descriptor on a local file system.
+func ownerOrAccess(c perm.Cred, m *wire.Meta, want uint32) error {
+	if c.IsRoot() || c.Uid == m.Uid {
+		return nil
+	}
+	return perm.Access(c, attr(m), want)
+}
+
+// touch records a change to m: new ctime (and mtime), next version.
+func touch(m *wire.Meta, now int64, mtime bool) {
+	m.CtimeNs = now
+	if mtime {
+		m.MtimeNs = now
+	}
+	m.Version++
+}
+
+func (s *Server) dirMeta(tx *store.Tx, dir oid.ID) (*wire.Meta, error) {
+	m, err := tx.Meta(dir)
+	if err != nil {
+		return nil, err
+	}
+	if !isDir(m) {
+		return nil, fmt.Errorf("%v: %w", dir, fserr.ErrNotDir)
+	}
+	return m, nil
+}
+
+// Lookup implements wire.StorageServer.
+func (s *Server) Lookup(ctx context.Context, req *wire.LookupRequest) (*wire.LookupResponse, error) {
+	dir := oid.ID(req.Dir)
+	if err := s.primary(dir); err != nil {
+		return nil, fserr.ToStatus(err)
+	}
+	resp := &wire.LookupResponse{}
+	err := s.store.View(func(tx *store.Tx) error {
+		d, err := s.dirMeta(tx, dir)
+		if err != nil {
+			return err
+		}
+		if err := perm.MayLookup(cred(req.Caller), attr(d)); err != nil {
+			return err
+		}
+		if req.Name == ".." {
+			resp.Meta, err = tx.Meta(oid.ID(d.Parent))
+			return err
+		}
+		e, err := tx.Entry(dir, req.Name)
+		if err != nil {
+			return err
+		}
+		resp.Entry = e
+		// The child may live in another slice; this server has its meta
+		// only when it is primary for it too.
+		if s.primary(oid.ID(e.Id)) == nil {
+			resp.Meta, err = tx.Meta(oid.ID(e.Id))
+		}
+		return err
+	})
+	if err != nil {
+		return nil, fserr.ToStatus(fmt.Errorf("lookup %q: %w", req.Name, err))
+	}
+	return resp, nil
+}
+
+// GetAttr implements wire.StorageServer.
+func (s *Server) GetAttr(ctx context.Context, req *wire.GetAttrRequest) (*wire.GetAttrResponse, error) {
+	id := oid.ID(req.Id)
+	if err := s.primary(id); err != nil {
+		return nil, fserr.ToStatus(err)
+	}
+	var m *wire.Meta
+	err := s.store.View(func(tx *store.Tx) (err error) {
+		m, err = tx.Meta(id)
+		return err
+	})
+	if err != nil {
+		return nil, fserr.ToStatus(err)
+	}
+	return &wire.GetAttrResponse{Meta: m}, nil
+}
+
+func policyOf(c *wire.Cues, parent configsvc.Policy, site string) configsvc.Policy {
+	p := configsvc.Policy{Site: site, RepLevel: DefaultRepLevel}
+	if c == nil {
+		return p
+	}
+	if c.KeepTogether {
+		p = parent
+		p.KeepTogether = true
+	}
+	if c.Site != "" {
+		p.Site = c.Site
+	}
+	if c.RepLevel > 0 {
+		p.RepLevel = int(c.RepLevel)
+	}
+	if c.RepSites > 0 {
+		p.RepSites = int(c.RepSites)
+	}
+	p.EventualDirs = c.Eventual
+	return p
+}
+
+// Create implements wire.StorageServer.
+func (s *Server) Create(ctx context.Context, req *wire.CreateRequest) (*wire.CreateResponse, error) {
+	dir := oid.ID(req.Dir)
+	if err := s.primary(dir); err != nil {
+		return nil, fserr.ToStatus(err)
+	}
+	bits, ok := typeBits[req.Type]
+	if !ok {
+		return nil, fserr.ToStatus(fmt.Errorf("create type %v: %w", req.Type, fserr.ErrInvalid))
+	}
+	c := cred(req.Caller)
+	s.mu.Lock()
+	parentPolicy := s.defaultPolicy()
+	for p, id := range s.bySlice {
+		if id == dir.Slice() {
+			parentPolicy = p
+		}
+	}
+	s.mu.Unlock()
+	slice, err := s.sliceFor(ctx, policyOf(req.Cues, parentPolicy, s.cfg.Site))
+	if err != nil {
+		return nil, fserr.ToStatus(err)
+	}
+	resp := &wire.CreateResponse{}
+	now := time.Now().UnixNano()
+	err = s.store.Update(ctx, func(tx *store.Tx) error {
+		d, err := s.dirMeta(tx, dir)
+		if err != nil {
+			return err
+		}
+		if d.Nlink == 0 {
+			return fmt.Errorf("directory removed: %w", fserr.ErrNotExist)
+		}
+		if e, err := tx.Entry(dir, req.Name); err == nil {
+			if req.Exclusive || req.Type != wire.Type_TYPE_FILE || e.Type != wire.Type_TYPE_FILE {
+				return fmt.Errorf("%q: %w", req.Name, fserr.ErrExist)
+			}
+			if err := perm.MayLookup(c, attr(d)); err != nil {
+				return err
+			}
+			m, err := tx.Meta(oid.ID(e.Id))
+			resp.Entry, resp.Meta, resp.Existed = e, m, true
+			return err
+		}
+		if err := perm.MayCreate(c, attr(d)); err != nil {
+			return err
+		}
+		n, err := tx.NextCounter(slice)
+		if err != nil {
+			return err
+		}
+		mode, uid, gid := perm.NewObject(c, attr(d), bits|req.Mode&0o7777)
+		m := &wire.Meta{
+			Id: uint64(oid.Make(slice, n)), Type: req.Type, Mode: mode & 0o7777, Uid: uid, Gid: gid,
+			Nlink: 1, AtimeNs: now, MtimeNs: now, CtimeNs: now, BtimeNs: now, Version: 1,
+			Rdev: req.Rdev, Target: req.Target, Cues: req.Cues, BlockSize: blockSize,
+		}
+		if req.Type == wire.Type_TYPE_SYMLINK {
+			m.Size = uint64(len(req.Target))
+			m.Mode = 0o777
+		}
+		if req.Type == wire.Type_TYPE_DIR {
+			m.Nlink = 2
+			m.Parent = uint64(dir)
+			d.Nlink++
+		}
+		e := &wire.Entry{Name: req.Name, Id: m.Id, Type: m.Type, Version: 1}
+		if err := tx.PutMeta(m); err != nil {
+			return err
+		}
+		if err := tx.PutEntry(dir, e); err != nil {
+			return err
+		}
+		touch(d, now, true)
+		resp.Entry, resp.Meta, resp.Dir = e, m, d
+		return tx.PutMeta(d)
+	})
+	if err != nil {
+		return nil, fserr.ToStatus(fmt.Errorf("create %q: %w", req.Name, err))
+	}
+	return resp, nil
+}
+
+// Link implements wire.StorageServer.
+func (s *Server) Link(ctx context.Context, req *wire.LinkRequest) (*wire.LinkResponse, error) {
+	dir, id := oid.ID(req.Dir), oid.ID(req.Id)
+	if err := s.primary(dir); err != nil {
+		return nil, fserr.ToStatus(err)
+	}
+	if err := s.primary(id); err != nil {
+		return nil, fserr.ToStatus(fmt.Errorf("link across servers: %w", fserr.ErrCrossDevice))
+	}
+	c := cred(req.Caller)
+	now := time.Now().UnixNano()
+	var out *wire.Meta
+	err := s.store.Update(ctx, func(tx *store.Tx) error {
+		d, err := s.dirMeta(tx, dir)
+		if err != nil {
+			return err
+		}
+		m, err := tx.Meta(id)
+		if err != nil {
+			return err
+		}
+		if err := perm.MayLink(c, attr(d), attr(m)); err != nil {
+			return err
+		}
+		if m.Nlink == 0 {
+			return fmt.Errorf("link to removed file: %w", fserr.ErrNotExist)
+		}
+		if _, err := tx.Entry(dir, req.Name); err == nil {
+			return fmt.Errorf("%q: %w", req.Name, fserr.ErrExist)
+		}
+		m.Nlink++
+		touch(m, now, false)
+		if err := tx.PutMeta(m); err != nil {
+			return err
+		}
+		if err := tx.PutEntry(dir, &wire.Entry{Name: req.Name, Id: m.Id, Type: m.Type, Version: 1}); err != nil {
+			return err
+		}
+		touch(d, now, true)
+		out = m
+		return tx.PutMeta(d)
+	})
+	if err != nil {
+		return nil, fserr.ToStatus(fmt.Errorf("link %q: %w", req.Name, err))
+	}
+	return &wire.LinkResponse{Meta: out}, nil
+}
+
+// unlinkObject drops one link to m (already removed from its directory)
+// and deletes the object when no link and no open handle remain.
+func (s *Server) unlinkObject(tx *store.Tx, m *wire.Meta, now int64) error {
+	if isDir(m) {
+		m.Nlink = 0
+	} else if m.Nlink > 0 {
+		m.Nlink--
+	}
+	touch(m, now, false)
+	if m.Nlink > 0 {
+		return tx.PutMeta(m)
+	}
+	s.mu.Lock()
+	open := s.opens[oid.ID(m.Id)] > 0
+	s.mu.Unlock()
+	if open {
+		// Unlinked while open: keep the data until the last release.
+		if err := tx.PutSys(orphanKey(oid.ID(m.Id)), nil); err != nil {
+			return err
+		}
+		return tx.PutMeta(m)
+	}
+	return tx.DeleteObject(oid.ID(m.Id))
+}
+
+func orphanKey(id oid.ID) string { return fmt.Sprintf("orphan/%016x", uint64(id)) }
+
+// Remove implements wire.StorageServer.
+func (s *Server) Remove(ctx context.Context, req *wire.RemoveRequest) (*wire.RemoveResponse, error) {
+	dir := oid.ID(req.Dir)
+	if err := s.primary(dir); err != nil {
+		return nil, fserr.ToStatus(err)
+	}
+	c := cred(req.Caller)
+	now := time.Now().UnixNano()
+	var out *wire.Meta
+	err := s.store.Update(ctx, func(tx *store.Tx) error {
+		d, err := s.dirMeta(tx, dir)
+		if err != nil {
+			return err
+		}
+		if err := perm.MayLookup(c, attr(d)); err != nil {
+			return err
+		}
+		e, err := tx.Entry(dir, req.Name)
+		if err != nil {
+			return err
+		}
+		m, err := tx.Meta(oid.ID(e.Id))
+		if err != nil {
+			return err
+		}
+		switch {
+		case req.DirOnly && !isDir(m):
+			return fserr.ErrNotDir
+		case req.FileOnly && isDir(m):
+			return fserr.ErrIsDir
+		}
+		if err := perm.MayRemove(c, attr(d), attr(m)); err != nil {
+			return err
+		}
+		if isDir(m) {
+			if full, err := tx.HasEntries(oid.ID(m.Id)); err != nil {
+				return err
+			} else if full {
+				return fserr.ErrNotEmpty
+			}
+			d.Nlink--
+		}
+		if err := tx.DeleteEntry(dir, req.Name); err != nil {
+			return err
+		}
+		if err := s.unlinkObject(tx, m, now); err != nil {
+			return err
+		}
+		touch(d, now, true)
+		out = m
+		return tx.PutMeta(d)
+	})
+	if err != nil {
+		return nil, fserr.ToStatus(fmt.Errorf("remove %q: %w", req.Name, err))
+	}
+	return &wire.RemoveResponse{Meta: out}, nil
+}
+
+// Rename implements wire.StorageServer. Both directories must be on this
+// server; the whole rename is one atomic transaction.
+func (s *Server) Rename(ctx context.Context, req *wire.RenameRequest) (*wire.RenameResponse, error) {
+	src, dst := oid.ID(req.SrcDir), oid.ID(req.DstDir)
+	if err := s.primary(src); err != nil {
+		return nil, fserr.ToStatus(err)
+	}
+	if err := s.primary(dst); err != nil {
+		return nil, fserr.ToStatus(fmt.Errorf("rename across servers: %w", fserr.ErrCrossDevice))
+	}
+	c := cred(req.Caller)
+	now := time.Now().UnixNano()
+	resp := &wire.RenameResponse{}
+	err := s.store.Update(ctx, func(tx *store.Tx) error {
+		sd, err := s.dirMeta(tx, src)
+		if err != nil {
+			return err
+		}
+		dd := sd
+		if dst != src {
+			if dd, err = s.dirMeta(tx, dst); err != nil {
+				return err
+			}
+		}
+		se, err := tx.Entry(src, req.SrcName)
+		if err != nil {
+			return err
+		}
+		child, err := tx.Meta(oid.ID(se.Id))
+		if err != nil {
+			return err
+		}
+		de, err := tx.Entry(dst, req.DstName)
+		if err != nil && fserr.Errno(err) != syscall.ENOENT {
+			return err
+		}
+		var target *wire.Meta
+		var targetAttr *perm.Attr
+		if de != nil {
+			if req.Flags&wire.RenameNoReplace != 0 {
+				return fmt.Errorf("%q: %w", req.DstName, fserr.ErrExist)
+			}
+			if target, err = tx.Meta(oid.ID(de.Id)); err != nil {
+				return err
+			}
+			a := attr(target)
+			targetAttr = &a
+		} else if req.Flags&wire.RenameExchange != 0 {
+			return fmt.Errorf("exchange with missing %q: %w", req.DstName, fserr.ErrNotExist)
+		}
+		if err := perm.MayRename(c, attr(sd), attr(child), attr(dd), targetAttr); err != nil {
+			return err
+		}
+		if target != nil && target.Id == child.Id {
+			return nil // both names are links to one object: nothing to do
+		}
+		if isDir(child) && src != dst {
+			if err := s.checkNotAncestor(tx, oid.ID(child.Id), dst); err != nil {
+				return err
+			}
+		}
+		if req.Flags&wire.RenameExchange != 0 {
+			return s.exchange(tx, sd, dd, se, de, child, target, now)
+		}
+		if target != nil {
+			switch {
+			case isDir(child) && !isDir(target):
+				return fserr.ErrNotDir
+			case !isDir(child) && isDir(target):
+				return fserr.ErrIsDir
+			case isDir(target):
+				if full, err := tx.HasEntries(oid.ID(target.Id)); err != nil {
+					return err
+				} else if full {
+					return fserr.ErrNotEmpty
+				}
+				dd.Nlink--
+			}
+			if err := s.unlinkObject(tx, target, now); err != nil {
+				return err
+			}
+			resp.Replaced = target
+		}
+		if err := tx.DeleteEntry(src, req.SrcName); err != nil {
+			return err
+		}
+		ne := &wire.Entry{Name: req.DstName, Id: child.Id, Type: child.Type, Version: 1}
+		if de != nil {
+			ne.Version = de.Version + 1
+		}
+		if err := tx.PutEntry(dst, ne); err != nil {
+			return err
+		}
+		if isDir(child) && src != dst {
+			child.Parent = uint64(dst)
+			sd.Nlink--
+			dd.Nlink++
+		}
+		touch(child, now, false)
+		if err := tx.PutMeta(child); err != nil {
+			return err
+		}
+		touch(sd, now, true)
+		if err := tx.PutMeta(sd); err != nil {
+			return err
+		}
+		if dst != src {
+			touch(dd, now, true)
+			return tx.PutMeta(dd)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fserr.ToStatus(fmt.Errorf("rename %q to %q: %w", req.SrcName, req.DstName, err))
+	}
+	return resp, nil
+}
+
+// exchange swaps two names atomically (RENAME_EXCHANGE).
+func (s *Server) exchange(tx *store.Tx, sd, dd *wire.Meta, se, de *wire.Entry, a, b *wire.Meta, now int64) error {
+	src, dst := oid.ID(sd.Id), oid.ID(dd.Id)
+	if isDir(b) && src != dst {
+		if err := s.checkNotAncestor(tx, oid.ID(b.Id), src); err != nil {
+			return err
+		}
+	}
+	if err := tx.PutEntry(src, &wire.Entry{Name: se.Name, Id: b.Id, Type: b.Type, Version: se.Version + 1}); err != nil {
+		return err
+	}
+	if err := tx.PutEntry(dst, &wire.Entry{Name: de.Name, Id: a.Id, Type: a.Type, Version: de.Version + 1}); err != nil {
+		return err
+	}
+	if src != dst {
+		if isDir(a) {
+			a.Parent = uint64(dst)
+			sd.Nlink--
+			dd.Nlink++
+		}
+		if isDir(b) {
+			b.Parent = uint64(src)
+			dd.Nlink--
+			sd.Nlink++
+		}
+	}
+	for _, m := range []*wire.Meta{a, b} {
+		touch(m, now, false)
+		if err := tx.PutMeta(m); err != nil {
+			return err
+		}
+	}
+	touch(sd, now, true)
+	if err := tx.PutMeta(sd); err != nil {
+		return err
+	}
+	if src != dst {
+		touch(dd, now, true)
+		return tx.PutMeta(dd)
+	}
+	return nil
+}
+
+// checkNotAncestor refuses to move directory id into its own subtree.
+func (s *Server) checkNotAncestor(tx *store.Tx, id, dst oid.ID) error {
+	for cur := dst; ; {
+		if cur == id {
+			return fmt.Errorf("move directory into itself: %w", fserr.ErrInvalid)
+		}
+		if cur == oid.Root {
+			return nil
+		}
+		m, err := tx.Meta(cur)
+		if err != nil {
+			return err
+		}
+		cur = oid.ID(m.Parent)
+	}
+}
+
+// SetAttr implements wire.StorageServer.
+func (s *Server) SetAttr(ctx context.Context, req *wire.SetAttrRequest) (*wire.SetAttrResponse, error) {
+	id := oid.ID(req.Id)
+	if err := s.primary(id); err != nil {
+		return nil, fserr.ToStatus(err)
+	}
+	c := cred(req.Caller)
+	now := time.Now().UnixNano()
+	var out *wire.Meta
+	err := s.store.Update(ctx, func(tx *store.Tx) error {
+		m, err := tx.Meta(id)
+		if err != nil {
+			return err
+		}
+		if req.Valid&wire.SetMode != 0 {
+			mode, err := perm.Chmod(c, attr(m), req.Mode&0o7777|typeBits[m.Type])
+			if err != nil {
+				return err
+			}
+			m.Mode = mode & 0o7777
+		}
+		if req.Valid&(wire.SetUID|wire.SetGID) != 0 {
+			uid, gid := ^uint32(0), ^uint32(0)
+			if req.Valid&wire.SetUID != 0 {
+				uid = req.Uid
+			}
+			if req.Valid&wire.SetGID != 0 {
+				gid = req.Gid
+			}
+			nu, ng, mode, err := perm.Chown(c, attr(m), uid, gid)
+			if err != nil {
+				return err
+			}
+			m.Uid, m.Gid, m.Mode = nu, ng, mode&0o7777
+		}
+		if req.Valid&wire.SetSize != 0 {
+			if err := s.truncate(tx, c, m, req); err != nil {
+				return err
+			}
+		}
+		if req.Valid&(wire.SetAtime|wire.SetMtime) != 0 {
+			toNow := (req.Valid&wire.SetAtime == 0 || req.AtimeNow) && (req.Valid&wire.SetMtime == 0 || req.MtimeNow)
+			if err := perm.Utimens(c, attr(m), toNow); err != nil {
+				if !(req.ViaHandle && c.Uid == m.Uid) {
+					return err
+				}
+			}
+			if req.Valid&wire.SetAtime != 0 {
+				m.AtimeNs = req.AtimeNs
+				if req.AtimeNow {
+					m.AtimeNs = now
+				}
+			}
+			if req.Valid&wire.SetMtime != 0 {
+				m.MtimeNs = req.MtimeNs
+				if req.MtimeNow {
+					m.MtimeNs = now
+				}
+			}
+		}
+		touch(m, now, false)
+		out = m
+		return tx.PutMeta(m)
+	})
+	if err != nil {
+		return nil, fserr.ToStatus(fmt.Errorf("setattr %v: %w", id, err))
+	}
+	return &wire.SetAttrResponse{Meta: out}, nil
+}
+
+// truncate changes a file's size, trimming the block that holds the new end.
+func (s *Server) truncate(tx *store.Tx, c perm.Cred, m *wire.Meta, req *wire.SetAttrRequest) error {
+	switch {
+	case isDir(m):
+		return fserr.ErrIsDir
+	case m.Type != wire.Type_TYPE_FILE:
+		return fserr.ErrInvalid
+	}
+	if req.ViaHandle {
+		if err := ownerOrAccess(c, m, perm.W); err != nil {
+			return err
+		}
+	} else if err := perm.Access(c, attr(m), perm.W); err != nil {
+		return err
+	}
+	size := req.Size
+	if size < m.Size {
+		keep := (size + blockSize - 1) / blockSize
+		if err := tx.TruncateBlocks(oid.ID(m.Id), keep); err != nil {
+			return err
+		}
+		if tail := size % blockSize; tail != 0 {
+			if err := s.trimBlock(tx, oid.ID(m.Id), size/blockSize, tail); err != nil {
+				return err
+			}
+		}
+	}
+	if size != m.Size {
+		m.Size = size
+		m.MtimeNs = time.Now().UnixNano()
+		m.Mode = perm.KillSUID(c, attr(m)) & 0o7777
+	}
+	return nil
+}
+
+// trimBlock cuts block idx to n bytes, so that growing the file later
+// reads zeros past the old end rather than stale data.
+func (s *Server) trimBlock(tx *store.Tx, id oid.ID, idx uint64, n uint64) error {
+	h, ok, err := tx.Block(id, idx)
+	if err != nil || !ok {
+		return err
+	}
+	data, err := s.store.ReadBlock(h)
+	if err != nil {
+		return err
+	}
+	if uint64(len(data)) <= n {
+		return nil
+	}
+	nh, err := s.store.PutBlock(data[:n])
+	if err != nil {
+		return err
+	}
+	return tx.SetBlock(id, idx, nh)
+}
+
+// ReadDir implements wire.StorageServer.
+func (s *Server) ReadDir(ctx context.Context, req *wire.ReadDirRequest) (*wire.ReadDirResponse, error) {
+	dir := oid.ID(req.Dir)
+	if err := s.primary(dir); err != nil {
+		return nil, fserr.ToStatus(err)
+	}
+	limit := int(req.Limit)
+	if limit <= 0 || limit > 4096 {
+		limit = 4096
+	}
+	resp := &wire.ReadDirResponse{}
+	err := s.store.View(func(tx *store.Tx) error {
+		d, err := s.dirMeta(tx, dir)
+		if err != nil {
+			return err
+		}
+		if err := perm.Access(cred(req.Caller), attr(d), perm.R); err != nil {
+			return err
+		}
+		resp.Dir = d
+		if resp.Entries, err = tx.Entries(dir, req.After, limit); err != nil {
+			return err
+		}
+		resp.Eof = len(resp.Entries) < limit
+		if req.WithMeta {
+			for _, e := range resp.Entries {
+				if s.primary(oid.ID(e.Id)) != nil {
+					continue
+				}
+				m, err := tx.Meta(oid.ID(e.Id))
+				if err != nil {
+					return err
+				}
+				resp.Metas = append(resp.Metas, m)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fserr.ToStatus(fmt.Errorf("readdir %v: %w", dir, err))
+	}
+	return resp, nil
+}
+
+// GetBlocks implements wire.StorageServer.
+func (s *Server) GetBlocks(ctx context.Context, req *wire.GetBlocksRequest) (*wire.GetBlocksResponse, error) {
+	id := oid.ID(req.Id)
+	if err := s.primary(id); err != nil {
+		return nil, fserr.ToStatus(err)
+	}
+	resp := &wire.GetBlocksResponse{}
+	err := s.store.View(func(tx *store.Tx) error {
+		m, err := tx.Meta(id)
+		if err != nil {
+			return err
+		}
+		resp.Meta = m
+		refs, err := tx.Blocks(id, req.First, req.Count)
+		if err != nil {
+			return err
+		}
+		resp.Blocks = make([]*wire.BlockRef, len(refs))
+		for i, r := range refs {
+			resp.Blocks[i] = &wire.BlockRef{Index: r.Index, Hash: r.Hash[:], Len: r.Len}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fserr.ToStatus(fmt.Errorf("blocks of %v: %w", id, err))
+	}
+	return resp, nil
+}
+
+// ReadBlocks implements wire.StorageServer.
+func (s *Server) ReadBlocks(ctx context.Context, req *wire.ReadBlocksRequest) (*wire.ReadBlocksResponse, error) {
+	id := oid.ID(req.Id)
+	if err := s.checkData(id, cred(req.Caller), perm.R); err != nil {
+		return nil, fserr.ToStatus(err)
+	}
+	resp := &wire.ReadBlocksResponse{Data: make([][]byte, len(req.Hashes))}
+	for i, h := range req.Hashes {
+		if len(h) != 32 {
+			return nil, fserr.ToStatus(fmt.Errorf("block hash of %d bytes: %w", len(h), fserr.ErrInvalid))
+		}
+		data, err := s.store.ReadBlock([32]byte(h))
+		if err != nil {
+			return nil, fserr.ToStatus(fmt.Errorf("read block of %v: %w", id, err))
+		}
+		resp.Data[i] = data
+	}
+	return resp, nil
+}
+
+// checkData allows block transfers for a file the caller may access.
+func (s *Server) checkData(id oid.ID, c perm.Cred, want uint32) error {
+	if err := s.primary(id); err != nil {
+		return err
+	}
+	return s.store.View(func(tx *store.Tx) error {
+		m, err := tx.Meta(id)
+		if err != nil {
+			return err
+		}
+		if ownerOrAccess(c, m, want) != nil && ownerOrAccess(c, m, perm.W) != nil {
+			return fmt.Errorf("data of %v: %w", id, fserr.ErrAccess)
+		}
+		return nil
+	})
+}
+
+// PutBlocks implements wire.StorageServer. Blocks become part of a file
+// only when a Commit names them.
+func (s *Server) PutBlocks(ctx context.Context, req *wire.PutBlocksRequest) (*wire.PutBlocksResponse, error) {
+	id := oid.ID(req.Id)
+	if err := s.checkData(id, cred(req.Caller), perm.W); err != nil {
+		return nil, fserr.ToStatus(err)
+	}
+	resp := &wire.PutBlocksResponse{Hashes: make([][]byte, len(req.Data))}
+	for i, d := range req.Data {
+		if len(d) > blockSize {
+			return nil, fserr.ToStatus(fmt.Errorf("block of %d bytes: %w", len(d), fserr.ErrInvalid))
+		}
+		h, err := s.store.PutBlock(d)
+		if err != nil {
+			return nil, fserr.ToStatus(fmt.Errorf("store block of %v: %w", id, err))
+		}
+		resp.Hashes[i] = h[:]
+	}
+	return resp, nil
+}
+
+// Commit implements wire.StorageServer: a new version of a file whose
+// listed blocks changed. It answers once the version is durable.
+func (s *Server) Commit(ctx context.Context, req *wire.CommitRequest) (*wire.CommitResponse, error) {
+	id := oid.ID(req.Id)
+	if err := s.primary(id); err != nil {
+		return nil, fserr.ToStatus(err)
+	}
+	c := cred(req.Caller)
+	now := time.Now().UnixNano()
+	var out *wire.Meta
+	err := s.store.Update(ctx, func(tx *store.Tx) error {
+		m, err := tx.Meta(id)
+		if err != nil {
+			return err
+		}
+		if m.Type != wire.Type_TYPE_FILE {
+			return fserr.ErrInvalid
+		}
+		if err := ownerOrAccess(c, m, perm.W); err != nil {
+			return err
+		}
+		if req.Size < m.Size {
+			if err := tx.TruncateBlocks(id, (req.Size+blockSize-1)/blockSize); err != nil {
+				return err
+			}
+		}
+		for _, b := range req.Blocks {
+			if len(b.Hash) != 32 || b.Index*blockSize >= req.Size {
+				continue
+			}
+			if err := tx.SetBlock(id, b.Index, [32]byte(b.Hash)); err != nil {
+				return err
+			}
+		}
+		m.Size = req.Size
+		m.MtimeNs = now
+		if req.MtimeNs != 0 {
+			m.MtimeNs = req.MtimeNs
+		}
+		m.Mode = perm.KillSUID(c, attr(m)) & 0o7777
+		touch(m, now, false)
+		out = m
+		return tx.PutMeta(m)
+	})
+	if err != nil {
+		return nil, fserr.ToStatus(fmt.Errorf("commit %v: %w", id, err))
+	}
+	return &wire.CommitResponse{Meta: out}, nil
+}
+
+// xattrFlags as in setxattr(2).
+const (
+	xattrCreate  = 1
+	xattrReplace = 2
+)
+
+// GetXattr implements wire.StorageServer.
+func (s *Server) GetXattr(ctx context.Context, req *wire.XattrRequest) (*wire.XattrResponse, error) {
+	id := oid.ID(req.Id)
+	if err := s.primary(id); err != nil {
+		return nil, fserr.ToStatus(err)
+	}
+	resp := &wire.XattrResponse{}
+	err := s.store.View(func(tx *store.Tx) error {
+		m, err := tx.Meta(id)
+		if err != nil {
+			return err
+		}
+		if err := perm.MayGetXattr(cred(req.Caller), attr(m), req.Name); err != nil {
+			return err
+		}
+		resp.Value, err = tx.Xattr(id, req.Name)
+		return err
+	})
+	if err != nil {
+		return nil, fserr.ToStatus(fmt.Errorf("getxattr %q: %w", req.Name, err))
+	}
+	return resp, nil
+}
+
+// ListXattr implements wire.StorageServer.
+func (s *Server) ListXattr(ctx context.Context, req *wire.XattrRequest) (*wire.XattrResponse, error) {
+	id := oid.ID(req.Id)
+	if err := s.primary(id); err != nil {
+		return nil, fserr.ToStatus(err)
+	}
+	resp := &wire.XattrResponse{}
+	c := cred(req.Caller)
+	err := s.store.View(func(tx *store.Tx) error {
+		m, err := tx.Meta(id)
+		if err != nil {
+			return err
+		}
+		names, err := tx.Xattrs(id)
+		for _, n := range names {
+			// Like Linux, list only the names the caller could read.
+			if strings.HasPrefix(n, "trusted.") && !c.IsRoot() {
+				continue
+			}
+			_ = m
+			resp.Names = append(resp.Names, n)
+		}
+		return err
+	})
+	if err != nil {
+		return nil, fserr.ToStatus(fmt.Errorf("listxattr: %w", err))
+	}
+	return resp, nil
+}
+
+// SetXattr implements wire.StorageServer.
+func (s *Server) SetXattr(ctx context.Context, req *wire.XattrRequest) (*wire.XattrResponse, error) {
+	return s.changeXattr(ctx, req, false)
+}
+
+// RemoveXattr implements wire.StorageServer.
+func (s *Server) RemoveXattr(ctx context.Context, req *wire.XattrRequest) (*wire.XattrResponse, error) {
+	return s.changeXattr(ctx, req, true)
+}
+
+func (s *Server) changeXattr(ctx context.Context, req *wire.XattrRequest, remove bool) (*wire.XattrResponse, error) {
+	id := oid.ID(req.Id)
+	if err := s.primary(id); err != nil {
+		return nil, fserr.ToStatus(err)
+	}
+	if req.Name == "" || len(req.Name) > 255 {
+		return nil, fserr.ToStatus(fmt.Errorf("xattr name: %w", fserr.ErrRange))
+	}
+	if len(req.Value) > 64<<10 {
+		return nil, fserr.ToStatus(fmt.Errorf("xattr value of %d bytes: %w", len(req.Value), fserr.ErrTooBig))
+	}
+	now := time.Now().UnixNano()
+	err := s.store.Update(ctx, func(tx *store.Tx) error {
+		m, err := tx.Meta(id)
+		if err != nil {
+			return err
+		}
+		if err := perm.MaySetXattr(cred(req.Caller), attr(m), req.Name); err != nil {
+			return err
+		}
+		_, getErr := tx.Xattr(id, req.Name)
+		exists := getErr == nil
+		switch {
+		case remove && !exists, req.Flags&xattrReplace != 0 && !exists:
+			return fserr.ErrNoAttr
+		case req.Flags&xattrCreate != 0 && exists:
+			return fserr.ErrExist
+		}
+		if remove {
+			err = tx.RemoveXattr(id, req.Name)
+		} else {
+			err = tx.SetXattr(id, req.Name, req.Value)
+		}
+		if err != nil {
+			return err
+		}
+		touch(m, now, false)
+		return tx.PutMeta(m)
+	})
+	if err != nil {
+		return nil, fserr.ToStatus(fmt.Errorf("xattr %q: %w", req.Name, err))
+	}
+	return &wire.XattrResponse{}, nil
+}
+
+// Open implements wire.StorageServer: it checks access for the open flags
+// and counts the handle, so that an unlinked open file stays readable.
+func (s *Server) Open(ctx context.Context, req *wire.OpenRequest) (*wire.OpenResponse, error) {
+	id := oid.ID(req.Id)
+	if err := s.primary(id); err != nil {
+		return nil, fserr.ToStatus(err)
+	}
+	var want uint32
+	switch req.Flags & syscall.O_ACCMODE {
+	case syscall.O_RDONLY:
+		want = perm.R
+	case syscall.O_WRONLY:
+		want = perm.W
+	default:
+		want = perm.R | perm.W
+	}
+	if req.Flags&syscall.O_TRUNC != 0 {
+		want |= perm.W
+	}
+	var m *wire.Meta
+	err := s.store.View(func(tx *store.Tx) (err error) {
+		if m, err = tx.Meta(id); err != nil {
+			return err
+		}
+		return perm.Access(cred(req.Caller), attr(m), want)
+	})
+	if err != nil {
+		return nil, fserr.ToStatus(fmt.Errorf("open %v: %w", id, err))
+	}
+	s.mu.Lock()
+	s.opens[id]++
+	s.mu.Unlock()
+	return &wire.OpenResponse{Meta: m}, nil
+}
+
+// Release implements wire.StorageServer.
+func (s *Server) Release(ctx context.Context, req *wire.ReleaseRequest) (*wire.ReleaseResponse, error) {
+	id := oid.ID(req.Id)
+	s.mu.Lock()
+	s.opens[id]--
+	last := s.opens[id] <= 0
+	if last {
+		delete(s.opens, id)
+	}
+	s.mu.Unlock()
+	if !last {
+		return &wire.ReleaseResponse{}, nil
+	}
+	err := s.store.Update(ctx, func(tx *store.Tx) error {
+		if _, err := tx.Sys(orphanKey(id)); err != nil {
+			return nil // not an orphan
+		}
+		if err := tx.DeleteSys(orphanKey(id)); err != nil {
+			return err
+		}
+		return tx.DeleteObject(id)
+	})
+	return &wire.ReleaseResponse{}, fserr.ToStatus(err)
+}
+
+// cleanOrphans deletes files unlinked while open before a restart: their
+// handles died with the old process.
+func (s *Server) cleanOrphans(ctx context.Context) error {
+	return s.store.Update(ctx, func(tx *store.Tx) error {
+		keys, err := tx.SysKeys("orphan/")
+		if err != nil {
+			return err
+		}
+		for _, k := range keys {
+			var id uint64
+			if _, err := fmt.Sscanf(k, "orphan/%016x", &id); err != nil {
+				continue
+			}
+			if err := tx.DeleteObject(oid.ID(id)); err != nil {
+				return err
+			}
+			if err := tx.DeleteSys(k); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// StatFS implements wire.StorageServer.
+func (s *Server) StatFS(ctx context.Context, req *wire.StatFSRequest) (*wire.StatFSResponse, error) {
+	var st syscall.Statfs_t
+	if err := syscall.Statfs(s.store.Dir(), &st); err != nil {
+		return nil, fserr.ToStatus(fmt.Errorf("statfs: %w", err))
+	}
+	var objects uint64
+	_ = s.store.View(func(tx *store.Tx) error {
+		objects = uint64(tx.ObjectCount())
+		return nil
+	})
+	const files = 1 << 40
+	return &wire.StatFSResponse{
+		Blocks: st.Blocks * uint64(st.Bsize) / 4096, Bfree: st.Bfree * uint64(st.Bsize) / 4096,
+		Bavail: st.Bavail * uint64(st.Bsize) / 4096, Bsize: 4096,
+		Files: files, Ffree: files - objects, NameLen: 255,
+	}, nil
+}
+
+// Info implements wire.StorageServer.
+func (s *Server) Info(ctx context.Context, req *wire.InfoRequest) (*wire.InfoResponse, error) {
+	m, err := s.GetAttr(ctx, &wire.GetAttrRequest{Caller: req.Caller, Id: req.Id})
+	if err != nil {
+		return nil, err
+	}
+	return &wire.InfoResponse{Meta: m.Meta, Primary: s.cfg.ID, Site: s.cfg.Site}, nil
+}

@@ -1,0 +1,484 @@
+// Package store is a storage server's crash-safe local store.
+//
+// Meta-data (objects, directory entries, block maps, the block index,
+// extended attributes, ID counters and small system records) lives in a
+// bbolt database (dir/meta.db). Block contents live in append-only segment
+// files (dir/blocks/seg-%08d), addressed by their SHA-256 and deduplicated.
+//
+// Nothing is acknowledged before it is durable. Update runs its function in
+// a read-write transaction with group commit: a single committer goroutine
+// takes every Update queued at that moment, runs their functions in one
+// bbolt transaction (each function's writes are buffered and applied only
+// if it succeeds, so a failing function rolls back only its own changes),
+// fdatasyncs the segments holding newly referenced block data, commits
+// bbolt and answers every caller. A lone caller is committed at once (there
+// is no batching delay); concurrent callers batch while the previous commit
+// is in flight, so the cost of the fsyncs is shared.
+//
+// PutBlock appends a block to the active segment without syncing and
+// remembers it as pending; the Update that first references it (SetBlock)
+// makes it durable before the index entry that points at it. Pending blocks
+// that nothing references are forgotten after PendingTTL or on restart;
+// their bytes are dead space that Compact reclaims. On Open the active
+// segment is truncated to the largest offset the index references, dropping
+// data that was never acknowledged.
+//
+// Lock order: appendMu → pendMu → segMu → segment.mu.
+package store
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"go.etcd.io/bbolt"
+
+	"github.com/wheelfs/wheelfs/internal/fserr"
+)
+
+const (
+	// MaxBlockSize is the largest block PutBlock accepts.
+	MaxBlockSize = 1 << 20
+	// DefaultSegmentSize is the size at which a segment file is rolled.
+	DefaultSegmentSize = 256 << 20
+	// PendingTTL is how long an unreferenced block stays referenceable.
+	PendingTTL = 10 * time.Minute
+
+	metaFile   = "meta.db"
+	blocksDir  = "blocks"
+	segPrefix  = "seg-"
+	maxKeySize = 4096 // longest name (entry, xattr, sys key) accepted
+)
+
+// Errors specific to the store. Both wrap an fserr sentinel.
+var (
+	ErrClosed   = fmt.Errorf("store: closed: %w", fserr.ErrIO)
+	ErrReadOnly = fmt.Errorf("store: write in a read-only transaction: %w", fserr.ErrInvalid)
+)
+
+// Options configure a Store.
+type Options struct {
+	Logger *slog.Logger
+	// SegmentSize is the size at which segment files roll (default 256 MiB).
+	SegmentSize int64
+	// NoSync disables every fsync. Tests only: nothing is durable.
+	NoSync bool
+}
+
+// Usage reports space accounting.
+type Usage struct {
+	LiveBytes     int64 // bytes of indexed blocks (each distinct block once)
+	SegmentBytes  int64 // bytes in segment files (live + dead)
+	Segments      int   // number of segment files
+	Objects       int64 // number of objects
+	PendingBlocks int   // blocks written but not (yet) referenced
+}
+
+// Store is a storage server's local store. It is safe for concurrent use.
+type Store struct {
+	dir     string
+	log     *slog.Logger
+	db      *bbolt.DB
+	lock    *os.File
+	segSize int64
+	noSync  bool
+	start   time.Time
+
+	objects atomic.Int64 // committed object count
+
+	// Group commit.
+	qmu      sync.Mutex
+	queue    []*request
+	closed   bool
+	wake     chan struct{}
+	loopDone chan struct{}
+	wtx      Tx // the committer's transaction wrapper, reused
+
+	// Segments.
+	appendMu sync.Mutex // serializes appends and rolls
+	active   *segment   // under appendMu
+	segMu    sync.RWMutex
+	segs     map[uint32]*segment // live segment files
+	live     map[uint32]int64    // indexed bytes per segment (committer updates)
+
+	// Pending blocks.
+	pendMu    sync.Mutex
+	pending   map[[32]byte]pendingBlock
+	lastSweep int64
+
+	compactMu sync.Mutex
+	closeOnce sync.Once
+	closeErr  error
+}
+
+// segment is one append-only block file.
+type segment struct {
+	id     uint32
+	f      *os.File
+	size   atomic.Int64 // bytes written (completed writes only)
+	synced atomic.Int64 // bytes known durable
+	mu     sync.RWMutex // readers hold RLock during I/O; deletion takes Lock
+	dead   bool         // under mu: file closed and removed
+	// compacting is set (under pendMu) while Compact copies the segment out:
+	// no new pending reference to it may be created.
+	compacting bool
+}
+
+// pendingBlock is a block that may be referenced by SetBlock.
+type pendingBlock struct {
+	loc loc
+	at  int64 // nanoseconds since Store.start
+}
+
+// loc is where a block's bytes live.
+type loc struct {
+	seg uint32
+	off uint64
+	n   uint32
+}
+
+func (l loc) end() int64 { return int64(l.off) + int64(l.n) }
+
+const idxValLen = 20 // seg u32 | off u64 | len u32 | refs u32
+
+func putIdx(b []byte, l loc, refs uint32) {
+	binary.BigEndian.PutUint32(b[0:], l.seg)
+	binary.BigEndian.PutUint64(b[4:], l.off)
+	binary.BigEndian.PutUint32(b[12:], l.n)
+	binary.BigEndian.PutUint32(b[16:], refs)
+}
+
+func getIdx(b []byte) (l loc, refs uint32, ok bool) {
+	if len(b) != idxValLen {
+		return loc{}, 0, false
+	}
+	l.seg = binary.BigEndian.Uint32(b[0:])
+	l.off = binary.BigEndian.Uint64(b[4:])
+	l.n = binary.BigEndian.Uint32(b[12:])
+	return l, binary.BigEndian.Uint32(b[16:]), true
+}
+
+// ioErr wraps an I/O failure with the matching file-system error.
+func ioErr(what string, err error) error {
+	if errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT) {
+		return fmt.Errorf("store: %s: %w: %v", what, fserr.ErrNoSpace, err)
+	}
+	return fmt.Errorf("store: %s: %w: %v", what, fserr.ErrIO, err)
+}
+
+func segName(id uint32) string { return fmt.Sprintf("%s%08d", segPrefix, id) }
+
+func (s *Store) segPath(id uint32) string { return filepath.Join(s.dir, blocksDir, segName(id)) }
+
+func (s *Store) now() int64 { return int64(time.Since(s.start)) }
+
+// Open opens (creating if needed) the store in dir and recovers from a crash.
+func Open(dir string, o Options) (*Store, error) {
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	if o.SegmentSize <= 0 {
+		o.SegmentSize = DefaultSegmentSize
+	}
+	if err := os.MkdirAll(filepath.Join(dir, blocksDir), 0o755); err != nil {
+		return nil, fmt.Errorf("store: create %s: %w", dir, err)
+	}
+	lock, err := lockDir(dir)
+	if err != nil {
+		return nil, err
+	}
+	s := &Store{
+		dir:      dir,
+		log:      o.Logger,
+		lock:     lock,
+		segSize:  o.SegmentSize,
+		noSync:   o.NoSync,
+		start:    time.Now(),
+		wake:     make(chan struct{}, 1),
+		loopDone: make(chan struct{}),
+		segs:     make(map[uint32]*segment),
+		live:     make(map[uint32]int64),
+		pending:  make(map[[32]byte]pendingBlock),
+	}
+	s.wtx.s = s
+	s.wtx.writable = true
+	if err := s.open(); err != nil {
+		s.closeFiles()
+		return nil, err
+	}
+	go s.loop()
+	return s, nil
+}
+
+func (s *Store) open() error {
+	db, err := bbolt.Open(filepath.Join(s.dir, metaFile), 0o644, &bbolt.Options{
+		Timeout:         5 * time.Second,
+		NoFreelistSync:  true,
+		FreelistType:    bbolt.FreelistMapType,
+		InitialMmapSize: 1 << 30, // avoid remaps (which wait for readers) early on
+		NoSync:          s.noSync,
+	})
+	if err != nil {
+		return fmt.Errorf("store: open %s: %w", filepath.Join(s.dir, metaFile), err)
+	}
+	s.db = db
+	if err := db.Update(func(tx *bbolt.Tx) error {
+		for _, name := range bucketNames {
+			if _, err := tx.CreateBucketIfNotExists(name); err != nil {
+				return err
+			}
+		}
+		return nil
+	}); err != nil {
+		return fmt.Errorf("store: create buckets: %w", err)
+	}
+
+	// Scan the block index: live bytes and the largest referenced offset per
+	// segment; count objects.
+	maxEnd := map[uint32]int64{}
+	var maxSeg uint32
+	if err := db.View(func(tx *bbolt.Tx) error {
+		s.objects.Store(int64(tx.Bucket(bucketNames[bObjects]).Stats().KeyN))
+		return tx.Bucket(bucketNames[bBlockidx]).ForEach(func(k, v []byte) error {
+			l, _, ok := getIdx(v)
+			if !ok || len(k) != 32 {
+				s.log.Error("store: corrupt block index entry", "key", fmt.Sprintf("%x", k))
+				return nil
+			}
+			s.live[l.seg] += int64(l.n)
+			maxEnd[l.seg] = max(maxEnd[l.seg], l.end())
+			maxSeg = max(maxSeg, l.seg)
+			return nil
+		})
+	}); err != nil {
+		return fmt.Errorf("store: scan block index: %w", err)
+	}
+
+	// Open the segment files.
+	ents, err := os.ReadDir(filepath.Join(s.dir, blocksDir))
+	if err != nil {
+		return fmt.Errorf("store: read segments: %w", err)
+	}
+	var top *segment
+	for _, e := range ents {
+		name := e.Name()
+		if !strings.HasPrefix(name, segPrefix) {
+			continue
+		}
+		n, err := strconv.ParseUint(name[len(segPrefix):], 10, 32)
+		if err != nil || n == 0 {
+			continue
+		}
+		id := uint32(n)
+		f, err := os.OpenFile(s.segPath(id), os.O_RDWR, 0)
+		if err != nil {
+			return fmt.Errorf("store: open segment: %w", err)
+		}
+		st, err := f.Stat()
+		if err != nil {
+			f.Close()
+			return fmt.Errorf("store: stat segment: %w", err)
+		}
+		seg := &segment{id: id, f: f}
+		seg.size.Store(st.Size())
+		s.segs[id] = seg
+		if top == nil || id > top.id {
+			top = seg
+		}
+	}
+	for id, end := range maxEnd {
+		seg := s.segs[id]
+		switch {
+		case seg == nil:
+			s.log.Error("store: block index references a missing segment", "segment", segName(id))
+		case seg.size.Load() < end:
+			s.log.Error("store: segment shorter than the block index says", "segment", segName(id),
+				"size", seg.size.Load(), "referenced", end)
+		}
+	}
+
+	// Recovery: data past the largest referenced offset of the active
+	// segment was never acknowledged.
+	if top != nil && top.id >= maxSeg {
+		if end := maxEnd[top.id]; top.size.Load() > end {
+			s.log.Info("store: truncating unacknowledged segment tail", "segment", segName(top.id),
+				"from", top.size.Load(), "to", end)
+			if err := top.f.Truncate(end); err != nil {
+				return ioErr("truncate segment", err)
+			}
+			top.size.Store(end)
+		}
+		s.active = top
+	}
+	// Everything on disk now is durable (a crashed process may have left
+	// dirty pages behind).
+	for _, seg := range s.segs {
+		if !s.noSync {
+			if err := fdatasync(seg.f); err != nil {
+				return ioErr("sync segment", err)
+			}
+		}
+		seg.synced.Store(seg.size.Load())
+	}
+	if s.active == nil {
+		next := maxSeg + 1
+		if top != nil {
+			next = max(next, top.id+1)
+		}
+		if err := s.newSegmentLocked(next); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// newSegmentLocked creates segment id and makes it active (appendMu held or
+// during Open).
+func (s *Store) newSegmentLocked(id uint32) error {
+	f, err := os.OpenFile(s.segPath(id), os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o644)
+	if err != nil {
+		return ioErr("create segment", err)
+	}
+	if err := s.syncDir(); err != nil {
+		f.Close()
+		os.Remove(s.segPath(id))
+		return err
+	}
+	seg := &segment{id: id, f: f}
+	s.segMu.Lock()
+	s.segs[id] = seg
+	s.segMu.Unlock()
+	s.active = seg
+	return nil
+}
+
+func (s *Store) syncDir() error {
+	if s.noSync {
+		return nil
+	}
+	d, err := os.Open(filepath.Join(s.dir, blocksDir))
+	if err != nil {
+		return ioErr("open segment directory", err)
+	}
+	defer d.Close()
+	if err := d.Sync(); err != nil {
+		return ioErr("sync segment directory", err)
+	}
+	return nil
+}
+
+// syncSegment makes seg durable at least up to need.
+func (s *Store) syncSegment(seg *segment, need int64) error {
+	if s.noSync || seg.synced.Load() >= need {
+		return nil
+	}
+	snap := seg.size.Load() // every byte below snap has been written
+	if err := fdatasync(seg.f); err != nil {
+		return ioErr("sync segment "+segName(seg.id), err)
+	}
+	for {
+		cur := seg.synced.Load()
+		if cur >= snap || seg.synced.CompareAndSwap(cur, snap) {
+			return nil
+		}
+	}
+}
+
+func (s *Store) segment(id uint32) *segment {
+	s.segMu.RLock()
+	seg := s.segs[id]
+	s.segMu.RUnlock()
+	return seg
+}
+
+// Close waits for queued updates, then closes every file. Updates issued
+// after Close fail with ErrClosed.
+func (s *Store) Close() error {
+	s.closeOnce.Do(func() {
+		s.qmu.Lock()
+		s.closed = true
+		s.qmu.Unlock()
+		select {
+		case s.wake <- struct{}{}:
+		default:
+		}
+		<-s.loopDone
+		s.compactMu.Lock() // let a running Compact finish with the files
+		s.closeErr = s.closeFiles()
+		s.compactMu.Unlock()
+	})
+	return s.closeErr
+}
+
+func (s *Store) closeFiles() error {
+	var errs []error
+	if s.db != nil {
+		errs = append(errs, s.db.Close())
+	}
+	s.appendMu.Lock()
+	s.segMu.Lock()
+	for id, seg := range s.segs {
+		seg.mu.Lock()
+		seg.dead = true
+		errs = append(errs, seg.f.Close())
+		seg.mu.Unlock()
+		delete(s.segs, id)
+	}
+	s.segMu.Unlock()
+	s.appendMu.Unlock()
+	if s.lock != nil {
+		errs = append(errs, s.lock.Close()) // releases the flock
+	}
+	return errors.Join(errs...)
+}
+
+func (s *Store) isClosed() bool {
+	s.qmu.Lock()
+	defer s.qmu.Unlock()
+	return s.closed
+}
+
+// Usage reports space accounting.
+func (s *Store) Usage() (Usage, error) {
+	if s.isClosed() {
+		return Usage{}, ErrClosed
+	}
+	var u Usage
+	s.pendMu.Lock()
+	u.PendingBlocks = len(s.pending)
+	s.pendMu.Unlock()
+	s.segMu.RLock()
+	for id, seg := range s.segs {
+		u.Segments++
+		u.SegmentBytes += seg.size.Load()
+		u.LiveBytes += s.live[id]
+	}
+	s.segMu.RUnlock()
+	u.Objects = s.objects.Load()
+	return u, nil
+}
+
+// readAt reads exactly len(buf) bytes at off from seg; ok is false if the
+// segment was deleted (the caller looks the block up again).
+func (seg *segment) readAt(buf []byte, off int64) (ok bool, err error) {
+	seg.mu.RLock()
+	defer seg.mu.RUnlock()
+	if seg.dead {
+		return false, nil
+	}
+	_, err = seg.f.ReadAt(buf, off)
+	if err == io.EOF {
+		err = io.ErrUnexpectedEOF
+	}
+	return true, err
+}

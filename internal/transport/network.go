@@ -1,0 +1,424 @@
+// Package transport is the one place where WheelFS dials and listens, so
+// that tests can impose a wide-area topology on real TCP connections
+// (DESIGN.md principle 5, "The network is a parameter").
+//
+// A Network names sites and shapes the connections between them: per
+// site-pair round-trip time, per-site uplink bandwidth, partitions and
+// isolated sites. Servers listen with Network.Listen(site, addr), which
+// records which site an address belongs to; everything dials with
+// Network.Dialer(fromSite), which fits grpc.WithContextDialer.
+//
+// A nil *Network is a plain pass-through to net.Listen and net.Dialer: no
+// wrapping, goroutines or copies. Production code holds a nil *Network.
+//
+// Shaping happens entirely at the dialing end, for both directions, because
+// the dialer knows both sites while the accepting end sees only an
+// ephemeral address: bytes written by the dialer reach the socket rtt/2
+// after the Write, and bytes arriving from the socket become readable rtt/2
+// after they arrived; the far site's uplink limit is applied to the bytes
+// arriving. Connections accepted from dialers that do not use the Network
+// (or use a nil one) are not shaped.
+//
+// A shaped connection delays data on a per-connection delivery queue, so
+// the delay does not cap throughput: writes are pipelined, as on a long
+// link. The queue holds at most maxQueued bytes per direction, after which
+// Write blocks (like a full socket buffer). A shaped connection that has no
+// RTT or bandwidth limit in effect reads and writes the socket directly.
+//
+// Partition, Isolate and their inverses take effect at once: connections
+// between the separated sites fail (Read and Write return a net.Error
+// wrapping syscall.ENETUNREACH, the accepting end sees a reset), queued data
+// is lost, and new dials fail with an error wrapping syscall.ECONNREFUSED.
+package transport
+
+import (
+	"context"
+	"log/slog"
+	"net"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+)
+
+// Network shapes connections between named sites. The zero Network is not
+// usable; create one with NewNetwork. A nil *Network is a plain
+// pass-through.
+type Network struct {
+	log *slog.Logger
+	cfg atomic.Pointer[config] // current shaping, replaced on every change
+
+	mu    sync.Mutex // serializes config changes; guards the fields below
+	addrs map[string]string // listener address "ip:port" → site
+	ports map[string]string // port of a wildcard listener → site
+	conns map[*conn]struct{}
+}
+
+// Option configures a Network.
+type Option func(*Network)
+
+// WithLogger sets the logger for topology changes (default: discard).
+func WithLogger(l *slog.Logger) Option {
+	return func(n *Network) {
+		if l != nil {
+			n.log = l
+		}
+	}
+}
+
+// NewNetwork returns a Network with no shaping: every site reaches every
+// other with no added delay and unlimited bandwidth.
+func NewNetwork(opts ...Option) *Network {
+	n := &Network{
+		log:   slog.New(slog.DiscardHandler),
+		addrs: make(map[string]string),
+		ports: make(map[string]string),
+		conns: make(map[*conn]struct{}),
+	}
+	for _, o := range opts {
+		o(n)
+	}
+	n.log = n.log.With("component", "transport")
+	n.cfg.Store(&config{
+		rtt:      map[pair]time.Duration{},
+		uplink:   map[string]*bucket{},
+		cut:      map[pair]bool{},
+		isolated: map[string]bool{},
+	})
+	return n
+}
+
+// pair is an unordered pair of sites.
+type pair struct{ a, b string }
+
+func mkpair(a, b string) pair {
+	if b < a {
+		a, b = b, a
+	}
+	return pair{a, b}
+}
+
+// config is an immutable snapshot of the shaping rules. Buckets are shared
+// between snapshots (they carry state) and change rate in place.
+type config struct {
+	rtt      map[pair]time.Duration
+	uplink   map[string]*bucket
+	cut      map[pair]bool
+	isolated map[string]bool
+}
+
+func (c *config) clone() *config {
+	d := &config{
+		rtt:      make(map[pair]time.Duration, len(c.rtt)),
+		uplink:   make(map[string]*bucket, len(c.uplink)),
+		cut:      make(map[pair]bool, len(c.cut)),
+		isolated: make(map[string]bool, len(c.isolated)),
+	}
+	for k, v := range c.rtt {
+		d.rtt[k] = v
+	}
+	for k, v := range c.uplink {
+		d.uplink[k] = v
+	}
+	for k, v := range c.cut {
+		d.cut[k] = v
+	}
+	for k, v := range c.isolated {
+		d.isolated[k] = v
+	}
+	return d
+}
+
+// blocked reports whether traffic between sites a and b is cut. A site
+// always reaches itself.
+func (c *config) blocked(a, b string) bool {
+	if a == b {
+		return false
+	}
+	return c.isolated[a] || c.isolated[b] || c.cut[mkpair(a, b)]
+}
+
+// oneWay is the delay of data travelling between a and b.
+func (c *config) oneWay(a, b string) time.Duration { return c.rtt[mkpair(a, b)] / 2 }
+
+// uplinkFor returns the bucket limiting data from site from to site to, or
+// nil if unlimited. Data that stays within a site is never limited.
+func (c *config) uplinkFor(from, to string) *bucket {
+	if from == to {
+		return nil
+	}
+	return c.uplink[from]
+}
+
+// update applies f to a copy of the configuration, installs it, and fails
+// the connections it cuts.
+func (n *Network) update(f func(c *config)) (broken int) {
+	n.mu.Lock()
+	c := n.cfg.Load().clone()
+	f(c)
+	n.cfg.Store(c)
+	var victims []*conn
+	for cn := range n.conns {
+		if c.blocked(cn.local, cn.remote) {
+			victims = append(victims, cn)
+			delete(n.conns, cn)
+		}
+	}
+	n.mu.Unlock()
+	for _, cn := range victims {
+		cn.fail(syscall.ENETUNREACH)
+	}
+	return len(victims)
+}
+
+// SetRTT sets the round-trip time between siteA and siteB (symmetric; siteA
+// may equal siteB for delay within a site). Each direction is delayed by
+// rtt/2, applied to the data itself, and a dial takes one rtt to connect.
+// It affects existing connections for data written from now on.
+func (n *Network) SetRTT(siteA, siteB string, rtt time.Duration) {
+	rtt = max(rtt, 0)
+	n.update(func(c *config) {
+		if rtt == 0 {
+			delete(c.rtt, mkpair(siteA, siteB))
+		} else {
+			c.rtt[mkpair(siteA, siteB)] = rtt
+		}
+	})
+	n.log.Info("rtt set", "a", siteA, "b", siteB, "rtt", rtt)
+}
+
+// SetBandwidth limits the uplink of site, shared by all data leaving it for
+// other sites, to bytesPerSec; 0 (or less) removes the limit.
+func (n *Network) SetBandwidth(site string, bytesPerSec int64) {
+	n.update(func(c *config) {
+		if bytesPerSec <= 0 {
+			delete(c.uplink, site)
+		} else if b := c.uplink[site]; b != nil {
+			b.setRate(bytesPerSec)
+		} else {
+			c.uplink[site] = newBucket(bytesPerSec)
+		}
+	})
+	n.log.Info("bandwidth set", "site", site, "bytes_per_sec", bytesPerSec)
+}
+
+// Partition cuts siteA from siteB: their connections fail and new dials
+// between them are refused until Heal.
+func (n *Network) Partition(siteA, siteB string) {
+	broken := n.update(func(c *config) { c.cut[mkpair(siteA, siteB)] = true })
+	n.log.Info("partition", "a", siteA, "b", siteB, "broken_conns", broken)
+}
+
+// Heal undoes Partition(siteA, siteB). Connections broken by the partition
+// stay broken; new dials succeed.
+func (n *Network) Heal(siteA, siteB string) {
+	n.update(func(c *config) { delete(c.cut, mkpair(siteA, siteB)) })
+	n.log.Info("heal", "a", siteA, "b", siteB)
+}
+
+// Isolate cuts site from every other site, including addresses not
+// registered with Listen.
+func (n *Network) Isolate(site string) {
+	broken := n.update(func(c *config) { c.isolated[site] = true })
+	n.log.Info("isolate", "site", site, "broken_conns", broken)
+}
+
+// Rejoin undoes Isolate(site). Partitions set with Partition remain.
+func (n *Network) Rejoin(site string) {
+	n.update(func(c *config) { delete(c.isolated, site) })
+	n.log.Info("rejoin", "site", site)
+}
+
+// Listen listens on TCP address addr (such as "127.0.0.1:0") and registers
+// its actual address as belonging to site until the listener is closed.
+func (n *Network) Listen(site, addr string) (net.Listener, error) {
+	l, err := net.Listen("tcp", addr)
+	if err != nil || n == nil {
+		return l, err
+	}
+	ta, ok := l.Addr().(*net.TCPAddr)
+	if !ok {
+		return l, nil
+	}
+	sl := &listener{Listener: l, n: n}
+	n.mu.Lock()
+	if ta.IP.IsUnspecified() {
+		sl.port = strconv.Itoa(ta.Port)
+		n.ports[sl.port] = site
+	} else {
+		sl.addr = ta.String()
+		n.addrs[sl.addr] = site
+	}
+	n.mu.Unlock()
+	return sl, nil
+}
+
+// listener unregisters its address on Close. Accepted connections are not
+// wrapped (see the package comment).
+type listener struct {
+	net.Listener
+	n          *Network
+	addr, port string
+	once       sync.Once
+}
+
+func (l *listener) Close() error {
+	l.once.Do(func() {
+		l.n.mu.Lock()
+		if l.addr != "" {
+			delete(l.n.addrs, l.addr)
+		} else {
+			delete(l.n.ports, l.port)
+		}
+		l.n.mu.Unlock()
+	})
+	return l.Listener.Close()
+}
+
+// siteOf returns the site of a registered listener address.
+func (n *Network) siteOf(addr string) (string, bool) {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return "", false
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	candidates := []string{addr}
+	if ip := net.ParseIP(host); ip != nil {
+		candidates = append(candidates, net.JoinHostPort(ip.String(), port))
+	} else if strings.EqualFold(host, "localhost") || host == "" {
+		candidates = append(candidates, net.JoinHostPort("127.0.0.1", port), net.JoinHostPort("::1", port))
+	}
+	for _, c := range candidates {
+		if s, ok := n.addrs[c]; ok {
+			return s, true
+		}
+	}
+	s, ok := n.ports[port]
+	return s, ok
+}
+
+// Dialer returns a dial function for connections from fromSite, suitable
+// for grpc.WithContextDialer. The destination's site is the one its address
+// was registered with by Listen; other destinations belong to the unnamed
+// site "".
+func (n *Network) Dialer(fromSite string) func(ctx context.Context, addr string) (net.Conn, error) {
+	if n == nil {
+		var d net.Dialer
+		return func(ctx context.Context, addr string) (net.Conn, error) {
+			return d.DialContext(ctx, "tcp", addr)
+		}
+	}
+	return func(ctx context.Context, addr string) (net.Conn, error) {
+		return n.dial(ctx, fromSite, addr)
+	}
+}
+
+func (n *Network) dial(ctx context.Context, from, addr string) (net.Conn, error) {
+	to, known := n.siteOf(addr)
+	if known && n.cfg.Load().blocked(from, to) {
+		return nil, refused(addr)
+	}
+	var d net.Dialer
+	raw, err := d.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	if !known {
+		to, _ = n.siteOf(raw.RemoteAddr().String())
+	}
+	cfg := n.cfg.Load()
+	if cfg.blocked(from, to) {
+		abort(raw)
+		return nil, refused(addr)
+	}
+	// Connecting takes a round trip (SYN, SYN-ACK) before data can flow.
+	if rtt := cfg.rtt[mkpair(from, to)]; rtt > 0 {
+		t := time.NewTimer(rtt)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			abort(raw)
+			return nil, &net.OpError{Op: "dial", Net: "tcp", Addr: raw.RemoteAddr(), Err: ctx.Err()}
+		}
+	}
+	c := newConn(n, raw, from, to)
+	n.mu.Lock()
+	if n.cfg.Load().blocked(from, to) { // partitioned meanwhile
+		n.mu.Unlock()
+		abort(raw)
+		return nil, refused(addr)
+	}
+	n.conns[c] = struct{}{}
+	n.mu.Unlock()
+	return c, nil
+}
+
+func (n *Network) forget(c *conn) {
+	n.mu.Lock()
+	delete(n.conns, c)
+	n.mu.Unlock()
+}
+
+// refused is the error of a dial across a partition.
+func refused(addr string) error {
+	return &net.OpError{Op: "dial", Net: "tcp", Addr: strAddr(addr), Err: syscall.ECONNREFUSED}
+}
+
+// abort closes a TCP connection with a reset, as a broken path would look
+// to the far end, rather than an orderly end of stream.
+func abort(c net.Conn) {
+	if tc, ok := c.(*net.TCPConn); ok {
+		_ = tc.SetLinger(0)
+	}
+	_ = c.Close()
+}
+
+type strAddr string
+
+func (a strAddr) Network() string { return "tcp" }
+func (a strAddr) String() string  { return string(a) }
+
+// bucket is a token bucket limiting a site's uplink. Reservations may drive
+// it into debt, so concurrent senders share the rate in arrival order.
+type bucket struct {
+	mu     sync.Mutex
+	rate   float64 // bytes per second
+	tokens float64
+	last   time.Time
+}
+
+// bucketBurst is the most a bucket lets through at once after idling.
+const bucketBurst = chunkSize
+
+func newBucket(rate int64) *bucket {
+	return &bucket{rate: float64(rate), tokens: bucketBurst, last: time.Now()}
+}
+
+func (b *bucket) refillLocked(now time.Time) {
+	b.tokens = min(bucketBurst, b.tokens+now.Sub(b.last).Seconds()*b.rate)
+	b.last = now
+}
+
+func (b *bucket) setRate(rate int64) {
+	b.mu.Lock()
+	b.refillLocked(time.Now())
+	b.rate = float64(rate)
+	b.mu.Unlock()
+}
+
+// reserve takes n bytes from the bucket and returns when they may be sent.
+func (b *bucket) reserve(n int) time.Time {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	now := time.Now()
+	b.refillLocked(now)
+	b.tokens -= float64(n)
+	if b.tokens >= 0 {
+		return now
+	}
+	return now.Add(time.Duration(-b.tokens / b.rate * float64(time.Second)))
+}
