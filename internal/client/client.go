@@ -179,3 +179,6 @@ func wireCues(c cue.Set, typ wire.Type) *wire.Cues {
 		Eventual:     p.EventualConsistency && typ == wire.Type_TYPE_DIR,
 	}
 }
+
+// NoCues is the empty cue set.
+var NoCues cue.Set

@@ -36,9 +36,9 @@ type ServerInfo struct {
 
 // Policy is a slice's replication policy (paper §5.2, §4 cues).
 type Policy struct {
-	Site         string `json:"site"`      // primary site
-	RepLevel     int    `json:"replevel"`  // number of replicas
-	RepSites     int    `json:"repsites"`  // distinct sites among the replicas
+	Site         string `json:"site"`     // primary site
+	RepLevel     int    `json:"replevel"` // number of replicas
+	RepSites     int    `json:"repsites"` // distinct sites among the replicas
 	KeepTogether bool   `json:"keep_together,omitempty"`
 	EventualDirs bool   `json:"eventual_dirs,omitempty"`
 }

@@ -171,8 +171,12 @@ func (s *EtcdService) isClosed() bool {
 	return s.closed
 }
 
-func (s *EtcdService) sliceKey(sl oid.Slice) string { return fmt.Sprintf("%s%08x", s.slicesPfx, uint32(sl)) }
-func (s *EtcdService) lockKey(sl oid.Slice) string  { return fmt.Sprintf("%s%08x", s.locksPfx, uint32(sl)) }
+func (s *EtcdService) sliceKey(sl oid.Slice) string {
+	return fmt.Sprintf("%s%08x", s.slicesPfx, uint32(sl))
+}
+func (s *EtcdService) lockKey(sl oid.Slice) string {
+	return fmt.Sprintf("%s%08x", s.locksPfx, uint32(sl))
+}
 
 // sliceRecord is the persistent value under slices/.
 type sliceRecord struct {
@@ -468,7 +472,7 @@ func (s *EtcdService) watchLoop(ctx context.Context, ch chan *Table) {
 	for ctx.Err() == nil {
 		t, err := s.Table(ctx)
 		if err != nil {
-			if ctx.Err() != nil {
+			if ctx.Err() != nil || errors.Is(err, ErrClosed) {
 				return
 			}
 			s.log.Warn("watch: table read failed", "err", err)

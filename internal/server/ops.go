@@ -414,7 +414,12 @@ func (s *Server) Rename(ctx context.Context, req *wire.RenameRequest) (*wire.Ren
 		} else if req.Flags&wire.RenameExchange != 0 {
 			return fmt.Errorf("exchange with missing %q: %w", req.DstName, fserr.ErrNotExist)
 		}
-		if err := perm.MayRename(c, attr(sd), attr(child), attr(dd), targetAttr); err != nil {
+		if src == dst {
+			err = perm.MayRenameWithin(c, attr(sd), attr(child), targetAttr)
+		} else {
+			err = perm.MayRename(c, attr(sd), attr(child), attr(dd), targetAttr)
+		}
+		if err != nil {
 			return err
 		}
 		if target != nil && target.Id == child.Id {

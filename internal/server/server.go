@@ -239,7 +239,7 @@ func (s *Server) sliceFor(ctx context.Context, p configsvc.Policy) (oid.Slice, e
 		return id, nil
 	}
 	for attempt := 0; attempt < 8; attempt++ {
-		id := oid.Slice(rand.Uint32N(oid.MaxSlice-oid.RootSlice) + oid.RootSlice + 1)
+		id := oid.Slice(rand.Uint32N(uint32(oid.MaxSlice-oid.RootSlice))) + oid.RootSlice + 1
 		err := s.acquire(ctx, id, p)
 		if err == nil {
 			return id, nil

@@ -190,6 +190,7 @@ func (s *Store) runBatch(batch []*request) {
 		if err := btx.Commit(); err != nil {
 			batchErr = ioErr("commit", err)
 		} else {
+			s.batches.Add(1)
 			s.afterCommit(t)
 		}
 	} else {

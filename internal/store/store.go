@@ -58,6 +58,9 @@ const (
 	blocksDir  = "blocks"
 	segPrefix  = "seg-"
 	maxKeySize = 4096 // longest name (entry, xattr, sys key) accepted
+	// writebackChunk is how much appended data accumulates before its
+	// writeback is started early (overlapping disk I/O with hashing).
+	writebackChunk = 256 << 10
 )
 
 // Errors specific to the store. Both wrap an fserr sentinel.
@@ -95,6 +98,7 @@ type Store struct {
 	start   time.Time
 
 	objects atomic.Int64 // committed object count
+	batches atomic.Int64 // committed batches (tests, diagnostics)
 
 	// Group commit.
 	qmu      sync.Mutex
@@ -112,9 +116,10 @@ type Store struct {
 	live     map[uint32]int64    // indexed bytes per segment (committer updates)
 
 	// Pending blocks.
-	pendMu    sync.Mutex
-	pending   map[[32]byte]pendingBlock
-	lastSweep int64
+	pendMu     sync.Mutex
+	pending    map[[32]byte]pendingBlock
+	lastSweep  int64
+	pendingTTL time.Duration
 
 	compactMu sync.Mutex
 	closeOnce sync.Once
@@ -127,6 +132,7 @@ type segment struct {
 	f      *os.File
 	size   atomic.Int64 // bytes written (completed writes only)
 	synced atomic.Int64 // bytes known durable
+	kicked int64        // bytes whose writeback was started (under appendMu)
 	mu     sync.RWMutex // readers hold RLock during I/O; deletion takes Lock
 	dead   bool         // under mu: file closed and removed
 	// compacting is set (under pendMu) while Compact copies the segment out:
@@ -209,6 +215,8 @@ func Open(dir string, o Options) (*Store, error) {
 		segs:     make(map[uint32]*segment),
 		live:     make(map[uint32]int64),
 		pending:  make(map[[32]byte]pendingBlock),
+
+		pendingTTL: PendingTTL,
 	}
 	s.wtx.s = s
 	s.wtx.writable = true
@@ -329,6 +337,7 @@ func (s *Store) open() error {
 			}
 		}
 		seg.synced.Store(seg.size.Load())
+		seg.kicked = seg.size.Load()
 	}
 	if s.active == nil {
 		next := maxSeg + 1
@@ -400,6 +409,9 @@ func (s *Store) segment(id uint32) *segment {
 	s.segMu.RUnlock()
 	return seg
 }
+
+// Dir returns the store's data directory.
+func (s *Store) Dir() string { return s.dir }
 
 // Close waits for queued updates, then closes every file. Updates issued
 // after Close fail with ErrClosed.

@@ -43,12 +43,13 @@ import (
 	"time"
 )
 
-// Network shapes connections between named sites. The zero Network is not
-// usable; create one with NewNetwork. A nil *Network is a plain
-// pass-through.
+// Network shapes connections between named sites. The zero Network is
+// ready to use and shapes nothing until told to. A nil *Network is a plain
+// pass-through for Listen and Dialer; its shaping methods must not be
+// called.
 type Network struct {
-	log *slog.Logger
-	cfg atomic.Pointer[config] // current shaping, replaced on every change
+	log *slog.Logger           // nil means discard
+	cfg atomic.Pointer[config] // current shaping (nil: none), replaced on every change
 
 	mu    sync.Mutex // serializes config changes; guards the fields below
 	addrs map[string]string // listener address "ip:port" → site
@@ -71,23 +72,41 @@ func WithLogger(l *slog.Logger) Option {
 // NewNetwork returns a Network with no shaping: every site reaches every
 // other with no added delay and unlimited bandwidth.
 func NewNetwork(opts ...Option) *Network {
-	n := &Network{
-		log:   slog.New(slog.DiscardHandler),
-		addrs: make(map[string]string),
-		ports: make(map[string]string),
-		conns: make(map[*conn]struct{}),
-	}
+	n := &Network{}
 	for _, o := range opts {
 		o(n)
 	}
-	n.log = n.log.With("component", "transport")
-	n.cfg.Store(&config{
-		rtt:      map[pair]time.Duration{},
-		uplink:   map[string]*bucket{},
-		cut:      map[pair]bool{},
-		isolated: map[string]bool{},
-	})
+	if n.log != nil {
+		n.log = n.log.With("component", "transport")
+	}
 	return n
+}
+
+// emptyConfig is the configuration of a Network never changed.
+var emptyConfig = &config{}
+
+// config returns the current shaping rules.
+func (n *Network) config() *config {
+	if c := n.cfg.Load(); c != nil {
+		return c
+	}
+	return emptyConfig
+}
+
+func (n *Network) logger() *slog.Logger {
+	if n.log == nil {
+		return slog.New(slog.DiscardHandler)
+	}
+	return n.log
+}
+
+// initLocked makes the registries of a zero Network.
+func (n *Network) initLocked() {
+	if n.conns == nil {
+		n.addrs = make(map[string]string)
+		n.ports = make(map[string]string)
+		n.conns = make(map[*conn]struct{})
+	}
 }
 
 // pair is an unordered pair of sites.
@@ -156,7 +175,7 @@ func (c *config) uplinkFor(from, to string) *bucket {
 // the connections it cuts.
 func (n *Network) update(f func(c *config)) (broken int) {
 	n.mu.Lock()
-	c := n.cfg.Load().clone()
+	c := n.config().clone()
 	f(c)
 	n.cfg.Store(c)
 	var victims []*conn
@@ -186,7 +205,7 @@ func (n *Network) SetRTT(siteA, siteB string, rtt time.Duration) {
 			c.rtt[mkpair(siteA, siteB)] = rtt
 		}
 	})
-	n.log.Info("rtt set", "a", siteA, "b", siteB, "rtt", rtt)
+	n.logger().Info("rtt set", "a", siteA, "b", siteB, "rtt", rtt)
 }
 
 // SetBandwidth limits the uplink of site, shared by all data leaving it for
@@ -201,34 +220,34 @@ func (n *Network) SetBandwidth(site string, bytesPerSec int64) {
 			c.uplink[site] = newBucket(bytesPerSec)
 		}
 	})
-	n.log.Info("bandwidth set", "site", site, "bytes_per_sec", bytesPerSec)
+	n.logger().Info("bandwidth set", "site", site, "bytes_per_sec", bytesPerSec)
 }
 
 // Partition cuts siteA from siteB: their connections fail and new dials
 // between them are refused until Heal.
 func (n *Network) Partition(siteA, siteB string) {
 	broken := n.update(func(c *config) { c.cut[mkpair(siteA, siteB)] = true })
-	n.log.Info("partition", "a", siteA, "b", siteB, "broken_conns", broken)
+	n.logger().Info("partition", "a", siteA, "b", siteB, "broken_conns", broken)
 }
 
 // Heal undoes Partition(siteA, siteB). Connections broken by the partition
 // stay broken; new dials succeed.
 func (n *Network) Heal(siteA, siteB string) {
 	n.update(func(c *config) { delete(c.cut, mkpair(siteA, siteB)) })
-	n.log.Info("heal", "a", siteA, "b", siteB)
+	n.logger().Info("heal", "a", siteA, "b", siteB)
 }
 
 // Isolate cuts site from every other site, including addresses not
 // registered with Listen.
 func (n *Network) Isolate(site string) {
 	broken := n.update(func(c *config) { c.isolated[site] = true })
-	n.log.Info("isolate", "site", site, "broken_conns", broken)
+	n.logger().Info("isolate", "site", site, "broken_conns", broken)
 }
 
 // Rejoin undoes Isolate(site). Partitions set with Partition remain.
 func (n *Network) Rejoin(site string) {
 	n.update(func(c *config) { delete(c.isolated, site) })
-	n.log.Info("rejoin", "site", site)
+	n.logger().Info("rejoin", "site", site)
 }
 
 // Listen listens on TCP address addr (such as "127.0.0.1:0") and registers
@@ -244,6 +263,7 @@ func (n *Network) Listen(site, addr string) (net.Listener, error) {
 	}
 	sl := &listener{Listener: l, n: n}
 	n.mu.Lock()
+	n.initLocked()
 	if ta.IP.IsUnspecified() {
 		sl.port = strconv.Itoa(ta.Port)
 		n.ports[sl.port] = site
@@ -318,7 +338,7 @@ func (n *Network) Dialer(fromSite string) func(ctx context.Context, addr string)
 
 func (n *Network) dial(ctx context.Context, from, addr string) (net.Conn, error) {
 	to, known := n.siteOf(addr)
-	if known && n.cfg.Load().blocked(from, to) {
+	if known && n.config().blocked(from, to) {
 		return nil, refused(addr)
 	}
 	var d net.Dialer
@@ -329,7 +349,7 @@ func (n *Network) dial(ctx context.Context, from, addr string) (net.Conn, error)
 	if !known {
 		to, _ = n.siteOf(raw.RemoteAddr().String())
 	}
-	cfg := n.cfg.Load()
+	cfg := n.config()
 	if cfg.blocked(from, to) {
 		abort(raw)
 		return nil, refused(addr)
@@ -347,11 +367,12 @@ func (n *Network) dial(ctx context.Context, from, addr string) (net.Conn, error)
 	}
 	c := newConn(n, raw, from, to)
 	n.mu.Lock()
-	if n.cfg.Load().blocked(from, to) { // partitioned meanwhile
+	if n.config().blocked(from, to) { // partitioned meanwhile
 		n.mu.Unlock()
 		abort(raw)
 		return nil, refused(addr)
 	}
+	n.initLocked()
 	n.conns[c] = struct{}{}
 	n.mu.Unlock()
 	return c, nil

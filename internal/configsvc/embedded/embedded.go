@@ -188,7 +188,7 @@ func start(ctx context.Context, c Config, cu, pu *url.URL) (*Member, error) {
 	cfg.Logger = "zap"
 	cfg.LogLevel = "warn"
 	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(
-		zapslog.New(c.Logger.With("component", "etcd", "member", c.Name), zapcore.WarnLevel))
+		zapslog.New(c.Logger.With("component", "etcd", "member", c.Name), zapcore.WarnLevel, benignWarnings...))
 	if t := c.TLS; t != nil {
 		if t.CertFile == "" || t.KeyFile == "" || t.CAFile == "" {
 			return nil, errors.New("embedded: TLS needs CertFile, KeyFile and CAFile")
@@ -320,6 +320,14 @@ func peerFromCluster(cluster, name string) (string, error) {
 		}
 	}
 	return "", fmt.Errorf("embedded: member %q not in InitialCluster %q", name, cluster)
+}
+
+// benignWarnings are etcd warnings expected on every start of an embedded
+// member; they are logged at debug level.
+var benignWarnings = []string{
+	"Running http and grpc server on single port. This is not recommended for production.",
+	"simple token is not cryptographically signed",
+	"check file permission",
 }
 
 func isAddrInUse(err error) bool {

@@ -14,19 +14,28 @@ import (
 	"go.uber.org/zap/zapcore"
 )
 
-// New returns a zap logger whose entries at or above min go to l. A nil l
-// discards everything.
-func New(l *slog.Logger, min zapcore.Level) *zap.Logger {
+// New returns a zap logger whose entries at or above min go to l. Entries
+// whose message is one of demote are logged at debug level instead (for
+// known-benign warnings). A nil l discards everything.
+func New(l *slog.Logger, min zapcore.Level, demote ...string) *zap.Logger {
 	if l == nil {
 		return zap.NewNop()
 	}
-	return zap.New(&core{l: l, min: min})
+	c := &core{l: l, min: min}
+	if len(demote) > 0 {
+		c.demote = make(map[string]bool, len(demote))
+		for _, m := range demote {
+			c.demote[m] = true
+		}
+	}
+	return zap.New(c)
 }
 
 type core struct {
-	l     *slog.Logger
-	min   zapcore.Level
-	attrs []slog.Attr // accumulated by With
+	l      *slog.Logger
+	min    zapcore.Level
+	demote map[string]bool
+	attrs  []slog.Attr // accumulated by With
 }
 
 func toSlog(lvl zapcore.Level) slog.Level {
@@ -44,28 +53,45 @@ func toSlog(lvl zapcore.Level) slog.Level {
 	}
 }
 
+// Enabled reports whether entries at lvl may be logged; Check then decides
+// per entry (demoted messages are only known there).
 func (c *core) Enabled(lvl zapcore.Level) bool {
 	return lvl >= c.min && c.l.Enabled(context.Background(), toSlog(lvl))
+}
+
+// level is the slog level an entry is logged at, and whether it is logged.
+func (c *core) level(e zapcore.Entry) (slog.Level, bool) {
+	lvl := toSlog(e.Level)
+	if c.demote[e.Message] && e.Level < zapcore.ErrorLevel {
+		lvl = slog.LevelDebug
+	} else if e.Level < c.min {
+		return 0, false
+	}
+	return lvl, c.l.Enabled(context.Background(), lvl)
 }
 
 func (c *core) With(fields []zapcore.Field) zapcore.Core {
 	if len(fields) == 0 {
 		return c
 	}
-	n := &core{l: c.l, min: c.min}
+	n := &core{l: c.l, min: c.min, demote: c.demote}
 	n.attrs = append(slices.Clip(c.attrs), fieldsToAttrs(fields)...)
 	return n
 }
 
 func (c *core) Check(e zapcore.Entry, ce *zapcore.CheckedEntry) *zapcore.CheckedEntry {
-	if c.Enabled(e.Level) {
+	if _, ok := c.level(e); ok {
 		return ce.AddCore(e, c)
 	}
 	return ce
 }
 
 func (c *core) Write(e zapcore.Entry, fields []zapcore.Field) error {
-	r := slog.NewRecord(e.Time, toSlog(e.Level), e.Message, 0)
+	lvl, ok := c.level(e)
+	if !ok {
+		return nil
+	}
+	r := slog.NewRecord(e.Time, lvl, e.Message, 0)
 	if e.LoggerName != "" {
 		r.AddAttrs(slog.String("logger", e.LoggerName))
 	}

@@ -1,0 +1,177 @@
+package deploy
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"log/slog"
+	"os"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/wheelfs/wheelfs/internal/client"
+	"github.com/wheelfs/wheelfs/internal/fserr"
+	"github.com/wheelfs/wheelfs/internal/oid"
+	"github.com/wheelfs/wheelfs/internal/wire"
+)
+
+var root = client.User{Uid: 0, Gid: 0}
+
+func testLogger(t *testing.T) *slog.Logger {
+	if testing.Verbose() {
+		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	return slog.New(slog.DiscardHandler)
+}
+
+func startHost(t *testing.T, dir string) *Host {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cfg := NewConfig(dir)
+	cfg.Logger = testLogger(t)
+	cfg.LockTTL = 5 * time.Second
+	h, err := Start(ctx, cfg)
+	if err != nil {
+		t.Fatalf("start host: %v", err)
+	}
+	return h
+}
+
+func errno(err error) syscall.Errno { return fserr.Errno(err) }
+
+func TestOneHostFileLifecycle(t *testing.T) {
+	dir := t.TempDir()
+	h := startHost(t, dir)
+	ctx := context.Background()
+	fs := h.Client
+
+	if _, err := fs.Mkdir(ctx, root, "/docs", 0o755); err != nil {
+		t.Fatal(err)
+	}
+	big := bytes.Repeat([]byte("wheelfs!"), 3*client.BlockSize/8+123) // several blocks, short tail
+	if err := fs.WriteFile(ctx, root, "/docs/big", big, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	got, err := fs.ReadFile(ctx, root, "/docs/big")
+	if err != nil || !bytes.Equal(got, big) {
+		t.Fatalf("read back %d bytes (err %v), want %d", len(got), err, len(big))
+	}
+	// A cue in the path: same object, persistent cues recorded on new ones.
+	if err := fs.WriteFile(ctx, root, "/.RepLevel=2/docs/.Site=west/small", []byte("hi"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	r, err := fs.Resolve(ctx, root, "/docs/small")
+	if err != nil || r.Meta == nil {
+		t.Fatalf("resolve: %v", err)
+	}
+	info, err := fs.Info(ctx, root, r.Cues, oid.ID(r.Meta.Id))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.Cues["RepLevel"] != int32(2) || info.Cues["Site"] != "west" {
+		t.Fatalf("persistent cues = %v, want RepLevel 2 and Site west", info.Cues)
+	}
+	if info.Primary.Server != h.ServerID() || len(info.Replicas) == 0 {
+		t.Fatalf("info placement = %+v", info)
+	}
+	// Malformed cues are EINVAL.
+	for _, p := range []string{"/.MaxTime=abc/x", "/.RepLevel=0/x", "/.RepLevel=2/.SyncLevel=3/x"} {
+		if _, err := fs.Resolve(ctx, root, p); errno(err) != syscall.EINVAL {
+			t.Errorf("resolve %s: err %v, want EINVAL", p, err)
+		}
+	}
+	// Ordinary dot names are names.
+	if err := fs.WriteFile(ctx, root, "/docs/.git", []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	entries, _, err := fs.ReadDir(ctx, root, client.NoCues, oid.ID(mustResolve(t, fs, "/docs").Id))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, e := range entries {
+		names = append(names, e.Name)
+	}
+	if want := []string{".git", "big", "small"}; !equal(names, want) {
+		t.Fatalf("readdir = %v, want %v", names, want)
+	}
+
+	// Rename over an existing file, then unlink.
+	docs := oid.ID(mustResolve(t, fs, "/docs").Id)
+	if err := fs.Rename(ctx, root, client.NoCues, docs, "small", docs, "big", 0); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := fs.ReadFile(ctx, root, "/docs/big"); string(got) != "hi" {
+		t.Fatalf("after rename big = %q", got)
+	}
+	if err := fs.Remove(ctx, root, client.NoCues, oid.Root, "docs", true); errno(err) != syscall.ENOTEMPTY {
+		t.Fatalf("rmdir non-empty: %v", err)
+	}
+	for _, n := range []string{"big", ".git"} {
+		if err := fs.Remove(ctx, root, client.NoCues, docs, n, false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := fs.Remove(ctx, root, client.NoCues, oid.Root, "docs", true); err != nil {
+		t.Fatal(err)
+	}
+
+	// Everything survives a restart.
+	if err := fs.WriteFile(ctx, root, "/keep", big[:1000], 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.Close(); err != nil {
+		t.Fatal(err)
+	}
+	h = startHost(t, dir)
+	defer h.Close()
+	if got, err := h.Client.ReadFile(ctx, root, "/keep"); err != nil || !bytes.Equal(got, big[:1000]) {
+		t.Fatalf("after restart: %d bytes, %v", len(got), err)
+	}
+}
+
+func TestPermissionsEnforcedAtServer(t *testing.T) {
+	h := startHost(t, t.TempDir())
+	defer h.Close()
+	ctx := context.Background()
+	fs := h.Client
+	alice := client.User{Uid: 1000, Gid: 1000}
+	bob := client.User{Uid: 1001, Gid: 1001}
+	if err := fs.WriteFile(ctx, alice, "/private", []byte("secret"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := fs.ReadFile(ctx, bob, "/private"); errno(err) != syscall.EACCES {
+		t.Fatalf("bob reads alice's 0600 file: %v, want EACCES", err)
+	}
+	// The root directory is sticky: bob cannot remove alice's file.
+	if err := fs.Remove(ctx, bob, client.NoCues, oid.Root, "private", false); !errors.Is(err, fserr.ErrPerm) && errno(err) != syscall.EACCES {
+		t.Fatalf("bob unlinks alice's file in sticky root: %v", err)
+	}
+	m := mustResolve(t, fs, "/private")
+	if _, err := fs.SetAttr(ctx, bob, client.NoCues, oid.ID(m.Id), &wire.SetAttrRequest{Valid: wire.SetMode, Mode: 0o666}); errno(err) != syscall.EPERM {
+		t.Fatalf("bob chmods alice's file: %v, want EPERM", err)
+	}
+}
+
+func mustResolve(t *testing.T, fs *client.FS, path string) *wire.Meta {
+	t.Helper()
+	r, err := fs.Resolve(context.Background(), root, path)
+	if err != nil || r.Meta == nil {
+		t.Fatalf("resolve %s: %v", path, err)
+	}
+	return r.Meta
+}
+
+func equal(a, b []string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}

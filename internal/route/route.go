@@ -1,0 +1,182 @@
+// Package route tells a client which server is primary for a slice: it
+// keeps a watched copy of the configuration service's slice table and a
+// pool of authenticated gRPC connections, one per server.
+package route
+
+import (
+	"context"
+	"crypto/tls"
+	"fmt"
+	"log/slog"
+	"net"
+	"sync"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+
+	"github.com/wheelfs/wheelfs/internal/client"
+	"github.com/wheelfs/wheelfs/internal/configsvc"
+	"github.com/wheelfs/wheelfs/internal/fserr"
+	"github.com/wheelfs/wheelfs/internal/oid"
+	"github.com/wheelfs/wheelfs/internal/wire"
+)
+
+// Options configures a Router.
+type Options struct {
+	Logger *slog.Logger
+	// TLS returns the client TLS configuration for dialing a server.
+	TLS func(serverName string) *tls.Config
+	// Dial, when set, opens the raw connection (the shaped transport).
+	Dial func(ctx context.Context, addr string) (net.Conn, error)
+	// LocalID and Local short-circuit calls to a server in this process.
+	LocalID string
+	Local   wire.StorageClient
+}
+
+// Router implements client.Router over the configuration service.
+type Router struct {
+	conf configsvc.Service
+	opts Options
+	log  *slog.Logger
+	stop context.CancelFunc
+	done chan struct{}
+
+	mu    sync.Mutex
+	table *configsvc.Table
+	conns map[string]*grpc.ClientConn // by server ID
+}
+
+var _ client.Router = (*Router)(nil)
+
+// New returns a router that follows conf's slice table.
+func New(ctx context.Context, conf configsvc.Service, o Options) (*Router, error) {
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	t, err := conf.Table(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("route: read slice table: %w", err)
+	}
+	wctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	r := &Router{conf: conf, opts: o, log: o.Logger.With("component", "route"), table: t,
+		conns: map[string]*grpc.ClientConn{}, stop: cancel, done: make(chan struct{})}
+	go r.follow(wctx)
+	return r, nil
+}
+
+func (r *Router) follow(ctx context.Context) {
+	defer close(r.done)
+	for t := range r.conf.Watch(ctx) {
+		r.mu.Lock()
+		if t.Revision >= r.table.Revision {
+			r.table = t
+		}
+		r.mu.Unlock()
+	}
+}
+
+// Close stops following the table and closes all connections.
+func (r *Router) Close() error {
+	r.stop()
+	<-r.done
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for id, c := range r.conns {
+		c.Close()
+		delete(r.conns, id)
+	}
+	return nil
+}
+
+// slice returns the table entry for s, re-reading the table once when the
+// slice is unknown (paper §5.2.1: a client meeting an unknown slice fetches
+// a new table).
+func (r *Router) slice(ctx context.Context, s oid.Slice) (configsvc.Slice, *configsvc.Table, error) {
+	r.mu.Lock()
+	t := r.table
+	r.mu.Unlock()
+	if sl, ok := t.Slices[s]; ok && len(sl.Replicas) > 0 {
+		return sl, t, nil
+	}
+	t, err := r.conf.Table(ctx)
+	if err != nil {
+		return configsvc.Slice{}, nil, fmt.Errorf("route: refresh slice table: %w", err)
+	}
+	r.mu.Lock()
+	if t.Revision >= r.table.Revision {
+		r.table = t
+	}
+	r.mu.Unlock()
+	sl, ok := t.Slices[s]
+	if !ok || len(sl.Replicas) == 0 {
+		return configsvc.Slice{}, nil, fmt.Errorf("route: slice %d unknown: %w", s, fserr.ErrStale)
+	}
+	return sl, t, nil
+}
+
+// Primary implements client.Router.
+func (r *Router) Primary(ctx context.Context, s oid.Slice) (wire.StorageClient, error) {
+	sl, t, err := r.slice(ctx, s)
+	if err != nil {
+		return nil, err
+	}
+	id := sl.Replicas[0]
+	if sl.Holder != "" {
+		id = sl.Holder
+	}
+	if id == r.opts.LocalID && r.opts.Local != nil {
+		return r.opts.Local, nil
+	}
+	info, ok := t.Servers[id]
+	if !ok {
+		return nil, fmt.Errorf("route: primary %s of slice %d is not registered: %w", id, s, fserr.ErrIO)
+	}
+	conn, err := r.conn(info)
+	if err != nil {
+		return nil, err
+	}
+	return wire.NewStorageClient(conn), nil
+}
+
+func (r *Router) conn(info configsvc.ServerInfo) (*grpc.ClientConn, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if c, ok := r.conns[info.ID]; ok && c.Target() == info.Addr {
+		return c, nil
+	} else if ok {
+		c.Close()
+	}
+	if r.opts.TLS == nil {
+		return nil, fmt.Errorf("route: no TLS credentials to reach %s: %w", info.ID, fserr.ErrIO)
+	}
+	dopts := []grpc.DialOption{
+		grpc.WithTransportCredentials(credentials.NewTLS(r.opts.TLS(info.ID))),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(64<<20), grpc.MaxCallSendMsgSize(64<<20)),
+	}
+	if r.opts.Dial != nil {
+		dopts = append(dopts, grpc.WithContextDialer(r.opts.Dial))
+	}
+	c, err := grpc.NewClient(info.Addr, dopts...)
+	if err != nil {
+		return nil, fmt.Errorf("route: connect to %s at %s: %w", info.ID, info.Addr, err)
+	}
+	r.conns[info.ID] = c
+	return c, nil
+}
+
+// Describe implements client.Router.
+func (r *Router) Describe(ctx context.Context, s oid.Slice) (client.SliceInfo, error) {
+	sl, t, err := r.slice(ctx, s)
+	if err != nil {
+		return client.SliceInfo{}, err
+	}
+	ref := func(id string) client.ServerRef { return client.ServerRef{Server: id, Site: t.Servers[id].Site} }
+	out := client.SliceInfo{Epoch: sl.Epoch, Primary: ref(sl.Replicas[0])}
+	if sl.Holder != "" {
+		out.Primary = ref(sl.Holder)
+	}
+	for _, id := range sl.Replicas {
+		out.Replicas = append(out.Replicas, ref(id))
+	}
+	return out, nil
+}

@@ -1,0 +1,832 @@
+package store
+
+import (
+	"bytes"
+	"encoding/binary"
+	"encoding/hex"
+	"fmt"
+	"math"
+	"slices"
+
+	"go.etcd.io/bbolt"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/wheelfs/wheelfs/internal/fserr"
+	"github.com/wheelfs/wheelfs/internal/oid"
+	"github.com/wheelfs/wheelfs/internal/wire"
+)
+
+// Buckets.
+const (
+	bObjects  = iota // id (8 BE) → wire.Meta
+	bEntries         // dir id (8 BE) ‖ name → wire.Entry
+	bBlockmap        // file id (8 BE) ‖ block index (8 BE) → SHA-256 (32)
+	bBlockidx        // SHA-256 → seg u32 | off u64 | len u32 | refs u32
+	bXattrs          // id (8 BE) ‖ name → value
+	bCounters        // slice (4 BE) → next counter (8 BE)
+	bSys             // key → value
+	nBuckets
+)
+
+var bucketNames = [nBuckets][]byte{
+	[]byte("objects"), []byte("entries"), []byte("blockmap"), []byte("blockidx"),
+	[]byte("xattrs"), []byte("counters"), []byte("sys"),
+}
+
+// BlockRef is one present block of a file.
+type BlockRef struct {
+	Index uint64
+	Hash  [32]byte
+	Len   uint32
+}
+
+// Tx is a transaction handed to Update and View functions. It is valid only
+// during the function. In Update, writes are buffered until the function
+// returns nil; reads see the function's own writes and those of functions
+// committed earlier in the same batch.
+type Tx struct {
+	s        *Store
+	btx      *bbolt.Tx
+	writable bool
+	bk       [nBuckets]*bbolt.Bucket
+
+	// Update only.
+	ops         []op           // the running function's buffered writes
+	idx         map[string]int // bucket ‖ key → latest op, once ops is long
+	mem         arena          // keys and values referenced by bbolt until commit
+	ikey        []byte         // scratch for idx lookups
+	skey        []byte         // scratch for scan bounds
+	sorted      []int          // scratch for scan
+	fn, batch   effects        // side effects of the running function / the batch
+	baseObjects int64
+}
+
+// op is a buffered write.
+type op struct {
+	b   uint8
+	del bool
+	key []byte
+	val []byte
+}
+
+// linearOps is how many buffered ops are searched linearly before an index
+// map is built.
+const linearOps = 16
+
+// effects are a transaction's consequences outside bbolt.
+type effects struct {
+	syncs   []segEnd   // segment data that must be durable before commit
+	used    [][32]byte // pending blocks now referenced by the index
+	live    []segDelta // indexed bytes per segment
+	objects int        // object count delta
+}
+
+type segEnd struct {
+	seg uint32
+	end int64
+}
+
+type segDelta struct {
+	seg uint32
+	n   int64
+}
+
+func (e *effects) reset() {
+	e.syncs, e.used, e.live, e.objects = e.syncs[:0], e.used[:0], e.live[:0], 0
+}
+
+func (e *effects) addLive(seg uint32, n int64) {
+	for i := range e.live {
+		if e.live[i].seg == seg {
+			e.live[i].n += n
+			return
+		}
+	}
+	e.live = append(e.live, segDelta{seg, n})
+}
+
+// arena hands out byte slices that stay valid until reset.
+type arena struct{ cur []byte }
+
+const arenaChunk = 64 << 10
+
+var emptyVal = []byte{}
+
+func (a *arena) copy(b []byte) []byte {
+	if len(b) == 0 {
+		return emptyVal
+	}
+	d := a.alloc(len(b))
+	copy(d, b)
+	return d
+}
+
+func (a *arena) alloc(n int) []byte {
+	if n == 0 {
+		return emptyVal
+	}
+	if cap(a.cur)-len(a.cur) < n {
+		if n > arenaChunk/4 {
+			return make([]byte, n)
+		}
+		a.cur = make([]byte, 0, arenaChunk)
+	}
+	l := len(a.cur)
+	a.cur = a.cur[:l+n]
+	return a.cur[l : l+n : l+n]
+}
+
+func (t *Tx) beginUpdate(btx *bbolt.Tx) {
+	t.btx = btx
+	t.baseObjects = t.s.objects.Load()
+}
+
+func (t *Tx) endUpdate() {
+	t.btx = nil
+	t.bk = [nBuckets]*bbolt.Bucket{}
+	t.discardFn()
+	t.batch.reset()
+	t.mem.cur = t.mem.cur[:0] // bbolt no longer references it
+	if cap(t.ops) > 1<<16 {
+		t.ops = nil
+	}
+	if t.idx != nil {
+		t.idx = nil
+	}
+}
+
+// discardFn drops the running function's buffered writes.
+func (t *Tx) discardFn() {
+	clear(t.ops) // drop references for the GC
+	t.ops = t.ops[:0]
+	if t.idx != nil {
+		clear(t.idx)
+	}
+	t.fn.reset()
+}
+
+// applyFn writes the running function's buffered writes to bbolt.
+func (t *Tx) applyFn() error {
+	for i := range t.ops {
+		o := &t.ops[i]
+		b := t.bucket(int(o.b))
+		var err error
+		if o.del {
+			err = b.Delete(o.key)
+		} else {
+			err = b.Put(o.key, o.val)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	f, b := &t.fn, &t.batch
+	b.syncs = append(b.syncs, f.syncs...)
+	b.used = append(b.used, f.used...)
+	for _, d := range f.live {
+		b.addLive(d.seg, d.n)
+	}
+	b.objects += f.objects
+	clear(t.ops)
+	t.ops = t.ops[:0]
+	if t.idx != nil {
+		clear(t.idx)
+	}
+	t.fn.reset()
+	return nil
+}
+
+func (t *Tx) bucket(b int) *bbolt.Bucket {
+	if bk := t.bk[b]; bk != nil {
+		return bk
+	}
+	bk := t.btx.Bucket(bucketNames[b])
+	t.bk[b] = bk
+	return bk
+}
+
+func (t *Tx) writeCheck() error {
+	if !t.writable {
+		return ErrReadOnly
+	}
+	return nil
+}
+
+// find returns the index of the latest buffered op on key, or -1.
+func (t *Tx) find(b int, key []byte) int {
+	if t.idx != nil {
+		t.ikey = append(append(t.ikey[:0], byte(b)), key...)
+		if i, ok := t.idx[string(t.ikey)]; ok {
+			return i
+		}
+		return -1
+	}
+	for i := len(t.ops) - 1; i >= 0; i-- {
+		if o := &t.ops[i]; int(o.b) == b && bytes.Equal(o.key, key) {
+			return i
+		}
+	}
+	return -1
+}
+
+// get reads key, seeing buffered writes. The value is valid for the
+// transaction only and must not be modified.
+func (t *Tx) get(b int, key []byte) ([]byte, bool) {
+	if len(t.ops) > 0 {
+		if i := t.find(b, key); i >= 0 {
+			o := &t.ops[i]
+			return o.val, !o.del
+		}
+	}
+	v := t.bucket(b).Get(key)
+	return v, v != nil
+}
+
+func (t *Tx) addOp(o op) {
+	t.ops = append(t.ops, o)
+	switch {
+	case t.idx != nil:
+		t.ikey = append(append(t.ikey[:0], o.b), o.key...)
+		t.idx[string(t.ikey)] = len(t.ops) - 1
+	case len(t.ops) > linearOps:
+		t.idx = make(map[string]int, 2*len(t.ops))
+		for i := range t.ops {
+			t.ikey = append(append(t.ikey[:0], t.ops[i].b), t.ops[i].key...)
+			t.idx[string(t.ikey)] = i
+		}
+	}
+}
+
+func (t *Tx) put(b int, key, val []byte) {
+	t.addOp(op{b: uint8(b), key: t.mem.copy(key), val: t.mem.copy(val)})
+}
+
+func (t *Tx) del(b int, key []byte) {
+	t.addOp(op{b: uint8(b), del: true, key: t.mem.copy(key)})
+}
+
+// scan calls fn for every key with the given prefix that is >= seek (which
+// must start with prefix), in order, merging buffered writes. fn must not
+// write; collect and write afterwards.
+func (t *Tx) scan(b int, seek []byte, plen int, fn func(k, v []byte) bool) {
+	t.skey = append(t.skey[:0], seek...)
+	seek = t.skey
+	prefix := seek[:plen]
+	var ov []int
+	if len(t.ops) > 0 {
+		ov = t.sorted[:0]
+		for i := range t.ops {
+			o := &t.ops[i]
+			if int(o.b) == b && bytes.HasPrefix(o.key, prefix) && bytes.Compare(o.key, seek) >= 0 {
+				ov = append(ov, i)
+			}
+		}
+		if len(ov) > 1 {
+			ops := t.ops
+			slices.SortStableFunc(ov, func(x, y int) int { return bytes.Compare(ops[x].key, ops[y].key) })
+			w := 0
+			for r := range ov { // keep the latest op per key
+				if r+1 < len(ov) && bytes.Equal(ops[ov[r]].key, ops[ov[r+1]].key) {
+					continue
+				}
+				ov[w] = ov[r]
+				w++
+			}
+			ov = ov[:w]
+		}
+		t.sorted = ov
+	}
+	c := t.bucket(b).Cursor()
+	k, v := c.Seek(seek)
+	j := 0
+	for {
+		if k != nil && !bytes.HasPrefix(k, prefix) {
+			k = nil
+		}
+		var o *op
+		if j < len(ov) {
+			o = &t.ops[ov[j]]
+		}
+		switch {
+		case k == nil && o == nil:
+			return
+		case o == nil || (k != nil && bytes.Compare(k, o.key) < 0):
+			if !fn(k, v) {
+				return
+			}
+			k, v = c.Next()
+		default:
+			j++
+			if k != nil && bytes.Equal(k, o.key) {
+				k, v = c.Next()
+			}
+			if !o.del && !fn(o.key, o.val) {
+				return
+			}
+		}
+	}
+}
+
+func idKey(id oid.ID) [8]byte {
+	var k [8]byte
+	binary.BigEndian.PutUint64(k[:], uint64(id))
+	return k
+}
+
+// nameKey builds id ‖ name into the arena-free scratch of the caller.
+func nameKey(buf []byte, id oid.ID, name string) []byte {
+	buf = binary.BigEndian.AppendUint64(buf[:0], uint64(id))
+	return append(buf, name...)
+}
+
+func blockKey(id oid.ID, index uint64) [16]byte {
+	var k [16]byte
+	binary.BigEndian.PutUint64(k[:8], uint64(id))
+	binary.BigEndian.PutUint64(k[8:], index)
+	return k
+}
+
+func checkName(what, name string) error {
+	if name == "" {
+		return fmt.Errorf("store: empty %s: %w", what, fserr.ErrInvalid)
+	}
+	if len(name) > maxKeySize {
+		return fmt.Errorf("store: %s too long: %w", what, fserr.ErrNameTooLong)
+	}
+	return nil
+}
+
+// --- Objects ---
+
+// Meta returns an object's meta-data (fserr.ErrNotExist if absent).
+func (t *Tx) Meta(id oid.ID) (*wire.Meta, error) {
+	k := idKey(id)
+	v, ok := t.get(bObjects, k[:])
+	if !ok {
+		return nil, fmt.Errorf("store: object %v: %w", id, fserr.ErrNotExist)
+	}
+	m := new(wire.Meta)
+	if err := proto.Unmarshal(v, m); err != nil {
+		return nil, fmt.Errorf("store: object %v: corrupt meta-data: %w: %v", id, fserr.ErrIO, err)
+	}
+	return m, nil
+}
+
+// PutMeta creates or replaces the meta-data of object m.Id.
+func (t *Tx) PutMeta(m *wire.Meta) error {
+	if err := t.writeCheck(); err != nil {
+		return err
+	}
+	if m.GetId() == 0 {
+		return fmt.Errorf("store: meta-data without an id: %w", fserr.ErrInvalid)
+	}
+	k := idKey(oid.ID(m.Id))
+	if _, ok := t.get(bObjects, k[:]); !ok {
+		t.fn.objects++
+	}
+	mo := proto.MarshalOptions{}
+	v := t.mem.alloc(mo.Size(m))
+	v, err := proto.MarshalOptions{UseCachedSize: true}.MarshalAppend(v[:0], m)
+	if err != nil {
+		return fmt.Errorf("store: encode meta-data: %w", err)
+	}
+	t.addOp(op{b: bObjects, key: t.mem.copy(k[:]), val: v})
+	return nil
+}
+
+// DeleteObject removes an object's meta-data, extended attributes and block
+// map (dropping its block references). A directory must have no entries.
+func (t *Tx) DeleteObject(id oid.ID) error {
+	if err := t.writeCheck(); err != nil {
+		return err
+	}
+	k := idKey(id)
+	if _, ok := t.get(bObjects, k[:]); !ok {
+		return fmt.Errorf("store: delete object %v: %w", id, fserr.ErrNotExist)
+	}
+	if has, err := t.HasEntries(id); err != nil {
+		return err
+	} else if has {
+		return fmt.Errorf("store: delete object %v: %w", id, fserr.ErrNotEmpty)
+	}
+	t.del(bObjects, k[:])
+	t.fn.objects--
+	var keys [][]byte
+	t.scan(bXattrs, k[:], 8, func(k, _ []byte) bool {
+		keys = append(keys, k)
+		return true
+	})
+	for _, xk := range keys {
+		t.del(bXattrs, xk)
+	}
+	return t.TruncateBlocks(id, 0)
+}
+
+// ObjectCount returns the number of objects (as of this transaction).
+func (t *Tx) ObjectCount() int {
+	if !t.writable {
+		return int(t.s.objects.Load())
+	}
+	return int(t.baseObjects) + t.batch.objects + t.fn.objects
+}
+
+// --- Directory entries ---
+
+// Entry returns the entry name in directory dir (fserr.ErrNotExist if absent).
+func (t *Tx) Entry(dir oid.ID, name string) (*wire.Entry, error) {
+	var buf [64]byte
+	v, ok := t.get(bEntries, nameKey(buf[:0], dir, name))
+	if !ok {
+		return nil, fmt.Errorf("store: entry %q in %v: %w", name, dir, fserr.ErrNotExist)
+	}
+	return decodeEntry(v)
+}
+
+func decodeEntry(v []byte) (*wire.Entry, error) {
+	e := new(wire.Entry)
+	if err := proto.Unmarshal(v, e); err != nil {
+		return nil, fmt.Errorf("store: corrupt directory entry: %w: %v", fserr.ErrIO, err)
+	}
+	return e, nil
+}
+
+// PutEntry creates or replaces the entry e.Name in directory dir.
+func (t *Tx) PutEntry(dir oid.ID, e *wire.Entry) error {
+	if err := t.writeCheck(); err != nil {
+		return err
+	}
+	if err := checkName("entry name", e.GetName()); err != nil {
+		return err
+	}
+	key := t.mem.alloc(8 + len(e.Name))
+	nameKey(key[:0], dir, e.Name)
+	v := t.mem.alloc(proto.Size(e))
+	v, err := proto.MarshalOptions{UseCachedSize: true}.MarshalAppend(v[:0], e)
+	if err != nil {
+		return fmt.Errorf("store: encode entry: %w", err)
+	}
+	t.addOp(op{b: bEntries, key: key, val: v})
+	return nil
+}
+
+// DeleteEntry removes the entry name from directory dir (fserr.ErrNotExist
+// if absent).
+func (t *Tx) DeleteEntry(dir oid.ID, name string) error {
+	if err := t.writeCheck(); err != nil {
+		return err
+	}
+	var buf [64]byte
+	k := nameKey(buf[:0], dir, name)
+	if _, ok := t.get(bEntries, k); !ok {
+		return fmt.Errorf("store: entry %q in %v: %w", name, dir, fserr.ErrNotExist)
+	}
+	t.del(bEntries, k)
+	return nil
+}
+
+// Entries returns up to limit entries of dir (all if limit <= 0) whose
+// names sort after "after", in name order.
+func (t *Tx) Entries(dir oid.ID, after string, limit int) ([]*wire.Entry, error) {
+	var buf [64]byte
+	seek := nameKey(buf[:0], dir, after)
+	var out []*wire.Entry
+	var err error
+	t.scan(bEntries, seek, 8, func(k, v []byte) bool {
+		if bytes.Equal(k, seek) { // the name "after" itself
+			return true
+		}
+		var e *wire.Entry
+		if e, err = decodeEntry(v); err != nil {
+			return false
+		}
+		out = append(out, e)
+		return limit <= 0 || len(out) < limit
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// HasEntries reports whether directory dir has any entry.
+func (t *Tx) HasEntries(dir oid.ID) (bool, error) {
+	k := idKey(dir)
+	found := false
+	t.scan(bEntries, k[:], 8, func(_, _ []byte) bool {
+		found = true
+		return false
+	})
+	return found, nil
+}
+
+// --- Blocks ---
+
+// Block returns the hash of block index of file id; ok is false for a hole.
+func (t *Tx) Block(id oid.ID, index uint64) (hash [32]byte, ok bool, err error) {
+	k := blockKey(id, index)
+	v, ok := t.get(bBlockmap, k[:])
+	if !ok {
+		return hash, false, nil
+	}
+	if len(v) != 32 {
+		return hash, false, fmt.Errorf("store: corrupt block map of %v: %w", id, fserr.ErrIO)
+	}
+	copy(hash[:], v)
+	return hash, true, nil
+}
+
+// Blocks returns the present blocks of file id with index in
+// [first, first+count), in index order.
+func (t *Tx) Blocks(id oid.ID, first, count uint64) ([]BlockRef, error) {
+	if count == 0 {
+		return nil, nil
+	}
+	last := first + count - 1
+	if last < first {
+		last = math.MaxUint64
+	}
+	k := blockKey(id, first)
+	var out []BlockRef
+	var err error
+	t.scan(bBlockmap, k[:], 8, func(k, v []byte) bool {
+		idx := binary.BigEndian.Uint64(k[8:])
+		if idx > last {
+			return false
+		}
+		if len(v) != 32 {
+			err = fmt.Errorf("store: corrupt block map of %v: %w", id, fserr.ErrIO)
+			return false
+		}
+		r := BlockRef{Index: idx}
+		copy(r.Hash[:], v)
+		iv, ok := t.get(bBlockidx, v)
+		l, _, ok2 := getIdx(iv)
+		if !ok || !ok2 {
+			err = fmt.Errorf("store: block %d of %v: missing from the block index: %w", idx, id, fserr.ErrIO)
+			return false
+		}
+		r.Len = l.n
+		out = append(out, r)
+		return true
+	})
+	return out, err
+}
+
+// SetBlock makes block index of file id the block with the given hash,
+// which must have been stored by PutBlock (pending) or already be indexed.
+func (t *Tx) SetBlock(id oid.ID, index uint64, hash [32]byte) error {
+	if err := t.writeCheck(); err != nil {
+		return err
+	}
+	k := blockKey(id, index)
+	old, had := t.get(bBlockmap, k[:])
+	if had && bytes.Equal(old, hash[:]) {
+		return nil
+	}
+	if err := t.incRef(hash); err != nil {
+		return err
+	}
+	t.put(bBlockmap, k[:], hash[:])
+	if had {
+		return t.decRef(old)
+	}
+	return nil
+}
+
+// ClearBlock turns block index of file id into a hole.
+func (t *Tx) ClearBlock(id oid.ID, index uint64) error {
+	if err := t.writeCheck(); err != nil {
+		return err
+	}
+	k := blockKey(id, index)
+	old, had := t.get(bBlockmap, k[:])
+	if !had {
+		return nil
+	}
+	t.del(bBlockmap, k[:])
+	return t.decRef(old)
+}
+
+// TruncateBlocks drops every block of file id with index >= fromIndex.
+func (t *Tx) TruncateBlocks(id oid.ID, fromIndex uint64) error {
+	if err := t.writeCheck(); err != nil {
+		return err
+	}
+	k := blockKey(id, fromIndex)
+	var keys, hashes [][]byte
+	t.scan(bBlockmap, k[:], 8, func(k, v []byte) bool {
+		keys = append(keys, k)
+		hashes = append(hashes, v)
+		return true
+	})
+	for i := range keys {
+		t.del(bBlockmap, keys[i])
+		if err := t.decRef(hashes[i]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// incRef adds a reference to block hash, indexing it if it is pending.
+func (t *Tx) incRef(hash [32]byte) error {
+	var buf [idxValLen]byte
+	if v, ok := t.get(bBlockidx, hash[:]); ok {
+		l, refs, ok := getIdx(v)
+		if !ok {
+			return fmt.Errorf("store: corrupt block index entry %s: %w", short(hash[:]), fserr.ErrIO)
+		}
+		if refs == math.MaxUint32 {
+			return fmt.Errorf("store: block %s: too many references: %w", short(hash[:]), fserr.ErrTooManyLinks)
+		}
+		putIdx(buf[:], l, refs+1)
+		t.put(bBlockidx, hash[:], buf[:])
+		return nil
+	}
+	s := t.s
+	s.pendMu.Lock()
+	p, ok := s.pending[hash]
+	s.pendMu.Unlock()
+	if !ok {
+		return fmt.Errorf("store: unknown block %s: %w", short(hash[:]), fserr.ErrInvalid)
+	}
+	putIdx(buf[:], p.loc, 1)
+	t.put(bBlockidx, hash[:], buf[:])
+	t.fn.syncs = append(t.fn.syncs, segEnd{p.loc.seg, p.loc.end()})
+	t.fn.used = append(t.fn.used, hash)
+	t.fn.addLive(p.loc.seg, int64(p.loc.n))
+	return nil
+}
+
+// decRef drops a reference to block hash, freeing it at zero.
+func (t *Tx) decRef(hash []byte) error {
+	v, ok := t.get(bBlockidx, hash)
+	l, refs, ok2 := getIdx(v)
+	if !ok || !ok2 {
+		t.s.log.Error("store: dropping a reference to a block missing from the index", "hash", fmt.Sprintf("%x", hash))
+		return nil
+	}
+	if refs <= 1 {
+		t.del(bBlockidx, hash)
+		t.fn.addLive(l.seg, -int64(l.n))
+		return nil
+	}
+	var buf [idxValLen]byte
+	putIdx(buf[:], l, refs-1)
+	t.put(bBlockidx, hash, buf[:])
+	return nil
+}
+
+// blockLoc returns the indexed location and reference count of a block.
+func (t *Tx) blockLoc(hash []byte) (loc, uint32, bool) {
+	v, ok := t.get(bBlockidx, hash)
+	if !ok {
+		return loc{}, 0, false
+	}
+	return getIdx(v)
+}
+
+// --- Extended attributes ---
+
+// Xattr returns the value of attribute name of object id (fserr.ErrNoAttr).
+func (t *Tx) Xattr(id oid.ID, name string) ([]byte, error) {
+	var buf [64]byte
+	v, ok := t.get(bXattrs, nameKey(buf[:0], id, name))
+	if !ok || name == "" {
+		return nil, fmt.Errorf("store: attribute %q of %v: %w", name, id, fserr.ErrNoAttr)
+	}
+	return bytes.Clone(v[:len(v):len(v)]), nil
+}
+
+// SetXattr sets attribute name of object id.
+func (t *Tx) SetXattr(id oid.ID, name string, v []byte) error {
+	if err := t.writeCheck(); err != nil {
+		return err
+	}
+	if err := checkName("attribute name", name); err != nil {
+		return err
+	}
+	var buf [64]byte
+	t.put(bXattrs, nameKey(buf[:0], id, name), v)
+	return nil
+}
+
+// RemoveXattr removes attribute name of object id (fserr.ErrNoAttr).
+func (t *Tx) RemoveXattr(id oid.ID, name string) error {
+	if err := t.writeCheck(); err != nil {
+		return err
+	}
+	var buf [64]byte
+	k := nameKey(buf[:0], id, name)
+	if _, ok := t.get(bXattrs, k); !ok || name == "" {
+		return fmt.Errorf("store: attribute %q of %v: %w", name, id, fserr.ErrNoAttr)
+	}
+	t.del(bXattrs, k)
+	return nil
+}
+
+// Xattrs lists the attribute names of object id, sorted.
+func (t *Tx) Xattrs(id oid.ID) ([]string, error) {
+	k := idKey(id)
+	var out []string
+	t.scan(bXattrs, k[:], 8, func(k, _ []byte) bool {
+		out = append(out, string(k[8:]))
+		return true
+	})
+	return out, nil
+}
+
+// --- Counters ---
+
+func counterKey(s oid.Slice) [4]byte {
+	var k [4]byte
+	binary.BigEndian.PutUint32(k[:], uint32(s))
+	return k
+}
+
+func (t *Tx) counter(s oid.Slice) uint64 {
+	k := counterKey(s)
+	v, ok := t.get(bCounters, k[:])
+	if !ok || len(v) != 8 {
+		return 1
+	}
+	return binary.BigEndian.Uint64(v)
+}
+
+// NextCounter allocates the next counter value of slice s (starting at 1).
+// The allocation is persisted with the transaction.
+func (t *Tx) NextCounter(s oid.Slice) (uint64, error) {
+	if err := t.writeCheck(); err != nil {
+		return 0, err
+	}
+	n := t.counter(s)
+	if n > oid.MaxCounter {
+		return 0, fmt.Errorf("store: slice %d: counter exhausted: %w", s, fserr.ErrNoSpace)
+	}
+	t.setCounter(s, n+1)
+	return n, nil
+}
+
+// SetCounterFloor makes the next NextCounter(s) return at least n.
+func (t *Tx) SetCounterFloor(s oid.Slice, n uint64) error {
+	if err := t.writeCheck(); err != nil {
+		return err
+	}
+	if t.counter(s) < n {
+		t.setCounter(s, n)
+	}
+	return nil
+}
+
+func (t *Tx) setCounter(s oid.Slice, next uint64) {
+	k := counterKey(s)
+	var v [8]byte
+	binary.BigEndian.PutUint64(v[:], next)
+	t.put(bCounters, k[:], v[:])
+}
+
+// --- System records ---
+
+// Sys returns the system record key (fserr.ErrNotExist if absent).
+func (t *Tx) Sys(key string) ([]byte, error) {
+	v, ok := t.get(bSys, []byte(key))
+	if !ok || key == "" {
+		return nil, fmt.Errorf("store: system record %q: %w", key, fserr.ErrNotExist)
+	}
+	return bytes.Clone(v[:len(v):len(v)]), nil
+}
+
+// PutSys stores the system record key.
+func (t *Tx) PutSys(key string, v []byte) error {
+	if err := t.writeCheck(); err != nil {
+		return err
+	}
+	if err := checkName("system key", key); err != nil {
+		return err
+	}
+	t.put(bSys, []byte(key), v)
+	return nil
+}
+
+// DeleteSys removes the system record key (no error if absent).
+func (t *Tx) DeleteSys(key string) error {
+	if err := t.writeCheck(); err != nil {
+		return err
+	}
+	t.del(bSys, []byte(key))
+	return nil
+}
+
+// short abbreviates a block hash for messages (without making it escape).
+func short(h []byte) string { return hex.EncodeToString(h[:8]) }
+
+// SysKeys lists the system record keys starting with prefix, sorted.
+func (t *Tx) SysKeys(prefix string) ([]string, error) {
+	var out []string
+	seek := []byte(prefix)
+	t.scan(bSys, seek, len(seek), func(k, _ []byte) bool {
+		out = append(out, string(k))
+		return true
+	})
+	return out, nil
+}
