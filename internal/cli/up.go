@@ -19,6 +19,7 @@ func newUp(g *globalFlags) *cobra.Command {
 		data, site, etcd, listen string
 		lockTTL                  time.Duration
 		debug                    bool
+		pprofAddr                string
 	)
 	cmd := &cobra.Command{
 		Use:   "up [--data DIR] MOUNTPOINT",
@@ -27,6 +28,9 @@ func newUp(g *globalFlags) *cobra.Command {
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx := cmd.Context()
 			log := g.logger()
+			if pprofAddr != "" {
+				servePprof(pprofAddr, log)
+			}
 			mnt, err := checkMountpoint(args[0])
 			if err != nil {
 				return err
@@ -77,6 +81,7 @@ func newUp(g *globalFlags) *cobra.Command {
 	f.StringVar(&listen, "listen", "127.0.0.1:0", "storage server gRPC listen address")
 	f.DurationVar(&lockTTL, "lock-ttl", 2*time.Minute, "slice lock lease length L")
 	f.BoolVar(&debug, "debug", false, "log every FUSE request")
+	f.StringVar(&pprofAddr, "pprof", "", "serve Go profiling endpoints (net/http/pprof) on this loopback address")
 	return cmd
 }
 

@@ -11,6 +11,7 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
+	"github.com/wheelfs/wheelfs/internal/attrs"
 	"github.com/wheelfs/wheelfs/internal/cue"
 	"github.com/wheelfs/wheelfs/internal/fserr"
 	"github.com/wheelfs/wheelfs/internal/oid"
@@ -42,10 +43,16 @@ type fileState struct {
 	loaded  map[uint64]bool // which refsPerFetch-chunks of hashes are known
 
 	dirty      map[uint64][]byte   // written blocks not yet uploaded
-	dirtyBytes int64               //
+	dirtyBytes int64               // bytes held by dirty
 	staged     map[uint64]blockRef // uploaded, not yet committed
 	modified   bool
 	mtimeNs    int64
+
+	// view is the file's meta-data as this client sees it: the server's,
+	// plus buffered writes and the attribute changes in pending, which
+	// are committed with the data.
+	view    *wire.Meta
+	pending []*wire.SetAttrRequest
 }
 
 func newFileState(id oid.ID, m *wire.Meta) *fileState {
@@ -56,6 +63,7 @@ func newFileState(id oid.ID, m *wire.Meta) *fileState {
 
 // reset forgets the block list and adopts the server's version m.
 func (st *fileState) reset(m *wire.Meta) {
+	st.view = proto.CloneOf(m)
 	st.version = m.Version
 	st.size = int64(m.Size)
 	st.hashes = map[uint64]blockRef{}
@@ -76,6 +84,39 @@ func (st *fileState) updateMeta(m *wire.Meta, sizeChanged bool) {
 	}
 	st.version = m.Version
 	st.size = int64(m.Size)
+	st.view = proto.CloneOf(m)
+}
+
+// deferAttr applies a chmod/chown/utimens to a file with buffered writes
+// locally, checking permission as the server will, so that it travels in
+// the same commit as the data: one durable write instead of several.
+// ok is false when the file has nothing buffered.
+func (st *fileState) deferAttr(u User, req *wire.SetAttrRequest) (m *wire.Meta, ok bool, err error) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if !st.modified {
+		return nil, false, nil
+	}
+	req = proto.CloneOf(req)
+	req.Caller = u.caller()
+	if err := attrs.Apply(attrs.Cred(req.Caller), st.view, req, time.Now().UnixNano()); err != nil {
+		return nil, true, err
+	}
+	if req.Valid&wire.SetMtime != 0 {
+		st.mtimeNs = st.view.MtimeNs
+	}
+	st.pending = append(st.pending, req)
+	return st.snapshot(), true, nil
+}
+
+// snapshot returns a copy of the client's view of the file.
+func (st *fileState) snapshot() *wire.Meta {
+	m := proto.CloneOf(st.view)
+	m.Size = uint64(st.size)
+	if st.mtimeNs != 0 {
+		m.MtimeNs = st.mtimeNs
+	}
+	return m
 }
 
 // Handle is an open file.
@@ -108,12 +149,7 @@ func (f *FS) overlay(m *wire.Meta) *wire.Meta {
 	if !st.modified {
 		return m
 	}
-	m = proto.CloneOf(m)
-	m.Size = uint64(st.size)
-	if st.mtimeNs != 0 {
-		m.MtimeNs = st.mtimeNs
-	}
-	return m
+	return st.snapshot()
 }
 
 // Open opens a file. flags are open(2) flags; the server checks the
@@ -366,6 +402,9 @@ func (h *Handle) Write(ctx context.Context, p []byte, off int64) (int, error) {
 	st.size = max(st.size, off)
 	st.modified = true
 	st.mtimeNs = time.Now().UnixNano()
+	for _, a := range st.pending {
+		a.Valid &^= wire.SetMtime // this write is newer than an earlier utimens
+	}
 	if st.dirtyBytes > h.fs.cfg.DirtyBytes {
 		if err := st.upload(ctx, h.fs, h.user, true); err != nil {
 			return total, err
@@ -439,7 +478,8 @@ func (st *fileState) flush(ctx context.Context, f *FS, u User, cues cue.Set) err
 		return err
 	}
 	req := &wire.CommitRequest{Caller: u.caller(), Id: uint64(st.id), Size: uint64(st.size),
-		MtimeNs: st.mtimeNs, SyncLevel: syncLevel(cues), Blocks: make([]*wire.BlockRef, 0, len(st.staged))}
+		MtimeNs: st.mtimeNs, SyncLevel: syncLevel(cues), Blocks: make([]*wire.BlockRef, 0, len(st.staged)),
+		Attrs: st.pending}
 	for idx, ref := range st.staged {
 		req.Blocks = append(req.Blocks, &wire.BlockRef{Index: idx, Hash: ref.hash[:], Len: ref.len})
 	}
@@ -458,6 +498,8 @@ func (st *fileState) flush(ctx context.Context, f *FS, u User, cues cue.Set) err
 		st.reset(m)
 	}
 	clear(st.staged)
+	st.pending = nil
+	st.view = proto.CloneOf(m)
 	st.modified = false
 	st.mtimeNs = 0
 	return nil

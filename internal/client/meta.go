@@ -140,6 +140,14 @@ func (f *FS) SetAttr(ctx context.Context, u User, cues cue.Set, id oid.ID, req *
 	ctx, cancel := f.bound(ctx, cues)
 	defer cancel()
 	st := f.openState(id)
+	if st != nil && req.Valid&wire.SetSize == 0 {
+		if m, ok, err := st.deferAttr(u, req); ok {
+			if err != nil {
+				return nil, fmt.Errorf("setattr %v: %w", id, err)
+			}
+			return m, nil
+		}
+	}
 	if st != nil && req.Valid&wire.SetSize != 0 {
 		if err := st.flush(ctx, f, u, cues); err != nil {
 			return nil, err
@@ -158,24 +166,34 @@ func (f *FS) SetAttr(ctx context.Context, u User, cues cue.Set, id oid.ID, req *
 	return f.overlay(resp.Meta), nil
 }
 
-// ReadDir lists a directory. With the .WholeFile cue the entries' meta-data
-// comes along in the same round trips (paper §5.5).
-func (f *FS) ReadDir(ctx context.Context, u User, cues cue.Set, dir oid.ID) ([]*wire.Entry, []*wire.Meta, error) {
+// ReadDir lists a directory and returns its entries and its own
+// meta-data. With the .WholeFile cue the entries' meta-data comes along in
+// the same round trips (paper §5.5) and warms ReadDirMeta's result.
+func (f *FS) ReadDir(ctx context.Context, u User, cues cue.Set, dir oid.ID) ([]*wire.Entry, *wire.Meta, error) {
+	entries, _, d, err := f.ReadDirMeta(ctx, u, cues, dir)
+	return entries, d, err
+}
+
+// ReadDirMeta is ReadDir that also returns the entries' meta-data when the
+// .WholeFile cue asks for it.
+func (f *FS) ReadDirMeta(ctx context.Context, u User, cues cue.Set, dir oid.ID) ([]*wire.Entry, []*wire.Meta, *wire.Meta, error) {
 	ctx, cancel := f.bound(ctx, cues)
 	defer cancel()
 	var entries []*wire.Entry
 	var metas []*wire.Meta
+	var d *wire.Meta
 	after := ""
 	for {
 		resp, err := call(ctx, f, dir, wire.StorageClient.ReadDir, &wire.ReadDirRequest{
 			Caller: u.caller(), Dir: uint64(dir), After: after, Limit: 1024, WithMeta: cues.WholeFile})
 		if err != nil {
-			return nil, nil, fmt.Errorf("readdir %v: %w", dir, err)
+			return nil, nil, nil, fmt.Errorf("readdir %v: %w", dir, err)
 		}
 		entries = append(entries, resp.Entries...)
 		metas = append(metas, resp.Metas...)
+		d = resp.Dir
 		if resp.Eof || len(resp.Entries) == 0 {
-			return entries, metas, nil
+			return entries, metas, d, nil
 		}
 		after = resp.Entries[len(resp.Entries)-1].Name
 	}

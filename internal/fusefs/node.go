@@ -211,13 +211,16 @@ func (n *node) Rename(ctx context.Context, name string, newParent fs.InodeEmbedd
 
 // Readdir implements fs.NodeReaddirer. Cue components never appear.
 func (n *node) Readdir(ctx context.Context) (fs.DirStream, syscall.Errno) {
-	entries, _, err := n.root.core.ReadDir(ctx, n.root.user(ctx), n.cues, n.id)
+	entries, dir, err := n.root.core.ReadDir(ctx, n.root.user(ctx), n.cues, n.id)
 	if err != nil {
 		return nil, n.root.errno("readdir", err)
 	}
-	list := make([]fuse.DirEntry, len(entries))
-	for i, e := range entries {
-		list[i] = fuse.DirEntry{Name: e.Name, Ino: inode(oid.ID(e.Id), n.cues), Mode: typeMode[e.Type]}
+	list := make([]fuse.DirEntry, 0, len(entries)+2)
+	list = append(list,
+		fuse.DirEntry{Name: ".", Ino: inode(n.id, n.cues), Mode: syscall.S_IFDIR},
+		fuse.DirEntry{Name: "..", Ino: inode(oid.ID(dir.Parent), n.cues), Mode: syscall.S_IFDIR})
+	for _, e := range entries {
+		list = append(list, fuse.DirEntry{Name: e.Name, Ino: inode(oid.ID(e.Id), n.cues), Mode: typeMode[e.Type]})
 	}
 	return fs.NewListDirStream(list), 0
 }

@@ -7,6 +7,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/wheelfs/wheelfs/internal/attrs"
 	"github.com/wheelfs/wheelfs/internal/configsvc"
 	"github.com/wheelfs/wheelfs/internal/fserr"
 	"github.com/wheelfs/wheelfs/internal/oid"
@@ -18,27 +19,19 @@ import (
 // blockSize is the file block size (DESIGN.md: 64 KiB).
 const blockSize = 64 << 10
 
-func cred(c *wire.Caller) perm.Cred {
-	if c == nil {
-		// No caller: the least privileged user.
-		return perm.Cred{Uid: 65534, Gid: 65534}
+var (
+	cred     = attrs.Cred
+	attr     = attrs.Of
+	typeBits = map[wire.Type]uint32{
+		wire.Type_TYPE_FILE:    syscall.S_IFREG,
+		wire.Type_TYPE_DIR:     syscall.S_IFDIR,
+		wire.Type_TYPE_SYMLINK: syscall.S_IFLNK,
+		wire.Type_TYPE_FIFO:    syscall.S_IFIFO,
+		wire.Type_TYPE_SOCKET:  syscall.S_IFSOCK,
+		wire.Type_TYPE_CHAR:    syscall.S_IFCHR,
+		wire.Type_TYPE_BLOCK:   syscall.S_IFBLK,
 	}
-	return perm.Cred{Uid: c.Uid, Gid: c.Gid, Groups: c.Groups}
-}
-
-var typeBits = map[wire.Type]uint32{
-	wire.Type_TYPE_FILE:    syscall.S_IFREG,
-	wire.Type_TYPE_DIR:     syscall.S_IFDIR,
-	wire.Type_TYPE_SYMLINK: syscall.S_IFLNK,
-	wire.Type_TYPE_FIFO:    syscall.S_IFIFO,
-	wire.Type_TYPE_SOCKET:  syscall.S_IFSOCK,
-	wire.Type_TYPE_CHAR:    syscall.S_IFCHR,
-	wire.Type_TYPE_BLOCK:   syscall.S_IFBLK,
-}
-
-func attr(m *wire.Meta) perm.Attr {
-	return perm.Attr{Mode: m.Mode&0o7777 | typeBits[m.Type], Uid: m.Uid, Gid: m.Gid}
-}
+)
 
 func isDir(m *wire.Meta) bool { return m.Type == wire.Type_TYPE_DIR }
 
@@ -299,6 +292,9 @@ func (s *Server) unlinkObject(tx *store.Tx, m *wire.Meta, now int64) error {
 		if err := tx.PutSys(orphanKey(oid.ID(m.Id)), nil); err != nil {
 			return err
 		}
+		s.mu.Lock()
+		s.orphans[oid.ID(m.Id)] = true
+		s.mu.Unlock()
 		return tx.PutMeta(m)
 	}
 	return tx.DeleteObject(oid.ID(m.Id))
@@ -561,50 +557,12 @@ func (s *Server) SetAttr(ctx context.Context, req *wire.SetAttrRequest) (*wire.S
 		if err != nil {
 			return err
 		}
-		if req.Valid&wire.SetMode != 0 {
-			mode, err := perm.Chmod(c, attr(m), req.Mode&0o7777|typeBits[m.Type])
-			if err != nil {
-				return err
-			}
-			m.Mode = mode & 0o7777
-		}
-		if req.Valid&(wire.SetUID|wire.SetGID) != 0 {
-			uid, gid := ^uint32(0), ^uint32(0)
-			if req.Valid&wire.SetUID != 0 {
-				uid = req.Uid
-			}
-			if req.Valid&wire.SetGID != 0 {
-				gid = req.Gid
-			}
-			nu, ng, mode, err := perm.Chown(c, attr(m), uid, gid)
-			if err != nil {
-				return err
-			}
-			m.Uid, m.Gid, m.Mode = nu, ng, mode&0o7777
+		if err := attrs.Apply(c, m, req, now); err != nil {
+			return err
 		}
 		if req.Valid&wire.SetSize != 0 {
 			if err := s.truncate(tx, c, m, req); err != nil {
 				return err
-			}
-		}
-		if req.Valid&(wire.SetAtime|wire.SetMtime) != 0 {
-			toNow := (req.Valid&wire.SetAtime == 0 || req.AtimeNow) && (req.Valid&wire.SetMtime == 0 || req.MtimeNow)
-			if err := perm.Utimens(c, attr(m), toNow); err != nil {
-				if !(req.ViaHandle && c.Uid == m.Uid) {
-					return err
-				}
-			}
-			if req.Valid&wire.SetAtime != 0 {
-				m.AtimeNs = req.AtimeNs
-				if req.AtimeNow {
-					m.AtimeNs = now
-				}
-			}
-			if req.Valid&wire.SetMtime != 0 {
-				m.MtimeNs = req.MtimeNs
-				if req.MtimeNow {
-					m.MtimeNs = now
-				}
 			}
 		}
 		touch(m, now, false)
@@ -844,6 +802,14 @@ func (s *Server) Commit(ctx context.Context, req *wire.CommitRequest) (*wire.Com
 			m.MtimeNs = req.MtimeNs
 		}
 		m.Mode = perm.KillSUID(c, attr(m)) & 0o7777
+		for _, a := range req.Attrs {
+			// The client checked these already; a race with another
+			// client's change may refuse one now, which must not cost
+			// the data its commit.
+			if err := attrs.Apply(cred(a.Caller), m, a, now); err != nil {
+				s.log.Warn("deferred setattr refused at commit", "id", id, "err", err)
+			}
+		}
 		touch(m, now, false)
 		out = m
 		return tx.PutMeta(m)
@@ -1013,8 +979,12 @@ func (s *Server) Release(ctx context.Context, req *wire.ReleaseRequest) (*wire.R
 	if last {
 		delete(s.opens, id)
 	}
+	orphan := last && s.orphans[id]
+	if orphan {
+		delete(s.orphans, id)
+	}
 	s.mu.Unlock()
-	if !last {
+	if !orphan {
 		return &wire.ReleaseResponse{}, nil
 	}
 	err := s.store.Update(ctx, func(tx *store.Tx) error {

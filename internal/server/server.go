@@ -48,6 +48,7 @@ type Server struct {
 	locks    map[oid.Slice]configsvc.Lock
 	bySlice  map[configsvc.Policy]oid.Slice // where new objects of a policy go
 	opens    map[oid.ID]int                 // open handles, to keep unlinked files alive
+	orphans  map[oid.ID]bool                // unlinked while open: delete on last release
 	cancel   context.CancelFunc
 	done     chan struct{}
 	lockTTL  time.Duration
@@ -70,6 +71,7 @@ func New(cfg Config, st *store.Store, conf configsvc.Service, lockTTL time.Durat
 		locks:   map[oid.Slice]configsvc.Lock{},
 		bySlice: map[configsvc.Policy]oid.Slice{},
 		opens:   map[oid.ID]int{},
+		orphans: map[oid.ID]bool{},
 		lockTTL: lockTTL,
 		done:    make(chan struct{}),
 	}

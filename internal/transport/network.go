@@ -21,9 +21,12 @@
 //
 // A shaped connection delays data on a per-connection delivery queue, so
 // the delay does not cap throughput: writes are pipelined, as on a long
-// link. The queue holds at most maxQueued bytes per direction, after which
-// Write blocks (like a full socket buffer). A shaped connection that has no
-// RTT or bandwidth limit in effect reads and writes the socket directly.
+// link. The queue holds at most 4 MiB per direction, after which Write
+// blocks (like a full socket buffer). A dial takes one RTT to connect. A
+// connection of a non-nil Network that has no RTT or bandwidth limit in
+// effect reads and writes the socket directly, with no goroutines or
+// copies; once shaped, a direction stays on its queue so data is never
+// reordered.
 //
 // Partition, Isolate and their inverses take effect at once: connections
 // between the separated sites fail (Read and Write return a net.Error
@@ -51,7 +54,7 @@ type Network struct {
 	log *slog.Logger           // nil means discard
 	cfg atomic.Pointer[config] // current shaping (nil: none), replaced on every change
 
-	mu    sync.Mutex // serializes config changes; guards the fields below
+	mu    sync.Mutex        // serializes config changes; guards the fields below
 	addrs map[string]string // listener address "ip:port" → site
 	ports map[string]string // port of a wildcard listener → site
 	conns map[*conn]struct{}

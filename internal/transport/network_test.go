@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"runtime"
+	"slices"
 	"sync"
 	"syscall"
 	"testing"
@@ -184,11 +185,19 @@ func TestRTT(t *testing.T) {
 	if d := time.Since(start); d < rtt {
 		t.Errorf("dial took %v, want at least one rtt %v", d, rtt)
 	}
-	for i := range 5 {
+	// Every round trip takes at least rtt; a scheduling hiccup may make
+	// one slow, so the upper bound applies to the median.
+	var ds []time.Duration
+	for range 5 {
 		d := pingPong(t, c)
-		if d < rtt || d > rtt+20*time.Millisecond {
-			t.Errorf("ping-pong %d: %v, want in [%v, %v]", i, d, rtt, rtt+20*time.Millisecond)
+		if d < rtt {
+			t.Errorf("ping-pong took %v, less than rtt %v", d, rtt)
 		}
+		ds = append(ds, d)
+	}
+	slices.Sort(ds)
+	if med := ds[len(ds)/2]; med > rtt+20*time.Millisecond {
+		t.Errorf("median ping-pong %v (all: %v), want at most %v", med, ds, rtt+20*time.Millisecond)
 	}
 
 	// Same-site traffic is not delayed.
@@ -223,8 +232,7 @@ func TestRTT(t *testing.T) {
 	}
 }
 
-// transfer sends size bytes over c to a sink that reports how long it took
-// to receive them.
+// TestBandwidth sends 1 MiB in each direction across a limited uplink.
 func TestBandwidth(t *testing.T) {
 	const (
 		rate = 4 << 20 // bytes/s
@@ -458,12 +466,19 @@ func TestGRPC(t *testing.T) {
 	if _, err := check(); err != nil { // connects
 		t.Fatal(err)
 	}
-	d, err := check()
-	if err != nil {
-		t.Fatal(err)
+	fastest := time.Hour
+	for range 3 {
+		d, err := check()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d < rtt {
+			t.Errorf("RPC took %v, less than rtt %v", d, rtt)
+		}
+		fastest = min(fastest, d)
 	}
-	if d < rtt || d > rtt+30*time.Millisecond {
-		t.Errorf("RPC took %v, want about %v", d, rtt)
+	if fastest > rtt+30*time.Millisecond {
+		t.Errorf("fastest RPC took %v, want about %v", fastest, rtt)
 	}
 
 	n.Partition("a", "b")

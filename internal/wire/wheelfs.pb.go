@@ -1950,13 +1950,16 @@ func (x *PutBlocksResponse) GetHashes() [][]byte {
 // CommitRequest publishes a new version of a file: the blocks whose index is
 // listed change, the file gets the given size, and the version increments.
 type CommitRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Caller        *Caller                `protobuf:"bytes,1,opt,name=caller,proto3" json:"caller,omitempty"`
-	Id            uint64                 `protobuf:"varint,2,opt,name=id,proto3" json:"id,omitempty"`
-	Blocks        []*BlockRef            `protobuf:"bytes,3,rep,name=blocks,proto3" json:"blocks,omitempty"`
-	Size          uint64                 `protobuf:"varint,4,opt,name=size,proto3" json:"size,omitempty"`
-	MtimeNs       int64                  `protobuf:"varint,5,opt,name=mtime_ns,json=mtimeNs,proto3" json:"mtime_ns,omitempty"`
-	SyncLevel     uint32                 `protobuf:"varint,6,opt,name=sync_level,json=syncLevel,proto3" json:"sync_level,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Caller    *Caller                `protobuf:"bytes,1,opt,name=caller,proto3" json:"caller,omitempty"`
+	Id        uint64                 `protobuf:"varint,2,opt,name=id,proto3" json:"id,omitempty"`
+	Blocks    []*BlockRef            `protobuf:"bytes,3,rep,name=blocks,proto3" json:"blocks,omitempty"`
+	Size      uint64                 `protobuf:"varint,4,opt,name=size,proto3" json:"size,omitempty"`
+	MtimeNs   int64                  `protobuf:"varint,5,opt,name=mtime_ns,json=mtimeNs,proto3" json:"mtime_ns,omitempty"`
+	SyncLevel uint32                 `protobuf:"varint,6,opt,name=sync_level,json=syncLevel,proto3" json:"sync_level,omitempty"`
+	// Attribute changes made while the file was open with buffered writes,
+	// applied in order after the data, in the same transaction.
+	Attrs         []*SetAttrRequest `protobuf:"bytes,7,rep,name=attrs,proto3" json:"attrs,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2031,6 +2034,13 @@ func (x *CommitRequest) GetSyncLevel() uint32 {
 		return x.SyncLevel
 	}
 	return 0
+}
+
+func (x *CommitRequest) GetAttrs() []*SetAttrRequest {
+	if x != nil {
+		return x.Attrs
+	}
+	return nil
 }
 
 type CommitResponse struct {
@@ -2786,7 +2796,7 @@ const file_wheelfs_proto_rawDesc = "" +
 	"\x02id\x18\x02 \x01(\x04R\x02id\x12\x12\n" +
 	"\x04data\x18\x03 \x03(\fR\x04data\"+\n" +
 	"\x11PutBlocksResponse\x12\x16\n" +
-	"\x06hashes\x18\x01 \x03(\fR\x06hashes\"\xc7\x01\n" +
+	"\x06hashes\x18\x01 \x03(\fR\x06hashes\"\xf9\x01\n" +
 	"\rCommitRequest\x12*\n" +
 	"\x06caller\x18\x01 \x01(\v2\x12.wheelfs.v1.CallerR\x06caller\x12\x0e\n" +
 	"\x02id\x18\x02 \x01(\x04R\x02id\x12,\n" +
@@ -2794,7 +2804,8 @@ const file_wheelfs_proto_rawDesc = "" +
 	"\x04size\x18\x04 \x01(\x04R\x04size\x12\x19\n" +
 	"\bmtime_ns\x18\x05 \x01(\x03R\amtimeNs\x12\x1d\n" +
 	"\n" +
-	"sync_level\x18\x06 \x01(\rR\tsyncLevel\"6\n" +
+	"sync_level\x18\x06 \x01(\rR\tsyncLevel\x120\n" +
+	"\x05attrs\x18\a \x03(\v2\x1a.wheelfs.v1.SetAttrRequestR\x05attrs\"6\n" +
 	"\x0eCommitResponse\x12$\n" +
 	"\x04meta\x18\x01 \x01(\v2\x10.wheelfs.v1.MetaR\x04meta\"\x8a\x01\n" +
 	"\fXattrRequest\x12*\n" +
@@ -2956,58 +2967,59 @@ var file_wheelfs_proto_depIdxs = []int32{
 	4,  // 30: wheelfs.v1.PutBlocksRequest.caller:type_name -> wheelfs.v1.Caller
 	4,  // 31: wheelfs.v1.CommitRequest.caller:type_name -> wheelfs.v1.Caller
 	21, // 32: wheelfs.v1.CommitRequest.blocks:type_name -> wheelfs.v1.BlockRef
-	2,  // 33: wheelfs.v1.CommitResponse.meta:type_name -> wheelfs.v1.Meta
-	4,  // 34: wheelfs.v1.XattrRequest.caller:type_name -> wheelfs.v1.Caller
-	4,  // 35: wheelfs.v1.StatFSRequest.caller:type_name -> wheelfs.v1.Caller
-	4,  // 36: wheelfs.v1.OpenRequest.caller:type_name -> wheelfs.v1.Caller
-	2,  // 37: wheelfs.v1.OpenResponse.meta:type_name -> wheelfs.v1.Meta
-	4,  // 38: wheelfs.v1.InfoRequest.caller:type_name -> wheelfs.v1.Caller
-	2,  // 39: wheelfs.v1.InfoResponse.meta:type_name -> wheelfs.v1.Meta
-	5,  // 40: wheelfs.v1.Storage.Lookup:input_type -> wheelfs.v1.LookupRequest
-	7,  // 41: wheelfs.v1.Storage.GetAttr:input_type -> wheelfs.v1.GetAttrRequest
-	9,  // 42: wheelfs.v1.Storage.Create:input_type -> wheelfs.v1.CreateRequest
-	11, // 43: wheelfs.v1.Storage.Link:input_type -> wheelfs.v1.LinkRequest
-	13, // 44: wheelfs.v1.Storage.Remove:input_type -> wheelfs.v1.RemoveRequest
-	15, // 45: wheelfs.v1.Storage.Rename:input_type -> wheelfs.v1.RenameRequest
-	17, // 46: wheelfs.v1.Storage.SetAttr:input_type -> wheelfs.v1.SetAttrRequest
-	19, // 47: wheelfs.v1.Storage.ReadDir:input_type -> wheelfs.v1.ReadDirRequest
-	22, // 48: wheelfs.v1.Storage.GetBlocks:input_type -> wheelfs.v1.GetBlocksRequest
-	24, // 49: wheelfs.v1.Storage.ReadBlocks:input_type -> wheelfs.v1.ReadBlocksRequest
-	26, // 50: wheelfs.v1.Storage.PutBlocks:input_type -> wheelfs.v1.PutBlocksRequest
-	28, // 51: wheelfs.v1.Storage.Commit:input_type -> wheelfs.v1.CommitRequest
-	30, // 52: wheelfs.v1.Storage.GetXattr:input_type -> wheelfs.v1.XattrRequest
-	30, // 53: wheelfs.v1.Storage.ListXattr:input_type -> wheelfs.v1.XattrRequest
-	30, // 54: wheelfs.v1.Storage.SetXattr:input_type -> wheelfs.v1.XattrRequest
-	30, // 55: wheelfs.v1.Storage.RemoveXattr:input_type -> wheelfs.v1.XattrRequest
-	32, // 56: wheelfs.v1.Storage.StatFS:input_type -> wheelfs.v1.StatFSRequest
-	34, // 57: wheelfs.v1.Storage.Open:input_type -> wheelfs.v1.OpenRequest
-	36, // 58: wheelfs.v1.Storage.Release:input_type -> wheelfs.v1.ReleaseRequest
-	38, // 59: wheelfs.v1.Storage.Info:input_type -> wheelfs.v1.InfoRequest
-	6,  // 60: wheelfs.v1.Storage.Lookup:output_type -> wheelfs.v1.LookupResponse
-	8,  // 61: wheelfs.v1.Storage.GetAttr:output_type -> wheelfs.v1.GetAttrResponse
-	10, // 62: wheelfs.v1.Storage.Create:output_type -> wheelfs.v1.CreateResponse
-	12, // 63: wheelfs.v1.Storage.Link:output_type -> wheelfs.v1.LinkResponse
-	14, // 64: wheelfs.v1.Storage.Remove:output_type -> wheelfs.v1.RemoveResponse
-	16, // 65: wheelfs.v1.Storage.Rename:output_type -> wheelfs.v1.RenameResponse
-	18, // 66: wheelfs.v1.Storage.SetAttr:output_type -> wheelfs.v1.SetAttrResponse
-	20, // 67: wheelfs.v1.Storage.ReadDir:output_type -> wheelfs.v1.ReadDirResponse
-	23, // 68: wheelfs.v1.Storage.GetBlocks:output_type -> wheelfs.v1.GetBlocksResponse
-	25, // 69: wheelfs.v1.Storage.ReadBlocks:output_type -> wheelfs.v1.ReadBlocksResponse
-	27, // 70: wheelfs.v1.Storage.PutBlocks:output_type -> wheelfs.v1.PutBlocksResponse
-	29, // 71: wheelfs.v1.Storage.Commit:output_type -> wheelfs.v1.CommitResponse
-	31, // 72: wheelfs.v1.Storage.GetXattr:output_type -> wheelfs.v1.XattrResponse
-	31, // 73: wheelfs.v1.Storage.ListXattr:output_type -> wheelfs.v1.XattrResponse
-	31, // 74: wheelfs.v1.Storage.SetXattr:output_type -> wheelfs.v1.XattrResponse
-	31, // 75: wheelfs.v1.Storage.RemoveXattr:output_type -> wheelfs.v1.XattrResponse
-	33, // 76: wheelfs.v1.Storage.StatFS:output_type -> wheelfs.v1.StatFSResponse
-	35, // 77: wheelfs.v1.Storage.Open:output_type -> wheelfs.v1.OpenResponse
-	37, // 78: wheelfs.v1.Storage.Release:output_type -> wheelfs.v1.ReleaseResponse
-	39, // 79: wheelfs.v1.Storage.Info:output_type -> wheelfs.v1.InfoResponse
-	60, // [60:80] is the sub-list for method output_type
-	40, // [40:60] is the sub-list for method input_type
-	40, // [40:40] is the sub-list for extension type_name
-	40, // [40:40] is the sub-list for extension extendee
-	0,  // [0:40] is the sub-list for field type_name
+	17, // 33: wheelfs.v1.CommitRequest.attrs:type_name -> wheelfs.v1.SetAttrRequest
+	2,  // 34: wheelfs.v1.CommitResponse.meta:type_name -> wheelfs.v1.Meta
+	4,  // 35: wheelfs.v1.XattrRequest.caller:type_name -> wheelfs.v1.Caller
+	4,  // 36: wheelfs.v1.StatFSRequest.caller:type_name -> wheelfs.v1.Caller
+	4,  // 37: wheelfs.v1.OpenRequest.caller:type_name -> wheelfs.v1.Caller
+	2,  // 38: wheelfs.v1.OpenResponse.meta:type_name -> wheelfs.v1.Meta
+	4,  // 39: wheelfs.v1.InfoRequest.caller:type_name -> wheelfs.v1.Caller
+	2,  // 40: wheelfs.v1.InfoResponse.meta:type_name -> wheelfs.v1.Meta
+	5,  // 41: wheelfs.v1.Storage.Lookup:input_type -> wheelfs.v1.LookupRequest
+	7,  // 42: wheelfs.v1.Storage.GetAttr:input_type -> wheelfs.v1.GetAttrRequest
+	9,  // 43: wheelfs.v1.Storage.Create:input_type -> wheelfs.v1.CreateRequest
+	11, // 44: wheelfs.v1.Storage.Link:input_type -> wheelfs.v1.LinkRequest
+	13, // 45: wheelfs.v1.Storage.Remove:input_type -> wheelfs.v1.RemoveRequest
+	15, // 46: wheelfs.v1.Storage.Rename:input_type -> wheelfs.v1.RenameRequest
+	17, // 47: wheelfs.v1.Storage.SetAttr:input_type -> wheelfs.v1.SetAttrRequest
+	19, // 48: wheelfs.v1.Storage.ReadDir:input_type -> wheelfs.v1.ReadDirRequest
+	22, // 49: wheelfs.v1.Storage.GetBlocks:input_type -> wheelfs.v1.GetBlocksRequest
+	24, // 50: wheelfs.v1.Storage.ReadBlocks:input_type -> wheelfs.v1.ReadBlocksRequest
+	26, // 51: wheelfs.v1.Storage.PutBlocks:input_type -> wheelfs.v1.PutBlocksRequest
+	28, // 52: wheelfs.v1.Storage.Commit:input_type -> wheelfs.v1.CommitRequest
+	30, // 53: wheelfs.v1.Storage.GetXattr:input_type -> wheelfs.v1.XattrRequest
+	30, // 54: wheelfs.v1.Storage.ListXattr:input_type -> wheelfs.v1.XattrRequest
+	30, // 55: wheelfs.v1.Storage.SetXattr:input_type -> wheelfs.v1.XattrRequest
+	30, // 56: wheelfs.v1.Storage.RemoveXattr:input_type -> wheelfs.v1.XattrRequest
+	32, // 57: wheelfs.v1.Storage.StatFS:input_type -> wheelfs.v1.StatFSRequest
+	34, // 58: wheelfs.v1.Storage.Open:input_type -> wheelfs.v1.OpenRequest
+	36, // 59: wheelfs.v1.Storage.Release:input_type -> wheelfs.v1.ReleaseRequest
+	38, // 60: wheelfs.v1.Storage.Info:input_type -> wheelfs.v1.InfoRequest
+	6,  // 61: wheelfs.v1.Storage.Lookup:output_type -> wheelfs.v1.LookupResponse
+	8,  // 62: wheelfs.v1.Storage.GetAttr:output_type -> wheelfs.v1.GetAttrResponse
+	10, // 63: wheelfs.v1.Storage.Create:output_type -> wheelfs.v1.CreateResponse
+	12, // 64: wheelfs.v1.Storage.Link:output_type -> wheelfs.v1.LinkResponse
+	14, // 65: wheelfs.v1.Storage.Remove:output_type -> wheelfs.v1.RemoveResponse
+	16, // 66: wheelfs.v1.Storage.Rename:output_type -> wheelfs.v1.RenameResponse
+	18, // 67: wheelfs.v1.Storage.SetAttr:output_type -> wheelfs.v1.SetAttrResponse
+	20, // 68: wheelfs.v1.Storage.ReadDir:output_type -> wheelfs.v1.ReadDirResponse
+	23, // 69: wheelfs.v1.Storage.GetBlocks:output_type -> wheelfs.v1.GetBlocksResponse
+	25, // 70: wheelfs.v1.Storage.ReadBlocks:output_type -> wheelfs.v1.ReadBlocksResponse
+	27, // 71: wheelfs.v1.Storage.PutBlocks:output_type -> wheelfs.v1.PutBlocksResponse
+	29, // 72: wheelfs.v1.Storage.Commit:output_type -> wheelfs.v1.CommitResponse
+	31, // 73: wheelfs.v1.Storage.GetXattr:output_type -> wheelfs.v1.XattrResponse
+	31, // 74: wheelfs.v1.Storage.ListXattr:output_type -> wheelfs.v1.XattrResponse
+	31, // 75: wheelfs.v1.Storage.SetXattr:output_type -> wheelfs.v1.XattrResponse
+	31, // 76: wheelfs.v1.Storage.RemoveXattr:output_type -> wheelfs.v1.XattrResponse
+	33, // 77: wheelfs.v1.Storage.StatFS:output_type -> wheelfs.v1.StatFSResponse
+	35, // 78: wheelfs.v1.Storage.Open:output_type -> wheelfs.v1.OpenResponse
+	37, // 79: wheelfs.v1.Storage.Release:output_type -> wheelfs.v1.ReleaseResponse
+	39, // 80: wheelfs.v1.Storage.Info:output_type -> wheelfs.v1.InfoResponse
+	61, // [61:81] is the sub-list for method output_type
+	41, // [41:61] is the sub-list for method input_type
+	41, // [41:41] is the sub-list for extension type_name
+	41, // [41:41] is the sub-list for extension extendee
+	0,  // [0:41] is the sub-list for field type_name
 }
 
 func init() { file_wheelfs_proto_init() }

@@ -1,0 +1,134 @@
+package e2e
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// The helper is a copy of the test binary that performs one file system
+// operation and prints the resulting errno, so that tests can run exact
+// system calls as another user (through setpriv) and check the errno.
+const helperEnv = "WHEELFS_E2E_HELPER"
+
+var helperBin string
+
+func copyHelper(dst string) error {
+	self, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	in, err := os.Open(self)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	out, err := os.OpenFile(dst, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o755)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(out, in); err != nil {
+		out.Close()
+		return err
+	}
+	return out.Close()
+}
+
+// helperMain runs one operation: read PATH | create PATH | append PATH DATA |
+// unlink PATH | rename OLD NEW | chmod PATH OCTAL | mkdir PATH | readdir PATH.
+// It prints "errno=N" (0 on success) and exits 0; usage errors exit 2.
+func helperMain(args []string) int {
+	if len(args) < 2 {
+		fmt.Fprintln(os.Stderr, "helper: usage: OP PATH [ARG]")
+		return 2
+	}
+	arg := func(i int) string {
+		if i < len(args) {
+			return args[i]
+		}
+		return ""
+	}
+	var err error
+	switch op, path := args[0], args[1]; op {
+	case "read":
+		_, err = os.ReadFile(path)
+	case "create":
+		var fd int
+		fd, err = syscall.Open(path, syscall.O_CREAT|syscall.O_WRONLY|syscall.O_EXCL, 0o644)
+		if err == nil {
+			err = syscall.Close(fd)
+		}
+	case "append":
+		var fd int
+		fd, err = syscall.Open(path, syscall.O_WRONLY|syscall.O_APPEND, 0)
+		if err == nil {
+			_, err = syscall.Write(fd, []byte(arg(2)))
+			if cerr := syscall.Close(fd); err == nil {
+				err = cerr
+			}
+		}
+	case "unlink":
+		err = syscall.Unlink(path)
+	case "rename":
+		err = syscall.Rename(path, arg(2))
+	case "chmod":
+		var mode uint64
+		mode, err = strconv.ParseUint(arg(2), 8, 32)
+		if err == nil {
+			err = syscall.Chmod(path, uint32(mode))
+		}
+	case "mkdir":
+		err = syscall.Mkdir(path, 0o755)
+	case "readdir":
+		_, err = os.ReadDir(path)
+	default:
+		fmt.Fprintln(os.Stderr, "helper: unknown op", op)
+		return 2
+	}
+	var errno syscall.Errno
+	if err != nil && !errors.As(err, &errno) {
+		fmt.Fprintln(os.Stderr, "helper:", err)
+		return 2
+	}
+	fmt.Printf("errno=%d\n", int(errno))
+	return 0
+}
+
+// as runs the helper operation as uid:gid (no supplementary groups) and
+// returns the errno it got.
+func as(t *testing.T, uid, gid int, op string, args ...string) syscall.Errno {
+	t.Helper()
+	name, argv := asUser(uid, gid, helperBin, append([]string{op}, args...)...)
+	r := run(t, "/", 30*time.Second, []string{helperEnv + "=1"}, name, argv...)
+	if r.err != nil {
+		t.Fatalf("helper %s %v as %d: %v\n%s", op, args, uid, r.err, r.out)
+	}
+	s, ok := strings.CutPrefix(strings.TrimSpace(r.stdout), "errno=")
+	n, err := strconv.Atoi(s)
+	if !ok || err != nil {
+		t.Fatalf("helper %s %v: bad output %q", op, args, r.out)
+	}
+	return syscall.Errno(n)
+}
+
+// expect checks that uid:gid doing op gets want (0 for success).
+func expect(t *testing.T, uid, gid int, want syscall.Errno, op string, args ...string) {
+	t.Helper()
+	if got := as(t, uid, gid, op, args...); got != want {
+		t.Errorf("uid %d: %s %s: got %v (%d), want %v (%d)", uid, op, strings.Join(args, " "),
+			errnoName(got), int(got), errnoName(want), int(want))
+	}
+}
+
+func errnoName(e syscall.Errno) string {
+	if e == 0 {
+		return "success"
+	}
+	return e.Error()
+}
