@@ -91,6 +91,9 @@ type FS struct {
 
 	mu    sync.Mutex
 	files map[oid.ID]*fileState // open files
+
+	fetchMu  sync.Mutex
+	inflight map[[32]byte]chan struct{} // blocks being fetched
 }
 
 // New returns a client core that reaches servers through router.
@@ -109,11 +112,12 @@ func New(cfg Config, router Router) *FS {
 		cfg.Timeout = def.Timeout
 	}
 	return &FS{
-		cfg:    cfg,
-		log:    cfg.Logger.With("component", "client"),
-		router: router,
-		cache:  blockcache.New(cfg.CacheBytes),
-		files:  make(map[oid.ID]*fileState),
+		cfg:      cfg,
+		log:      cfg.Logger.With("component", "client"),
+		router:   router,
+		cache:    blockcache.New(cfg.CacheBytes),
+		files:    make(map[oid.ID]*fileState),
+		inflight: make(map[[32]byte]chan struct{}),
 	}
 }
 

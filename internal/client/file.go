@@ -24,6 +24,9 @@ const refsPerFetch = 1024
 // blocksPerRPC bounds the blocks moved by one ReadBlocks/PutBlocks call.
 const blocksPerRPC = 16
 
+// readAhead is how many blocks past a sequential read are prefetched.
+const readAhead = 64
+
 type blockRef struct {
 	hash [32]byte
 	len  uint32
@@ -41,6 +44,9 @@ type fileState struct {
 	size    int64  // current size, local writes included
 	hashes  map[uint64]blockRef
 	loaded  map[uint64]bool // which refsPerFetch-chunks of hashes are known
+
+	nextRead   int64  // offset after the last read, to detect sequential reads
+	prefetched uint64 // last block index a prefetch was started for
 
 	dirty      map[uint64][]byte   // written blocks not yet uploaded
 	dirtyBytes int64               // bytes held by dirty
@@ -68,6 +74,7 @@ func (st *fileState) reset(m *wire.Meta) {
 	st.size = int64(m.Size)
 	st.hashes = map[uint64]blockRef{}
 	st.loaded = map[uint64]bool{}
+	st.nextRead, st.prefetched = 0, 0
 }
 
 // updateMeta adopts meta-data the server returned after a change this
@@ -219,19 +226,24 @@ func (h *Handle) Read(ctx context.Context, p []byte, off int64) (int, error) {
 	}
 	first := uint64(off / BlockSize)
 	last := uint64((off + int64(len(p)) - 1) / BlockSize)
-	// Read ahead a full RPC's worth for sequential readers (the kernel
-	// issues 128 KiB reads); .WholeFile fetches the rest of the file.
-	ahead := last + blocksPerRPC
-	if h.cues.WholeFile {
-		ahead = uint64((st.size - 1) / BlockSize)
-	}
-	if maxIdx := uint64((st.size - 1) / BlockSize); ahead > maxIdx {
-		ahead = maxIdx
-	}
-	blocks, err := st.blocks(ctx, h.fs, h.user, first, last, ahead)
+	blocks, err := st.blocks(ctx, h.fs, h.user, first, last)
 	if err != nil {
 		return 0, fmt.Errorf("read %v at %d: %w", st.id, off, err)
 	}
+	// Sequential readers get the next window fetched in the background;
+	// .WholeFile prefetches the whole file on the first read.
+	maxIdx := uint64((st.size - 1) / BlockSize)
+	// Refill the window when half of it is consumed, so prefetches go
+	// out in large batches.
+	if last < maxIdx && (off == st.nextRead || h.cues.WholeFile) && last+readAhead/2 > st.prefetched {
+		ahead := min(last+readAhead, maxIdx)
+		if h.cues.WholeFile {
+			ahead = maxIdx
+		}
+		st.prefetch(ctx, h.fs, h.user, max(last+1, st.prefetched+1), ahead)
+		st.prefetched = ahead
+	}
+	st.nextRead = off + int64(len(p))
 	n := 0
 	for idx := first; idx <= last; idx++ {
 		b := blocks[idx-first]
@@ -252,56 +264,116 @@ func (h *Handle) Read(ctx context.Context, p []byte, off int64) (int, error) {
 }
 
 // blocks returns the contents of blocks first..last (nil for holes),
-// fetching missing ones up to ahead in the same round trips.
-func (st *fileState) blocks(ctx context.Context, f *FS, u User, first, last, ahead uint64) ([][]byte, error) {
-	if err := st.loadRefs(ctx, f, u, first, ahead); err != nil {
+// fetching what the cache lacks; blocks a prefetch is already bringing are
+// waited for, not fetched twice.
+func (st *fileState) blocks(ctx context.Context, f *FS, u User, first, last uint64) ([][]byte, error) {
+	if err := st.loadRefs(ctx, f, u, first, last); err != nil {
 		return nil, err
 	}
 	out := make([][]byte, last-first+1)
-	var missing [][32]byte
-	for idx := first; idx <= ahead; idx++ {
-		if b, ok := st.dirty[idx]; ok {
-			if idx <= last {
-				out[idx-first] = b
-			}
-			continue
-		}
-		ref, ok := st.ref(idx)
-		if !ok {
-			continue
-		}
-		if b, ok := f.cache.Get(ref.hash); ok {
-			if idx <= last {
-				out[idx-first] = b
-			}
-			continue
-		}
-		if len(missing) == 0 || missing[len(missing)-1] != ref.hash {
-			missing = append(missing, ref.hash)
-		}
-	}
-	if len(missing) > 0 {
-		if err := f.fetch(ctx, u, st.id, missing); err != nil {
-			return nil, err
-		}
+	for attempt := 0; ; attempt++ {
+		var needed [][32]byte
 		for idx := first; idx <= last; idx++ {
-			if out[idx-first] != nil || st.dirty[idx] != nil {
+			if out[idx-first] != nil {
 				continue
 			}
-			if ref, ok := st.ref(idx); ok {
-				b, ok := f.cache.Get(ref.hash)
-				if !ok {
-					return nil, fmt.Errorf("block %d evicted while reading: %w", idx, fserr.ErrIO)
-				}
+			if b, ok := st.dirty[idx]; ok {
 				out[idx-first] = b
+				continue
+			}
+			ref, ok := st.ref(idx)
+			if !ok {
+				continue // a hole
+			}
+			if b, ok := f.cache.Get(ref.hash); ok {
+				out[idx-first] = b
+				continue
+			}
+			needed = append(needed, ref.hash)
+		}
+		if len(needed) == 0 {
+			return out, nil
+		}
+		if attempt == 2 {
+			return nil, fmt.Errorf("blocks of %v evicted while reading: %w", st.id, fserr.ErrIO)
+		}
+		mine, wait := f.claim(needed)
+		if err := f.fetchClaimed(ctx, u, st.id, mine); err != nil {
+			return nil, err
+		}
+		for _, ch := range wait {
+			select {
+			case <-ch:
+			case <-ctx.Done():
+				return nil, fmt.Errorf("waiting for blocks of %v: %w", st.id, fserr.ErrTimeout)
 			}
 		}
 	}
-	return out, nil
 }
 
-// fetch reads blocks by hash from the file's primary into the cache.
-func (f *FS) fetch(ctx context.Context, u User, id oid.ID, hashes [][32]byte) error {
+// prefetch starts fetching blocks from..to in the background, so that a
+// sequential reader finds them cached (paper §5.5, .WholeFile).
+func (st *fileState) prefetch(ctx context.Context, f *FS, u User, from, to uint64) {
+	if err := st.loadRefs(ctx, f, u, from, to); err != nil {
+		return // the read itself will report it
+	}
+	var needed [][32]byte
+	for idx := from; idx <= to; idx++ {
+		if _, dirty := st.dirty[idx]; dirty {
+			continue
+		}
+		if ref, ok := st.ref(idx); ok {
+			needed = append(needed, ref.hash)
+		}
+	}
+	mine, _ := f.claim(needed)
+	if len(mine) == 0 {
+		return
+	}
+	id := st.id
+	go func() {
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), f.cfg.Timeout)
+		defer cancel()
+		if err := f.fetchClaimed(ctx, u, id, mine); err != nil {
+			f.log.Debug("prefetch failed", "id", id.String(), "err", err)
+		}
+	}()
+}
+
+// claim splits hashes into those this caller must fetch (now marked in
+// flight) and the channels of those another fetch is already bringing.
+func (f *FS) claim(hashes [][32]byte) (mine [][32]byte, wait []chan struct{}) {
+	f.fetchMu.Lock()
+	defer f.fetchMu.Unlock()
+	for _, h := range hashes {
+		if ch, ok := f.inflight[h]; ok {
+			wait = append(wait, ch)
+			continue
+		}
+		if _, ok := f.cache.Get(h); ok {
+			continue
+		}
+		f.inflight[h] = make(chan struct{})
+		mine = append(mine, h)
+	}
+	return mine, wait
+}
+
+// fetchClaimed reads claimed blocks from the file's primary into the
+// cache, releasing each RPC's claims as soon as its blocks are cached, and
+// every claim whatever happens.
+func (f *FS) fetchClaimed(ctx context.Context, u User, id oid.ID, hashes [][32]byte) error {
+	release := func(hs [][32]byte) {
+		f.fetchMu.Lock()
+		for _, h := range hs {
+			if ch, ok := f.inflight[h]; ok {
+				close(ch)
+				delete(f.inflight, h)
+			}
+		}
+		f.fetchMu.Unlock()
+	}
+	defer release(hashes)
 	for chunk := range slices.Chunk(hashes, blocksPerRPC) {
 		req := &wire.ReadBlocksRequest{Caller: u.caller(), Id: uint64(id), Hashes: make([][]byte, len(chunk))}
 		for i := range chunk {
@@ -317,6 +389,7 @@ func (f *FS) fetch(ctx context.Context, u User, id oid.ID, hashes [][32]byte) er
 		for i, h := range chunk {
 			f.cache.Add(h, resp.Data[i])
 		}
+		release(chunk)
 	}
 	return nil
 }
@@ -422,7 +495,7 @@ func (st *fileState) startBlock(ctx context.Context, f *FS, u User, idx uint64, 
 	if existing == 0 || (boff == 0 && n >= existing) {
 		return buf, nil
 	}
-	old, err := st.blocks(ctx, f, u, idx, idx, idx)
+	old, err := st.blocks(ctx, f, u, idx, idx)
 	if err != nil {
 		return nil, err
 	}

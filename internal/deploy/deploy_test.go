@@ -175,3 +175,45 @@ func equal(a, b []string) bool {
 	}
 	return true
 }
+
+// TestAttrsDeferredIntoCommit checks that chmod/chown/utimens on a file
+// with buffered writes are checked at once, visible at once, and durable
+// with the data after close.
+func TestAttrsDeferredIntoCommit(t *testing.T) {
+	h := startHost(t, t.TempDir())
+	defer h.Close()
+	ctx := context.Background()
+	fs := h.Client
+	alice := client.User{Uid: 1000, Gid: 1000}
+	bob := client.User{Uid: 1001, Gid: 1001}
+	m, err := fs.Create(ctx, alice, client.NoCues, oid.Root, "f", client.CreateArgs{Type: wire.Type_TYPE_FILE, Mode: 0o644})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := oid.ID(m.Id)
+	fh, _, err := fs.Open(ctx, alice, client.NoCues, id, syscall.O_WRONLY)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := fh.Write(ctx, []byte("data"), 0); err != nil {
+		t.Fatal(err)
+	}
+	// Refused at once, as the server would.
+	if _, err := fs.SetAttr(ctx, bob, client.NoCues, id, &wire.SetAttrRequest{Valid: wire.SetMode, Mode: 0o777}); errno(err) != syscall.EPERM {
+		t.Fatalf("bob chmod: %v, want EPERM", err)
+	}
+	const mtime = int64(1_600_000_000_000_000_000)
+	got, err := fs.SetAttr(ctx, alice, client.NoCues, id, &wire.SetAttrRequest{Valid: wire.SetMode | wire.SetMtime, Mode: 0o600, MtimeNs: mtime})
+	if err != nil || got.Mode != 0o600 || got.MtimeNs != mtime || got.Size != 4 {
+		t.Fatalf("deferred setattr: %+v, %v", got, err)
+	}
+	if err := fh.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	fh.Release(ctx)
+	// After a restart the server has data and attributes together.
+	after, err := fs.GetAttr(ctx, alice, client.NoCues, id)
+	if err != nil || after.Mode != 0o600 || after.MtimeNs != mtime || after.Size != 4 {
+		t.Fatalf("committed meta: %+v, %v", after, err)
+	}
+}

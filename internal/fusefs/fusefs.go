@@ -59,9 +59,9 @@ func Mount(dir string, core *client.FS, o Options) (*fuse.Server, error) {
 			Debug:        o.Debug,
 			// The kernel checks permissions with the attributes we return
 			// (it knows the caller's groups exactly); the server checks again.
-			Options:             []string{"default_permissions"},
-			EnableAcl:           false,
-			DisableXAttrs:       false,
+			Options:              []string{"default_permissions"},
+			EnableAcl:            false,
+			DisableXAttrs:        false,
 			IgnoreSecurityLabels: true,
 		},
 		EntryTimeout:    &o.AttrTimeout,

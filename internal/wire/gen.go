@@ -6,7 +6,7 @@ package wire
 
 // SetAttr valid bits (SetAttrRequest.valid).
 const (
-	SetMode  uint32 = 1 << iota
+	SetMode uint32 = 1 << iota
 	SetUID
 	SetGID
 	SetSize

@@ -1,0 +1,272 @@
+package bench
+
+import (
+	"fmt"
+	"io"
+	"math"
+	"strings"
+	"text/tabwriter"
+	"time"
+)
+
+// Target names.
+const (
+	Raw      = "raw"
+	Loopback = "loopback"
+	WheelFS  = "wheelfs"
+)
+
+// Workload keys, as used in TargetResult.Results.
+const (
+	SeqWrite = "seq-write"
+	SeqRead  = "seq-read"
+	Create   = "create"
+	Stat     = "stat"
+	Readdir  = "readdir"
+	Unlink   = "unlink"
+	Tar      = "tar"
+)
+
+// Measurement is one timed workload on one target.
+type Measurement struct {
+	// Seconds is the wall-clock time of the timed part.
+	Seconds float64 `json:"seconds"`
+	// Count is what was done in that time: bytes for the sequential
+	// workloads, operations or entries for the metadata ones, regular files
+	// for the extraction.
+	Count int64 `json:"count"`
+	// Rate is Count per second, in MB/s (10^6 bytes) for the sequential
+	// workloads.
+	Rate  float64 `json:"rate"`
+	Unit  string  `json:"unit"`
+	Error string  `json:"error,omitempty"`
+}
+
+// TargetResult holds every workload's measurement on one target.
+type TargetResult struct {
+	Name string `json:"name"`
+	// Description says what the target is (mount point, backing directory).
+	Description string                  `json:"description"`
+	Results     map[string]*Measurement `json:"results"`
+	// Error is set when the target could not be set up or torn down.
+	Error string `json:"error,omitempty"`
+}
+
+// Machine describes where the benchmark ran.
+type Machine struct {
+	Hostname string `json:"hostname"`
+	CPU      string `json:"cpu"`
+	Cores    int    `json:"cores"`
+	MemBytes int64  `json:"mem_bytes"`
+	Kernel   string `json:"kernel"`
+	// Disk is the file system holding the scratch directory: type, device
+	// and mount point.
+	Disk      string `json:"disk"`
+	GoVersion string `json:"go_version"`
+}
+
+// Report is the result of one run.
+type Report struct {
+	Started  time.Time `json:"started"`
+	Finished time.Time `json:"finished"`
+	Machine  Machine   `json:"machine"`
+	Dir      string    `json:"dir"`
+	Size     int64     `json:"size"`
+	Files    int       `json:"files"`
+	// ColdCache tells whether the kernel's caches were dropped before the
+	// sequential reads (needs root); if false the reads were warm.
+	ColdCache bool `json:"cold_cache"`
+	// TarFiles is the number of regular files in the extracted tree.
+	TarFiles int             `json:"tar_files"`
+	Targets  []*TargetResult `json:"targets"`
+}
+
+// Target returns the named target's results, or nil.
+func (r *Report) Target(name string) *TargetResult {
+	for _, t := range r.Targets {
+		if t.Name == name {
+			return t
+		}
+	}
+	return nil
+}
+
+// Failures lists every error in the report, one per line.
+func (r *Report) Failures() []string {
+	var out []string
+	for _, t := range r.Targets {
+		if t.Error != "" {
+			out = append(out, fmt.Sprintf("%s: %s", t.Name, t.Error))
+		}
+		for _, row := range rows {
+			if row.secondRow {
+				continue
+			}
+			if m := t.Results[row.key]; m != nil && m.Error != "" {
+				out = append(out, fmt.Sprintf("%s %s: %s", t.Name, row.key, m.Error))
+			}
+		}
+	}
+	return out
+}
+
+// row is one line of the table.
+type row struct {
+	key   string
+	label string
+	unit  string
+	// base is the target the ratio is taken against.
+	base string
+	// seconds shows the elapsed time instead of the rate; the ratio is then
+	// base time / target time, so that higher is better on every row.
+	seconds bool
+	// secondRow marks the second line of a workload shown twice.
+	secondRow bool
+	// goal is the issue's target for WheelFS as a ratio against base (0: none).
+	goal float64
+}
+
+var rows = []row{
+	{key: SeqWrite, label: "sequential write", unit: "MB/s", base: Raw, goal: 0.6},
+	{key: SeqRead, label: "sequential read", unit: "MB/s", base: Raw, goal: 0.8},
+	{key: Create, label: "create", unit: "ops/s", base: Loopback, goal: 0.5},
+	{key: Stat, label: "stat", unit: "ops/s", base: Loopback, goal: 0.5},
+	{key: Readdir, label: "readdir", unit: "entries/s", base: Loopback},
+	{key: Unlink, label: "unlink", unit: "ops/s", base: Loopback},
+	{key: Tar, label: "tar -x GOROOT/src", unit: "s", base: Loopback, seconds: true, goal: 0.5},
+	{key: Tar, label: "tar -x GOROOT/src", unit: "files/s", base: Loopback, secondRow: true},
+}
+
+// ratio returns target/base for rates and base/target for times; ok is
+// false when either side is missing.
+func (rw row) ratio(m, base *Measurement) (float64, bool) {
+	if m == nil || base == nil || m.Error != "" || base.Error != "" {
+		return 0, false
+	}
+	if rw.seconds {
+		if m.Seconds <= 0 || base.Seconds <= 0 {
+			return 0, false
+		}
+		return base.Seconds / m.Seconds, true
+	}
+	if base.Rate <= 0 {
+		return 0, false
+	}
+	return m.Rate / base.Rate, true
+}
+
+// formatNumber prints three significant figures at most, no exponent.
+func formatNumber(v float64) string {
+	switch a := math.Abs(v); {
+	case a >= 100:
+		return fmt.Sprintf("%.0f", v)
+	case a >= 10:
+		return fmt.Sprintf("%.1f", v)
+	default:
+		return fmt.Sprintf("%.2f", v)
+	}
+}
+
+func (rw row) cell(m *Measurement) string {
+	switch {
+	case m == nil:
+		return "-"
+	case m.Error != "":
+		return "ERROR"
+	case rw.seconds:
+		return formatNumber(m.Seconds)
+	default:
+		return formatNumber(m.Rate)
+	}
+}
+
+// WriteTable prints the report as a table: one line per workload, one
+// column per target, each with its ratio against the raw disk (I/O rows)
+// or the loopback mount (metadata and extraction rows), and a last column
+// saying whether WheelFS meets the issue's goal.
+func WriteTable(w io.Writer, r *Report) error {
+	fmt.Fprintf(w, "WheelFS benchmark, %s (%.0f s)\n", r.Started.UTC().Format("2006-01-02 15:04 MST"),
+		r.Finished.Sub(r.Started).Seconds())
+	m := r.Machine
+	fmt.Fprintf(w, "machine: %s, %d cores, %s RAM, Linux %s, %s\n", m.CPU, m.Cores, gib(m.MemBytes), m.Kernel, m.GoVersion)
+	fmt.Fprintf(w, "disk: %s (scratch in %s)\n", m.Disk, r.Dir)
+	cache := "cold (caches dropped; WheelFS restarted)"
+	if !r.ColdCache {
+		cache = "WARM (not root: could not drop caches; WheelFS restarted)"
+	}
+	fmt.Fprintf(w, "file %s in 1 MiB I/Os, read %s; %d small files; tar of %d files\n\n",
+		FormatSize(r.Size), cache, r.Files, r.TarFiles)
+
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	header := []string{"WORKLOAD", "UNIT"}
+	for _, t := range r.Targets {
+		header = append(header, strings.ToUpper(t.Name))
+	}
+	wfs := r.Target(WheelFS)
+	if wfs != nil {
+		header = append(header, "WHEELFS GOAL")
+	}
+	fmt.Fprintln(tw, strings.Join(header, "\t"))
+	for _, rw := range rows {
+		label := rw.label
+		if rw.key == SeqRead {
+			if r.ColdCache {
+				label += " (cold)"
+			} else {
+				label += " (warm)"
+			}
+		}
+		cells := []string{label, rw.unit}
+		base := r.Target(rw.base)
+		for _, t := range r.Targets {
+			m := t.Results[rw.key]
+			c := rw.cell(m)
+			if base != nil && t != base && !(rw.base == Loopback && t.Name == Raw) {
+				if q, ok := rw.ratio(m, base.Results[rw.key]); ok {
+					c += fmt.Sprintf(" (%.2fx %s)", q, abbrev(rw.base))
+				}
+			}
+			cells = append(cells, c)
+		}
+		if wfs != nil {
+			g := ""
+			if rw.goal > 0 {
+				g = fmt.Sprintf(">= %.1fx %s", rw.goal, abbrev(rw.base))
+				if base == nil {
+					g += ": n/a"
+				} else if q, ok := rw.ratio(wfs.Results[rw.key], base.Results[rw.key]); ok {
+					if q >= rw.goal {
+						g += ": met"
+					} else {
+						g += ": MISSED"
+					}
+				} else {
+					g += ": n/a"
+				}
+			}
+			cells = append(cells, g)
+		}
+		fmt.Fprintln(tw, strings.Join(cells, "\t"))
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if f := r.Failures(); len(f) > 0 {
+		fmt.Fprintln(w, "\nerrors:")
+		for _, line := range f {
+			fmt.Fprintln(w, "  "+line)
+		}
+	}
+	return nil
+}
+
+func abbrev(target string) string {
+	if target == Loopback {
+		return "lb"
+	}
+	return target
+}
+
+func gib(n int64) string {
+	return fmt.Sprintf("%.1f GiB", float64(n)/(1<<30))
+}
