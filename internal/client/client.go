@@ -6,6 +6,7 @@ package client
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"sync"
 	"time"
@@ -147,9 +148,12 @@ func (f *FS) server(ctx context.Context, id oid.ID) (wire.StorageClient, error) 
 // call runs one RPC against id's primary and converts its error.
 func call[Req any, Resp any](ctx context.Context, f *FS, id oid.ID,
 	rpc func(wire.StorageClient, context.Context, Req, ...grpc.CallOption) (Resp, error), req Req) (Resp, error) {
+	var zero Resp
+	if err := ctx.Err(); err != nil {
+		return zero, fmt.Errorf("before calling the primary of %v: %w", id, fserr.ErrTimeout)
+	}
 	c, err := f.server(ctx, id)
 	if err != nil {
-		var zero Resp
 		return zero, err
 	}
 	resp, err := rpc(c, ctx, req)
