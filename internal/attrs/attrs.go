@@ -41,10 +41,16 @@ func Apply(c perm.Cred, m *wire.Meta, req *wire.SetAttrRequest, now int64) error
 	mode, uid, gid := m.Mode, m.Uid, m.Gid
 	if req.Valid&wire.SetMode != 0 {
 		nm, err := perm.Chmod(c, Of(m), req.Mode&0o7777|typeBits[m.Type])
-		if err != nil {
+		switch {
+		case err == nil:
+			mode = nm & 0o7777
+		case killsPrivOnly(c, m, req.Mode&0o7777):
+			// Before a write by a non-owner the kernel asks, as that
+			// user, to drop setuid/setgid: allowed to anyone who may write.
+			mode = req.Mode & 0o7777
+		default:
 			return err
 		}
-		mode = nm & 0o7777
 	}
 	if req.Valid&(wire.SetUID|wire.SetGID) != 0 {
 		u, g := perm.Unchanged, perm.Unchanged
@@ -82,4 +88,12 @@ func Apply(c perm.Cred, m *wire.Meta, req *wire.SetAttrRequest, now int64) error
 	}
 	m.Mode, m.Uid, m.Gid, m.AtimeNs, m.MtimeNs = mode, uid, gid, atime, mtime
 	return nil
+}
+
+// killsPrivOnly reports whether changing m's mode to mode only clears the
+// setuid/setgid bits, by a caller with write access.
+func killsPrivOnly(c perm.Cred, m *wire.Meta, mode uint32) bool {
+	const priv = syscall.S_ISUID | syscall.S_ISGID
+	old := m.Mode & 0o7777
+	return mode != old && mode&^priv == old&^priv && mode&priv&^old == 0 && perm.Access(c, Of(m), perm.W) == nil
 }

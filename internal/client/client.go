@@ -149,8 +149,11 @@ func (f *FS) server(ctx context.Context, id oid.ID) (wire.StorageClient, error) 
 func call[Req any, Resp any](ctx context.Context, f *FS, id oid.ID,
 	rpc func(wire.StorageClient, context.Context, Req, ...grpc.CallOption) (Resp, error), req Req) (Resp, error) {
 	var zero Resp
-	if err := ctx.Err(); err != nil {
+	switch ctx.Err() {
+	case context.DeadlineExceeded:
 		return zero, fmt.Errorf("before calling the primary of %v: %w", id, fserr.ErrTimeout)
+	case context.Canceled:
+		return zero, fmt.Errorf("before calling the primary of %v: %w", id, context.Canceled)
 	}
 	c, err := f.server(ctx, id)
 	if err != nil {
@@ -158,8 +161,11 @@ func call[Req any, Resp any](ctx context.Context, f *FS, id oid.ID,
 	}
 	resp, err := rpc(c, ctx, req)
 	if err != nil {
-		if ctx.Err() != nil {
-			return resp, fserr.ErrTimeout
+		switch ctx.Err() {
+		case context.DeadlineExceeded:
+			return resp, fmt.Errorf("%v: %w", err, fserr.ErrTimeout)
+		case context.Canceled:
+			return resp, fmt.Errorf("%v: %w", err, context.Canceled)
 		}
 		return resp, fserr.FromStatus(err)
 	}

@@ -591,7 +591,8 @@ func (h *Handle) Flush(ctx context.Context) error {
 // Fsync is Flush: a commit is durable at the promised SyncLevel.
 func (h *Handle) Fsync(ctx context.Context) error { return h.Flush(ctx) }
 
-// Release drops the handle. The last handle of a file forgets its state.
+// Release drops the handle; the primary counts every handle (Open), so
+// each one is released there. The last handle of a file forgets its state.
 func (h *Handle) Release(ctx context.Context) {
 	f, st := h.fs, h.st
 	f.mu.Lock()
@@ -608,10 +609,10 @@ func (h *Handle) Release(ctx context.Context) {
 		if lost {
 			f.log.Error("writes dropped: file released with uncommitted data", slog.String("id", st.id.String()))
 		}
-		ctx, cancel := f.bound(ctx, h.cues)
-		defer cancel()
-		f.release(ctx, st.id)
 	}
+	ctx, cancel := f.bound(ctx, h.cues)
+	defer cancel()
+	f.release(ctx, st.id)
 }
 
 // release tells the primary one open of id is gone, so an unlinked file can

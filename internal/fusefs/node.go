@@ -46,6 +46,7 @@ var (
 	_ fs.NodeSetxattrer    = (*node)(nil)
 	_ fs.NodeListxattrer   = (*node)(nil)
 	_ fs.NodeRemovexattrer = (*node)(nil)
+	_ fs.NodeAllocater     = (*node)(nil)
 )
 
 // child returns the inode for m seen with cues, creating it if needed.
@@ -58,6 +59,7 @@ func (n *node) child(ctx context.Context, m *wire.Meta, cues cue.Set, out *fuse.
 // Lookup implements fs.NodeLookuper. A cue name yields a view of this
 // directory with the cue applied; anything else is looked up on the server.
 func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
+	ctx = detach(ctx)
 	r := n.root
 	u := r.user(ctx)
 	if c, ok, err := cue.ParseComponent(name); ok {
@@ -88,6 +90,7 @@ func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs
 
 // Getattr implements fs.NodeGetattrer.
 func (n *node) Getattr(ctx context.Context, f fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
+	ctx = detach(ctx)
 	m, err := n.root.core.GetAttr(ctx, n.root.user(ctx), n.cues, n.id)
 	if err != nil {
 		return n.root.errno("getattr", err)
@@ -98,6 +101,7 @@ func (n *node) Getattr(ctx context.Context, f fs.FileHandle, out *fuse.AttrOut) 
 
 // Setattr implements fs.NodeSetattrer.
 func (n *node) Setattr(ctx context.Context, f fs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
+	ctx = detach(ctx)
 	req := &wire.SetAttrRequest{ViaHandle: f != nil}
 	if m, ok := in.GetMode(); ok {
 		req.Valid |= wire.SetMode
@@ -143,6 +147,7 @@ func (n *node) create(ctx context.Context, name string, a client.CreateArgs, out
 
 // Create implements fs.NodeCreater.
 func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint32, out *fuse.EntryOut) (*fs.Inode, fs.FileHandle, uint32, syscall.Errno) {
+	ctx = detach(ctx)
 	ino, m, errno := n.create(ctx, name, client.CreateArgs{
 		Type: wire.Type_TYPE_FILE, Mode: mode & 0o7777, Exclusive: flags&syscall.O_EXCL != 0}, out)
 	if errno != 0 {
@@ -158,24 +163,28 @@ func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint3
 
 // Mkdir implements fs.NodeMkdirer.
 func (n *node) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
+	ctx = detach(ctx)
 	ino, _, errno := n.create(ctx, name, client.CreateArgs{Type: wire.Type_TYPE_DIR, Mode: mode & 0o7777}, out)
 	return ino, errno
 }
 
 // Mknod implements fs.NodeMknoder.
 func (n *node) Mknod(ctx context.Context, name string, mode uint32, dev uint32, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
+	ctx = detach(ctx)
 	ino, _, errno := n.create(ctx, name, client.CreateArgs{Type: modeType(mode), Mode: mode & 0o7777, Rdev: dev}, out)
 	return ino, errno
 }
 
 // Symlink implements fs.NodeSymlinker.
 func (n *node) Symlink(ctx context.Context, target, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
+	ctx = detach(ctx)
 	ino, _, errno := n.create(ctx, name, client.CreateArgs{Type: wire.Type_TYPE_SYMLINK, Mode: 0o777, Target: target}, out)
 	return ino, errno
 }
 
 // Readlink implements fs.NodeReadlinker.
 func (n *node) Readlink(ctx context.Context) ([]byte, syscall.Errno) {
+	ctx = detach(ctx)
 	t, err := n.root.core.Readlink(ctx, n.root.user(ctx), n.cues, n.id)
 	if err != nil {
 		return nil, n.root.errno("readlink", err)
@@ -185,6 +194,7 @@ func (n *node) Readlink(ctx context.Context) ([]byte, syscall.Errno) {
 
 // Link implements fs.NodeLinker.
 func (n *node) Link(ctx context.Context, target fs.InodeEmbedder, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
+	ctx = detach(ctx)
 	t := target.(*node)
 	m, err := n.root.core.Link(ctx, n.root.user(ctx), n.cues, n.id, name, t.id)
 	if err != nil {
@@ -195,22 +205,26 @@ func (n *node) Link(ctx context.Context, target fs.InodeEmbedder, name string, o
 
 // Unlink implements fs.NodeUnlinker.
 func (n *node) Unlink(ctx context.Context, name string) syscall.Errno {
+	ctx = detach(ctx)
 	return n.root.errno("unlink", n.root.core.Remove(ctx, n.root.user(ctx), n.cues, n.id, name, false))
 }
 
 // Rmdir implements fs.NodeRmdirer.
 func (n *node) Rmdir(ctx context.Context, name string) syscall.Errno {
+	ctx = detach(ctx)
 	return n.root.errno("rmdir", n.root.core.Remove(ctx, n.root.user(ctx), n.cues, n.id, name, true))
 }
 
 // Rename implements fs.NodeRenamer.
 func (n *node) Rename(ctx context.Context, name string, newParent fs.InodeEmbedder, newName string, flags uint32) syscall.Errno {
+	ctx = detach(ctx)
 	p := newParent.(*node)
 	return n.root.errno("rename", n.root.core.Rename(ctx, n.root.user(ctx), n.cues, n.id, name, p.id, newName, flags))
 }
 
 // Readdir implements fs.NodeReaddirer. Cue components never appear.
 func (n *node) Readdir(ctx context.Context) (fs.DirStream, syscall.Errno) {
+	ctx = detach(ctx)
 	entries, dir, err := n.root.core.ReadDir(ctx, n.root.user(ctx), n.cues, n.id)
 	if err != nil {
 		return nil, n.root.errno("readdir", err)
@@ -228,6 +242,7 @@ func (n *node) Readdir(ctx context.Context) (fs.DirStream, syscall.Errno) {
 // Open implements fs.NodeOpener. The kernel keeps its page cache only when
 // the version is the one it cached (close-to-open).
 func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
+	ctx = detach(ctx)
 	h, m, err := n.root.core.Open(ctx, n.root.user(ctx), n.cues, n.id, flags)
 	if err != nil {
 		return nil, 0, n.root.errno("open", err)
@@ -241,6 +256,7 @@ func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, s
 
 // Statfs implements fs.NodeStatfser.
 func (n *node) Statfs(ctx context.Context, out *fuse.StatfsOut) syscall.Errno {
+	ctx = detach(ctx)
 	st, err := n.root.core.StatFS(ctx, n.root.user(ctx), n.cues)
 	if err != nil {
 		return n.root.errno("statfs", err)
@@ -252,6 +268,7 @@ func (n *node) Statfs(ctx context.Context, out *fuse.StatfsOut) syscall.Errno {
 
 // Getxattr implements fs.NodeGetxattrer; InfoXattr is computed here.
 func (n *node) Getxattr(ctx context.Context, attr string, dest []byte) (uint32, syscall.Errno) {
+	ctx = detach(ctx)
 	var val []byte
 	var err error
 	if attr == InfoXattr {
@@ -273,6 +290,7 @@ func (n *node) Getxattr(ctx context.Context, attr string, dest []byte) (uint32, 
 
 // Setxattr implements fs.NodeSetxattrer.
 func (n *node) Setxattr(ctx context.Context, attr string, data []byte, flags uint32) syscall.Errno {
+	ctx = detach(ctx)
 	if attr == InfoXattr {
 		return syscall.EPERM
 	}
@@ -281,11 +299,13 @@ func (n *node) Setxattr(ctx context.Context, attr string, data []byte, flags uin
 
 // Removexattr implements fs.NodeRemovexattrer.
 func (n *node) Removexattr(ctx context.Context, attr string) syscall.Errno {
+	ctx = detach(ctx)
 	return n.root.errno("removexattr", n.root.core.RemoveXattr(ctx, n.root.user(ctx), n.cues, n.id, attr))
 }
 
 // Listxattr implements fs.NodeListxattrer.
 func (n *node) Listxattr(ctx context.Context, dest []byte) (uint32, syscall.Errno) {
+	ctx = detach(ctx)
 	names, err := n.root.core.ListXattr(ctx, n.root.user(ctx), n.cues, n.id)
 	if err != nil {
 		return 0, n.root.errno("listxattr", err)
@@ -306,6 +326,39 @@ func (n *node) Listxattr(ctx context.Context, dest []byte) (uint32, syscall.Errn
 	return uint32(size), 0
 }
 
+// detach keeps the request's values (the caller) but not its
+// cancellation: go-fuse cancels a request when the calling process gets any
+// signal, and Go programs get them constantly. Abandoning a commit halfway
+// would lose data; every operation is bounded by its deadline instead.
+func detach(ctx context.Context) context.Context { return context.WithoutCancel(ctx) }
+
+// falloc modes (fallocate(2)).
+const fallocKeepSize = 0x01
+
+// Allocate implements fs.NodeAllocater. Storage is allocated on write
+// (blocks are content-addressed), so fallocate only extends the size, or
+// does nothing with FALLOC_FL_KEEP_SIZE; other modes are not supported.
+func (n *node) Allocate(ctx context.Context, f fs.FileHandle, off uint64, size uint64, mode uint32) syscall.Errno {
+	ctx = detach(ctx)
+	switch mode {
+	case fallocKeepSize:
+		return 0
+	case 0:
+	default:
+		return syscall.EOPNOTSUPP
+	}
+	u := n.root.user(ctx)
+	m, err := n.root.core.GetAttr(ctx, u, n.cues, n.id)
+	if err != nil {
+		return n.root.errno("fallocate", err)
+	}
+	if off+size <= m.Size {
+		return 0
+	}
+	_, err = n.root.core.SetAttr(ctx, u, n.cues, n.id, &wire.SetAttrRequest{Valid: wire.SetSize, Size: off + size, ViaHandle: f != nil})
+	return n.root.errno("fallocate", err)
+}
+
 // handle is an open file.
 type handle struct {
 	node *node
@@ -322,6 +375,7 @@ var (
 
 // Read implements fs.FileReader.
 func (h *handle) Read(ctx context.Context, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
+	ctx = detach(ctx)
 	n, err := h.h.Read(ctx, dest, off)
 	if err != nil {
 		return nil, h.node.root.errno("read", err)
@@ -331,6 +385,7 @@ func (h *handle) Read(ctx context.Context, dest []byte, off int64) (fuse.ReadRes
 
 // Write implements fs.FileWriter.
 func (h *handle) Write(ctx context.Context, data []byte, off int64) (uint32, syscall.Errno) {
+	ctx = detach(ctx)
 	n, err := h.h.Write(ctx, data, off)
 	if err != nil {
 		return uint32(n), h.node.root.errno("write", err)
@@ -340,6 +395,7 @@ func (h *handle) Write(ctx context.Context, data []byte, off int64) (uint32, sys
 
 // Flush implements fs.FileFlusher: close(2) returns after the commit.
 func (h *handle) Flush(ctx context.Context) syscall.Errno {
+	ctx = detach(ctx)
 	if err := h.h.Flush(ctx); err != nil {
 		return h.node.root.errno("flush", err)
 	}
@@ -349,6 +405,7 @@ func (h *handle) Flush(ctx context.Context) syscall.Errno {
 
 // Fsync implements fs.FileFsyncer.
 func (h *handle) Fsync(ctx context.Context, flags uint32) syscall.Errno {
+	ctx = detach(ctx)
 	if err := h.h.Fsync(ctx); err != nil {
 		return h.node.root.errno("fsync", err)
 	}
@@ -366,6 +423,7 @@ func (h *handle) syncVersion() {
 
 // Release implements fs.FileReleaser.
 func (h *handle) Release(ctx context.Context) syscall.Errno {
+	ctx = detach(ctx)
 	h.h.Release(context.WithoutCancel(ctx))
 	return 0
 }

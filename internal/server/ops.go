@@ -954,19 +954,25 @@ func (s *Server) Open(ctx context.Context, req *wire.OpenRequest) (*wire.OpenRes
 	if req.Flags&syscall.O_TRUNC != 0 {
 		want |= perm.W
 	}
+	// Count the handle before looking: an unlink that commits after this
+	// point keeps the object as an orphan instead of deleting it under us.
+	s.mu.Lock()
+	s.opens[id]++
+	s.mu.Unlock()
 	var m *wire.Meta
 	err := s.store.View(func(tx *store.Tx) (err error) {
 		if m, err = tx.Meta(id); err != nil {
 			return err
 		}
+		if m.Nlink == 0 && !isDir(m) {
+			return fmt.Errorf("open of unlinked file: %w", fserr.ErrNotExist)
+		}
 		return perm.Access(cred(req.Caller), attr(m), want)
 	})
 	if err != nil {
+		s.Release(ctx, &wire.ReleaseRequest{Id: req.Id})
 		return nil, fserr.ToStatus(fmt.Errorf("open %v: %w", id, err))
 	}
-	s.mu.Lock()
-	s.opens[id]++
-	s.mu.Unlock()
 	return &wire.OpenResponse{Meta: m}, nil
 }
 

@@ -87,6 +87,11 @@ func helperMain(args []string) int {
 		err = syscall.Mkdir(path, 0o755)
 	case "readdir":
 		_, err = os.ReadDir(path)
+	case "churn":
+		var n int
+		if n, err = strconv.Atoi(arg(2)); err == nil {
+			err = churn(path, n)
+		}
 	default:
 		fmt.Fprintln(os.Stderr, "helper: unknown op", op)
 		return 2
@@ -96,8 +101,52 @@ func helperMain(args []string) int {
 		fmt.Fprintln(os.Stderr, "helper:", err)
 		return 2
 	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "helper:", err)
+	}
 	fmt.Printf("errno=%d\n", int(errno))
 	return 0
+}
+
+// churn creates, writes, closes, renames over and stats a file in dir n
+// times, as programs that save files atomically do. It carries on after
+// failures and returns the first one, with a count of failures per step.
+func churn(dir string, n int) error {
+	tmp, target := dir+"/churn.tmp", dir+"/churn"
+	var first error
+	fails := map[string]int{}
+	fail := func(i int, op string, err error) {
+		fails[op]++
+		if first == nil {
+			first = fmt.Errorf("iteration %d: %s: %w", i, op, err)
+		}
+	}
+	for i := 0; i < n; i++ {
+		fd, err := syscall.Open(tmp, syscall.O_CREAT|syscall.O_WRONLY|syscall.O_TRUNC, 0o644)
+		if err != nil {
+			fail(i, "open", err)
+			continue
+		}
+		if _, err := syscall.Write(fd, []byte("iteration "+strconv.Itoa(i))); err != nil {
+			fail(i, "write", err)
+		}
+		if err := syscall.Close(fd); err != nil {
+			fail(i, "close", err)
+			continue
+		}
+		if err := syscall.Rename(tmp, target); err != nil {
+			fail(i, "rename", err)
+			continue
+		}
+		var st syscall.Stat_t
+		if err := syscall.Stat(target, &st); err != nil {
+			fail(i, "stat", err)
+		}
+	}
+	if first != nil {
+		fmt.Fprintf(os.Stderr, "helper: failures in %d iterations per step: %v\n", n, fails)
+	}
+	return first
 }
 
 // as runs the helper operation as uid:gid (no supplementary groups) and

@@ -140,8 +140,9 @@ func startUpAt(t *testing.T, dataDir, mnt string) *upProc {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Its own process group, so a test's ^C does not race our SIGTERM.
-	p.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	// Its own process group, so a test's ^C does not race our SIGTERM; and
+	// if the test binary dies (go test's timeout), wheelfs unmounts and exits.
+	p.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGTERM}
 	if err := p.cmd.Start(); err != nil {
 		t.Fatalf("start wheelfs up: %v", err)
 	}
@@ -341,4 +342,18 @@ func runAs(t *testing.T, uid, gid int, name string, args ...string) result {
 	t.Helper()
 	n, a := asUser(uid, gid, name, args...)
 	return run(t, "/", 30*time.Second, nil, n, a...)
+}
+
+// grepLines returns the lines of s that contain any of the words.
+func grepLines(s string, words ...string) string {
+	var out []string
+	for _, line := range strings.Split(s, "\n") {
+		for _, w := range words {
+			if strings.Contains(line, w) {
+				out = append(out, line)
+				break
+			}
+		}
+	}
+	return strings.Join(out, "\n")
 }
