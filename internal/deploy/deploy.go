@@ -115,7 +115,7 @@ func Start(ctx context.Context, cfg Config) (h *Host, err error) {
 		}
 	}
 	conf, err := configsvc.Dial(ctx, endpoints, h.Creds.ClientTLS(""), configsvc.Options{
-		LockTTL: cfg.LockTTL, Logger: cfg.Logger.With("component", "configsvc")})
+		LockTTL: cfg.LockTTL, Logger: cfg.Logger})
 	if err != nil {
 		return nil, fmt.Errorf("deploy: config service at %v: %w", endpoints, err)
 	}
@@ -252,7 +252,7 @@ func (h *Host) startEtcd(ctx context.Context) ([]string, error) {
 	ec := embedded.NewConfig()
 	ec.Name = h.id.Server
 	ec.Dir = filepath.Join(h.cfg.DataDir, "etcd")
-	ec.Logger = h.cfg.Logger.With("component", "etcd")
+	ec.Logger = h.cfg.Logger
 	nd := h.nodeDir()
 	ec.TLS = &embedded.TLSInfo{CertFile: filepath.Join(nd, pki.NodeCertFile), KeyFile: filepath.Join(nd, pki.NodeKeyFile),
 		CAFile: filepath.Join(nd, pki.CACertFile)}

@@ -328,6 +328,11 @@ var benignWarnings = []string{
 	"Running http and grpc server on single port. This is not recommended for production.",
 	"simple token is not cryptographically signed",
 	"check file permission",
+	// Logged by every clean Close as its listeners shut; a real failure
+	// to serve surfaces as Start's error instead.
+	"setting up serving from embedded etcd failed.",
+	"stopping secure grpc server due to error",
+	"stopped secure grpc server due to error",
 }
 
 func isAddrInUse(err error) bool {
