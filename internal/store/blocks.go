@@ -6,9 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"time"
-
-	"go.etcd.io/bbolt"
 
 	"github.com/wheelfs/wheelfs/internal/fserr"
 )
@@ -90,13 +89,10 @@ func (s *Store) sweepLocked(now int64) {
 
 // indexed looks h up in the committed block index.
 func (s *Store) indexed(h [32]byte) (l loc, ok bool, err error) {
-	err = s.db.View(func(btx *bbolt.Tx) error {
-		l, _, ok = getIdx(btx.Bucket(bucketNames[bBlockidx]).Get(h[:]))
+	err = s.View(func(t *Tx) error {
+		l, _, ok = t.blockLoc(h[:])
 		return nil
 	})
-	if errors.Is(err, bbolt.ErrDatabaseNotOpen) {
-		err = ErrClosed
-	}
 	return l, ok, err
 }
 
@@ -254,19 +250,20 @@ func (s *Store) Compact(ctx context.Context) error {
 		}
 	}
 	s.pendMu.Unlock()
-	if err := s.db.View(func(btx *bbolt.Tx) error {
-		return btx.Bucket(bucketNames[bBlockidx]).ForEach(func(k, v []byte) error {
+	if err := s.View(func(t *Tx) error {
+		t.scan(bBlockidx, nil, 0, func(k, v []byte) bool {
 			l, _, ok := getIdx(v)
 			if !ok || len(k) != 32 || cands[l.seg] == nil {
-				return nil
+				return true
 			}
 			h := [32]byte(k)
 			if !seen[h] {
 				seen[h] = true
 				moves = append(moves, move{h, l})
 			}
-			return nil
+			return true
 		})
+		return nil
 	}); err != nil {
 		unmark(all)
 		return fmt.Errorf("store: compact: scan index: %w", err)
@@ -376,7 +373,7 @@ func (s *Store) Compact(ctx context.Context) error {
 			s.log.Error("store: compact: remove segment", "segment", segName(id), "err", err)
 		}
 	}
-	if err := s.syncDir(); err != nil {
+	if err := s.syncDir(filepath.Join(s.dir, blocksDir)); err != nil {
 		return err
 	}
 	s.log.Info("store: compacted", "segments", len(cands)-len(bad), "moved_bytes", moved, "freed_bytes", freed)

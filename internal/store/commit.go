@@ -8,6 +8,8 @@ import (
 	"sync/atomic"
 
 	"go.etcd.io/bbolt"
+
+	"github.com/wheelfs/wheelfs/internal/fserr"
 )
 
 // Request states.
@@ -80,23 +82,23 @@ func (s *Store) Update(ctx context.Context, fn func(*Tx) error) error {
 	return err
 }
 
-// View runs fn in a read-only transaction on a consistent snapshot. Writes
-// fail with ErrReadOnly.
+// View runs fn in a read-only transaction on a consistent snapshot that
+// includes every Update that returned before View was called. Writes fail
+// with ErrReadOnly.
 func (s *Store) View(fn func(*Tx) error) error {
 	t := viewPool.Get().(*Tx)
 	t.s = s
-	err := s.db.View(func(btx *bbolt.Tx) error {
-		t.btx = btx
-		return fn(t)
-	})
-	t.btx = nil
-	t.bk = [nBuckets]*bbolt.Bucket{}
-	t.s = nil
-	viewPool.Put(t)
-	if errors.Is(err, bbolt.ErrDatabaseNotOpen) {
-		return ErrClosed
+	if err := s.beginRead(t); err != nil {
+		t.s = nil
+		viewPool.Put(t)
+		return err
 	}
-	return err
+	defer func() {
+		_ = t.btx.Rollback()
+		t.btx, t.layers, t.bk, t.s = nil, [2]*memtable{}, [nBuckets]*bbolt.Bucket{}, nil
+		viewPool.Put(t)
+	}()
+	return fn(t)
 }
 
 var viewPool = sync.Pool{New: func() any { return new(Tx) }}
@@ -130,8 +132,9 @@ func answer(r *request, err error) {
 	r.done <- struct{}{}
 }
 
-// runBatch runs the functions of batch in one bbolt transaction, makes the
-// block data they reference durable, commits, and answers every caller.
+// runBatch runs the functions of batch against one read view, logs the
+// writes of the successful ones as one durable record, applies them to the
+// overlay and answers every caller.
 func (s *Store) runBatch(batch []*request) {
 	// Claim the requests; drop those whose caller gave up.
 	n := 0
@@ -151,57 +154,107 @@ func (s *Store) runBatch(batch []*request) {
 	if n == 0 {
 		return
 	}
-
-	btx, err := s.db.Begin(true)
-	if err != nil {
-		if errors.Is(err, bbolt.ErrDatabaseNotOpen) {
-			err = ErrClosed
-		} else {
-			err = fmt.Errorf("store: begin: %w", err)
-		}
+	answerAll := func(err error) {
 		for _, r := range batch {
-			answer(r, err)
+			if r != nil {
+				answer(r, err)
+			}
 		}
+	}
+	if s.failed != nil {
+		answerAll(s.failed)
 		return
 	}
+	// Far over the threshold: let the running checkpoint finish first, so
+	// the overlay stays bounded. (Before beginning a bbolt read transaction,
+	// which the checkpoint's commit may have to wait for.)
+	if s.overThreshold(2) {
+		s.kickCheckpoint()
+		s.ckMu.Lock() // wait for it
+		s.ckMu.Unlock()
+	}
+
 	t := &s.wtx
-	t.beginUpdate(btx)
-	var batchErr error
+	if err := s.beginRead(t); err != nil {
+		answerAll(err)
+		return
+	}
+	t.baseObjects = s.objects.Load()
 	ok := 0
 	for i, r := range batch {
-		if batchErr != nil {
-			break
-		}
 		if err := s.runFn(t, r); err != nil {
 			t.discardFn()
 			answer(r, err)
 			batch[i] = nil
 			continue
 		}
-		if err := t.applyFn(); err != nil {
-			batchErr = fmt.Errorf("store: apply: %w", err)
-		}
+		t.keepFn()
 		ok++
 	}
-	if batchErr == nil && ok > 0 {
-		batchErr = s.syncBatch(t)
-	}
-	if batchErr == nil && ok > 0 {
-		if err := btx.Commit(); err != nil {
-			batchErr = ioErr("commit", err)
-		} else {
+	var err error
+	if ok > 0 {
+		if len(t.ops) > 0 {
+			err = s.commit(t)
+		}
+		if err == nil {
 			s.batches.Add(1)
 			s.afterCommit(t)
 		}
-	} else {
-		_ = btx.Rollback()
 	}
 	t.endUpdate()
-	for _, r := range batch {
-		if r != nil {
-			answer(r, batchErr)
+	answerAll(err)
+}
+
+// commit makes the batch's writes durable as one log record and applies
+// them to the mutable overlay layer.
+func (s *Store) commit(t *Tx) error {
+	if err := s.syncBatch(t); err != nil {
+		return err
+	}
+	seq := t.seq + 1
+	rec := encodeRecord(seq, t.ops)
+	if len(rec)-walHeader > maxWALRecord { // bbolt could not take it either
+		return fmt.Errorf("store: %d bytes of changes in one batch: %w", len(rec), fserr.ErrNoSpace)
+	}
+	s.commitMu.Lock()
+	defer s.commitMu.Unlock()
+	if err := s.appendLog(rec); err != nil {
+		return err
+	}
+	// The overlay keeps referencing rec (never reused).
+	snap := s.snap.Load()
+	m := snap.layers[0]
+	if err := decodeOps(rec[walHeader:], func(b int, del bool, k, v []byte) { m.put(b, k, v, seq, del) }); err != nil {
+		panic("store: cannot decode a record just encoded: " + err.Error())
+	}
+	s.snap.Store(&snapshot{layers: snap.layers, seq: seq})
+	if s.overThreshold(1) {
+		s.kickCheckpoint()
+	}
+	return nil
+}
+
+// appendLog appends rec to the log and makes it durable (commitMu held).
+// A failure after the record may have reached the file makes the store
+// refuse further updates: what the log holds is unknown until a restart
+// replays it.
+func (s *Store) appendLog(rec []byte) error {
+	w := s.wal
+	if need := w.off + int64(len(rec)) - w.alloc; need > 0 {
+		if err := w.grow((need + walChunk - 1) / walChunk * walChunk); err != nil {
+			return err // nothing was logged; the log is still usable
 		}
 	}
+	_, err := w.f.WriteAt(rec, w.off)
+	if err == nil && !s.noSync {
+		err = fdatasync(w.f)
+	}
+	if err != nil {
+		s.failed = ioErr("write log (restart the store to recover)", err)
+		return s.failed
+	}
+	w.off += int64(len(rec))
+	return nil
 }
 
 func (s *Store) runFn(t *Tx, r *request) (err error) {

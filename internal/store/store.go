@@ -2,28 +2,45 @@
 //
 // Meta-data (objects, directory entries, block maps, the block index,
 // extended attributes, ID counters and small system records) lives in a
-// bbolt database (dir/meta.db). Block contents live in append-only segment
-// files (dir/blocks/seg-%08d), addressed by their SHA-256 and deduplicated.
+// bbolt database (dir/meta.db) fronted by a write-ahead log (dir/wal-*).
+// Block contents live in append-only segment files (dir/blocks/seg-%08d),
+// addressed by their SHA-256 and deduplicated.
 //
-// Nothing is acknowledged before it is durable. Update runs its function in
-// a read-write transaction with group commit: a single committer goroutine
-// takes every Update queued at that moment, runs their functions in one
-// bbolt transaction (each function's writes are buffered and applied only
-// if it succeeds, so a failing function rolls back only its own changes),
-// fdatasyncs the segments holding newly referenced block data, commits
-// bbolt and answers every caller. A lone caller is committed at once (there
-// is no batching delay); concurrent callers batch while the previous commit
-// is in flight, so the cost of the fsyncs is shared.
+// Nothing is acknowledged before it is durable. Update runs its function
+// with group commit: a single committer goroutine takes every Update queued
+// at that moment and runs their functions against a read view; each
+// function's writes are buffered as a list of puts and deletes and kept
+// only if it succeeds, so a failing function rolls back only its own
+// changes. The kept writes of the whole batch become one checksummed,
+// sequence-numbered log record: the committer fdatasyncs the segments
+// holding newly referenced block data, appends the record, fdatasyncs the
+// log (one flush: log files are preallocated), inserts the writes into the
+// in-memory overlay and answers every caller. A lone caller is committed at
+// once (there is no batching delay); concurrent callers batch while the
+// previous commit is in flight.
+//
+// The overlay is an ordered, multi-version memtable per layer. Readers
+// (View, and Update functions) see the mutable layer, then the frozen
+// layer being checkpointed, then a bbolt read transaction, all as of one
+// sequence number, so a view is consistent and costs no copying. A
+// background checkpoint, started when the mutable layer is large, a while
+// after the last one, or on Close, freezes the mutable layer (switching to
+// a new log file), writes it to bbolt in one transaction together with the
+// sequence number it covers, deletes the old log files and drops the
+// layer. On Open the records after bbolt's checkpoint are replayed into
+// bbolt, up to the first torn or corrupt one (a crash's torn tail). Log
+// records hold whole values (reference counts included), so replaying one
+// twice is harmless.
 //
 // PutBlock appends a block to the active segment without syncing and
 // remembers it as pending; the Update that first references it (SetBlock)
-// makes it durable before the index entry that points at it. Pending blocks
+// makes it durable before the record that points at it. Pending blocks
 // that nothing references are forgotten after PendingTTL or on restart;
-// their bytes are dead space that Compact reclaims. On Open the active
-// segment is truncated to the largest offset the index references, dropping
-// data that was never acknowledged.
+// their bytes are dead space that Compact reclaims. On Open, after the log
+// replay, the active segment is truncated to the largest offset the index
+// references, dropping data that was never acknowledged.
 //
-// Lock order: appendMu → pendMu → segMu → segment.mu.
+// Lock order: ckMu → commitMu; appendMu → pendMu → segMu → segment.mu.
 package store
 
 import (
@@ -76,6 +93,10 @@ type Options struct {
 	SegmentSize int64
 	// NoSync disables every fsync. Tests only: nothing is durable.
 	NoSync bool
+
+	// Checkpoint thresholds (tests; zero means the default).
+	ckBytes, ckOps int64
+	ckEvery        time.Duration
 }
 
 // Usage reports space accounting.
@@ -97,8 +118,9 @@ type Store struct {
 	noSync  bool
 	start   time.Time
 
-	objects atomic.Int64 // committed object count
-	batches atomic.Int64 // committed batches (tests, diagnostics)
+	objects     atomic.Int64 // committed object count
+	batches     atomic.Int64 // committed batches (tests, diagnostics)
+	checkpoints atomic.Int64 // completed checkpoints (tests, diagnostics)
 
 	// Group commit.
 	qmu      sync.Mutex
@@ -106,7 +128,22 @@ type Store struct {
 	closed   bool
 	wake     chan struct{}
 	loopDone chan struct{}
-	wtx      Tx // the committer's transaction wrapper, reused
+	wtx      Tx    // the committer's transaction wrapper, reused
+	failed   error // set (by the committer) once the log is unusable
+
+	// Log and overlay. commitMu covers appending to wal and publishing
+	// snap; ckMu serializes checkpoints (and guards walGen).
+	commitMu sync.Mutex
+	wal      *walFile
+	snap     atomic.Pointer[snapshot]
+	ckMu     sync.Mutex
+	walGen   uint64
+	ckBytes  int64
+	ckOps    int64
+	ckEvery  time.Duration
+	ckKick   chan struct{}
+	ckStop   chan struct{}
+	ckDone   chan struct{}
 
 	// Segments.
 	appendMu sync.Mutex // serializes appends and rolls
@@ -196,6 +233,15 @@ func Open(dir string, o Options) (*Store, error) {
 	if o.SegmentSize <= 0 {
 		o.SegmentSize = DefaultSegmentSize
 	}
+	if o.ckBytes <= 0 {
+		o.ckBytes = defaultCkBytes
+	}
+	if o.ckOps <= 0 {
+		o.ckOps = defaultCkOps
+	}
+	if o.ckEvery <= 0 {
+		o.ckEvery = defaultCkEvery
+	}
 	if err := os.MkdirAll(filepath.Join(dir, blocksDir), 0o755); err != nil {
 		return nil, fmt.Errorf("store: create %s: %w", dir, err)
 	}
@@ -215,6 +261,12 @@ func Open(dir string, o Options) (*Store, error) {
 		segs:     make(map[uint32]*segment),
 		live:     make(map[uint32]int64),
 		pending:  make(map[[32]byte]pendingBlock),
+		ckBytes:  o.ckBytes,
+		ckOps:    o.ckOps,
+		ckEvery:  o.ckEvery,
+		ckKick:   make(chan struct{}, 1),
+		ckStop:   make(chan struct{}),
+		ckDone:   make(chan struct{}),
 
 		pendingTTL: PendingTTL,
 	}
@@ -225,6 +277,7 @@ func Open(dir string, o Options) (*Store, error) {
 		return nil, err
 	}
 	go s.loop()
+	go s.checkpointer()
 	return s, nil
 }
 
@@ -241,7 +294,7 @@ func (s *Store) open() error {
 	}
 	s.db = db
 	if err := db.Update(func(tx *bbolt.Tx) error {
-		for _, name := range bucketNames {
+		for _, name := range append(bucketNames[:], walBucket) {
 			if _, err := tx.CreateBucketIfNotExists(name); err != nil {
 				return err
 			}
@@ -250,6 +303,18 @@ func (s *Store) open() error {
 	}); err != nil {
 		return fmt.Errorf("store: create buckets: %w", err)
 	}
+
+	// Replay the log first: the index scan below must see the blocks its
+	// records reference.
+	seq, gen, err := s.recoverLog()
+	if err != nil {
+		return err
+	}
+	s.snap.Store(&snapshot{layers: [2]*memtable{newMemtable(), nil}, seq: seq})
+	if s.wal, err = s.createWAL(gen + 1); err != nil {
+		return err
+	}
+	s.walGen = gen + 1
 
 	// Scan the block index: live bytes and the largest referenced offset per
 	// segment; count objects.
@@ -358,7 +423,7 @@ func (s *Store) newSegmentLocked(id uint32) error {
 	if err != nil {
 		return ioErr("create segment", err)
 	}
-	if err := s.syncDir(); err != nil {
+	if err := s.syncDir(filepath.Join(s.dir, blocksDir)); err != nil {
 		f.Close()
 		os.Remove(s.segPath(id))
 		return err
@@ -371,17 +436,18 @@ func (s *Store) newSegmentLocked(id uint32) error {
 	return nil
 }
 
-func (s *Store) syncDir() error {
+// syncDir makes the entries of directory dir durable.
+func (s *Store) syncDir(dir string) error {
 	if s.noSync {
 		return nil
 	}
-	d, err := os.Open(filepath.Join(s.dir, blocksDir))
+	d, err := os.Open(dir)
 	if err != nil {
-		return ioErr("open segment directory", err)
+		return ioErr("open directory", err)
 	}
 	defer d.Close()
 	if err := d.Sync(); err != nil {
-		return ioErr("sync segment directory", err)
+		return ioErr("sync directory "+dir, err)
 	}
 	return nil
 }
@@ -413,29 +479,41 @@ func (s *Store) segment(id uint32) *segment {
 // Dir returns the store's data directory.
 func (s *Store) Dir() string { return s.dir }
 
-// Close waits for queued updates, then closes every file. Updates issued
-// after Close fail with ErrClosed.
+// Close waits for queued updates, checkpoints the log into bbolt, then
+// closes every file. Updates issued after Close fail with ErrClosed.
 func (s *Store) Close() error {
 	s.closeOnce.Do(func() {
-		s.qmu.Lock()
-		s.closed = true
-		s.qmu.Unlock()
-		select {
-		case s.wake <- struct{}{}:
-		default:
-		}
-		<-s.loopDone
+		s.stop()
+		err := s.checkpoint(true)
 		s.compactMu.Lock() // let a running Compact finish with the files
-		s.closeErr = s.closeFiles()
+		s.closeErr = errors.Join(err, s.closeFiles())
 		s.compactMu.Unlock()
 	})
 	return s.closeErr
+}
+
+// stop drains the update queue and stops the committer and checkpointer.
+func (s *Store) stop() {
+	s.qmu.Lock()
+	s.closed = true
+	s.qmu.Unlock()
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
+	<-s.loopDone
+	close(s.ckStop)
+	<-s.ckDone
 }
 
 func (s *Store) closeFiles() error {
 	var errs []error
 	if s.db != nil {
 		errs = append(errs, s.db.Close())
+	}
+	if s.wal != nil {
+		errs = append(errs, s.wal.f.Close())
+		s.wal = nil
 	}
 	s.appendMu.Lock()
 	s.segMu.Lock()

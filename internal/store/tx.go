@@ -46,14 +46,17 @@ type BlockRef struct {
 // committed earlier in the same batch.
 type Tx struct {
 	s        *Store
-	btx      *bbolt.Tx
+	btx      *bbolt.Tx // read-only
+	layers   [2]*memtable
+	seq      uint64 // the overlay snapshot's sequence number
 	writable bool
 	bk       [nBuckets]*bbolt.Bucket
 
 	// Update only.
-	ops         []op           // the running function's buffered writes
+	ops         []op           // the batch's buffered writes, oldest first
+	fnStart     int            // where the running function's writes start
 	idx         map[string]int // bucket ‖ key → latest op, once ops is long
-	mem         arena          // keys and values referenced by bbolt until commit
+	mem         arena          // keys and values of ops
 	ikey        []byte         // scratch for idx lookups
 	skey        []byte         // scratch for scan bounds
 	sorted      []int          // scratch for scan
@@ -136,50 +139,36 @@ func (a *arena) alloc(n int) []byte {
 	return a.cur[l : l+n : l+n]
 }
 
-func (t *Tx) beginUpdate(btx *bbolt.Tx) {
-	t.btx = btx
-	t.baseObjects = t.s.objects.Load()
-}
-
+// endUpdate ends the committer's batch.
 func (t *Tx) endUpdate() {
-	t.btx = nil
-	t.bk = [nBuckets]*bbolt.Bucket{}
-	t.discardFn()
-	t.batch.reset()
-	t.mem.cur = t.mem.cur[:0] // bbolt no longer references it
+	_ = t.btx.Rollback()
+	t.btx, t.layers, t.bk = nil, [2]*memtable{}, [nBuckets]*bbolt.Bucket{}
+	clear(t.ops) // drop references for the GC
+	t.ops, t.fnStart = t.ops[:0], 0
 	if cap(t.ops) > 1<<16 {
 		t.ops = nil
 	}
-	if t.idx != nil {
-		t.idx = nil
-	}
+	t.idx = nil
+	t.fn.reset()
+	t.batch.reset()
+	t.mem.cur = t.mem.cur[:0] // the log record holds copies
 }
 
 // discardFn drops the running function's buffered writes.
 func (t *Tx) discardFn() {
-	clear(t.ops) // drop references for the GC
-	t.ops = t.ops[:0]
-	if t.idx != nil {
+	clear(t.ops[t.fnStart:])
+	t.ops = t.ops[:t.fnStart]
+	if t.idx != nil { // rare (a failed function): rebuild
 		clear(t.idx)
+		for i := range t.ops {
+			t.index(i)
+		}
 	}
 	t.fn.reset()
 }
 
-// applyFn writes the running function's buffered writes to bbolt.
-func (t *Tx) applyFn() error {
-	for i := range t.ops {
-		o := &t.ops[i]
-		b := t.bucket(int(o.b))
-		var err error
-		if o.del {
-			err = b.Delete(o.key)
-		} else {
-			err = b.Put(o.key, o.val)
-		}
-		if err != nil {
-			return err
-		}
-	}
+// keepFn adds the running function's writes and effects to the batch.
+func (t *Tx) keepFn() {
 	f, b := &t.fn, &t.batch
 	b.syncs = append(b.syncs, f.syncs...)
 	b.used = append(b.used, f.used...)
@@ -187,13 +176,8 @@ func (t *Tx) applyFn() error {
 		b.addLive(d.seg, d.n)
 	}
 	b.objects += f.objects
-	clear(t.ops)
-	t.ops = t.ops[:0]
-	if t.idx != nil {
-		clear(t.idx)
-	}
 	t.fn.reset()
-	return nil
+	t.fnStart = len(t.ops)
 }
 
 func (t *Tx) bucket(b int) *bbolt.Bucket {
@@ -229,13 +213,21 @@ func (t *Tx) find(b int, key []byte) int {
 	return -1
 }
 
-// get reads key, seeing buffered writes. The value is valid for the
-// transaction only and must not be modified.
+// get reads key: buffered writes, then the overlay, then bbolt. The value
+// is valid for the transaction only and must not be modified.
 func (t *Tx) get(b int, key []byte) ([]byte, bool) {
 	if len(t.ops) > 0 {
 		if i := t.find(b, key); i >= 0 {
 			o := &t.ops[i]
 			return o.val, !o.del
+		}
+	}
+	for _, m := range t.layers {
+		if m == nil {
+			break
+		}
+		if n := m.lists[b].get(key, t.seq); n != nil {
+			return n.val, !n.del
 		}
 	}
 	v := t.bucket(b).Get(key)
@@ -246,15 +238,18 @@ func (t *Tx) addOp(o op) {
 	t.ops = append(t.ops, o)
 	switch {
 	case t.idx != nil:
-		t.ikey = append(append(t.ikey[:0], o.b), o.key...)
-		t.idx[string(t.ikey)] = len(t.ops) - 1
+		t.index(len(t.ops) - 1)
 	case len(t.ops) > linearOps:
 		t.idx = make(map[string]int, 2*len(t.ops))
 		for i := range t.ops {
-			t.ikey = append(append(t.ikey[:0], t.ops[i].b), t.ops[i].key...)
-			t.idx[string(t.ikey)] = i
+			t.index(i)
 		}
 	}
+}
+
+func (t *Tx) index(i int) {
+	t.ikey = append(append(t.ikey[:0], t.ops[i].b), t.ops[i].key...)
+	t.idx[string(t.ikey)] = i
 }
 
 func (t *Tx) put(b int, key, val []byte) {
@@ -296,33 +291,48 @@ func (t *Tx) scan(b int, seek []byte, plen int, fn func(k, v []byte) bool) {
 		}
 		t.sorted = ov
 	}
+	var its [2]memIter
+	for i, m := range t.layers {
+		if m != nil {
+			its[i] = m.lists[b].iter(seek, t.seq)
+		}
+	}
 	c := t.bucket(b).Cursor()
-	k, v := c.Seek(seek)
+	ck, cv := c.Seek(seek)
 	j := 0
 	for {
-		if k != nil && !bytes.HasPrefix(k, prefix) {
-			k = nil
-		}
-		var o *op
+		// The smallest key of the sources; on a tie the newest source
+		// (buffered ops, then the layers, then bbolt) wins.
+		var key, val []byte
+		del, found := false, false
 		if j < len(ov) {
-			o = &t.ops[ov[j]]
+			o := &t.ops[ov[j]]
+			key, val, del, found = o.key, o.val, o.del, true
 		}
-		switch {
-		case k == nil && o == nil:
+		for i := range its {
+			if n := its[i].n; n != nil && (!found || bytes.Compare(n.key, key) < 0) {
+				key, val, del, found = n.key, n.val, n.del, true
+			}
+		}
+		if ck != nil && (!found || bytes.Compare(ck, key) < 0) {
+			key, val, del, found = ck, cv, false, true
+		}
+		if !found || !bytes.HasPrefix(key, prefix) {
 			return
-		case o == nil || (k != nil && bytes.Compare(k, o.key) < 0):
-			if !fn(k, v) {
-				return
-			}
-			k, v = c.Next()
-		default:
+		}
+		if j < len(ov) && bytes.Equal(t.ops[ov[j]].key, key) {
 			j++
-			if k != nil && bytes.Equal(k, o.key) {
-				k, v = c.Next()
+		}
+		for i := range its {
+			if n := its[i].n; n != nil && bytes.Equal(n.key, key) {
+				its[i].next()
 			}
-			if !o.del && !fn(o.key, o.val) {
-				return
-			}
+		}
+		if ck != nil && bytes.Equal(ck, key) {
+			ck, cv = c.Next()
+		}
+		if !del && !fn(key, val) {
+			return
 		}
 	}
 }

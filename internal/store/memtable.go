@@ -1,0 +1,163 @@
+package store
+
+import (
+	"bytes"
+	"math"
+	"math/rand/v2"
+	"sync/atomic"
+)
+
+// memtable is one overlay layer: the committed writes not yet checkpointed
+// into bbolt, one ordered skip list per bucket. Every version of a key is
+// kept, tagged with the sequence number of its log record, so a reader at
+// sequence number S sees exactly the records <= S while the committer keeps
+// inserting (LevelDB's memtable design: one writer, lock-free readers).
+type memtable struct {
+	lists [nBuckets]skiplist
+	bytes atomic.Int64 // approximate memory held (keys, values, nodes)
+	ops   atomic.Int64 // versions inserted
+	last  uint64       // highest sequence number inside; set when frozen
+}
+
+func newMemtable() *memtable {
+	m := new(memtable)
+	for i := range m.lists {
+		m.lists[i].head.next = make([]atomic.Pointer[node], maxHeight)
+	}
+	return m
+}
+
+// put adds a version of key (committer only). key and val must never change.
+func (m *memtable) put(b int, key, val []byte, seq uint64, del bool) {
+	m.lists[b].put(key, val, seq, del)
+	m.bytes.Add(int64(len(key) + len(val) + nodeOverhead))
+	m.ops.Add(1)
+}
+
+const (
+	maxHeight    = 12 // ample for millions of keys with branching factor 4
+	nodeOverhead = 96 // node struct plus an average tower, roughly
+)
+
+// node is one version of a key. Only next changes after publication.
+type node struct {
+	key, val []byte
+	seq      uint64
+	del      bool
+	next     []atomic.Pointer[node]
+}
+
+// skiplist orders nodes by key ascending, then sequence number descending
+// (so the newest version of a key comes first).
+type skiplist struct {
+	head   node
+	height atomic.Int32
+}
+
+// cmpNode compares n with the position (key, seq).
+func cmpNode(n *node, key []byte, seq uint64) int {
+	if c := bytes.Compare(n.key, key); c != 0 {
+		return c
+	}
+	switch {
+	case n.seq > seq:
+		return -1
+	case n.seq < seq:
+		return 1
+	}
+	return 0
+}
+
+// seek returns the first node at or after (key, seq), recording the last
+// node before it on every level in prev if prev is not nil.
+func (l *skiplist) seek(key []byte, seq uint64, prev *[maxHeight]*node) *node {
+	x, n := &l.head, (*node)(nil)
+	for i := int(l.height.Load()) - 1; i >= 0; i-- {
+		for {
+			// Return the node compared, not a reload of x.next: the writer
+			// may have inserted a newer version in between.
+			if n = x.next[i].Load(); n == nil || cmpNode(n, key, seq) >= 0 {
+				break
+			}
+			x = n
+		}
+		if prev != nil {
+			prev[i] = x
+		}
+	}
+	return n
+}
+
+// get returns the newest version of key visible at seq, or nil.
+func (l *skiplist) get(key []byte, seq uint64) *node {
+	if n := l.seek(key, seq, nil); n != nil && bytes.Equal(n.key, key) {
+		return n
+	}
+	return nil
+}
+
+func (l *skiplist) put(key, val []byte, seq uint64, del bool) {
+	var prev [maxHeight]*node
+	for i := range prev {
+		prev[i] = &l.head
+	}
+	n := l.seek(key, seq, &prev)
+	if n != nil && n.seq == seq && bytes.Equal(n.key, key) {
+		// The same key twice in one record. Readers never look at the value
+		// of a version newer than their snapshot, and seq is not yet
+		// published, so it can be replaced in place.
+		n.val, n.del = val, del
+		return
+	}
+	h := 1
+	for h < maxHeight && rand.Uint32()&3 == 0 {
+		h++
+	}
+	if h > int(l.height.Load()) {
+		l.height.Store(int32(h)) // new levels start at head (prev default)
+	}
+	nn := &node{key: key, val: val, seq: seq, del: del, next: make([]atomic.Pointer[node], h)}
+	for i := range h { // bottom up, so a node is in level 0 before any index level
+		nn.next[i].Store(prev[i].next[i].Load())
+		prev[i].next[i].Store(nn)
+	}
+}
+
+// memIter walks the newest version visible at seq of each key, in order.
+type memIter struct {
+	l   *skiplist
+	n   *node // nil when exhausted
+	seq uint64
+}
+
+func (l *skiplist) iter(key []byte, seq uint64) memIter {
+	it := memIter{l: l, n: l.seek(key, seq, nil), seq: seq}
+	it.settle()
+	return it
+}
+
+// all iterates the newest version of every key.
+func (l *skiplist) all() memIter { return l.iter(nil, math.MaxUint64) }
+
+// settle skips versions newer than the snapshot. Versions of one key are
+// newest first, so the first visible one is the one to use.
+func (it *memIter) settle() {
+	for it.n != nil && it.n.seq > it.seq {
+		it.n = it.n.next[0].Load()
+	}
+}
+
+// next moves to the next key. A hot key (a directory, a shared block's
+// reference count) can have thousands of versions: after a few steps, seek
+// past them all (sequence numbers start at 1, so (key, 0) follows them).
+func (it *memIter) next() {
+	k := it.n.key
+	for range 4 {
+		if it.n = it.n.next[0].Load(); it.n == nil || !bytes.Equal(it.n.key, k) {
+			it.settle()
+			return
+		}
+	}
+	it.n = it.l.seek(k, 0, nil)
+	it.settle()
+}

@@ -1,0 +1,202 @@
+package store
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+)
+
+// Write-ahead log files are dir/wal-%016x, numbered by generation; a
+// checkpoint starts the next generation. A file is preallocated with zeros
+// in walChunk steps so that appending a record changes no file-system
+// meta-data and its fdatasync is a single data flush; a zero length field
+// marks the end of the records.
+//
+// Record: payload length u32 | CRC-32C of the rest u32 | sequence u64 |
+// payload. Payload: ops, each kind u8 (bucket<<1 | delete) | uvarint key
+// length | key | (put only) uvarint value length | value.
+const (
+	walPrefix    = "wal-"
+	walHeader    = 16
+	walChunk     = 1 << 20
+	maxWALRecord = 1 << 30
+)
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+var zeroChunk = make([]byte, walChunk)
+
+type walFile struct {
+	gen   uint64
+	f     *os.File
+	off   int64 // end of the last record
+	alloc int64 // bytes zero-filled
+}
+
+func walName(gen uint64) string { return fmt.Sprintf("%s%016x", walPrefix, gen) }
+
+func (s *Store) walPath(gen uint64) string { return filepath.Join(s.dir, walName(gen)) }
+
+// createWAL creates generation gen, zero-filled and durable, directory entry
+// included.
+func (s *Store) createWAL(gen uint64) (*walFile, error) {
+	f, err := os.OpenFile(s.walPath(gen), os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o644)
+	if err != nil {
+		return nil, ioErr("create log", err)
+	}
+	w := &walFile{gen: gen, f: f}
+	err = w.grow(walChunk)
+	if err == nil && !s.noSync {
+		if err = fdatasync(f); err != nil {
+			err = ioErr("sync log", err)
+		}
+	}
+	if err == nil {
+		err = s.syncDir(s.dir)
+	}
+	if err != nil {
+		f.Close()
+		os.Remove(s.walPath(gen))
+		return nil, err
+	}
+	return w, nil
+}
+
+// grow zero-fills at least n more bytes.
+func (w *walFile) grow(n int64) error {
+	for end := w.alloc + n; w.alloc < end; {
+		c := min(end-w.alloc, walChunk)
+		if _, err := w.f.WriteAt(zeroChunk[:c], w.alloc); err != nil {
+			return ioErr("extend log", err)
+		}
+		w.alloc += c
+	}
+	return nil
+}
+
+// walGens lists the log generations present, in order.
+func (s *Store) walGens() ([]uint64, error) {
+	ents, err := os.ReadDir(s.dir)
+	if err != nil {
+		return nil, fmt.Errorf("store: read %s: %w", s.dir, err)
+	}
+	var gens []uint64
+	for _, e := range ents {
+		if name, ok := strings.CutPrefix(e.Name(), walPrefix); ok {
+			if g, err := strconv.ParseUint(name, 16, 64); err == nil {
+				gens = append(gens, g)
+			}
+		}
+	}
+	slices.Sort(gens)
+	return gens, nil
+}
+
+// encodeRecord serializes ops as the record with sequence number seq.
+func encodeRecord(seq uint64, ops []op) []byte {
+	n := walHeader
+	for i := range ops {
+		o := &ops[i]
+		n += 1 + binary.MaxVarintLen32 + len(o.key)
+		if !o.del {
+			n += binary.MaxVarintLen32 + len(o.val)
+		}
+	}
+	rec := make([]byte, walHeader, n)
+	for i := range ops {
+		o := &ops[i]
+		kind := o.b << 1
+		if o.del {
+			kind |= 1
+		}
+		rec = append(rec, kind)
+		rec = binary.AppendUvarint(rec, uint64(len(o.key)))
+		rec = append(rec, o.key...)
+		if !o.del {
+			rec = binary.AppendUvarint(rec, uint64(len(o.val)))
+			rec = append(rec, o.val...)
+		}
+	}
+	binary.LittleEndian.PutUint32(rec[0:], uint32(len(rec)-walHeader))
+	binary.LittleEndian.PutUint64(rec[8:], seq)
+	binary.LittleEndian.PutUint32(rec[4:], crc32.Checksum(rec[8:], castagnoli))
+	return rec
+}
+
+var errBadRecord = errors.New("malformed log record")
+
+// decodeOps calls fn for each op of a record's payload. The slices alias p.
+func decodeOps(p []byte, fn func(b int, del bool, key, val []byte)) error {
+	for len(p) > 0 {
+		kind := p[0]
+		b, del := int(kind>>1), kind&1 == 1
+		if b >= nBuckets {
+			return errBadRecord
+		}
+		key, rest, ok := cutLen(p[1:])
+		if !ok {
+			return errBadRecord
+		}
+		var val []byte
+		if !del {
+			if val, rest, ok = cutLen(rest); !ok {
+				return errBadRecord
+			}
+		}
+		fn(b, del, key, val)
+		p = rest
+	}
+	return nil
+}
+
+// cutLen splits a uvarint-length-prefixed field off p.
+func cutLen(p []byte) (field, rest []byte, ok bool) {
+	n, w := binary.Uvarint(p)
+	if w <= 0 || n > uint64(len(p)-w) {
+		return nil, nil, false
+	}
+	end := w + int(n)
+	return p[w:end:end], p[end:], true
+}
+
+// nextRecord parses the record at the start of buf. It returns n == 0 at
+// the end of the records (zeros or end of data) and err for a torn or
+// corrupt record.
+func nextRecord(buf []byte) (seq uint64, payload []byte, n int, err error) {
+	if len(buf) < walHeader {
+		if len(buf) == 0 || allZero(buf) {
+			return 0, nil, 0, nil
+		}
+		return 0, nil, 0, errBadRecord
+	}
+	plen := binary.LittleEndian.Uint32(buf[0:])
+	if plen == 0 {
+		if !allZero(buf[:walHeader]) {
+			return 0, nil, 0, errBadRecord
+		}
+		return 0, nil, 0, nil
+	}
+	if plen > maxWALRecord || int64(plen) > int64(len(buf)-walHeader) {
+		return 0, nil, 0, errBadRecord
+	}
+	end := walHeader + int(plen)
+	if crc32.Checksum(buf[8:end], castagnoli) != binary.LittleEndian.Uint32(buf[4:]) {
+		return 0, nil, 0, errBadRecord
+	}
+	return binary.LittleEndian.Uint64(buf[8:]), buf[walHeader:end:end], end, nil
+}
+
+func allZero(b []byte) bool {
+	for _, c := range b {
+		if c != 0 {
+			return false
+		}
+	}
+	return true
+}
