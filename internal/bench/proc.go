@@ -199,7 +199,6 @@ type child struct {
 	done    chan struct{}
 	err     error
 	logPath string
-	logFile *os.File
 }
 
 // startChild starts argv with stderr and stdout appended to logPath;
@@ -221,7 +220,7 @@ func startChild(name, logPath string, stdout func(log io.Writer) io.Writer, argv
 		lf.Close()
 		return nil, fmt.Errorf("start %s: %w", name, err)
 	}
-	c := &child{name: name, cmd: cmd, done: make(chan struct{}), logPath: logPath, logFile: lf}
+	c := &child{name: name, cmd: cmd, done: make(chan struct{}), logPath: logPath}
 	go func() {
 		c.err = cmd.Wait()
 		lf.Close()

@@ -42,6 +42,9 @@ type Measurement struct {
 	Error string  `json:"error,omitempty"`
 }
 
+// notRun tells whether the workload was skipped because an earlier one failed.
+func (m *Measurement) notRun() bool { return strings.HasPrefix(m.Error, "not run") }
+
 // TargetResult holds every workload's measurement on one target.
 type TargetResult struct {
 	Name string `json:"name"`
@@ -50,6 +53,9 @@ type TargetResult struct {
 	Results     map[string]*Measurement `json:"results"`
 	// Error is set when the target could not be set up or torn down.
 	Error string `json:"error,omitempty"`
+	// Problems holds the failed operations the file system logged, if a
+	// workload failed.
+	Problems []string `json:"problems,omitempty"`
 }
 
 // Machine describes where the benchmark ran.
@@ -63,6 +69,10 @@ type Machine struct {
 	// and mount point.
 	Disk      string `json:"disk"`
 	GoVersion string `json:"go_version"`
+	// LoadStart and LoadEnd are /proc/loadavg's 1, 5 and 15 minute load
+	// averages when the run began and ended: other work skews the figures.
+	LoadStart string `json:"load_start"`
+	LoadEnd   string `json:"load_end"`
 }
 
 // Report is the result of one run.
@@ -95,16 +105,22 @@ func (r *Report) Target(name string) *TargetResult {
 func (r *Report) Failures() []string {
 	var out []string
 	for _, t := range r.Targets {
-		if t.Error != "" {
-			out = append(out, fmt.Sprintf("%s: %s", t.Name, t.Error))
+		out = append(out, t.failures()...)
+	}
+	return out
+}
+
+func (t *TargetResult) failures() []string {
+	var out []string
+	if t.Error != "" {
+		out = append(out, fmt.Sprintf("%s: %s", t.Name, t.Error))
+	}
+	for _, row := range rows {
+		if row.secondRow {
+			continue
 		}
-		for _, row := range rows {
-			if row.secondRow {
-				continue
-			}
-			if m := t.Results[row.key]; m != nil && m.Error != "" {
-				out = append(out, fmt.Sprintf("%s %s: %s", t.Name, row.key, m.Error))
-			}
+		if m := t.Results[row.key]; m != nil && m.Error != "" && !m.notRun() {
+			out = append(out, fmt.Sprintf("%s %s: %s", t.Name, row.key, m.Error))
 		}
 	}
 	return out
@@ -171,6 +187,8 @@ func (rw row) cell(m *Measurement) string {
 	switch {
 	case m == nil:
 		return "-"
+	case m.notRun():
+		return "not run"
 	case m.Error != "":
 		return "ERROR"
 	case rw.seconds:
@@ -190,6 +208,9 @@ func WriteTable(w io.Writer, r *Report) error {
 	m := r.Machine
 	fmt.Fprintf(w, "machine: %s, %d cores, %s RAM, Linux %s, %s\n", m.CPU, m.Cores, gib(m.MemBytes), m.Kernel, m.GoVersion)
 	fmt.Fprintf(w, "disk: %s (scratch in %s)\n", m.Disk, r.Dir)
+	if m.LoadStart != "" {
+		fmt.Fprintf(w, "load average: %s at start, %s at end\n", m.LoadStart, m.LoadEnd)
+	}
 	cache := "cold (caches dropped; WheelFS restarted)"
 	if !r.ColdCache {
 		cache = "WARM (not root: could not drop caches; WheelFS restarted)"
@@ -255,6 +276,14 @@ func WriteTable(w io.Writer, r *Report) error {
 		fmt.Fprintln(w, "\nerrors:")
 		for _, line := range f {
 			fmt.Fprintln(w, "  "+line)
+		}
+		for _, t := range r.Targets {
+			if len(t.Problems) > 0 {
+				fmt.Fprintf(w, "\n%s logged:\n", t.Name)
+				for _, line := range t.Problems {
+					fmt.Fprintln(w, "  "+line)
+				}
+			}
 		}
 	}
 	return nil

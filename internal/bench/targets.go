@@ -23,8 +23,25 @@ type target interface {
 	// Restart empties the file system's own caches (not the kernel's);
 	// a no-op for the raw disk and the loopback mount.
 	Restart(ctx context.Context) error
+	// Check returns an error if the file system is no longer mounted or
+	// its process has exited.
+	Check() error
 	// Close stops the file system and unmounts it.
 	Close() error
+}
+
+// checkMount is Check for a FUSE target served by proc.
+func checkMount(name, mnt string, proc *child) error {
+	if proc == nil {
+		return fmt.Errorf("%s is not running", name)
+	}
+	if proc.exited() {
+		return fmt.Errorf("%s exited (%v); log %s:\n%s", name, proc.err, proc.logPath, proc.logTail(10))
+	}
+	if !isMounted(mnt) {
+		return fmt.Errorf("%s is no longer mounted at %s", name, mnt)
+	}
+	return nil
 }
 
 // rawTarget is a plain directory on the backing disk.
@@ -35,10 +52,11 @@ func newRaw(base string) (*rawTarget, error) {
 	return &rawTarget{dir: dir}, os.MkdirAll(dir, 0o755)
 }
 
-func (t *rawTarget) Root() string                    { return t.dir }
-func (t *rawTarget) Describe() string                { return "directory " + t.dir }
-func (t *rawTarget) Restart(context.Context) error   { return nil }
-func (t *rawTarget) Close() error                    { return nil }
+func (t *rawTarget) Root() string                  { return t.dir }
+func (t *rawTarget) Describe() string              { return "directory " + t.dir }
+func (t *rawTarget) Restart(context.Context) error { return nil }
+func (t *rawTarget) Close() error                  { return nil }
+func (t *rawTarget) Check() error                  { return nil }
 
 // loopbackPkg is go-fuse's example pass-through file system.
 const loopbackPkg = "github.com/hanwen/go-fuse/v2/example/loopback"
@@ -131,6 +149,7 @@ func (t *loopbackTarget) Describe() string {
 	return fmt.Sprintf("go-fuse loopback at %s over %s", t.mnt, t.backing)
 }
 func (t *loopbackTarget) Restart(context.Context) error { return nil }
+func (t *loopbackTarget) Check() error                  { return checkMount("loopback", t.mnt, t.proc) }
 
 func (t *loopbackTarget) Close() error {
 	if t.proc == nil {
@@ -237,3 +256,23 @@ func (t *wheelfsTarget) Restart(ctx context.Context) error {
 }
 
 func (t *wheelfsTarget) Close() error { return t.stop() }
+func (t *wheelfsTarget) Check() error { return checkMount("wheelfs up", t.mnt, t.proc) }
+
+// problems returns the last failed operations `wheelfs up` logged, as
+// evidence for a failed workload.
+func (t *wheelfsTarget) problems() []string {
+	b, err := os.ReadFile(t.logPath)
+	if err != nil {
+		return nil
+	}
+	var out []string
+	for _, line := range strings.Split(string(b), "\n") {
+		if strings.Contains(line, `msg="operation failed"`) {
+			out = append(out, line)
+		}
+	}
+	if len(out) > 10 {
+		out = append([]string{fmt.Sprintf("... %d earlier lines", len(out)-10)}, out[len(out)-10:]...)
+	}
+	return out
+}

@@ -42,7 +42,7 @@ func newRoot() *cobra.Command {
 		SilenceErrors: true,
 	}
 	root.PersistentFlags().StringVar(&g.logLevel, "log-level", "info", "log level: debug, info, warn, error")
-	root.AddCommand(newUp(g), newInfo(), newStatus(g))
+	root.AddCommand(newUp(g), newInfo(), newStatus(g), newBench(g))
 	return root
 }
 

@@ -1,0 +1,114 @@
+package bench
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+func rate(r float64, unit string) *Measurement {
+	return &Measurement{Seconds: 1, Count: int64(r), Rate: r, Unit: unit}
+}
+
+func sampleReport() *Report {
+	start := time.Date(2026, 11, 22, 7, 0, 0, 0, time.UTC)
+	mk := func(name string, w, rd, cr, st, rdd, ul, tarSec float64) *TargetResult {
+		return &TargetResult{Name: name, Results: map[string]*Measurement{
+			SeqWrite: rate(w, "MB/s"), SeqRead: rate(rd, "MB/s"),
+			Create: rate(cr, "ops/s"), Stat: rate(st, "ops/s"), Readdir: rate(rdd, "entries/s"), Unlink: rate(ul, "ops/s"),
+			Tar: {Seconds: tarSec, Count: 1000, Rate: 1000 / tarSec, Unit: "files/s"},
+		}}
+	}
+	return &Report{
+		Started: start, Finished: start.Add(3 * time.Minute),
+		Machine:   Machine{CPU: "Test CPU", Cores: 2, MemBytes: 24 << 30, Kernel: "6.1", Disk: "/dev/vda on / (ext4)", GoVersion: "go1.26"},
+		Dir:       "/var/tmp/x",
+		Size:      512 << 20,
+		Files:     10000,
+		ColdCache: true,
+		TarFiles:  1000,
+		Targets: []*TargetResult{
+			mk(Raw, 1000, 1000, 30000, 300000, 1e6, 100000, 1),
+			mk(Loopback, 700, 900, 4000, 20000, 100000, 20000, 4),
+			mk(WheelFS, 500, 700, 1000, 12000, 50000, 5000, 10),
+		},
+	}
+}
+
+func lineWith(t *testing.T, out, prefix string) string {
+	t.Helper()
+	for _, l := range strings.Split(out, "\n") {
+		if strings.HasPrefix(l, prefix) {
+			return l
+		}
+	}
+	t.Fatalf("no line starting with %q in\n%s", prefix, out)
+	return ""
+}
+
+func TestWriteTable(t *testing.T) {
+	var b strings.Builder
+	if err := WriteTable(&b, sampleReport()); err != nil {
+		t.Fatal(err)
+	}
+	out := b.String()
+	for _, want := range []string{"2026-11-22 07:00 UTC (180 s)", "Test CPU, 2 cores, 24.0 GiB RAM", "512MiB", "cold", "WHEELFS GOAL"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("table lacks %q:\n%s", want, out)
+		}
+	}
+	// I/O rows: ratio against the raw disk; the raw column has none.
+	w := lineWith(t, out, "sequential write")
+	for _, want := range []string{"1000  ", "700 (0.70x raw)", "500 (0.50x raw)", ">= 0.6x raw: MISSED"} {
+		if !strings.Contains(w, want) {
+			t.Errorf("write row lacks %q: %q", want, w)
+		}
+	}
+	if r := lineWith(t, out, "sequential read (cold)"); !strings.Contains(r, "700 (0.70x raw)") || !strings.Contains(r, "MISSED") {
+		t.Errorf("read row: %q", r)
+	}
+	// Metadata rows: ratio against loopback only.
+	c := lineWith(t, out, "create")
+	if strings.Contains(c, "x raw") || !strings.Contains(c, "1000 (0.25x lb)") {
+		t.Errorf("create row: %q", c)
+	}
+	if s := lineWith(t, out, "stat"); !strings.Contains(s, "12000 (0.60x lb)") || !strings.Contains(s, ">= 0.5x lb: met") {
+		t.Errorf("stat row: %q", s)
+	}
+	// Seconds: lower is better, so the ratio is loopback time / WheelFS time.
+	tarRow := lineWith(t, out, "tar -x GOROOT/src       s")
+	if !strings.Contains(tarRow, "10.0 (0.40x lb)") || !strings.Contains(tarRow, "MISSED") {
+		t.Errorf("tar row: %q", tarRow)
+	}
+	if strings.Contains(out, "errors:") {
+		t.Errorf("unexpected errors section:\n%s", out)
+	}
+}
+
+func TestWriteTableErrorsAndWarm(t *testing.T) {
+	r := sampleReport()
+	r.ColdCache = false
+	r.Targets = []*TargetResult{r.Targets[0], r.Targets[2]} // --skip-loopback
+	r.Targets[1].Results[Create] = &Measurement{Error: "create f0000091: connection timed out"}
+	r.Targets[1].Results[Stat] = &Measurement{Error: "not run: create failed"}
+	var b strings.Builder
+	if err := WriteTable(&b, r); err != nil {
+		t.Fatal(err)
+	}
+	out := b.String()
+	if !strings.Contains(out, "sequential read (warm)") || !strings.Contains(out, "WARM") {
+		t.Errorf("warm reads not flagged:\n%s", out)
+	}
+	if c := lineWith(t, out, "create"); !strings.Contains(c, "ERROR") || !strings.Contains(c, "n/a") {
+		t.Errorf("create row: %q", c)
+	}
+	if s := lineWith(t, out, "stat"); !strings.Contains(s, "not run") {
+		t.Errorf("stat row: %q", s)
+	}
+	if f := r.Failures(); len(f) != 1 || !strings.Contains(f[0], "wheelfs create: create f0000091") {
+		t.Errorf("Failures() = %q", f)
+	}
+	if !strings.Contains(out, "errors:\n  wheelfs create:") {
+		t.Errorf("errors section missing:\n%s", out)
+	}
+}
