@@ -133,7 +133,7 @@ func (s *Store) appendLocked(data []byte) (loc, error) {
 		startWriteback(seg.f, seg.kicked, end-seg.kicked)
 		seg.kicked = end
 	}
-	return loc{seg: seg.id, off: uint64(off), n: uint32(len(data))}, nil
+	return loc{seg: seg.id, off: uint64(off), n: uint32(len(data)), crc: blockCRC(data)}, nil
 }
 
 // HasBlock reports whether the block is stored (indexed or pending).
@@ -160,7 +160,7 @@ func (s *Store) ReadBlock(h [32]byte) ([]byte, error) {
 				if err != nil {
 					return nil, ioErr(fmt.Sprintf("read block %s from %s at %d", short(h[:]), segName(l.seg), l.off), err)
 				}
-				if sha256.Sum256(buf) != h {
+				if blockCRC(buf) != l.crc {
 					s.log.Error("store: block checksum mismatch", "hash", fmt.Sprintf("%x", h), "segment", segName(l.seg), "offset", l.off)
 					return nil, fmt.Errorf("store: block %s in %s at %d: checksum mismatch: %w", short(h[:]), segName(l.seg), l.off, fserr.ErrIO)
 				}
