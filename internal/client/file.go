@@ -50,6 +50,9 @@ type fileState struct {
 
 	dirty      map[uint64][]byte   // written blocks not yet uploaded
 	dirtyBytes int64               // bytes held by dirty
+	uploading  map[uint64][]byte   // blocks a background upload is sending
+	upDone     chan struct{}       // closed when that upload ends; nil if none
+	upErr      error               // a background upload's failure, for the next write or flush
 	staged     map[uint64]blockRef // uploaded, not yet committed
 	modified   bool
 	mtimeNs    int64
@@ -62,7 +65,7 @@ type fileState struct {
 }
 
 func newFileState(id oid.ID, m *wire.Meta) *fileState {
-	st := &fileState{id: id, dirty: map[uint64][]byte{}, staged: map[uint64]blockRef{}}
+	st := &fileState{id: id, dirty: map[uint64][]byte{}, staged: map[uint64]blockRef{}, uploading: map[uint64][]byte{}}
 	st.reset(m)
 	return st
 }
@@ -277,7 +280,7 @@ func (st *fileState) blocks(ctx context.Context, f *FS, u User, first, last uint
 			if out[idx-first] != nil {
 				continue
 			}
-			if b, ok := st.dirty[idx]; ok {
+			if b, ok := st.buffered(idx); ok {
 				out[idx-first] = b
 				continue
 			}
@@ -319,7 +322,7 @@ func (st *fileState) prefetch(ctx context.Context, f *FS, u User, from, to uint6
 	}
 	var needed [][32]byte
 	for idx := from; idx <= to; idx++ {
-		if _, dirty := st.dirty[idx]; dirty {
+		if _, ok := st.buffered(idx); ok {
 			continue
 		}
 		if ref, ok := st.ref(idx); ok {
@@ -392,6 +395,16 @@ func (f *FS) fetchClaimed(ctx context.Context, u User, id oid.ID, hashes [][32]b
 		release(chunk)
 	}
 	return nil
+}
+
+// buffered returns block idx's contents if this client holds them
+// unuploaded (dirty) or in a running upload.
+func (st *fileState) buffered(idx uint64) ([]byte, bool) {
+	if b, ok := st.dirty[idx]; ok {
+		return b, true
+	}
+	b, ok := st.uploading[idx]
+	return b, ok
 }
 
 // ref returns the reference of block idx in the current view of the file.
@@ -479,9 +492,14 @@ func (h *Handle) Write(ctx context.Context, p []byte, off int64) (int, error) {
 		a.Valid &^= wire.SetMtime // this write is newer than an earlier utimens
 	}
 	if st.dirtyBytes > h.fs.cfg.DirtyBytes {
-		if err := st.upload(ctx, h.fs, h.user, true); err != nil {
+		// Full blocks go to the primary in the background while the
+		// application keeps writing; one upload at a time bounds memory.
+		st.waitUpload()
+		if err := st.upErr; err != nil {
+			st.upErr = nil
 			return total, err
 		}
+		st.startUpload(ctx, h.fs, h.user)
 	}
 	return total, nil
 }
@@ -504,8 +522,91 @@ func (st *fileState) startBlock(ctx context.Context, f *FS, u User, idx uint64, 
 	return buf, nil
 }
 
+// waitUpload waits, with st.mu held, until no background upload runs.
+func (st *fileState) waitUpload() {
+	for st.upDone != nil {
+		ch := st.upDone
+		st.mu.Unlock()
+		<-ch
+		st.mu.Lock()
+	}
+}
+
+// startUpload hands the full dirty blocks to a background upload.
+func (st *fileState) startUpload(ctx context.Context, f *FS, u User) {
+	var idxs []uint64
+	for idx, b := range st.dirty {
+		if len(b) == BlockSize {
+			idxs = append(idxs, idx)
+			st.uploading[idx] = b
+			delete(st.dirty, idx)
+			st.dirtyBytes -= BlockSize
+		}
+	}
+	if len(idxs) == 0 {
+		return
+	}
+	slices.Sort(idxs)
+	bufs := make([][]byte, len(idxs))
+	for i, idx := range idxs {
+		bufs[i] = st.uploading[idx] // never written again: writers copy it
+	}
+	done := make(chan struct{})
+	st.upDone = done
+	ctx = context.WithoutCancel(ctx)
+	go func() {
+		ctx, cancel := context.WithTimeout(ctx, f.cfg.Timeout)
+		defer cancel()
+		err := st.sendBlocks(ctx, f, u, idxs, bufs, func(idx uint64, ref blockRef, data []byte) {
+			f.cache.Add(ref.hash, data)
+			st.mu.Lock()
+			st.staged[idx] = ref
+			st.mu.Unlock()
+		})
+		st.mu.Lock()
+		for _, idx := range idxs {
+			b := st.uploading[idx]
+			delete(st.uploading, idx)
+			if err != nil {
+				if _, newer := st.dirty[idx]; !newer {
+					st.dirty[idx] = b // keep it for the next attempt
+					st.dirtyBytes += BlockSize
+				}
+			}
+		}
+		if err != nil {
+			st.upErr = err
+		}
+		st.upDone = nil
+		st.mu.Unlock()
+		close(done)
+	}()
+}
+
+// sendBlocks uploads bufs[i] as block idxs[i] with PutBlocks and hands
+// each stored block's reference to stage.
+func (st *fileState) sendBlocks(ctx context.Context, f *FS, u User, idxs []uint64, bufs [][]byte, stage func(idx uint64, ref blockRef, data []byte)) error {
+	for start := 0; start < len(idxs); start += blocksPerRPC {
+		end := min(start+blocksPerRPC, len(idxs))
+		req := &wire.PutBlocksRequest{Caller: u.caller(), Id: uint64(st.id), Data: bufs[start:end]}
+		resp, err := call(ctx, f, st.id, wire.StorageClient.PutBlocks, req)
+		if err != nil {
+			return fmt.Errorf("upload blocks of %v: %w", st.id, err)
+		}
+		if len(resp.Hashes) != end-start {
+			return fmt.Errorf("server stored %d of %d blocks: %w", len(resp.Hashes), end-start, fserr.ErrIO)
+		}
+		for i, h := range resp.Hashes {
+			ref := blockRef{len: uint32(len(bufs[start+i]))}
+			copy(ref.hash[:], h)
+			stage(idxs[start+i], ref, bufs[start+i])
+		}
+	}
+	return nil
+}
+
 // upload sends dirty blocks to the primary (only full ones when onlyFull)
-// and keeps their references staged for the next commit.
+// and keeps their references staged for the next commit. st.mu is held.
 func (st *fileState) upload(ctx context.Context, f *FS, u User, onlyFull bool) error {
 	idxs := make([]uint64, 0, len(st.dirty))
 	for idx, b := range st.dirty {
@@ -514,29 +615,16 @@ func (st *fileState) upload(ctx context.Context, f *FS, u User, onlyFull bool) e
 		}
 	}
 	slices.Sort(idxs)
-	for chunk := range slices.Chunk(idxs, blocksPerRPC) {
-		req := &wire.PutBlocksRequest{Caller: u.caller(), Id: uint64(st.id), Data: make([][]byte, len(chunk))}
-		for i, idx := range chunk {
-			req.Data[i] = st.dirty[idx]
-		}
-		resp, err := call(ctx, f, st.id, wire.StorageClient.PutBlocks, req)
-		if err != nil {
-			return fmt.Errorf("upload blocks of %v: %w", st.id, err)
-		}
-		if len(resp.Hashes) != len(chunk) {
-			return fmt.Errorf("server stored %d of %d blocks: %w", len(resp.Hashes), len(chunk), fserr.ErrIO)
-		}
-		for i, idx := range chunk {
-			var ref blockRef
-			copy(ref.hash[:], resp.Hashes[i])
-			ref.len = uint32(len(req.Data[i]))
-			st.staged[idx] = ref
-			f.cache.Add(ref.hash, req.Data[i])
-			delete(st.dirty, idx)
-			st.dirtyBytes -= BlockSize
-		}
+	bufs := make([][]byte, len(idxs))
+	for i, idx := range idxs {
+		bufs[i] = st.dirty[idx]
 	}
-	return nil
+	return st.sendBlocks(ctx, f, u, idxs, bufs, func(idx uint64, ref blockRef, data []byte) {
+		st.staged[idx] = ref
+		f.cache.Add(ref.hash, data)
+		delete(st.dirty, idx)
+		st.dirtyBytes -= BlockSize
+	})
 }
 
 // flush commits buffered writes as a new version; close() and fsync()
@@ -544,6 +632,8 @@ func (st *fileState) upload(ctx context.Context, f *FS, u User, onlyFull bool) e
 func (st *fileState) flush(ctx context.Context, f *FS, u User, cues cue.Set) error {
 	st.mu.Lock()
 	defer st.mu.Unlock()
+	st.waitUpload()
+	st.upErr = nil // its blocks went back to dirty: upload them again now
 	if !st.modified {
 		return nil
 	}
