@@ -21,6 +21,19 @@ var typeBits = map[wire.Type]uint32{
 	wire.Type_TYPE_BLOCK:   syscall.S_IFBLK,
 }
 
+// TypeBits returns the S_IFMT bits of an object type.
+func TypeBits(t wire.Type) uint32 { return typeBits[t] }
+
+// TypeOfMode returns the object type of an st_mode, and false for none.
+func TypeOfMode(mode uint32) (wire.Type, bool) {
+	for t, bits := range typeBits {
+		if mode&syscall.S_IFMT == bits {
+			return t, true
+		}
+	}
+	return wire.Type_TYPE_UNSPECIFIED, false
+}
+
 // Mode returns the full st_mode (type and permission bits) of m.
 func Mode(m *wire.Meta) uint32 { return m.Mode&0o7777 | typeBits[m.Type] }
 

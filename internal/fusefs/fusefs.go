@@ -19,6 +19,7 @@ import (
 	"github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
 
+	"github.com/wheelfs/wheelfs/internal/attrs"
 	"github.com/wheelfs/wheelfs/internal/client"
 	"github.com/wheelfs/wheelfs/internal/cue"
 	"github.com/wheelfs/wheelfs/internal/fserr"
@@ -163,21 +164,9 @@ func (r *root) errno(op string, err error) syscall.Errno {
 	return e
 }
 
-var typeMode = map[wire.Type]uint32{
-	wire.Type_TYPE_FILE:    syscall.S_IFREG,
-	wire.Type_TYPE_DIR:     syscall.S_IFDIR,
-	wire.Type_TYPE_SYMLINK: syscall.S_IFLNK,
-	wire.Type_TYPE_FIFO:    syscall.S_IFIFO,
-	wire.Type_TYPE_SOCKET:  syscall.S_IFSOCK,
-	wire.Type_TYPE_CHAR:    syscall.S_IFCHR,
-	wire.Type_TYPE_BLOCK:   syscall.S_IFBLK,
-}
-
 func modeType(mode uint32) wire.Type {
-	for t, m := range typeMode {
-		if mode&syscall.S_IFMT == m {
-			return t
-		}
+	if t, ok := attrs.TypeOfMode(mode); ok {
+		return t
 	}
 	return wire.Type_TYPE_FILE
 }
@@ -187,7 +176,7 @@ func fillAttr(m *wire.Meta, cues cue.Set, out *fuse.Attr) {
 	out.Size = m.Size
 	out.Blocks = (m.Size + 511) / 512
 	out.Blksize = 64 << 10
-	out.Mode = typeMode[m.Type] | m.Mode&0o7777
+	out.Mode = attrs.TypeBits(m.Type) | m.Mode&0o7777
 	out.Nlink = m.Nlink
 	out.Uid, out.Gid = m.Uid, m.Gid
 	out.Rdev = m.Rdev

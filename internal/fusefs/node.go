@@ -9,6 +9,7 @@ import (
 	"github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
 
+	"github.com/wheelfs/wheelfs/internal/attrs"
 	"github.com/wheelfs/wheelfs/internal/client"
 	"github.com/wheelfs/wheelfs/internal/cue"
 	"github.com/wheelfs/wheelfs/internal/oid"
@@ -53,7 +54,7 @@ var (
 func (n *node) child(ctx context.Context, m *wire.Meta, cues cue.Set, out *fuse.EntryOut) *fs.Inode {
 	fillAttr(m, cues, &out.Attr)
 	c := &node{root: n.root, id: oid.ID(m.Id), cues: cues}
-	return n.NewInode(ctx, c, fs.StableAttr{Mode: typeMode[m.Type], Ino: out.Attr.Ino})
+	return n.NewInode(ctx, c, fs.StableAttr{Mode: attrs.TypeBits(m.Type), Ino: out.Attr.Ino})
 }
 
 // Lookup implements fs.NodeLookuper. A cue name yields a view of this
@@ -234,7 +235,7 @@ func (n *node) Readdir(ctx context.Context) (fs.DirStream, syscall.Errno) {
 		fuse.DirEntry{Name: ".", Ino: inode(n.id, n.cues), Mode: syscall.S_IFDIR},
 		fuse.DirEntry{Name: "..", Ino: inode(oid.ID(dir.Parent), n.cues), Mode: syscall.S_IFDIR})
 	for _, e := range entries {
-		list = append(list, fuse.DirEntry{Name: e.Name, Ino: inode(oid.ID(e.Id), n.cues), Mode: typeMode[e.Type]})
+		list = append(list, fuse.DirEntry{Name: e.Name, Ino: inode(oid.ID(e.Id), n.cues), Mode: attrs.TypeBits(e.Type)})
 	}
 	return fs.NewListDirStream(list), 0
 }

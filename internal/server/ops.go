@@ -20,17 +20,8 @@ import (
 const blockSize = 64 << 10
 
 var (
-	cred     = attrs.Cred
-	attr     = attrs.Of
-	typeBits = map[wire.Type]uint32{
-		wire.Type_TYPE_FILE:    syscall.S_IFREG,
-		wire.Type_TYPE_DIR:     syscall.S_IFDIR,
-		wire.Type_TYPE_SYMLINK: syscall.S_IFLNK,
-		wire.Type_TYPE_FIFO:    syscall.S_IFIFO,
-		wire.Type_TYPE_SOCKET:  syscall.S_IFSOCK,
-		wire.Type_TYPE_CHAR:    syscall.S_IFCHR,
-		wire.Type_TYPE_BLOCK:   syscall.S_IFBLK,
-	}
+	cred = attrs.Cred
+	attr = attrs.Of
 )
 
 func isDir(m *wire.Meta) bool { return m.Type == wire.Type_TYPE_DIR }
@@ -147,8 +138,8 @@ func (s *Server) Create(ctx context.Context, req *wire.CreateRequest) (*wire.Cre
 	if err := s.primary(dir); err != nil {
 		return nil, fserr.ToStatus(err)
 	}
-	bits, ok := typeBits[req.Type]
-	if !ok {
+	bits := attrs.TypeBits(req.Type)
+	if bits == 0 {
 		return nil, fserr.ToStatus(fmt.Errorf("create type %v: %w", req.Type, fserr.ErrInvalid))
 	}
 	c := cred(req.Caller)
