@@ -388,7 +388,6 @@ func (s *Server) Rename(ctx context.Context, req *wire.RenameRequest) (*wire.Ren
 			return err
 		}
 		var target *wire.Meta
-		var targetAttr *perm.Attr
 		if de != nil {
 			if req.Flags&wire.RenameNoReplace != 0 {
 				return fmt.Errorf("%q: %w", req.DstName, fserr.ErrExist)
@@ -396,17 +395,10 @@ func (s *Server) Rename(ctx context.Context, req *wire.RenameRequest) (*wire.Ren
 			if target, err = tx.Meta(oid.ID(de.Id)); err != nil {
 				return err
 			}
-			a := attr(target)
-			targetAttr = &a
 		} else if req.Flags&wire.RenameExchange != 0 {
 			return fmt.Errorf("exchange with missing %q: %w", req.DstName, fserr.ErrNotExist)
 		}
-		if src == dst {
-			err = perm.MayRenameWithin(c, attr(sd), attr(child), targetAttr)
-		} else {
-			err = perm.MayRename(c, attr(sd), attr(child), attr(dd), targetAttr)
-		}
-		if err != nil {
+		if err := mayRename(c, sd, child, dd, target, req.Flags&wire.RenameExchange != 0); err != nil {
 			return err
 		}
 		if target != nil && target.Id == child.Id {
@@ -472,6 +464,30 @@ func (s *Server) Rename(ctx context.Context, req *wire.RenameRequest) (*wire.Ren
 		return nil, fserr.ToStatus(fmt.Errorf("rename %q to %q: %w", req.SrcName, req.DstName, err))
 	}
 	return resp, nil
+}
+
+// mayRename checks the caller may move child from sd to dd, replacing
+// target (nil if none). An exchange moves each of the two objects into the
+// other's place, so both moves are checked, and any types may swap.
+func mayRename(c perm.Cred, sd, child, dd, target *wire.Meta, exchange bool) error {
+	check := func(from, obj, to, over *wire.Meta) error {
+		var overAttr *perm.Attr
+		if over != nil {
+			a := attr(over)
+			overAttr = &a
+		}
+		if from.Id == to.Id {
+			return perm.MayRenameWithin(c, attr(from), attr(obj), overAttr)
+		}
+		return perm.MayRename(c, attr(from), attr(obj), attr(to), overAttr)
+	}
+	if !exchange {
+		return check(sd, child, dd, target)
+	}
+	if err := check(sd, child, dd, nil); err != nil {
+		return err
+	}
+	return check(dd, target, sd, nil)
 }
 
 // exchange swaps two names atomically (RENAME_EXCHANGE).

@@ -1,0 +1,131 @@
+package server_test
+
+import (
+	"context"
+	"log/slog"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/wheelfs/wheelfs/internal/client"
+	"github.com/wheelfs/wheelfs/internal/deploy"
+	"github.com/wheelfs/wheelfs/internal/fserr"
+	"github.com/wheelfs/wheelfs/internal/oid"
+	"github.com/wheelfs/wheelfs/internal/wire"
+)
+
+var root = client.User{}
+
+func host(t *testing.T) (*client.FS, context.Context) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	t.Cleanup(cancel)
+	c := deploy.NewConfig(t.TempDir())
+	c.Logger = slog.New(slog.DiscardHandler)
+	h, err := deploy.Start(ctx, c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { h.Close() })
+	return h.Client, ctx
+}
+
+func mk(t *testing.T, fs *client.FS, ctx context.Context, dir oid.ID, name string, typ wire.Type) oid.ID {
+	t.Helper()
+	m, err := fs.Create(ctx, root, client.NoCues, dir, name, client.CreateArgs{Type: typ, Mode: 0o755})
+	if err != nil {
+		t.Fatalf("create %s: %v", name, err)
+	}
+	return oid.ID(m.Id)
+}
+
+// TestRenameSemantics checks rename(2)'s rules at the primary.
+func TestRenameSemantics(t *testing.T) {
+	fs, ctx := host(t)
+	a := mk(t, fs, ctx, oid.Root, "a", wire.Type_TYPE_DIR)
+	b := mk(t, fs, ctx, a, "b", wire.Type_TYPE_DIR)
+	mk(t, fs, ctx, oid.Root, "f", wire.Type_TYPE_FILE)
+	mk(t, fs, ctx, oid.Root, "g", wire.Type_TYPE_FILE)
+	mk(t, fs, ctx, b, "x", wire.Type_TYPE_FILE) // b is not empty
+
+	tests := []struct {
+		name   string
+		srcDir oid.ID
+		src    string
+		dstDir oid.ID
+		dst    string
+		flags  uint32
+		want   syscall.Errno
+	}{
+		{"directory into its own subtree", oid.Root, "a", b, "a2", 0, syscall.EINVAL},
+		{"file over directory", oid.Root, "f", a, "b", 0, syscall.EISDIR},
+		{"directory over file", a, "b", oid.Root, "f", 0, syscall.ENOTDIR},
+		{"noreplace over existing", oid.Root, "f", oid.Root, "g", wire.RenameNoReplace, syscall.EEXIST},
+		{"exchange with missing", oid.Root, "f", oid.Root, "nope", wire.RenameExchange, syscall.ENOENT},
+		{"missing source", oid.Root, "nope", oid.Root, "z", 0, syscall.ENOENT},
+		{"exchange file and dir", oid.Root, "f", oid.Root, "a", wire.RenameExchange, 0},
+	}
+	for _, tt := range tests {
+		err := fs.Rename(ctx, root, client.NoCues, tt.srcDir, tt.src, tt.dstDir, tt.dst, tt.flags)
+		if got := fserr.Errno(err); got != tt.want {
+			t.Errorf("%s: errno %v (%v), want %v", tt.name, got, err, tt.want)
+		}
+	}
+	// After the exchange, "a" names the old file and "f" the directory.
+	if m, err := fs.Lookup(ctx, root, client.NoCues, oid.Root, "f"); err != nil || oid.ID(m.Id) != a {
+		t.Fatalf("after exchange f = %v, %v; want the directory", m, err)
+	}
+	// Replacing a file with a file drops the old one.
+	if err := fs.Rename(ctx, root, client.NoCues, oid.Root, "a", oid.Root, "g", 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := fs.Lookup(ctx, root, client.NoCues, oid.Root, "a"); fserr.Errno(err) != syscall.ENOENT {
+		t.Fatalf("old name still there: %v", err)
+	}
+	// A directory moved to a new parent updates both link counts and "..".
+	mk(t, fs, ctx, oid.Root, "c", wire.Type_TYPE_DIR)
+	c, _ := fs.Lookup(ctx, root, client.NoCues, oid.Root, "c")
+	if err := fs.Rename(ctx, root, client.NoCues, a, "b", oid.ID(c.Id), "b", 0); err != nil {
+		t.Fatal(err)
+	}
+	ma, _ := fs.GetAttr(ctx, root, client.NoCues, a)
+	mc, _ := fs.GetAttr(ctx, root, client.NoCues, oid.ID(c.Id))
+	mb, _ := fs.GetAttr(ctx, root, client.NoCues, b)
+	if ma.Nlink != 2 || mc.Nlink != 3 || mb.Parent != c.Id {
+		t.Fatalf("nlink a=%d c=%d, parent of b=%x; want 2, 3, %x", ma.Nlink, mc.Nlink, mb.Parent, c.Id)
+	}
+}
+
+// TestLinkAndUnlinkCounts checks hard links and link counts.
+func TestLinkAndUnlinkCounts(t *testing.T) {
+	fs, ctx := host(t)
+	f := mk(t, fs, ctx, oid.Root, "f", wire.Type_TYPE_FILE)
+	d := mk(t, fs, ctx, oid.Root, "d", wire.Type_TYPE_DIR)
+	if _, err := fs.Link(ctx, root, client.NoCues, oid.Root, "dlink", d); fserr.Errno(err) != syscall.EPERM {
+		t.Fatalf("hard link to a directory: %v, want EPERM", err)
+	}
+	if _, err := fs.Link(ctx, root, client.NoCues, d, "f2", f); err != nil {
+		t.Fatal(err)
+	}
+	if m, _ := fs.GetAttr(ctx, root, client.NoCues, f); m.Nlink != 2 {
+		t.Fatalf("nlink after link = %d", m.Nlink)
+	}
+	if err := fs.Remove(ctx, root, client.NoCues, oid.Root, "f", false); err != nil {
+		t.Fatal(err)
+	}
+	if m, err := fs.GetAttr(ctx, root, client.NoCues, f); err != nil || m.Nlink != 1 {
+		t.Fatalf("after unlink of one name: %v, %v", m, err)
+	}
+	if err := fs.Remove(ctx, root, client.NoCues, oid.Root, "d", false); fserr.Errno(err) != syscall.EISDIR {
+		t.Fatalf("unlink of a directory: %v, want EISDIR", err)
+	}
+	if err := fs.Remove(ctx, root, client.NoCues, d, "f2", true); fserr.Errno(err) != syscall.ENOTDIR {
+		t.Fatalf("rmdir of a file: %v, want ENOTDIR", err)
+	}
+	if err := fs.Remove(ctx, root, client.NoCues, d, "f2", false); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := fs.GetAttr(ctx, root, client.NoCues, f); fserr.Errno(err) != syscall.ENOENT {
+		t.Fatalf("object survives its last link: %v", err)
+	}
+}
