@@ -118,11 +118,8 @@ func (f *FS) Rename(ctx context.Context, u User, cues cue.Set, srcDir oid.ID, sr
 	if err := checkName(dstName); err != nil {
 		return err
 	}
-	if srcDir.Slice() != dstDir.Slice() {
-		// The two directories have different primaries; cross-primary
-		// rename is not atomic and arrives with multi-server deployments.
-		return fmt.Errorf("rename across slices %v and %v: %w", srcDir.Slice(), dstDir.Slice(), fserr.ErrCrossDevice)
-	}
+	// The source directory's primary does the whole rename atomically when
+	// it is primary for the destination too; otherwise it answers EXDEV.
 	ctx, cancel := f.bound(ctx, cues)
 	defer cancel()
 	_, err := call(ctx, f, srcDir, wire.StorageClient.Rename, &wire.RenameRequest{

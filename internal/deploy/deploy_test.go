@@ -217,3 +217,29 @@ func TestAttrsDeferredIntoCommit(t *testing.T) {
 		t.Fatalf("committed meta: %+v, %v", after, err)
 	}
 }
+
+// TestRenameAcrossSlicesOnOneServer checks that directories in different
+// slices (different persistent cues) still rename atomically when one
+// server is primary for both.
+func TestRenameAcrossSlicesOnOneServer(t *testing.T) {
+	h := startHost(t, t.TempDir())
+	defer h.Close()
+	ctx := context.Background()
+	fs := h.Client
+	d, err := fs.Mkdir(ctx, root, "/.RepLevel=2/two", 0o755)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if oid.ID(d.Id).Slice() == oid.Root.Slice() {
+		t.Fatal("a directory with other persistent cues should be in another slice")
+	}
+	if err := fs.WriteFile(ctx, root, "/f", []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := fs.Rename(ctx, root, client.NoCues, oid.Root, "f", oid.ID(d.Id), "f", 0); err != nil {
+		t.Fatalf("rename into another slice: %v", err)
+	}
+	if got, err := fs.ReadFile(ctx, root, "/two/f"); err != nil || string(got) != "x" {
+		t.Fatalf("after rename: %q, %v", got, err)
+	}
+}
