@@ -40,6 +40,15 @@ func (f *FS) Lookup(ctx context.Context, u User, cues cue.Set, dir oid.ID, name 
 	if err != nil {
 		return nil, fmt.Errorf("lookup %q in %v: %w", name, dir, err)
 	}
+	if resp.Meta == nil && resp.Entry != nil {
+		// The child lives on another primary: ask it.
+		g, err := call(ctx, f, oid.ID(resp.Entry.Id), wire.StorageClient.GetAttr,
+			&wire.GetAttrRequest{Caller: u.caller(), Id: resp.Entry.Id})
+		if err != nil {
+			return nil, fmt.Errorf("lookup %q in %v: %w", name, dir, err)
+		}
+		return f.overlay(g.Meta), nil
+	}
 	return f.overlay(resp.Meta), nil
 }
 
