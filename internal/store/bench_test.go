@@ -201,3 +201,37 @@ func BenchmarkReadBlock64K(b *testing.B) {
 		i++
 	}
 }
+
+// BenchmarkSmallFileCommit: a small file's close as the server does it,
+// sequentially: PutBlock of a fresh 4 KiB block, then one durable Update
+// that references it and writes the file's meta-data.
+func BenchmarkSmallFileCommit(b *testing.B) {
+	s := openT(b, b.TempDir(), Options{})
+	ctx := context.Background()
+	data := randBlock(b, 4<<10)
+	m := &wire.Meta{Type: wire.Type_TYPE_FILE, Mode: 0o644, Nlink: 1, Size: uint64(len(data))}
+	var i uint64
+	var h [32]byte
+	fn := func(tx *Tx) error {
+		id := oid.Make(9, i)
+		if err := tx.SetBlock(id, 0, h); err != nil {
+			return err
+		}
+		m.Id = uint64(id)
+		return tx.PutMeta(m)
+	}
+	b.SetBytes(int64(len(data)))
+	b.ReportAllocs()
+	for b.Loop() {
+		i++
+		binary.LittleEndian.PutUint64(data, i)
+		var err error
+		if h, err = s.PutBlock(data); err != nil {
+			b.Fatal(err)
+		}
+		if err := s.Update(ctx, fn); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "files/s")
+}

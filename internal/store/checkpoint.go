@@ -6,9 +6,13 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"path/filepath"
+	"slices"
 	"time"
 
 	"go.etcd.io/bbolt"
+
+	"github.com/wheelfs/wheelfs/internal/fserr"
 )
 
 // Checkpoint defaults: a checkpoint starts when the mutable layer holds this
@@ -171,6 +175,12 @@ func (s *Store) freeze(final bool) (*memtable, error) {
 // flush applies the frozen layer to bbolt in one transaction, drops it and
 // deletes the log files it covers (all before the current one). ckMu held.
 func (s *Store) flush(frozen *memtable) error {
+	// Once bbolt records the checkpoint, replay skips these records, and
+	// their files go: the blocks they carried inline must be durable in the
+	// segments first.
+	if err := s.syncInline(frozen.inline); err != nil {
+		return err
+	}
 	if err := s.db.Update(func(btx *bbolt.Tx) error {
 		for b := range nBuckets {
 			bk := btx.Bucket(bucketNames[b])
@@ -239,6 +249,8 @@ func (s *Store) recoverLog() (seq, gen uint64, err error) {
 			bks[b] = btx.Bucket(bucketNames[b])
 		}
 		var aerr error
+		var inl []inlineBlock
+		blk := func(b inlineBlock) { inl = append(inl, b) }
 		apply := func(b int, del bool, k, v []byte) {
 			switch {
 			case aerr != nil:
@@ -260,7 +272,7 @@ func (s *Store) recoverLog() (seq, gen uint64, err error) {
 					err = fmt.Errorf("sequence gap: record %d after %d", rs, seq)
 				}
 				if err == nil && n > 0 && rs > seq {
-					err = decodeOps(payload, apply)
+					err = decodeOps(payload, apply, blk)
 				}
 				if err != nil {
 					// Only the last file can end in a record whose write
@@ -285,6 +297,11 @@ func (s *Store) recoverLog() (seq, gen uint64, err error) {
 		if aerr != nil {
 			return aerr
 		}
+		// Before the checkpoint moves past these records (and their files
+		// are deleted), the blocks they carried must be in the segments.
+		if err := s.restoreInline(bks[bBlockidx], inl); err != nil {
+			return err
+		}
 		return putCkSeq(btx, seq)
 	})
 	if err != nil {
@@ -294,4 +311,73 @@ func (s *Store) recoverLog() (seq, gen uint64, err error) {
 		s.log.Info("store: replayed log", "records", seq-start)
 	}
 	return seq, gen, s.removeLogs(math.MaxUint64)
+}
+
+// restoreInline makes sure that every block that replayed records carried
+// inline and that the index (as replayed) still places where the record
+// says is there, intact: the crash may have lost segment data that only the
+// log made durable. Missing or damaged bytes are written back (extending
+// the file if needed); then every segment involved is fdatasynced. A block
+// the index no longer has, or places elsewhere (Compact moved it, after
+// syncing the copy), is left alone: its logged location is stale.
+func (s *Store) restoreInline(idx *bbolt.Bucket, inl []inlineBlock) error {
+	if len(inl) == 0 {
+		return nil
+	}
+	files := map[uint32]*os.File{}
+	defer func() {
+		for _, f := range files {
+			f.Close()
+		}
+	}()
+	created, restored := false, 0
+	var buf []byte
+	for _, b := range inl {
+		l, _, ok := getIdx(idx.Get(b.h[:]))
+		if !ok || l != b.l {
+			continue
+		}
+		if blockCRC(b.data) != l.crc { // the record's CRC covers it: cannot happen
+			return fmt.Errorf("store: logged block %s: checksum mismatch: %w", short(b.h[:]), fserr.ErrIO)
+		}
+		f := files[l.seg]
+		if f == nil {
+			path := s.segPath(l.seg)
+			var err error
+			if f, err = os.OpenFile(path, os.O_RDWR, 0); errors.Is(err, os.ErrNotExist) {
+				s.log.Error("store: segment referenced by the log is missing; recreating it", "segment", segName(l.seg))
+				f, err = os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)
+				created = true
+			}
+			if err != nil {
+				return ioErr("open segment", err)
+			}
+			files[l.seg] = f
+		}
+		buf = slices.Grow(buf[:0], int(l.n))[:l.n]
+		if n, _ := f.ReadAt(buf, int64(l.off)); n == len(buf) && blockCRC(buf) == l.crc {
+			continue
+		}
+		if _, err := f.WriteAt(b.data, int64(l.off)); err != nil {
+			return ioErr("restore block in segment "+segName(l.seg), err)
+		}
+		restored++
+	}
+	if !s.noSync {
+		for id, f := range files {
+			if err := fdatasync(f); err != nil {
+				return ioErr("sync segment "+segName(id), err)
+			}
+		}
+	}
+	if created {
+		if err := s.syncDir(filepath.Join(s.dir, blocksDir)); err != nil {
+			return err
+		}
+	}
+	s.restored += restored
+	if restored > 0 {
+		s.log.Warn("store: restored blocks from the log into their segments", "blocks", restored)
+	}
+	return nil
 }

@@ -208,11 +208,12 @@ func (s *Store) runBatch(batch []*request) {
 // commit makes the batch's writes durable as one log record and applies
 // them to the mutable overlay layer.
 func (s *Store) commit(t *Tx) error {
-	if err := s.syncBatch(t); err != nil {
+	inl, err := s.syncBatch(t)
+	if err != nil {
 		return err
 	}
 	seq := t.seq + 1
-	rec := encodeRecord(seq, t.ops)
+	rec := encodeRecord(seq, t.ops, inl...)
 	if len(rec)-walHeader > maxWALRecord { // bbolt could not take it either
 		return fmt.Errorf("store: %d bytes of changes in one batch: %w", len(rec), fserr.ErrNoSpace)
 	}
@@ -224,8 +225,12 @@ func (s *Store) commit(t *Tx) error {
 	// The overlay keeps referencing rec (never reused).
 	snap := s.snap.Load()
 	m := snap.layers[0]
-	if err := decodeOps(rec[walHeader:], func(b int, del bool, k, v []byte) { m.put(b, k, v, seq, del) }); err != nil {
+	if err := decodeOps(rec[walHeader:], func(b int, del bool, k, v []byte) { m.put(b, k, v, seq, del) }, nil); err != nil {
 		panic("store: cannot decode a record just encoded: " + err.Error())
+	}
+	if len(inl) > 0 {
+		m.addInline(inl)
+		s.inlined.Add(1)
 	}
 	s.snap.Store(&snapshot{layers: snap.layers, seq: seq})
 	if s.overThreshold(1) {
@@ -267,26 +272,98 @@ func (s *Store) runFn(t *Tx, r *request) (err error) {
 	return r.fn(t)
 }
 
-// syncBatch fdatasyncs every segment holding block data that this batch
-// newly references, so that no index entry points at non-durable bytes.
-func (s *Store) syncBatch(t *Tx) error {
-	syncs := t.batch.syncs
-	for i := range syncs {
-		need := syncs[i]
-		if need.seg == 0 {
-			continue
+// inlineMax is the most block data a batch logs inline. If the blocks a
+// batch newly references that are not yet durable in their segments total
+// at most this much, their bytes go into the batch's log record, whose
+// fdatasync makes them durable: a small file's close then costs one
+// fdatasync of the preallocated log instead of two, the first of a growing
+// segment file (a journal commit). Larger batches fdatasync the segments
+// before the log record is written, so bulk data is not written twice.
+const inlineMax = 256 << 10
+
+// syncBatch makes the block data that this batch newly references durable
+// before the record that points at it: it returns the blocks to log inline
+// (with their bytes, read back from the segments), or fdatasyncs their
+// segments and returns nil.
+func (s *Store) syncBatch(t *Tx) ([]inlineBlock, error) {
+	fresh := t.batch.fresh
+	if len(fresh) == 0 {
+		return nil, nil
+	}
+	inl := t.inl[:0]
+	var total int64
+	for i := range fresh {
+		l := fresh[i].l
+		seg := s.segment(l.seg)
+		if seg == nil {
+			return nil, fmt.Errorf("store: segment %s vanished before commit: %w", segName(l.seg), errSegmentGone)
 		}
-		for j := i + 1; j < len(syncs); j++ { // merge duplicates
-			if syncs[j].seg == need.seg {
-				need.end = max(need.end, syncs[j].end)
-				syncs[j].seg = 0
+		if seg.synced.Load() >= l.end() {
+			continue // durable already
+		}
+		// A block indexed, freed and indexed again within the batch is
+		// logged twice; that is harmless.
+		if total += int64(l.n); total > inlineMax {
+			clear(inl)
+			t.inl = inl[:0]
+			return nil, s.syncSegments(t)
+		}
+		inl = append(inl, inlineBlock{h: fresh[i].h, l: l})
+	}
+	t.inl = inl
+	if len(inl) == 0 {
+		return nil, nil
+	}
+	if int64(cap(t.inlBuf)) < total {
+		t.inlBuf = make([]byte, total, max(total, 64<<10))
+	}
+	buf := t.inlBuf[:total]
+	for i := range inl {
+		b := &inl[i]
+		d := buf[:b.l.n:b.l.n]
+		buf = buf[b.l.n:]
+		seg := s.segment(b.l.seg)
+		if seg == nil {
+			return nil, fmt.Errorf("store: segment %s vanished before commit: %w", segName(b.l.seg), errSegmentGone)
+		}
+		live, err := seg.readAt(d, int64(b.l.off))
+		if !live {
+			return nil, fmt.Errorf("store: segment %s vanished before commit: %w", segName(b.l.seg), errSegmentGone)
+		}
+		if err != nil {
+			return nil, ioErr(fmt.Sprintf("read back block %s from %s at %d", short(b.h[:]), segName(b.l.seg), b.l.off), err)
+		}
+		if blockCRC(d) != b.l.crc {
+			return nil, fmt.Errorf("store: block %s in %s at %d: checksum mismatch before commit: %w",
+				short(b.h[:]), segName(b.l.seg), b.l.off, fserr.ErrIO)
+		}
+		b.data = d
+	}
+	return inl, nil
+}
+
+// syncSegments fdatasyncs every segment holding block data that this batch
+// newly references.
+func (s *Store) syncSegments(t *Tx) error {
+	ends := t.ends[:0]
+	defer func() { t.ends = ends[:0] }()
+next:
+	for i := range t.batch.fresh {
+		l := t.batch.fresh[i].l
+		for j := range ends {
+			if ends[j].seg == l.seg {
+				ends[j].end = max(ends[j].end, l.end())
+				continue next
 			}
 		}
-		seg := s.segment(need.seg)
+		ends = append(ends, segEnd{l.seg, l.end()})
+	}
+	for _, e := range ends {
+		seg := s.segment(e.seg)
 		if seg == nil {
-			return fmt.Errorf("store: segment %s vanished before commit: %w", segName(need.seg), errSegmentGone)
+			return fmt.Errorf("store: segment %s vanished before commit: %w", segName(e.seg), errSegmentGone)
 		}
-		if err := s.syncSegment(seg, need.end); err != nil {
+		if err := s.syncSegment(seg, e.end); err != nil {
 			return err
 		}
 	}

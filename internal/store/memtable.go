@@ -17,6 +17,11 @@ type memtable struct {
 	bytes atomic.Int64 // approximate memory held (keys, values, nodes)
 	ops   atomic.Int64 // versions inserted
 	last  uint64       // highest sequence number inside; set when frozen
+	// inline maps each segment holding blocks that this layer's log
+	// records carry inline to the end of the highest such block: the
+	// checkpoint fdatasyncs these before the records stop being replayed.
+	// Committer only (commitMu held); read once the layer is frozen.
+	inline map[uint32]int64
 }
 
 func newMemtable() *memtable {
@@ -32,6 +37,20 @@ func (m *memtable) put(b int, key, val []byte, seq uint64, del bool) {
 	m.lists[b].put(key, val, seq, del)
 	m.bytes.Add(int64(len(key) + len(val) + nodeOverhead))
 	m.ops.Add(1)
+}
+
+// addInline notes blocks that a record of this layer carries inline.
+func (m *memtable) addInline(blocks []inlineBlock) {
+	if m.inline == nil {
+		m.inline = make(map[uint32]int64)
+	}
+	var n int64
+	for i := range blocks {
+		l := blocks[i].l
+		m.inline[l.seg] = max(m.inline[l.seg], l.end())
+		n += int64(l.n)
+	}
+	m.bytes.Add(n) // the layer keeps the record, block bytes included
 }
 
 const (

@@ -12,9 +12,9 @@
 // function's writes are buffered as a list of puts and deletes and kept
 // only if it succeeds, so a failing function rolls back only its own
 // changes. The kept writes of the whole batch become one checksummed,
-// sequence-numbered log record: the committer fdatasyncs the segments
-// holding newly referenced block data, appends the record, fdatasyncs the
-// log (one flush: log files are preallocated), inserts the writes into the
+// sequence-numbered log record: the committer makes the newly referenced
+// block data durable (see below), appends the record, fdatasyncs the log
+// (one flush: log files are preallocated), inserts the writes into the
 // in-memory overlay and answers every caller. A lone caller is committed at
 // once (there is no batching delay); concurrent callers batch while the
 // previous commit is in flight.
@@ -34,11 +34,29 @@
 //
 // PutBlock appends a block to the active segment without syncing and
 // remembers it as pending; the Update that first references it (SetBlock)
-// makes it durable before the record that points at it. Pending blocks
-// that nothing references are forgotten after PendingTTL or on restart;
-// their bytes are dead space that Compact reclaims. On Open, after the log
-// replay, the active segment is truncated to the largest offset the index
-// references, dropping data that was never acknowledged.
+// makes it durable before the record that points at it takes effect, in
+// one of two ways (the inline-block rule). If the blocks a batch newly
+// references that are not yet fdatasynced in their segments total at most
+// inlineMax (256 KiB), the record carries their bytes too (hash, segment,
+// offset, CRC-32C, data), and the log's fdatasync makes them durable: a
+// small file's close costs one flush of the preallocated log rather than a
+// flush of a growing segment file (a file-system journal commit) as well.
+// Larger batches fdatasync the segments first, so bulk data is not written
+// twice. A checkpoint fdatasyncs every segment holding blocks its records
+// carried before bbolt records it (after which those records are no longer
+// replayed) and their log files are deleted. Replay checks each carried
+// block that the replayed index still places at the logged location
+// against the CRC-32C there, writes back missing or damaged bytes
+// (extending the segment if it is short) and fdatasyncs those segments
+// before committing the replay; a block the index no longer has, or that
+// Compact moved (Compact syncs its copies before repointing the index), is
+// left alone, so stale locations are never resurrected.
+//
+// Pending blocks that nothing references are forgotten after PendingTTL or
+// on restart; their bytes are dead space that Compact reclaims. On Open,
+// after the log replay, the active segment is truncated to the largest
+// offset the index references, dropping data that was never acknowledged
+// (blocks restored from the log are indexed, so they stay).
 //
 // Lock order: ckMu → commitMu; appendMu → pendMu → segMu → segment.mu.
 package store
@@ -122,6 +140,8 @@ type Store struct {
 	objects     atomic.Int64 // committed object count
 	batches     atomic.Int64 // committed batches (tests, diagnostics)
 	checkpoints atomic.Int64 // completed checkpoints (tests, diagnostics)
+	inlined     atomic.Int64 // records that carried block data (tests, diagnostics)
+	restored    int          // blocks Open wrote back from the log (tests, diagnostics)
 
 	// Group commit.
 	qmu      sync.Mutex
@@ -475,6 +495,29 @@ func (s *Store) syncSegment(seg *segment, need int64) error {
 			return nil
 		}
 	}
+}
+
+// syncInline makes the blocks that log records carried inline durable in
+// their segments: ends maps a segment to the end of its highest such block.
+// A segment deleted meanwhile is skipped: Compact deletes a segment only
+// after durably repointing its live blocks to synced copies.
+func (s *Store) syncInline(ends map[uint32]int64) error {
+	for id, end := range ends {
+		seg := s.segment(id)
+		if seg == nil {
+			continue
+		}
+		seg.mu.RLock() // keeps the file open
+		var err error
+		if !seg.dead {
+			err = s.syncSegment(seg, end)
+		}
+		seg.mu.RUnlock()
+		if err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func (s *Store) segment(id uint32) *segment {

@@ -722,8 +722,10 @@ func TestUpdateContextAndPanic(t *testing.T) {
 // stays open; what is on disk is all a restarted process gets). No
 // checkpoint runs meanwhile, and the log is copied before the segments, so
 // that every block a copied record references is in the copy even while
-// updates go on.
-func crashCopy(t *testing.T, s *Store, dst string) {
+// updates go on. It returns how much of each segment was known durable
+// (fdatasynced) once the log had been copied: a power failure may lose
+// the rest (see loseUnsynced).
+func crashCopy(t *testing.T, s *Store, dst string) (synced map[uint32]int64) {
 	t.Helper()
 	s.ckMu.Lock()
 	defer s.ckMu.Unlock()
@@ -743,7 +745,14 @@ func crashCopy(t *testing.T, s *Store, dst string) {
 	}
 	copyAll(".", func(n string) bool { return strings.HasPrefix(n, walPrefix) })
 	copyAll(".", func(n string) bool { return n == metaFile })
+	synced = map[uint32]int64{}
+	s.segMu.RLock()
+	for id, seg := range s.segs {
+		synced[id] = seg.synced.Load()
+	}
+	s.segMu.RUnlock()
 	copyAll(blocksDir, func(string) bool { return true }) // listed after the log was copied
+	return synced
 }
 
 func copyFile(t *testing.T, src, dst string) {

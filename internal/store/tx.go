@@ -62,6 +62,9 @@ type Tx struct {
 	sorted      []int          // scratch for scan
 	fn, batch   effects        // side effects of the running function / the batch
 	baseObjects int64
+	inl         []inlineBlock // commit scratch: blocks logged inline
+	inlBuf      []byte        // commit scratch: their bytes
+	ends        []segEnd      // commit scratch: segments to sync
 }
 
 // op is a buffered write.
@@ -78,10 +81,16 @@ const linearOps = 16
 
 // effects are a transaction's consequences outside bbolt.
 type effects struct {
-	syncs   []segEnd   // segment data that must be durable before commit
-	used    [][32]byte // pending blocks now referenced by the index
-	live    []segDelta // indexed bytes per segment
-	objects int        // object count delta
+	fresh   []freshBlock // pending blocks now indexed: durable before commit
+	used    [][32]byte   // pending blocks now referenced by the index
+	live    []segDelta   // indexed bytes per segment
+	objects int          // object count delta
+}
+
+// freshBlock is a pending block that a transaction indexed.
+type freshBlock struct {
+	h [32]byte
+	l loc
 }
 
 type segEnd struct {
@@ -95,7 +104,7 @@ type segDelta struct {
 }
 
 func (e *effects) reset() {
-	e.syncs, e.used, e.live, e.objects = e.syncs[:0], e.used[:0], e.live[:0], 0
+	e.fresh, e.used, e.live, e.objects = e.fresh[:0], e.used[:0], e.live[:0], 0
 }
 
 func (e *effects) addLive(seg uint32, n int64) {
@@ -151,6 +160,8 @@ func (t *Tx) endUpdate() {
 	t.idx = nil
 	t.fn.reset()
 	t.batch.reset()
+	clear(t.inl)
+	t.inl = t.inl[:0]
 	t.mem.cur = t.mem.cur[:0] // the log record holds copies
 }
 
@@ -170,7 +181,7 @@ func (t *Tx) discardFn() {
 // keepFn adds the running function's writes and effects to the batch.
 func (t *Tx) keepFn() {
 	f, b := &t.fn, &t.batch
-	b.syncs = append(b.syncs, f.syncs...)
+	b.fresh = append(b.fresh, f.fresh...)
 	b.used = append(b.used, f.used...)
 	for _, d := range f.live {
 		b.addLive(d.seg, d.n)
@@ -662,7 +673,7 @@ func (t *Tx) incRef(hash [32]byte) error {
 	}
 	putIdx(buf[:], p.loc, 1)
 	t.put(bBlockidx, hash[:], buf[:])
-	t.fn.syncs = append(t.fn.syncs, segEnd{p.loc.seg, p.loc.end()})
+	t.fn.fresh = append(t.fn.fresh, freshBlock{hash, p.loc})
 	t.fn.used = append(t.fn.used, hash)
 	t.fn.addLive(p.loc.seg, int64(p.loc.n))
 	return nil

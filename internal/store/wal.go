@@ -20,13 +20,27 @@ import (
 //
 // Record: payload length u32 | CRC-32C of the rest u32 | sequence u64 |
 // payload. Payload: ops, each kind u8 (bucket<<1 | delete) | uvarint key
-// length | key | (put only) uvarint value length | value.
+// length | key | (put only) uvarint value length | value; or an inline
+// block: kind opBlock | SHA-256 (32) | segment u32 | offset u64 | CRC-32C
+// u32 | uvarint length | bytes (a block this record makes durable in place
+// of a segment fdatasync, see inlineMax).
 const (
 	walPrefix    = "wal-"
 	walHeader    = 16
 	walChunk     = 1 << 20
 	maxWALRecord = 1 << 30
+
+	opBlock      = 0xff
+	blockOpFixed = 1 + 32 + 4 + 8 + 4 // kind, hash, segment, offset, CRC
 )
+
+// inlineBlock is a block whose bytes a log record carries. data aliases
+// the record (or a scratch buffer while encoding).
+type inlineBlock struct {
+	h    [32]byte
+	l    loc
+	data []byte
+}
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
@@ -98,8 +112,9 @@ func (s *Store) walGens() ([]uint64, error) {
 	return gens, nil
 }
 
-// encodeRecord serializes ops as the record with sequence number seq.
-func encodeRecord(seq uint64, ops []op) []byte {
+// encodeRecord serializes ops and inline blocks as the record with
+// sequence number seq.
+func encodeRecord(seq uint64, ops []op, blocks ...inlineBlock) []byte {
 	n := walHeader
 	for i := range ops {
 		o := &ops[i]
@@ -107,6 +122,9 @@ func encodeRecord(seq uint64, ops []op) []byte {
 		if !o.del {
 			n += binary.MaxVarintLen32 + len(o.val)
 		}
+	}
+	for i := range blocks {
+		n += blockOpFixed + binary.MaxVarintLen32 + len(blocks[i].data)
 	}
 	rec := make([]byte, walHeader, n)
 	for i := range ops {
@@ -123,6 +141,16 @@ func encodeRecord(seq uint64, ops []op) []byte {
 			rec = append(rec, o.val...)
 		}
 	}
+	for i := range blocks {
+		b := &blocks[i]
+		rec = append(rec, opBlock)
+		rec = append(rec, b.h[:]...)
+		rec = binary.BigEndian.AppendUint32(rec, b.l.seg)
+		rec = binary.BigEndian.AppendUint64(rec, b.l.off)
+		rec = binary.BigEndian.AppendUint32(rec, b.l.crc)
+		rec = binary.AppendUvarint(rec, uint64(len(b.data)))
+		rec = append(rec, b.data...)
+	}
 	binary.LittleEndian.PutUint32(rec[0:], uint32(len(rec)-walHeader))
 	binary.LittleEndian.PutUint64(rec[8:], seq)
 	binary.LittleEndian.PutUint32(rec[4:], crc32.Checksum(rec[8:], castagnoli))
@@ -131,10 +159,31 @@ func encodeRecord(seq uint64, ops []op) []byte {
 
 var errBadRecord = errors.New("malformed log record")
 
-// decodeOps calls fn for each op of a record's payload. The slices alias p.
-func decodeOps(p []byte, fn func(b int, del bool, key, val []byte)) error {
+// decodeOps calls fn for each op of a record's payload and blk (if not
+// nil) for each inline block. The slices alias p.
+func decodeOps(p []byte, fn func(b int, del bool, key, val []byte), blk func(b inlineBlock)) error {
 	for len(p) > 0 {
 		kind := p[0]
+		if kind == opBlock {
+			if len(p) < blockOpFixed {
+				return errBadRecord
+			}
+			var b inlineBlock
+			copy(b.h[:], p[1:33])
+			b.l.seg = binary.BigEndian.Uint32(p[33:])
+			b.l.off = binary.BigEndian.Uint64(p[37:])
+			b.l.crc = binary.BigEndian.Uint32(p[45:])
+			data, rest, ok := cutLen(p[blockOpFixed:])
+			if !ok || len(data) > MaxBlockSize {
+				return errBadRecord
+			}
+			b.l.n, b.data = uint32(len(data)), data
+			if blk != nil {
+				blk(b)
+			}
+			p = rest
+			continue
+		}
 		b, del := int(kind>>1), kind&1 == 1
 		if b >= nBuckets {
 			return errBadRecord
