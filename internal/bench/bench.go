@@ -12,6 +12,7 @@ package bench
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -20,6 +21,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -36,6 +38,9 @@ type Options struct {
 	Size int64
 	// Files is the number of small files.
 	Files int
+	// Runs is how many times the sequential write and read are repeated;
+	// the median run is reported (the disk of a VM is noisy).
+	Runs int
 	// SkipLoopback leaves out the go-fuse loopback target.
 	SkipLoopback bool
 	// Keep leaves the scratch directory (logs, data) in place.
@@ -213,7 +218,6 @@ func runTarget(ctx context.Context, t target, o Options, data []byte, tarball st
 		}
 		return true
 	}
-	seq := filepath.Join(t.Root(), "seq.dat")
 	var m *Measurement
 	var err error
 
@@ -221,14 +225,22 @@ func runTarget(ctx context.Context, t target, o Options, data []byte, tarball st
 	if down() {
 		return
 	}
-	log.Info("sequential write", "size", FormatSize(o.Size))
-	onQuietThread(func() { m, err = seqWrite(ctx, seq, data, log) })
-	wrote := record(SeqWrite, m, err)
-	if ctx.Err() != nil || down(SeqWrite) {
-		return
-	}
-
-	if wrote {
+	runs := max(o.Runs, 1)
+	var writes, reads []*Measurement
+	for i := 0; i < runs; i++ {
+		seq := filepath.Join(t.Root(), fmt.Sprintf("seq-%d.dat", i))
+		unix.Sync()
+		log.Info("sequential write", "size", FormatSize(o.Size), "run", i+1, "of", runs)
+		onQuietThread(func() { m, err = seqWrite(ctx, seq, data, log) })
+		if err != nil {
+			record(SeqWrite, m, err)
+			tr.Results[SeqRead] = &Measurement{Error: "not run: the write failed"}
+			break
+		}
+		writes = append(writes, m)
+		if ctx.Err() != nil || down(SeqWrite) {
+			return
+		}
 		log.Info("making caches cold before the read")
 		if err := t.Restart(ctx); err != nil {
 			record(SeqRead, nil, err)
@@ -245,14 +257,23 @@ func runTarget(ctx context.Context, t target, o Options, data []byte, tarball st
 		if down() {
 			return
 		}
-		log.Info("sequential read", "size", FormatSize(o.Size))
+		log.Info("sequential read", "size", FormatSize(o.Size), "run", i+1, "of", runs)
 		onQuietThread(func() { m, err = seqRead(ctx, seq, data, log) })
-		record(SeqRead, m, err)
+		if err != nil {
+			record(SeqRead, m, err)
+			break
+		}
+		reads = append(reads, m)
 		if ctx.Err() != nil || down(SeqRead) {
 			return
 		}
-	} else {
-		tr.Results[SeqRead] = &Measurement{Error: "not run: the write failed"}
+		os.Remove(seq) // keep the disk's free space the same for every run
+	}
+	if len(writes) == runs {
+		record(SeqWrite, median(writes), nil)
+	}
+	if len(reads) == runs {
+		record(SeqRead, median(reads), nil)
 	}
 
 	unix.Sync()
@@ -267,6 +288,13 @@ func runTarget(ctx context.Context, t target, o Options, data []byte, tarball st
 	if ctx.Err() == nil {
 		down(Tar)
 	}
+}
+
+// median returns the measurement with the median rate.
+func median(ms []*Measurement) *Measurement {
+	sorted := slices.Clone(ms)
+	slices.SortFunc(sorted, func(a, b *Measurement) int { return cmp.Compare(a.Rate, b.Rate) })
+	return sorted[len(sorted)/2]
 }
 
 // describeMachine gathers the facts printed with the results.

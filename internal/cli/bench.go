@@ -16,11 +16,12 @@ func newBench(g *globalFlags) *cobra.Command {
 	var (
 		dir, size    string
 		files        int
+		runs         int
 		skipLoopback bool
 		asJSON, keep bool
 	)
 	cmd := &cobra.Command{
-		Use:   "bench [--dir DIR] [--size 512MiB] [--files 10000] [--skip-loopback] [--json]",
+		Use:   "bench [--dir DIR] [--size 512MiB] [--files 10000] [--runs 3] [--skip-loopback] [--json]",
 		Short: "Measure a one-host WheelFS against the raw disk and a FUSE loopback mount (run as root for cold reads)",
 		Long: `bench measures, on the same backing disk, three targets side by side: a plain
 directory (the raw disk), go-fuse's loopback example mounting a directory (the
@@ -41,7 +42,7 @@ Progress goes to stderr, the table (or JSON) to stdout. See docs/BENCHMARKS.md.`
 			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
-			rep, err := bench.Run(ctx, bench.Options{Dir: dir, Size: n, Files: files, SkipLoopback: skipLoopback,
+			rep, err := bench.Run(ctx, bench.Options{Dir: dir, Size: n, Files: files, Runs: runs, SkipLoopback: skipLoopback,
 				Keep: keep, Self: self, Logger: g.logger()})
 			if rep != nil && len(rep.Targets) > 0 {
 				if asJSON {
@@ -68,6 +69,7 @@ Progress goes to stderr, the table (or JSON) to stdout. See docs/BENCHMARKS.md.`
 	f.StringVar(&dir, "dir", "", "make the scratch directory in DIR (default /var/tmp); it sets the backing disk")
 	f.StringVar(&size, "size", "512MiB", "size of the sequential file (KiB, MiB, GiB; KB, MB, GB)")
 	f.IntVar(&files, "files", 10000, "number of small files to create, stat, list and unlink")
+	f.IntVar(&runs, "runs", 3, "repetitions of the sequential write and read; the median is reported")
 	f.BoolVar(&skipLoopback, "skip-loopback", false, "do not build and measure go-fuse's loopback file system")
 	f.BoolVar(&asJSON, "json", false, "print the report as JSON on stdout (the table goes to stderr)")
 	f.BoolVar(&keep, "keep", false, "keep the scratch directory (logs, data) after the run")
