@@ -330,17 +330,18 @@ func (st *fileState) prefetch(ctx context.Context, f *FS, u User, from, to uint6
 		}
 	}
 	mine, _ := f.claim(needed)
-	if len(mine) == 0 {
-		return
-	}
 	id := st.id
-	go func() {
-		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), f.cfg.Timeout)
-		defer cancel()
-		if err := f.fetchClaimed(ctx, u, id, mine); err != nil {
-			f.log.Debug("prefetch failed", "id", id.String(), "err", err)
-		}
-	}()
+	// One goroutine per RPC's worth: the reads of the window overlap, so
+	// the primary's disk sees several requests at once.
+	for chunk := range slices.Chunk(mine, blocksPerRPC) {
+		go func() {
+			ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), f.cfg.Timeout)
+			defer cancel()
+			if err := f.fetchClaimed(ctx, u, id, chunk); err != nil {
+				f.log.Debug("prefetch failed", "id", id.String(), "err", err)
+			}
+		}()
+	}
 }
 
 // claim splits hashes into those this caller must fetch (now marked in

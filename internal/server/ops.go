@@ -717,18 +717,18 @@ func (s *Server) ReadBlocks(ctx context.Context, req *wire.ReadBlocksRequest) (*
 	if err := s.checkData(id, cred(req.Caller), perm.R); err != nil {
 		return nil, fserr.ToStatus(err)
 	}
-	resp := &wire.ReadBlocksResponse{Data: make([][]byte, len(req.Hashes))}
+	hs := make([][32]byte, len(req.Hashes))
 	for i, h := range req.Hashes {
 		if len(h) != 32 {
 			return nil, fserr.ToStatus(fmt.Errorf("block hash of %d bytes: %w", len(h), fserr.ErrInvalid))
 		}
-		data, err := s.store.ReadBlock([32]byte(h))
-		if err != nil {
-			return nil, fserr.ToStatus(fmt.Errorf("read block of %v: %w", id, err))
-		}
-		resp.Data[i] = data
+		hs[i] = [32]byte(h)
 	}
-	return resp, nil
+	data, err := s.store.ReadBlocks(hs)
+	if err != nil {
+		return nil, fserr.ToStatus(fmt.Errorf("read blocks of %v: %w", id, err))
+	}
+	return &wire.ReadBlocksResponse{Data: data}, nil
 }
 
 // checkData allows block transfers for a file the caller may access.

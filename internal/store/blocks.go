@@ -177,6 +177,68 @@ func (s *Store) ReadBlock(h [32]byte) ([]byte, error) {
 	}
 }
 
+// ReadBlocks reads several blocks. Neighbours in a segment (a file's
+// blocks are appended together) are read with one system call, and every
+// block is checked against its CRC. A block that moved meanwhile (Compact)
+// is read on its own.
+func (s *Store) ReadBlocks(hs [][32]byte) ([][]byte, error) {
+	out := make([][]byte, len(hs))
+	locs := make([]loc, len(hs))
+	for i, h := range hs {
+		l, ok, err := s.lookup(h)
+		if err != nil {
+			return nil, err
+		}
+		if !ok {
+			return nil, fmt.Errorf("store: block %s: %w", short(h[:]), fserr.ErrNotExist)
+		}
+		locs[i] = l
+	}
+	for i := 0; i < len(hs); {
+		j := i + 1
+		for j < len(hs) && locs[j].seg == locs[i].seg && int64(locs[j].off) == locs[j-1].end() {
+			j++
+		}
+		if err := s.readRun(hs[i:j], locs[i:j], out[i:j]); err != nil {
+			return nil, err
+		}
+		i = j
+	}
+	return out, nil
+}
+
+// readRun reads blocks stored back to back in one segment.
+func (s *Store) readRun(hs [][32]byte, locs []loc, out [][]byte) error {
+	first, last := locs[0], locs[len(locs)-1]
+	seg := s.segment(first.seg)
+	if seg != nil {
+		buf := make([]byte, last.end()-int64(first.off))
+		live, err := seg.readAt(buf, int64(first.off))
+		if live && err == nil {
+			for k, l := range locs {
+				b := buf[int64(l.off)-int64(first.off) : l.end()-int64(first.off) : l.end()-int64(first.off)]
+				if blockCRC(b) != l.crc {
+					s.log.Error("store: block checksum mismatch", "hash", fmt.Sprintf("%x", hs[k]), "segment", segName(l.seg), "offset", l.off)
+					return fmt.Errorf("store: block %s in %s at %d: checksum mismatch: %w", short(hs[k][:]), segName(l.seg), l.off, fserr.ErrIO)
+				}
+				out[k] = b
+			}
+			return nil
+		}
+		if live {
+			return ioErr(fmt.Sprintf("read %d blocks from %s at %d", len(locs), segName(first.seg), first.off), err)
+		}
+	}
+	for k, h := range hs { // the segment was compacted away: one by one
+		b, err := s.ReadBlock(h)
+		if err != nil {
+			return err
+		}
+		out[k] = b
+	}
+	return nil
+}
+
 // Compact rewrites the live blocks of every segment whose bytes are more
 // than half dead into the active segment (rolling the active segment first
 // if it is at least a quarter full and more than half dead), makes

@@ -385,6 +385,7 @@ func (s *Store) open() error {
 		if err != nil {
 			return fmt.Errorf("store: open segment: %w", err)
 		}
+		adviseSequential(f)
 		st, err := f.Stat()
 		if err != nil {
 			f.Close()
@@ -451,6 +452,7 @@ func (s *Store) newSegmentLocked(id uint32) error {
 	if err != nil {
 		return ioErr("create segment", err)
 	}
+	adviseSequential(f)
 	if err := s.syncDir(filepath.Join(s.dir, blocksDir)); err != nil {
 		f.Close()
 		os.Remove(s.segPath(id))

@@ -1421,3 +1421,40 @@ func crashChild(dir string) {
 		fmt.Printf("ack %d\n", i) // stdout is unbuffered
 	}
 }
+
+// TestReadBlocksCoalesces checks the batched read: neighbours, blocks from
+// other places, a duplicate, and corruption caught by the CRC.
+func TestReadBlocksCoalesces(t *testing.T) {
+	s, err := Open(t.TempDir(), Options{NoSync: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	var hs [][32]byte
+	var want [][]byte
+	for i := 0; i < 5; i++ {
+		b := bytes.Repeat([]byte{byte(i + 1)}, 1000+i)
+		h, err := s.PutBlock(b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		hs, want = append(hs, h), append(want, b)
+	}
+	order := []int{0, 1, 2, 4, 3, 3}
+	var ask [][32]byte
+	for _, i := range order {
+		ask = append(ask, hs[i])
+	}
+	got, err := s.ReadBlocks(ask)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for k, i := range order {
+		if !bytes.Equal(got[k], want[i]) {
+			t.Fatalf("block %d (of %d) differs", k, i)
+		}
+	}
+	if _, err := s.ReadBlocks([][32]byte{{9}}); err == nil {
+		t.Fatal("unknown block read without error")
+	}
+}
