@@ -88,6 +88,7 @@ type Member struct {
 	clientURL []string
 	peerURL   []string
 	closeOnce sync.Once
+	quiet     func() // demotes etcd's logs once we shut it down
 }
 
 // urlsFile remembers automatically chosen URLs of a single member.
@@ -187,8 +188,8 @@ func start(ctx context.Context, c Config, cu, pu *url.URL) (*Member, error) {
 	cfg.EnableGRPCGateway = false
 	cfg.Logger = "zap"
 	cfg.LogLevel = "warn"
-	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(
-		zapslog.New(c.Logger.With("component", "etcd", "member", c.Name), zapcore.WarnLevel, benignWarnings...))
+	zl, quiet := zapslog.NewQuietable(c.Logger.With("component", "etcd", "member", c.Name), zapcore.WarnLevel, benignWarnings...)
+	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zl)
 	if t := c.TLS; t != nil {
 		if t.CertFile == "" || t.KeyFile == "" || t.CAFile == "" {
 			return nil, errors.New("embedded: TLS needs CertFile, KeyFile and CAFile")
@@ -222,7 +223,7 @@ func start(ctx context.Context, c Config, cu, pu *url.URL) (*Member, error) {
 		e.Close()
 		return nil, fmt.Errorf("embedded: etcd member %q not ready (no quorum yet?): %w", c.Name, ctx.Err())
 	}
-	m := &Member{e: e, name: c.Name}
+	m := &Member{e: e, name: c.Name, quiet: quiet}
 	for _, u := range cfg.AdvertiseClientUrls {
 		m.clientURL = append(m.clientURL, u.String())
 	}
@@ -246,7 +247,10 @@ func (m *Member) Err() <-chan error { return m.e.Err() }
 
 // Close stops the member gracefully. It is idempotent.
 func (m *Member) Close() error {
-	m.closeOnce.Do(m.e.Close)
+	m.closeOnce.Do(func() {
+		m.quiet()
+		m.e.Close()
+	})
 	return nil
 }
 
@@ -328,11 +332,6 @@ var benignWarnings = []string{
 	"Running http and grpc server on single port. This is not recommended for production.",
 	"simple token is not cryptographically signed",
 	"check file permission",
-	// Logged by every clean Close as its listeners shut; a real failure
-	// to serve surfaces as Start's error instead.
-	"setting up serving from embedded etcd failed.",
-	"stopping secure grpc server due to error",
-	"stopped secure grpc server due to error",
 }
 
 func isAddrInUse(err error) bool {

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"maps"
 	"slices"
+	"sync/atomic"
 
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
@@ -18,22 +19,31 @@ import (
 // whose message is one of demote are logged at debug level instead (for
 // known-benign warnings). A nil l discards everything.
 func New(l *slog.Logger, min zapcore.Level, demote ...string) *zap.Logger {
+	z, _ := NewQuietable(l, min, demote...)
+	return z
+}
+
+// NewQuietable is New plus a function that demotes every later entry to
+// debug level: an embedded server logs errors about its own listeners
+// closing while it is shut down on purpose.
+func NewQuietable(l *slog.Logger, min zapcore.Level, demote ...string) (*zap.Logger, func()) {
 	if l == nil {
-		return zap.NewNop()
+		return zap.NewNop(), func() {}
 	}
-	c := &core{l: l, min: min}
+	c := &core{l: l, min: min, quiet: new(atomic.Bool)}
 	if len(demote) > 0 {
 		c.demote = make(map[string]bool, len(demote))
 		for _, m := range demote {
 			c.demote[m] = true
 		}
 	}
-	return zap.New(c)
+	return zap.New(c), func() { c.quiet.Store(true) }
 }
 
 type core struct {
 	l      *slog.Logger
 	min    zapcore.Level
+	quiet  *atomic.Bool // shared by the cores that With derives
 	demote map[string]bool
 	attrs  []slog.Attr // accumulated by With
 }
@@ -62,7 +72,7 @@ func (c *core) Enabled(lvl zapcore.Level) bool {
 // level is the slog level an entry is logged at, and whether it is logged.
 func (c *core) level(e zapcore.Entry) (slog.Level, bool) {
 	lvl := toSlog(e.Level)
-	if c.demote[e.Message] && e.Level < zapcore.ErrorLevel {
+	if c.quiet.Load() || (c.demote[e.Message] && e.Level < zapcore.ErrorLevel) {
 		lvl = slog.LevelDebug
 	} else if e.Level < c.min {
 		return 0, false
@@ -74,7 +84,7 @@ func (c *core) With(fields []zapcore.Field) zapcore.Core {
 	if len(fields) == 0 {
 		return c
 	}
-	n := &core{l: c.l, min: c.min, demote: c.demote}
+	n := &core{l: c.l, min: c.min, quiet: c.quiet, demote: c.demote}
 	n.attrs = append(slices.Clip(c.attrs), fieldsToAttrs(fields)...)
 	return n
 }

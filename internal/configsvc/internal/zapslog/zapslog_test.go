@@ -40,3 +40,15 @@ func TestBridge(t *testing.T) {
 func TestNilLogger(t *testing.T) {
 	New(nil, zapcore.DebugLevel).Error("nothing") // must not panic
 }
+
+func TestQuietDemotesErrors(t *testing.T) {
+	var buf bytes.Buffer
+	l := slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	z, quiet := NewQuietable(l, zapcore.WarnLevel)
+	z.With(zap.String("k", "v")).Error("before")
+	quiet()
+	z.With(zap.String("k", "v")).Error("after") // demoted to debug: hidden
+	if out := buf.String(); !strings.Contains(out, "before") || strings.Contains(out, "after") {
+		t.Fatalf("log = %q", out)
+	}
+}
