@@ -6,6 +6,7 @@ import (
 	"errors"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"syscall"
 	"testing"
 	"time"
@@ -13,6 +14,8 @@ import (
 	"github.com/wheelfs/wheelfs/internal/client"
 	"github.com/wheelfs/wheelfs/internal/fserr"
 	"github.com/wheelfs/wheelfs/internal/oid"
+	"github.com/wheelfs/wheelfs/internal/pki"
+	"github.com/wheelfs/wheelfs/internal/route"
 	"github.com/wheelfs/wheelfs/internal/wire"
 )
 
@@ -241,5 +244,58 @@ func TestRenameAcrossSlicesOnOneServer(t *testing.T) {
 	}
 	if got, err := fs.ReadFile(ctx, root, "/two/f"); err != nil || string(got) != "x" {
 		t.Fatalf("after rename: %q, %v", got, err)
+	}
+}
+
+// TestRemoteClientOverTLS drives the server through gRPC with mutual TLS,
+// as a client on another host does, and checks that a client without a
+// certificate from the deployment's CA is refused.
+func TestRemoteClientOverTLS(t *testing.T) {
+	h := startHost(t, t.TempDir())
+	defer h.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	r, err := route.New(ctx, h.Conf, route.Options{Logger: testLogger(t), TLS: h.Creds.ClientTLS})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	remote := client.New(client.Config{Logger: testLogger(t)}, r)
+	data := bytes.Repeat([]byte("remote "), 40000) // several blocks
+	if err := remote.WriteFile(ctx, root, "/over-the-wire", data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := h.Client.ReadFile(ctx, root, "/over-the-wire"); err != nil || !bytes.Equal(got, data) {
+		t.Fatalf("local read of a remote write: %d bytes, %v", len(got), err)
+	}
+	if got, err := remote.ReadFile(ctx, root, "/over-the-wire"); err != nil || !bytes.Equal(got, data) {
+		t.Fatalf("remote read: %d bytes, %v", len(got), err)
+	}
+	if _, err := remote.Resolve(ctx, root, "/nope/x"); errno(err) != syscall.ENOENT {
+		t.Fatalf("remote error mapping: %v, want ENOENT", err)
+	}
+
+	// A client whose certificate comes from another CA gets nowhere.
+	other, err := pki.InitCA(filepath.Join(t.TempDir(), "ca"), "intruder")
+	if err != nil {
+		t.Fatal(err)
+	}
+	nodeDir := filepath.Join(t.TempDir(), "node")
+	if err := other.IssueNodeDir(nodeDir, "intruder", nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	bad, err := pki.LoadCredentials(nodeDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	br, err := route.New(ctx, h.Conf, route.Options{Logger: testLogger(t), TLS: bad.ClientTLS})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer br.Close()
+	sctx, scancel := context.WithTimeout(ctx, 5*time.Second)
+	defer scancel()
+	if _, err := client.New(client.Config{Logger: testLogger(t)}, br).Resolve(sctx, root, "/over-the-wire"); err == nil {
+		t.Fatal("a client with a foreign certificate was served")
 	}
 }

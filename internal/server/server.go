@@ -80,8 +80,17 @@ func New(cfg Config, st *store.Store, conf configsvc.Service, lockTTL time.Durat
 // Start registers the server, takes back the slices it held before a
 // restart, creates the root directory of a new deployment, and starts the
 // lock renewal loop. It returns when the server can serve.
-func (s *Server) Start(ctx context.Context) error {
-	if err := s.conf.Register(ctx, configsvc.ServerInfo{ID: s.cfg.ID, Site: s.cfg.Site, Addr: s.cfg.Addr}); err != nil {
+func (s *Server) Start(ctx context.Context) (err error) {
+	// The membership lease lives until Close, not until Start's context
+	// ends: Start's context only bounds starting.
+	rctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	s.cancel = cancel
+	defer func() {
+		if err != nil {
+			cancel()
+		}
+	}()
+	if err := s.conf.Register(rctx, configsvc.ServerInfo{ID: s.cfg.ID, Site: s.cfg.Site, Addr: s.cfg.Addr}); err != nil {
 		return fmt.Errorf("server: register: %w", err)
 	}
 	table, err := s.conf.Table(ctx)
@@ -104,8 +113,6 @@ func (s *Server) Start(ctx context.Context) error {
 	if err := s.cleanOrphans(ctx); err != nil {
 		return err
 	}
-	rctx, cancel := context.WithCancel(context.Background())
-	s.cancel = cancel
 	s.renewing.Add(1)
 	go s.renewLoop(rctx)
 	s.log.Info("server ready", "site", s.cfg.Site, "addr", s.cfg.Addr, "slices", len(s.locks))
