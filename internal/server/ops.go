@@ -755,16 +755,18 @@ func (s *Server) PutBlocks(ctx context.Context, req *wire.PutBlocksRequest) (*wi
 	if err := s.checkData(id, cred(req.Caller), perm.W); err != nil {
 		return nil, fserr.ToStatus(err)
 	}
-	resp := &wire.PutBlocksResponse{Hashes: make([][]byte, len(req.Data))}
-	for i, d := range req.Data {
+	for _, d := range req.Data {
 		if len(d) > blockSize {
 			return nil, fserr.ToStatus(fmt.Errorf("block of %d bytes: %w", len(d), fserr.ErrInvalid))
 		}
-		h, err := s.store.PutBlock(d)
-		if err != nil {
-			return nil, fserr.ToStatus(fmt.Errorf("store block of %v: %w", id, err))
-		}
-		resp.Hashes[i] = h[:]
+	}
+	hs, err := s.store.PutBlocks(req.Data)
+	if err != nil {
+		return nil, fserr.ToStatus(fmt.Errorf("store blocks of %v: %w", id, err))
+	}
+	resp := &wire.PutBlocksResponse{Hashes: make([][]byte, len(hs))}
+	for i := range hs {
+		resp.Hashes[i] = hs[i][:]
 	}
 	return resp, nil
 }

@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
+	"sync"
 	"time"
 
 	"github.com/wheelfs/wheelfs/internal/fserr"
@@ -21,7 +23,39 @@ func (s *Store) PutBlock(data []byte) ([32]byte, error) {
 	if len(data) > MaxBlockSize {
 		return [32]byte{}, fmt.Errorf("store: block of %d bytes exceeds %d: %w", len(data), MaxBlockSize, fserr.ErrInvalid)
 	}
-	h := sha256.Sum256(data)
+	return s.putHashed(sha256.Sum256(data), data)
+}
+
+// PutBlocks stores several blocks like PutBlock, hashing them on all cores
+// first and then appending them in order, so that a file's blocks stay
+// neighbours in the segment (and are read back with one pread).
+func (s *Store) PutBlocks(datas [][]byte) ([][32]byte, error) {
+	hs := make([][32]byte, len(datas))
+	for _, d := range datas {
+		if len(d) > MaxBlockSize {
+			return nil, fmt.Errorf("store: block of %d bytes exceeds %d: %w", len(d), MaxBlockSize, fserr.ErrInvalid)
+		}
+	}
+	workers := min(runtime.GOMAXPROCS(0), len(datas))
+	var wg sync.WaitGroup
+	for w := 0; w < workers; w++ {
+		wg.Go(func() {
+			for i := w; i < len(datas); i += workers {
+				hs[i] = sha256.Sum256(datas[i])
+			}
+		})
+	}
+	wg.Wait()
+	for i, d := range datas {
+		if _, err := s.putHashed(hs[i], d); err != nil {
+			return nil, err
+		}
+	}
+	return hs, nil
+}
+
+// putHashed stores data whose SHA-256 is h.
+func (s *Store) putHashed(h [32]byte, data []byte) ([32]byte, error) {
 	now := s.now()
 	if s.refreshPending(h, now) {
 		return h, nil
