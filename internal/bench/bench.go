@@ -27,6 +27,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/wheelfs/wheelfs/internal/mountinfo"
 )
 
 // Options configures a run.
@@ -88,7 +90,7 @@ func Run(ctx context.Context, o Options) (rep *Report, err error) {
 	// The mount points are in base, and the loopback or wheelfs could leave
 	// one behind only if unmounting failed: never remove through a mount.
 	defer func() {
-		if left := mountsUnder(base); len(left) > 0 {
+		if left := mountinfo.Under(base); len(left) > 0 {
 			err = errors.Join(err, fmt.Errorf("left mounted, not removing %s: %s", base, strings.Join(left, ", ")))
 			return
 		}
@@ -317,8 +319,8 @@ func describeMachine(dir string) Machine {
 	if unix.Uname(&u) == nil {
 		m.Kernel = unix.ByteSliceToString(u.Release[:])
 	}
-	if ms, err := readMounts(); err == nil {
-		if e, ok := mountOf(ms, dir); ok {
+	if ms, err := mountinfo.Read(); err == nil {
+		if e, ok := mountinfo.Of(ms, dir); ok {
 			m.Disk = fmt.Sprintf("%s on %s (%s)", e.Source, e.Point, e.FSType)
 		}
 	}

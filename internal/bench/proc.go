@@ -10,139 +10,43 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/wheelfs/wheelfs/internal/mountinfo"
 )
-
-// mountEntry is one line of /proc/self/mountinfo.
-type mountEntry struct {
-	Point  string
-	FSType string
-	Source string
-}
-
-// parseMountinfo parses the text of /proc/self/mountinfo.
-func parseMountinfo(text string) []mountEntry {
-	var out []mountEntry
-	for _, line := range strings.Split(text, "\n") {
-		f := strings.Fields(line)
-		if len(f) < 10 {
-			continue
-		}
-		sep := -1
-		for i := 6; i < len(f); i++ {
-			if f[i] == "-" {
-				sep = i
-				break
-			}
-		}
-		if sep < 0 || sep+2 >= len(f) {
-			continue
-		}
-		out = append(out, mountEntry{Point: unescapeMount(f[4]), FSType: f[sep+1], Source: unescapeMount(f[sep+2])})
-	}
-	return out
-}
-
-// unescapeMount undoes the kernel's octal escapes (\040 for space, ...).
-func unescapeMount(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) {
-			if v, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(v))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
-}
-
-func readMounts() ([]mountEntry, error) {
-	b, err := os.ReadFile("/proc/self/mountinfo")
-	if err != nil {
-		return nil, err
-	}
-	return parseMountinfo(string(b)), nil
-}
-
-// isMounted tells whether something is mounted exactly at dir.
-func isMounted(dir string) bool {
-	ms, err := readMounts()
-	if err != nil {
-		return false
-	}
-	for _, m := range ms {
-		if m.Point == dir {
-			return true
-		}
-	}
-	return false
-}
-
-// mountsUnder lists the mount points at or below dir.
-func mountsUnder(dir string) []string {
-	ms, _ := readMounts()
-	var out []string
-	for _, m := range ms {
-		if m.Point == dir || strings.HasPrefix(m.Point, dir+"/") {
-			out = append(out, m.Point)
-		}
-	}
-	return out
-}
-
-// mountOf returns the mount holding path (the longest matching mount point).
-func mountOf(ms []mountEntry, path string) (mountEntry, bool) {
-	var best mountEntry
-	found := false
-	for _, m := range ms {
-		if m.Point == path || m.Point == "/" || strings.HasPrefix(path, m.Point+"/") {
-			if !found || len(m.Point) >= len(best.Point) {
-				best, found = m, true
-			}
-		}
-	}
-	return best, found
-}
 
 // ensureUnmounted unmounts dir if it is still mounted: normally, then
 // lazily, then with fusermount (for a non-root user).
 func ensureUnmounted(dir string, log *slog.Logger) error {
-	if !isMounted(dir) {
+	if !mountinfo.Mounted(dir) {
 		return nil
 	}
 	log.Warn("still mounted; unmounting", "mountpoint", dir)
-	for i := 0; i < 10 && isMounted(dir); i++ {
+	for i := 0; i < 10 && mountinfo.Mounted(dir); i++ {
 		if err := unix.Unmount(dir, 0); err != nil && !errors.Is(err, unix.EBUSY) {
 			break
 		}
-		if isMounted(dir) {
+		if mountinfo.Mounted(dir) {
 			time.Sleep(200 * time.Millisecond)
 		}
 	}
-	if isMounted(dir) {
+	if mountinfo.Mounted(dir) {
 		_ = unix.Unmount(dir, unix.MNT_DETACH)
 	}
 	for _, fm := range []string{"fusermount3", "fusermount"} {
-		if !isMounted(dir) {
+		if !mountinfo.Mounted(dir) {
 			break
 		}
 		if p, err := exec.LookPath(fm); err == nil {
 			_ = exec.Command(p, "-u", "-z", dir).Run()
 		}
 	}
-	if isMounted(dir) {
+	if mountinfo.Mounted(dir) {
 		return fmt.Errorf("could not unmount %s", dir)
 	}
 	return nil
@@ -284,7 +188,7 @@ func (c *child) exitErr() error {
 func waitMounted(ctx context.Context, c *child, dir string, timeout time.Duration, log *slog.Logger) error {
 	deadline := time.Now().Add(timeout)
 	next := time.Now().Add(5 * time.Second)
-	for !isMounted(dir) {
+	for !mountinfo.Mounted(dir) {
 		if c.exited() {
 			return fmt.Errorf("%s exited before mounting (%v); log %s:\n%s", c.name, c.err, c.logPath, c.logTail(15))
 		}

@@ -12,6 +12,8 @@ import (
 	"runtime/debug"
 	"strings"
 	"time"
+
+	"github.com/wheelfs/wheelfs/internal/mountinfo"
 )
 
 // target is one file system under test.
@@ -38,7 +40,7 @@ func checkMount(name, mnt string, proc *child) error {
 	if proc.exited() {
 		return fmt.Errorf("%s exited (%v); log %s:\n%s", name, proc.err, proc.logPath, proc.logTail(10))
 	}
-	if !isMounted(mnt) {
+	if !mountinfo.Mounted(mnt) {
 		return fmt.Errorf("%s is no longer mounted at %s", name, mnt)
 	}
 	return nil
@@ -206,7 +208,7 @@ func (t *wheelfsTarget) start(ctx context.Context) error {
 	for {
 		select {
 		case <-lw.ready:
-			if !isMounted(t.mnt) {
+			if !mountinfo.Mounted(t.mnt) {
 				return fmt.Errorf("wheelfs up printed %q but %s is not in /proc/self/mountinfo", readyPrefix, t.mnt)
 			}
 			log.Info("wheelfs up is ready", "after", time.Since(began).Round(time.Millisecond))

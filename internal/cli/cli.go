@@ -14,6 +14,8 @@ import (
 	"syscall"
 
 	"github.com/spf13/cobra"
+
+	"github.com/wheelfs/wheelfs/internal/mountinfo"
 )
 
 // Main runs the command line and returns the exit code.
@@ -90,11 +92,11 @@ func checkMountpoint(dir string) (string, error) {
 	if !st.IsDir() {
 		return "", fmt.Errorf("mount point %s is not a directory", abs)
 	}
-	parent, err := os.Stat(filepath.Dir(abs))
-	if err == nil && abs != "/" {
-		if st.Sys().(*syscall.Stat_t).Dev != parent.Sys().(*syscall.Stat_t).Dev {
-			return "", fmt.Errorf("mount point %s is busy: something is already mounted there", abs)
-		}
+	if real, err := filepath.EvalSymlinks(abs); err == nil {
+		abs = real // the mount table names resolved paths
+	}
+	if mountinfo.Mounted(abs) {
+		return "", fmt.Errorf("mount point %s is busy: something is already mounted there", abs)
 	}
 	return abs, nil
 }

@@ -23,6 +23,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/wheelfs/wheelfs/internal/mountinfo"
 )
 
 // wheelfsBin is the binary built once by TestMain.
@@ -252,39 +254,8 @@ func tail(s string, n int) string {
 	return "..." + s[len(s)-n:]
 }
 
-// isMounted reports whether dir is a mount point in /proc/self/mountinfo.
-func isMounted(dir string) bool {
-	data, err := os.ReadFile("/proc/self/mountinfo")
-	if err != nil {
-		panic(err)
-	}
-	for _, line := range strings.Split(string(data), "\n") {
-		f := strings.Fields(line)
-		if len(f) > 4 && unescapeMountinfo(f[4]) == dir {
-			return true
-		}
-	}
-	return false
-}
-
-// unescapeMountinfo undoes the kernel's octal escaping (\040 for space).
-func unescapeMountinfo(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) {
-			if v, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(v))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
-}
+// isMounted reports whether dir is a mount point.
+func isMounted(dir string) bool { return mountinfo.Mounted(dir) }
 
 // result is a finished command.
 type result struct {
