@@ -264,8 +264,11 @@ func (s *Server) Link(ctx context.Context, req *wire.LinkRequest) (*wire.LinkRes
 }
 
 // unlinkObject drops one link to m (already removed from its directory)
-// and deletes the object when no link and no open handle remain.
-func (s *Server) unlinkObject(tx *store.Tx, m *wire.Meta, now int64) error {
+// and deletes the object when no link and no open handle remain. A deleted
+// object is marked dying (and appended to dying) until the caller's Update
+// has committed, so that an Open racing with it fails instead of counting a
+// handle on an object about to vanish.
+func (s *Server) unlinkObject(tx *store.Tx, m *wire.Meta, now int64, dying *[]oid.ID) error {
 	if isDir(m) {
 		m.Nlink = 0
 	} else if m.Nlink > 0 {
@@ -275,8 +278,13 @@ func (s *Server) unlinkObject(tx *store.Tx, m *wire.Meta, now int64) error {
 	if m.Nlink > 0 {
 		return tx.PutMeta(m)
 	}
+	id := oid.ID(m.Id)
 	s.mu.Lock()
-	open := s.opens[oid.ID(m.Id)] > 0
+	open := s.opens[id] > 0
+	if !open {
+		s.dying[id]++
+		*dying = append(*dying, id)
+	}
 	s.mu.Unlock()
 	if open {
 		// Unlinked while open: keep the data until the last release.
@@ -288,7 +296,21 @@ func (s *Server) unlinkObject(tx *store.Tx, m *wire.Meta, now int64) error {
 		s.mu.Unlock()
 		return tx.PutMeta(m)
 	}
-	return tx.DeleteObject(oid.ID(m.Id))
+	return tx.DeleteObject(id)
+}
+
+// buried ends the dying marks of an Update that has finished.
+func (s *Server) buried(ids []oid.ID) {
+	if len(ids) == 0 {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, id := range ids {
+		if s.dying[id]--; s.dying[id] <= 0 {
+			delete(s.dying, id)
+		}
+	}
 }
 
 func orphanKey(id oid.ID) string { return fmt.Sprintf("orphan/%016x", uint64(id)) }
@@ -302,6 +324,8 @@ func (s *Server) Remove(ctx context.Context, req *wire.RemoveRequest) (*wire.Rem
 	c := cred(req.Caller)
 	now := time.Now().UnixNano()
 	var out *wire.Meta
+	var dying []oid.ID
+	defer func() { s.buried(dying) }()
 	err := s.store.Update(ctx, func(tx *store.Tx) error {
 		d, err := s.dirMeta(tx, dir)
 		if err != nil {
@@ -338,7 +362,7 @@ func (s *Server) Remove(ctx context.Context, req *wire.RemoveRequest) (*wire.Rem
 		if err := tx.DeleteEntry(dir, req.Name); err != nil {
 			return err
 		}
-		if err := s.unlinkObject(tx, m, now); err != nil {
+		if err := s.unlinkObject(tx, m, now, &dying); err != nil {
 			return err
 		}
 		touch(d, now, true)
@@ -364,6 +388,8 @@ func (s *Server) Rename(ctx context.Context, req *wire.RenameRequest) (*wire.Ren
 	c := cred(req.Caller)
 	now := time.Now().UnixNano()
 	resp := &wire.RenameResponse{}
+	var dying []oid.ID
+	defer func() { s.buried(dying) }()
 	err := s.store.Update(ctx, func(tx *store.Tx) error {
 		sd, err := s.dirMeta(tx, src)
 		if err != nil {
@@ -426,7 +452,7 @@ func (s *Server) Rename(ctx context.Context, req *wire.RenameRequest) (*wire.Ren
 				}
 				dd.Nlink--
 			}
-			if err := s.unlinkObject(tx, target, now); err != nil {
+			if err := s.unlinkObject(tx, target, now, &dying); err != nil {
 				return err
 			}
 			resp.Replaced = target
@@ -967,7 +993,12 @@ func (s *Server) Open(ctx context.Context, req *wire.OpenRequest) (*wire.OpenRes
 	// point keeps the object as an orphan instead of deleting it under us.
 	s.mu.Lock()
 	s.opens[id]++
+	dying := s.dying[id] > 0
 	s.mu.Unlock()
+	if dying {
+		s.Release(ctx, &wire.ReleaseRequest{Id: req.Id})
+		return nil, fserr.ToStatus(fmt.Errorf("open %v: being deleted: %w", id, fserr.ErrNotExist))
+	}
 	var m *wire.Meta
 	err := s.store.View(func(tx *store.Tx) (err error) {
 		if m, err = tx.Meta(id); err != nil {

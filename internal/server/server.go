@@ -49,6 +49,7 @@ type Server struct {
 	bySlice  map[configsvc.Policy]oid.Slice // where new objects of a policy go
 	opens    map[oid.ID]int                 // open handles, to keep unlinked files alive
 	orphans  map[oid.ID]bool                // unlinked while open: delete on last release
+	dying    map[oid.ID]int                 // deletions decided but not yet committed
 	cancel   context.CancelFunc
 	done     chan struct{}
 	lockTTL  time.Duration
@@ -72,6 +73,7 @@ func New(cfg Config, st *store.Store, conf configsvc.Service, lockTTL time.Durat
 		bySlice: map[configsvc.Policy]oid.Slice{},
 		opens:   map[oid.ID]int{},
 		orphans: map[oid.ID]bool{},
+		dying:   map[oid.ID]int{},
 		lockTTL: lockTTL,
 		done:    make(chan struct{}),
 	}
