@@ -1028,11 +1028,15 @@ func (s *Server) Release(ctx context.Context, req *wire.ReleaseRequest) (*wire.R
 	orphan := last && s.orphans[id]
 	if orphan {
 		delete(s.orphans, id)
+		// An Open that comes in before the deletion commits may still
+		// read the object: the dying mark makes it fail instead.
+		s.dying[id]++
 	}
 	s.mu.Unlock()
 	if !orphan {
 		return &wire.ReleaseResponse{}, nil
 	}
+	defer s.buried([]oid.ID{id})
 	err := s.store.Update(ctx, func(tx *store.Tx) error {
 		if _, err := tx.Sys(orphanKey(id)); err != nil {
 			return nil // not an orphan

@@ -22,13 +22,6 @@ var posixSkip = map[string]string{
 	// to the process, so on a local file system (and under FUSE without
 	// lock support, where the kernel keeps the locks) they never conflict.
 	"FcntlFlockLocksFile": "same-process POSIX locks never conflict on a local FS; needs per-fd lock owners from a FUSE lock implementation",
-	// OpenSymlinkRace checks that a symlink swapped in under an open never
-	// makes the file system open its target: that holds (no run ever saw
-	// "successful symlink attack"). But in about one run of eight, fstat
-	// on a just-opened fd fails with ENOENT while a concurrent rename
-	// replaces the file: a known WheelFS bug, not yet understood, recorded
-	// in the issue-2 closing note. Skipped so that CI stays deterministic.
-	"OpenSymlinkRace": "KNOWN BUG: rare ENOENT from fstat of a just-opened file during a concurrent rename-over (see closing note of issue 2)",
 }
 
 // TestPosix runs every go-fuse posixtest test against its own directory of
