@@ -3,7 +3,6 @@ package client_test
 import (
 	"bytes"
 	"context"
-	"log/slog"
 	"math/rand/v2"
 	"syscall"
 	"testing"
@@ -11,6 +10,7 @@ import (
 
 	"github.com/wheelfs/wheelfs/internal/client"
 	"github.com/wheelfs/wheelfs/internal/deploy"
+	"github.com/wheelfs/wheelfs/internal/deploy/deploytest"
 	"github.com/wheelfs/wheelfs/internal/fserr"
 	"github.com/wheelfs/wheelfs/internal/oid"
 	"github.com/wheelfs/wheelfs/internal/wire"
@@ -18,28 +18,11 @@ import (
 
 var root = client.User{}
 
-func startHost(t *testing.T, cfg func(*deploy.Config)) *deploy.Host {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	c := deploy.NewConfig(t.TempDir())
-	c.Logger = slog.New(slog.DiscardHandler)
-	if cfg != nil {
-		cfg(&c)
-	}
-	h, err := deploy.Start(ctx, c)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { h.Close() })
-	return h
-}
-
 // TestFileContentsMatchModel drives random writes, truncates, reads,
 // flushes and reopens against an in-memory model of the file. A small
 // dirty limit forces uploads of blocks ahead of the commit.
 func TestFileContentsMatchModel(t *testing.T) {
-	h := startHost(t, func(c *deploy.Config) { c.Client.DirtyBytes = 3 * client.BlockSize })
+	h := deploytest.Start(t, func(c *deploy.Config) { c.Client.DirtyBytes = 3 * client.BlockSize })
 	fs := h.Client
 	ctx := context.Background()
 	for seed := uint64(1); seed <= 4; seed++ {
@@ -127,7 +110,7 @@ func TestFileContentsMatchModel(t *testing.T) {
 
 // TestUnlinkedOpenFileStaysReadable checks POSIX unlink-while-open.
 func TestUnlinkedOpenFileStaysReadable(t *testing.T) {
-	h := startHost(t, nil)
+	h := deploytest.Start(t, nil)
 	fs := h.Client
 	ctx := context.Background()
 	if err := fs.WriteFile(ctx, root, "/tmpfile", []byte("still here"), 0o644); err != nil {
@@ -155,7 +138,7 @@ func TestUnlinkedOpenFileStaysReadable(t *testing.T) {
 // TestMaxTimeBoundsOperations checks that a .MaxTime cue becomes the
 // operation's deadline.
 func TestMaxTimeBoundsOperations(t *testing.T) {
-	h := startHost(t, nil)
+	h := deploytest.Start(t, nil)
 	comps, cues, err := h.Client.ParseCues("/.MaxTime=1/x")
 	if err != nil || len(comps) != 1 || cues.MaxTime != time.Millisecond {
 		t.Fatalf("parse: %v %v %v", comps, cues, err)

@@ -2,13 +2,12 @@ package server_test
 
 import (
 	"context"
-	"log/slog"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/wheelfs/wheelfs/internal/client"
-	"github.com/wheelfs/wheelfs/internal/deploy"
+	"github.com/wheelfs/wheelfs/internal/deploy/deploytest"
 	"github.com/wheelfs/wheelfs/internal/fserr"
 	"github.com/wheelfs/wheelfs/internal/oid"
 	"github.com/wheelfs/wheelfs/internal/wire"
@@ -20,14 +19,7 @@ func host(t *testing.T) (*client.FS, context.Context) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	t.Cleanup(cancel)
-	c := deploy.NewConfig(t.TempDir())
-	c.Logger = slog.New(slog.DiscardHandler)
-	h, err := deploy.Start(ctx, c)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { h.Close() })
-	return h.Client, ctx
+	return deploytest.Start(t, nil).Client, ctx
 }
 
 func mk(t *testing.T, fs *client.FS, ctx context.Context, dir oid.ID, name string, typ wire.Type) oid.ID {
