@@ -7,12 +7,15 @@ package deploy
 import (
 	"context"
 	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -94,9 +97,10 @@ func Start(ctx context.Context, cfg Config) (h *Host, err error) {
 		cfg.Listen = "127.0.0.1:0"
 	}
 	h = &Host{cfg: cfg, log: cfg.Logger.With("component", "deploy")}
+	started := h // the error returns below set h to nil
 	defer func() {
 		if err != nil {
-			h.Close()
+			started.Close()
 		}
 	}()
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
@@ -117,6 +121,10 @@ func Start(ctx context.Context, cfg Config) (h *Host, err error) {
 	conf, err := configsvc.Dial(ctx, endpoints, h.Creds.ClientTLS(""), configsvc.Options{
 		LockTTL: cfg.LockTTL, Logger: cfg.Logger})
 	if err != nil {
+		if perr := probeTLS(ctx, endpoints, h.Creds.ClientTLS("")); perr != nil {
+			return nil, fmt.Errorf("%w: the configuration service at %v does not accept the credentials in %s (%v)",
+				ErrForeignData, endpoints, cfg.DataDir, perr)
+		}
 		return nil, fmt.Errorf("deploy: config service at %v: %w", endpoints, err)
 	}
 	h.Conf = conf
@@ -272,6 +280,34 @@ func (h *Host) startEtcd(ctx context.Context) ([]string, error) {
 // EndpointsFile is where a host with an embedded member records its
 // configuration service endpoints, for `wheelfs status`.
 func EndpointsFile(dataDir string) string { return filepath.Join(dataDir, "endpoints") }
+
+// probeTLS shakes hands with the first endpoint and returns the error
+// when the two sides' certificates come from different CAs: then the data
+// directory belongs to another deployment. It returns nil for any other
+// outcome (unreachable, fine), which the caller reports as it is.
+func probeTLS(ctx context.Context, endpoints []string, cfg *tls.Config) error {
+	if len(endpoints) == 0 {
+		return nil
+	}
+	u, err := url.Parse(endpoints[0])
+	if err != nil || u.Host == "" {
+		return nil
+	}
+	d := tls.Dialer{NetDialer: &net.Dialer{Timeout: 3 * time.Second}, Config: cfg}
+	pctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	conn, err := d.DialContext(pctx, "tcp", u.Host)
+	if err == nil {
+		conn.Close()
+		return nil
+	}
+	var unknown x509.UnknownAuthorityError
+	var alert tls.AlertError
+	if errors.As(err, &unknown) || errors.As(err, &alert) {
+		return err
+	}
+	return nil
+}
 
 // checkDeployment binds the data directory to the configuration service's
 // deployment on first start and refuses a mismatch afterwards.

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -297,5 +298,33 @@ func TestRemoteClientOverTLS(t *testing.T) {
 	defer scancel()
 	if _, err := client.New(client.Config{Logger: testLogger(t)}, br).Resolve(sctx, root, "/over-the-wire"); err == nil {
 		t.Fatal("a client with a foreign certificate was served")
+	}
+}
+
+// TestForeignDataDirectory checks that a data directory of one deployment
+// pointed at another deployment's configuration service is refused with a
+// clear error, not a hang or a silent mix.
+func TestForeignDataDirectory(t *testing.T) {
+	dirA, dirB := t.TempDir(), t.TempDir()
+	a := startHost(t, dirA)
+	a.Close()
+	b := startHost(t, dirB)
+	defer b.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cfg := NewConfig(dirA)
+	cfg.Logger = testLogger(t)
+	cfg.Etcd = b.ConfigEndpoints()
+	start := time.Now()
+	h, err := Start(ctx, cfg)
+	if err == nil {
+		h.Close()
+		t.Fatal("a foreign data directory was accepted")
+	}
+	if !strings.Contains(err.Error(), "another deployment") {
+		t.Fatalf("unclear error: %v", err)
+	}
+	if time.Since(start) > 20*time.Second {
+		t.Fatalf("took %v to refuse", time.Since(start))
 	}
 }
