@@ -27,6 +27,7 @@ import (
 	"github.com/wheelfs/wheelfs/internal/client"
 	"github.com/wheelfs/wheelfs/internal/configsvc"
 	"github.com/wheelfs/wheelfs/internal/configsvc/embedded"
+	"github.com/wheelfs/wheelfs/internal/dirlock"
 	"github.com/wheelfs/wheelfs/internal/pki"
 	"github.com/wheelfs/wheelfs/internal/route"
 	"github.com/wheelfs/wheelfs/internal/server"
@@ -106,6 +107,13 @@ func Start(ctx context.Context, cfg Config) (h *Host, err error) {
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		return nil, fmt.Errorf("deploy: data directory: %w", err)
 	}
+	// Fail at once if another process runs on this directory: etcd's own
+	// lock would block forever.
+	lock, err := dirlock.Lock(cfg.DataDir)
+	if err != nil {
+		return nil, fmt.Errorf("deploy: %w", err)
+	}
+	h.closers = append(h.closers, lock.Close)
 	if err := h.loadIdentity(); err != nil {
 		return nil, err
 	}

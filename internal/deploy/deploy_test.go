@@ -328,3 +328,18 @@ func TestForeignDataDirectory(t *testing.T) {
 		t.Fatalf("took %v to refuse", time.Since(start))
 	}
 }
+
+// TestDataDirectoryInUse checks that a second host on a data directory in
+// use fails at once instead of blocking on etcd's lock.
+func TestDataDirectoryInUse(t *testing.T) {
+	dir := t.TempDir()
+	h := startHost(t, dir)
+	defer h.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	cfg := NewConfig(dir)
+	cfg.Logger = testLogger(t)
+	if _, err := Start(ctx, cfg); !errors.Is(err, fserr.ErrBusy) {
+		t.Fatalf("second host on %s: %v, want a busy error", dir, err)
+	}
+}

@@ -79,6 +79,7 @@ import (
 
 	"go.etcd.io/bbolt"
 
+	"github.com/wheelfs/wheelfs/internal/dirlock"
 	"github.com/wheelfs/wheelfs/internal/fserr"
 )
 
@@ -273,9 +274,9 @@ func Open(dir string, o Options) (*Store, error) {
 	if err := os.MkdirAll(filepath.Join(dir, blocksDir), 0o755); err != nil {
 		return nil, fmt.Errorf("store: create %s: %w", dir, err)
 	}
-	lock, err := lockDir(dir)
+	lock, err := dirlock.Lock(dir)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("store: %w", err)
 	}
 	s := &Store{
 		dir:      dir,
