@@ -215,7 +215,7 @@ func TestAttrsDeferredIntoCommit(t *testing.T) {
 		t.Fatal(err)
 	}
 	fh.Release(ctx)
-	// After a restart the server has data and attributes together.
+	// The server committed data and attributes together.
 	after, err := fs.GetAttr(ctx, alice, client.NoCues, id)
 	if err != nil || after.Mode != 0o600 || after.MtimeNs != mtime || after.Size != 4 {
 		t.Fatalf("committed meta: %+v, %v", after, err)

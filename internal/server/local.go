@@ -90,7 +90,3 @@ func (l localClient) Open(ctx context.Context, in *wire.OpenRequest, _ ...grpc.C
 func (l localClient) Release(ctx context.Context, in *wire.ReleaseRequest, _ ...grpc.CallOption) (*wire.ReleaseResponse, error) {
 	return l.s.Release(ctx, in)
 }
-
-func (l localClient) Info(ctx context.Context, in *wire.InfoRequest, _ ...grpc.CallOption) (*wire.InfoResponse, error) {
-	return l.s.Info(ctx, in)
-}

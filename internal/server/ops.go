@@ -3,7 +3,6 @@ package server
 import (
 	"context"
 	"fmt"
-	"strings"
 	"syscall"
 	"time"
 
@@ -144,13 +143,11 @@ func (s *Server) Create(ctx context.Context, req *wire.CreateRequest) (*wire.Cre
 	}
 	c := cred(req.Caller)
 	s.mu.Lock()
-	parentPolicy := s.defaultPolicy()
-	for p, id := range s.bySlice {
-		if id == dir.Slice() {
-			parentPolicy = p
-		}
-	}
+	parentPolicy, ok := s.policies[dir.Slice()]
 	s.mu.Unlock()
+	if !ok {
+		parentPolicy = s.defaultPolicy()
+	}
 	slice, err := s.sliceFor(ctx, policyOf(req.Cues, parentPolicy, s.cfg.Site))
 	if err != nil {
 		return nil, fserr.ToStatus(err)
@@ -894,18 +891,14 @@ func (s *Server) ListXattr(ctx context.Context, req *wire.XattrRequest) (*wire.X
 	resp := &wire.XattrResponse{}
 	c := cred(req.Caller)
 	err := s.store.View(func(tx *store.Tx) error {
-		m, err := tx.Meta(id)
-		if err != nil {
+		if _, err := tx.Meta(id); err != nil {
 			return err
 		}
 		names, err := tx.Xattrs(id)
 		for _, n := range names {
-			// Like Linux, list only the names the caller could read.
-			if strings.HasPrefix(n, "trusted.") && !c.IsRoot() {
-				continue
+			if perm.ListXattrVisible(c, n) {
+				resp.Names = append(resp.Names, n)
 			}
-			_ = m
-			resp.Names = append(resp.Names, n)
 		}
 		return err
 	})
@@ -1090,13 +1083,4 @@ func (s *Server) StatFS(ctx context.Context, req *wire.StatFSRequest) (*wire.Sta
 		Bavail: st.Bavail * uint64(st.Bsize) / 4096, Bsize: 4096,
 		Files: files, Ffree: files - objects, NameLen: 255,
 	}, nil
-}
-
-// Info implements wire.StorageServer.
-func (s *Server) Info(ctx context.Context, req *wire.InfoRequest) (*wire.InfoResponse, error) {
-	m, err := s.GetAttr(ctx, &wire.GetAttrRequest{Caller: req.Caller, Id: req.Id})
-	if err != nil {
-		return nil, err
-	}
-	return &wire.InfoResponse{Meta: m.Meta, Primary: s.cfg.ID, Site: s.cfg.Site}, nil
 }

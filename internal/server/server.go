@@ -47,6 +47,7 @@ type Server struct {
 	mu       sync.Mutex
 	locks    map[oid.Slice]configsvc.Lock
 	bySlice  map[configsvc.Policy]oid.Slice // where new objects of a policy go
+	policies map[oid.Slice]configsvc.Policy // the policy of each slice held
 	opens    map[oid.ID]int                 // open handles, to keep unlinked files alive
 	orphans  map[oid.ID]bool                // unlinked while open: delete on last release
 	dying    map[oid.ID]int                 // deletions decided but not yet committed
@@ -65,17 +66,18 @@ func New(cfg Config, st *store.Store, conf configsvc.Service, lockTTL time.Durat
 		cfg.RootMode = 0o1777
 	}
 	return &Server{
-		cfg:     cfg,
-		log:     cfg.Logger.With("component", "server", "server", cfg.ID),
-		store:   st,
-		conf:    conf,
-		locks:   map[oid.Slice]configsvc.Lock{},
-		bySlice: map[configsvc.Policy]oid.Slice{},
-		opens:   map[oid.ID]int{},
-		orphans: map[oid.ID]bool{},
-		dying:   map[oid.ID]int{},
-		lockTTL: lockTTL,
-		done:    make(chan struct{}),
+		cfg:      cfg,
+		log:      cfg.Logger.With("component", "server", "server", cfg.ID),
+		store:    st,
+		conf:     conf,
+		locks:    map[oid.Slice]configsvc.Lock{},
+		bySlice:  map[configsvc.Policy]oid.Slice{},
+		policies: map[oid.Slice]configsvc.Policy{},
+		opens:    map[oid.ID]int{},
+		orphans:  map[oid.ID]bool{},
+		dying:    map[oid.ID]int{},
+		lockTTL:  lockTTL,
+		done:     make(chan struct{}),
 	}
 }
 
@@ -159,6 +161,7 @@ func (s *Server) acquire(ctx context.Context, id oid.Slice, p configsvc.Policy) 
 	}
 	s.mu.Lock()
 	s.locks[id] = l
+	s.policies[id] = p
 	if _, ok := s.bySlice[p]; !ok {
 		s.bySlice[p] = id
 	}
@@ -216,6 +219,7 @@ func (s *Server) renewLoop(ctx context.Context) {
 				s.log.Error("slice lock lost; no longer primary", "slice", l.Slice, "err", err)
 				s.mu.Lock()
 				delete(s.locks, l.Slice)
+				delete(s.policies, l.Slice)
 				for p, id := range s.bySlice {
 					if id == l.Slice {
 						delete(s.bySlice, p)

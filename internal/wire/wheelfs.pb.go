@@ -2535,118 +2535,6 @@ func (*ReleaseResponse) Descriptor() ([]byte, []int) {
 	return file_wheelfs_proto_rawDescGZIP(), []int{36}
 }
 
-type InfoRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Caller        *Caller                `protobuf:"bytes,1,opt,name=caller,proto3" json:"caller,omitempty"`
-	Id            uint64                 `protobuf:"varint,2,opt,name=id,proto3" json:"id,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
-}
-
-func (x *InfoRequest) Reset() {
-	*x = InfoRequest{}
-	mi := &file_wheelfs_proto_msgTypes[37]
-	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-	ms.StoreMessageInfo(mi)
-}
-
-func (x *InfoRequest) String() string {
-	return protoimpl.X.MessageStringOf(x)
-}
-
-func (*InfoRequest) ProtoMessage() {}
-
-func (x *InfoRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[37]
-	if x != nil {
-		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-		if ms.LoadMessageInfo() == nil {
-			ms.StoreMessageInfo(mi)
-		}
-		return ms
-	}
-	return mi.MessageOf(x)
-}
-
-// Deprecated: Use InfoRequest.ProtoReflect.Descriptor instead.
-func (*InfoRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{37}
-}
-
-func (x *InfoRequest) GetCaller() *Caller {
-	if x != nil {
-		return x.Caller
-	}
-	return nil
-}
-
-func (x *InfoRequest) GetId() uint64 {
-	if x != nil {
-		return x.Id
-	}
-	return 0
-}
-
-type InfoResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Meta          *Meta                  `protobuf:"bytes,1,opt,name=meta,proto3" json:"meta,omitempty"`
-	Primary       string                 `protobuf:"bytes,2,opt,name=primary,proto3" json:"primary,omitempty"`
-	Site          string                 `protobuf:"bytes,3,opt,name=site,proto3" json:"site,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
-}
-
-func (x *InfoResponse) Reset() {
-	*x = InfoResponse{}
-	mi := &file_wheelfs_proto_msgTypes[38]
-	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-	ms.StoreMessageInfo(mi)
-}
-
-func (x *InfoResponse) String() string {
-	return protoimpl.X.MessageStringOf(x)
-}
-
-func (*InfoResponse) ProtoMessage() {}
-
-func (x *InfoResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[38]
-	if x != nil {
-		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-		if ms.LoadMessageInfo() == nil {
-			ms.StoreMessageInfo(mi)
-		}
-		return ms
-	}
-	return mi.MessageOf(x)
-}
-
-// Deprecated: Use InfoResponse.ProtoReflect.Descriptor instead.
-func (*InfoResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{38}
-}
-
-func (x *InfoResponse) GetMeta() *Meta {
-	if x != nil {
-		return x.Meta
-	}
-	return nil
-}
-
-func (x *InfoResponse) GetPrimary() string {
-	if x != nil {
-		return x.Primary
-	}
-	return ""
-}
-
-func (x *InfoResponse) GetSite() string {
-	if x != nil {
-		return x.Site
-	}
-	return ""
-}
-
 var File_wheelfs_proto protoreflect.FileDescriptor
 
 const file_wheelfs_proto_rawDesc = "" +
@@ -2835,14 +2723,7 @@ const file_wheelfs_proto_rawDesc = "" +
 	"\x04meta\x18\x01 \x01(\v2\x10.wheelfs.v1.MetaR\x04meta\" \n" +
 	"\x0eReleaseRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\"\x11\n" +
-	"\x0fReleaseResponse\"I\n" +
-	"\vInfoRequest\x12*\n" +
-	"\x06caller\x18\x01 \x01(\v2\x12.wheelfs.v1.CallerR\x06caller\x12\x0e\n" +
-	"\x02id\x18\x02 \x01(\x04R\x02id\"b\n" +
-	"\fInfoResponse\x12$\n" +
-	"\x04meta\x18\x01 \x01(\v2\x10.wheelfs.v1.MetaR\x04meta\x12\x18\n" +
-	"\aprimary\x18\x02 \x01(\tR\aprimary\x12\x12\n" +
-	"\x04site\x18\x03 \x01(\tR\x04site*\x8a\x01\n" +
+	"\x0fReleaseResponse*\x8a\x01\n" +
 	"\x04Type\x12\x14\n" +
 	"\x10TYPE_UNSPECIFIED\x10\x00\x12\r\n" +
 	"\tTYPE_FILE\x10\x01\x12\f\n" +
@@ -2852,8 +2733,7 @@ const file_wheelfs_proto_rawDesc = "" +
 	"\vTYPE_SOCKET\x10\x05\x12\r\n" +
 	"\tTYPE_CHAR\x10\x06\x12\x0e\n" +
 	"\n" +
-	"TYPE_BLOCK\x10\a2\xb9\n" +
-	"\n" +
+	"TYPE_BLOCK\x10\a2\xfe\t\n" +
 	"\aStorage\x12?\n" +
 	"\x06Lookup\x12\x19.wheelfs.v1.LookupRequest\x1a\x1a.wheelfs.v1.LookupResponse\x12B\n" +
 	"\aGetAttr\x12\x1a.wheelfs.v1.GetAttrRequest\x1a\x1b.wheelfs.v1.GetAttrResponse\x12?\n" +
@@ -2874,8 +2754,7 @@ const file_wheelfs_proto_rawDesc = "" +
 	"\vRemoveXattr\x12\x18.wheelfs.v1.XattrRequest\x1a\x19.wheelfs.v1.XattrResponse\x12?\n" +
 	"\x06StatFS\x12\x19.wheelfs.v1.StatFSRequest\x1a\x1a.wheelfs.v1.StatFSResponse\x129\n" +
 	"\x04Open\x12\x17.wheelfs.v1.OpenRequest\x1a\x18.wheelfs.v1.OpenResponse\x12B\n" +
-	"\aRelease\x12\x1a.wheelfs.v1.ReleaseRequest\x1a\x1b.wheelfs.v1.ReleaseResponse\x129\n" +
-	"\x04Info\x12\x17.wheelfs.v1.InfoRequest\x1a\x18.wheelfs.v1.InfoResponseB*Z(github.com/wheelfs/wheelfs/internal/wireb\x06proto3"
+	"\aRelease\x12\x1a.wheelfs.v1.ReleaseRequest\x1a\x1b.wheelfs.v1.ReleaseResponseB*Z(github.com/wheelfs/wheelfs/internal/wireb\x06proto3"
 
 var (
 	file_wheelfs_proto_rawDescOnce sync.Once
@@ -2890,7 +2769,7 @@ func file_wheelfs_proto_rawDescGZIP() []byte {
 }
 
 var file_wheelfs_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_wheelfs_proto_msgTypes = make([]protoimpl.MessageInfo, 39)
+var file_wheelfs_proto_msgTypes = make([]protoimpl.MessageInfo, 37)
 var file_wheelfs_proto_goTypes = []any{
 	(Type)(0),                  // 0: wheelfs.v1.Type
 	(*Cues)(nil),               // 1: wheelfs.v1.Cues
@@ -2930,8 +2809,6 @@ var file_wheelfs_proto_goTypes = []any{
 	(*OpenResponse)(nil),       // 35: wheelfs.v1.OpenResponse
 	(*ReleaseRequest)(nil),     // 36: wheelfs.v1.ReleaseRequest
 	(*ReleaseResponse)(nil),    // 37: wheelfs.v1.ReleaseResponse
-	(*InfoRequest)(nil),        // 38: wheelfs.v1.InfoRequest
-	(*InfoResponse)(nil),       // 39: wheelfs.v1.InfoResponse
 }
 var file_wheelfs_proto_depIdxs = []int32{
 	0,  // 0: wheelfs.v1.Meta.type:type_name -> wheelfs.v1.Type
@@ -2973,53 +2850,49 @@ var file_wheelfs_proto_depIdxs = []int32{
 	4,  // 36: wheelfs.v1.StatFSRequest.caller:type_name -> wheelfs.v1.Caller
 	4,  // 37: wheelfs.v1.OpenRequest.caller:type_name -> wheelfs.v1.Caller
 	2,  // 38: wheelfs.v1.OpenResponse.meta:type_name -> wheelfs.v1.Meta
-	4,  // 39: wheelfs.v1.InfoRequest.caller:type_name -> wheelfs.v1.Caller
-	2,  // 40: wheelfs.v1.InfoResponse.meta:type_name -> wheelfs.v1.Meta
-	5,  // 41: wheelfs.v1.Storage.Lookup:input_type -> wheelfs.v1.LookupRequest
-	7,  // 42: wheelfs.v1.Storage.GetAttr:input_type -> wheelfs.v1.GetAttrRequest
-	9,  // 43: wheelfs.v1.Storage.Create:input_type -> wheelfs.v1.CreateRequest
-	11, // 44: wheelfs.v1.Storage.Link:input_type -> wheelfs.v1.LinkRequest
-	13, // 45: wheelfs.v1.Storage.Remove:input_type -> wheelfs.v1.RemoveRequest
-	15, // 46: wheelfs.v1.Storage.Rename:input_type -> wheelfs.v1.RenameRequest
-	17, // 47: wheelfs.v1.Storage.SetAttr:input_type -> wheelfs.v1.SetAttrRequest
-	19, // 48: wheelfs.v1.Storage.ReadDir:input_type -> wheelfs.v1.ReadDirRequest
-	22, // 49: wheelfs.v1.Storage.GetBlocks:input_type -> wheelfs.v1.GetBlocksRequest
-	24, // 50: wheelfs.v1.Storage.ReadBlocks:input_type -> wheelfs.v1.ReadBlocksRequest
-	26, // 51: wheelfs.v1.Storage.PutBlocks:input_type -> wheelfs.v1.PutBlocksRequest
-	28, // 52: wheelfs.v1.Storage.Commit:input_type -> wheelfs.v1.CommitRequest
-	30, // 53: wheelfs.v1.Storage.GetXattr:input_type -> wheelfs.v1.XattrRequest
-	30, // 54: wheelfs.v1.Storage.ListXattr:input_type -> wheelfs.v1.XattrRequest
-	30, // 55: wheelfs.v1.Storage.SetXattr:input_type -> wheelfs.v1.XattrRequest
-	30, // 56: wheelfs.v1.Storage.RemoveXattr:input_type -> wheelfs.v1.XattrRequest
-	32, // 57: wheelfs.v1.Storage.StatFS:input_type -> wheelfs.v1.StatFSRequest
-	34, // 58: wheelfs.v1.Storage.Open:input_type -> wheelfs.v1.OpenRequest
-	36, // 59: wheelfs.v1.Storage.Release:input_type -> wheelfs.v1.ReleaseRequest
-	38, // 60: wheelfs.v1.Storage.Info:input_type -> wheelfs.v1.InfoRequest
-	6,  // 61: wheelfs.v1.Storage.Lookup:output_type -> wheelfs.v1.LookupResponse
-	8,  // 62: wheelfs.v1.Storage.GetAttr:output_type -> wheelfs.v1.GetAttrResponse
-	10, // 63: wheelfs.v1.Storage.Create:output_type -> wheelfs.v1.CreateResponse
-	12, // 64: wheelfs.v1.Storage.Link:output_type -> wheelfs.v1.LinkResponse
-	14, // 65: wheelfs.v1.Storage.Remove:output_type -> wheelfs.v1.RemoveResponse
-	16, // 66: wheelfs.v1.Storage.Rename:output_type -> wheelfs.v1.RenameResponse
-	18, // 67: wheelfs.v1.Storage.SetAttr:output_type -> wheelfs.v1.SetAttrResponse
-	20, // 68: wheelfs.v1.Storage.ReadDir:output_type -> wheelfs.v1.ReadDirResponse
-	23, // 69: wheelfs.v1.Storage.GetBlocks:output_type -> wheelfs.v1.GetBlocksResponse
-	25, // 70: wheelfs.v1.Storage.ReadBlocks:output_type -> wheelfs.v1.ReadBlocksResponse
-	27, // 71: wheelfs.v1.Storage.PutBlocks:output_type -> wheelfs.v1.PutBlocksResponse
-	29, // 72: wheelfs.v1.Storage.Commit:output_type -> wheelfs.v1.CommitResponse
-	31, // 73: wheelfs.v1.Storage.GetXattr:output_type -> wheelfs.v1.XattrResponse
-	31, // 74: wheelfs.v1.Storage.ListXattr:output_type -> wheelfs.v1.XattrResponse
-	31, // 75: wheelfs.v1.Storage.SetXattr:output_type -> wheelfs.v1.XattrResponse
-	31, // 76: wheelfs.v1.Storage.RemoveXattr:output_type -> wheelfs.v1.XattrResponse
-	33, // 77: wheelfs.v1.Storage.StatFS:output_type -> wheelfs.v1.StatFSResponse
-	35, // 78: wheelfs.v1.Storage.Open:output_type -> wheelfs.v1.OpenResponse
-	37, // 79: wheelfs.v1.Storage.Release:output_type -> wheelfs.v1.ReleaseResponse
-	39, // 80: wheelfs.v1.Storage.Info:output_type -> wheelfs.v1.InfoResponse
-	61, // [61:81] is the sub-list for method output_type
-	41, // [41:61] is the sub-list for method input_type
-	41, // [41:41] is the sub-list for extension type_name
-	41, // [41:41] is the sub-list for extension extendee
-	0,  // [0:41] is the sub-list for field type_name
+	5,  // 39: wheelfs.v1.Storage.Lookup:input_type -> wheelfs.v1.LookupRequest
+	7,  // 40: wheelfs.v1.Storage.GetAttr:input_type -> wheelfs.v1.GetAttrRequest
+	9,  // 41: wheelfs.v1.Storage.Create:input_type -> wheelfs.v1.CreateRequest
+	11, // 42: wheelfs.v1.Storage.Link:input_type -> wheelfs.v1.LinkRequest
+	13, // 43: wheelfs.v1.Storage.Remove:input_type -> wheelfs.v1.RemoveRequest
+	15, // 44: wheelfs.v1.Storage.Rename:input_type -> wheelfs.v1.RenameRequest
+	17, // 45: wheelfs.v1.Storage.SetAttr:input_type -> wheelfs.v1.SetAttrRequest
+	19, // 46: wheelfs.v1.Storage.ReadDir:input_type -> wheelfs.v1.ReadDirRequest
+	22, // 47: wheelfs.v1.Storage.GetBlocks:input_type -> wheelfs.v1.GetBlocksRequest
+	24, // 48: wheelfs.v1.Storage.ReadBlocks:input_type -> wheelfs.v1.ReadBlocksRequest
+	26, // 49: wheelfs.v1.Storage.PutBlocks:input_type -> wheelfs.v1.PutBlocksRequest
+	28, // 50: wheelfs.v1.Storage.Commit:input_type -> wheelfs.v1.CommitRequest
+	30, // 51: wheelfs.v1.Storage.GetXattr:input_type -> wheelfs.v1.XattrRequest
+	30, // 52: wheelfs.v1.Storage.ListXattr:input_type -> wheelfs.v1.XattrRequest
+	30, // 53: wheelfs.v1.Storage.SetXattr:input_type -> wheelfs.v1.XattrRequest
+	30, // 54: wheelfs.v1.Storage.RemoveXattr:input_type -> wheelfs.v1.XattrRequest
+	32, // 55: wheelfs.v1.Storage.StatFS:input_type -> wheelfs.v1.StatFSRequest
+	34, // 56: wheelfs.v1.Storage.Open:input_type -> wheelfs.v1.OpenRequest
+	36, // 57: wheelfs.v1.Storage.Release:input_type -> wheelfs.v1.ReleaseRequest
+	6,  // 58: wheelfs.v1.Storage.Lookup:output_type -> wheelfs.v1.LookupResponse
+	8,  // 59: wheelfs.v1.Storage.GetAttr:output_type -> wheelfs.v1.GetAttrResponse
+	10, // 60: wheelfs.v1.Storage.Create:output_type -> wheelfs.v1.CreateResponse
+	12, // 61: wheelfs.v1.Storage.Link:output_type -> wheelfs.v1.LinkResponse
+	14, // 62: wheelfs.v1.Storage.Remove:output_type -> wheelfs.v1.RemoveResponse
+	16, // 63: wheelfs.v1.Storage.Rename:output_type -> wheelfs.v1.RenameResponse
+	18, // 64: wheelfs.v1.Storage.SetAttr:output_type -> wheelfs.v1.SetAttrResponse
+	20, // 65: wheelfs.v1.Storage.ReadDir:output_type -> wheelfs.v1.ReadDirResponse
+	23, // 66: wheelfs.v1.Storage.GetBlocks:output_type -> wheelfs.v1.GetBlocksResponse
+	25, // 67: wheelfs.v1.Storage.ReadBlocks:output_type -> wheelfs.v1.ReadBlocksResponse
+	27, // 68: wheelfs.v1.Storage.PutBlocks:output_type -> wheelfs.v1.PutBlocksResponse
+	29, // 69: wheelfs.v1.Storage.Commit:output_type -> wheelfs.v1.CommitResponse
+	31, // 70: wheelfs.v1.Storage.GetXattr:output_type -> wheelfs.v1.XattrResponse
+	31, // 71: wheelfs.v1.Storage.ListXattr:output_type -> wheelfs.v1.XattrResponse
+	31, // 72: wheelfs.v1.Storage.SetXattr:output_type -> wheelfs.v1.XattrResponse
+	31, // 73: wheelfs.v1.Storage.RemoveXattr:output_type -> wheelfs.v1.XattrResponse
+	33, // 74: wheelfs.v1.Storage.StatFS:output_type -> wheelfs.v1.StatFSResponse
+	35, // 75: wheelfs.v1.Storage.Open:output_type -> wheelfs.v1.OpenResponse
+	37, // 76: wheelfs.v1.Storage.Release:output_type -> wheelfs.v1.ReleaseResponse
+	58, // [58:77] is the sub-list for method output_type
+	39, // [39:58] is the sub-list for method input_type
+	39, // [39:39] is the sub-list for extension type_name
+	39, // [39:39] is the sub-list for extension extendee
+	0,  // [0:39] is the sub-list for field type_name
 }
 
 func init() { file_wheelfs_proto_init() }
@@ -3033,7 +2906,7 @@ func file_wheelfs_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_wheelfs_proto_rawDesc), len(file_wheelfs_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   39,
+			NumMessages:   37,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -40,7 +40,6 @@ const (
 	Storage_StatFS_FullMethodName      = "/wheelfs.v1.Storage/StatFS"
 	Storage_Open_FullMethodName        = "/wheelfs.v1.Storage/Open"
 	Storage_Release_FullMethodName     = "/wheelfs.v1.Storage/Release"
-	Storage_Info_FullMethodName        = "/wheelfs.v1.Storage/Info"
 )
 
 // StorageClient is the client API for Storage service.
@@ -68,7 +67,6 @@ type StorageClient interface {
 	StatFS(ctx context.Context, in *StatFSRequest, opts ...grpc.CallOption) (*StatFSResponse, error)
 	Open(ctx context.Context, in *OpenRequest, opts ...grpc.CallOption) (*OpenResponse, error)
 	Release(ctx context.Context, in *ReleaseRequest, opts ...grpc.CallOption) (*ReleaseResponse, error)
-	Info(ctx context.Context, in *InfoRequest, opts ...grpc.CallOption) (*InfoResponse, error)
 }
 
 type storageClient struct {
@@ -269,16 +267,6 @@ func (c *storageClient) Release(ctx context.Context, in *ReleaseRequest, opts ..
 	return out, nil
 }
 
-func (c *storageClient) Info(ctx context.Context, in *InfoRequest, opts ...grpc.CallOption) (*InfoResponse, error) {
-	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	out := new(InfoResponse)
-	err := c.cc.Invoke(ctx, Storage_Info_FullMethodName, in, out, cOpts...)
-	if err != nil {
-		return nil, err
-	}
-	return out, nil
-}
-
 // StorageServer is the server API for Storage service.
 // All implementations must embed UnimplementedStorageServer
 // for forward compatibility.
@@ -304,7 +292,6 @@ type StorageServer interface {
 	StatFS(context.Context, *StatFSRequest) (*StatFSResponse, error)
 	Open(context.Context, *OpenRequest) (*OpenResponse, error)
 	Release(context.Context, *ReleaseRequest) (*ReleaseResponse, error)
-	Info(context.Context, *InfoRequest) (*InfoResponse, error)
 	mustEmbedUnimplementedStorageServer()
 }
 
@@ -371,9 +358,6 @@ func (UnimplementedStorageServer) Open(context.Context, *OpenRequest) (*OpenResp
 }
 func (UnimplementedStorageServer) Release(context.Context, *ReleaseRequest) (*ReleaseResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Release not implemented")
-}
-func (UnimplementedStorageServer) Info(context.Context, *InfoRequest) (*InfoResponse, error) {
-	return nil, status.Error(codes.Unimplemented, "method Info not implemented")
 }
 func (UnimplementedStorageServer) mustEmbedUnimplementedStorageServer() {}
 func (UnimplementedStorageServer) testEmbeddedByValue()                 {}
@@ -738,24 +722,6 @@ func _Storage_Release_Handler(srv interface{}, ctx context.Context, dec func(int
 	return interceptor(ctx, in, info, handler)
 }
 
-func _Storage_Info_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
-	in := new(InfoRequest)
-	if err := dec(in); err != nil {
-		return nil, err
-	}
-	if interceptor == nil {
-		return srv.(StorageServer).Info(ctx, in)
-	}
-	info := &grpc.UnaryServerInfo{
-		Server:     srv,
-		FullMethod: Storage_Info_FullMethodName,
-	}
-	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
-		return srv.(StorageServer).Info(ctx, req.(*InfoRequest))
-	}
-	return interceptor(ctx, in, info, handler)
-}
-
 // Storage_ServiceDesc is the grpc.ServiceDesc for Storage service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -838,10 +804,6 @@ var Storage_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Release",
 			Handler:    _Storage_Release_Handler,
-		},
-		{
-			MethodName: "Info",
-			Handler:    _Storage_Info_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
