@@ -55,6 +55,7 @@ type Server struct {
 	done     chan struct{}
 	lockTTL  time.Duration
 	renewing sync.WaitGroup
+	paused   pauseGate
 }
 
 // New returns a server over st that coordinates through conf.
@@ -201,6 +202,9 @@ func (s *Server) renewLoop(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+		}
+		if s.paused.on.Load() {
+			continue
 		}
 		s.mu.Lock()
 		locks := make([]configsvc.Lock, 0, len(s.locks))

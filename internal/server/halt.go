@@ -1,0 +1,34 @@
+package server
+
+import (
+	"sync/atomic"
+
+	"github.com/wheelfs/wheelfs/internal/configsvc"
+	"github.com/wheelfs/wheelfs/internal/oid"
+)
+
+// frozen is set while the server is paused (tests of a primary that stops
+// for longer than its lock: no renewals, no replication).
+type pauseGate struct{ on atomic.Bool }
+
+// Freeze stops lock renewal until Thaw, as if the process had stopped
+// running: its locks expire and another server may take its slices over.
+// The caller (deploy) also holds incoming RPCs.
+func (s *Server) Freeze() { s.paused.on.Store(true) }
+
+// Thaw undoes Freeze. The server finds out on its next renewal whether it
+// lost its locks meanwhile; until then the fencing epochs stop any write
+// it tries to replicate.
+func (s *Server) Thaw() { s.paused.on.Store(false) }
+
+// Halt stops the server as a crash would: background work ends, no lock is
+// released and nothing more is written. Use Close for an orderly stop.
+func (s *Server) Halt() {
+	if s.cancel != nil {
+		s.cancel()
+		s.renewing.Wait()
+	}
+	s.mu.Lock()
+	s.locks = map[oid.Slice]configsvc.Lock{}
+	s.mu.Unlock()
+}
