@@ -6,12 +6,15 @@ package client
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/wheelfs/wheelfs/internal/blockcache"
 	"github.com/wheelfs/wheelfs/internal/cue"
@@ -53,6 +56,9 @@ type Config struct {
 	Logger *slog.Logger
 	// Site is the client's own site (for write-local placement).
 	Site string
+	// Origin is the server on the client's own host, if any: new objects
+	// are placed there by default (write-local, paper §4.3).
+	Origin string
 	// CacheBytes bounds the in-memory block cache.
 	CacheBytes int64
 	// DirtyBytes is how much written data a file buffers before uploading
@@ -145,31 +151,60 @@ func (f *FS) server(ctx context.Context, id oid.ID) (wire.StorageClient, error) 
 	return c, nil
 }
 
-// call runs one RPC against id's primary and converts its error.
+// call runs one RPC against id's primary and converts its error. While the
+// slice has no reachable primary (failover, a refusal by a server that is
+// no longer primary, a connection that cannot be made) it retries with
+// backoff until ctx ends, then fails with ErrTimeout wrapping the last
+// error. A request whose connection broke after it was sent may be
+// applied twice; every RPC is idempotent except an exclusive create,
+// which may then report EEXIST for a file it made itself.
 func call[Req any, Resp any](ctx context.Context, f *FS, id oid.ID,
 	rpc func(wire.StorageClient, context.Context, Req, ...grpc.CallOption) (Resp, error), req Req) (Resp, error) {
 	var zero Resp
-	switch ctx.Err() {
-	case context.DeadlineExceeded:
-		return zero, fmt.Errorf("before calling the primary of %v: %w", id, fserr.ErrTimeout)
-	case context.Canceled:
-		return zero, fmt.Errorf("before calling the primary of %v: %w", id, context.Canceled)
-	}
-	c, err := f.server(ctx, id)
-	if err != nil {
-		return zero, err
-	}
-	resp, err := rpc(c, ctx, req)
-	if err != nil {
+	backoff := 20 * time.Millisecond
+	for {
 		switch ctx.Err() {
 		case context.DeadlineExceeded:
-			return resp, fmt.Errorf("%v: %w", err, fserr.ErrTimeout)
+			return zero, fmt.Errorf("before calling the primary of %v: %w", id, fserr.ErrTimeout)
 		case context.Canceled:
-			return resp, fmt.Errorf("%v: %w", err, context.Canceled)
+			return zero, fmt.Errorf("before calling the primary of %v: %w", id, context.Canceled)
 		}
-		return resp, fserr.FromStatus(err)
+		var resp Resp
+		c, err := f.server(ctx, id)
+		if err == nil {
+			resp, err = rpc(c, ctx, req)
+			if err == nil {
+				return resp, nil
+			}
+			switch ctx.Err() {
+			case context.DeadlineExceeded:
+				return resp, fmt.Errorf("%v: %w", err, fserr.ErrTimeout)
+			case context.Canceled:
+				return resp, fmt.Errorf("%v: %w", err, context.Canceled)
+			}
+			if !retryable(err) {
+				return resp, fserr.FromStatus(err)
+			}
+		}
+		t := time.NewTimer(backoff)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			if errors.Is(ctx.Err(), context.Canceled) {
+				return zero, fmt.Errorf("%v: %w", err, context.Canceled)
+			}
+			return zero, fmt.Errorf("no primary of %v answered in time (%v): %w", id, fserr.FromStatus(err), fserr.ErrTimeout)
+		}
+		backoff = min(2*backoff, 500*time.Millisecond)
 	}
-	return resp, nil
+}
+
+// retryable reports whether an RPC error means "not here, not now": the
+// server is not the primary, or it could not be reached.
+func retryable(err error) bool {
+	st, ok := status.FromError(err)
+	return ok && st.Code() == codes.Unavailable
 }
 
 func syncLevel(c cue.Set) uint32 {

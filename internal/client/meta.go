@@ -85,10 +85,19 @@ func (f *FS) Create(ctx context.Context, u User, cues cue.Set, dir oid.ID, name 
 	resp, err := call(ctx, f, dir, wire.StorageClient.Create, &wire.CreateRequest{
 		Caller: u.caller(), Dir: uint64(dir), Name: name, Type: a.Type, Mode: a.Mode,
 		Rdev: a.Rdev, Target: a.Target, Cues: wireCues(cues, a.Type), Exclusive: a.Exclusive,
-		SyncLevel: syncLevel(cues),
+		SyncLevel: syncLevel(cues), Origin: f.cfg.Origin,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("create %q in %v: %w", name, dir, err)
+	}
+	if resp.Meta == nil && resp.Entry != nil {
+		// An existing file on another primary: ask it.
+		g, err := call(ctx, f, oid.ID(resp.Entry.Id), wire.StorageClient.GetAttr,
+			&wire.GetAttrRequest{Caller: u.caller(), Id: resp.Entry.Id})
+		if err != nil {
+			return nil, fmt.Errorf("create %q in %v: %w", name, dir, err)
+		}
+		return g.Meta, nil
 	}
 	return resp.Meta, nil
 }
@@ -114,7 +123,8 @@ func (f *FS) Remove(ctx context.Context, u User, cues cue.Set, dir oid.ID, name 
 	ctx, cancel := f.bound(ctx, cues)
 	defer cancel()
 	_, err := call(ctx, f, dir, wire.StorageClient.Remove, &wire.RemoveRequest{
-		Caller: u.caller(), Dir: uint64(dir), Name: name, DirOnly: dirOnly, FileOnly: !dirOnly})
+		Caller: u.caller(), Dir: uint64(dir), Name: name, DirOnly: dirOnly, FileOnly: !dirOnly,
+		SyncLevel: syncLevel(cues)})
 	if err != nil {
 		return fmt.Errorf("remove %q in %v: %w", name, dir, err)
 	}

@@ -150,27 +150,31 @@ func Start(ctx context.Context, cfg Config) (h *Host, err error) {
 	if h.listener, err = net.Listen("tcp", cfg.Listen); err != nil {
 		return nil, fmt.Errorf("deploy: listen %s: %w", cfg.Listen, err)
 	}
-	h.Server = server.New(server.Config{ID: h.id.Server, Site: cfg.Site, Addr: h.listener.Addr().String(),
-		Logger: cfg.Logger, RootUID: uint32(os.Getuid()), RootGID: uint32(os.Getgid())}, st, conf, cfg.LockTTL)
+	scfg := server.Config{ID: h.id.Server, Site: cfg.Site, Addr: h.listener.Addr().String(),
+		Logger: cfg.Logger, RootUID: uint32(os.Getuid()), RootGID: uint32(os.Getgid())}
+	scfg.Peers = func(ctx context.Context, id string) (wire.PeerClient, error) { return h.Router.Peer(ctx, id) }
+	h.Server = server.New(scfg, st, conf, cfg.LockTTL)
 	h.grpc = grpc.NewServer(grpc.Creds(credentials.NewTLS(h.Creds.ServerTLS())),
 		grpc.MaxRecvMsgSize(64<<20), grpc.MaxSendMsgSize(64<<20))
 	wire.RegisterStorageServer(h.grpc, h.Server)
+	wire.RegisterPeerServer(h.grpc, h.Server.PeerService())
 	go h.grpc.Serve(h.listener)
 	h.closers = append(h.closers, func() error { h.grpc.Stop(); return nil })
-	if err := h.Server.Start(ctx); err != nil {
-		return nil, err
-	}
-	h.closers = append(h.closers, h.Server.Close)
-
 	h.Router, err = route.New(ctx, conf, route.Options{Logger: cfg.Logger, TLS: h.Creds.ClientTLS,
 		LocalID: h.id.Server, Local: server.LocalClient(h.Server)})
 	if err != nil {
 		return nil, err
 	}
 	h.closers = append(h.closers, h.Router.Close)
+	if err := h.Server.Start(ctx); err != nil {
+		return nil, err
+	}
+	h.closers = append(h.closers, h.Server.Close)
+
 	ccfg := cfg.Client
 	ccfg.Logger = cfg.Logger
 	ccfg.Site = cfg.Site
+	ccfg.Origin = h.id.Server
 	h.Client = client.New(ccfg, h.Router)
 	return h, nil
 }

@@ -138,6 +138,28 @@ func (r *Router) Primary(ctx context.Context, s oid.Slice) (wire.StorageClient, 
 	return wire.NewStorageClient(conn), nil
 }
 
+// Peer returns a client for server id's Peer service (server-to-server
+// calls: replication, two-step create).
+func (r *Router) Peer(ctx context.Context, id string) (wire.PeerClient, error) {
+	r.mu.Lock()
+	info, ok := r.table.Servers[id]
+	r.mu.Unlock()
+	if !ok {
+		t, err := r.conf.Table(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("route: read slice table: %w", err)
+		}
+		if info, ok = t.Servers[id]; !ok {
+			return nil, fmt.Errorf("route: server %s is not registered: %w", id, fserr.ErrIO)
+		}
+	}
+	conn, err := r.conn(info)
+	if err != nil {
+		return nil, err
+	}
+	return wire.NewPeerClient(conn), nil
+}
+
 func (r *Router) conn(info configsvc.ServerInfo) (*grpc.ClientConn, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()

@@ -30,5 +30,10 @@ func (s *Server) Halt() {
 	}
 	s.mu.Lock()
 	s.locks = map[oid.Slice]configsvc.Lock{}
+	repls := s.repls
+	s.repls = map[oid.Slice]*sliceRepl{}
 	s.mu.Unlock()
+	for _, r := range repls {
+		r.close()
+	}
 }

@@ -3,11 +3,13 @@ package server
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"syscall"
 	"time"
 
 	"github.com/wheelfs/wheelfs/internal/attrs"
 	"github.com/wheelfs/wheelfs/internal/configsvc"
+	"github.com/wheelfs/wheelfs/internal/cue"
 	"github.com/wheelfs/wheelfs/internal/fserr"
 	"github.com/wheelfs/wheelfs/internal/oid"
 	"github.com/wheelfs/wheelfs/internal/perm"
@@ -131,7 +133,13 @@ func policyOf(c *wire.Cues, parent configsvc.Policy, site string) configsvc.Poli
 	return p
 }
 
-// Create implements wire.StorageServer.
+// Create implements wire.StorageServer. The directory's primary places
+// the new object (paper §5.2.2): in its own slice of the object's policy,
+// in the directory's slice for .KeepTogether, or — two-step create — at
+// the creating client's local server (write-local) or a server at the
+// .Site, which stores the object before this server adds the name. If
+// that server cannot be reached the object is created here and
+// maintenance moves its slice home later.
 func (s *Server) Create(ctx context.Context, req *wire.CreateRequest) (*wire.CreateResponse, error) {
 	dir := oid.ID(req.Dir)
 	if err := s.primary(dir); err != nil {
@@ -142,19 +150,44 @@ func (s *Server) Create(ctx context.Context, req *wire.CreateRequest) (*wire.Cre
 		return nil, fserr.ToStatus(fmt.Errorf("create type %v: %w", req.Type, fserr.ErrInvalid))
 	}
 	c := cred(req.Caller)
-	s.mu.Lock()
-	parentPolicy, ok := s.policies[dir.Slice()]
-	s.mu.Unlock()
-	if !ok {
-		parentPolicy = s.defaultPolicy()
+	now := time.Now().UnixNano()
+	pol, target := s.place(req, dir)
+	var remote *wire.Meta // the object, when another server stored it
+	if target != s.cfg.ID {
+		var tmpl *wire.Meta
+		err := s.store.View(func(tx *store.Tx) error {
+			d, err := s.dirMeta(tx, dir)
+			if err != nil {
+				return err
+			}
+			if _, err := tx.Entry(dir, req.Name); err == nil {
+				return nil // settled below
+			}
+			if err := perm.MayCreate(c, attr(d)); err != nil {
+				return err
+			}
+			tmpl = newMeta(c, d, req, bits, now)
+			return nil
+		})
+		if err != nil {
+			return nil, fserr.ToStatus(fmt.Errorf("create %q: %w", req.Name, err))
+		}
+		if tmpl != nil {
+			remote, err = s.createAt(ctx, target, pol, tmpl, req.SyncLevel)
+			if err != nil {
+				s.log.Warn("placement target unreachable; creating the object here", "target", target, "err", err)
+			}
+		}
 	}
-	slice, err := s.sliceFor(ctx, policyOf(req.Cues, parentPolicy, s.cfg.Site))
-	if err != nil {
-		return nil, fserr.ToStatus(err)
+	slice := dir.Slice()
+	if remote == nil && !pol.KeepTogether {
+		var err error
+		if slice, err = s.sliceFor(ctx, pol); err != nil {
+			return nil, fserr.ToStatus(err)
+		}
 	}
 	resp := &wire.CreateResponse{}
-	now := time.Now().UnixNano()
-	err = s.store.Update(ctx, func(tx *store.Tx) error {
+	err := s.update(ctx, req.SyncLevel, func(tx *store.Tx) error {
 		d, err := s.dirMeta(tx, dir)
 		if err != nil {
 			return err
@@ -169,36 +202,31 @@ func (s *Server) Create(ctx context.Context, req *wire.CreateRequest) (*wire.Cre
 			if err := perm.MayLookup(c, attr(d)); err != nil {
 				return err
 			}
-			m, err := tx.Meta(oid.ID(e.Id))
-			resp.Entry, resp.Meta, resp.Existed = e, m, true
+			resp.Entry, resp.Existed = e, true
+			if s.primary(oid.ID(e.Id)) == nil {
+				resp.Meta, err = tx.Meta(oid.ID(e.Id))
+			}
 			return err
 		}
 		if err := perm.MayCreate(c, attr(d)); err != nil {
 			return err
 		}
-		n, err := tx.NextCounter(slice)
-		if err != nil {
-			return err
+		m := remote
+		if m == nil {
+			n, err := tx.NextCounter(slice)
+			if err != nil {
+				return err
+			}
+			m = newMeta(c, d, req, bits, now)
+			m.Id = uint64(oid.Make(slice, n))
+			if err := tx.PutMeta(m); err != nil {
+				return err
+			}
 		}
-		mode, uid, gid := perm.NewObject(c, attr(d), bits|req.Mode&0o7777)
-		m := &wire.Meta{
-			Id: uint64(oid.Make(slice, n)), Type: req.Type, Mode: mode & 0o7777, Uid: uid, Gid: gid,
-			Nlink: 1, AtimeNs: now, MtimeNs: now, CtimeNs: now, BtimeNs: now, Version: 1,
-			Rdev: req.Rdev, Target: req.Target, Cues: req.Cues, BlockSize: blockSize,
-		}
-		if req.Type == wire.Type_TYPE_SYMLINK {
-			m.Size = uint64(len(req.Target))
-			m.Mode = 0o777
-		}
-		if req.Type == wire.Type_TYPE_DIR {
-			m.Nlink = 2
-			m.Parent = uint64(dir)
+		if m.Type == wire.Type_TYPE_DIR {
 			d.Nlink++
 		}
 		e := &wire.Entry{Name: req.Name, Id: m.Id, Type: m.Type, Version: 1}
-		if err := tx.PutMeta(m); err != nil {
-			return err
-		}
 		if err := tx.PutEntry(dir, e); err != nil {
 			return err
 		}
@@ -206,10 +234,111 @@ func (s *Server) Create(ctx context.Context, req *wire.CreateRequest) (*wire.Cre
 		resp.Entry, resp.Meta, resp.Dir = e, m, d
 		return tx.PutMeta(d)
 	})
+	if remote != nil && (err != nil || resp.Existed) {
+		s.dropRemote(target, oid.ID(remote.Id)) // the name went elsewhere: no link to it
+	}
 	if err != nil {
 		return nil, fserr.ToStatus(fmt.Errorf("create %q: %w", req.Name, err))
 	}
 	return resp, nil
+}
+
+// newMeta returns the meta-data of a new object (without its ID) that c
+// creates in directory d.
+func newMeta(c perm.Cred, d *wire.Meta, req *wire.CreateRequest, bits uint32, now int64) *wire.Meta {
+	mode, uid, gid := perm.NewObject(c, attr(d), bits|req.Mode&0o7777)
+	m := &wire.Meta{
+		Type: req.Type, Mode: mode & 0o7777, Uid: uid, Gid: gid,
+		Nlink: 1, AtimeNs: now, MtimeNs: now, CtimeNs: now, BtimeNs: now, Version: 1,
+		Rdev: req.Rdev, Target: req.Target, Cues: req.Cues, BlockSize: blockSize,
+	}
+	if req.Type == wire.Type_TYPE_SYMLINK {
+		m.Size = uint64(len(req.Target))
+		m.Mode = 0o777
+	}
+	if req.Type == wire.Type_TYPE_DIR {
+		m.Nlink = 2
+		m.Parent = d.Id
+	}
+	return m
+}
+
+// place decides the new object's slice policy and the server to store it.
+func (s *Server) place(req *wire.CreateRequest, dir oid.ID) (configsvc.Policy, string) {
+	s.mu.Lock()
+	parent, ok := s.policies[dir.Slice()]
+	s.mu.Unlock()
+	if !ok {
+		parent = s.defaultPolicy()
+	}
+	pol := policyOf(req.Cues, parent, s.cfg.Site)
+	cues := req.GetCues()
+	switch {
+	case cues.GetKeepTogether():
+		parent.KeepTogether = true
+		return parent, s.cfg.ID // the directory's own slice
+	case cues.GetSite() == cue.SiteRandom:
+		if t := s.table.Load(); t != nil {
+			ids := make([]string, 0, len(t.Servers))
+			for id := range t.Servers {
+				ids = append(ids, id)
+			}
+			if len(ids) > 0 {
+				id := ids[rand.IntN(len(ids))]
+				pol.Site = t.Servers[id].Site
+				return pol, id
+			}
+		}
+		pol.Site = s.cfg.Site
+		return pol, s.cfg.ID
+	case cues.GetSite() != "":
+		if pol.Site == s.cfg.Site {
+			return pol, s.cfg.ID
+		}
+		if ids := s.siteServers(pol.Site, req.Name); len(ids) > 0 {
+			return pol, ids[0]
+		}
+		return pol, s.cfg.ID // nobody there: here for now, home later
+	}
+	// Write-local: the creating client's own server.
+	if o := req.Origin; o != "" && o != s.cfg.ID && s.registered(o) {
+		if t := s.table.Load(); t != nil {
+			pol.Site = t.Servers[o].Site
+			return pol, o
+		}
+	}
+	return pol, s.cfg.ID
+}
+
+// createAt asks server target to store a new object.
+func (s *Server) createAt(ctx context.Context, target string, pol configsvc.Policy, tmpl *wire.Meta, sync uint32) (*wire.Meta, error) {
+	p, err := s.peer(ctx, target)
+	if err != nil {
+		return nil, err
+	}
+	cctx, cancel := context.WithTimeout(ctx, s.cfg.PeerTimeout)
+	defer cancel()
+	resp, err := p.CreateObject(cctx, &wire.CreateObjectRequest{Meta: tmpl, Policy: cuesFromPolicy(pol), SyncLevel: sync})
+	if err != nil {
+		return nil, err
+	}
+	return resp.Meta, nil
+}
+
+// dropRemote deletes, in the background, an object another server
+// created for a name that was not added.
+func (s *Server) dropRemote(target string, id oid.ID) {
+	go func() {
+		ctx, cancel := context.WithTimeout(s.bg, s.cfg.PeerTimeout)
+		defer cancel()
+		p, err := s.peer(ctx, target)
+		if err == nil {
+			_, err = p.DropLink(ctx, &wire.DropLinkRequest{Id: uint64(id)})
+		}
+		if err != nil {
+			s.log.Warn("could not delete an object created for a name that was not added", "id", id, "server", target, "err", err)
+		}
+	}()
 }
 
 // Link implements wire.StorageServer.
@@ -224,7 +353,7 @@ func (s *Server) Link(ctx context.Context, req *wire.LinkRequest) (*wire.LinkRes
 	c := cred(req.Caller)
 	now := time.Now().UnixNano()
 	var out *wire.Meta
-	err := s.store.Update(ctx, func(tx *store.Tx) error {
+	err := s.update(ctx, 0, func(tx *store.Tx) error {
 		d, err := s.dirMeta(tx, dir)
 		if err != nil {
 			return err
@@ -320,10 +449,16 @@ func (s *Server) Remove(ctx context.Context, req *wire.RemoveRequest) (*wire.Rem
 	}
 	c := cred(req.Caller)
 	now := time.Now().UnixNano()
+	if out, err, done := s.removeRemote(ctx, req); done {
+		if err != nil {
+			return nil, fserr.ToStatus(fmt.Errorf("remove %q: %w", req.Name, err))
+		}
+		return &wire.RemoveResponse{Meta: out}, nil
+	}
 	var out *wire.Meta
 	var dying []oid.ID
 	defer func() { s.buried(dying) }()
-	err := s.store.Update(ctx, func(tx *store.Tx) error {
+	err := s.update(ctx, req.SyncLevel, func(tx *store.Tx) error {
 		d, err := s.dirMeta(tx, dir)
 		if err != nil {
 			return err
@@ -334,6 +469,9 @@ func (s *Server) Remove(ctx context.Context, req *wire.RemoveRequest) (*wire.Rem
 		e, err := tx.Entry(dir, req.Name)
 		if err != nil {
 			return err
+		}
+		if s.primary(oid.ID(e.Id)) != nil {
+			return fmt.Errorf("the object moved to another server meanwhile: %w", fserr.ErrNotPrimary)
 		}
 		m, err := tx.Meta(oid.ID(e.Id))
 		if err != nil {
@@ -372,6 +510,83 @@ func (s *Server) Remove(ctx context.Context, req *wire.RemoveRequest) (*wire.Rem
 	return &wire.RemoveResponse{Meta: out}, nil
 }
 
+// removeRemote removes a name whose object another server is primary
+// for: that server drops the link (checking permissions and emptiness),
+// then the name goes. done is false when the object is local.
+func (s *Server) removeRemote(ctx context.Context, req *wire.RemoveRequest) (out *wire.Meta, err error, done bool) {
+	dir := oid.ID(req.Dir)
+	var e *wire.Entry
+	var d *wire.Meta
+	err = s.store.View(func(tx *store.Tx) error {
+		if d, err = s.dirMeta(tx, dir); err != nil {
+			return err
+		}
+		if err := perm.MayLookup(cred(req.Caller), attr(d)); err != nil {
+			return err
+		}
+		e, err = tx.Entry(dir, req.Name)
+		return err
+	})
+	if err != nil {
+		return nil, err, true
+	}
+	id := oid.ID(e.Id)
+	if s.primary(id) == nil {
+		return nil, nil, false
+	}
+	owner := s.primaryOf(id.Slice())
+	if owner == "" {
+		return nil, fmt.Errorf("no primary for %v: %w", id, fserr.ErrNotPrimary), true
+	}
+	p, err := s.peer(ctx, owner)
+	if err != nil {
+		return nil, err, true
+	}
+	cctx, cancel := context.WithTimeout(ctx, s.cfg.PeerTimeout)
+	resp, err := p.DropLink(cctx, &wire.DropLinkRequest{Id: uint64(id), DirOnly: req.DirOnly, FileOnly: req.FileOnly,
+		SyncLevel: req.SyncLevel, Caller: req.Caller, Dir: d})
+	cancel()
+	gone := fserr.Errno(fserr.FromStatus(err)) == syscall.ENOENT // a name left dangling by a crash
+	if err != nil && !gone {
+		return nil, fserr.FromStatus(err), true
+	}
+	now := time.Now().UnixNano()
+	err = s.update(ctx, req.SyncLevel, func(tx *store.Tx) error {
+		d, err := s.dirMeta(tx, dir)
+		if err != nil {
+			return err
+		}
+		cur, err := tx.Entry(dir, req.Name)
+		if err != nil || cur.Id != e.Id {
+			return nil // renamed or removed meanwhile
+		}
+		if err := tx.DeleteEntry(dir, req.Name); err != nil {
+			return err
+		}
+		if e.Type == wire.Type_TYPE_DIR {
+			d.Nlink--
+		}
+		touch(d, now, true)
+		return tx.PutMeta(d)
+	})
+	if resp != nil {
+		out = resp.Meta
+	}
+	return out, err, true
+}
+
+// primaryOf returns the server the slice table names as sl's primary.
+func (s *Server) primaryOf(sl oid.Slice) string {
+	t := s.table.Load()
+	if t == nil {
+		return ""
+	}
+	if x, ok := t.Slices[sl]; ok && len(x.Replicas) > 0 {
+		return x.Replicas[0]
+	}
+	return ""
+}
+
 // Rename implements wire.StorageServer. Both directories must be on this
 // server; the whole rename is one atomic transaction.
 func (s *Server) Rename(ctx context.Context, req *wire.RenameRequest) (*wire.RenameResponse, error) {
@@ -387,7 +602,7 @@ func (s *Server) Rename(ctx context.Context, req *wire.RenameRequest) (*wire.Ren
 	resp := &wire.RenameResponse{}
 	var dying []oid.ID
 	defer func() { s.buried(dying) }()
-	err := s.store.Update(ctx, func(tx *store.Tx) error {
+	err := s.update(ctx, 0, func(tx *store.Tx) error {
 		sd, err := s.dirMeta(tx, src)
 		if err != nil {
 			return err
@@ -402,6 +617,9 @@ func (s *Server) Rename(ctx context.Context, req *wire.RenameRequest) (*wire.Ren
 		if err != nil {
 			return err
 		}
+		if s.primary(oid.ID(se.Id)) != nil {
+			return fmt.Errorf("rename of an object on another server: %w", fserr.ErrCrossDevice)
+		}
 		child, err := tx.Meta(oid.ID(se.Id))
 		if err != nil {
 			return err
@@ -414,6 +632,9 @@ func (s *Server) Rename(ctx context.Context, req *wire.RenameRequest) (*wire.Ren
 		if de != nil {
 			if req.Flags&wire.RenameNoReplace != 0 {
 				return fmt.Errorf("%q: %w", req.DstName, fserr.ErrExist)
+			}
+			if s.primary(oid.ID(de.Id)) != nil {
+				return fmt.Errorf("rename over an object on another server: %w", fserr.ErrCrossDevice)
 			}
 			if target, err = tx.Meta(oid.ID(de.Id)); err != nil {
 				return err
@@ -582,7 +803,7 @@ func (s *Server) SetAttr(ctx context.Context, req *wire.SetAttrRequest) (*wire.S
 	c := cred(req.Caller)
 	now := time.Now().UnixNano()
 	var out *wire.Meta
-	err := s.store.Update(ctx, func(tx *store.Tx) error {
+	err := s.update(ctx, req.SyncLevel, func(tx *store.Tx) error {
 		m, err := tx.Meta(id)
 		if err != nil {
 			return err
@@ -804,7 +1025,7 @@ func (s *Server) Commit(ctx context.Context, req *wire.CommitRequest) (*wire.Com
 	c := cred(req.Caller)
 	now := time.Now().UnixNano()
 	var out *wire.Meta
-	err := s.store.Update(ctx, func(tx *store.Tx) error {
+	err := s.update(ctx, req.SyncLevel, func(tx *store.Tx) error {
 		m, err := tx.Meta(id)
 		if err != nil {
 			return err
@@ -930,7 +1151,7 @@ func (s *Server) changeXattr(ctx context.Context, req *wire.XattrRequest, remove
 		return nil, fserr.ToStatus(fmt.Errorf("xattr value of %d bytes: %w", len(req.Value), fserr.ErrTooBig))
 	}
 	now := time.Now().UnixNano()
-	err := s.store.Update(ctx, func(tx *store.Tx) error {
+	err := s.update(ctx, 0, func(tx *store.Tx) error {
 		m, err := tx.Meta(id)
 		if err != nil {
 			return err
@@ -1030,7 +1251,7 @@ func (s *Server) Release(ctx context.Context, req *wire.ReleaseRequest) (*wire.R
 		return &wire.ReleaseResponse{}, nil
 	}
 	defer s.buried([]oid.ID{id})
-	err := s.store.Update(ctx, func(tx *store.Tx) error {
+	err := s.update(ctx, 0, func(tx *store.Tx) error {
 		if _, err := tx.Sys(orphanKey(id)); err != nil {
 			return nil // not an orphan
 		}
@@ -1045,7 +1266,7 @@ func (s *Server) Release(ctx context.Context, req *wire.ReleaseRequest) (*wire.R
 // cleanOrphans deletes files unlinked while open before a restart: their
 // handles died with the old process.
 func (s *Server) cleanOrphans(ctx context.Context) error {
-	return s.store.Update(ctx, func(tx *store.Tx) error {
+	return s.update(ctx, 1, func(tx *store.Tx) error {
 		keys, err := tx.SysKeys("orphan/")
 		if err != nil {
 			return err
@@ -1054,6 +1275,9 @@ func (s *Server) cleanOrphans(ctx context.Context) error {
 			var id uint64
 			if _, err := fmt.Sscanf(k, "orphan/%016x", &id); err != nil {
 				continue
+			}
+			if s.primary(oid.ID(id)) != nil {
+				continue // another server is its primary now
 			}
 			if err := tx.DeleteObject(oid.ID(id)); err != nil {
 				return err

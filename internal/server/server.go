@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/wheelfs/wheelfs/internal/configsvc"
@@ -33,6 +34,20 @@ type Config struct {
 	RootMode uint32
 	// RootUID and RootGID own the root directory of a new deployment.
 	RootUID, RootGID uint32
+	// Peers returns a client for another server's Peer service.
+	Peers func(ctx context.Context, id string) (wire.PeerClient, error)
+	// PeerTimeout bounds one call to a peer (default 10 s).
+	PeerTimeout time.Duration
+	// InstallTimeout bounds one snapshot chunk sent to a backup, blocks
+	// included (default 5 minutes).
+	InstallTimeout time.Duration
+	// MaintainPeriod is how often replicas check on each other and the
+	// slice table (default 1 s).
+	MaintainPeriod time.Duration
+	// DeadAfter is how long a backup may fail before it is replaced
+	// (default 5 × MaintainPeriod). A backup whose membership lease
+	// expired is replaced at once.
+	DeadAfter time.Duration
 }
 
 // Server implements wire.StorageServer.
@@ -56,6 +71,13 @@ type Server struct {
 	lockTTL  time.Duration
 	renewing sync.WaitGroup
 	paused   pauseGate
+
+	bg     context.Context // background work; ends with Close or Halt
+	table  atomic.Pointer[configsvc.Table]
+	tableC chan struct{} // a new table arrived (maintenance wakes up)
+	repls  map[oid.Slice]*sliceRepl
+	valid  map[oid.Slice]time.Time // lock believed held until
+	moving map[oid.Slice]bool      // being handed to another server
 }
 
 // New returns a server over st that coordinates through conf.
@@ -65,6 +87,18 @@ func New(cfg Config, st *store.Store, conf configsvc.Service, lockTTL time.Durat
 	}
 	if cfg.RootMode == 0 {
 		cfg.RootMode = 0o1777
+	}
+	if cfg.PeerTimeout <= 0 {
+		cfg.PeerTimeout = 10 * time.Second
+	}
+	if cfg.InstallTimeout <= 0 {
+		cfg.InstallTimeout = 5 * time.Minute
+	}
+	if cfg.MaintainPeriod <= 0 {
+		cfg.MaintainPeriod = time.Second
+	}
+	if cfg.DeadAfter <= 0 {
+		cfg.DeadAfter = 5 * cfg.MaintainPeriod
 	}
 	return &Server{
 		cfg:      cfg,
@@ -79,6 +113,11 @@ func New(cfg Config, st *store.Store, conf configsvc.Service, lockTTL time.Durat
 		dying:    map[oid.ID]int{},
 		lockTTL:  lockTTL,
 		done:     make(chan struct{}),
+		bg:       context.Background(),
+		tableC:   make(chan struct{}, 1),
+		repls:    map[oid.Slice]*sliceRepl{},
+		valid:    map[oid.Slice]time.Time{},
+		moving:   map[oid.Slice]bool{},
 	}
 }
 
@@ -90,6 +129,7 @@ func (s *Server) Start(ctx context.Context) (err error) {
 	// ends: Start's context only bounds starting.
 	rctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	s.cancel = cancel
+	s.bg = rctx
 	defer func() {
 		if err != nil {
 			cancel()
@@ -102,11 +142,13 @@ func (s *Server) Start(ctx context.Context) (err error) {
 	if err != nil {
 		return fmt.Errorf("server: read slice table: %w", err)
 	}
-	// Slices whose replica list names us as primary are ours again.
-	for id, sl := range table.Slices {
+	s.table.Store(table)
+	// Slices whose replica list names us as primary are ours again (after
+	// collecting anything newer from their backups).
+	for _, sl := range table.Slices {
 		if len(sl.Replicas) > 0 && sl.Replicas[0] == s.cfg.ID {
-			if err := s.acquire(ctx, id, sl.Policy); err != nil {
-				return err
+			if err := s.takeOver(ctx, sl); err != nil && !errors.Is(err, configsvc.ErrLocked) {
+				s.log.Warn("could not take back a slice; maintenance will retry", "slice", sl.ID, "err", err)
 			}
 		}
 	}
@@ -115,11 +157,20 @@ func (s *Server) Start(ctx context.Context) (err error) {
 			return err
 		}
 	}
+	// Every server holds at least one slice: membership is the union of
+	// the replica lists (paper §5.2.1).
+	if len(s.Slices()) == 0 {
+		if _, err := s.sliceFor(ctx, s.defaultPolicy()); err != nil {
+			return err
+		}
+	}
 	if err := s.cleanOrphans(ctx); err != nil {
 		return err
 	}
-	s.renewing.Add(1)
+	s.renewing.Add(3)
 	go s.renewLoop(rctx)
+	go s.watchTable(rctx)
+	go s.maintainLoop(rctx)
 	s.log.Info("server ready", "site", s.cfg.Site, "addr", s.cfg.Addr, "slices", len(s.locks))
 	return nil
 }
@@ -139,7 +190,12 @@ func (s *Server) Close() error {
 		locks = append(locks, l)
 	}
 	s.locks = map[oid.Slice]configsvc.Lock{}
+	repls := s.repls
+	s.repls = map[oid.Slice]*sliceRepl{}
 	s.mu.Unlock()
+	for _, r := range repls {
+		r.close()
+	}
 	var errs []error
 	for _, l := range locks {
 		if err := s.conf.Release(ctx, l); err != nil {
@@ -153,21 +209,70 @@ func (s *Server) defaultPolicy() configsvc.Policy {
 	return configsvc.Policy{Site: s.cfg.Site, RepLevel: DefaultRepLevel}
 }
 
-// acquire takes the lock of slice id with policy p (one replica: this
-// server; more replicas arrive with multi-server placement).
+// acquire takes the lock of a new slice id with policy p and replicas
+// chosen by placement.
 func (s *Server) acquire(ctx context.Context, id oid.Slice, p configsvc.Policy) error {
-	l, err := s.conf.Acquire(ctx, id, s.cfg.ID, p, []string{s.cfg.ID})
+	replicas := s.chooseReplicas(p, []string{s.cfg.ID})
+	start := time.Now()
+	l, err := s.conf.Acquire(ctx, id, s.cfg.ID, p, replicas)
 	if err != nil {
 		return fmt.Errorf("server: acquire slice %d: %w", id, err)
 	}
+	var at pos
+	if err := s.store.Update(ctx, func(tx *store.Tx) error {
+		at = readPos(tx, id)
+		at.epoch = l.Epoch
+		return writePos(tx, id, at)
+	}); err != nil {
+		return err
+	}
+	s.serve(l, p, replicas, at.seq, start)
+	return nil
+}
+
+// serve starts acting as primary of a slice whose lock l this server
+// holds, with replicas[1:] as backups.
+func (s *Server) serve(l configsvc.Lock, p configsvc.Policy, replicas []string, seq uint64, locked time.Time) {
+	r := newSliceRepl(s, l.Slice, l.Epoch, seq)
 	s.mu.Lock()
-	s.locks[id] = l
-	s.policies[id] = p
-	if _, ok := s.bySlice[p]; !ok {
-		s.bySlice[p] = id
+	if old := s.repls[l.Slice]; old != nil {
+		defer old.close()
+	}
+	s.locks[l.Slice] = l
+	s.valid[l.Slice] = locked.Add(s.lockTTL)
+	s.policies[l.Slice] = p
+	s.repls[l.Slice] = r
+	delete(s.moving, l.Slice)
+	if _, ok := s.bySlice[p]; !ok && !p.KeepTogether {
+		s.bySlice[p] = l.Slice
 	}
 	s.mu.Unlock()
-	return nil
+	r.setFollowers(replicas)
+}
+
+// lostSlice stops acting as primary of slice sl (if still at epoch).
+func (s *Server) lostSlice(sl oid.Slice, epoch int64, why string) {
+	s.mu.Lock()
+	l, ok := s.locks[sl]
+	if !ok || l.Epoch != epoch {
+		s.mu.Unlock()
+		return
+	}
+	delete(s.locks, sl)
+	delete(s.policies, sl)
+	delete(s.valid, sl)
+	for p, id := range s.bySlice {
+		if id == sl {
+			delete(s.bySlice, p)
+		}
+	}
+	r := s.repls[sl]
+	delete(s.repls, sl)
+	s.mu.Unlock()
+	s.log.Warn("no longer primary of slice", "slice", sl, "epoch", epoch, "why", why)
+	if r != nil {
+		go r.close() // may be called from one of r's own goroutines
+	}
 }
 
 func (s *Server) createRoot(ctx context.Context) error {
@@ -175,7 +280,7 @@ func (s *Server) createRoot(ctx context.Context) error {
 		return err
 	}
 	now := time.Now().UnixNano()
-	return s.store.Update(ctx, func(tx *store.Tx) error {
+	return s.update(ctx, 1, func(tx *store.Tx) error {
 		if _, err := tx.Meta(oid.Root); err == nil {
 			return nil
 		}
@@ -213,23 +318,22 @@ func (s *Server) renewLoop(ctx context.Context) {
 		}
 		s.mu.Unlock()
 		for _, l := range locks {
+			start := time.Now()
 			rctx, cancel := context.WithTimeout(ctx, max(s.lockTTL/3, time.Second))
 			err := s.conf.Renew(rctx, l)
 			cancel()
+			if err == nil {
+				s.mu.Lock()
+				if cur, ok := s.locks[l.Slice]; ok && cur.Epoch == l.Epoch {
+					s.valid[l.Slice] = start.Add(s.lockTTL)
+				}
+				s.mu.Unlock()
+			}
 			if err == nil || ctx.Err() != nil {
 				continue
 			}
 			if errors.Is(err, configsvc.ErrLockLost) {
-				s.log.Error("slice lock lost; no longer primary", "slice", l.Slice, "err", err)
-				s.mu.Lock()
-				delete(s.locks, l.Slice)
-				delete(s.policies, l.Slice)
-				for p, id := range s.bySlice {
-					if id == l.Slice {
-						delete(s.bySlice, p)
-					}
-				}
-				s.mu.Unlock()
+				s.lostSlice(l.Slice, l.Epoch, "lock lost: "+err.Error())
 				continue
 			}
 			s.log.Warn("slice lock renewal failed; will retry", "slice", l.Slice, "err", err)
@@ -237,10 +341,15 @@ func (s *Server) renewLoop(ctx context.Context) {
 	}
 }
 
-// primary checks that this server is primary for id's slice.
+// primary checks that this server is primary for id's slice: it holds
+// the lock, the lock's lease has not run out by the local clock (a paused
+// primary must not answer after its lock may have passed to another
+// server), and the slice is not being handed over.
 func (s *Server) primary(id oid.ID) error {
+	sl := id.Slice()
 	s.mu.Lock()
-	_, ok := s.locks[id.Slice()]
+	_, ok := s.locks[sl]
+	ok = ok && time.Now().Before(s.valid[sl]) && !s.moving[sl]
 	s.mu.Unlock()
 	if !ok {
 		return fmt.Errorf("object %v: %w", id, fserr.ErrNotPrimary)

@@ -62,9 +62,10 @@ type Tx struct {
 	sorted      []int          // scratch for scan
 	fn, batch   effects        // side effects of the running function / the batch
 	baseObjects int64
-	inl         []inlineBlock // commit scratch: blocks logged inline
-	inlBuf      []byte        // commit scratch: their bytes
-	ends        []segEnd      // commit scratch: segments to sync
+	inl         []inlineBlock    // commit scratch: blocks logged inline
+	inlBuf      []byte           // commit scratch: their bytes
+	ends        []segEnd         // commit scratch: segments to sync
+	rec         []*wire.Mutation // the running function's changes, for replication
 }
 
 // op is a buffered write.
@@ -160,6 +161,7 @@ func (t *Tx) endUpdate() {
 	t.idx = nil
 	t.fn.reset()
 	t.batch.reset()
+	t.rec = nil
 	clear(t.inl)
 	t.inl = t.inl[:0]
 	t.mem.cur = t.mem.cur[:0] // the log record holds copies
@@ -176,6 +178,7 @@ func (t *Tx) discardFn() {
 		}
 	}
 	t.fn.reset()
+	t.rec = nil
 }
 
 // keepFn adds the running function's writes and effects to the batch.
@@ -189,6 +192,7 @@ func (t *Tx) keepFn() {
 	b.objects += f.objects
 	t.fn.reset()
 	t.fnStart = len(t.ops)
+	t.rec = nil
 }
 
 func (t *Tx) bucket(b int) *bbolt.Bucket {
@@ -412,6 +416,7 @@ func (t *Tx) PutMeta(m *wire.Meta) error {
 		return fmt.Errorf("store: encode meta-data: %w", err)
 	}
 	t.addOp(op{b: bObjects, key: t.mem.copy(k[:]), val: v})
+	t.record(wire.MutationKind_MUT_PUT_META, m.Id, bytes.Clone(v), "", 0)
 	return nil
 }
 
@@ -440,7 +445,8 @@ func (t *Tx) DeleteObject(id oid.ID) error {
 	for _, xk := range keys {
 		t.del(bXattrs, xk)
 	}
-	return t.TruncateBlocks(id, 0)
+	t.record(wire.MutationKind_MUT_DELETE_OBJECT, uint64(id), nil, "", 0)
+	return t.truncateBlocks(id, 0)
 }
 
 // ObjectCount returns the number of objects (as of this transaction).
@@ -487,6 +493,7 @@ func (t *Tx) PutEntry(dir oid.ID, e *wire.Entry) error {
 		return fmt.Errorf("store: encode entry: %w", err)
 	}
 	t.addOp(op{b: bEntries, key: key, val: v})
+	t.record(wire.MutationKind_MUT_PUT_ENTRY, uint64(dir), bytes.Clone(v), "", 0)
 	return nil
 }
 
@@ -502,6 +509,7 @@ func (t *Tx) DeleteEntry(dir oid.ID, name string) error {
 		return fmt.Errorf("store: entry %q in %v: %w", name, dir, fserr.ErrNotExist)
 	}
 	t.del(bEntries, k)
+	t.record(wire.MutationKind_MUT_DELETE_ENTRY, uint64(dir), nil, name, 0)
 	return nil
 }
 
@@ -608,6 +616,7 @@ func (t *Tx) SetBlock(id oid.ID, index uint64, hash [32]byte) error {
 		return err
 	}
 	t.put(bBlockmap, k[:], hash[:])
+	t.record(wire.MutationKind_MUT_SET_BLOCK, uint64(id), bytes.Clone(hash[:]), "", index)
 	if had {
 		return t.decRef(old)
 	}
@@ -625,6 +634,7 @@ func (t *Tx) ClearBlock(id oid.ID, index uint64) error {
 		return nil
 	}
 	t.del(bBlockmap, k[:])
+	t.record(wire.MutationKind_MUT_CLEAR_BLOCK, uint64(id), nil, "", index)
 	return t.decRef(old)
 }
 
@@ -633,6 +643,11 @@ func (t *Tx) TruncateBlocks(id oid.ID, fromIndex uint64) error {
 	if err := t.writeCheck(); err != nil {
 		return err
 	}
+	t.record(wire.MutationKind_MUT_TRUNCATE_BLOCKS, uint64(id), nil, "", fromIndex)
+	return t.truncateBlocks(id, fromIndex)
+}
+
+func (t *Tx) truncateBlocks(id oid.ID, fromIndex uint64) error {
 	k := blockKey(id, fromIndex)
 	var keys, hashes [][]byte
 	t.scan(bBlockmap, k[:], 8, func(k, v []byte) bool {
@@ -729,6 +744,7 @@ func (t *Tx) SetXattr(id oid.ID, name string, v []byte) error {
 	}
 	var buf [64]byte
 	t.put(bXattrs, nameKey(buf[:0], id, name), v)
+	t.record(wire.MutationKind_MUT_SET_XATTR, uint64(id), bytes.Clone(v), name, 0)
 	return nil
 }
 
@@ -743,6 +759,7 @@ func (t *Tx) RemoveXattr(id oid.ID, name string) error {
 		return fmt.Errorf("store: attribute %q of %v: %w", name, id, fserr.ErrNoAttr)
 	}
 	t.del(bXattrs, k)
+	t.record(wire.MutationKind_MUT_REMOVE_XATTR, uint64(id), nil, name, 0)
 	return nil
 }
 
@@ -804,6 +821,7 @@ func (t *Tx) setCounter(s oid.Slice, next uint64) {
 	var v [8]byte
 	binary.BigEndian.PutUint64(v[:], next)
 	t.put(bCounters, k[:], v[:])
+	t.record(wire.MutationKind_MUT_COUNTER_FLOOR, uint64(s), nil, "", next)
 }
 
 // --- System records ---

@@ -88,6 +88,134 @@ func (Type) EnumDescriptor() ([]byte, []int) {
 	return file_wheelfs_proto_rawDescGZIP(), []int{0}
 }
 
+// MutationKind is one kind of change a primary makes to its store; a
+// backup applies the same change. Every kind sets a resulting state (no
+// deltas), so applying a mutation twice is harmless.
+type MutationKind int32
+
+const (
+	MutationKind_MUT_UNSPECIFIED     MutationKind = 0
+	MutationKind_MUT_PUT_META        MutationKind = 1  // id, data = encoded Meta
+	MutationKind_MUT_DELETE_OBJECT   MutationKind = 2  // id
+	MutationKind_MUT_PUT_ENTRY       MutationKind = 3  // id = directory, data = encoded Entry
+	MutationKind_MUT_DELETE_ENTRY    MutationKind = 4  // id = directory, name
+	MutationKind_MUT_SET_BLOCK       MutationKind = 5  // id, index, data = SHA-256
+	MutationKind_MUT_CLEAR_BLOCK     MutationKind = 6  // id, index
+	MutationKind_MUT_TRUNCATE_BLOCKS MutationKind = 7  // id, index = first dropped block
+	MutationKind_MUT_SET_XATTR       MutationKind = 8  // id, name, data = value
+	MutationKind_MUT_REMOVE_XATTR    MutationKind = 9  // id, name
+	MutationKind_MUT_COUNTER_FLOOR   MutationKind = 10 // id = slice, index = next counter at least
+)
+
+// Enum value maps for MutationKind.
+var (
+	MutationKind_name = map[int32]string{
+		0:  "MUT_UNSPECIFIED",
+		1:  "MUT_PUT_META",
+		2:  "MUT_DELETE_OBJECT",
+		3:  "MUT_PUT_ENTRY",
+		4:  "MUT_DELETE_ENTRY",
+		5:  "MUT_SET_BLOCK",
+		6:  "MUT_CLEAR_BLOCK",
+		7:  "MUT_TRUNCATE_BLOCKS",
+		8:  "MUT_SET_XATTR",
+		9:  "MUT_REMOVE_XATTR",
+		10: "MUT_COUNTER_FLOOR",
+	}
+	MutationKind_value = map[string]int32{
+		"MUT_UNSPECIFIED":     0,
+		"MUT_PUT_META":        1,
+		"MUT_DELETE_OBJECT":   2,
+		"MUT_PUT_ENTRY":       3,
+		"MUT_DELETE_ENTRY":    4,
+		"MUT_SET_BLOCK":       5,
+		"MUT_CLEAR_BLOCK":     6,
+		"MUT_TRUNCATE_BLOCKS": 7,
+		"MUT_SET_XATTR":       8,
+		"MUT_REMOVE_XATTR":    9,
+		"MUT_COUNTER_FLOOR":   10,
+	}
+)
+
+func (x MutationKind) Enum() *MutationKind {
+	p := new(MutationKind)
+	*p = x
+	return p
+}
+
+func (x MutationKind) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (MutationKind) Descriptor() protoreflect.EnumDescriptor {
+	return file_wheelfs_proto_enumTypes[1].Descriptor()
+}
+
+func (MutationKind) Type() protoreflect.EnumType {
+	return &file_wheelfs_proto_enumTypes[1]
+}
+
+func (x MutationKind) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use MutationKind.Descriptor instead.
+func (MutationKind) EnumDescriptor() ([]byte, []int) {
+	return file_wheelfs_proto_rawDescGZIP(), []int{1}
+}
+
+type ReplStatus int32
+
+const (
+	ReplStatus_REPL_OK             ReplStatus = 0
+	ReplStatus_REPL_NEED_SYNC      ReplStatus = 1 // the backup's stream position does not follow: send a snapshot
+	ReplStatus_REPL_STALE_EPOCH    ReplStatus = 2 // the sender's epoch is older than one the backup has seen
+	ReplStatus_REPL_MISSING_BLOCKS ReplStatus = 3 // send these blocks first
+)
+
+// Enum value maps for ReplStatus.
+var (
+	ReplStatus_name = map[int32]string{
+		0: "REPL_OK",
+		1: "REPL_NEED_SYNC",
+		2: "REPL_STALE_EPOCH",
+		3: "REPL_MISSING_BLOCKS",
+	}
+	ReplStatus_value = map[string]int32{
+		"REPL_OK":             0,
+		"REPL_NEED_SYNC":      1,
+		"REPL_STALE_EPOCH":    2,
+		"REPL_MISSING_BLOCKS": 3,
+	}
+)
+
+func (x ReplStatus) Enum() *ReplStatus {
+	p := new(ReplStatus)
+	*p = x
+	return p
+}
+
+func (x ReplStatus) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (ReplStatus) Descriptor() protoreflect.EnumDescriptor {
+	return file_wheelfs_proto_enumTypes[2].Descriptor()
+}
+
+func (ReplStatus) Type() protoreflect.EnumType {
+	return &file_wheelfs_proto_enumTypes[2]
+}
+
+func (x ReplStatus) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use ReplStatus.Descriptor instead.
+func (ReplStatus) EnumDescriptor() ([]byte, []int) {
+	return file_wheelfs_proto_rawDescGZIP(), []int{2}
+}
+
 // Persistent cues recorded on an object at creation (immutable).
 type Cues struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -698,6 +826,7 @@ type CreateRequest struct {
 	Cues          *Cues                  `protobuf:"bytes,8,opt,name=cues,proto3" json:"cues,omitempty"`            // persistent cues for the new object
 	Exclusive     bool                   `protobuf:"varint,9,opt,name=exclusive,proto3" json:"exclusive,omitempty"` // O_EXCL: fail with EEXIST instead of returning the existing file
 	SyncLevel     uint32                 `protobuf:"varint,10,opt,name=sync_level,json=syncLevel,proto3" json:"sync_level,omitempty"`
+	Origin        string                 `protobuf:"bytes,11,opt,name=origin,proto3" json:"origin,omitempty"` // the creating client's local server, if any (write-local placement)
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -800,6 +929,13 @@ func (x *CreateRequest) GetSyncLevel() uint32 {
 		return x.SyncLevel
 	}
 	return 0
+}
+
+func (x *CreateRequest) GetOrigin() string {
+	if x != nil {
+		return x.Origin
+	}
+	return ""
 }
 
 type CreateResponse struct {
@@ -989,6 +1125,7 @@ type RemoveRequest struct {
 	Name          string                 `protobuf:"bytes,3,opt,name=name,proto3" json:"name,omitempty"`
 	DirOnly       bool                   `protobuf:"varint,4,opt,name=dir_only,json=dirOnly,proto3" json:"dir_only,omitempty"`
 	FileOnly      bool                   `protobuf:"varint,5,opt,name=file_only,json=fileOnly,proto3" json:"file_only,omitempty"`
+	SyncLevel     uint32                 `protobuf:"varint,6,opt,name=sync_level,json=syncLevel,proto3" json:"sync_level,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1056,6 +1193,13 @@ func (x *RemoveRequest) GetFileOnly() bool {
 		return x.FileOnly
 	}
 	return false
+}
+
+func (x *RemoveRequest) GetSyncLevel() uint32 {
+	if x != nil {
+		return x.SyncLevel
+	}
+	return 0
 }
 
 type RemoveResponse struct {
@@ -2535,6 +2679,1099 @@ func (*ReleaseResponse) Descriptor() ([]byte, []int) {
 	return file_wheelfs_proto_rawDescGZIP(), []int{36}
 }
 
+type Mutation struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Kind          MutationKind           `protobuf:"varint,1,opt,name=kind,proto3,enum=wheelfs.v1.MutationKind" json:"kind,omitempty"`
+	Id            uint64                 `protobuf:"varint,2,opt,name=id,proto3" json:"id,omitempty"`
+	Data          []byte                 `protobuf:"bytes,3,opt,name=data,proto3" json:"data,omitempty"`
+	Name          string                 `protobuf:"bytes,4,opt,name=name,proto3" json:"name,omitempty"`
+	Index         uint64                 `protobuf:"varint,5,opt,name=index,proto3" json:"index,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Mutation) Reset() {
+	*x = Mutation{}
+	mi := &file_wheelfs_proto_msgTypes[37]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Mutation) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Mutation) ProtoMessage() {}
+
+func (x *Mutation) ProtoReflect() protoreflect.Message {
+	mi := &file_wheelfs_proto_msgTypes[37]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Mutation.ProtoReflect.Descriptor instead.
+func (*Mutation) Descriptor() ([]byte, []int) {
+	return file_wheelfs_proto_rawDescGZIP(), []int{37}
+}
+
+func (x *Mutation) GetKind() MutationKind {
+	if x != nil {
+		return x.Kind
+	}
+	return MutationKind_MUT_UNSPECIFIED
+}
+
+func (x *Mutation) GetId() uint64 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+func (x *Mutation) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+func (x *Mutation) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *Mutation) GetIndex() uint64 {
+	if x != nil {
+		return x.Index
+	}
+	return 0
+}
+
+// Batch is one committed update of a slice, numbered in commit order.
+type Batch struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Seq           uint64                 `protobuf:"varint,1,opt,name=seq,proto3" json:"seq,omitempty"`
+	Mutations     []*Mutation            `protobuf:"bytes,2,rep,name=mutations,proto3" json:"mutations,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Batch) Reset() {
+	*x = Batch{}
+	mi := &file_wheelfs_proto_msgTypes[38]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Batch) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Batch) ProtoMessage() {}
+
+func (x *Batch) ProtoReflect() protoreflect.Message {
+	mi := &file_wheelfs_proto_msgTypes[38]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Batch.ProtoReflect.Descriptor instead.
+func (*Batch) Descriptor() ([]byte, []int) {
+	return file_wheelfs_proto_rawDescGZIP(), []int{38}
+}
+
+func (x *Batch) GetSeq() uint64 {
+	if x != nil {
+		return x.Seq
+	}
+	return 0
+}
+
+func (x *Batch) GetMutations() []*Mutation {
+	if x != nil {
+		return x.Mutations
+	}
+	return nil
+}
+
+// ReplicateRequest carries consecutive batches of one slice from its
+// primary, stamped with the primary's fencing epoch, and the data of new
+// blocks they reference.
+type ReplicateRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Slice         uint32                 `protobuf:"varint,1,opt,name=slice,proto3" json:"slice,omitempty"`
+	Epoch         int64                  `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	Batches       []*Batch               `protobuf:"bytes,3,rep,name=batches,proto3" json:"batches,omitempty"`
+	Blocks        [][]byte               `protobuf:"bytes,4,rep,name=blocks,proto3" json:"blocks,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReplicateRequest) Reset() {
+	*x = ReplicateRequest{}
+	mi := &file_wheelfs_proto_msgTypes[39]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReplicateRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReplicateRequest) ProtoMessage() {}
+
+func (x *ReplicateRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_wheelfs_proto_msgTypes[39]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReplicateRequest.ProtoReflect.Descriptor instead.
+func (*ReplicateRequest) Descriptor() ([]byte, []int) {
+	return file_wheelfs_proto_rawDescGZIP(), []int{39}
+}
+
+func (x *ReplicateRequest) GetSlice() uint32 {
+	if x != nil {
+		return x.Slice
+	}
+	return 0
+}
+
+func (x *ReplicateRequest) GetEpoch() int64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *ReplicateRequest) GetBatches() []*Batch {
+	if x != nil {
+		return x.Batches
+	}
+	return nil
+}
+
+func (x *ReplicateRequest) GetBlocks() [][]byte {
+	if x != nil {
+		return x.Blocks
+	}
+	return nil
+}
+
+type ReplicateResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Status        ReplStatus             `protobuf:"varint,1,opt,name=status,proto3,enum=wheelfs.v1.ReplStatus" json:"status,omitempty"`
+	Seq           uint64                 `protobuf:"varint,2,opt,name=seq,proto3" json:"seq,omitempty"`
+	Epoch         int64                  `protobuf:"varint,3,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	Missing       [][]byte               `protobuf:"bytes,4,rep,name=missing,proto3" json:"missing,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReplicateResponse) Reset() {
+	*x = ReplicateResponse{}
+	mi := &file_wheelfs_proto_msgTypes[40]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReplicateResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReplicateResponse) ProtoMessage() {}
+
+func (x *ReplicateResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_wheelfs_proto_msgTypes[40]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReplicateResponse.ProtoReflect.Descriptor instead.
+func (*ReplicateResponse) Descriptor() ([]byte, []int) {
+	return file_wheelfs_proto_rawDescGZIP(), []int{40}
+}
+
+func (x *ReplicateResponse) GetStatus() ReplStatus {
+	if x != nil {
+		return x.Status
+	}
+	return ReplStatus_REPL_OK
+}
+
+func (x *ReplicateResponse) GetSeq() uint64 {
+	if x != nil {
+		return x.Seq
+	}
+	return 0
+}
+
+func (x *ReplicateResponse) GetEpoch() int64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *ReplicateResponse) GetMissing() [][]byte {
+	if x != nil {
+		return x.Missing
+	}
+	return nil
+}
+
+type DigestRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Slice         uint32                 `protobuf:"varint,1,opt,name=slice,proto3" json:"slice,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DigestRequest) Reset() {
+	*x = DigestRequest{}
+	mi := &file_wheelfs_proto_msgTypes[41]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DigestRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DigestRequest) ProtoMessage() {}
+
+func (x *DigestRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_wheelfs_proto_msgTypes[41]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DigestRequest.ProtoReflect.Descriptor instead.
+func (*DigestRequest) Descriptor() ([]byte, []int) {
+	return file_wheelfs_proto_rawDescGZIP(), []int{41}
+}
+
+func (x *DigestRequest) GetSlice() uint32 {
+	if x != nil {
+		return x.Slice
+	}
+	return 0
+}
+
+// DigestResponse summarizes a replica's copy of a slice: its stream
+// position and every object's version and meta-data checksum.
+type DigestResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Epoch         int64                  `protobuf:"varint,1,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	Seq           uint64                 `protobuf:"varint,2,opt,name=seq,proto3" json:"seq,omitempty"`
+	Ids           []uint64               `protobuf:"varint,3,rep,packed,name=ids,proto3" json:"ids,omitempty"`
+	Versions      []uint64               `protobuf:"varint,4,rep,packed,name=versions,proto3" json:"versions,omitempty"`
+	Sums          []uint64               `protobuf:"varint,5,rep,packed,name=sums,proto3" json:"sums,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DigestResponse) Reset() {
+	*x = DigestResponse{}
+	mi := &file_wheelfs_proto_msgTypes[42]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DigestResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DigestResponse) ProtoMessage() {}
+
+func (x *DigestResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_wheelfs_proto_msgTypes[42]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DigestResponse.ProtoReflect.Descriptor instead.
+func (*DigestResponse) Descriptor() ([]byte, []int) {
+	return file_wheelfs_proto_rawDescGZIP(), []int{42}
+}
+
+func (x *DigestResponse) GetEpoch() int64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *DigestResponse) GetSeq() uint64 {
+	if x != nil {
+		return x.Seq
+	}
+	return 0
+}
+
+func (x *DigestResponse) GetIds() []uint64 {
+	if x != nil {
+		return x.Ids
+	}
+	return nil
+}
+
+func (x *DigestResponse) GetVersions() []uint64 {
+	if x != nil {
+		return x.Versions
+	}
+	return nil
+}
+
+func (x *DigestResponse) GetSums() []uint64 {
+	if x != nil {
+		return x.Sums
+	}
+	return nil
+}
+
+// ObjectState is everything stored about one object.
+type ObjectState struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Meta          *Meta                  `protobuf:"bytes,1,opt,name=meta,proto3" json:"meta,omitempty"`
+	Entries       []*Entry               `protobuf:"bytes,2,rep,name=entries,proto3" json:"entries,omitempty"`
+	Blocks        []*BlockRef            `protobuf:"bytes,3,rep,name=blocks,proto3" json:"blocks,omitempty"`
+	XattrNames    []string               `protobuf:"bytes,4,rep,name=xattr_names,json=xattrNames,proto3" json:"xattr_names,omitempty"`
+	XattrValues   [][]byte               `protobuf:"bytes,5,rep,name=xattr_values,json=xattrValues,proto3" json:"xattr_values,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ObjectState) Reset() {
+	*x = ObjectState{}
+	mi := &file_wheelfs_proto_msgTypes[43]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ObjectState) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ObjectState) ProtoMessage() {}
+
+func (x *ObjectState) ProtoReflect() protoreflect.Message {
+	mi := &file_wheelfs_proto_msgTypes[43]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ObjectState.ProtoReflect.Descriptor instead.
+func (*ObjectState) Descriptor() ([]byte, []int) {
+	return file_wheelfs_proto_rawDescGZIP(), []int{43}
+}
+
+func (x *ObjectState) GetMeta() *Meta {
+	if x != nil {
+		return x.Meta
+	}
+	return nil
+}
+
+func (x *ObjectState) GetEntries() []*Entry {
+	if x != nil {
+		return x.Entries
+	}
+	return nil
+}
+
+func (x *ObjectState) GetBlocks() []*BlockRef {
+	if x != nil {
+		return x.Blocks
+	}
+	return nil
+}
+
+func (x *ObjectState) GetXattrNames() []string {
+	if x != nil {
+		return x.XattrNames
+	}
+	return nil
+}
+
+func (x *ObjectState) GetXattrValues() [][]byte {
+	if x != nil {
+		return x.XattrValues
+	}
+	return nil
+}
+
+// InstallRequest makes a replica's copy of a slice equal to the sender's
+// snapshot at stream position (epoch, seq).
+type InstallRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Slice         uint32                 `protobuf:"varint,1,opt,name=slice,proto3" json:"slice,omitempty"`
+	Epoch         int64                  `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	Seq           uint64                 `protobuf:"varint,3,opt,name=seq,proto3" json:"seq,omitempty"`
+	Counter       uint64                 `protobuf:"varint,4,opt,name=counter,proto3" json:"counter,omitempty"`
+	Objects       []*ObjectState         `protobuf:"bytes,5,rep,name=objects,proto3" json:"objects,omitempty"`
+	Deleted       []uint64               `protobuf:"varint,6,rep,packed,name=deleted,proto3" json:"deleted,omitempty"`
+	Source        string                 `protobuf:"bytes,7,opt,name=source,proto3" json:"source,omitempty"` // server to fetch missing blocks from
+	More          bool                   `protobuf:"varint,8,opt,name=more,proto3" json:"more,omitempty"`    // a further chunk follows; only the last sets the position
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *InstallRequest) Reset() {
+	*x = InstallRequest{}
+	mi := &file_wheelfs_proto_msgTypes[44]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *InstallRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*InstallRequest) ProtoMessage() {}
+
+func (x *InstallRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_wheelfs_proto_msgTypes[44]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use InstallRequest.ProtoReflect.Descriptor instead.
+func (*InstallRequest) Descriptor() ([]byte, []int) {
+	return file_wheelfs_proto_rawDescGZIP(), []int{44}
+}
+
+func (x *InstallRequest) GetSlice() uint32 {
+	if x != nil {
+		return x.Slice
+	}
+	return 0
+}
+
+func (x *InstallRequest) GetEpoch() int64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *InstallRequest) GetSeq() uint64 {
+	if x != nil {
+		return x.Seq
+	}
+	return 0
+}
+
+func (x *InstallRequest) GetCounter() uint64 {
+	if x != nil {
+		return x.Counter
+	}
+	return 0
+}
+
+func (x *InstallRequest) GetObjects() []*ObjectState {
+	if x != nil {
+		return x.Objects
+	}
+	return nil
+}
+
+func (x *InstallRequest) GetDeleted() []uint64 {
+	if x != nil {
+		return x.Deleted
+	}
+	return nil
+}
+
+func (x *InstallRequest) GetSource() string {
+	if x != nil {
+		return x.Source
+	}
+	return ""
+}
+
+func (x *InstallRequest) GetMore() bool {
+	if x != nil {
+		return x.More
+	}
+	return false
+}
+
+type InstallResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Status        ReplStatus             `protobuf:"varint,1,opt,name=status,proto3,enum=wheelfs.v1.ReplStatus" json:"status,omitempty"`
+	Epoch         int64                  `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *InstallResponse) Reset() {
+	*x = InstallResponse{}
+	mi := &file_wheelfs_proto_msgTypes[45]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *InstallResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*InstallResponse) ProtoMessage() {}
+
+func (x *InstallResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_wheelfs_proto_msgTypes[45]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use InstallResponse.ProtoReflect.Descriptor instead.
+func (*InstallResponse) Descriptor() ([]byte, []int) {
+	return file_wheelfs_proto_rawDescGZIP(), []int{45}
+}
+
+func (x *InstallResponse) GetStatus() ReplStatus {
+	if x != nil {
+		return x.Status
+	}
+	return ReplStatus_REPL_OK
+}
+
+func (x *InstallResponse) GetEpoch() int64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+type DiffRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Slice         uint32                 `protobuf:"varint,1,opt,name=slice,proto3" json:"slice,omitempty"`
+	Digest        *DigestResponse        `protobuf:"bytes,2,opt,name=digest,proto3" json:"digest,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DiffRequest) Reset() {
+	*x = DiffRequest{}
+	mi := &file_wheelfs_proto_msgTypes[46]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DiffRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DiffRequest) ProtoMessage() {}
+
+func (x *DiffRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_wheelfs_proto_msgTypes[46]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DiffRequest.ProtoReflect.Descriptor instead.
+func (*DiffRequest) Descriptor() ([]byte, []int) {
+	return file_wheelfs_proto_rawDescGZIP(), []int{46}
+}
+
+func (x *DiffRequest) GetSlice() uint32 {
+	if x != nil {
+		return x.Slice
+	}
+	return 0
+}
+
+func (x *DiffRequest) GetDigest() *DigestResponse {
+	if x != nil {
+		return x.Digest
+	}
+	return nil
+}
+
+type FetchBlocksRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Hashes        [][]byte               `protobuf:"bytes,1,rep,name=hashes,proto3" json:"hashes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FetchBlocksRequest) Reset() {
+	*x = FetchBlocksRequest{}
+	mi := &file_wheelfs_proto_msgTypes[47]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FetchBlocksRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FetchBlocksRequest) ProtoMessage() {}
+
+func (x *FetchBlocksRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_wheelfs_proto_msgTypes[47]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FetchBlocksRequest.ProtoReflect.Descriptor instead.
+func (*FetchBlocksRequest) Descriptor() ([]byte, []int) {
+	return file_wheelfs_proto_rawDescGZIP(), []int{47}
+}
+
+func (x *FetchBlocksRequest) GetHashes() [][]byte {
+	if x != nil {
+		return x.Hashes
+	}
+	return nil
+}
+
+type FetchBlocksResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Data          [][]byte               `protobuf:"bytes,1,rep,name=data,proto3" json:"data,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FetchBlocksResponse) Reset() {
+	*x = FetchBlocksResponse{}
+	mi := &file_wheelfs_proto_msgTypes[48]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FetchBlocksResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FetchBlocksResponse) ProtoMessage() {}
+
+func (x *FetchBlocksResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_wheelfs_proto_msgTypes[48]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FetchBlocksResponse.ProtoReflect.Descriptor instead.
+func (*FetchBlocksResponse) Descriptor() ([]byte, []int) {
+	return file_wheelfs_proto_rawDescGZIP(), []int{48}
+}
+
+func (x *FetchBlocksResponse) GetData() [][]byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+type PingRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Slices        []uint32               `protobuf:"varint,1,rep,packed,name=slices,proto3" json:"slices,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PingRequest) Reset() {
+	*x = PingRequest{}
+	mi := &file_wheelfs_proto_msgTypes[49]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PingRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PingRequest) ProtoMessage() {}
+
+func (x *PingRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_wheelfs_proto_msgTypes[49]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PingRequest.ProtoReflect.Descriptor instead.
+func (*PingRequest) Descriptor() ([]byte, []int) {
+	return file_wheelfs_proto_rawDescGZIP(), []int{49}
+}
+
+func (x *PingRequest) GetSlices() []uint32 {
+	if x != nil {
+		return x.Slices
+	}
+	return nil
+}
+
+type PingResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PingResponse) Reset() {
+	*x = PingResponse{}
+	mi := &file_wheelfs_proto_msgTypes[50]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PingResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PingResponse) ProtoMessage() {}
+
+func (x *PingResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_wheelfs_proto_msgTypes[50]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PingResponse.ProtoReflect.Descriptor instead.
+func (*PingResponse) Descriptor() ([]byte, []int) {
+	return file_wheelfs_proto_rawDescGZIP(), []int{50}
+}
+
+func (x *PingResponse) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+// CreateObjectRequest asks the server chosen by placement to create an
+// object that a directory on another server will name (two-step create).
+type CreateObjectRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Meta          *Meta                  `protobuf:"bytes,1,opt,name=meta,proto3" json:"meta,omitempty"` // everything but the id
+	Cues          *Cues                  `protobuf:"bytes,2,opt,name=cues,proto3" json:"cues,omitempty"`
+	Policy        *Cues                  `protobuf:"bytes,3,opt,name=policy,proto3" json:"policy,omitempty"` // the slice policy for the object, resolved by the directory's primary
+	SyncLevel     uint32                 `protobuf:"varint,4,opt,name=sync_level,json=syncLevel,proto3" json:"sync_level,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CreateObjectRequest) Reset() {
+	*x = CreateObjectRequest{}
+	mi := &file_wheelfs_proto_msgTypes[51]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CreateObjectRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CreateObjectRequest) ProtoMessage() {}
+
+func (x *CreateObjectRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_wheelfs_proto_msgTypes[51]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CreateObjectRequest.ProtoReflect.Descriptor instead.
+func (*CreateObjectRequest) Descriptor() ([]byte, []int) {
+	return file_wheelfs_proto_rawDescGZIP(), []int{51}
+}
+
+func (x *CreateObjectRequest) GetMeta() *Meta {
+	if x != nil {
+		return x.Meta
+	}
+	return nil
+}
+
+func (x *CreateObjectRequest) GetCues() *Cues {
+	if x != nil {
+		return x.Cues
+	}
+	return nil
+}
+
+func (x *CreateObjectRequest) GetPolicy() *Cues {
+	if x != nil {
+		return x.Policy
+	}
+	return nil
+}
+
+func (x *CreateObjectRequest) GetSyncLevel() uint32 {
+	if x != nil {
+		return x.SyncLevel
+	}
+	return 0
+}
+
+type CreateObjectResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Meta          *Meta                  `protobuf:"bytes,1,opt,name=meta,proto3" json:"meta,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CreateObjectResponse) Reset() {
+	*x = CreateObjectResponse{}
+	mi := &file_wheelfs_proto_msgTypes[52]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CreateObjectResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CreateObjectResponse) ProtoMessage() {}
+
+func (x *CreateObjectResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_wheelfs_proto_msgTypes[52]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CreateObjectResponse.ProtoReflect.Descriptor instead.
+func (*CreateObjectResponse) Descriptor() ([]byte, []int) {
+	return file_wheelfs_proto_rawDescGZIP(), []int{52}
+}
+
+func (x *CreateObjectResponse) GetMeta() *Meta {
+	if x != nil {
+		return x.Meta
+	}
+	return nil
+}
+
+// DropLinkRequest removes one link to an object whose directory entry is
+// on another server (remove of a remotely placed object).
+type DropLinkRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            uint64                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
+	DirOnly       bool                   `protobuf:"varint,2,opt,name=dir_only,json=dirOnly,proto3" json:"dir_only,omitempty"`
+	FileOnly      bool                   `protobuf:"varint,3,opt,name=file_only,json=fileOnly,proto3" json:"file_only,omitempty"`
+	SyncLevel     uint32                 `protobuf:"varint,4,opt,name=sync_level,json=syncLevel,proto3" json:"sync_level,omitempty"`
+	Caller        *Caller                `protobuf:"bytes,5,opt,name=caller,proto3" json:"caller,omitempty"` // checked against dir and the object (sticky directories); none: no check
+	Dir           *Meta                  `protobuf:"bytes,6,opt,name=dir,proto3" json:"dir,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DropLinkRequest) Reset() {
+	*x = DropLinkRequest{}
+	mi := &file_wheelfs_proto_msgTypes[53]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DropLinkRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DropLinkRequest) ProtoMessage() {}
+
+func (x *DropLinkRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_wheelfs_proto_msgTypes[53]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DropLinkRequest.ProtoReflect.Descriptor instead.
+func (*DropLinkRequest) Descriptor() ([]byte, []int) {
+	return file_wheelfs_proto_rawDescGZIP(), []int{53}
+}
+
+func (x *DropLinkRequest) GetId() uint64 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+func (x *DropLinkRequest) GetDirOnly() bool {
+	if x != nil {
+		return x.DirOnly
+	}
+	return false
+}
+
+func (x *DropLinkRequest) GetFileOnly() bool {
+	if x != nil {
+		return x.FileOnly
+	}
+	return false
+}
+
+func (x *DropLinkRequest) GetSyncLevel() uint32 {
+	if x != nil {
+		return x.SyncLevel
+	}
+	return 0
+}
+
+func (x *DropLinkRequest) GetCaller() *Caller {
+	if x != nil {
+		return x.Caller
+	}
+	return nil
+}
+
+func (x *DropLinkRequest) GetDir() *Meta {
+	if x != nil {
+		return x.Dir
+	}
+	return nil
+}
+
+type DropLinkResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Meta          *Meta                  `protobuf:"bytes,1,opt,name=meta,proto3" json:"meta,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DropLinkResponse) Reset() {
+	*x = DropLinkResponse{}
+	mi := &file_wheelfs_proto_msgTypes[54]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DropLinkResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DropLinkResponse) ProtoMessage() {}
+
+func (x *DropLinkResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_wheelfs_proto_msgTypes[54]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DropLinkResponse.ProtoReflect.Descriptor instead.
+func (*DropLinkResponse) Descriptor() ([]byte, []int) {
+	return file_wheelfs_proto_rawDescGZIP(), []int{54}
+}
+
+func (x *DropLinkResponse) GetMeta() *Meta {
+	if x != nil {
+		return x.Meta
+	}
+	return nil
+}
+
 var File_wheelfs_proto protoreflect.FileDescriptor
 
 const file_wheelfs_proto_rawDesc = "" +
@@ -2588,7 +3825,7 @@ const file_wheelfs_proto_rawDesc = "" +
 	"\x06caller\x18\x01 \x01(\v2\x12.wheelfs.v1.CallerR\x06caller\x12\x0e\n" +
 	"\x02id\x18\x02 \x01(\x04R\x02id\"7\n" +
 	"\x0fGetAttrResponse\x12$\n" +
-	"\x04meta\x18\x01 \x01(\v2\x10.wheelfs.v1.MetaR\x04meta\"\xaa\x02\n" +
+	"\x04meta\x18\x01 \x01(\v2\x10.wheelfs.v1.MetaR\x04meta\"\xc2\x02\n" +
 	"\rCreateRequest\x12*\n" +
 	"\x06caller\x18\x01 \x01(\v2\x12.wheelfs.v1.CallerR\x06caller\x12\x10\n" +
 	"\x03dir\x18\x02 \x01(\x04R\x03dir\x12\x12\n" +
@@ -2601,7 +3838,8 @@ const file_wheelfs_proto_rawDesc = "" +
 	"\texclusive\x18\t \x01(\bR\texclusive\x12\x1d\n" +
 	"\n" +
 	"sync_level\x18\n" +
-	" \x01(\rR\tsyncLevel\"\x9d\x01\n" +
+	" \x01(\rR\tsyncLevel\x12\x16\n" +
+	"\x06origin\x18\v \x01(\tR\x06origin\"\x9d\x01\n" +
 	"\x0eCreateResponse\x12'\n" +
 	"\x05entry\x18\x01 \x01(\v2\x11.wheelfs.v1.EntryR\x05entry\x12$\n" +
 	"\x04meta\x18\x02 \x01(\v2\x10.wheelfs.v1.MetaR\x04meta\x12\"\n" +
@@ -2613,13 +3851,15 @@ const file_wheelfs_proto_rawDesc = "" +
 	"\x04name\x18\x03 \x01(\tR\x04name\x12\x0e\n" +
 	"\x02id\x18\x04 \x01(\x04R\x02id\"4\n" +
 	"\fLinkResponse\x12$\n" +
-	"\x04meta\x18\x01 \x01(\v2\x10.wheelfs.v1.MetaR\x04meta\"\x99\x01\n" +
+	"\x04meta\x18\x01 \x01(\v2\x10.wheelfs.v1.MetaR\x04meta\"\xb8\x01\n" +
 	"\rRemoveRequest\x12*\n" +
 	"\x06caller\x18\x01 \x01(\v2\x12.wheelfs.v1.CallerR\x06caller\x12\x10\n" +
 	"\x03dir\x18\x02 \x01(\x04R\x03dir\x12\x12\n" +
 	"\x04name\x18\x03 \x01(\tR\x04name\x12\x19\n" +
 	"\bdir_only\x18\x04 \x01(\bR\adirOnly\x12\x1b\n" +
-	"\tfile_only\x18\x05 \x01(\bR\bfileOnly\"6\n" +
+	"\tfile_only\x18\x05 \x01(\bR\bfileOnly\x12\x1d\n" +
+	"\n" +
+	"sync_level\x18\x06 \x01(\rR\tsyncLevel\"6\n" +
 	"\x0eRemoveResponse\x12$\n" +
 	"\x04meta\x18\x01 \x01(\v2\x10.wheelfs.v1.MetaR\x04meta\"\xb9\x01\n" +
 	"\rRenameRequest\x12*\n" +
@@ -2723,7 +3963,82 @@ const file_wheelfs_proto_rawDesc = "" +
 	"\x04meta\x18\x01 \x01(\v2\x10.wheelfs.v1.MetaR\x04meta\" \n" +
 	"\x0eReleaseRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\"\x11\n" +
-	"\x0fReleaseResponse*\x8a\x01\n" +
+	"\x0fReleaseResponse\"\x86\x01\n" +
+	"\bMutation\x12,\n" +
+	"\x04kind\x18\x01 \x01(\x0e2\x18.wheelfs.v1.MutationKindR\x04kind\x12\x0e\n" +
+	"\x02id\x18\x02 \x01(\x04R\x02id\x12\x12\n" +
+	"\x04data\x18\x03 \x01(\fR\x04data\x12\x12\n" +
+	"\x04name\x18\x04 \x01(\tR\x04name\x12\x14\n" +
+	"\x05index\x18\x05 \x01(\x04R\x05index\"M\n" +
+	"\x05Batch\x12\x10\n" +
+	"\x03seq\x18\x01 \x01(\x04R\x03seq\x122\n" +
+	"\tmutations\x18\x02 \x03(\v2\x14.wheelfs.v1.MutationR\tmutations\"\x83\x01\n" +
+	"\x10ReplicateRequest\x12\x14\n" +
+	"\x05slice\x18\x01 \x01(\rR\x05slice\x12\x14\n" +
+	"\x05epoch\x18\x02 \x01(\x03R\x05epoch\x12+\n" +
+	"\abatches\x18\x03 \x03(\v2\x11.wheelfs.v1.BatchR\abatches\x12\x16\n" +
+	"\x06blocks\x18\x04 \x03(\fR\x06blocks\"\x85\x01\n" +
+	"\x11ReplicateResponse\x12.\n" +
+	"\x06status\x18\x01 \x01(\x0e2\x16.wheelfs.v1.ReplStatusR\x06status\x12\x10\n" +
+	"\x03seq\x18\x02 \x01(\x04R\x03seq\x12\x14\n" +
+	"\x05epoch\x18\x03 \x01(\x03R\x05epoch\x12\x18\n" +
+	"\amissing\x18\x04 \x03(\fR\amissing\"%\n" +
+	"\rDigestRequest\x12\x14\n" +
+	"\x05slice\x18\x01 \x01(\rR\x05slice\"z\n" +
+	"\x0eDigestResponse\x12\x14\n" +
+	"\x05epoch\x18\x01 \x01(\x03R\x05epoch\x12\x10\n" +
+	"\x03seq\x18\x02 \x01(\x04R\x03seq\x12\x10\n" +
+	"\x03ids\x18\x03 \x03(\x04R\x03ids\x12\x1a\n" +
+	"\bversions\x18\x04 \x03(\x04R\bversions\x12\x12\n" +
+	"\x04sums\x18\x05 \x03(\x04R\x04sums\"\xd2\x01\n" +
+	"\vObjectState\x12$\n" +
+	"\x04meta\x18\x01 \x01(\v2\x10.wheelfs.v1.MetaR\x04meta\x12+\n" +
+	"\aentries\x18\x02 \x03(\v2\x11.wheelfs.v1.EntryR\aentries\x12,\n" +
+	"\x06blocks\x18\x03 \x03(\v2\x14.wheelfs.v1.BlockRefR\x06blocks\x12\x1f\n" +
+	"\vxattr_names\x18\x04 \x03(\tR\n" +
+	"xattrNames\x12!\n" +
+	"\fxattr_values\x18\x05 \x03(\fR\vxattrValues\"\xe1\x01\n" +
+	"\x0eInstallRequest\x12\x14\n" +
+	"\x05slice\x18\x01 \x01(\rR\x05slice\x12\x14\n" +
+	"\x05epoch\x18\x02 \x01(\x03R\x05epoch\x12\x10\n" +
+	"\x03seq\x18\x03 \x01(\x04R\x03seq\x12\x18\n" +
+	"\acounter\x18\x04 \x01(\x04R\acounter\x121\n" +
+	"\aobjects\x18\x05 \x03(\v2\x17.wheelfs.v1.ObjectStateR\aobjects\x12\x18\n" +
+	"\adeleted\x18\x06 \x03(\x04R\adeleted\x12\x16\n" +
+	"\x06source\x18\a \x01(\tR\x06source\x12\x12\n" +
+	"\x04more\x18\b \x01(\bR\x04more\"W\n" +
+	"\x0fInstallResponse\x12.\n" +
+	"\x06status\x18\x01 \x01(\x0e2\x16.wheelfs.v1.ReplStatusR\x06status\x12\x14\n" +
+	"\x05epoch\x18\x02 \x01(\x03R\x05epoch\"W\n" +
+	"\vDiffRequest\x12\x14\n" +
+	"\x05slice\x18\x01 \x01(\rR\x05slice\x122\n" +
+	"\x06digest\x18\x02 \x01(\v2\x1a.wheelfs.v1.DigestResponseR\x06digest\",\n" +
+	"\x12FetchBlocksRequest\x12\x16\n" +
+	"\x06hashes\x18\x01 \x03(\fR\x06hashes\")\n" +
+	"\x13FetchBlocksResponse\x12\x12\n" +
+	"\x04data\x18\x01 \x03(\fR\x04data\"%\n" +
+	"\vPingRequest\x12\x16\n" +
+	"\x06slices\x18\x01 \x03(\rR\x06slices\"\x1e\n" +
+	"\fPingResponse\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\"\xaa\x01\n" +
+	"\x13CreateObjectRequest\x12$\n" +
+	"\x04meta\x18\x01 \x01(\v2\x10.wheelfs.v1.MetaR\x04meta\x12$\n" +
+	"\x04cues\x18\x02 \x01(\v2\x10.wheelfs.v1.CuesR\x04cues\x12(\n" +
+	"\x06policy\x18\x03 \x01(\v2\x10.wheelfs.v1.CuesR\x06policy\x12\x1d\n" +
+	"\n" +
+	"sync_level\x18\x04 \x01(\rR\tsyncLevel\"<\n" +
+	"\x14CreateObjectResponse\x12$\n" +
+	"\x04meta\x18\x01 \x01(\v2\x10.wheelfs.v1.MetaR\x04meta\"\xc8\x01\n" +
+	"\x0fDropLinkRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x19\n" +
+	"\bdir_only\x18\x02 \x01(\bR\adirOnly\x12\x1b\n" +
+	"\tfile_only\x18\x03 \x01(\bR\bfileOnly\x12\x1d\n" +
+	"\n" +
+	"sync_level\x18\x04 \x01(\rR\tsyncLevel\x12*\n" +
+	"\x06caller\x18\x05 \x01(\v2\x12.wheelfs.v1.CallerR\x06caller\x12\"\n" +
+	"\x03dir\x18\x06 \x01(\v2\x10.wheelfs.v1.MetaR\x03dir\"8\n" +
+	"\x10DropLinkResponse\x12$\n" +
+	"\x04meta\x18\x01 \x01(\v2\x10.wheelfs.v1.MetaR\x04meta*\x8a\x01\n" +
 	"\x04Type\x12\x14\n" +
 	"\x10TYPE_UNSPECIFIED\x10\x00\x12\r\n" +
 	"\tTYPE_FILE\x10\x01\x12\f\n" +
@@ -2733,7 +4048,26 @@ const file_wheelfs_proto_rawDesc = "" +
 	"\vTYPE_SOCKET\x10\x05\x12\r\n" +
 	"\tTYPE_CHAR\x10\x06\x12\x0e\n" +
 	"\n" +
-	"TYPE_BLOCK\x10\a2\xfe\t\n" +
+	"TYPE_BLOCK\x10\a*\xf6\x01\n" +
+	"\fMutationKind\x12\x13\n" +
+	"\x0fMUT_UNSPECIFIED\x10\x00\x12\x10\n" +
+	"\fMUT_PUT_META\x10\x01\x12\x15\n" +
+	"\x11MUT_DELETE_OBJECT\x10\x02\x12\x11\n" +
+	"\rMUT_PUT_ENTRY\x10\x03\x12\x14\n" +
+	"\x10MUT_DELETE_ENTRY\x10\x04\x12\x11\n" +
+	"\rMUT_SET_BLOCK\x10\x05\x12\x13\n" +
+	"\x0fMUT_CLEAR_BLOCK\x10\x06\x12\x17\n" +
+	"\x13MUT_TRUNCATE_BLOCKS\x10\a\x12\x11\n" +
+	"\rMUT_SET_XATTR\x10\b\x12\x14\n" +
+	"\x10MUT_REMOVE_XATTR\x10\t\x12\x15\n" +
+	"\x11MUT_COUNTER_FLOOR\x10\n" +
+	"*\\\n" +
+	"\n" +
+	"ReplStatus\x12\v\n" +
+	"\aREPL_OK\x10\x00\x12\x12\n" +
+	"\x0eREPL_NEED_SYNC\x10\x01\x12\x14\n" +
+	"\x10REPL_STALE_EPOCH\x10\x02\x12\x17\n" +
+	"\x13REPL_MISSING_BLOCKS\x10\x032\xfe\t\n" +
 	"\aStorage\x12?\n" +
 	"\x06Lookup\x12\x19.wheelfs.v1.LookupRequest\x1a\x1a.wheelfs.v1.LookupResponse\x12B\n" +
 	"\aGetAttr\x12\x1a.wheelfs.v1.GetAttrRequest\x1a\x1b.wheelfs.v1.GetAttrResponse\x12?\n" +
@@ -2754,7 +4088,16 @@ const file_wheelfs_proto_rawDesc = "" +
 	"\vRemoveXattr\x12\x18.wheelfs.v1.XattrRequest\x1a\x19.wheelfs.v1.XattrResponse\x12?\n" +
 	"\x06StatFS\x12\x19.wheelfs.v1.StatFSRequest\x1a\x1a.wheelfs.v1.StatFSResponse\x129\n" +
 	"\x04Open\x12\x17.wheelfs.v1.OpenRequest\x1a\x18.wheelfs.v1.OpenResponse\x12B\n" +
-	"\aRelease\x12\x1a.wheelfs.v1.ReleaseRequest\x1a\x1b.wheelfs.v1.ReleaseResponseB*Z(github.com/wheelfs/wheelfs/internal/wireb\x06proto3"
+	"\aRelease\x12\x1a.wheelfs.v1.ReleaseRequest\x1a\x1b.wheelfs.v1.ReleaseResponse2\xb7\x04\n" +
+	"\x04Peer\x12H\n" +
+	"\tReplicate\x12\x1c.wheelfs.v1.ReplicateRequest\x1a\x1d.wheelfs.v1.ReplicateResponse\x12?\n" +
+	"\x06Digest\x12\x19.wheelfs.v1.DigestRequest\x1a\x1a.wheelfs.v1.DigestResponse\x12;\n" +
+	"\x04Diff\x12\x17.wheelfs.v1.DiffRequest\x1a\x1a.wheelfs.v1.InstallRequest\x12B\n" +
+	"\aInstall\x12\x1a.wheelfs.v1.InstallRequest\x1a\x1b.wheelfs.v1.InstallResponse\x12N\n" +
+	"\vFetchBlocks\x12\x1e.wheelfs.v1.FetchBlocksRequest\x1a\x1f.wheelfs.v1.FetchBlocksResponse\x129\n" +
+	"\x04Ping\x12\x17.wheelfs.v1.PingRequest\x1a\x18.wheelfs.v1.PingResponse\x12Q\n" +
+	"\fCreateObject\x12\x1f.wheelfs.v1.CreateObjectRequest\x1a .wheelfs.v1.CreateObjectResponse\x12E\n" +
+	"\bDropLink\x12\x1b.wheelfs.v1.DropLinkRequest\x1a\x1c.wheelfs.v1.DropLinkResponseB*Z(github.com/wheelfs/wheelfs/internal/wireb\x06proto3"
 
 var (
 	file_wheelfs_proto_rawDescOnce sync.Once
@@ -2768,131 +4111,184 @@ func file_wheelfs_proto_rawDescGZIP() []byte {
 	return file_wheelfs_proto_rawDescData
 }
 
-var file_wheelfs_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_wheelfs_proto_msgTypes = make([]protoimpl.MessageInfo, 37)
+var file_wheelfs_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
+var file_wheelfs_proto_msgTypes = make([]protoimpl.MessageInfo, 55)
 var file_wheelfs_proto_goTypes = []any{
-	(Type)(0),                  // 0: wheelfs.v1.Type
-	(*Cues)(nil),               // 1: wheelfs.v1.Cues
-	(*Meta)(nil),               // 2: wheelfs.v1.Meta
-	(*Entry)(nil),              // 3: wheelfs.v1.Entry
-	(*Caller)(nil),             // 4: wheelfs.v1.Caller
-	(*LookupRequest)(nil),      // 5: wheelfs.v1.LookupRequest
-	(*LookupResponse)(nil),     // 6: wheelfs.v1.LookupResponse
-	(*GetAttrRequest)(nil),     // 7: wheelfs.v1.GetAttrRequest
-	(*GetAttrResponse)(nil),    // 8: wheelfs.v1.GetAttrResponse
-	(*CreateRequest)(nil),      // 9: wheelfs.v1.CreateRequest
-	(*CreateResponse)(nil),     // 10: wheelfs.v1.CreateResponse
-	(*LinkRequest)(nil),        // 11: wheelfs.v1.LinkRequest
-	(*LinkResponse)(nil),       // 12: wheelfs.v1.LinkResponse
-	(*RemoveRequest)(nil),      // 13: wheelfs.v1.RemoveRequest
-	(*RemoveResponse)(nil),     // 14: wheelfs.v1.RemoveResponse
-	(*RenameRequest)(nil),      // 15: wheelfs.v1.RenameRequest
-	(*RenameResponse)(nil),     // 16: wheelfs.v1.RenameResponse
-	(*SetAttrRequest)(nil),     // 17: wheelfs.v1.SetAttrRequest
-	(*SetAttrResponse)(nil),    // 18: wheelfs.v1.SetAttrResponse
-	(*ReadDirRequest)(nil),     // 19: wheelfs.v1.ReadDirRequest
-	(*ReadDirResponse)(nil),    // 20: wheelfs.v1.ReadDirResponse
-	(*BlockRef)(nil),           // 21: wheelfs.v1.BlockRef
-	(*GetBlocksRequest)(nil),   // 22: wheelfs.v1.GetBlocksRequest
-	(*GetBlocksResponse)(nil),  // 23: wheelfs.v1.GetBlocksResponse
-	(*ReadBlocksRequest)(nil),  // 24: wheelfs.v1.ReadBlocksRequest
-	(*ReadBlocksResponse)(nil), // 25: wheelfs.v1.ReadBlocksResponse
-	(*PutBlocksRequest)(nil),   // 26: wheelfs.v1.PutBlocksRequest
-	(*PutBlocksResponse)(nil),  // 27: wheelfs.v1.PutBlocksResponse
-	(*CommitRequest)(nil),      // 28: wheelfs.v1.CommitRequest
-	(*CommitResponse)(nil),     // 29: wheelfs.v1.CommitResponse
-	(*XattrRequest)(nil),       // 30: wheelfs.v1.XattrRequest
-	(*XattrResponse)(nil),      // 31: wheelfs.v1.XattrResponse
-	(*StatFSRequest)(nil),      // 32: wheelfs.v1.StatFSRequest
-	(*StatFSResponse)(nil),     // 33: wheelfs.v1.StatFSResponse
-	(*OpenRequest)(nil),        // 34: wheelfs.v1.OpenRequest
-	(*OpenResponse)(nil),       // 35: wheelfs.v1.OpenResponse
-	(*ReleaseRequest)(nil),     // 36: wheelfs.v1.ReleaseRequest
-	(*ReleaseResponse)(nil),    // 37: wheelfs.v1.ReleaseResponse
+	(Type)(0),                    // 0: wheelfs.v1.Type
+	(MutationKind)(0),            // 1: wheelfs.v1.MutationKind
+	(ReplStatus)(0),              // 2: wheelfs.v1.ReplStatus
+	(*Cues)(nil),                 // 3: wheelfs.v1.Cues
+	(*Meta)(nil),                 // 4: wheelfs.v1.Meta
+	(*Entry)(nil),                // 5: wheelfs.v1.Entry
+	(*Caller)(nil),               // 6: wheelfs.v1.Caller
+	(*LookupRequest)(nil),        // 7: wheelfs.v1.LookupRequest
+	(*LookupResponse)(nil),       // 8: wheelfs.v1.LookupResponse
+	(*GetAttrRequest)(nil),       // 9: wheelfs.v1.GetAttrRequest
+	(*GetAttrResponse)(nil),      // 10: wheelfs.v1.GetAttrResponse
+	(*CreateRequest)(nil),        // 11: wheelfs.v1.CreateRequest
+	(*CreateResponse)(nil),       // 12: wheelfs.v1.CreateResponse
+	(*LinkRequest)(nil),          // 13: wheelfs.v1.LinkRequest
+	(*LinkResponse)(nil),         // 14: wheelfs.v1.LinkResponse
+	(*RemoveRequest)(nil),        // 15: wheelfs.v1.RemoveRequest
+	(*RemoveResponse)(nil),       // 16: wheelfs.v1.RemoveResponse
+	(*RenameRequest)(nil),        // 17: wheelfs.v1.RenameRequest
+	(*RenameResponse)(nil),       // 18: wheelfs.v1.RenameResponse
+	(*SetAttrRequest)(nil),       // 19: wheelfs.v1.SetAttrRequest
+	(*SetAttrResponse)(nil),      // 20: wheelfs.v1.SetAttrResponse
+	(*ReadDirRequest)(nil),       // 21: wheelfs.v1.ReadDirRequest
+	(*ReadDirResponse)(nil),      // 22: wheelfs.v1.ReadDirResponse
+	(*BlockRef)(nil),             // 23: wheelfs.v1.BlockRef
+	(*GetBlocksRequest)(nil),     // 24: wheelfs.v1.GetBlocksRequest
+	(*GetBlocksResponse)(nil),    // 25: wheelfs.v1.GetBlocksResponse
+	(*ReadBlocksRequest)(nil),    // 26: wheelfs.v1.ReadBlocksRequest
+	(*ReadBlocksResponse)(nil),   // 27: wheelfs.v1.ReadBlocksResponse
+	(*PutBlocksRequest)(nil),     // 28: wheelfs.v1.PutBlocksRequest
+	(*PutBlocksResponse)(nil),    // 29: wheelfs.v1.PutBlocksResponse
+	(*CommitRequest)(nil),        // 30: wheelfs.v1.CommitRequest
+	(*CommitResponse)(nil),       // 31: wheelfs.v1.CommitResponse
+	(*XattrRequest)(nil),         // 32: wheelfs.v1.XattrRequest
+	(*XattrResponse)(nil),        // 33: wheelfs.v1.XattrResponse
+	(*StatFSRequest)(nil),        // 34: wheelfs.v1.StatFSRequest
+	(*StatFSResponse)(nil),       // 35: wheelfs.v1.StatFSResponse
+	(*OpenRequest)(nil),          // 36: wheelfs.v1.OpenRequest
+	(*OpenResponse)(nil),         // 37: wheelfs.v1.OpenResponse
+	(*ReleaseRequest)(nil),       // 38: wheelfs.v1.ReleaseRequest
+	(*ReleaseResponse)(nil),      // 39: wheelfs.v1.ReleaseResponse
+	(*Mutation)(nil),             // 40: wheelfs.v1.Mutation
+	(*Batch)(nil),                // 41: wheelfs.v1.Batch
+	(*ReplicateRequest)(nil),     // 42: wheelfs.v1.ReplicateRequest
+	(*ReplicateResponse)(nil),    // 43: wheelfs.v1.ReplicateResponse
+	(*DigestRequest)(nil),        // 44: wheelfs.v1.DigestRequest
+	(*DigestResponse)(nil),       // 45: wheelfs.v1.DigestResponse
+	(*ObjectState)(nil),          // 46: wheelfs.v1.ObjectState
+	(*InstallRequest)(nil),       // 47: wheelfs.v1.InstallRequest
+	(*InstallResponse)(nil),      // 48: wheelfs.v1.InstallResponse
+	(*DiffRequest)(nil),          // 49: wheelfs.v1.DiffRequest
+	(*FetchBlocksRequest)(nil),   // 50: wheelfs.v1.FetchBlocksRequest
+	(*FetchBlocksResponse)(nil),  // 51: wheelfs.v1.FetchBlocksResponse
+	(*PingRequest)(nil),          // 52: wheelfs.v1.PingRequest
+	(*PingResponse)(nil),         // 53: wheelfs.v1.PingResponse
+	(*CreateObjectRequest)(nil),  // 54: wheelfs.v1.CreateObjectRequest
+	(*CreateObjectResponse)(nil), // 55: wheelfs.v1.CreateObjectResponse
+	(*DropLinkRequest)(nil),      // 56: wheelfs.v1.DropLinkRequest
+	(*DropLinkResponse)(nil),     // 57: wheelfs.v1.DropLinkResponse
 }
 var file_wheelfs_proto_depIdxs = []int32{
 	0,  // 0: wheelfs.v1.Meta.type:type_name -> wheelfs.v1.Type
-	1,  // 1: wheelfs.v1.Meta.cues:type_name -> wheelfs.v1.Cues
+	3,  // 1: wheelfs.v1.Meta.cues:type_name -> wheelfs.v1.Cues
 	0,  // 2: wheelfs.v1.Entry.type:type_name -> wheelfs.v1.Type
-	4,  // 3: wheelfs.v1.LookupRequest.caller:type_name -> wheelfs.v1.Caller
-	3,  // 4: wheelfs.v1.LookupResponse.entry:type_name -> wheelfs.v1.Entry
-	2,  // 5: wheelfs.v1.LookupResponse.meta:type_name -> wheelfs.v1.Meta
-	4,  // 6: wheelfs.v1.GetAttrRequest.caller:type_name -> wheelfs.v1.Caller
-	2,  // 7: wheelfs.v1.GetAttrResponse.meta:type_name -> wheelfs.v1.Meta
-	4,  // 8: wheelfs.v1.CreateRequest.caller:type_name -> wheelfs.v1.Caller
+	6,  // 3: wheelfs.v1.LookupRequest.caller:type_name -> wheelfs.v1.Caller
+	5,  // 4: wheelfs.v1.LookupResponse.entry:type_name -> wheelfs.v1.Entry
+	4,  // 5: wheelfs.v1.LookupResponse.meta:type_name -> wheelfs.v1.Meta
+	6,  // 6: wheelfs.v1.GetAttrRequest.caller:type_name -> wheelfs.v1.Caller
+	4,  // 7: wheelfs.v1.GetAttrResponse.meta:type_name -> wheelfs.v1.Meta
+	6,  // 8: wheelfs.v1.CreateRequest.caller:type_name -> wheelfs.v1.Caller
 	0,  // 9: wheelfs.v1.CreateRequest.type:type_name -> wheelfs.v1.Type
-	1,  // 10: wheelfs.v1.CreateRequest.cues:type_name -> wheelfs.v1.Cues
-	3,  // 11: wheelfs.v1.CreateResponse.entry:type_name -> wheelfs.v1.Entry
-	2,  // 12: wheelfs.v1.CreateResponse.meta:type_name -> wheelfs.v1.Meta
-	2,  // 13: wheelfs.v1.CreateResponse.dir:type_name -> wheelfs.v1.Meta
-	4,  // 14: wheelfs.v1.LinkRequest.caller:type_name -> wheelfs.v1.Caller
-	2,  // 15: wheelfs.v1.LinkResponse.meta:type_name -> wheelfs.v1.Meta
-	4,  // 16: wheelfs.v1.RemoveRequest.caller:type_name -> wheelfs.v1.Caller
-	2,  // 17: wheelfs.v1.RemoveResponse.meta:type_name -> wheelfs.v1.Meta
-	4,  // 18: wheelfs.v1.RenameRequest.caller:type_name -> wheelfs.v1.Caller
-	2,  // 19: wheelfs.v1.RenameResponse.replaced:type_name -> wheelfs.v1.Meta
-	4,  // 20: wheelfs.v1.SetAttrRequest.caller:type_name -> wheelfs.v1.Caller
-	2,  // 21: wheelfs.v1.SetAttrResponse.meta:type_name -> wheelfs.v1.Meta
-	4,  // 22: wheelfs.v1.ReadDirRequest.caller:type_name -> wheelfs.v1.Caller
-	3,  // 23: wheelfs.v1.ReadDirResponse.entries:type_name -> wheelfs.v1.Entry
-	2,  // 24: wheelfs.v1.ReadDirResponse.metas:type_name -> wheelfs.v1.Meta
-	2,  // 25: wheelfs.v1.ReadDirResponse.dir:type_name -> wheelfs.v1.Meta
-	4,  // 26: wheelfs.v1.GetBlocksRequest.caller:type_name -> wheelfs.v1.Caller
-	2,  // 27: wheelfs.v1.GetBlocksResponse.meta:type_name -> wheelfs.v1.Meta
-	21, // 28: wheelfs.v1.GetBlocksResponse.blocks:type_name -> wheelfs.v1.BlockRef
-	4,  // 29: wheelfs.v1.ReadBlocksRequest.caller:type_name -> wheelfs.v1.Caller
-	4,  // 30: wheelfs.v1.PutBlocksRequest.caller:type_name -> wheelfs.v1.Caller
-	4,  // 31: wheelfs.v1.CommitRequest.caller:type_name -> wheelfs.v1.Caller
-	21, // 32: wheelfs.v1.CommitRequest.blocks:type_name -> wheelfs.v1.BlockRef
-	17, // 33: wheelfs.v1.CommitRequest.attrs:type_name -> wheelfs.v1.SetAttrRequest
-	2,  // 34: wheelfs.v1.CommitResponse.meta:type_name -> wheelfs.v1.Meta
-	4,  // 35: wheelfs.v1.XattrRequest.caller:type_name -> wheelfs.v1.Caller
-	4,  // 36: wheelfs.v1.StatFSRequest.caller:type_name -> wheelfs.v1.Caller
-	4,  // 37: wheelfs.v1.OpenRequest.caller:type_name -> wheelfs.v1.Caller
-	2,  // 38: wheelfs.v1.OpenResponse.meta:type_name -> wheelfs.v1.Meta
-	5,  // 39: wheelfs.v1.Storage.Lookup:input_type -> wheelfs.v1.LookupRequest
-	7,  // 40: wheelfs.v1.Storage.GetAttr:input_type -> wheelfs.v1.GetAttrRequest
-	9,  // 41: wheelfs.v1.Storage.Create:input_type -> wheelfs.v1.CreateRequest
-	11, // 42: wheelfs.v1.Storage.Link:input_type -> wheelfs.v1.LinkRequest
-	13, // 43: wheelfs.v1.Storage.Remove:input_type -> wheelfs.v1.RemoveRequest
-	15, // 44: wheelfs.v1.Storage.Rename:input_type -> wheelfs.v1.RenameRequest
-	17, // 45: wheelfs.v1.Storage.SetAttr:input_type -> wheelfs.v1.SetAttrRequest
-	19, // 46: wheelfs.v1.Storage.ReadDir:input_type -> wheelfs.v1.ReadDirRequest
-	22, // 47: wheelfs.v1.Storage.GetBlocks:input_type -> wheelfs.v1.GetBlocksRequest
-	24, // 48: wheelfs.v1.Storage.ReadBlocks:input_type -> wheelfs.v1.ReadBlocksRequest
-	26, // 49: wheelfs.v1.Storage.PutBlocks:input_type -> wheelfs.v1.PutBlocksRequest
-	28, // 50: wheelfs.v1.Storage.Commit:input_type -> wheelfs.v1.CommitRequest
-	30, // 51: wheelfs.v1.Storage.GetXattr:input_type -> wheelfs.v1.XattrRequest
-	30, // 52: wheelfs.v1.Storage.ListXattr:input_type -> wheelfs.v1.XattrRequest
-	30, // 53: wheelfs.v1.Storage.SetXattr:input_type -> wheelfs.v1.XattrRequest
-	30, // 54: wheelfs.v1.Storage.RemoveXattr:input_type -> wheelfs.v1.XattrRequest
-	32, // 55: wheelfs.v1.Storage.StatFS:input_type -> wheelfs.v1.StatFSRequest
-	34, // 56: wheelfs.v1.Storage.Open:input_type -> wheelfs.v1.OpenRequest
-	36, // 57: wheelfs.v1.Storage.Release:input_type -> wheelfs.v1.ReleaseRequest
-	6,  // 58: wheelfs.v1.Storage.Lookup:output_type -> wheelfs.v1.LookupResponse
-	8,  // 59: wheelfs.v1.Storage.GetAttr:output_type -> wheelfs.v1.GetAttrResponse
-	10, // 60: wheelfs.v1.Storage.Create:output_type -> wheelfs.v1.CreateResponse
-	12, // 61: wheelfs.v1.Storage.Link:output_type -> wheelfs.v1.LinkResponse
-	14, // 62: wheelfs.v1.Storage.Remove:output_type -> wheelfs.v1.RemoveResponse
-	16, // 63: wheelfs.v1.Storage.Rename:output_type -> wheelfs.v1.RenameResponse
-	18, // 64: wheelfs.v1.Storage.SetAttr:output_type -> wheelfs.v1.SetAttrResponse
-	20, // 65: wheelfs.v1.Storage.ReadDir:output_type -> wheelfs.v1.ReadDirResponse
-	23, // 66: wheelfs.v1.Storage.GetBlocks:output_type -> wheelfs.v1.GetBlocksResponse
-	25, // 67: wheelfs.v1.Storage.ReadBlocks:output_type -> wheelfs.v1.ReadBlocksResponse
-	27, // 68: wheelfs.v1.Storage.PutBlocks:output_type -> wheelfs.v1.PutBlocksResponse
-	29, // 69: wheelfs.v1.Storage.Commit:output_type -> wheelfs.v1.CommitResponse
-	31, // 70: wheelfs.v1.Storage.GetXattr:output_type -> wheelfs.v1.XattrResponse
-	31, // 71: wheelfs.v1.Storage.ListXattr:output_type -> wheelfs.v1.XattrResponse
-	31, // 72: wheelfs.v1.Storage.SetXattr:output_type -> wheelfs.v1.XattrResponse
-	31, // 73: wheelfs.v1.Storage.RemoveXattr:output_type -> wheelfs.v1.XattrResponse
-	33, // 74: wheelfs.v1.Storage.StatFS:output_type -> wheelfs.v1.StatFSResponse
-	35, // 75: wheelfs.v1.Storage.Open:output_type -> wheelfs.v1.OpenResponse
-	37, // 76: wheelfs.v1.Storage.Release:output_type -> wheelfs.v1.ReleaseResponse
-	58, // [58:77] is the sub-list for method output_type
-	39, // [39:58] is the sub-list for method input_type
-	39, // [39:39] is the sub-list for extension type_name
-	39, // [39:39] is the sub-list for extension extendee
-	0,  // [0:39] is the sub-list for field type_name
+	3,  // 10: wheelfs.v1.CreateRequest.cues:type_name -> wheelfs.v1.Cues
+	5,  // 11: wheelfs.v1.CreateResponse.entry:type_name -> wheelfs.v1.Entry
+	4,  // 12: wheelfs.v1.CreateResponse.meta:type_name -> wheelfs.v1.Meta
+	4,  // 13: wheelfs.v1.CreateResponse.dir:type_name -> wheelfs.v1.Meta
+	6,  // 14: wheelfs.v1.LinkRequest.caller:type_name -> wheelfs.v1.Caller
+	4,  // 15: wheelfs.v1.LinkResponse.meta:type_name -> wheelfs.v1.Meta
+	6,  // 16: wheelfs.v1.RemoveRequest.caller:type_name -> wheelfs.v1.Caller
+	4,  // 17: wheelfs.v1.RemoveResponse.meta:type_name -> wheelfs.v1.Meta
+	6,  // 18: wheelfs.v1.RenameRequest.caller:type_name -> wheelfs.v1.Caller
+	4,  // 19: wheelfs.v1.RenameResponse.replaced:type_name -> wheelfs.v1.Meta
+	6,  // 20: wheelfs.v1.SetAttrRequest.caller:type_name -> wheelfs.v1.Caller
+	4,  // 21: wheelfs.v1.SetAttrResponse.meta:type_name -> wheelfs.v1.Meta
+	6,  // 22: wheelfs.v1.ReadDirRequest.caller:type_name -> wheelfs.v1.Caller
+	5,  // 23: wheelfs.v1.ReadDirResponse.entries:type_name -> wheelfs.v1.Entry
+	4,  // 24: wheelfs.v1.ReadDirResponse.metas:type_name -> wheelfs.v1.Meta
+	4,  // 25: wheelfs.v1.ReadDirResponse.dir:type_name -> wheelfs.v1.Meta
+	6,  // 26: wheelfs.v1.GetBlocksRequest.caller:type_name -> wheelfs.v1.Caller
+	4,  // 27: wheelfs.v1.GetBlocksResponse.meta:type_name -> wheelfs.v1.Meta
+	23, // 28: wheelfs.v1.GetBlocksResponse.blocks:type_name -> wheelfs.v1.BlockRef
+	6,  // 29: wheelfs.v1.ReadBlocksRequest.caller:type_name -> wheelfs.v1.Caller
+	6,  // 30: wheelfs.v1.PutBlocksRequest.caller:type_name -> wheelfs.v1.Caller
+	6,  // 31: wheelfs.v1.CommitRequest.caller:type_name -> wheelfs.v1.Caller
+	23, // 32: wheelfs.v1.CommitRequest.blocks:type_name -> wheelfs.v1.BlockRef
+	19, // 33: wheelfs.v1.CommitRequest.attrs:type_name -> wheelfs.v1.SetAttrRequest
+	4,  // 34: wheelfs.v1.CommitResponse.meta:type_name -> wheelfs.v1.Meta
+	6,  // 35: wheelfs.v1.XattrRequest.caller:type_name -> wheelfs.v1.Caller
+	6,  // 36: wheelfs.v1.StatFSRequest.caller:type_name -> wheelfs.v1.Caller
+	6,  // 37: wheelfs.v1.OpenRequest.caller:type_name -> wheelfs.v1.Caller
+	4,  // 38: wheelfs.v1.OpenResponse.meta:type_name -> wheelfs.v1.Meta
+	1,  // 39: wheelfs.v1.Mutation.kind:type_name -> wheelfs.v1.MutationKind
+	40, // 40: wheelfs.v1.Batch.mutations:type_name -> wheelfs.v1.Mutation
+	41, // 41: wheelfs.v1.ReplicateRequest.batches:type_name -> wheelfs.v1.Batch
+	2,  // 42: wheelfs.v1.ReplicateResponse.status:type_name -> wheelfs.v1.ReplStatus
+	4,  // 43: wheelfs.v1.ObjectState.meta:type_name -> wheelfs.v1.Meta
+	5,  // 44: wheelfs.v1.ObjectState.entries:type_name -> wheelfs.v1.Entry
+	23, // 45: wheelfs.v1.ObjectState.blocks:type_name -> wheelfs.v1.BlockRef
+	46, // 46: wheelfs.v1.InstallRequest.objects:type_name -> wheelfs.v1.ObjectState
+	2,  // 47: wheelfs.v1.InstallResponse.status:type_name -> wheelfs.v1.ReplStatus
+	45, // 48: wheelfs.v1.DiffRequest.digest:type_name -> wheelfs.v1.DigestResponse
+	4,  // 49: wheelfs.v1.CreateObjectRequest.meta:type_name -> wheelfs.v1.Meta
+	3,  // 50: wheelfs.v1.CreateObjectRequest.cues:type_name -> wheelfs.v1.Cues
+	3,  // 51: wheelfs.v1.CreateObjectRequest.policy:type_name -> wheelfs.v1.Cues
+	4,  // 52: wheelfs.v1.CreateObjectResponse.meta:type_name -> wheelfs.v1.Meta
+	6,  // 53: wheelfs.v1.DropLinkRequest.caller:type_name -> wheelfs.v1.Caller
+	4,  // 54: wheelfs.v1.DropLinkRequest.dir:type_name -> wheelfs.v1.Meta
+	4,  // 55: wheelfs.v1.DropLinkResponse.meta:type_name -> wheelfs.v1.Meta
+	7,  // 56: wheelfs.v1.Storage.Lookup:input_type -> wheelfs.v1.LookupRequest
+	9,  // 57: wheelfs.v1.Storage.GetAttr:input_type -> wheelfs.v1.GetAttrRequest
+	11, // 58: wheelfs.v1.Storage.Create:input_type -> wheelfs.v1.CreateRequest
+	13, // 59: wheelfs.v1.Storage.Link:input_type -> wheelfs.v1.LinkRequest
+	15, // 60: wheelfs.v1.Storage.Remove:input_type -> wheelfs.v1.RemoveRequest
+	17, // 61: wheelfs.v1.Storage.Rename:input_type -> wheelfs.v1.RenameRequest
+	19, // 62: wheelfs.v1.Storage.SetAttr:input_type -> wheelfs.v1.SetAttrRequest
+	21, // 63: wheelfs.v1.Storage.ReadDir:input_type -> wheelfs.v1.ReadDirRequest
+	24, // 64: wheelfs.v1.Storage.GetBlocks:input_type -> wheelfs.v1.GetBlocksRequest
+	26, // 65: wheelfs.v1.Storage.ReadBlocks:input_type -> wheelfs.v1.ReadBlocksRequest
+	28, // 66: wheelfs.v1.Storage.PutBlocks:input_type -> wheelfs.v1.PutBlocksRequest
+	30, // 67: wheelfs.v1.Storage.Commit:input_type -> wheelfs.v1.CommitRequest
+	32, // 68: wheelfs.v1.Storage.GetXattr:input_type -> wheelfs.v1.XattrRequest
+	32, // 69: wheelfs.v1.Storage.ListXattr:input_type -> wheelfs.v1.XattrRequest
+	32, // 70: wheelfs.v1.Storage.SetXattr:input_type -> wheelfs.v1.XattrRequest
+	32, // 71: wheelfs.v1.Storage.RemoveXattr:input_type -> wheelfs.v1.XattrRequest
+	34, // 72: wheelfs.v1.Storage.StatFS:input_type -> wheelfs.v1.StatFSRequest
+	36, // 73: wheelfs.v1.Storage.Open:input_type -> wheelfs.v1.OpenRequest
+	38, // 74: wheelfs.v1.Storage.Release:input_type -> wheelfs.v1.ReleaseRequest
+	42, // 75: wheelfs.v1.Peer.Replicate:input_type -> wheelfs.v1.ReplicateRequest
+	44, // 76: wheelfs.v1.Peer.Digest:input_type -> wheelfs.v1.DigestRequest
+	49, // 77: wheelfs.v1.Peer.Diff:input_type -> wheelfs.v1.DiffRequest
+	47, // 78: wheelfs.v1.Peer.Install:input_type -> wheelfs.v1.InstallRequest
+	50, // 79: wheelfs.v1.Peer.FetchBlocks:input_type -> wheelfs.v1.FetchBlocksRequest
+	52, // 80: wheelfs.v1.Peer.Ping:input_type -> wheelfs.v1.PingRequest
+	54, // 81: wheelfs.v1.Peer.CreateObject:input_type -> wheelfs.v1.CreateObjectRequest
+	56, // 82: wheelfs.v1.Peer.DropLink:input_type -> wheelfs.v1.DropLinkRequest
+	8,  // 83: wheelfs.v1.Storage.Lookup:output_type -> wheelfs.v1.LookupResponse
+	10, // 84: wheelfs.v1.Storage.GetAttr:output_type -> wheelfs.v1.GetAttrResponse
+	12, // 85: wheelfs.v1.Storage.Create:output_type -> wheelfs.v1.CreateResponse
+	14, // 86: wheelfs.v1.Storage.Link:output_type -> wheelfs.v1.LinkResponse
+	16, // 87: wheelfs.v1.Storage.Remove:output_type -> wheelfs.v1.RemoveResponse
+	18, // 88: wheelfs.v1.Storage.Rename:output_type -> wheelfs.v1.RenameResponse
+	20, // 89: wheelfs.v1.Storage.SetAttr:output_type -> wheelfs.v1.SetAttrResponse
+	22, // 90: wheelfs.v1.Storage.ReadDir:output_type -> wheelfs.v1.ReadDirResponse
+	25, // 91: wheelfs.v1.Storage.GetBlocks:output_type -> wheelfs.v1.GetBlocksResponse
+	27, // 92: wheelfs.v1.Storage.ReadBlocks:output_type -> wheelfs.v1.ReadBlocksResponse
+	29, // 93: wheelfs.v1.Storage.PutBlocks:output_type -> wheelfs.v1.PutBlocksResponse
+	31, // 94: wheelfs.v1.Storage.Commit:output_type -> wheelfs.v1.CommitResponse
+	33, // 95: wheelfs.v1.Storage.GetXattr:output_type -> wheelfs.v1.XattrResponse
+	33, // 96: wheelfs.v1.Storage.ListXattr:output_type -> wheelfs.v1.XattrResponse
+	33, // 97: wheelfs.v1.Storage.SetXattr:output_type -> wheelfs.v1.XattrResponse
+	33, // 98: wheelfs.v1.Storage.RemoveXattr:output_type -> wheelfs.v1.XattrResponse
+	35, // 99: wheelfs.v1.Storage.StatFS:output_type -> wheelfs.v1.StatFSResponse
+	37, // 100: wheelfs.v1.Storage.Open:output_type -> wheelfs.v1.OpenResponse
+	39, // 101: wheelfs.v1.Storage.Release:output_type -> wheelfs.v1.ReleaseResponse
+	43, // 102: wheelfs.v1.Peer.Replicate:output_type -> wheelfs.v1.ReplicateResponse
+	45, // 103: wheelfs.v1.Peer.Digest:output_type -> wheelfs.v1.DigestResponse
+	47, // 104: wheelfs.v1.Peer.Diff:output_type -> wheelfs.v1.InstallRequest
+	48, // 105: wheelfs.v1.Peer.Install:output_type -> wheelfs.v1.InstallResponse
+	51, // 106: wheelfs.v1.Peer.FetchBlocks:output_type -> wheelfs.v1.FetchBlocksResponse
+	53, // 107: wheelfs.v1.Peer.Ping:output_type -> wheelfs.v1.PingResponse
+	55, // 108: wheelfs.v1.Peer.CreateObject:output_type -> wheelfs.v1.CreateObjectResponse
+	57, // 109: wheelfs.v1.Peer.DropLink:output_type -> wheelfs.v1.DropLinkResponse
+	83, // [83:110] is the sub-list for method output_type
+	56, // [56:83] is the sub-list for method input_type
+	56, // [56:56] is the sub-list for extension type_name
+	56, // [56:56] is the sub-list for extension extendee
+	0,  // [0:56] is the sub-list for field type_name
 }
 
 func init() { file_wheelfs_proto_init() }
@@ -2905,10 +4301,10 @@ func file_wheelfs_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_wheelfs_proto_rawDesc), len(file_wheelfs_proto_rawDesc)),
-			NumEnums:      1,
-			NumMessages:   37,
+			NumEnums:      3,
+			NumMessages:   55,
 			NumExtensions: 0,
-			NumServices:   1,
+			NumServices:   2,
 		},
 		GoTypes:           file_wheelfs_proto_goTypes,
 		DependencyIndexes: file_wheelfs_proto_depIdxs,

@@ -809,3 +809,377 @@ var Storage_ServiceDesc = grpc.ServiceDesc{
 	Streams:  []grpc.StreamDesc{},
 	Metadata: "wheelfs.proto",
 }
+
+const (
+	Peer_Replicate_FullMethodName    = "/wheelfs.v1.Peer/Replicate"
+	Peer_Digest_FullMethodName       = "/wheelfs.v1.Peer/Digest"
+	Peer_Diff_FullMethodName         = "/wheelfs.v1.Peer/Diff"
+	Peer_Install_FullMethodName      = "/wheelfs.v1.Peer/Install"
+	Peer_FetchBlocks_FullMethodName  = "/wheelfs.v1.Peer/FetchBlocks"
+	Peer_Ping_FullMethodName         = "/wheelfs.v1.Peer/Ping"
+	Peer_CreateObject_FullMethodName = "/wheelfs.v1.Peer/CreateObject"
+	Peer_DropLink_FullMethodName     = "/wheelfs.v1.Peer/DropLink"
+)
+
+// PeerClient is the client API for Peer service.
+//
+// For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
+//
+// Peer is the service storage servers export to each other. Only callers
+// whose certificate names a registered server are served.
+type PeerClient interface {
+	Replicate(ctx context.Context, in *ReplicateRequest, opts ...grpc.CallOption) (*ReplicateResponse, error)
+	Digest(ctx context.Context, in *DigestRequest, opts ...grpc.CallOption) (*DigestResponse, error)
+	Diff(ctx context.Context, in *DiffRequest, opts ...grpc.CallOption) (*InstallRequest, error)
+	Install(ctx context.Context, in *InstallRequest, opts ...grpc.CallOption) (*InstallResponse, error)
+	FetchBlocks(ctx context.Context, in *FetchBlocksRequest, opts ...grpc.CallOption) (*FetchBlocksResponse, error)
+	Ping(ctx context.Context, in *PingRequest, opts ...grpc.CallOption) (*PingResponse, error)
+	CreateObject(ctx context.Context, in *CreateObjectRequest, opts ...grpc.CallOption) (*CreateObjectResponse, error)
+	DropLink(ctx context.Context, in *DropLinkRequest, opts ...grpc.CallOption) (*DropLinkResponse, error)
+}
+
+type peerClient struct {
+	cc grpc.ClientConnInterface
+}
+
+func NewPeerClient(cc grpc.ClientConnInterface) PeerClient {
+	return &peerClient{cc}
+}
+
+func (c *peerClient) Replicate(ctx context.Context, in *ReplicateRequest, opts ...grpc.CallOption) (*ReplicateResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ReplicateResponse)
+	err := c.cc.Invoke(ctx, Peer_Replicate_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *peerClient) Digest(ctx context.Context, in *DigestRequest, opts ...grpc.CallOption) (*DigestResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(DigestResponse)
+	err := c.cc.Invoke(ctx, Peer_Digest_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *peerClient) Diff(ctx context.Context, in *DiffRequest, opts ...grpc.CallOption) (*InstallRequest, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(InstallRequest)
+	err := c.cc.Invoke(ctx, Peer_Diff_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *peerClient) Install(ctx context.Context, in *InstallRequest, opts ...grpc.CallOption) (*InstallResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(InstallResponse)
+	err := c.cc.Invoke(ctx, Peer_Install_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *peerClient) FetchBlocks(ctx context.Context, in *FetchBlocksRequest, opts ...grpc.CallOption) (*FetchBlocksResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(FetchBlocksResponse)
+	err := c.cc.Invoke(ctx, Peer_FetchBlocks_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *peerClient) Ping(ctx context.Context, in *PingRequest, opts ...grpc.CallOption) (*PingResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(PingResponse)
+	err := c.cc.Invoke(ctx, Peer_Ping_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *peerClient) CreateObject(ctx context.Context, in *CreateObjectRequest, opts ...grpc.CallOption) (*CreateObjectResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(CreateObjectResponse)
+	err := c.cc.Invoke(ctx, Peer_CreateObject_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *peerClient) DropLink(ctx context.Context, in *DropLinkRequest, opts ...grpc.CallOption) (*DropLinkResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(DropLinkResponse)
+	err := c.cc.Invoke(ctx, Peer_DropLink_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// PeerServer is the server API for Peer service.
+// All implementations must embed UnimplementedPeerServer
+// for forward compatibility.
+//
+// Peer is the service storage servers export to each other. Only callers
+// whose certificate names a registered server are served.
+type PeerServer interface {
+	Replicate(context.Context, *ReplicateRequest) (*ReplicateResponse, error)
+	Digest(context.Context, *DigestRequest) (*DigestResponse, error)
+	Diff(context.Context, *DiffRequest) (*InstallRequest, error)
+	Install(context.Context, *InstallRequest) (*InstallResponse, error)
+	FetchBlocks(context.Context, *FetchBlocksRequest) (*FetchBlocksResponse, error)
+	Ping(context.Context, *PingRequest) (*PingResponse, error)
+	CreateObject(context.Context, *CreateObjectRequest) (*CreateObjectResponse, error)
+	DropLink(context.Context, *DropLinkRequest) (*DropLinkResponse, error)
+	mustEmbedUnimplementedPeerServer()
+}
+
+// UnimplementedPeerServer must be embedded to have
+// forward compatible implementations.
+//
+// NOTE: this should be embedded by value instead of pointer to avoid a nil
+// pointer dereference when methods are called.
+type UnimplementedPeerServer struct{}
+
+func (UnimplementedPeerServer) Replicate(context.Context, *ReplicateRequest) (*ReplicateResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Replicate not implemented")
+}
+func (UnimplementedPeerServer) Digest(context.Context, *DigestRequest) (*DigestResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Digest not implemented")
+}
+func (UnimplementedPeerServer) Diff(context.Context, *DiffRequest) (*InstallRequest, error) {
+	return nil, status.Error(codes.Unimplemented, "method Diff not implemented")
+}
+func (UnimplementedPeerServer) Install(context.Context, *InstallRequest) (*InstallResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Install not implemented")
+}
+func (UnimplementedPeerServer) FetchBlocks(context.Context, *FetchBlocksRequest) (*FetchBlocksResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method FetchBlocks not implemented")
+}
+func (UnimplementedPeerServer) Ping(context.Context, *PingRequest) (*PingResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Ping not implemented")
+}
+func (UnimplementedPeerServer) CreateObject(context.Context, *CreateObjectRequest) (*CreateObjectResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method CreateObject not implemented")
+}
+func (UnimplementedPeerServer) DropLink(context.Context, *DropLinkRequest) (*DropLinkResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method DropLink not implemented")
+}
+func (UnimplementedPeerServer) mustEmbedUnimplementedPeerServer() {}
+func (UnimplementedPeerServer) testEmbeddedByValue()              {}
+
+// UnsafePeerServer may be embedded to opt out of forward compatibility for this service.
+// Use of this interface is not recommended, as added methods to PeerServer will
+// result in compilation errors.
+type UnsafePeerServer interface {
+	mustEmbedUnimplementedPeerServer()
+}
+
+func RegisterPeerServer(s grpc.ServiceRegistrar, srv PeerServer) {
+	// If the following call panics, it indicates UnimplementedPeerServer was
+	// embedded by pointer and is nil.  This will cause panics if an
+	// unimplemented method is ever invoked, so we test this at initialization
+	// time to prevent it from happening at runtime later due to I/O.
+	if t, ok := srv.(interface{ testEmbeddedByValue() }); ok {
+		t.testEmbeddedByValue()
+	}
+	s.RegisterService(&Peer_ServiceDesc, srv)
+}
+
+func _Peer_Replicate_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ReplicateRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(PeerServer).Replicate(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Peer_Replicate_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(PeerServer).Replicate(ctx, req.(*ReplicateRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Peer_Digest_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(DigestRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(PeerServer).Digest(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Peer_Digest_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(PeerServer).Digest(ctx, req.(*DigestRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Peer_Diff_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(DiffRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(PeerServer).Diff(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Peer_Diff_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(PeerServer).Diff(ctx, req.(*DiffRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Peer_Install_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(InstallRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(PeerServer).Install(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Peer_Install_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(PeerServer).Install(ctx, req.(*InstallRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Peer_FetchBlocks_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(FetchBlocksRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(PeerServer).FetchBlocks(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Peer_FetchBlocks_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(PeerServer).FetchBlocks(ctx, req.(*FetchBlocksRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Peer_Ping_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(PingRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(PeerServer).Ping(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Peer_Ping_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(PeerServer).Ping(ctx, req.(*PingRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Peer_CreateObject_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CreateObjectRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(PeerServer).CreateObject(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Peer_CreateObject_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(PeerServer).CreateObject(ctx, req.(*CreateObjectRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Peer_DropLink_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(DropLinkRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(PeerServer).DropLink(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Peer_DropLink_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(PeerServer).DropLink(ctx, req.(*DropLinkRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+// Peer_ServiceDesc is the grpc.ServiceDesc for Peer service.
+// It's only intended for direct use with grpc.RegisterService,
+// and not to be introspected or modified (even as a copy)
+var Peer_ServiceDesc = grpc.ServiceDesc{
+	ServiceName: "wheelfs.v1.Peer",
+	HandlerType: (*PeerServer)(nil),
+	Methods: []grpc.MethodDesc{
+		{
+			MethodName: "Replicate",
+			Handler:    _Peer_Replicate_Handler,
+		},
+		{
+			MethodName: "Digest",
+			Handler:    _Peer_Digest_Handler,
+		},
+		{
+			MethodName: "Diff",
+			Handler:    _Peer_Diff_Handler,
+		},
+		{
+			MethodName: "Install",
+			Handler:    _Peer_Install_Handler,
+		},
+		{
+			MethodName: "FetchBlocks",
+			Handler:    _Peer_FetchBlocks_Handler,
+		},
+		{
+			MethodName: "Ping",
+			Handler:    _Peer_Ping_Handler,
+		},
+		{
+			MethodName: "CreateObject",
+			Handler:    _Peer_CreateObject_Handler,
+		},
+		{
+			MethodName: "DropLink",
+			Handler:    _Peer_DropLink_Handler,
+		},
+	},
+	Streams:  []grpc.StreamDesc{},
+	Metadata: "wheelfs.proto",
+}

@@ -1,0 +1,288 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/wheelfs/wheelfs/internal/configsvc"
+	"github.com/wheelfs/wheelfs/internal/oid"
+	"github.com/wheelfs/wheelfs/internal/store"
+	"github.com/wheelfs/wheelfs/internal/wire"
+)
+
+// Maintenance (paper §5.3): every MaintainPeriod, and whenever the slice
+// table changes, each server looks at the slices it replicates. As
+// primary it replaces dead backups (from the same site if possible),
+// repairs replica lists that do not meet their policy, and hands a slice
+// back to its policy's home site when a server there is up. As backup it
+// takes over a slice whose primary's lock has expired, after collecting
+// newer versions from the other backups.
+
+// watchTable keeps s.table current and wakes the maintenance loop.
+func (s *Server) watchTable(ctx context.Context) {
+	defer s.renewing.Done()
+	for t := range s.conf.Watch(ctx) {
+		if old := s.table.Load(); old == nil || t.Revision >= old.Revision {
+			s.table.Store(t)
+		}
+		select {
+		case s.tableC <- struct{}{}:
+		default:
+		}
+	}
+}
+
+func (s *Server) maintainLoop(ctx context.Context) {
+	defer s.renewing.Done()
+	t := time.NewTicker(s.cfg.MaintainPeriod)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		case <-s.tableC:
+		}
+		if s.paused.on.Load() {
+			continue
+		}
+		s.maintain(ctx)
+	}
+}
+
+// maintain does one round of maintenance.
+func (s *Server) maintain(ctx context.Context) {
+	t := s.table.Load()
+	if t == nil {
+		return
+	}
+	ids := make([]oid.Slice, 0, len(t.Slices))
+	for id := range t.Slices {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	for _, id := range ids {
+		if ctx.Err() != nil {
+			return
+		}
+		sl := t.Slices[id]
+		s.mu.Lock()
+		l, held := s.locks[id]
+		r := s.repls[id]
+		s.mu.Unlock()
+		mctx, cancel := context.WithTimeout(ctx, max(10*s.cfg.MaintainPeriod, 10*time.Second))
+		var err error
+		switch {
+		case held && sl.Epoch > l.Epoch:
+			s.lostSlice(id, l.Epoch, "the slice table shows a newer lock")
+		case held && r != nil:
+			err = s.tend(mctx, sl, l, r)
+		case sl.Holder == "" && s.successor(sl):
+			err = s.takeOver(mctx, sl)
+			if errors.Is(err, configsvc.ErrLocked) {
+				err = nil
+			}
+		}
+		cancel()
+		if err != nil && ctx.Err() == nil {
+			s.log.Warn("slice maintenance failed", "slice", id, "err", err)
+		}
+	}
+}
+
+// successor reports whether this server should take over an unlocked
+// slice: it is the first registered server of the replica list.
+func (s *Server) successor(sl configsvc.Slice) bool {
+	for _, id := range sl.Replicas {
+		if s.registered(id) {
+			return id == s.cfg.ID
+		}
+	}
+	return false
+}
+
+// takeOver becomes primary of sl: it takes the lock (a new fencing
+// epoch), collects the newest copy of the slice from the registered
+// replicas, and starts serving and replicating.
+func (s *Server) takeOver(ctx context.Context, sl configsvc.Slice) error {
+	replicas := []string{s.cfg.ID}
+	for _, id := range sl.Replicas {
+		if id != s.cfg.ID {
+			replicas = append(replicas, id)
+		}
+	}
+	start := time.Now()
+	l, err := s.conf.Acquire(ctx, sl.ID, s.cfg.ID, sl.Policy, replicas)
+	if err != nil {
+		return fmt.Errorf("take over slice %d: %w", sl.ID, err)
+	}
+	seq, err := s.collect(ctx, sl.ID, replicas[1:])
+	if err != nil {
+		// Give the lock back so that another replica can try.
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.PeerTimeout)
+		_ = s.conf.Release(rctx, l)
+		cancel()
+		return fmt.Errorf("take over slice %d: %w", sl.ID, err)
+	}
+	if err := s.store.Update(ctx, func(tx *store.Tx) error {
+		return writePos(tx, sl.ID, pos{l.Epoch, seq})
+	}); err != nil {
+		return err
+	}
+	s.serve(l, sl.Policy, replicas, seq, start)
+	s.log.Info("took over slice", "slice", sl.ID, "epoch", l.Epoch, "seq", seq, "replicas", replicas)
+	return nil
+}
+
+// collect brings this server's copy of slice sl up to the newest among
+// the reachable backups (SyncLevel < RepLevel can leave one ahead) and
+// returns the resulting stream position's seq.
+func (s *Server) collect(ctx context.Context, sl oid.Slice, backups []string) (uint64, error) {
+	mine, err := s.digest(sl)
+	if err != nil {
+		return 0, err
+	}
+	best, bestID := pos{mine.Epoch, mine.Seq}, ""
+	for _, id := range backups {
+		if !s.registered(id) {
+			continue
+		}
+		p, err := s.peer(ctx, id)
+		if err != nil {
+			continue
+		}
+		dctx, cancel := context.WithTimeout(ctx, s.cfg.PeerTimeout)
+		d, err := p.Digest(dctx, &wire.DigestRequest{Slice: uint32(sl)})
+		cancel()
+		if err != nil {
+			s.log.Warn("backup unreachable while taking over", "slice", sl, "backup", id, "err", err)
+			continue
+		}
+		if at := (pos{d.Epoch, d.Seq}); best.less(at) {
+			best, bestID = at, id
+		}
+	}
+	if bestID == "" {
+		return mine.Seq, nil
+	}
+	p, err := s.peer(ctx, bestID)
+	if err != nil {
+		return 0, err
+	}
+	for {
+		dctx, cancel := context.WithTimeout(ctx, s.cfg.InstallTimeout)
+		req, err := p.Diff(dctx, &wire.DiffRequest{Slice: uint32(sl), Digest: mine})
+		cancel()
+		if err != nil {
+			return 0, fmt.Errorf("collect newer versions from %s: %w", bestID, err)
+		}
+		if _, err := s.install(ctx, req); err != nil {
+			return 0, err
+		}
+		if !req.More {
+			s.log.Info("collected newer versions", "slice", sl, "from", bestID, "objects", len(req.Objects), "seq", req.Seq)
+			return req.Seq, nil
+		}
+		if mine, err = s.digest(sl); err != nil {
+			return 0, err
+		}
+	}
+}
+
+// tend keeps a slice this server is primary for healthy.
+func (s *Server) tend(ctx context.Context, sl configsvc.Slice, l configsvc.Lock, r *sliceRepl) error {
+	health := r.followerHealth()
+	keep := []string{s.cfg.ID}
+	for _, id := range sl.Replicas[min(1, len(sl.Replicas)):] {
+		failing, ok := health[id]
+		dead := !s.registered(id) || ok && !failing.IsZero() && time.Since(failing) > s.cfg.DeadAfter
+		if !dead {
+			keep = append(keep, id)
+		}
+	}
+	// A server at the policy's home site, when the primary is elsewhere.
+	var home string
+	if site := sl.Policy.Site; site != "" && site != s.cfg.Site {
+		for _, id := range s.siteServers(site, fmt.Sprint(sl.ID)) {
+			home = id
+			if slices.Contains(keep, id) {
+				break
+			}
+		}
+		if home != "" && !slices.Contains(keep, home) {
+			keep = slices.Insert(keep, 1, home)
+		}
+	}
+	want := s.chooseReplicas(sl.Policy, keep)
+	if home != "" && !slices.Contains(want, home) {
+		want = append(want, home) // temporarily one more, to hand over
+	}
+	if !sameSet(want, sl.Replicas) {
+		if err := s.conf.UpdateReplicas(ctx, l, want); err != nil {
+			if errors.Is(err, configsvc.ErrLockLost) {
+				s.lostSlice(sl.ID, l.Epoch, "lock lost")
+			}
+			return err
+		}
+		s.log.Info("replica list changed", "slice", sl.ID, "from", sl.Replicas, "to", want)
+	}
+	r.setFollowers(want)
+	if home != "" && r.caughtUp(home) {
+		return s.handOver(ctx, l, r, home, want)
+	}
+	return nil
+}
+
+func sameSet(a, b []string) bool {
+	if len(a) != len(b) || len(a) > 0 && a[0] != b[0] {
+		return false
+	}
+	for _, x := range a {
+		if !slices.Contains(b, x) {
+			return false
+		}
+	}
+	return true
+}
+
+// handOver gives slice l to target, a caught-up backup at the policy's
+// home site: stop accepting requests, let the backup catch up with the
+// last ones, make it first in the replica list and release the lock; its
+// maintenance then takes the slice over.
+func (s *Server) handOver(ctx context.Context, l configsvc.Lock, r *sliceRepl, target string, replicas []string) error {
+	s.mu.Lock()
+	s.moving[l.Slice] = true
+	s.mu.Unlock()
+	undo := func() {
+		s.mu.Lock()
+		delete(s.moving, l.Slice)
+		s.mu.Unlock()
+	}
+	deadline := time.Now().Add(s.cfg.PeerTimeout)
+	for !r.caughtUp(target) {
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			undo()
+			return fmt.Errorf("hand slice %d to %s: backup did not catch up", l.Slice, target)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	order := []string{target}
+	for _, id := range replicas {
+		if id != target {
+			order = append(order, id)
+		}
+	}
+	if err := s.conf.UpdateReplicas(ctx, l, order); err != nil {
+		undo()
+		return err
+	}
+	s.lostSlice(l.Slice, l.Epoch, "handed to "+target+" at the policy's home site")
+	if err := s.conf.Release(ctx, l); err != nil {
+		return err
+	}
+	s.log.Info("handed slice home", "slice", l.Slice, "to", target)
+	return nil
+}

@@ -1,0 +1,403 @@
+package server
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+
+	"github.com/wheelfs/wheelfs/internal/configsvc"
+	"github.com/wheelfs/wheelfs/internal/fserr"
+	"github.com/wheelfs/wheelfs/internal/oid"
+	"github.com/wheelfs/wheelfs/internal/perm"
+	"github.com/wheelfs/wheelfs/internal/pki"
+	"github.com/wheelfs/wheelfs/internal/store"
+	"github.com/wheelfs/wheelfs/internal/wire"
+)
+
+// The Peer service: what a backup does for its primary, and the
+// server-to-server steps of two-step create and remove.
+
+// peerServer adapts Server to wire.PeerServer (its method names clash
+// with the Storage service's).
+type peerServer struct {
+	wire.UnimplementedPeerServer
+	s *Server
+}
+
+// PeerService returns the server's Peer service for registration.
+func (s *Server) PeerService() wire.PeerServer { return &peerServer{s: s} }
+
+// authPeer admits only callers whose certificate names a registered
+// server. In-process calls (no TLS peer) come from this process.
+func (s *Server) authPeer(ctx context.Context) error {
+	name, err := pki.PeerName(ctx)
+	if err != nil {
+		return nil // in-process
+	}
+	if name == s.cfg.ID {
+		return nil
+	}
+	t := s.table.Load()
+	if t != nil {
+		if _, ok := t.Servers[name]; ok {
+			return nil
+		}
+	}
+	return fmt.Errorf("peer call from %q, which is not a registered server: %w", name, fserr.ErrPerm)
+}
+
+// knownEpoch is the newest epoch of slice s this server has seen in the
+// slice table; no primary with an older one may change its copy.
+func (s *Server) knownEpoch(sl oid.Slice) int64 {
+	t := s.table.Load()
+	if t == nil {
+		return 0
+	}
+	return t.Slices[sl].Epoch
+}
+
+// fence handles a peer's epoch for slice sl: a newer one means this
+// server's own lock (if any) is gone.
+func (s *Server) fence(sl oid.Slice, epoch int64) bool {
+	s.mu.Lock()
+	l, held := s.locks[sl]
+	s.mu.Unlock()
+	if held && l.Epoch > epoch {
+		return false
+	}
+	if held && l.Epoch < epoch {
+		s.lostSlice(sl, l.Epoch, "another server replicates it with a newer epoch")
+	}
+	return epoch >= s.knownEpoch(sl)
+}
+
+// Replicate implements wire.PeerServer: apply the primary's next batches.
+func (p *peerServer) Replicate(ctx context.Context, req *wire.ReplicateRequest) (*wire.ReplicateResponse, error) {
+	s := p.s
+	if err := s.authPeer(ctx); err != nil {
+		return nil, fserr.ToStatus(err)
+	}
+	sl := oid.Slice(req.Slice)
+	if !s.fence(sl, req.Epoch) {
+		return &wire.ReplicateResponse{Status: wire.ReplStatus_REPL_STALE_EPOCH}, nil
+	}
+	if len(req.Blocks) > 0 {
+		for _, b := range req.Blocks {
+			if len(b) > blockSize {
+				return nil, fserr.ToStatus(fmt.Errorf("block of %d bytes: %w", len(b), fserr.ErrInvalid))
+			}
+		}
+		if _, err := s.store.PutBlocks(req.Blocks); err != nil {
+			return nil, fserr.ToStatus(err)
+		}
+	}
+	var missing [][]byte
+	for _, b := range req.Batches {
+		for _, h := range store.MutationBlocks(b.Mutations) {
+			if !s.store.HasBlock(h) {
+				missing = append(missing, h[:])
+			}
+		}
+	}
+	if len(missing) > 0 {
+		return &wire.ReplicateResponse{Status: wire.ReplStatus_REPL_MISSING_BLOCKS, Missing: missing}, nil
+	}
+	resp := &wire.ReplicateResponse{}
+	err := s.store.Update(ctx, func(tx *store.Tx) error {
+		at := readPos(tx, sl)
+		resp.Status, resp.Seq, resp.Epoch = wire.ReplStatus_REPL_OK, at.seq, at.epoch
+		switch {
+		case req.Epoch < at.epoch:
+			resp.Status = wire.ReplStatus_REPL_STALE_EPOCH
+			return nil
+		case req.Epoch > at.epoch:
+			resp.Status = wire.ReplStatus_REPL_NEED_SYNC
+			return nil
+		}
+		for _, b := range req.Batches {
+			if b.Seq <= at.seq {
+				continue // already have it
+			}
+			if b.Seq != at.seq+1 {
+				resp.Status = wire.ReplStatus_REPL_NEED_SYNC
+				break
+			}
+			for _, m := range b.Mutations {
+				if store.MutationSlice(m) != sl {
+					return fmt.Errorf("batch %d of slice %d changes slice %d: %w", b.Seq, sl, store.MutationSlice(m), fserr.ErrInvalid)
+				}
+				if err := tx.Apply(m); err != nil {
+					return err
+				}
+			}
+			at.seq = b.Seq
+		}
+		resp.Seq = at.seq
+		return writePos(tx, sl, at)
+	})
+	if err != nil {
+		return nil, fserr.ToStatus(fmt.Errorf("replicate slice %d: %w", sl, err))
+	}
+	return resp, nil
+}
+
+// digest summarizes this server's copy of a slice.
+func (s *Server) digest(sl oid.Slice) (*wire.DigestResponse, error) {
+	resp := &wire.DigestResponse{}
+	err := s.store.View(func(tx *store.Tx) error {
+		at := readPos(tx, sl)
+		resp.Epoch, resp.Seq = at.epoch, at.seq
+		return tx.SliceMetas(sl, func(m *wire.Meta) bool {
+			resp.Ids = append(resp.Ids, m.Id)
+			resp.Versions = append(resp.Versions, m.Version)
+			resp.Sums = append(resp.Sums, store.MetaSum(m))
+			return true
+		})
+	})
+	return resp, err
+}
+
+// Digest implements wire.PeerServer.
+func (p *peerServer) Digest(ctx context.Context, req *wire.DigestRequest) (*wire.DigestResponse, error) {
+	if err := p.s.authPeer(ctx); err != nil {
+		return nil, fserr.ToStatus(err)
+	}
+	d, err := p.s.digest(oid.Slice(req.Slice))
+	if err != nil {
+		return nil, fserr.ToStatus(err)
+	}
+	return d, nil
+}
+
+// Diff implements wire.PeerServer: what a replica with the given digest
+// lacks (a new primary collecting newer versions from a backup). Only one
+// message: the caller asks again if More is set.
+func (p *peerServer) Diff(ctx context.Context, req *wire.DiffRequest) (*wire.InstallRequest, error) {
+	s := p.s
+	if err := s.authPeer(ctx); err != nil {
+		return nil, fserr.ToStatus(err)
+	}
+	var at pos
+	sl := oid.Slice(req.Slice)
+	_ = s.store.View(func(tx *store.Tx) error { at = readPos(tx, sl); return nil })
+	reqs, err := s.diff(sl, req.Digest, at.epoch)
+	if err != nil {
+		return nil, fserr.ToStatus(err)
+	}
+	return reqs[0], nil
+}
+
+// Install implements wire.PeerServer.
+func (p *peerServer) Install(ctx context.Context, req *wire.InstallRequest) (*wire.InstallResponse, error) {
+	s := p.s
+	if err := s.authPeer(ctx); err != nil {
+		return nil, fserr.ToStatus(err)
+	}
+	sl := oid.Slice(req.Slice)
+	if !s.fence(sl, req.Epoch) {
+		return &wire.InstallResponse{Status: wire.ReplStatus_REPL_STALE_EPOCH}, nil
+	}
+	stale, err := s.install(ctx, req)
+	if err != nil {
+		return nil, fserr.ToStatus(fmt.Errorf("install slice %d: %w", sl, err))
+	}
+	if stale {
+		return &wire.InstallResponse{Status: wire.ReplStatus_REPL_STALE_EPOCH}, nil
+	}
+	return &wire.InstallResponse{}, nil
+}
+
+// install applies a snapshot chunk, fetching the blocks it references
+// that this server lacks from req.Source. It reports stale if this
+// server has already seen a newer epoch.
+func (s *Server) install(ctx context.Context, req *wire.InstallRequest) (stale bool, err error) {
+	var missing [][32]byte
+	for _, o := range req.Objects {
+		for _, b := range o.Blocks {
+			if len(b.Hash) == 32 && !s.store.HasBlock([32]byte(b.Hash)) {
+				missing = append(missing, [32]byte(b.Hash))
+			}
+		}
+	}
+	if err := s.fetchBlocks(ctx, req.Source, missing); err != nil {
+		return false, err
+	}
+	sl := oid.Slice(req.Slice)
+	err = s.store.Update(ctx, func(tx *store.Tx) error {
+		at := readPos(tx, sl)
+		if req.Epoch < at.epoch {
+			stale = true
+			return nil
+		}
+		for _, o := range req.Objects {
+			if oid.ID(o.GetMeta().GetId()).Slice() != sl {
+				return fmt.Errorf("object %x is not in slice %d: %w", o.GetMeta().GetId(), sl, fserr.ErrInvalid)
+			}
+			if err := tx.InstallObject(o); err != nil {
+				return err
+			}
+		}
+		for _, id := range req.Deleted {
+			if oid.ID(id).Slice() != sl {
+				continue
+			}
+			if err := tx.PurgeObject(oid.ID(id)); err != nil {
+				return err
+			}
+		}
+		if err := tx.SetCounterFloor(sl, req.Counter); err != nil {
+			return err
+		}
+		if req.More {
+			return nil
+		}
+		return writePos(tx, sl, pos{req.Epoch, req.Seq})
+	})
+	return stale, err
+}
+
+// fetchBlocks copies blocks from server src into the local store.
+func (s *Server) fetchBlocks(ctx context.Context, src string, hs [][32]byte) error {
+	if len(hs) == 0 {
+		return nil
+	}
+	p, err := s.peer(ctx, src)
+	if err != nil {
+		return err
+	}
+	per := maxInlineBlocks / blockSize
+	for len(hs) > 0 {
+		n := min(per, len(hs))
+		req := &wire.FetchBlocksRequest{}
+		for _, h := range hs[:n] {
+			req.Hashes = append(req.Hashes, h[:])
+		}
+		hs = hs[n:]
+		fctx, cancel := context.WithTimeout(ctx, s.cfg.PeerTimeout)
+		resp, err := p.FetchBlocks(fctx, req)
+		cancel()
+		if err != nil {
+			return fmt.Errorf("fetch blocks from %s: %w", src, err)
+		}
+		if _, err := s.store.PutBlocks(resp.Data); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// FetchBlocks implements wire.PeerServer.
+func (p *peerServer) FetchBlocks(ctx context.Context, req *wire.FetchBlocksRequest) (*wire.FetchBlocksResponse, error) {
+	if err := p.s.authPeer(ctx); err != nil {
+		return nil, fserr.ToStatus(err)
+	}
+	hs := make([][32]byte, 0, len(req.Hashes))
+	for _, h := range req.Hashes {
+		if len(h) != 32 {
+			return nil, fserr.ToStatus(fmt.Errorf("block hash of %d bytes: %w", len(h), fserr.ErrInvalid))
+		}
+		hs = append(hs, [32]byte(h))
+	}
+	data, err := p.s.store.ReadBlocks(hs)
+	if err != nil {
+		return nil, fserr.ToStatus(err)
+	}
+	return &wire.FetchBlocksResponse{Data: data}, nil
+}
+
+// Ping implements wire.PeerServer.
+func (p *peerServer) Ping(ctx context.Context, req *wire.PingRequest) (*wire.PingResponse, error) {
+	if err := p.s.authPeer(ctx); err != nil {
+		return nil, fserr.ToStatus(err)
+	}
+	return &wire.PingResponse{Id: p.s.cfg.ID}, nil
+}
+
+// CreateObject implements wire.PeerServer: the object half of a two-step
+// create (paper §5.2.2). The directory's primary checked permissions and
+// computed the new object's attributes; this server picks a slice of the
+// object's policy that it is primary for and stores the object there.
+func (p *peerServer) CreateObject(ctx context.Context, req *wire.CreateObjectRequest) (*wire.CreateObjectResponse, error) {
+	s := p.s
+	if err := s.authPeer(ctx); err != nil {
+		return nil, fserr.ToStatus(err)
+	}
+	if req.Meta == nil {
+		return nil, fserr.ToStatus(fmt.Errorf("create object without meta-data: %w", fserr.ErrInvalid))
+	}
+	m, err := s.createObject(ctx, policyFromCues(req.Policy), req.Meta, req.SyncLevel)
+	if err != nil {
+		return nil, fserr.ToStatus(err)
+	}
+	return &wire.CreateObjectResponse{Meta: m}, nil
+}
+
+// createObject stores a new object under policy pol.
+func (s *Server) createObject(ctx context.Context, pol configsvc.Policy, tmpl *wire.Meta, sync uint32) (*wire.Meta, error) {
+	slice, err := s.sliceFor(ctx, pol)
+	if err != nil {
+		return nil, err
+	}
+	m := proto.Clone(tmpl).(*wire.Meta)
+	err = s.update(ctx, sync, func(tx *store.Tx) error {
+		n, err := tx.NextCounter(slice)
+		if err != nil {
+			return err
+		}
+		m.Id = uint64(oid.Make(slice, n))
+		return tx.PutMeta(m)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("create object: %w", err)
+	}
+	return m, nil
+}
+
+// DropLink implements wire.PeerServer: the object half of removing a
+// name whose object lives here.
+func (p *peerServer) DropLink(ctx context.Context, req *wire.DropLinkRequest) (*wire.DropLinkResponse, error) {
+	s := p.s
+	if err := s.authPeer(ctx); err != nil {
+		return nil, fserr.ToStatus(err)
+	}
+	id := oid.ID(req.Id)
+	if err := s.primary(id); err != nil {
+		return nil, fserr.ToStatus(err)
+	}
+	now := time.Now().UnixNano()
+	var out *wire.Meta
+	var dying []oid.ID
+	defer func() { s.buried(dying) }()
+	err := s.update(ctx, req.SyncLevel, func(tx *store.Tx) error {
+		m, err := tx.Meta(id)
+		if err != nil {
+			return err
+		}
+		if req.DirOnly && !isDir(m) {
+			return fserr.ErrNotDir
+		}
+		if req.FileOnly && isDir(m) {
+			return fserr.ErrIsDir
+		}
+		if req.Caller != nil && req.Dir != nil {
+			if err := perm.MayRemove(cred(req.Caller), attr(req.Dir), attr(m)); err != nil {
+				return err
+			}
+		}
+		if isDir(m) {
+			if has, err := tx.HasEntries(id); err != nil {
+				return err
+			} else if has {
+				return fserr.ErrNotEmpty
+			}
+		}
+		out = m
+		return s.unlinkObject(tx, m, now, &dying)
+	})
+	if err != nil {
+		return nil, fserr.ToStatus(fmt.Errorf("drop link to %v: %w", id, err))
+	}
+	return &wire.DropLinkResponse{Meta: out}, nil
+}

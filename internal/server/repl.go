@@ -1,0 +1,497 @@
+package server
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/wheelfs/wheelfs/internal/fserr"
+	"github.com/wheelfs/wheelfs/internal/oid"
+	"github.com/wheelfs/wheelfs/internal/store"
+	"github.com/wheelfs/wheelfs/internal/wire"
+)
+
+// Primary/backup replication (paper §5.3).
+//
+// Every committed store update of a slice is one numbered batch of
+// mutations. The primary numbers batches inside the store's commit loop
+// (so numbers follow commit order), persists the slice's stream position
+// (epoch, seq) in the same transaction, and keeps recent batches in
+// memory. One follower goroutine per backup sends committed batches in
+// order, stamped with the primary's fencing epoch; a backup applies a
+// batch only if it directly follows its own position, durably, and
+// refuses epochs older than one it has seen. A backup that cannot follow
+// (new, restarted, behind the in-memory log, or last fed by another
+// primary) gets a snapshot of the slice: only the objects whose version
+// or meta-data checksum differ travel. A writer waits until SyncLevel−1
+// backups acknowledged its batch.
+
+// Replication limits.
+const (
+	maxLogBatches   = 4096    // batches kept for backups that lag
+	maxSendBatches  = 256     // batches per Replicate call
+	maxInlineBlocks = 8 << 20 // block bytes carried in one Replicate call
+	installChunk    = 1024    // objects per Install call
+)
+
+// pos is a replica's stream position in a slice.
+type pos struct {
+	epoch int64
+	seq   uint64
+}
+
+func (p pos) less(q pos) bool { return p.epoch < q.epoch || p.epoch == q.epoch && p.seq < q.seq }
+
+func posKey(s oid.Slice) string { return fmt.Sprintf("repl/%08x", uint32(s)) }
+
+func readPos(tx *store.Tx, s oid.Slice) pos {
+	v, err := tx.Sys(posKey(s))
+	if err != nil || len(v) != 16 {
+		return pos{}
+	}
+	return pos{int64(binary.BigEndian.Uint64(v)), binary.BigEndian.Uint64(v[8:])}
+}
+
+func writePos(tx *store.Tx, s oid.Slice, p pos) error {
+	var v [16]byte
+	binary.BigEndian.PutUint64(v[:], uint64(p.epoch))
+	binary.BigEndian.PutUint64(v[8:], p.seq)
+	return tx.PutSys(posKey(s), v[:])
+}
+
+// sliceRepl is the primary's replication state of one slice.
+type sliceRepl struct {
+	s      *Server
+	slice  oid.Slice
+	epoch  int64
+	ctx    context.Context
+	cancel context.CancelFunc
+
+	mu        sync.Mutex
+	changed   chan struct{} // closed and replaced on every ack or commit
+	seq       uint64        // last assigned
+	committed uint64        // last durable at the primary
+	log       []*wire.Batch // consecutive batches up to seq
+	followers map[string]*follower
+	wg        sync.WaitGroup
+}
+
+// follower is one backup as the primary sees it.
+type follower struct {
+	id      string
+	kick    chan struct{}
+	stop    context.CancelFunc
+	synced  bool   // acked is meaningful
+	acked   uint64 // last seq the backup has durably
+	lastOK  time.Time
+	failing time.Time // first failure since lastOK (zero when fine)
+}
+
+func newSliceRepl(s *Server, slice oid.Slice, epoch int64, seq uint64) *sliceRepl {
+	ctx, cancel := context.WithCancel(s.bg)
+	return &sliceRepl{s: s, slice: slice, epoch: epoch, ctx: ctx, cancel: cancel,
+		changed: make(chan struct{}), seq: seq, committed: seq, followers: map[string]*follower{}}
+}
+
+// signalLocked wakes waiters (r.mu held).
+func (r *sliceRepl) signalLocked() {
+	close(r.changed)
+	r.changed = make(chan struct{})
+}
+
+// assign numbers a batch of mutations (called inside the store's commit
+// loop, so in commit order) and records the new position in tx.
+func (r *sliceRepl) assign(tx *store.Tx, muts []*wire.Mutation) (uint64, error) {
+	r.mu.Lock()
+	r.seq++
+	seq := r.seq
+	r.log = append(r.log, &wire.Batch{Seq: seq, Mutations: muts})
+	if len(r.log) > maxLogBatches {
+		r.log = r.log[len(r.log)-maxLogBatches:]
+	}
+	epoch := r.epoch
+	r.mu.Unlock()
+	return seq, writePos(tx, r.slice, pos{epoch, seq})
+}
+
+// commit marks batches up to seq durable at the primary and kicks the
+// followers. Commits complete in order, so the maximum is right.
+func (r *sliceRepl) commit(seq uint64) {
+	r.mu.Lock()
+	if seq > r.committed {
+		r.committed = seq
+		r.signalLocked()
+	}
+	for _, f := range r.followers {
+		select {
+		case f.kick <- struct{}{}:
+		default:
+		}
+	}
+	r.mu.Unlock()
+}
+
+// wait returns when need backups have acknowledged seq, or fails when ctx
+// ends first.
+func (r *sliceRepl) wait(ctx context.Context, seq uint64, need int) error {
+	for {
+		r.mu.Lock()
+		n := 0
+		for _, f := range r.followers {
+			if f.synced && f.acked >= seq {
+				n++
+			}
+		}
+		need := min(need, len(r.followers))
+		ch := r.changed
+		r.mu.Unlock()
+		if n >= need {
+			return nil
+		}
+		select {
+		case <-ch:
+		case <-r.ctx.Done():
+			return fmt.Errorf("slice %d: no longer primary while replicating: %w", r.slice, fserr.ErrNotPrimary)
+		case <-ctx.Done():
+			return fmt.Errorf("slice %d: %d of %d backups acknowledged before the deadline: %w",
+				r.slice, n, need, fserr.ErrTimeout)
+		}
+	}
+}
+
+// setFollowers makes the followers the given backups.
+func (r *sliceRepl) setFollowers(ids []string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.ctx.Err() != nil {
+		return
+	}
+	want := map[string]bool{}
+	for _, id := range ids {
+		if id == r.s.cfg.ID {
+			continue
+		}
+		want[id] = true
+		if _, ok := r.followers[id]; ok {
+			continue
+		}
+		ctx, cancel := context.WithCancel(r.ctx)
+		f := &follower{id: id, kick: make(chan struct{}, 1), stop: cancel}
+		f.kick <- struct{}{}
+		r.followers[id] = f
+		r.wg.Add(1)
+		go r.follow(ctx, f)
+	}
+	for id, f := range r.followers {
+		if !want[id] {
+			f.stop()
+			delete(r.followers, id)
+		}
+	}
+	r.signalLocked()
+}
+
+// close stops replication (the slice is no longer ours) and waits.
+func (r *sliceRepl) close() {
+	r.cancel()
+	r.wg.Wait()
+}
+
+// followerHealth reports, per backup, since when it has been failing.
+func (r *sliceRepl) followerHealth() map[string]time.Time {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := make(map[string]time.Time, len(r.followers))
+	for id, f := range r.followers {
+		out[id] = f.failing
+	}
+	return out
+}
+
+// caughtUp reports whether backup id has everything committed.
+func (r *sliceRepl) caughtUp(id string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	f, ok := r.followers[id]
+	return ok && f.synced && f.acked >= r.committed
+}
+
+// follow feeds one backup until ctx ends.
+func (r *sliceRepl) follow(ctx context.Context, f *follower) {
+	defer r.wg.Done()
+	backoff := 20 * time.Millisecond
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-f.kick:
+		}
+		for ctx.Err() == nil {
+			more, err := r.step(ctx, f)
+			r.mu.Lock()
+			if err == nil {
+				f.lastOK, f.failing = time.Now(), time.Time{}
+			} else if f.failing.IsZero() {
+				f.failing = time.Now()
+			}
+			r.mu.Unlock()
+			if err != nil {
+				if errors.Is(err, errStale) {
+					r.s.lostSlice(r.slice, r.epoch, "a backup has seen a newer epoch")
+					return
+				}
+				if ctx.Err() == nil {
+					r.s.log.Debug("replication to backup failed; retrying", "slice", r.slice, "backup", f.id, "err", err)
+				}
+				t := time.NewTimer(backoff)
+				select {
+				case <-ctx.Done():
+					t.Stop()
+					return
+				case <-t.C:
+				}
+				backoff = min(backoff*2, time.Second)
+				continue
+			}
+			backoff = 20 * time.Millisecond
+			if !more {
+				break
+			}
+		}
+	}
+}
+
+var errStale = errors.New("stale epoch")
+
+// step does one round of work for a backup: a snapshot if it needs one,
+// else the next committed batches. more reports whether work remains.
+func (r *sliceRepl) step(ctx context.Context, f *follower) (more bool, err error) {
+	r.mu.Lock()
+	synced, acked := f.synced, f.acked
+	r.mu.Unlock()
+	if !synced {
+		return true, r.snapshot(ctx, f)
+	}
+	r.mu.Lock()
+	committed := r.committed
+	var batches []*wire.Batch
+	if acked < committed {
+		if len(r.log) == 0 || r.log[0].Seq > acked+1 {
+			f.synced = false // fell behind the log
+			r.mu.Unlock()
+			return true, nil
+		}
+		i := int(acked + 1 - r.log[0].Seq)
+		for ; i < len(r.log) && r.log[i].Seq <= committed && len(batches) < maxSendBatches; i++ {
+			batches = append(batches, r.log[i])
+		}
+	}
+	r.mu.Unlock()
+	if len(batches) == 0 {
+		return false, nil
+	}
+	req := &wire.ReplicateRequest{Slice: uint32(r.slice), Epoch: r.epoch, Batches: batches}
+	var hs [][32]byte
+	for _, b := range batches {
+		hs = append(hs, store.MutationBlocks(b.Mutations)...)
+	}
+	if len(hs) > 0 && len(hs)*blockSize <= maxInlineBlocks {
+		if req.Blocks, err = r.s.store.ReadBlocks(hs); err != nil {
+			return false, err
+		}
+	}
+	resp, err := r.replicate(ctx, f.id, req)
+	if err != nil {
+		return false, err
+	}
+	if resp.Status == wire.ReplStatus_REPL_MISSING_BLOCKS {
+		if err := r.pushBlocks(ctx, f.id, resp.Missing); err != nil {
+			return false, err
+		}
+		return true, nil
+	}
+	if err := r.outcome(f, resp.Status, resp.Seq); err != nil {
+		return false, err
+	}
+	r.mu.Lock()
+	more = f.synced && f.acked < r.committed
+	r.mu.Unlock()
+	return more, nil
+}
+
+// outcome records a backup's answer.
+func (r *sliceRepl) outcome(f *follower, st wire.ReplStatus, seq uint64) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	switch st {
+	case wire.ReplStatus_REPL_OK:
+		f.synced, f.acked = true, seq
+		r.trimLocked()
+		r.signalLocked()
+		return nil
+	case wire.ReplStatus_REPL_NEED_SYNC:
+		f.synced = false
+		return nil
+	case wire.ReplStatus_REPL_STALE_EPOCH:
+		return errStale
+	}
+	return fmt.Errorf("backup %s: unexpected status %v", f.id, st)
+}
+
+// trimLocked drops batches every backup has.
+func (r *sliceRepl) trimLocked() {
+	low := r.committed
+	for _, f := range r.followers {
+		if !f.synced {
+			continue // will get a snapshot anyway
+		}
+		low = min(low, f.acked)
+	}
+	n := 0
+	for n < len(r.log) && r.log[n].Seq <= low {
+		n++
+	}
+	if n > 0 {
+		clear(r.log[:n])
+		r.log = r.log[n:]
+	}
+}
+
+func (r *sliceRepl) replicate(ctx context.Context, id string, req *wire.ReplicateRequest) (*wire.ReplicateResponse, error) {
+	p, err := r.s.peer(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	cctx, cancel := context.WithTimeout(ctx, r.s.cfg.PeerTimeout)
+	defer cancel()
+	return p.Replicate(cctx, req)
+}
+
+// pushBlocks sends blocks a backup lacks, in bounded messages.
+func (r *sliceRepl) pushBlocks(ctx context.Context, id string, missing [][]byte) error {
+	per := maxInlineBlocks / blockSize
+	for len(missing) > 0 {
+		n := min(per, len(missing))
+		hs := make([][32]byte, 0, n)
+		for _, h := range missing[:n] {
+			if len(h) == 32 {
+				hs = append(hs, [32]byte(h))
+			}
+		}
+		missing = missing[n:]
+		data, err := r.s.store.ReadBlocks(hs)
+		if err != nil {
+			return err
+		}
+		resp, err := r.replicate(ctx, id, &wire.ReplicateRequest{Slice: uint32(r.slice), Epoch: r.epoch, Blocks: data})
+		if err != nil {
+			return err
+		}
+		if resp.Status == wire.ReplStatus_REPL_STALE_EPOCH {
+			return errStale
+		}
+	}
+	return nil
+}
+
+// snapshot brings a backup to the primary's state: it asks for the
+// backup's digest and installs what differs.
+func (r *sliceRepl) snapshot(ctx context.Context, f *follower) error {
+	p, err := r.s.peer(ctx, f.id)
+	if err != nil {
+		return err
+	}
+	dctx, cancel := context.WithTimeout(ctx, r.s.cfg.PeerTimeout)
+	dig, err := p.Digest(dctx, &wire.DigestRequest{Slice: uint32(r.slice)})
+	cancel()
+	if err != nil {
+		return err
+	}
+	if dig.Epoch > r.epoch {
+		return errStale
+	}
+	r.mu.Lock()
+	inLog := len(r.log) > 0 && r.log[0].Seq <= dig.Seq+1 || dig.Seq == r.committed
+	if dig.Epoch == r.epoch && dig.Seq <= r.committed && inLog {
+		f.synced, f.acked = true, dig.Seq // a continuation of our own stream
+		r.signalLocked()
+		r.mu.Unlock()
+		return nil
+	}
+	r.mu.Unlock()
+	reqs, err := r.s.diff(r.slice, dig, r.epoch)
+	if err != nil {
+		return err
+	}
+	for _, req := range reqs {
+		ictx, cancel := context.WithTimeout(ctx, r.s.cfg.InstallTimeout)
+		resp, err := p.Install(ictx, req)
+		cancel()
+		if err != nil {
+			return err
+		}
+		if resp.Status == wire.ReplStatus_REPL_STALE_EPOCH {
+			return errStale
+		}
+	}
+	last := reqs[len(reqs)-1]
+	r.s.log.Info("backup brought up to date", "slice", r.slice, "backup", f.id, "seq", last.Seq)
+	return r.outcome(f, wire.ReplStatus_REPL_OK, last.Seq)
+}
+
+// diff computes the Install requests that make a replica with digest dig
+// equal to this server's copy of slice s, read in one consistent view.
+// The position they carry is this server's, with the given epoch.
+func (s *Server) diff(slice oid.Slice, dig *wire.DigestResponse, epoch int64) ([]*wire.InstallRequest, error) {
+	theirs := make(map[uint64][2]uint64, len(dig.GetIds()))
+	for i, id := range dig.GetIds() {
+		if i < len(dig.Versions) && i < len(dig.Sums) {
+			theirs[id] = [2]uint64{dig.Versions[i], dig.Sums[i]}
+		}
+	}
+	var out []*wire.InstallRequest
+	cur := &wire.InstallRequest{Slice: uint32(slice), Epoch: epoch, Source: s.cfg.ID}
+	err := s.store.View(func(tx *store.Tx) error {
+		p := readPos(tx, slice)
+		var ids []oid.ID
+		err := tx.SliceMetas(slice, func(m *wire.Meta) bool {
+			t, ok := theirs[m.Id]
+			delete(theirs, m.Id)
+			if !ok || t[0] != m.Version || t[1] != store.MetaSum(m) {
+				ids = append(ids, oid.ID(m.Id))
+			}
+			return true
+		})
+		if err != nil {
+			return err
+		}
+		for _, id := range ids {
+			st, err := tx.ObjectState(id)
+			if err != nil {
+				return err
+			}
+			if len(cur.Objects) >= installChunk {
+				cur.More = true
+				out = append(out, cur)
+				cur = &wire.InstallRequest{Slice: uint32(slice), Epoch: epoch, Source: s.cfg.ID}
+			}
+			cur.Objects = append(cur.Objects, st)
+		}
+		for id := range theirs {
+			cur.Deleted = append(cur.Deleted, id)
+		}
+		cur.Seq = p.seq
+		cur.Counter = tx.Counter(slice)
+		for _, r := range out {
+			r.Seq, r.Counter = p.seq, cur.Counter
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return append(out, cur), nil
+}

@@ -1,0 +1,83 @@
+package server
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/wheelfs/wheelfs/internal/fserr"
+	"github.com/wheelfs/wheelfs/internal/oid"
+	"github.com/wheelfs/wheelfs/internal/store"
+	"github.com/wheelfs/wheelfs/internal/wire"
+)
+
+// update runs fn in a store transaction, as primary of every slice it
+// changes, and returns once the change is durable here and at sync
+// replicas in all (sync 0 means the slice policy's RepLevel; fewer
+// replicas than that are waited for only if the slice has them).
+func (s *Server) update(ctx context.Context, sync uint32, fn func(tx *store.Tx) error) error {
+	type waiter struct {
+		r   *sliceRepl
+		seq uint64
+	}
+	var waits []waiter
+	err := s.store.Update(ctx, func(tx *store.Tx) error {
+		waits = waits[:0]
+		if err := fn(tx); err != nil {
+			return err
+		}
+		muts := tx.Mutations()
+		if len(muts) == 0 {
+			return nil
+		}
+		bySlice := map[oid.Slice][]*wire.Mutation{}
+		var order []oid.Slice
+		for _, m := range muts {
+			sl := store.MutationSlice(m)
+			if _, ok := bySlice[sl]; !ok {
+				order = append(order, sl)
+			}
+			bySlice[sl] = append(bySlice[sl], m)
+		}
+		for _, sl := range order {
+			s.mu.Lock()
+			r := s.repls[sl]
+			s.mu.Unlock()
+			if r == nil {
+				// Never change a copy this server keeps as a backup.
+				return fmt.Errorf("update of slice %d: %w", sl, fserr.ErrNotPrimary)
+			}
+			seq, err := r.assign(tx, bySlice[sl])
+			if err != nil {
+				return err
+			}
+			waits = append(waits, waiter{r, seq})
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	for _, w := range waits {
+		w.r.commit(w.seq)
+	}
+	for _, w := range waits {
+		need := int(sync)
+		if need <= 0 {
+			s.mu.Lock()
+			need = s.policies[w.r.slice].RepLevel
+			s.mu.Unlock()
+		}
+		if err := w.r.wait(ctx, w.seq, need-1); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// peer returns a client for server id's Peer service.
+func (s *Server) peer(ctx context.Context, id string) (wire.PeerClient, error) {
+	if s.cfg.Peers == nil {
+		return nil, fmt.Errorf("no way to reach server %s: %w", id, fserr.ErrIO)
+	}
+	return s.cfg.Peers(ctx, id)
+}
