@@ -94,14 +94,20 @@ func (s *Server) maintain(ctx context.Context) {
 }
 
 // successor reports whether this server should take over an unlocked
-// slice: it is the first registered server of the replica list.
+// slice: it is the first registered backup in the replica list. The
+// former primary (first in the list) let its lock expire, so it is
+// passed over unless no backup is registered; a restarting primary takes
+// its slices back in Start.
 func (s *Server) successor(sl configsvc.Slice) bool {
-	for _, id := range sl.Replicas {
+	if len(sl.Replicas) == 0 {
+		return false
+	}
+	for _, id := range sl.Replicas[1:] {
 		if s.registered(id) {
 			return id == s.cfg.ID
 		}
 	}
-	return false
+	return sl.Replicas[0] == s.cfg.ID
 }
 
 // takeOver becomes primary of sl: it takes the lock (a new fencing

@@ -74,49 +74,47 @@ func placeReplicas(p configsvc.Policy, keep []string, servers map[string]configs
 	}
 	spread(others, salt)
 	nSites := wantSites(p, len(bySite))
-	// Kept backups first count towards their sites.
-	chosenSites := []string{home}
-	hasSite := map[string]bool{home: true}
-	add := func(id string) {
-		if len(out) < want && !in[id] {
-			out = append(out, id)
-			in[id] = true
+	chosen := []string{home}
+	isChosen := map[string]bool{home: true}
+	add := func(id string) bool {
+		if len(out) >= want || in[id] {
+			return false
+		}
+		out = append(out, id)
+		in[id] = true
+		return true
+	}
+	choose := func(id string) {
+		site := servers[id].Site
+		if add(id) && !isChosen[site] {
+			isChosen[site] = true
+			chosen = append(chosen, site)
 		}
 	}
+	// 1. Kept backups at sites not yet covered, up to the wanted number.
 	for _, id := range keep[1:] {
-		si, ok := servers[id]
-		if !ok || in[id] {
-			continue
+		if si, ok := servers[id]; ok && !isChosen[si.Site] && len(chosen) < nSites {
+			choose(id)
 		}
-		if !hasSite[si.Site] && len(chosenSites) >= nSites {
-			continue // would exceed the wanted number of sites
-		}
-		if !hasSite[si.Site] {
-			hasSite[si.Site] = true
-			chosenSites = append(chosenSites, si.Site)
-		}
-		add(id)
 	}
-	// One server at each further site, up to the wanted number.
+	// 2. New servers at further sites, up to the wanted number.
 	for _, site := range others {
-		if len(chosenSites) >= nSites {
+		if len(chosen) >= nSites {
 			break
 		}
-		if hasSite[site] {
-			continue
-		}
-		for _, id := range bySite[site] {
-			if !in[id] {
-				hasSite[site] = true
-				chosenSites = append(chosenSites, site)
-				add(id)
-				break
-			}
+		if !isChosen[site] && len(bySite[site]) > 0 {
+			choose(bySite[site][0])
 		}
 	}
-	// Extra copies: at the primary's site first, then the other chosen
+	// 3. Kept backups at covered sites (extra copies stay where they are).
+	for _, id := range keep[1:] {
+		if si, ok := servers[id]; ok && isChosen[si.Site] {
+			add(id)
+		}
+	}
+	// 4. Extra copies: at the primary's site first, then the other chosen
 	// sites, then anywhere.
-	for _, site := range chosenSites {
+	for _, site := range chosen {
 		for _, id := range bySite[site] {
 			add(id)
 		}

@@ -86,6 +86,7 @@ type follower struct {
 	stop    context.CancelFunc
 	synced  bool   // acked is meaningful
 	acked   uint64 // last seq the backup has durably
+	pin     uint64 // a snapshot at this seq is on its way: keep later batches
 	lastOK  time.Time
 	failing time.Time // first failure since lastOK (zero when fine)
 }
@@ -230,6 +231,12 @@ func (r *sliceRepl) follow(ctx context.Context, f *follower) {
 		case <-f.kick:
 		}
 		for ctx.Err() == nil {
+			if r.s.paused.on.Load() { // a paused process sends nothing
+				if !sleepCtx(ctx, 10*time.Millisecond) {
+					return
+				}
+				continue
+			}
 			more, err := r.step(ctx, f)
 			r.mu.Lock()
 			if err == nil {
@@ -246,12 +253,8 @@ func (r *sliceRepl) follow(ctx context.Context, f *follower) {
 				if ctx.Err() == nil {
 					r.s.log.Debug("replication to backup failed; retrying", "slice", r.slice, "backup", f.id, "err", err)
 				}
-				t := time.NewTimer(backoff)
-				select {
-				case <-ctx.Done():
-					t.Stop()
+				if !sleepCtx(ctx, backoff) {
 					return
-				case <-t.C:
 				}
 				backoff = min(backoff*2, time.Second)
 				continue
@@ -328,7 +331,7 @@ func (r *sliceRepl) outcome(f *follower, st wire.ReplStatus, seq uint64) error {
 	defer r.mu.Unlock()
 	switch st {
 	case wire.ReplStatus_REPL_OK:
-		f.synced, f.acked = true, seq
+		f.synced, f.acked, f.pin = true, seq, 0
 		r.trimLocked()
 		r.signalLocked()
 		return nil
@@ -345,10 +348,12 @@ func (r *sliceRepl) outcome(f *follower, st wire.ReplStatus, seq uint64) error {
 func (r *sliceRepl) trimLocked() {
 	low := r.committed
 	for _, f := range r.followers {
-		if !f.synced {
-			continue // will get a snapshot anyway
+		switch {
+		case f.synced:
+			low = min(low, f.acked)
+		case f.pin > 0:
+			low = min(low, f.pin)
 		}
-		low = min(low, f.acked)
 	}
 	n := 0
 	for n < len(r.log) && r.log[n].Seq <= low {
@@ -426,6 +431,9 @@ func (r *sliceRepl) snapshot(ctx context.Context, f *follower) error {
 	if err != nil {
 		return err
 	}
+	r.mu.Lock()
+	f.pin = reqs[len(reqs)-1].Seq
+	r.mu.Unlock()
 	for _, req := range reqs {
 		ictx, cancel := context.WithTimeout(ctx, r.s.cfg.InstallTimeout)
 		resp, err := p.Install(ictx, req)
@@ -494,4 +502,16 @@ func (s *Server) diff(slice oid.Slice, dig *wire.DigestResponse, epoch int64) ([
 		return nil, err
 	}
 	return append(out, cur), nil
+}
+
+// sleepCtx waits for d; false if ctx ended first.
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
 }

@@ -1,0 +1,80 @@
+package server
+
+import (
+	"fmt"
+	"testing"
+
+	"github.com/wheelfs/wheelfs/internal/configsvc"
+)
+
+// registry makes n servers at each site: "<site><i>".
+func registry(n int, sites ...string) map[string]configsvc.ServerInfo {
+	out := map[string]configsvc.ServerInfo{}
+	for _, site := range sites {
+		for i := 0; i < n; i++ {
+			id := fmt.Sprintf("%s%d", site, i)
+			out[id] = configsvc.ServerInfo{ID: id, Site: site}
+		}
+	}
+	return out
+}
+
+func sitesOf(ids []string, reg map[string]configsvc.ServerInfo) map[string]int {
+	out := map[string]int{}
+	for _, id := range ids {
+		out[reg[id].Site]++
+	}
+	return out
+}
+
+func TestPlaceReplicas(t *testing.T) {
+	reg := registry(3, "west", "east", "eu")
+	cases := []struct {
+		name      string
+		p         configsvc.Policy
+		keep      []string
+		wantN     int
+		wantSites int
+		homeCount int // copies at the primary's site
+	}{
+		{"default spreads over sites", configsvc.Policy{RepLevel: 3}, []string{"west0"}, 3, 3, 1},
+		{"RepSites=2: extra copy at the primary's site", configsvc.Policy{RepLevel: 3, RepSites: 2}, []string{"west0"}, 3, 2, 2},
+		{"RepSites=1: all at home", configsvc.Policy{RepLevel: 3, RepSites: 1}, []string{"west0"}, 3, 1, 3},
+		{"RepLevel=7 over 9 servers", configsvc.Policy{RepLevel: 7}, []string{"west0"}, 7, 3, 3},
+		{"RepLevel above the servers", configsvc.Policy{RepLevel: 12}, []string{"west0"}, 9, 3, 3},
+		{"RepLevel=1", configsvc.Policy{RepLevel: 1}, []string{"west0"}, 1, 1, 1},
+		{"kept backups stay", configsvc.Policy{RepLevel: 3}, []string{"west0", "east2", "eu1"}, 3, 3, 1},
+		{"site repair: two at one site become two sites", configsvc.Policy{RepLevel: 3, RepSites: 3}, []string{"west0", "west1", "west2"}, 3, 3, 1},
+		{"dead backup replaced", configsvc.Policy{RepLevel: 3}, []string{"west0", "gone", "eu1"}, 3, 3, 1},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			got := placeReplicas(c.p, c.keep, reg)
+			if got[0] != c.keep[0] {
+				t.Fatalf("primary %s, want %s", got[0], c.keep[0])
+			}
+			if len(got) != c.wantN {
+				t.Fatalf("%d replicas %v, want %d", len(got), got, c.wantN)
+			}
+			seen := map[string]bool{}
+			for _, id := range got {
+				if seen[id] {
+					t.Fatalf("duplicate %s in %v", id, got)
+				}
+				seen[id] = true
+				if _, ok := reg[id]; !ok {
+					t.Fatalf("unregistered %s chosen: %v", id, got)
+				}
+			}
+			s := sitesOf(got, reg)
+			if len(s) != c.wantSites || s["west"] != c.homeCount {
+				t.Fatalf("sites %v of %v, want %d sites and %d at west", s, got, c.wantSites, c.homeCount)
+			}
+			for _, k := range c.keep[1:] {
+				if _, ok := reg[k]; ok && c.name == "kept backups stay" && !seen[k] {
+					t.Fatalf("kept backup %s dropped: %v", k, got)
+				}
+			}
+		})
+	}
+}
