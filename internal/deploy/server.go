@@ -1,0 +1,56 @@
+package deploy
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+
+	"github.com/wheelfs/wheelfs/internal/server"
+	"github.com/wheelfs/wheelfs/internal/store"
+	"github.com/wheelfs/wheelfs/internal/wire"
+)
+
+// lateLocal is the router's in-process shortcut to this host's server: the
+// router is created before the server, which is filled in before any call.
+type lateLocal struct{ wire.StorageClient }
+
+// startServer runs the server role: the store, the gRPC listener (through
+// the shaped network if any) and server.Server, registered under its
+// membership lease.
+func (h *Host) startServer(ctx context.Context, local *lateLocal) (err error) {
+	cfg := h.cfg
+	st, err := store.Open(filepath.Join(cfg.DataDir, "store"), store.Options{Logger: cfg.Logger.With("component", "store")})
+	if err != nil {
+		return fmt.Errorf("deploy: %w", err)
+	}
+	h.Store = st
+	h.onClose(st.Close, nil)
+
+	if cfg.Network != nil {
+		h.listener, err = cfg.Network.Listen(cfg.Site, cfg.Listen)
+	} else {
+		h.listener, err = net.Listen("tcp", cfg.Listen)
+	}
+	if err != nil {
+		return fmt.Errorf("deploy: listen %s: %w", cfg.Listen, err)
+	}
+	h.Server = server.New(server.Config{ID: h.id.Server, Site: cfg.Site, Addr: h.listener.Addr().String(),
+		Logger: cfg.Logger, RootUID: uint32(os.Getuid()), RootGID: uint32(os.Getgid())}, st, h.Conf, cfg.LockTTL)
+	local.StorageClient = server.LocalClient(h.Server)
+	h.grpc = grpc.NewServer(grpc.Creds(credentials.NewTLS(h.Creds.ServerTLS())),
+		grpc.MaxRecvMsgSize(64<<20), grpc.MaxSendMsgSize(64<<20),
+		grpc.ChainUnaryInterceptor(h.gate.unary), grpc.ChainStreamInterceptor(h.gate.stream))
+	wire.RegisterStorageServer(h.grpc, h.Server)
+	go h.grpc.Serve(h.listener)
+	h.onClose(func() error { h.grpc.Stop(); return nil }, nil)
+	if err := h.Server.Start(ctx); err != nil {
+		return fmt.Errorf("deploy: %w", err)
+	}
+	h.onClose(h.Server.Close, func() error { h.grpc.Stop(); h.Server.Halt(); return nil })
+	return nil
+}
