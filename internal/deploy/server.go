@@ -51,6 +51,13 @@ func (h *Host) startServer(ctx context.Context, local *lateLocal) (err error) {
 	if err := h.Server.Start(ctx); err != nil {
 		return fmt.Errorf("deploy: %w", err)
 	}
-	h.onClose(h.Server.Close, func() error { h.grpc.Stop(); h.Server.Halt(); return nil })
+	h.onClose(h.Server.Close, func() error {
+		// As kill -9: no more answers, and the leases are left to expire
+		// (abandoned before Halt, which would end the registration).
+		h.grpc.Stop()
+		h.etcd.Abandon()
+		h.Server.Halt()
+		return nil
+	})
 	return nil
 }
