@@ -343,9 +343,6 @@ func (c *Cluster) hostConfig(n *Node) deploy.Config {
 
 // startNode starts n's host and records it.
 func (c *Cluster) startNode(ctx context.Context, n *Node) error {
-	if err := prepareDir(c, n); err != nil {
-		return fmt.Errorf("node %s: %w", n.Name, err)
-	}
 	h, err := deploy.Start(ctx, c.hostConfig(n))
 	if err != nil {
 		return fmt.Errorf("node %s: %w", n.Name, err)
@@ -566,6 +563,17 @@ func (c *Cluster) member(i int) *member {
 	return c.members[i]
 }
 
+// ConfigLeader returns the index of the configuration member that leads,
+// -1 if none does at the moment.
+func (c *Cluster) ConfigLeader() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if m := leader(c.etcd.Client(), c.members); m != nil {
+		return slices.Index(c.members, m)
+	}
+	return -1
+}
+
 // CrashConfigMember stops configuration member i.
 func (c *Cluster) CrashConfigMember(i int) {
 	c.t.Helper()
@@ -648,6 +656,13 @@ func (c *Cluster) close() {
 		}
 	}
 	members := c.members
+	up := 0
+	for _, m := range members {
+		if m.m != nil {
+			up++
+		}
+	}
+	quorum := up > len(members)/2
 	c.mu.Unlock()
 	began := time.Now()
 	var wg sync.WaitGroup
@@ -655,7 +670,7 @@ func (c *Cluster) close() {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			stopHost(h)
+			stopHost(h, quorum)
 		}()
 	}
 	wg.Wait()

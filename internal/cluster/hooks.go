@@ -1,39 +1,31 @@
 package cluster
 
 import (
-	"os"
-	"path/filepath"
-
 	"github.com/wheelfs/wheelfs/internal/deploy"
-	"github.com/wheelfs/wheelfs/internal/pki"
 )
 
-// applyHooks sets what deploy needs to place n in the cluster.
-func applyHooks(c *Cluster, n *Node, cfg *deploy.Config) {}
-
-// prepareDir gives a new node the deployment CA.
-func prepareDir(c *Cluster, n *Node) error {
-	dst := filepath.Join(n.Dir, "ca")
-	if err := os.MkdirAll(dst, 0o700); err != nil {
-		return err
+// applyHooks places n in the cluster: its roles, the shared CA and the
+// shaped network.
+func applyHooks(c *Cluster, n *Node, cfg *deploy.Config) {
+	cfg.Roles = deploy.RoleClient
+	if n.server {
+		cfg.Roles |= deploy.RoleServer
 	}
-	for _, f := range []string{pki.CACertFile, pki.CAKeyFile} {
-		b, err := os.ReadFile(filepath.Join(c.caDir, f))
-		if err != nil {
-			return err
-		}
-		if err := os.WriteFile(filepath.Join(dst, f), b, 0o600); err != nil {
-			return err
-		}
-	}
-	return nil
+	cfg.CADir = c.caDir
+	cfg.InitCA = false
+	cfg.Network = c.Network
 }
 
-func crashHost(h *deploy.Host) {
-	h.Server.Halt()
-	h.Close()
-}
+func crashHost(h *deploy.Host)  { h.Crash() }
+func pauseHost(h *deploy.Host)  { h.Pause() }
+func resumeHost(h *deploy.Host) { h.Resume() }
 
-func pauseHost(h *deploy.Host)  { h.Server.Freeze() }
-func resumeHost(h *deploy.Host) { h.Server.Thaw() }
-func stopHost(h *deploy.Host)   { h.Close() }
+// stopHost stops h in order when the configuration service can answer,
+// and as a crash when it cannot (its lock releases would wait in vain).
+func stopHost(h *deploy.Host, quorum bool) {
+	if quorum {
+		h.Close()
+	} else {
+		h.Crash()
+	}
+}
