@@ -1,6 +1,7 @@
 // Package cli implements the wheelfs command line with cobra: one
-// subcommand per role (up, info, status, bench), each a thin layer over
-// the deploy, client and fusefs packages.
+// subcommand per role (up, config, server, mount, node) plus ca, info,
+// status and bench, each a thin layer over the deploy, client and fusefs
+// packages.
 package cli
 
 import (
@@ -44,7 +45,8 @@ func newRoot() *cobra.Command {
 		SilenceErrors: true,
 	}
 	root.PersistentFlags().StringVar(&g.logLevel, "log-level", "info", "log level: debug, info, warn, error")
-	root.AddCommand(newUp(g), newInfo(), newStatus(g), newBench(g))
+	root.AddCommand(newUp(g), newConfigMember(g), newServer(g), newMount(g), newNode(g), newCA(),
+		newInfo(), newStatus(g), newBench(g))
 	return root
 }
 

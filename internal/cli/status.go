@@ -1,8 +1,12 @@
 package cli
 
 import (
+	"cmp"
+	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"slices"
@@ -18,30 +22,40 @@ import (
 )
 
 func newStatus(g *globalFlags) *cobra.Command {
-	var data, endpoints string
+	var data, config, etcd, caDir, nodeDir string
 	var asJSON bool
+	var timeout time.Duration
 	cmd := &cobra.Command{
-		Use:   "status [--config ENDPOINTS] [--json]",
-		Short: "Show servers and slices of a deployment",
-		Args:  cobra.NoArgs,
+		Use:   "status [--config HOST:PORT] [--json]",
+		Short: "Show a deployment's sites, servers, config members and slices with their health",
+		Long: `Show a deployment's sites, servers, configuration-service members and slices.
+
+Credentials come from --node-dir, from --ca (a throw-away certificate is issued
+for the query), or from the data directory of a host on this machine (--data,
+default the 'wheelfs up' data directory). Without --config, the endpoints of
+the config member in --data are used.`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if data == "" {
 				data = defaultDataDir()
 			}
-			creds, err := pki.LoadCredentials(filepath.Join(data, "node"))
+			creds, cleanup, err := statusCredentials(data, caDir, nodeDir)
 			if err != nil {
-				return fmt.Errorf("credentials: %w (use --data to point at a host's data directory)", err)
+				return err
 			}
-			if endpoints == "" {
+			defer cleanup()
+			endpoints := splitList(config + "," + etcd)
+			if len(endpoints) == 0 {
 				b, err := os.ReadFile(deploy.EndpointsFile(data))
 				if err != nil {
-					return fmt.Errorf("no --config given and no running host in %s: %w", data, err)
+					return fmt.Errorf("no --config given and no config member in %s: %w", data, err)
 				}
-				endpoints = strings.TrimSpace(string(b))
+				endpoints = splitList(strings.TrimSpace(string(b)))
 			}
-			ctx := cmd.Context()
-			conf, err := configsvc.Dial(ctx, strings.Split(endpoints, ","), creds.ClientTLS(""),
-				configsvc.Options{Logger: g.logger(), RPCTimeout: 5 * time.Second})
+			ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
+			defer cancel()
+			conf, err := configsvc.Dial(ctx, endpoints, creds.ClientTLS(""),
+				configsvc.Options{Logger: g.logger(), RPCTimeout: timeout})
 			if err != nil {
 				return err
 			}
@@ -50,19 +64,87 @@ func newStatus(g *globalFlags) *cobra.Command {
 			if err != nil {
 				return err
 			}
+			members, err := conf.Members(ctx)
+			if err != nil {
+				return err
+			}
+			st := buildStatus(t, members)
 			if asJSON {
 				enc := json.NewEncoder(os.Stdout)
 				enc.SetIndent("", "  ")
-				return enc.Encode(statusJSON(t))
+				return enc.Encode(st)
 			}
-			printStatus(t)
-			return nil
+			return renderStatus(os.Stdout, st)
 		},
 	}
-	cmd.Flags().StringVar(&data, "data", "", "data directory holding this host's credentials")
-	cmd.Flags().StringVar(&endpoints, "config", "", "configuration service endpoints (default: the local host's)")
-	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	fl := cmd.Flags()
+	fl.StringVar(&data, "data", "", "data directory of a host on this machine (credentials, and endpoints without --config)")
+	fl.StringVar(&config, "config", "", "configuration service: comma-separated HOST:PORT of config members")
+	fl.StringVar(&etcd, "etcd", "", "endpoints of an existing etcd (instead of --config)")
+	fl.StringVar(&caDir, "ca", "", "deployment CA directory to issue a throw-away client certificate from")
+	fl.StringVar(&nodeDir, "node-dir", "", "node credentials to authenticate with")
+	fl.BoolVar(&asJSON, "json", false, "print JSON")
+	fl.DurationVar(&timeout, "timeout", 10*time.Second, "give up after this long")
 	return cmd
+}
+
+// statusCredentials loads the credentials status authenticates with.
+func statusCredentials(data, caDir, nodeDir string) (*pki.Credentials, func(), error) {
+	none := func() {}
+	switch {
+	case nodeDir != "":
+		c, err := pki.LoadCredentials(nodeDir)
+		return c, none, err
+	case caDir != "":
+		ca, err := pki.LoadCA(caDir)
+		if err != nil {
+			return nil, none, err
+		}
+		tmp, err := os.MkdirTemp("", "wheelfs-status-")
+		if err != nil {
+			return nil, none, err
+		}
+		cleanup := func() { os.RemoveAll(tmp) }
+		if err := ca.IssueNodeDir(tmp, "status", nil, nil); err != nil {
+			cleanup()
+			return nil, none, err
+		}
+		c, err := pki.LoadCredentials(tmp)
+		if err != nil {
+			cleanup()
+			return nil, none, err
+		}
+		return c, cleanup, nil
+	}
+	c, err := pki.LoadCredentials(filepath.Join(data, "node"))
+	if err != nil {
+		return nil, none, fmt.Errorf("credentials: %w (give --ca, --node-dir, or --data of a host on this machine)", err)
+	}
+	return c, none, nil
+}
+
+// status is what `wheelfs status` shows (and prints with --json).
+type status struct {
+	Revision int64              `json:"revision"`
+	Sites    []siteStatus       `json:"sites"`
+	Servers  []serverStatus     `json:"servers"`
+	Members  []configsvc.Member `json:"members"`
+	Slices   []sliceStatus      `json:"slices"`
+}
+
+type siteStatus struct {
+	Name    string `json:"name"`
+	Servers int    `json:"servers"` // known servers at the site
+	Up      int    `json:"up"`      // of which registered
+}
+
+type serverStatus struct {
+	ID      string `json:"id"`
+	Site    string `json:"site,omitempty"` // "" when down (unknown)
+	Addr    string `json:"addr,omitempty"`
+	Up      bool   `json:"up"`
+	Primary int    `json:"primary"` // slices held as primary
+	Backup  int    `json:"backup"`  // slices held as backup
 }
 
 type sliceStatus struct {
@@ -71,53 +153,127 @@ type sliceStatus struct {
 	Replicas []string         `json:"replicas"`
 	Holder   string           `json:"holder"`
 	Epoch    int64            `json:"epoch"`
-	Health   []string         `json:"health"`
+	Health   configsvc.Health `json:"health"`
+	// State summarizes Health: "ok", or some of "under-replicated",
+	// "misplaced", "unlocked".
+	State []string `json:"state"`
 }
 
-type status struct {
-	Revision int64                  `json:"revision"`
-	Servers  []configsvc.ServerInfo `json:"servers"`
-	Slices   []sliceStatus          `json:"slices"`
-}
-
-func statusJSON(t *configsvc.Table) status {
-	out := status{Revision: t.Revision, Servers: []configsvc.ServerInfo{}, Slices: []sliceStatus{}}
-	for _, s := range t.Servers {
-		out.Servers = append(out.Servers, s)
+// buildStatus derives the status report from a table snapshot: servers
+// are up when registered, down when only named in some replica list.
+func buildStatus(t *configsvc.Table, members []configsvc.Member) status {
+	out := status{Revision: t.Revision, Sites: []siteStatus{}, Servers: []serverStatus{},
+		Members: members, Slices: []sliceStatus{}}
+	if out.Members == nil {
+		out.Members = []configsvc.Member{}
 	}
-	slices.SortFunc(out.Servers, func(a, b configsvc.ServerInfo) int { return strings.Compare(a.ID, b.ID) })
+	servers := map[string]*serverStatus{}
+	for id, info := range t.Servers {
+		servers[id] = &serverStatus{ID: id, Site: info.Site, Addr: info.Addr, Up: true}
+	}
 	for id, s := range t.Slices {
-		st := sliceStatus{Slice: uint32(id), Policy: s.Policy, Replicas: s.Replicas, Holder: s.Holder, Epoch: s.Epoch, Health: []string{}}
+		for i, r := range s.Replicas {
+			sv := servers[r]
+			if sv == nil {
+				sv = &serverStatus{ID: r}
+				servers[r] = sv
+			}
+			if i == 0 {
+				sv.Primary++
+			} else {
+				sv.Backup++
+			}
+		}
+		h := configsvc.Check(t, s)
+		st := sliceStatus{Slice: uint32(id), Policy: s.Policy, Replicas: s.Replicas, Holder: s.Holder,
+			Epoch: s.Epoch, Health: h}
+		if st.Replicas == nil {
+			st.Replicas = []string{}
+		}
+		if h.UnderReplicated {
+			st.State = append(st.State, "under-replicated")
+		}
+		if h.Misplaced {
+			st.State = append(st.State, "misplaced")
+		}
 		if s.Holder == "" {
-			st.Health = append(st.Health, "unlocked")
+			st.State = append(st.State, "unlocked")
 		}
-		if len(s.Replicas) < s.Policy.RepLevel {
-			st.Health = append(st.Health, "under-replicated")
-		}
-		if len(s.Replicas) > 0 && s.Policy.Site != "" && t.Servers[s.Replicas[0]].Site != s.Policy.Site {
-			st.Health = append(st.Health, "misplaced")
+		if len(st.State) == 0 {
+			st.State = []string{"ok"}
 		}
 		out.Slices = append(out.Slices, st)
 	}
-	slices.SortFunc(out.Slices, func(a, b sliceStatus) int { return int(a.Slice) - int(b.Slice) })
+	slices.SortFunc(out.Slices, func(a, b sliceStatus) int { return cmp.Compare(a.Slice, b.Slice) })
+	sites := map[string]*siteStatus{}
+	for _, sv := range servers {
+		out.Servers = append(out.Servers, *sv)
+		if sv.Site == "" {
+			continue
+		}
+		s := sites[sv.Site]
+		if s == nil {
+			s = &siteStatus{Name: sv.Site}
+			sites[sv.Site] = s
+		}
+		s.Servers++
+		if sv.Up {
+			s.Up++
+		}
+	}
+	slices.SortFunc(out.Servers, func(a, b serverStatus) int {
+		return cmp.Or(cmp.Compare(a.Site, b.Site), strings.Compare(a.ID, b.ID))
+	})
+	for _, s := range sites {
+		out.Sites = append(out.Sites, *s)
+	}
+	slices.SortFunc(out.Sites, func(a, b siteStatus) int { return strings.Compare(a.Name, b.Name) })
 	return out
 }
 
-func printStatus(t *configsvc.Table) {
-	s := statusJSON(t)
-	w := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(w, "SERVER\tSITE\tADDRESS")
+// renderStatus prints the report as readable tables.
+func renderStatus(w io.Writer, s status) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "SITE\tSERVERS\tUP")
+	for _, st := range s.Sites {
+		fmt.Fprintf(tw, "%s\t%d\t%d\n", st.Name, st.Servers, st.Up)
+	}
+	fmt.Fprintln(tw, "\nSERVER\tSITE\tADDRESS\tSTATE\tPRIMARY\tBACKUP")
 	for _, sv := range s.Servers {
-		fmt.Fprintf(w, "%s\t%s\t%s\n", sv.ID, sv.Site, sv.Addr)
-	}
-	fmt.Fprintln(w, "\nSLICE\tSITE\tREPLEVEL\tREPLICAS\tHOLDER\tEPOCH\tHEALTH")
-	for _, sl := range s.Slices {
-		health := strings.Join(sl.Health, ",")
-		if health == "" {
-			health = "ok"
+		state := "up"
+		if !sv.Up {
+			state = "down"
 		}
-		fmt.Fprintf(w, "%d\t%s\t%d\t%s\t%s\t%d\t%s\n", sl.Slice, sl.Policy.Site, sl.Policy.RepLevel,
-			strings.Join(sl.Replicas, ","), sl.Holder, sl.Epoch, health)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\n", sv.ID, dash(sv.Site), dash(sv.Addr), state, sv.Primary, sv.Backup)
 	}
-	w.Flush()
+	fmt.Fprintln(tw, "\nMEMBER\tCLIENT URLS\tPEER URLS\tROLE")
+	for _, m := range s.Members {
+		role := "follower"
+		switch {
+		case m.Leader:
+			role = "leader"
+		case m.Learner:
+			role = "learner"
+		case len(m.ClientURLs) == 0:
+			role = "not started"
+		case !m.Reachable:
+			role = "unreachable"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", dash(m.Name), dash(strings.Join(m.ClientURLs, ",")),
+			strings.Join(m.PeerURLs, ","), role)
+	}
+	fmt.Fprintln(tw, "\nSLICE\tSITE\tREPLEVEL\tREPSITES\tREPLICAS\tLIVE\tHOLDER\tEPOCH\tHEALTH")
+	for _, sl := range s.Slices {
+		fmt.Fprintf(tw, "%d\t%s\t%d\t%d\t%s\t%d/%d\t%s\t%d\t%s\n", sl.Slice, dash(sl.Policy.Site), sl.Policy.RepLevel,
+			sl.Policy.RepSites, dash(strings.Join(sl.Replicas, ",")), sl.Health.Live, len(sl.Replicas),
+			dash(sl.Holder), sl.Epoch, strings.Join(sl.State, ","))
+	}
+	return errors.Join(tw.Flush())
+}
+
+func dash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
 }

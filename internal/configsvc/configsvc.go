@@ -59,6 +59,18 @@ type Table struct {
 	Servers  map[string]ServerInfo
 }
 
+// Member is one member of the configuration service's replicated state
+// machine (an etcd member).
+type Member struct {
+	Name       string   `json:"name"`
+	ClientURLs []string `json:"client_urls"`
+	PeerURLs   []string `json:"peer_urls"`
+	Leader     bool     `json:"leader"`
+	Learner    bool     `json:"learner,omitempty"`
+	// Reachable is false when the member did not answer a status request.
+	Reachable bool `json:"reachable"`
+}
+
 // Lock is a held slice lock.
 type Lock struct {
 	Slice  oid.Slice
@@ -109,6 +121,9 @@ type Service interface {
 	// Deployment returns the deployment ID, creating it (random 128-bit hex)
 	// atomically if absent.
 	Deployment(ctx context.Context) (string, error)
+	// Members lists the configuration service's own members (the etcd
+	// cluster) and which one leads.
+	Members(ctx context.Context) ([]Member, error)
 	// Close stops registrations (revoking their leases) and watches, and
 	// closes the etcd client if the Service created it.
 	Close() error

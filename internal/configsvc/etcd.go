@@ -9,15 +9,18 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap/zapcore"
+	"google.golang.org/grpc"
 
 	"github.com/wheelfs/wheelfs/internal/configsvc/internal/zapslog"
 	"github.com/wheelfs/wheelfs/internal/oid"
@@ -41,6 +44,10 @@ type Options struct {
 	RPCTimeout time.Duration
 	// Logger receives the service's and etcd client's logs (nil = discard).
 	Logger *slog.Logger
+	// Dial, when set, opens every connection of the etcd client (Dial only;
+	// the shaped transport of the in-process tests). It is passed to gRPC
+	// as grpc.WithContextDialer.
+	Dial func(ctx context.Context, addr string) (net.Conn, error)
 }
 
 func (o Options) withDefaults() Options {
@@ -86,9 +93,10 @@ type EtcdService struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup // registration and watch goroutines
 
-	mu     sync.Mutex
-	closed bool
-	regs   map[string]*registration
+	mu        sync.Mutex
+	closed    bool
+	abandoned atomic.Bool // Abandon: leases are left to expire
+	regs      map[string]*registration
 }
 
 type registration struct {
@@ -131,7 +139,12 @@ func Dial(ctx context.Context, endpoints []string, tlsConfig *tls.Config, opts O
 		return nil, errors.New("configsvc: no etcd endpoints")
 	}
 	opts = opts.withDefaults()
+	var dialOpts []grpc.DialOption
+	if opts.Dial != nil {
+		dialOpts = append(dialOpts, grpc.WithContextDialer(opts.Dial))
+	}
 	cli, err := clientv3.New(clientv3.Config{
+		DialOptions:          dialOpts,
 		Endpoints:            endpoints,
 		TLS:                  tlsConfig,
 		DialTimeout:          opts.RPCTimeout,
@@ -290,7 +303,7 @@ func (s *EtcdService) putServer(ctx context.Context, id string, val []byte) (cli
 
 // revoke revokes lease, best effort, with its own deadline.
 func (s *EtcdService) revoke(lease clientv3.LeaseID) {
-	if lease == clientv3.NoLease {
+	if lease == clientv3.NoLease || s.abandoned.Load() {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), s.opts.RPCTimeout)
@@ -789,4 +802,13 @@ func (s *EtcdService) Close() error {
 		return s.cli.Close()
 	}
 	return nil
+}
+
+// Abandon stops the Service as a crash of its process would: registrations
+// and watches end, but no lease is revoked, so the server's membership and
+// its slice locks expire on their own after their TTLs (fault tests). The
+// etcd client is closed if the Service created it.
+func (s *EtcdService) Abandon() error {
+	s.abandoned.Store(true)
+	return s.Close()
 }

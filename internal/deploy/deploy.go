@@ -1,28 +1,26 @@
-// Package deploy assembles the components of one WheelFS host: a member of
-// the configuration service (embedded etcd, or an existing etcd), a storage
-// server, and a client core. `wheelfs up`, the in-process tests and the
-// benchmarks all start WheelFS through it.
+// Package deploy assembles the components of one WheelFS host from three
+// roles, each built from the same pieces:
+//
+//   - the config member role: an embedded etcd member of the configuration
+//     service (starting a new cluster, or joining a running one);
+//   - the server role: the object store, the gRPC listener and server.Server;
+//   - the client role: the client core (client.FS) over a route.Router.
+//
+// `wheelfs up` runs all three; `wheelfs config`, `server`, `mount` and
+// `node` run one or two of them. The in-process tests and the benchmarks
+// start WheelFS through it too, optionally over a shaped transport.Network.
 package deploy
 
 import (
 	"context"
-	"crypto/rand"
-	"crypto/tls"
-	"crypto/x509"
-	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
-	"net/url"
 	"os"
-	"path/filepath"
-	"strings"
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials"
 
 	"github.com/wheelfs/wheelfs/internal/client"
 	"github.com/wheelfs/wheelfs/internal/configsvc"
@@ -32,7 +30,21 @@ import (
 	"github.com/wheelfs/wheelfs/internal/route"
 	"github.com/wheelfs/wheelfs/internal/server"
 	"github.com/wheelfs/wheelfs/internal/store"
-	"github.com/wheelfs/wheelfs/internal/wire"
+	"github.com/wheelfs/wheelfs/internal/transport"
+)
+
+// Roles selects what a host runs.
+type Roles uint8
+
+const (
+	// RoleMember runs an embedded configuration-service (etcd) member.
+	RoleMember Roles = 1 << iota
+	// RoleServer runs a storage server.
+	RoleServer
+	// RoleClient runs a client core (Host.Client).
+	RoleClient
+	// RolesUp is everything: the one-host deployment of `wheelfs up`.
+	RolesUp = RoleMember | RoleServer | RoleClient
 )
 
 // Config describes one host.
@@ -42,60 +54,145 @@ type Config struct {
 	DataDir string
 	// Site is the host's site name.
 	Site string
-	// Etcd lists the endpoints of an existing etcd; empty runs an embedded member.
+	// Roles selects the roles. Zero means RoleServer|RoleClient, plus
+	// RoleMember when Etcd is empty (the behaviour of `wheelfs up`).
+	Roles Roles
+	// Etcd lists the endpoints of the configuration service (an existing
+	// etcd, or config members started elsewhere). Required without
+	// RoleMember; with it, ignored.
 	Etcd []string
 	// Listen is the storage server's gRPC address (default 127.0.0.1:0).
 	Listen string
+	// Member configures the RoleMember role.
+	Member MemberConfig
+	// CADir is the deployment CA (ca.crt, ca.key) from which the host
+	// issues its own certificate on first start.
+	CADir string
+	// NodeDir is a node directory (ca.crt, node.crt, node.key) issued
+	// elsewhere (`wheelfs ca issue`); the node's ID is its certificate's
+	// name. It is copied into DataDir on first start.
+	NodeDir string
+	// InitCA lets a host that starts a new configuration service (RoleMember
+	// without Member.Join) create the deployment CA in DataDir/ca when it
+	// has no credentials yet: the zero-configuration `wheelfs up`.
+	InitCA bool
+	// Network, when non-nil, carries every connection: the server listens
+	// with Network.Listen(Site, Listen) and every dial (router, etcd client)
+	// goes through Network.Dialer(Site). The embedded etcd member listens
+	// on its own.
+	Network *transport.Network
 	// LockTTL is the slice lock length L.
 	LockTTL time.Duration
-	Logger  *slog.Logger
+	// ConfigWait bounds the wait for the configuration service to answer
+	// at start (default 30 s; a shorter ctx deadline wins).
+	ConfigWait time.Duration
+	Logger     *slog.Logger
 	// Client configures the client core; zero values take defaults.
 	Client client.Config
+	// Server tunes the storage server (maintenance period, peer timeouts);
+	// identity fields are filled in by Start.
+	Server server.Config
+}
+
+// MemberConfig configures an embedded configuration-service member.
+type MemberConfig struct {
+	// Listen is the client address (host:port; empty or port 0 picks a
+	// free loopback port, remembered in the data directory).
+	Listen string
+	// PeerListen is the peer address; empty means Listen's host with port+1
+	// (or a free port when Listen's port is automatic).
+	PeerListen string
+	// Join lists client endpoints of running members. On first start the
+	// member is added to their cluster (MemberAdd) and started with
+	// initial-cluster-state existing; empty starts a new cluster. A restart
+	// on the same DataDir ignores it.
+	Join []string
 }
 
 // NewConfig returns defaults for a one-host deployment in dataDir.
 func NewConfig(dataDir string) Config {
-	return Config{DataDir: dataDir, Site: "local", Listen: "127.0.0.1:0", LockTTL: 2 * time.Minute,
+	return Config{DataDir: dataDir, Site: "local", Listen: "127.0.0.1:0", LockTTL: 2 * time.Minute, InitCA: true,
 		Logger: slog.Default(), Client: client.NewConfig()}
 }
 
-// ErrForeignData means the data directory belongs to another deployment.
-var ErrForeignData = errors.New("deploy: data directory belongs to another deployment")
+var (
+	// ErrForeignData means the data directory belongs to another deployment.
+	ErrForeignData = errors.New("deploy: data directory belongs to another deployment")
+	// ErrNoCredentials means the host has no certificate and no CA to
+	// issue one from.
+	ErrNoCredentials = errors.New("deploy: no credentials")
+)
 
-// identity is what a host remembers about itself (DataDir/identity.json).
-type identity struct {
-	Server     string `json:"server"`
-	Site       string `json:"site"`
-	Deployment string `json:"deployment,omitempty"`
-}
-
-// Host is a running WheelFS host.
+// Host is a running WheelFS host. Fields of roles that are not running are nil.
 type Host struct {
 	cfg      Config
 	log      *slog.Logger
 	id       identity
 	member   *embedded.Member
+	etcd     *configsvc.EtcdService
 	Conf     configsvc.Service
 	Store    *store.Store
 	Server   *server.Server
 	grpc     *grpc.Server
+	gate     gate
 	listener net.Listener
 	Router   *route.Router
 	Client   *client.FS
 	Creds    *pki.Credentials
-	closers  []func() error
+	closers  []closer
 }
 
-// Start brings a host up. It returns when the client can be used.
+// closer stops one piece; crash, when set, replaces close in Crash.
+type closer struct {
+	close func() error
+	crash func() error
+}
+
+func (h *Host) onClose(close, crash func() error) {
+	h.closers = append(h.closers, closer{close: close, crash: crash})
+}
+
+func (c *Config) withDefaults() {
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	if c.Site == "" {
+		c.Site = "local"
+	}
+	if c.Listen == "" {
+		c.Listen = "127.0.0.1:0"
+	}
+	if c.Roles == 0 {
+		c.Roles = RoleServer | RoleClient
+		if len(c.Etcd) == 0 {
+			c.Roles |= RoleMember
+		}
+	}
+	if c.ConfigWait <= 0 {
+		c.ConfigWait = 30 * time.Second
+	}
+}
+
+// Validate reports configuration errors that need no I/O.
+func (c *Config) Validate() error {
+	if c.DataDir == "" {
+		return errors.New("deploy: no data directory")
+	}
+	if c.Roles&RoleMember == 0 && len(c.Etcd) == 0 {
+		return errors.New("deploy: no configuration service endpoints (--config or --etcd)")
+	}
+	if c.Roles&RolesUp == 0 {
+		return errors.New("deploy: no role selected")
+	}
+	return nil
+}
+
+// Start brings a host up. It returns when every role is ready (the client
+// can be used).
 func Start(ctx context.Context, cfg Config) (h *Host, err error) {
-	if cfg.Logger == nil {
-		cfg.Logger = slog.Default()
-	}
-	if cfg.Site == "" {
-		cfg.Site = "local"
-	}
-	if cfg.Listen == "" {
-		cfg.Listen = "127.0.0.1:0"
+	cfg.withDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
 	}
 	h = &Host{cfg: cfg, log: cfg.Logger.With("component", "deploy")}
 	started := h // the error returns below set h to nil
@@ -113,7 +210,7 @@ func Start(ctx context.Context, cfg Config) (h *Host, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("deploy: %w", err)
 	}
-	h.closers = append(h.closers, lock.Close)
+	h.onClose(lock.Close, nil)
 	if err := h.loadIdentity(); err != nil {
 		return nil, err
 	}
@@ -121,69 +218,100 @@ func Start(ctx context.Context, cfg Config) (h *Host, err error) {
 		return nil, err
 	}
 	endpoints := cfg.Etcd
-	if len(endpoints) == 0 {
-		if endpoints, err = h.startEtcd(ctx); err != nil {
+	if cfg.Roles&RoleMember != 0 {
+		if endpoints, err = h.startMember(ctx); err != nil {
 			return nil, err
 		}
 	}
-	conf, err := configsvc.Dial(ctx, endpoints, h.Creds.ClientTLS(""), configsvc.Options{
-		LockTTL: cfg.LockTTL, Logger: cfg.Logger})
-	if err != nil {
-		if perr := probeTLS(ctx, endpoints, h.Creds.ClientTLS("")); perr != nil {
-			return nil, fmt.Errorf("%w: the configuration service at %v does not accept the credentials in %s (%v)",
-				ErrForeignData, endpoints, cfg.DataDir, perr)
-		}
-		return nil, fmt.Errorf("deploy: config service at %v: %w", endpoints, err)
+	if err := h.dialConfig(ctx, endpoints); err != nil {
+		return nil, err
 	}
-	h.Conf = conf
-	h.closers = append(h.closers, conf.Close)
 	if err := h.checkDeployment(ctx); err != nil {
 		return nil, err
 	}
-	st, err := store.Open(filepath.Join(cfg.DataDir, "store"), store.Options{Logger: cfg.Logger.With("component", "store")})
-	if err != nil {
+	if cfg.Roles&(RoleServer|RoleClient) == 0 {
+		return h, nil
+	}
+	// The router comes first: it only needs the configuration service,
+	// and the server may use it to reach its peers.
+	var local *lateLocal
+	ropts := route.Options{Logger: cfg.Logger, TLS: h.Creds.ClientTLS, Dial: h.dialer()}
+	if cfg.Roles&RoleServer != 0 {
+		local = &lateLocal{}
+		ropts.LocalID, ropts.Local = h.id.Server, local
+	}
+	if h.Router, err = route.New(ctx, h.Conf, ropts); err != nil {
 		return nil, fmt.Errorf("deploy: %w", err)
 	}
-	h.Store = st
-	h.closers = append(h.closers, st.Close)
-
-	if h.listener, err = net.Listen("tcp", cfg.Listen); err != nil {
-		return nil, fmt.Errorf("deploy: listen %s: %w", cfg.Listen, err)
+	h.onClose(h.Router.Close, nil)
+	if cfg.Roles&RoleServer != 0 {
+		if err := h.startServer(ctx, local); err != nil {
+			return nil, err
+		}
 	}
-	scfg := server.Config{ID: h.id.Server, Site: cfg.Site, Addr: h.listener.Addr().String(),
-		Logger: cfg.Logger, RootUID: uint32(os.Getuid()), RootGID: uint32(os.Getgid())}
-	scfg.Peers = func(ctx context.Context, id string) (wire.PeerClient, error) { return h.Router.Peer(ctx, id) }
-	h.Server = server.New(scfg, st, conf, cfg.LockTTL)
-	h.grpc = grpc.NewServer(grpc.Creds(credentials.NewTLS(h.Creds.ServerTLS())),
-		grpc.MaxRecvMsgSize(64<<20), grpc.MaxSendMsgSize(64<<20))
-	wire.RegisterStorageServer(h.grpc, h.Server)
-	wire.RegisterPeerServer(h.grpc, h.Server.PeerService())
-	go h.grpc.Serve(h.listener)
-	h.closers = append(h.closers, func() error { h.grpc.Stop(); return nil })
-	h.Router, err = route.New(ctx, conf, route.Options{Logger: cfg.Logger, TLS: h.Creds.ClientTLS,
-		LocalID: h.id.Server, Local: server.LocalClient(h.Server)})
-	if err != nil {
-		return nil, err
+	if cfg.Roles&RoleClient != 0 {
+		ccfg := cfg.Client
+		ccfg.Logger = cfg.Logger
+		ccfg.Site = cfg.Site
+		if cfg.Roles&RoleServer != 0 {
+			ccfg.Origin = h.id.Server // write-local placement
+		}
+		h.Client = client.New(ccfg, h.Router)
 	}
-	h.closers = append(h.closers, h.Router.Close)
-	if err := h.Server.Start(ctx); err != nil {
-		return nil, err
-	}
-	h.closers = append(h.closers, h.Server.Close)
-
-	ccfg := cfg.Client
-	ccfg.Logger = cfg.Logger
-	ccfg.Site = cfg.Site
-	ccfg.Origin = h.id.Server
-	h.Client = client.New(ccfg, h.Router)
 	return h, nil
 }
 
-// ServerID returns the host's server ID.
+// dialer returns the dial function of the shaped network, nil without one.
+func (h *Host) dialer() func(ctx context.Context, addr string) (net.Conn, error) {
+	if h.cfg.Network == nil {
+		return nil
+	}
+	return h.cfg.Network.Dialer(h.cfg.Site)
+}
+
+// dialConfig connects to the configuration service, waiting up to
+// ConfigWait for it to answer.
+func (h *Host) dialConfig(ctx context.Context, endpoints []string) error {
+	wctx, cancel := context.WithTimeout(ctx, h.cfg.ConfigWait)
+	defer cancel()
+	opts := configsvc.Options{LockTTL: h.cfg.LockTTL, Logger: h.cfg.Logger, Dial: h.dialer()}
+	var last error
+	for {
+		conf, err := configsvc.Dial(wctx, endpoints, h.Creds.ClientTLS(""), opts)
+		if err == nil {
+			h.etcd, h.Conf = conf, conf
+			h.onClose(conf.Close, conf.Abandon)
+			return nil
+		}
+		last = err
+		if perr := probeTLS(wctx, endpoints, h.Creds.ClientTLS("")); perr != nil {
+			return fmt.Errorf("%w: the configuration service at %v does not accept the credentials in %s (%v)",
+				ErrForeignData, endpoints, h.cfg.DataDir, perr)
+		}
+		h.log.Info("configuration service not reachable yet; retrying", "endpoints", endpoints, "err", err)
+		select {
+		case <-wctx.Done():
+			return fmt.Errorf("deploy: configuration service at %v unreachable after %v: %w",
+				endpoints, h.cfg.ConfigWait, last)
+		case <-time.After(time.Second):
+		}
+	}
+}
+
+// ServerID returns the host's ID (its certificate name; the server ID if it
+// runs a server).
 func (h *Host) ServerID() string { return h.id.Server }
 
 // Deployment returns the deployment ID.
 func (h *Host) Deployment() string { return h.id.Deployment }
+
+// Addr returns the storage server's listen address ("" without RoleServer).
+func (h *Host) Addr() string {
+	if h.listener == nil {
+		return ""
+	}
+	return h.listener.Addr().String()
+}
 
 // ConfigEndpoints returns the endpoints of the configuration service.
 func (h *Host) ConfigEndpoints() []string {
@@ -195,10 +323,25 @@ func (h *Host) ConfigEndpoints() []string {
 
 // Close stops the host in reverse order of starting. Every acknowledged
 // write is already durable; Close only releases resources and locks.
-func (h *Host) Close() error {
+func (h *Host) Close() error { return h.stop(false) }
+
+// Crash stops the host as kill -9 would, for fault tests: the gRPC server
+// stops abruptly, the storage server halts without releasing its slice
+// locks, the configuration-service client is abandoned without revoking
+// its leases (membership and locks expire on their own), and the store is
+// closed. A later Start on the same DataDir restarts the host.
+func (h *Host) Crash() { h.stop(true) }
+
+func (h *Host) stop(crash bool) error {
+	h.gate.open() // let paused calls fail fast
 	var errs []error
 	for i := len(h.closers) - 1; i >= 0; i-- {
-		if err := h.closers[i](); err != nil {
+		c := h.closers[i]
+		f := c.close
+		if crash && c.crash != nil {
+			f = c.crash
+		}
+		if err := f(); err != nil && !crash {
 			errs = append(errs, err)
 		}
 	}
@@ -207,134 +350,4 @@ func (h *Host) Close() error {
 		h.listener.Close()
 	}
 	return errors.Join(errs...)
-}
-
-func (h *Host) identityPath() string { return filepath.Join(h.cfg.DataDir, "identity.json") }
-
-func (h *Host) loadIdentity() error {
-	data, err := os.ReadFile(h.identityPath())
-	if errors.Is(err, os.ErrNotExist) {
-		var b [6]byte
-		rand.Read(b[:])
-		h.id = identity{Server: "srv-" + hex.EncodeToString(b[:]), Site: h.cfg.Site}
-		return h.saveIdentity()
-	}
-	if err != nil {
-		return fmt.Errorf("deploy: read identity: %w", err)
-	}
-	if err := json.Unmarshal(data, &h.id); err != nil {
-		return fmt.Errorf("deploy: %s is corrupt: %w", h.identityPath(), err)
-	}
-	if h.id.Site != h.cfg.Site {
-		return fmt.Errorf("deploy: %s was a server at site %q, not %q", h.cfg.DataDir, h.id.Site, h.cfg.Site)
-	}
-	return nil
-}
-
-func (h *Host) saveIdentity() error {
-	data, _ := json.MarshalIndent(h.id, "", "  ")
-	tmp := h.identityPath() + ".tmp"
-	if err := os.WriteFile(tmp, data, 0o600); err != nil {
-		return fmt.Errorf("deploy: write identity: %w", err)
-	}
-	if err := os.Rename(tmp, h.identityPath()); err != nil {
-		return fmt.Errorf("deploy: write identity: %w", err)
-	}
-	return nil
-}
-
-// caDir holds the deployment CA; nodeDir the host's own credentials.
-func (h *Host) caDir() string   { return filepath.Join(h.cfg.DataDir, "ca") }
-func (h *Host) nodeDir() string { return filepath.Join(h.cfg.DataDir, "node") }
-
-// ensureCredentials creates the deployment CA on the first start of an
-// embedded deployment, and this host's certificate from it.
-func (h *Host) ensureCredentials() error {
-	if _, err := os.Stat(filepath.Join(h.nodeDir(), pki.NodeCertFile)); err != nil {
-		if _, err := os.Stat(filepath.Join(h.caDir(), pki.CACertFile)); err != nil {
-			if len(h.cfg.Etcd) > 0 {
-				return fmt.Errorf("deploy: no credentials in %s: copy the deployment's CA directory to %s", h.nodeDir(), h.caDir())
-			}
-			if _, err := pki.InitCA(h.caDir(), "wheelfs"); err != nil {
-				return fmt.Errorf("deploy: create CA: %w", err)
-			}
-		}
-	}
-	creds, err := pki.EnsureNode(h.caDir(), h.nodeDir(), h.id.Server, []string{"localhost"}, nil)
-	if err != nil {
-		return fmt.Errorf("deploy: %w", err)
-	}
-	h.Creds = creds
-	return nil
-}
-
-func (h *Host) startEtcd(ctx context.Context) ([]string, error) {
-	ec := embedded.NewConfig()
-	ec.Name = h.id.Server
-	ec.Dir = filepath.Join(h.cfg.DataDir, "etcd")
-	ec.Logger = h.cfg.Logger
-	nd := h.nodeDir()
-	ec.TLS = &embedded.TLSInfo{CertFile: filepath.Join(nd, pki.NodeCertFile), KeyFile: filepath.Join(nd, pki.NodeKeyFile),
-		CAFile: filepath.Join(nd, pki.CACertFile)}
-	m, err := embedded.Start(ctx, ec)
-	if err != nil {
-		return nil, fmt.Errorf("deploy: start embedded etcd: %w", err)
-	}
-	h.member = m
-	h.closers = append(h.closers, m.Close)
-	eps := m.ClientEndpoints()
-	if err := os.WriteFile(EndpointsFile(h.cfg.DataDir), []byte(strings.Join(eps, ",")+"\n"), 0o600); err != nil {
-		return nil, fmt.Errorf("deploy: %w", err)
-	}
-	return eps, nil
-}
-
-// EndpointsFile is where a host with an embedded member records its
-// configuration service endpoints, for `wheelfs status`.
-func EndpointsFile(dataDir string) string { return filepath.Join(dataDir, "endpoints") }
-
-// probeTLS shakes hands with the first endpoint and returns the error
-// when the two sides' certificates come from different CAs: then the data
-// directory belongs to another deployment. It returns nil for any other
-// outcome (unreachable, fine), which the caller reports as it is.
-func probeTLS(ctx context.Context, endpoints []string, cfg *tls.Config) error {
-	if len(endpoints) == 0 {
-		return nil
-	}
-	u, err := url.Parse(endpoints[0])
-	if err != nil || u.Host == "" {
-		return nil
-	}
-	d := tls.Dialer{NetDialer: &net.Dialer{Timeout: 3 * time.Second}, Config: cfg}
-	pctx, cancel := context.WithTimeout(ctx, 3*time.Second)
-	defer cancel()
-	conn, err := d.DialContext(pctx, "tcp", u.Host)
-	if err == nil {
-		conn.Close()
-		return nil
-	}
-	var unknown x509.UnknownAuthorityError
-	var alert tls.AlertError
-	if errors.As(err, &unknown) || errors.As(err, &alert) {
-		return err
-	}
-	return nil
-}
-
-// checkDeployment binds the data directory to the configuration service's
-// deployment on first start and refuses a mismatch afterwards.
-func (h *Host) checkDeployment(ctx context.Context) error {
-	dep, err := h.Conf.Deployment(ctx)
-	if err != nil {
-		return fmt.Errorf("deploy: read deployment ID: %w", err)
-	}
-	if h.id.Deployment == "" {
-		h.id.Deployment = dep
-		return h.saveIdentity()
-	}
-	if h.id.Deployment != dep {
-		return fmt.Errorf("%w: %s is part of deployment %s, the configuration service serves %s",
-			ErrForeignData, h.cfg.DataDir, h.id.Deployment, dep)
-	}
-	return nil
 }

@@ -5,8 +5,9 @@
 // A Network names sites and shapes the connections between them: per
 // site-pair round-trip time, per-site uplink bandwidth, partitions and
 // isolated sites. Servers listen with Network.Listen(site, addr), which
-// records which site an address belongs to; everything dials with
-// Network.Dialer(fromSite), which fits grpc.WithContextDialer.
+// records which site an address belongs to (Register does the same for a
+// listener made elsewhere, such as an embedded etcd member's); everything
+// dials with Network.Dialer(fromSite), which fits grpc.WithContextDialer.
 //
 // A nil *Network is a plain pass-through to net.Listen and net.Dialer: no
 // wrapping, goroutines or copies. Production code holds a nil *Network.
@@ -298,6 +299,65 @@ func (l *listener) Close() error {
 		l.n.mu.Unlock()
 	})
 	return l.Listener.Close()
+}
+
+// Register records that the TCP address addr ("ip:port" or
+// "localhost:port") belongs to site, for listeners the Network does not
+// create itself (such as an embedded etcd member's client port): dials to
+// it through Dialer are then shaped and partitioned like dials to a
+// Network listener. Registering an address again moves it to the new site.
+// Only connections dialed through Dialer are affected; whatever the
+// listener's owner dials itself (etcd's peer traffic, for one) is not.
+func (n *Network) Register(site, addr string) error {
+	key, err := canonicalAddr(addr)
+	if err != nil {
+		return err
+	}
+	n.mu.Lock()
+	n.initLocked()
+	n.addrs[key] = site
+	n.mu.Unlock()
+	n.logger().Debug("address registered", "site", site, "addr", key)
+	return nil
+}
+
+// Unregister forgets an address given to Register. Existing connections
+// keep the site they were dialed with.
+func (n *Network) Unregister(addr string) {
+	key, err := canonicalAddr(addr)
+	if err != nil {
+		return
+	}
+	n.mu.Lock()
+	delete(n.addrs, key)
+	n.mu.Unlock()
+}
+
+// SiteOf returns the site an address was registered with by Listen or
+// Register.
+// A nil Network knows no sites.
+func (n *Network) SiteOf(addr string) (site string, ok bool) {
+	if n == nil {
+		return "", false
+	}
+	return n.siteOf(addr)
+}
+
+// canonicalAddr turns addr into the "ip:port" form the registry keys on;
+// "localhost" and an empty host mean 127.0.0.1.
+func canonicalAddr(addr string) (string, error) {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return "", err
+	}
+	if host == "" || strings.EqualFold(host, "localhost") {
+		host = "127.0.0.1"
+	}
+	ip := net.ParseIP(host)
+	if ip == nil {
+		return "", &net.AddrError{Err: "not an IP address or localhost", Addr: addr}
+	}
+	return net.JoinHostPort(ip.String(), port), nil
 }
 
 // siteOf returns the site of a registered listener address.

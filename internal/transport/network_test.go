@@ -503,3 +503,55 @@ func TestGRPC(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 }
+
+func TestRegister(t *testing.T) {
+	n := NewNetwork()
+	// A listener the Network did not make, as an etcd member's.
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			go func() { defer c.Close(); echo(c) }()
+		}
+	}()
+	_, port, _ := net.SplitHostPort(l.Addr().String())
+	if err := n.Register("b", "localhost:"+port); err != nil {
+		t.Fatal(err)
+	}
+	if err := n.Register("b", "example.com:1"); err == nil {
+		t.Error("Register of a host name: no error")
+	}
+	if s, ok := n.SiteOf(l.Addr().String()); !ok || s != "b" {
+		t.Fatalf("SiteOf = %q, %v; want b", s, ok)
+	}
+	n.SetRTT("a", "b", 60*time.Millisecond)
+	c := dial(t, n, "a", l.Addr().String())
+	if d := pingPong(t, c); d < 60*time.Millisecond {
+		t.Errorf("round trip to a registered address took %v, want ≥ 60ms", d)
+	}
+	n.Isolate("b")
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+	defer cancel()
+	if _, err := n.Dialer("a")(ctx, l.Addr().String()); !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Errorf("dial into an isolated registered site: %v, want ECONNREFUSED", err)
+	}
+	n.Unregister("127.0.0.1:" + port)
+	if _, ok := n.SiteOf(l.Addr().String()); ok {
+		t.Error("SiteOf after Unregister: still known")
+	}
+	c2 := dial(t, n, "a", l.Addr().String()) // site "" now: not isolated
+	if d := pingPong(t, c2); d >= 60*time.Millisecond {
+		t.Errorf("round trip after Unregister took %v, want unshaped", d)
+	}
+	var nilNet *Network
+	if _, ok := nilNet.SiteOf("127.0.0.1:1"); ok {
+		t.Error("nil Network knows a site")
+	}
+}

@@ -1,0 +1,205 @@
+package cli
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/wheelfs/wheelfs/internal/deploy"
+	"github.com/wheelfs/wheelfs/internal/fusefs"
+)
+
+// hostFlags are the flags shared by the commands that run a host (up,
+// config, server, mount, node), bound to one deploy.Config.
+type hostFlags struct {
+	data, site, listen     string
+	config, etcd           string
+	ca, nodeDir            string
+	lockTTL, configWait    time.Duration
+	debug                  bool
+	pprofAddr              string
+	memberListen, peerList string
+	peers                  string
+}
+
+// roleFlags registers the flags a role needs.
+func (f *hostFlags) register(cmd *cobra.Command, roles deploy.Roles) {
+	fl := cmd.Flags()
+	fl.StringVar(&f.ca, "ca", "", "deployment CA directory (from `wheelfs ca init`) to issue this node's certificate from on first start")
+	fl.StringVar(&f.nodeDir, "node-dir", "", "node credentials issued by `wheelfs ca issue` (instead of --ca)")
+	fl.DurationVar(&f.configWait, "config-wait", 30*time.Second, "how long to wait for the configuration service at start")
+	fl.StringVar(&f.pprofAddr, "pprof", "", "serve Go profiling endpoints (net/http/pprof) on this loopback address")
+	if roles&deploy.RoleMember == 0 {
+		fl.StringVar(&f.config, "config", "", "configuration service: comma-separated HOST:PORT of one or more config members (required)")
+		fl.StringVar(&f.etcd, "etcd", "", "comma-separated endpoints of an existing etcd cluster (instead of --config)")
+	}
+	if roles&(deploy.RoleServer|deploy.RoleClient) != 0 {
+		fl.StringVar(&f.site, "site", "local", "this node's site name")
+	}
+	if roles&deploy.RoleServer != 0 {
+		fl.StringVar(&f.listen, "listen", "127.0.0.1:0", "storage server gRPC listen address HOST:PORT")
+		fl.DurationVar(&f.lockTTL, "lock-ttl", 2*time.Minute, "slice lock lease length L")
+	}
+	if roles&deploy.RoleClient != 0 {
+		fl.BoolVar(&f.debug, "debug", false, "log every FUSE request")
+	}
+}
+
+// endpoints returns the configuration service endpoints of --config or
+// --etcd.
+func (f *hostFlags) endpoints() ([]string, error) {
+	if f.config != "" && f.etcd != "" {
+		return nil, errors.New("give either --config or --etcd, not both")
+	}
+	list := f.config
+	if list == "" {
+		list = f.etcd
+	}
+	var out []string
+	for _, e := range strings.Split(list, ",") {
+		if e = strings.TrimSpace(e); e != "" {
+			out = append(out, e)
+		}
+	}
+	if len(out) == 0 {
+		return nil, errors.New("missing --config HOST:PORT[,HOST:PORT...] (a config member's address) or --etcd ENDPOINTS")
+	}
+	return out, nil
+}
+
+// deployConfig builds the deploy.Config of a role from the flags.
+func (f *hostFlags) deployConfig(g *globalFlags, roles deploy.Roles) (deploy.Config, error) {
+	cfg := deploy.NewConfig(f.data)
+	cfg.Roles, cfg.Logger, cfg.InitCA = roles, g.logger(), false
+	cfg.Site, cfg.Listen, cfg.LockTTL, cfg.ConfigWait = f.site, f.listen, f.lockTTL, f.configWait
+	if f.ca != "" && f.nodeDir != "" {
+		return cfg, errors.New("give either --ca or --node-dir, not both")
+	}
+	for _, d := range []*string{&f.ca, &f.nodeDir} {
+		if *d == "" {
+			continue
+		}
+		abs, err := filepath.Abs(*d)
+		if err != nil {
+			return cfg, err
+		}
+		if _, err := os.Stat(abs); err != nil {
+			return cfg, fmt.Errorf("credentials directory: %w", err)
+		}
+		*d = abs
+	}
+	cfg.CADir, cfg.NodeDir = f.ca, f.nodeDir
+	if roles&deploy.RoleMember == 0 {
+		eps, err := f.endpoints()
+		if err != nil {
+			return cfg, err
+		}
+		cfg.Etcd = eps
+	}
+	if cfg.DataDir == "" {
+		return cfg, errors.New("missing --data DIR")
+	}
+	return cfg, nil
+}
+
+// mountStateDir is where `wheelfs mount` without --data keeps its identity
+// and credentials: /var/lib/wheelfs/mount-<hash> for root, else
+// $XDG_STATE_HOME/wheelfs/mount-<hash> (default ~/.local/state), where
+// <hash> names the mount point.
+func mountStateDir(mountpoint string) string {
+	sum := sha256.Sum256([]byte(mountpoint))
+	name := "mount-" + hex.EncodeToString(sum[:6])
+	if os.Getuid() == 0 {
+		return filepath.Join("/var/lib/wheelfs", name)
+	}
+	if d := os.Getenv("XDG_STATE_HOME"); d != "" {
+		return filepath.Join(d, "wheelfs", name)
+	}
+	if home, err := os.UserHomeDir(); err == nil {
+		return filepath.Join(home, ".local", "state", "wheelfs", name)
+	}
+	return filepath.Join(os.TempDir(), fmt.Sprintf("wheelfs-%d", os.Getuid()), name)
+}
+
+// runHost starts a host and runs it in the foreground until ctx ends (or,
+// with a mount point, until the file system is unmounted), then stops it.
+func runHost(ctx context.Context, g *globalFlags, f *hostFlags, cfg deploy.Config, mountpoint string) error {
+	log := cfg.Logger
+	if f.pprofAddr != "" {
+		servePprof(f.pprofAddr, log)
+	}
+	var mnt string
+	if mountpoint != "" {
+		var err error
+		if mnt, err = checkMountpoint(mountpoint); err != nil {
+			return err
+		}
+	}
+	fmt.Fprintf(os.Stderr, "wheelfs: starting (data in %s)...\n", cfg.DataDir)
+	host, err := deploy.Start(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	defer host.Close()
+	describe(host, cfg)
+	if mnt == "" {
+		fmt.Printf("WheelFS %s running (data in %s). Press Ctrl-C or send SIGTERM to stop.\n", roleName(cfg.Roles), cfg.DataDir)
+		<-ctx.Done()
+		fmt.Fprintln(os.Stderr, "wheelfs: stopping...")
+	} else {
+		srv, err := fusefs.Mount(mnt, host.Client, fusefs.Options{
+			Logger: log, AttrTimeout: time.Second, AllowOther: os.Getuid() == 0, Debug: f.debug})
+		if err != nil {
+			return fmt.Errorf("mount %s: %w (is fuse3 installed and /dev/fuse available?)", mnt, err)
+		}
+		fmt.Printf("WheelFS mounted at %s (data in %s). Press Ctrl-C or send SIGTERM to unmount and stop.\n", mnt, cfg.DataDir)
+		exited := make(chan struct{})
+		go func() { srv.Wait(); close(exited) }()
+		select {
+		case <-ctx.Done():
+			fmt.Fprintln(os.Stderr, "wheelfs: unmounting...")
+			unmount(mnt, srv.Unmount, log.Warn)
+			<-exited
+		case <-exited:
+			fmt.Fprintln(os.Stderr, "wheelfs: unmounted externally; stopping")
+		}
+	}
+	if err := host.Close(); err != nil {
+		return err
+	}
+	fmt.Fprintln(os.Stderr, "wheelfs: stopped")
+	return nil
+}
+
+func describe(h *deploy.Host, cfg deploy.Config) {
+	msg := fmt.Sprintf("wheelfs: %s %s, config service at %s", roleName(cfg.Roles), h.ServerID(),
+		strings.Join(h.ConfigEndpoints(), ","))
+	if cfg.Roles&deploy.RoleServer != 0 {
+		msg += fmt.Sprintf(", storage server at %s site %q", h.Addr(), cfg.Site)
+	}
+	fmt.Fprintln(os.Stderr, msg)
+}
+
+func roleName(r deploy.Roles) string {
+	switch r {
+	case deploy.RolesUp:
+		return "host"
+	case deploy.RoleMember:
+		return "config member"
+	case deploy.RoleServer:
+		return "storage server"
+	case deploy.RoleClient:
+		return "client"
+	case deploy.RoleServer | deploy.RoleClient:
+		return "node"
+	}
+	return "host"
+}

@@ -1,0 +1,123 @@
+package cli
+
+import (
+	"bytes"
+	"encoding/json"
+	"strings"
+	"testing"
+
+	"github.com/wheelfs/wheelfs/internal/configsvc"
+	"github.com/wheelfs/wheelfs/internal/oid"
+)
+
+func statusTable() (*configsvc.Table, []configsvc.Member) {
+	t := &configsvc.Table{Revision: 42,
+		Servers: map[string]configsvc.ServerInfo{
+			"srv-w": {ID: "srv-w", Site: "west", Addr: "10.0.0.1:7000"},
+			"srv-e": {ID: "srv-e", Site: "east", Addr: "10.0.1.1:7000"},
+		},
+		Slices: map[oid.Slice]configsvc.Slice{
+			1: {ID: 1, Policy: configsvc.Policy{Site: "west", RepLevel: 1}, Replicas: []string{"srv-w"}, Holder: "srv-w", Epoch: 7},
+			2: {ID: 2, Policy: configsvc.Policy{Site: "west", RepLevel: 2, RepSites: 2},
+				Replicas: []string{"srv-e", "srv-gone"}, Holder: "srv-e", Epoch: 9},
+		},
+	}
+	members := []configsvc.Member{
+		{Name: "cfg-a", ClientURLs: []string{"https://10.0.0.9:2379"}, PeerURLs: []string{"https://10.0.0.9:2380"}, Leader: true, Reachable: true},
+		{Name: "cfg-b", ClientURLs: []string{"https://10.0.1.9:2379"}, PeerURLs: []string{"https://10.0.1.9:2380"}, Reachable: true},
+	}
+	return t, members
+}
+
+func TestBuildStatus(t *testing.T) {
+	tbl, members := statusTable()
+	s := buildStatus(tbl, members)
+	if len(s.Sites) != 2 || s.Sites[0] != (siteStatus{Name: "east", Servers: 1, Up: 1}) {
+		t.Errorf("sites = %+v", s.Sites)
+	}
+	want := []serverStatus{
+		{ID: "srv-gone", Up: false, Backup: 1},
+		{ID: "srv-e", Site: "east", Addr: "10.0.1.1:7000", Up: true, Primary: 1},
+		{ID: "srv-w", Site: "west", Addr: "10.0.0.1:7000", Up: true, Primary: 1},
+	}
+	if len(s.Servers) != len(want) {
+		t.Fatalf("servers = %+v", s.Servers)
+	}
+	for i := range want {
+		if s.Servers[i] != want[i] {
+			t.Errorf("server %d = %+v, want %+v", i, s.Servers[i], want[i])
+		}
+	}
+	if got := strings.Join(s.Slices[0].State, ","); got != "ok" {
+		t.Errorf("slice 1 state = %s", got)
+	}
+	if got := strings.Join(s.Slices[1].State, ","); got != "under-replicated,misplaced" {
+		t.Errorf("slice 2 state = %s", got)
+	}
+}
+
+func TestRenderStatusTable(t *testing.T) {
+	tbl, members := statusTable()
+	var b bytes.Buffer
+	if err := renderStatus(&b, buildStatus(tbl, members)); err != nil {
+		t.Fatal(err)
+	}
+	out := b.String()
+	for _, line := range []string{
+		"SITE  SERVERS  UP",
+		"east  1        1",
+		"srv-gone  -     -              down   0        1",
+		"srv-w     west  10.0.0.1:7000  up     1        0",
+		"cfg-a   https://10.0.0.9:2379  https://10.0.0.9:2380  leader",
+		"cfg-b   https://10.0.1.9:2379  https://10.0.1.9:2380  follower",
+		"1      west  1         0         srv-w           1/1   srv-w   7      ok",
+		"2      west  2         2         srv-e,srv-gone  1/2   srv-e   9      under-replicated,misplaced",
+	} {
+		if !strings.Contains(out, line) {
+			t.Errorf("missing line %q in\n%s", line, out)
+		}
+	}
+}
+
+func TestStatusJSON(t *testing.T) {
+	tbl, members := statusTable()
+	data, err := json.Marshal(buildStatus(tbl, members))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var back struct {
+		Sites   []map[string]any `json:"sites"`
+		Servers []struct {
+			ID string `json:"id"`
+			Up bool   `json:"up"`
+		} `json:"servers"`
+		Members []struct {
+			Name   string `json:"name"`
+			Leader bool   `json:"leader"`
+		} `json:"members"`
+		Slices []struct {
+			Slice  uint32 `json:"slice"`
+			Health struct {
+				Live            int      `json:"live"`
+				UnderReplicated bool     `json:"under_replicated"`
+				Misplaced       bool     `json:"misplaced"`
+				Down            []string `json:"down"`
+			} `json:"health"`
+			State []string `json:"state"`
+		} `json:"slices"`
+	}
+	if err := json.Unmarshal(data, &back); err != nil {
+		t.Fatal(err)
+	}
+	if len(back.Sites) != 2 || len(back.Servers) != 3 || back.Servers[0].Up || !back.Members[0].Leader {
+		t.Errorf("decoded %+v", back)
+	}
+	h := back.Slices[1].Health
+	if back.Slices[1].Slice != 2 || h.Live != 1 || !h.UnderReplicated || !h.Misplaced || len(h.Down) != 1 || h.Down[0] != "srv-gone" {
+		t.Errorf("slice 2 = %+v", back.Slices[1])
+	}
+	empty, _ := json.Marshal(buildStatus(&configsvc.Table{}, nil))
+	if string(empty) != `{"revision":0,"sites":[],"servers":[],"members":[],"slices":[]}` {
+		t.Errorf("empty status = %s", empty)
+	}
+}

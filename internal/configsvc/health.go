@@ -1,0 +1,75 @@
+package configsvc
+
+// Health is a slice's replication health, as the maintenance loop and
+// `wheelfs status` judge it.
+type Health struct {
+	// Live is the number of replicas registered in the server table.
+	Live int `json:"live"`
+	// Sites is the number of distinct sites among the live replicas.
+	Sites int `json:"sites"`
+	// WantSites is the number of distinct sites the policy asks for,
+	// capped by the number of sites that have a registered server.
+	WantSites int `json:"want_sites"`
+	// UnderReplicated: fewer live replicas than Policy.RepLevel.
+	UnderReplicated bool `json:"under_replicated"`
+	// Misplaced: the primary is not at Policy.Site although a server is
+	// registered there, or the live replicas span fewer than WantSites sites.
+	Misplaced bool `json:"misplaced"`
+	// Down lists replicas that are not registered, in replica-list order.
+	Down []string `json:"down,omitempty"`
+}
+
+// OK reports whether the slice needs no repair.
+func (h Health) OK() bool { return !h.UnderReplicated && !h.Misplaced }
+
+// Check judges slice s against the servers registered in t:
+//
+//   - live replicas are the replicas registered in t.Servers;
+//   - under-replicated: live < Policy.RepLevel;
+//   - want sites: Policy.RepSites, or RepLevel when RepSites is 0, capped by
+//     the number of distinct sites among registered servers;
+//   - misplaced: the primary's site differs from Policy.Site (when that is
+//     set and some registered server is there), or the live replicas span
+//     fewer distinct sites than wanted.
+//
+// The primary is Replicas[0] (the lock holder for an empty list). A primary
+// that is not registered is down, not misplaced.
+func Check(t *Table, s Slice) Health {
+	var h Health
+	liveSites := map[string]bool{}
+	for _, id := range s.Replicas {
+		info, ok := t.Servers[id]
+		if !ok {
+			h.Down = append(h.Down, id)
+			continue
+		}
+		h.Live++
+		liveSites[info.Site] = true
+	}
+	h.Sites = len(liveSites)
+	h.UnderReplicated = h.Live < s.Policy.RepLevel
+
+	allSites := map[string]bool{}
+	for _, info := range t.Servers {
+		allSites[info.Site] = true
+	}
+	h.WantSites = s.Policy.RepSites
+	if h.WantSites == 0 {
+		h.WantSites = s.Policy.RepLevel
+	}
+	h.WantSites = min(h.WantSites, len(allSites))
+
+	if s.Policy.Site != "" && allSites[s.Policy.Site] {
+		primary := s.Holder
+		if len(s.Replicas) > 0 {
+			primary = s.Replicas[0]
+		}
+		if info, ok := t.Servers[primary]; ok && info.Site != s.Policy.Site {
+			h.Misplaced = true
+		}
+	}
+	if h.Sites < h.WantSites {
+		h.Misplaced = true
+	}
+	return h
+}
