@@ -85,7 +85,7 @@ func (f *FS) Create(ctx context.Context, u User, cues cue.Set, dir oid.ID, name 
 	resp, err := call(ctx, f, dir, wire.StorageClient.Create, &wire.CreateRequest{
 		Caller: u.caller(), Dir: uint64(dir), Name: name, Type: a.Type, Mode: a.Mode,
 		Rdev: a.Rdev, Target: a.Target, Cues: wireCues(cues, a.Type), Exclusive: a.Exclusive,
-		SyncLevel: syncLevel(cues), Origin: f.cfg.Origin,
+		SyncLevel: syncLevel(cues), Origin: f.cfg.Origin, ClientSite: f.cfg.Site,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("create %q in %v: %w", name, dir, err)

@@ -72,6 +72,9 @@ func (s *Server) maintain(ctx context.Context) {
 		s.mu.Lock()
 		l, held := s.locks[id]
 		r := s.repls[id]
+		if sl.Holder != "" {
+			delete(s.freeSince, id)
+		}
 		s.mu.Unlock()
 		mctx, cancel := context.WithTimeout(ctx, max(10*s.cfg.MaintainPeriod, 10*time.Second))
 		var err error
@@ -94,20 +97,30 @@ func (s *Server) maintain(ctx context.Context) {
 }
 
 // successor reports whether this server should take over an unlocked
-// slice: it is the first registered backup in the replica list. The
-// former primary (first in the list) let its lock expire, so it is
-// passed over unless no backup is registered; a restarting primary takes
-// its slices back in Start.
+// slice now. Registered replicas take turns in replica-list order: the
+// k-th may try once the slice has been seen unlocked for k grace periods.
+// The first is the intended primary (a restarted primary, or the target
+// of a hand-over); a primary that let its lock expire while still
+// registered (a paused process) is passed over after one grace period.
 func (s *Server) successor(sl configsvc.Slice) bool {
-	if len(sl.Replicas) == 0 {
-		return false
+	s.mu.Lock()
+	since, ok := s.freeSince[sl.ID]
+	if !ok {
+		since = time.Now()
+		s.freeSince[sl.ID] = since
 	}
-	for _, id := range sl.Replicas[1:] {
-		if s.registered(id) {
-			return id == s.cfg.ID
+	s.mu.Unlock()
+	rank := 0
+	for _, id := range sl.Replicas {
+		if !s.registered(id) {
+			continue
 		}
+		if id == s.cfg.ID {
+			return time.Since(since) >= time.Duration(rank)*2*s.cfg.MaintainPeriod
+		}
+		rank++
 	}
-	return sl.Replicas[0] == s.cfg.ID
+	return false
 }
 
 // takeOver becomes primary of sl: it takes the lock (a new fencing

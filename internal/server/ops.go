@@ -15,6 +15,7 @@ import (
 	"github.com/wheelfs/wheelfs/internal/perm"
 	"github.com/wheelfs/wheelfs/internal/store"
 	"github.com/wheelfs/wheelfs/internal/wire"
+	"google.golang.org/protobuf/proto"
 )
 
 // blockSize is the file block size (DESIGN.md: 64 KiB).
@@ -300,11 +301,18 @@ func (s *Server) place(req *wire.CreateRequest, dir oid.ID) (configsvc.Policy, s
 		}
 		return pol, s.cfg.ID // nobody there: here for now, home later
 	}
-	// Write-local: the creating client's own server.
+	// Write-local: the creating client's own server, else a server at
+	// the client's site.
 	if o := req.Origin; o != "" && o != s.cfg.ID && s.registered(o) {
 		if t := s.table.Load(); t != nil {
 			pol.Site = t.Servers[o].Site
 			return pol, o
+		}
+	}
+	if cs := req.ClientSite; req.Origin == "" && cs != "" && cs != s.cfg.Site {
+		if ids := s.siteServers(cs, req.Name); len(ids) > 0 {
+			pol.Site = cs
+			return pol, ids[0]
 		}
 	}
 	return pol, s.cfg.ID
@@ -329,16 +337,22 @@ func (s *Server) createAt(ctx context.Context, target string, pol configsvc.Poli
 // created for a name that was not added.
 func (s *Server) dropRemote(target string, id oid.ID) {
 	go func() {
-		ctx, cancel := context.WithTimeout(s.bg, s.cfg.PeerTimeout)
-		defer cancel()
-		p, err := s.peer(ctx, target)
-		if err == nil {
-			_, err = p.DropLink(ctx, &wire.DropLinkRequest{Id: uint64(id)})
-		}
-		if err != nil {
+		if err := s.dropLink(s.bg, target, id); err != nil {
 			s.log.Warn("could not delete an object created for a name that was not added", "id", id, "server", target, "err", err)
 		}
 	}()
+}
+
+// dropLink removes one link to object id at its primary, server owner.
+func (s *Server) dropLink(ctx context.Context, owner string, id oid.ID) error {
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.PeerTimeout)
+	defer cancel()
+	p, err := s.peer(ctx, owner)
+	if err != nil {
+		return err
+	}
+	_, err = p.DropLink(ctx, &wire.DropLinkRequest{Id: uint64(id)})
+	return fserr.FromStatus(err)
 }
 
 // Link implements wire.StorageServer.
@@ -588,7 +602,13 @@ func (s *Server) primaryOf(sl oid.Slice) string {
 }
 
 // Rename implements wire.StorageServer. Both directories must be on this
-// server; the whole rename is one atomic transaction.
+// server; their entries change in one atomic transaction. The objects
+// named may live on other servers (write-local placement puts a file
+// created by another site's client there): a remote file moves by its
+// entries alone (its ctime is not updated), a replaced remote file loses
+// its link afterwards, and anything that would need the remote object
+// changed atomically (a directory moving between directories or being
+// replaced, an exchange) is EXDEV.
 func (s *Server) Rename(ctx context.Context, req *wire.RenameRequest) (*wire.RenameResponse, error) {
 	src, dst := oid.ID(req.SrcDir), oid.ID(req.DstDir)
 	if err := s.primary(src); err != nil {
@@ -602,6 +622,42 @@ func (s *Server) Rename(ctx context.Context, req *wire.RenameRequest) (*wire.Ren
 	resp := &wire.RenameResponse{}
 	var dying []oid.ID
 	defer func() { s.buried(dying) }()
+	// Objects on other servers: their meta-data for the permission checks.
+	remote := map[uint64]*wire.Meta{}
+	owners := map[uint64]string{}
+	var names []*wire.Entry
+	_ = s.store.View(func(tx *store.Tx) error {
+		if e, err := tx.Entry(src, req.SrcName); err == nil {
+			names = append(names, e)
+		}
+		if e, err := tx.Entry(dst, req.DstName); err == nil {
+			names = append(names, e)
+		}
+		return nil
+	})
+	for _, e := range names {
+		if s.primary(oid.ID(e.Id)) == nil {
+			continue
+		}
+		if req.Flags&wire.RenameExchange != 0 || e.Type == wire.Type_TYPE_DIR && (src != dst || e.Name == req.DstName) {
+			return nil, fserr.ToStatus(fmt.Errorf("rename involving a directory on another server: %w", fserr.ErrCrossDevice))
+		}
+		m, owner, err := s.remoteMeta(ctx, oid.ID(e.Id))
+		if err != nil {
+			return nil, fserr.ToStatus(fmt.Errorf("rename %q: %w", req.SrcName, err))
+		}
+		remote[e.Id], owners[e.Id] = m, owner
+	}
+	meta := func(tx *store.Tx, id uint64) (*wire.Meta, error) {
+		if m, ok := remote[id]; ok {
+			return proto.Clone(m).(*wire.Meta), nil
+		}
+		if s.primary(oid.ID(id)) != nil {
+			return nil, fmt.Errorf("%v changed servers meanwhile: %w", oid.ID(id), fserr.ErrNotPrimary)
+		}
+		return tx.Meta(oid.ID(id))
+	}
+	var dropRemote uint64 // a replaced remote file, unlinked after the commit
 	err := s.update(ctx, 0, func(tx *store.Tx) error {
 		sd, err := s.dirMeta(tx, src)
 		if err != nil {
@@ -617,10 +673,7 @@ func (s *Server) Rename(ctx context.Context, req *wire.RenameRequest) (*wire.Ren
 		if err != nil {
 			return err
 		}
-		if s.primary(oid.ID(se.Id)) != nil {
-			return fmt.Errorf("rename of an object on another server: %w", fserr.ErrCrossDevice)
-		}
-		child, err := tx.Meta(oid.ID(se.Id))
+		child, err := meta(tx, se.Id)
 		if err != nil {
 			return err
 		}
@@ -633,10 +686,7 @@ func (s *Server) Rename(ctx context.Context, req *wire.RenameRequest) (*wire.Ren
 			if req.Flags&wire.RenameNoReplace != 0 {
 				return fmt.Errorf("%q: %w", req.DstName, fserr.ErrExist)
 			}
-			if s.primary(oid.ID(de.Id)) != nil {
-				return fmt.Errorf("rename over an object on another server: %w", fserr.ErrCrossDevice)
-			}
-			if target, err = tx.Meta(oid.ID(de.Id)); err != nil {
+			if target, err = meta(tx, de.Id); err != nil {
 				return err
 			}
 		} else if req.Flags&wire.RenameExchange != 0 {
@@ -670,7 +720,9 @@ func (s *Server) Rename(ctx context.Context, req *wire.RenameRequest) (*wire.Ren
 				}
 				dd.Nlink--
 			}
-			if err := s.unlinkObject(tx, target, now, &dying); err != nil {
+			if _, ok := remote[target.Id]; ok {
+				dropRemote = target.Id
+			} else if err := s.unlinkObject(tx, target, now, &dying); err != nil {
 				return err
 			}
 			resp.Replaced = target
@@ -690,9 +742,11 @@ func (s *Server) Rename(ctx context.Context, req *wire.RenameRequest) (*wire.Ren
 			sd.Nlink--
 			dd.Nlink++
 		}
-		touch(child, now, false)
-		if err := tx.PutMeta(child); err != nil {
-			return err
+		if _, ok := remote[child.Id]; !ok {
+			touch(child, now, false)
+			if err := tx.PutMeta(child); err != nil {
+				return err
+			}
 		}
 		touch(sd, now, true)
 		if err := tx.PutMeta(sd); err != nil {
@@ -706,6 +760,13 @@ func (s *Server) Rename(ctx context.Context, req *wire.RenameRequest) (*wire.Ren
 	})
 	if err != nil {
 		return nil, fserr.ToStatus(fmt.Errorf("rename %q to %q: %w", req.SrcName, req.DstName, err))
+	}
+	if dropRemote != 0 {
+		if err := s.dropLink(ctx, owners[dropRemote], oid.ID(dropRemote)); err != nil {
+			// The name is gone; the object keeps one link too many
+			// (space, not data, is lost) until an fsck.
+			s.log.Warn("could not unlink a replaced file on its server", "id", oid.ID(dropRemote), "err", err)
+		}
 	}
 	return resp, nil
 }

@@ -401,3 +401,44 @@ func (p *peerServer) DropLink(ctx context.Context, req *wire.DropLinkRequest) (*
 	}
 	return &wire.DropLinkResponse{Meta: out}, nil
 }
+
+// Stat implements wire.PeerServer: an object's meta-data from its primary
+// (a rename on another server checks permissions with it).
+func (p *peerServer) Stat(ctx context.Context, req *wire.StatRequest) (*wire.StatResponse, error) {
+	s := p.s
+	if err := s.authPeer(ctx); err != nil {
+		return nil, fserr.ToStatus(err)
+	}
+	id := oid.ID(req.Id)
+	if err := s.primary(id); err != nil {
+		return nil, fserr.ToStatus(err)
+	}
+	var m *wire.Meta
+	err := s.store.View(func(tx *store.Tx) (err error) {
+		m, err = tx.Meta(id)
+		return err
+	})
+	if err != nil {
+		return nil, fserr.ToStatus(err)
+	}
+	return &wire.StatResponse{Meta: m}, nil
+}
+
+// remoteMeta returns the meta-data of id from its primary elsewhere.
+func (s *Server) remoteMeta(ctx context.Context, id oid.ID) (*wire.Meta, string, error) {
+	owner := s.primaryOf(id.Slice())
+	if owner == "" || owner == s.cfg.ID {
+		return nil, "", fmt.Errorf("no primary for %v: %w", id, fserr.ErrNotPrimary)
+	}
+	p, err := s.peer(ctx, owner)
+	if err != nil {
+		return nil, "", err
+	}
+	cctx, cancel := context.WithTimeout(ctx, s.cfg.PeerTimeout)
+	defer cancel()
+	resp, err := p.Stat(cctx, &wire.StatRequest{Id: uint64(id)})
+	if err != nil {
+		return nil, "", fserr.FromStatus(err)
+	}
+	return resp.Meta, owner, nil
+}

@@ -78,6 +78,8 @@ type Server struct {
 	repls  map[oid.Slice]*sliceRepl
 	valid  map[oid.Slice]time.Time // lock believed held until
 	moving map[oid.Slice]bool      // being handed to another server
+	// freeSince is when maintenance first saw an unlocked slice.
+	freeSince map[oid.Slice]time.Time
 }
 
 // New returns a server over st that coordinates through conf.
@@ -101,23 +103,24 @@ func New(cfg Config, st *store.Store, conf configsvc.Service, lockTTL time.Durat
 		cfg.DeadAfter = 5 * cfg.MaintainPeriod
 	}
 	return &Server{
-		cfg:      cfg,
-		log:      cfg.Logger.With("component", "server", "server", cfg.ID),
-		store:    st,
-		conf:     conf,
-		locks:    map[oid.Slice]configsvc.Lock{},
-		bySlice:  map[configsvc.Policy]oid.Slice{},
-		policies: map[oid.Slice]configsvc.Policy{},
-		opens:    map[oid.ID]int{},
-		orphans:  map[oid.ID]bool{},
-		dying:    map[oid.ID]int{},
-		lockTTL:  lockTTL,
-		done:     make(chan struct{}),
-		bg:       context.Background(),
-		tableC:   make(chan struct{}, 1),
-		repls:    map[oid.Slice]*sliceRepl{},
-		valid:    map[oid.Slice]time.Time{},
-		moving:   map[oid.Slice]bool{},
+		cfg:       cfg,
+		log:       cfg.Logger.With("component", "server", "server", cfg.ID),
+		store:     st,
+		conf:      conf,
+		locks:     map[oid.Slice]configsvc.Lock{},
+		bySlice:   map[configsvc.Policy]oid.Slice{},
+		policies:  map[oid.Slice]configsvc.Policy{},
+		opens:     map[oid.ID]int{},
+		orphans:   map[oid.ID]bool{},
+		dying:     map[oid.ID]int{},
+		lockTTL:   lockTTL,
+		done:      make(chan struct{}),
+		bg:        context.Background(),
+		tableC:    make(chan struct{}, 1),
+		repls:     map[oid.Slice]*sliceRepl{},
+		valid:     map[oid.Slice]time.Time{},
+		moving:    map[oid.Slice]bool{},
+		freeSince: map[oid.Slice]time.Time{},
 	}
 }
 

@@ -826,7 +826,8 @@ type CreateRequest struct {
 	Cues          *Cues                  `protobuf:"bytes,8,opt,name=cues,proto3" json:"cues,omitempty"`            // persistent cues for the new object
 	Exclusive     bool                   `protobuf:"varint,9,opt,name=exclusive,proto3" json:"exclusive,omitempty"` // O_EXCL: fail with EEXIST instead of returning the existing file
 	SyncLevel     uint32                 `protobuf:"varint,10,opt,name=sync_level,json=syncLevel,proto3" json:"sync_level,omitempty"`
-	Origin        string                 `protobuf:"bytes,11,opt,name=origin,proto3" json:"origin,omitempty"` // the creating client's local server, if any (write-local placement)
+	Origin        string                 `protobuf:"bytes,11,opt,name=origin,proto3" json:"origin,omitempty"`                           // the creating client's local server, if any (write-local placement)
+	ClientSite    string                 `protobuf:"bytes,12,opt,name=client_site,json=clientSite,proto3" json:"client_site,omitempty"` // the creating client's site (write-local without a local server)
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -934,6 +935,13 @@ func (x *CreateRequest) GetSyncLevel() uint32 {
 func (x *CreateRequest) GetOrigin() string {
 	if x != nil {
 		return x.Origin
+	}
+	return ""
+}
+
+func (x *CreateRequest) GetClientSite() string {
+	if x != nil {
+		return x.ClientSite
 	}
 	return ""
 }
@@ -3772,6 +3780,94 @@ func (x *DropLinkResponse) GetMeta() *Meta {
 	return nil
 }
 
+type StatRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            uint64                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StatRequest) Reset() {
+	*x = StatRequest{}
+	mi := &file_wheelfs_proto_msgTypes[55]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StatRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StatRequest) ProtoMessage() {}
+
+func (x *StatRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_wheelfs_proto_msgTypes[55]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StatRequest.ProtoReflect.Descriptor instead.
+func (*StatRequest) Descriptor() ([]byte, []int) {
+	return file_wheelfs_proto_rawDescGZIP(), []int{55}
+}
+
+func (x *StatRequest) GetId() uint64 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+type StatResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Meta          *Meta                  `protobuf:"bytes,1,opt,name=meta,proto3" json:"meta,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StatResponse) Reset() {
+	*x = StatResponse{}
+	mi := &file_wheelfs_proto_msgTypes[56]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StatResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StatResponse) ProtoMessage() {}
+
+func (x *StatResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_wheelfs_proto_msgTypes[56]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StatResponse.ProtoReflect.Descriptor instead.
+func (*StatResponse) Descriptor() ([]byte, []int) {
+	return file_wheelfs_proto_rawDescGZIP(), []int{56}
+}
+
+func (x *StatResponse) GetMeta() *Meta {
+	if x != nil {
+		return x.Meta
+	}
+	return nil
+}
+
 var File_wheelfs_proto protoreflect.FileDescriptor
 
 const file_wheelfs_proto_rawDesc = "" +
@@ -3825,7 +3921,7 @@ const file_wheelfs_proto_rawDesc = "" +
 	"\x06caller\x18\x01 \x01(\v2\x12.wheelfs.v1.CallerR\x06caller\x12\x0e\n" +
 	"\x02id\x18\x02 \x01(\x04R\x02id\"7\n" +
 	"\x0fGetAttrResponse\x12$\n" +
-	"\x04meta\x18\x01 \x01(\v2\x10.wheelfs.v1.MetaR\x04meta\"\xc2\x02\n" +
+	"\x04meta\x18\x01 \x01(\v2\x10.wheelfs.v1.MetaR\x04meta\"\xe3\x02\n" +
 	"\rCreateRequest\x12*\n" +
 	"\x06caller\x18\x01 \x01(\v2\x12.wheelfs.v1.CallerR\x06caller\x12\x10\n" +
 	"\x03dir\x18\x02 \x01(\x04R\x03dir\x12\x12\n" +
@@ -3839,7 +3935,9 @@ const file_wheelfs_proto_rawDesc = "" +
 	"\n" +
 	"sync_level\x18\n" +
 	" \x01(\rR\tsyncLevel\x12\x16\n" +
-	"\x06origin\x18\v \x01(\tR\x06origin\"\x9d\x01\n" +
+	"\x06origin\x18\v \x01(\tR\x06origin\x12\x1f\n" +
+	"\vclient_site\x18\f \x01(\tR\n" +
+	"clientSite\"\x9d\x01\n" +
 	"\x0eCreateResponse\x12'\n" +
 	"\x05entry\x18\x01 \x01(\v2\x11.wheelfs.v1.EntryR\x05entry\x12$\n" +
 	"\x04meta\x18\x02 \x01(\v2\x10.wheelfs.v1.MetaR\x04meta\x12\"\n" +
@@ -4038,6 +4136,10 @@ const file_wheelfs_proto_rawDesc = "" +
 	"\x06caller\x18\x05 \x01(\v2\x12.wheelfs.v1.CallerR\x06caller\x12\"\n" +
 	"\x03dir\x18\x06 \x01(\v2\x10.wheelfs.v1.MetaR\x03dir\"8\n" +
 	"\x10DropLinkResponse\x12$\n" +
+	"\x04meta\x18\x01 \x01(\v2\x10.wheelfs.v1.MetaR\x04meta\"\x1d\n" +
+	"\vStatRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\x04R\x02id\"4\n" +
+	"\fStatResponse\x12$\n" +
 	"\x04meta\x18\x01 \x01(\v2\x10.wheelfs.v1.MetaR\x04meta*\x8a\x01\n" +
 	"\x04Type\x12\x14\n" +
 	"\x10TYPE_UNSPECIFIED\x10\x00\x12\r\n" +
@@ -4088,7 +4190,7 @@ const file_wheelfs_proto_rawDesc = "" +
 	"\vRemoveXattr\x12\x18.wheelfs.v1.XattrRequest\x1a\x19.wheelfs.v1.XattrResponse\x12?\n" +
 	"\x06StatFS\x12\x19.wheelfs.v1.StatFSRequest\x1a\x1a.wheelfs.v1.StatFSResponse\x129\n" +
 	"\x04Open\x12\x17.wheelfs.v1.OpenRequest\x1a\x18.wheelfs.v1.OpenResponse\x12B\n" +
-	"\aRelease\x12\x1a.wheelfs.v1.ReleaseRequest\x1a\x1b.wheelfs.v1.ReleaseResponse2\xb7\x04\n" +
+	"\aRelease\x12\x1a.wheelfs.v1.ReleaseRequest\x1a\x1b.wheelfs.v1.ReleaseResponse2\xf2\x04\n" +
 	"\x04Peer\x12H\n" +
 	"\tReplicate\x12\x1c.wheelfs.v1.ReplicateRequest\x1a\x1d.wheelfs.v1.ReplicateResponse\x12?\n" +
 	"\x06Digest\x12\x19.wheelfs.v1.DigestRequest\x1a\x1a.wheelfs.v1.DigestResponse\x12;\n" +
@@ -4097,7 +4199,8 @@ const file_wheelfs_proto_rawDesc = "" +
 	"\vFetchBlocks\x12\x1e.wheelfs.v1.FetchBlocksRequest\x1a\x1f.wheelfs.v1.FetchBlocksResponse\x129\n" +
 	"\x04Ping\x12\x17.wheelfs.v1.PingRequest\x1a\x18.wheelfs.v1.PingResponse\x12Q\n" +
 	"\fCreateObject\x12\x1f.wheelfs.v1.CreateObjectRequest\x1a .wheelfs.v1.CreateObjectResponse\x12E\n" +
-	"\bDropLink\x12\x1b.wheelfs.v1.DropLinkRequest\x1a\x1c.wheelfs.v1.DropLinkResponseB*Z(github.com/wheelfs/wheelfs/internal/wireb\x06proto3"
+	"\bDropLink\x12\x1b.wheelfs.v1.DropLinkRequest\x1a\x1c.wheelfs.v1.DropLinkResponse\x129\n" +
+	"\x04Stat\x12\x17.wheelfs.v1.StatRequest\x1a\x18.wheelfs.v1.StatResponseB*Z(github.com/wheelfs/wheelfs/internal/wireb\x06proto3"
 
 var (
 	file_wheelfs_proto_rawDescOnce sync.Once
@@ -4112,7 +4215,7 @@ func file_wheelfs_proto_rawDescGZIP() []byte {
 }
 
 var file_wheelfs_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_wheelfs_proto_msgTypes = make([]protoimpl.MessageInfo, 55)
+var file_wheelfs_proto_msgTypes = make([]protoimpl.MessageInfo, 57)
 var file_wheelfs_proto_goTypes = []any{
 	(Type)(0),                    // 0: wheelfs.v1.Type
 	(MutationKind)(0),            // 1: wheelfs.v1.MutationKind
@@ -4172,6 +4275,8 @@ var file_wheelfs_proto_goTypes = []any{
 	(*CreateObjectResponse)(nil), // 55: wheelfs.v1.CreateObjectResponse
 	(*DropLinkRequest)(nil),      // 56: wheelfs.v1.DropLinkRequest
 	(*DropLinkResponse)(nil),     // 57: wheelfs.v1.DropLinkResponse
+	(*StatRequest)(nil),          // 58: wheelfs.v1.StatRequest
+	(*StatResponse)(nil),         // 59: wheelfs.v1.StatResponse
 }
 var file_wheelfs_proto_depIdxs = []int32{
 	0,  // 0: wheelfs.v1.Meta.type:type_name -> wheelfs.v1.Type
@@ -4230,65 +4335,68 @@ var file_wheelfs_proto_depIdxs = []int32{
 	6,  // 53: wheelfs.v1.DropLinkRequest.caller:type_name -> wheelfs.v1.Caller
 	4,  // 54: wheelfs.v1.DropLinkRequest.dir:type_name -> wheelfs.v1.Meta
 	4,  // 55: wheelfs.v1.DropLinkResponse.meta:type_name -> wheelfs.v1.Meta
-	7,  // 56: wheelfs.v1.Storage.Lookup:input_type -> wheelfs.v1.LookupRequest
-	9,  // 57: wheelfs.v1.Storage.GetAttr:input_type -> wheelfs.v1.GetAttrRequest
-	11, // 58: wheelfs.v1.Storage.Create:input_type -> wheelfs.v1.CreateRequest
-	13, // 59: wheelfs.v1.Storage.Link:input_type -> wheelfs.v1.LinkRequest
-	15, // 60: wheelfs.v1.Storage.Remove:input_type -> wheelfs.v1.RemoveRequest
-	17, // 61: wheelfs.v1.Storage.Rename:input_type -> wheelfs.v1.RenameRequest
-	19, // 62: wheelfs.v1.Storage.SetAttr:input_type -> wheelfs.v1.SetAttrRequest
-	21, // 63: wheelfs.v1.Storage.ReadDir:input_type -> wheelfs.v1.ReadDirRequest
-	24, // 64: wheelfs.v1.Storage.GetBlocks:input_type -> wheelfs.v1.GetBlocksRequest
-	26, // 65: wheelfs.v1.Storage.ReadBlocks:input_type -> wheelfs.v1.ReadBlocksRequest
-	28, // 66: wheelfs.v1.Storage.PutBlocks:input_type -> wheelfs.v1.PutBlocksRequest
-	30, // 67: wheelfs.v1.Storage.Commit:input_type -> wheelfs.v1.CommitRequest
-	32, // 68: wheelfs.v1.Storage.GetXattr:input_type -> wheelfs.v1.XattrRequest
-	32, // 69: wheelfs.v1.Storage.ListXattr:input_type -> wheelfs.v1.XattrRequest
-	32, // 70: wheelfs.v1.Storage.SetXattr:input_type -> wheelfs.v1.XattrRequest
-	32, // 71: wheelfs.v1.Storage.RemoveXattr:input_type -> wheelfs.v1.XattrRequest
-	34, // 72: wheelfs.v1.Storage.StatFS:input_type -> wheelfs.v1.StatFSRequest
-	36, // 73: wheelfs.v1.Storage.Open:input_type -> wheelfs.v1.OpenRequest
-	38, // 74: wheelfs.v1.Storage.Release:input_type -> wheelfs.v1.ReleaseRequest
-	42, // 75: wheelfs.v1.Peer.Replicate:input_type -> wheelfs.v1.ReplicateRequest
-	44, // 76: wheelfs.v1.Peer.Digest:input_type -> wheelfs.v1.DigestRequest
-	49, // 77: wheelfs.v1.Peer.Diff:input_type -> wheelfs.v1.DiffRequest
-	47, // 78: wheelfs.v1.Peer.Install:input_type -> wheelfs.v1.InstallRequest
-	50, // 79: wheelfs.v1.Peer.FetchBlocks:input_type -> wheelfs.v1.FetchBlocksRequest
-	52, // 80: wheelfs.v1.Peer.Ping:input_type -> wheelfs.v1.PingRequest
-	54, // 81: wheelfs.v1.Peer.CreateObject:input_type -> wheelfs.v1.CreateObjectRequest
-	56, // 82: wheelfs.v1.Peer.DropLink:input_type -> wheelfs.v1.DropLinkRequest
-	8,  // 83: wheelfs.v1.Storage.Lookup:output_type -> wheelfs.v1.LookupResponse
-	10, // 84: wheelfs.v1.Storage.GetAttr:output_type -> wheelfs.v1.GetAttrResponse
-	12, // 85: wheelfs.v1.Storage.Create:output_type -> wheelfs.v1.CreateResponse
-	14, // 86: wheelfs.v1.Storage.Link:output_type -> wheelfs.v1.LinkResponse
-	16, // 87: wheelfs.v1.Storage.Remove:output_type -> wheelfs.v1.RemoveResponse
-	18, // 88: wheelfs.v1.Storage.Rename:output_type -> wheelfs.v1.RenameResponse
-	20, // 89: wheelfs.v1.Storage.SetAttr:output_type -> wheelfs.v1.SetAttrResponse
-	22, // 90: wheelfs.v1.Storage.ReadDir:output_type -> wheelfs.v1.ReadDirResponse
-	25, // 91: wheelfs.v1.Storage.GetBlocks:output_type -> wheelfs.v1.GetBlocksResponse
-	27, // 92: wheelfs.v1.Storage.ReadBlocks:output_type -> wheelfs.v1.ReadBlocksResponse
-	29, // 93: wheelfs.v1.Storage.PutBlocks:output_type -> wheelfs.v1.PutBlocksResponse
-	31, // 94: wheelfs.v1.Storage.Commit:output_type -> wheelfs.v1.CommitResponse
-	33, // 95: wheelfs.v1.Storage.GetXattr:output_type -> wheelfs.v1.XattrResponse
-	33, // 96: wheelfs.v1.Storage.ListXattr:output_type -> wheelfs.v1.XattrResponse
-	33, // 97: wheelfs.v1.Storage.SetXattr:output_type -> wheelfs.v1.XattrResponse
-	33, // 98: wheelfs.v1.Storage.RemoveXattr:output_type -> wheelfs.v1.XattrResponse
-	35, // 99: wheelfs.v1.Storage.StatFS:output_type -> wheelfs.v1.StatFSResponse
-	37, // 100: wheelfs.v1.Storage.Open:output_type -> wheelfs.v1.OpenResponse
-	39, // 101: wheelfs.v1.Storage.Release:output_type -> wheelfs.v1.ReleaseResponse
-	43, // 102: wheelfs.v1.Peer.Replicate:output_type -> wheelfs.v1.ReplicateResponse
-	45, // 103: wheelfs.v1.Peer.Digest:output_type -> wheelfs.v1.DigestResponse
-	47, // 104: wheelfs.v1.Peer.Diff:output_type -> wheelfs.v1.InstallRequest
-	48, // 105: wheelfs.v1.Peer.Install:output_type -> wheelfs.v1.InstallResponse
-	51, // 106: wheelfs.v1.Peer.FetchBlocks:output_type -> wheelfs.v1.FetchBlocksResponse
-	53, // 107: wheelfs.v1.Peer.Ping:output_type -> wheelfs.v1.PingResponse
-	55, // 108: wheelfs.v1.Peer.CreateObject:output_type -> wheelfs.v1.CreateObjectResponse
-	57, // 109: wheelfs.v1.Peer.DropLink:output_type -> wheelfs.v1.DropLinkResponse
-	83, // [83:110] is the sub-list for method output_type
-	56, // [56:83] is the sub-list for method input_type
-	56, // [56:56] is the sub-list for extension type_name
-	56, // [56:56] is the sub-list for extension extendee
-	0,  // [0:56] is the sub-list for field type_name
+	4,  // 56: wheelfs.v1.StatResponse.meta:type_name -> wheelfs.v1.Meta
+	7,  // 57: wheelfs.v1.Storage.Lookup:input_type -> wheelfs.v1.LookupRequest
+	9,  // 58: wheelfs.v1.Storage.GetAttr:input_type -> wheelfs.v1.GetAttrRequest
+	11, // 59: wheelfs.v1.Storage.Create:input_type -> wheelfs.v1.CreateRequest
+	13, // 60: wheelfs.v1.Storage.Link:input_type -> wheelfs.v1.LinkRequest
+	15, // 61: wheelfs.v1.Storage.Remove:input_type -> wheelfs.v1.RemoveRequest
+	17, // 62: wheelfs.v1.Storage.Rename:input_type -> wheelfs.v1.RenameRequest
+	19, // 63: wheelfs.v1.Storage.SetAttr:input_type -> wheelfs.v1.SetAttrRequest
+	21, // 64: wheelfs.v1.Storage.ReadDir:input_type -> wheelfs.v1.ReadDirRequest
+	24, // 65: wheelfs.v1.Storage.GetBlocks:input_type -> wheelfs.v1.GetBlocksRequest
+	26, // 66: wheelfs.v1.Storage.ReadBlocks:input_type -> wheelfs.v1.ReadBlocksRequest
+	28, // 67: wheelfs.v1.Storage.PutBlocks:input_type -> wheelfs.v1.PutBlocksRequest
+	30, // 68: wheelfs.v1.Storage.Commit:input_type -> wheelfs.v1.CommitRequest
+	32, // 69: wheelfs.v1.Storage.GetXattr:input_type -> wheelfs.v1.XattrRequest
+	32, // 70: wheelfs.v1.Storage.ListXattr:input_type -> wheelfs.v1.XattrRequest
+	32, // 71: wheelfs.v1.Storage.SetXattr:input_type -> wheelfs.v1.XattrRequest
+	32, // 72: wheelfs.v1.Storage.RemoveXattr:input_type -> wheelfs.v1.XattrRequest
+	34, // 73: wheelfs.v1.Storage.StatFS:input_type -> wheelfs.v1.StatFSRequest
+	36, // 74: wheelfs.v1.Storage.Open:input_type -> wheelfs.v1.OpenRequest
+	38, // 75: wheelfs.v1.Storage.Release:input_type -> wheelfs.v1.ReleaseRequest
+	42, // 76: wheelfs.v1.Peer.Replicate:input_type -> wheelfs.v1.ReplicateRequest
+	44, // 77: wheelfs.v1.Peer.Digest:input_type -> wheelfs.v1.DigestRequest
+	49, // 78: wheelfs.v1.Peer.Diff:input_type -> wheelfs.v1.DiffRequest
+	47, // 79: wheelfs.v1.Peer.Install:input_type -> wheelfs.v1.InstallRequest
+	50, // 80: wheelfs.v1.Peer.FetchBlocks:input_type -> wheelfs.v1.FetchBlocksRequest
+	52, // 81: wheelfs.v1.Peer.Ping:input_type -> wheelfs.v1.PingRequest
+	54, // 82: wheelfs.v1.Peer.CreateObject:input_type -> wheelfs.v1.CreateObjectRequest
+	56, // 83: wheelfs.v1.Peer.DropLink:input_type -> wheelfs.v1.DropLinkRequest
+	58, // 84: wheelfs.v1.Peer.Stat:input_type -> wheelfs.v1.StatRequest
+	8,  // 85: wheelfs.v1.Storage.Lookup:output_type -> wheelfs.v1.LookupResponse
+	10, // 86: wheelfs.v1.Storage.GetAttr:output_type -> wheelfs.v1.GetAttrResponse
+	12, // 87: wheelfs.v1.Storage.Create:output_type -> wheelfs.v1.CreateResponse
+	14, // 88: wheelfs.v1.Storage.Link:output_type -> wheelfs.v1.LinkResponse
+	16, // 89: wheelfs.v1.Storage.Remove:output_type -> wheelfs.v1.RemoveResponse
+	18, // 90: wheelfs.v1.Storage.Rename:output_type -> wheelfs.v1.RenameResponse
+	20, // 91: wheelfs.v1.Storage.SetAttr:output_type -> wheelfs.v1.SetAttrResponse
+	22, // 92: wheelfs.v1.Storage.ReadDir:output_type -> wheelfs.v1.ReadDirResponse
+	25, // 93: wheelfs.v1.Storage.GetBlocks:output_type -> wheelfs.v1.GetBlocksResponse
+	27, // 94: wheelfs.v1.Storage.ReadBlocks:output_type -> wheelfs.v1.ReadBlocksResponse
+	29, // 95: wheelfs.v1.Storage.PutBlocks:output_type -> wheelfs.v1.PutBlocksResponse
+	31, // 96: wheelfs.v1.Storage.Commit:output_type -> wheelfs.v1.CommitResponse
+	33, // 97: wheelfs.v1.Storage.GetXattr:output_type -> wheelfs.v1.XattrResponse
+	33, // 98: wheelfs.v1.Storage.ListXattr:output_type -> wheelfs.v1.XattrResponse
+	33, // 99: wheelfs.v1.Storage.SetXattr:output_type -> wheelfs.v1.XattrResponse
+	33, // 100: wheelfs.v1.Storage.RemoveXattr:output_type -> wheelfs.v1.XattrResponse
+	35, // 101: wheelfs.v1.Storage.StatFS:output_type -> wheelfs.v1.StatFSResponse
+	37, // 102: wheelfs.v1.Storage.Open:output_type -> wheelfs.v1.OpenResponse
+	39, // 103: wheelfs.v1.Storage.Release:output_type -> wheelfs.v1.ReleaseResponse
+	43, // 104: wheelfs.v1.Peer.Replicate:output_type -> wheelfs.v1.ReplicateResponse
+	45, // 105: wheelfs.v1.Peer.Digest:output_type -> wheelfs.v1.DigestResponse
+	47, // 106: wheelfs.v1.Peer.Diff:output_type -> wheelfs.v1.InstallRequest
+	48, // 107: wheelfs.v1.Peer.Install:output_type -> wheelfs.v1.InstallResponse
+	51, // 108: wheelfs.v1.Peer.FetchBlocks:output_type -> wheelfs.v1.FetchBlocksResponse
+	53, // 109: wheelfs.v1.Peer.Ping:output_type -> wheelfs.v1.PingResponse
+	55, // 110: wheelfs.v1.Peer.CreateObject:output_type -> wheelfs.v1.CreateObjectResponse
+	57, // 111: wheelfs.v1.Peer.DropLink:output_type -> wheelfs.v1.DropLinkResponse
+	59, // 112: wheelfs.v1.Peer.Stat:output_type -> wheelfs.v1.StatResponse
+	85, // [85:113] is the sub-list for method output_type
+	57, // [57:85] is the sub-list for method input_type
+	57, // [57:57] is the sub-list for extension type_name
+	57, // [57:57] is the sub-list for extension extendee
+	0,  // [0:57] is the sub-list for field type_name
 }
 
 func init() { file_wheelfs_proto_init() }
@@ -4302,7 +4410,7 @@ func file_wheelfs_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_wheelfs_proto_rawDesc), len(file_wheelfs_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   55,
+			NumMessages:   57,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

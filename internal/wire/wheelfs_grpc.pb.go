@@ -819,6 +819,7 @@ const (
 	Peer_Ping_FullMethodName         = "/wheelfs.v1.Peer/Ping"
 	Peer_CreateObject_FullMethodName = "/wheelfs.v1.Peer/CreateObject"
 	Peer_DropLink_FullMethodName     = "/wheelfs.v1.Peer/DropLink"
+	Peer_Stat_FullMethodName         = "/wheelfs.v1.Peer/Stat"
 )
 
 // PeerClient is the client API for Peer service.
@@ -836,6 +837,7 @@ type PeerClient interface {
 	Ping(ctx context.Context, in *PingRequest, opts ...grpc.CallOption) (*PingResponse, error)
 	CreateObject(ctx context.Context, in *CreateObjectRequest, opts ...grpc.CallOption) (*CreateObjectResponse, error)
 	DropLink(ctx context.Context, in *DropLinkRequest, opts ...grpc.CallOption) (*DropLinkResponse, error)
+	Stat(ctx context.Context, in *StatRequest, opts ...grpc.CallOption) (*StatResponse, error)
 }
 
 type peerClient struct {
@@ -926,6 +928,16 @@ func (c *peerClient) DropLink(ctx context.Context, in *DropLinkRequest, opts ...
 	return out, nil
 }
 
+func (c *peerClient) Stat(ctx context.Context, in *StatRequest, opts ...grpc.CallOption) (*StatResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(StatResponse)
+	err := c.cc.Invoke(ctx, Peer_Stat_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // PeerServer is the server API for Peer service.
 // All implementations must embed UnimplementedPeerServer
 // for forward compatibility.
@@ -941,6 +953,7 @@ type PeerServer interface {
 	Ping(context.Context, *PingRequest) (*PingResponse, error)
 	CreateObject(context.Context, *CreateObjectRequest) (*CreateObjectResponse, error)
 	DropLink(context.Context, *DropLinkRequest) (*DropLinkResponse, error)
+	Stat(context.Context, *StatRequest) (*StatResponse, error)
 	mustEmbedUnimplementedPeerServer()
 }
 
@@ -974,6 +987,9 @@ func (UnimplementedPeerServer) CreateObject(context.Context, *CreateObjectReques
 }
 func (UnimplementedPeerServer) DropLink(context.Context, *DropLinkRequest) (*DropLinkResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method DropLink not implemented")
+}
+func (UnimplementedPeerServer) Stat(context.Context, *StatRequest) (*StatResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Stat not implemented")
 }
 func (UnimplementedPeerServer) mustEmbedUnimplementedPeerServer() {}
 func (UnimplementedPeerServer) testEmbeddedByValue()              {}
@@ -1140,6 +1156,24 @@ func _Peer_DropLink_Handler(srv interface{}, ctx context.Context, dec func(inter
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Peer_Stat_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(StatRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(PeerServer).Stat(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Peer_Stat_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(PeerServer).Stat(ctx, req.(*StatRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Peer_ServiceDesc is the grpc.ServiceDesc for Peer service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -1178,6 +1212,10 @@ var Peer_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "DropLink",
 			Handler:    _Peer_DropLink_Handler,
+		},
+		{
+			MethodName: "Stat",
+			Handler:    _Peer_Stat_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -1,0 +1,490 @@
+package cluster
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/wheelfs/wheelfs/internal/client"
+	"github.com/wheelfs/wheelfs/internal/configsvc"
+	"github.com/wheelfs/wheelfs/internal/oid"
+	"github.com/wheelfs/wheelfs/internal/wire"
+)
+
+// info returns the placement of path as `wheelfs info` shows it.
+func info(ctx context.Context, fs *client.FS, path string) (*client.Info, error) {
+	r, err := fs.Resolve(ctx, Owner(), path)
+	if err != nil {
+		return nil, err
+	}
+	if r.Meta == nil {
+		return nil, fmt.Errorf("%s does not exist", path)
+	}
+	return fs.Info(ctx, Owner(), r.Cues, oid.ID(r.Meta.Id))
+}
+
+func replicaSites(in *client.Info) map[string]int {
+	out := map[string]int{}
+	for _, r := range in.Replicas {
+		out[r.Site]++
+	}
+	return out
+}
+
+// slicesHealthy reports the first slice that does not meet its policy.
+func slicesHealthy(ctx context.Context, c *Cluster) error {
+	t, err := c.Conf.Table(ctx)
+	if err != nil {
+		return err
+	}
+	for id, sl := range t.Slices {
+		h := configsvc.Check(t, sl)
+		if !h.OK() || sl.Holder == "" || len(sl.Replicas) == 0 || sl.Holder != sl.Replicas[0] {
+			return fmt.Errorf("slice %d: holder %q replicas %v policy %+v health %+v", id, sl.Holder, sl.Replicas, sl.Policy, h)
+		}
+	}
+	return nil
+}
+
+func TestPlacementCues(t *testing.T) {
+	c := Start(t, Options{Sites: []string{"west", "east", "eu"}, ServersPerSite: 3})
+	ctx := opCtx(t)
+	west := c.Client("west")
+	check := func(path string, want func(*client.Info) error) {
+		t.Helper()
+		c.WaitFor(20*time.Second, "placement of "+path, func() error {
+			in, err := info(ctx, west, path)
+			if err != nil {
+				return err
+			}
+			return want(in)
+		})
+	}
+	// Write-local: a client at east creates in a directory whose primary
+	// is elsewhere; the file's primary is east's own server.
+	if _, err := west.Mkdir(ctx, Owner(), "/d", 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Client("east").WriteFile(ctx, Owner(), "/d/local", []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	check("/d/local", func(in *client.Info) error {
+		if in.Primary.Site != "east" || len(in.Replicas) != 3 || len(replicaSites(in)) != 3 {
+			return fmt.Errorf("want primary at east and 3 replicas at 3 sites: %+v", in)
+		}
+		return nil
+	})
+	// .Site=eu from a west client.
+	if err := west.WriteFile(ctx, Owner(), "/.Site=eu/d/ineu", []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	check("/d/ineu", func(in *client.Info) error {
+		if in.Primary.Site != "eu" {
+			return fmt.Errorf("primary at %s, want eu: %+v", in.Primary.Site, in)
+		}
+		return nil
+	})
+	// .RepSites=2 with .RepLevel=3: two copies at the primary's site, one elsewhere.
+	if err := west.WriteFile(ctx, Owner(), "/.RepSites=2/.RepLevel=3/d/two", []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	check("/d/two", func(in *client.Info) error {
+		s := replicaSites(in)
+		if len(in.Replicas) != 3 || len(s) != 2 || s[in.Primary.Site] != 2 {
+			return fmt.Errorf("want 3 replicas, 2 at the primary's site and 1 elsewhere: %v %+v", s, in)
+		}
+		return nil
+	})
+	// .RepLevel=7 over 9 servers (no cap of four).
+	if err := west.WriteFile(ctx, Owner(), "/.RepLevel=7/d/seven", []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	check("/d/seven", func(in *client.Info) error {
+		if len(in.Replicas) != 7 || len(replicaSites(in)) != 3 {
+			return fmt.Errorf("want 7 replicas over 3 sites: %+v", in)
+		}
+		return nil
+	})
+	// .KeepTogether: a subtree stays on its parent's replica set (the
+	// parent's slice), whoever creates in it.
+	if _, err := west.Mkdir(ctx, Owner(), "/d/kt", 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Client("eu").Mkdir(ctx, Owner(), "/.KeepTogether/d/kt/sub", 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Client("east").WriteFile(ctx, Owner(), "/.KeepTogether/d/kt/sub/f", []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	parent, err := info(ctx, west, "/d/kt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{"/d/kt/sub", "/d/kt/sub/f"} {
+		in, err := info(ctx, west, p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if in.Slice != parent.Slice {
+			t.Errorf("%s in slice %d, its parent in %d: not kept together", p, in.Slice, parent.Slice)
+		}
+	}
+	c.WaitFor(20*time.Second, "every slice meets its policy", func() error { return slicesHealthy(ctx, c) })
+}
+
+// history records acknowledged and attempted versions of each file and
+// the reads, and checks them (single-writer registers).
+type history struct {
+	mu    sync.Mutex
+	ops   []histOp
+	start time.Time
+}
+
+type histOp struct {
+	path       string
+	write      bool
+	version    int // written, or read (-1: empty file)
+	begin, end time.Time
+	ok         bool
+}
+
+func (h *history) add(op histOp) {
+	h.mu.Lock()
+	h.ops = append(h.ops, op)
+	h.mu.Unlock()
+}
+
+// check verifies every successful read and final read against the
+// writes: a read returns a version at least the newest acknowledged
+// before it began, and at most the newest attempted before it ended.
+// Acknowledged writes are never lost or rolled back.
+func (h *history) check(t *testing.T) (reads, writes int) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	byPath := map[string][]histOp{}
+	for _, op := range h.ops {
+		byPath[op.path] = append(byPath[op.path], op)
+	}
+	for path, ops := range byPath {
+		for _, r := range ops {
+			if r.write || !r.ok {
+				continue
+			}
+			reads++
+			low, high := -1, -1
+			for _, w := range ops {
+				if !w.write {
+					continue
+				}
+				if w.ok && w.end.Before(r.begin) {
+					low = max(low, w.version)
+				}
+				if w.begin.Before(r.end) {
+					high = max(high, w.version)
+				}
+			}
+			if r.version < low || r.version > high {
+				t.Errorf("%s: read at [%v,%v] saw version %d, allowed [%d,%d]", path,
+					r.begin.Sub(h.start), r.end.Sub(h.start), r.version, low, high)
+			}
+		}
+		for _, w := range ops {
+			if w.write && w.ok {
+				writes++
+			}
+		}
+	}
+	return reads, writes
+}
+
+// replaceFile writes a new version of path the way careful applications
+// do: into a temporary file, then renamed over path (close-to-open makes
+// the new version whole or absent for every reader).
+func replaceFile(ctx context.Context, fs *client.FS, path string, data []byte) error {
+	tmp := path + ".tmp"
+	if err := fs.WriteFile(ctx, Owner(), tmp, data, 0o644); err != nil {
+		return err
+	}
+	r, err := fs.Resolve(ctx, Owner(), tmp)
+	if err != nil {
+		return err
+	}
+	return fs.Rename(ctx, Owner(), client.NoCues, r.Parent, r.Name, r.Parent, path[strings.LastIndex(path, "/")+1:], 0)
+}
+
+func content(path string, v int) []byte {
+	return bytes.Repeat([]byte(fmt.Sprintf("%s v%06d\n", path, v)), 1+v%50)
+}
+
+func versionOf(path string, data []byte) (int, error) {
+	if len(data) == 0 {
+		return -1, nil
+	}
+	var v int
+	if _, err := fmt.Sscanf(string(data), path+" v%06d\n", &v); err != nil {
+		return 0, fmt.Errorf("%s: unrecognised contents %.40q", path, data)
+	}
+	if !bytes.Equal(data, content(path, v)) {
+		return 0, fmt.Errorf("%s: torn contents for version %d", path, v)
+	}
+	return v, nil
+}
+
+// workload runs writers (each owning a few files at its site) and
+// readers at other sites until stop is closed.
+func workload(ctx context.Context, c *Cluster, h *history, stop <-chan struct{}, wg *sync.WaitGroup) {
+	sites := c.Sites()
+	for i, site := range sites {
+		fs := c.Client(site)
+		reader := c.Client(sites[(i+1)%len(sites)])
+		paths := []string{fmt.Sprintf("/w/%s-a", site), fmt.Sprintf("/w/%s-b", site)}
+		wg.Add(2)
+		go func() { // writer
+			defer wg.Done()
+			for v := 1; ; v++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				p := paths[v%len(paths)]
+				op := histOp{path: p, write: true, version: v, begin: time.Now()}
+				err := replaceFile(ctx, fs, p, content(p, v))
+				op.end, op.ok = time.Now(), err == nil
+				h.add(op)
+			}
+		}()
+		go func() { // reader at another site
+			defer wg.Done()
+			for n := 0; ; n++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				p := paths[n%len(paths)]
+				op := histOp{path: p, begin: time.Now()}
+				data, err := reader.ReadFile(ctx, Owner(), p)
+				op.end = time.Now()
+				if err == nil {
+					v, verr := versionOf(p, data)
+					if verr != nil {
+						h.add(histOp{path: p, version: -99, begin: op.begin, end: op.end, ok: true})
+						continue
+					}
+					op.version, op.ok = v, true
+				}
+				h.add(op)
+				time.Sleep(5 * time.Millisecond)
+			}
+		}()
+	}
+}
+
+// TestFaultsUnderWrites runs fault schedules against a concurrent write
+// workload with SyncLevel = RepLevel = 3 and checks the recorded history:
+// no acknowledged write is lost or rolled back, every slice returns to
+// its policy, and a stale primary is refused by the backups.
+func TestFaultsUnderWrites(t *testing.T) {
+	if testing.Short() {
+		t.Skip("fault schedules take a minute")
+	}
+	c := Start(t, Options{Sites: []string{"west", "east", "eu"}, ServersPerSite: 2, LockTTL: 2 * time.Second,
+		ClientTimeout: 40 * time.Second})
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)
+	defer cancel()
+	if _, err := c.Client("west").Mkdir(ctx, Owner(), "/w", 0o755); err != nil {
+		t.Fatal(err)
+	}
+	h := &history{start: time.Now()}
+	for _, site := range c.Sites() {
+		for _, s := range []string{"a", "b"} {
+			p := fmt.Sprintf("/w/%s-%s", site, s)
+			op := histOp{path: p, write: true, begin: time.Now()}
+			if err := replaceFile(ctx, c.Client(site), p, content(p, 0)); err != nil {
+				t.Fatal(err)
+			}
+			op.end, op.ok = time.Now(), true
+			h.add(op)
+		}
+	}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	workload(ctx, c, h, stop, &wg)
+	defer func() {
+		select {
+		case <-stop:
+		default:
+			close(stop)
+		}
+		wg.Wait()
+	}()
+
+	primaryOf := func(path string) *Node {
+		var n *Node
+		c.WaitFor(30*time.Second, "the primary of "+path, func() error {
+			var err error
+			n, err = c.PrimaryOf(ctx, c.Client("eu"), path)
+			if err == nil && !n.Up() {
+				err = errors.New("primary is down")
+			}
+			return err
+		})
+		return n
+	}
+	progress := func(what string) { // writes are acknowledged again, at every site
+		for _, site := range c.Sites() {
+			c.WaitFor(60*time.Second, what+" at "+site, func() error {
+				return c.Client(site).WriteFile(ctx, Owner(), "/w/probe-"+site, []byte(what), 0o644)
+			})
+		}
+	}
+	healthy := func() {
+		c.WaitFor(60*time.Second, "every slice meets its policy", func() error { return slicesHealthy(ctx, c) })
+	}
+	schedules := 0
+	run := func(name string, f func()) {
+		t.Logf("schedule %d: %s", schedules+1, name)
+		began := time.Now()
+		f()
+		progress("writes after " + name)
+		healthy()
+		schedules++
+		t.Logf("schedule %s done in %v", name, time.Since(began).Round(time.Millisecond))
+	}
+
+	run("crash the primary of west's files, restart it", func() {
+		p := primaryOf("/w/west-a")
+		c.Crash(p)
+		c.WaitFor(30*time.Second, "a backup takes over", func() error {
+			n, err := c.PrimaryOf(ctx, c.Client("eu"), "/w/west-a")
+			if err != nil || n == p {
+				return fmt.Errorf("primary %v (%v)", n, err)
+			}
+			return nil
+		})
+		c.Restart(p)
+	})
+	run("crash a backup of east's files, restart it", func() {
+		in, err := info(ctx, c.Client("eu"), "/w/east-a")
+		if err != nil {
+			t.Fatal(err)
+		}
+		b := c.Node(in.Replicas[len(in.Replicas)-1].Server)
+		c.Crash(b)
+		progress("writes with a backup down")
+		c.Restart(b)
+	})
+	run("partition the site of eu's primary, heal", func() {
+		p := primaryOf("/w/eu-a")
+		c.PartitionSite(p.Site)
+		c.WaitFor(30*time.Second, "another site takes over", func() error {
+			n, err := c.Primary(ctx, func() oid.Slice {
+				in, _ := info(ctx, c.Client(otherSite(c, p.Site)), "/w/eu-a")
+				if in == nil {
+					return 0
+				}
+				return oid.Slice(in.Slice)
+			}())
+			if err != nil || n.Site == p.Site {
+				return fmt.Errorf("primary %v (%v)", n, err)
+			}
+			return nil
+		})
+		c.HealSite(p.Site)
+	})
+	run("pause the primary of west's files past its lock, resume", func() {
+		p := primaryOf("/w/west-b")
+		r, err := c.Client("eu").Resolve(ctx, Owner(), "/w/west-b")
+		if err != nil {
+			t.Fatal(err)
+		}
+		sl := oid.ID(r.Meta.Id).Slice()
+		tab, err := c.Conf.Table(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		oldEpoch := tab.Slices[sl].Epoch
+		c.Pause(p)
+		var next *Node
+		c.WaitFor(30*time.Second, "a backup takes over from the paused primary", func() error {
+			n, err := c.Primary(ctx, sl)
+			if err != nil || n == p {
+				return fmt.Errorf("primary %v (%v)", n, err)
+			}
+			next = n
+			return nil
+		})
+		c.Resume(p)
+		// The old primary's epoch is refused by every replica the new
+		// primary has brought up to date.
+		c.WaitFor(30*time.Second, "backups refuse the stale epoch", func() error {
+			tab, err := c.Conf.Table(ctx)
+			if err != nil {
+				return err
+			}
+			for _, id := range tab.Slices[sl].Replicas[1:] {
+				peer, err := next.Host().Router.Peer(ctx, id)
+				if err != nil {
+					return err
+				}
+				resp, err := peer.Replicate(ctx, &wire.ReplicateRequest{Slice: uint32(sl), Epoch: oldEpoch,
+					Batches: []*wire.Batch{{Seq: 1 << 40}}})
+				if err != nil {
+					return err
+				}
+				if resp.Status != wire.ReplStatus_REPL_STALE_EPOCH {
+					return fmt.Errorf("backup %s answered %v to epoch %d", id, resp.Status, oldEpoch)
+				}
+			}
+			return nil
+		})
+		// And the resumed server no longer answers as primary.
+		if _, err := p.Host().Server.GetAttr(ctx, &wire.GetAttrRequest{Id: r.Meta.Id}); err == nil {
+			t.Errorf("the resumed former primary still serves slice %d", sl)
+		}
+	})
+	close(stop)
+	wg.Wait()
+	// Final reads: every file holds its newest acknowledged version or a
+	// later attempted one.
+	for _, site := range c.Sites() {
+		for _, s := range []string{"a", "b"} {
+			p := fmt.Sprintf("/w/%s-%s", site, s)
+			op := histOp{path: p, begin: time.Now()}
+			data, err := c.Client(otherSite(c, site)).ReadFile(ctx, Owner(), p)
+			if err != nil {
+				t.Fatalf("final read %s: %v", p, err)
+			}
+			op.end = time.Now()
+			if op.version, err = versionOf(p, data); err != nil {
+				t.Fatal(err)
+			}
+			op.ok = true
+			h.add(op)
+		}
+	}
+	reads, writes := h.check(t)
+	t.Logf("%d fault schedules; history of %d acknowledged writes and %d reads checked", schedules, writes, reads)
+	if writes < 20 || reads < 20 {
+		t.Errorf("too little work to judge: %d writes, %d reads", writes, reads)
+	}
+}
+
+func otherSite(c *Cluster, site string) string {
+	sites := c.Sites()
+	sort.Strings(sites)
+	for _, s := range sites {
+		if s != site {
+			return s
+		}
+	}
+	return site
+}
+
