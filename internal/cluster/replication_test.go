@@ -488,3 +488,47 @@ func otherSite(c *Cluster, site string) string {
 	return site
 }
 
+
+// TestTakeoverCollectsNewerVersions: with SyncLevel < RepLevel one backup
+// can be ahead of another. The backup that takes over from a dead primary
+// must first collect the newer version from the other.
+func TestTakeoverCollectsNewerVersions(t *testing.T) {
+	c := Start(t, Options{Sites: []string{"west", "east", "eu"}, LockTTL: 2 * time.Second})
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+	defer cancel()
+	west := c.Client("west")
+	if err := west.WriteFile(ctx, Owner(), "/f", []byte("v1"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var in *client.Info
+	c.WaitFor(20*time.Second, "three replicas", func() (err error) {
+		in, err = info(ctx, west, "/f")
+		if err == nil && len(in.Replicas) != 3 {
+			err = fmt.Errorf("replicas %v", in.Replicas)
+		}
+		return err
+	})
+	primary, first, second := c.Node(in.Replicas[0].Server), c.Node(in.Replicas[1].Server), c.Node(in.Replicas[2].Server)
+	if primary.Site != "west" {
+		t.Fatalf("primary at %s, want west (write-local)", primary.Site)
+	}
+	// The first backup (the successor) misses the next version.
+	c.PartitionLink(primary.Site, first.Site)
+	if err := west.WriteFile(ctx, Owner(), "/.SyncLevel=2/f", []byte("v2, acknowledged by the primary and one backup"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c.Crash(primary)
+	c.HealLink(primary.Site, first.Site)
+	c.WaitFor(30*time.Second, first.Name+" takes over", func() error {
+		n, err := c.Primary(ctx, oid.Slice(in.Slice))
+		if err != nil || n != first {
+			return fmt.Errorf("primary %v (%v)", n, err)
+		}
+		return nil
+	})
+	for _, site := range []string{"east", "eu"} {
+		if err := readIs(ctx, c.Client(site), "/f", []byte("v2, acknowledged by the primary and one backup")); err != nil {
+			t.Errorf("read at %s after takeover by %s (second backup %s): %v", site, first, second, err)
+		}
+	}
+}
