@@ -93,11 +93,15 @@ func (p *peerServer) Replicate(ctx context.Context, req *wire.ReplicateRequest) 
 			return nil, fserr.ToStatus(err)
 		}
 	}
+	// A block that a later mutation of this request overwrites may be
+	// gone at the primary already: such a SetBlock is skipped.
+	skip := supersededBlocks(req.Batches, s.store.HasBlock)
 	var missing [][]byte
-	for _, b := range req.Batches {
-		for _, h := range store.MutationBlocks(b.Mutations) {
-			if !s.store.HasBlock(h) {
-				missing = append(missing, h[:])
+	for bi, b := range req.Batches {
+		for mi, m := range b.Mutations {
+			if m.Kind == wire.MutationKind_MUT_SET_BLOCK && len(m.Data) == 32 &&
+				!skip[[2]int{bi, mi}] && !s.store.HasBlock([32]byte(m.Data)) {
+				missing = append(missing, m.Data)
 			}
 		}
 	}
@@ -116,7 +120,7 @@ func (p *peerServer) Replicate(ctx context.Context, req *wire.ReplicateRequest) 
 			resp.Status = wire.ReplStatus_REPL_NEED_SYNC
 			return nil
 		}
-		for _, b := range req.Batches {
+		for bi, b := range req.Batches {
 			if b.Seq <= at.seq {
 				continue // already have it
 			}
@@ -124,7 +128,10 @@ func (p *peerServer) Replicate(ctx context.Context, req *wire.ReplicateRequest) 
 				resp.Status = wire.ReplStatus_REPL_NEED_SYNC
 				break
 			}
-			for _, m := range b.Mutations {
+			for mi, m := range b.Mutations {
+				if skip[[2]int{bi, mi}] {
+					continue
+				}
 				if store.MutationSlice(m) != sl {
 					return fmt.Errorf("batch %d of slice %d changes slice %d: %w", b.Seq, sl, store.MutationSlice(m), fserr.ErrInvalid)
 				}
@@ -441,4 +448,48 @@ func (s *Server) remoteMeta(ctx context.Context, id oid.ID) (*wire.Meta, string,
 		return nil, "", fserr.FromStatus(err)
 	}
 	return resp.Meta, owner, nil
+}
+
+// supersededBlocks returns the positions of SetBlock mutations whose block
+// is absent (has reports false) and whose (file, index) a later mutation
+// of the same batches sets again, clears, truncates or deletes.
+func supersededBlocks(batches []*wire.Batch, has func([32]byte) bool) map[[2]int]bool {
+	type pos2 struct{ b, m int }
+	var absent []pos2
+	for bi, b := range batches {
+		for mi, m := range b.Mutations {
+			if m.Kind == wire.MutationKind_MUT_SET_BLOCK && len(m.Data) == 32 && !has([32]byte(m.Data)) {
+				absent = append(absent, pos2{bi, mi})
+			}
+		}
+	}
+	out := map[[2]int]bool{}
+	for _, p := range absent {
+		m := batches[p.b].Mutations[p.m]
+		later := func(bi, mi int) bool { return bi > p.b || bi == p.b && mi > p.m }
+	search:
+		for bi := p.b; bi < len(batches); bi++ {
+			for mi, n := range batches[bi].Mutations {
+				if !later(bi, mi) || n.Id != m.Id {
+					continue
+				}
+				switch n.Kind {
+				case wire.MutationKind_MUT_SET_BLOCK, wire.MutationKind_MUT_CLEAR_BLOCK:
+					if n.Index != m.Index {
+						continue
+					}
+				case wire.MutationKind_MUT_TRUNCATE_BLOCKS:
+					if n.Index > m.Index {
+						continue
+					}
+				case wire.MutationKind_MUT_DELETE_OBJECT:
+				default:
+					continue
+				}
+				out[[2]int{p.b, p.m}] = true
+				break search
+			}
+		}
+	}
+	return out
 }

@@ -267,7 +267,25 @@ func (r *sliceRepl) follow(ctx context.Context, f *follower) {
 	}
 }
 
-var errStale = errors.New("stale epoch")
+var (
+	errStale = errors.New("stale epoch")
+	errGone  = errors.New("block no longer stored")
+)
+
+// readBlocks returns the blocks of hs that the store still has: a block
+// a batch references may have been freed by a later batch.
+func (s *Server) readBlocks(hs [][32]byte) [][]byte {
+	if data, err := s.store.ReadBlocks(hs); err == nil {
+		return data
+	}
+	var out [][]byte
+	for _, h := range hs {
+		if d, err := s.store.ReadBlock(h); err == nil {
+			out = append(out, d)
+		}
+	}
+	return out
+}
 
 // step does one round of work for a backup: a snapshot if it needs one,
 // else the next committed batches. more reports whether work remains.
@@ -302,16 +320,19 @@ func (r *sliceRepl) step(ctx context.Context, f *follower) (more bool, err error
 		hs = append(hs, store.MutationBlocks(b.Mutations)...)
 	}
 	if len(hs) > 0 && len(hs)*blockSize <= maxInlineBlocks {
-		if req.Blocks, err = r.s.store.ReadBlocks(hs); err != nil {
-			return false, err
-		}
+		req.Blocks = r.s.readBlocks(hs)
 	}
 	resp, err := r.replicate(ctx, f.id, req)
 	if err != nil {
 		return false, err
 	}
 	if resp.Status == wire.ReplStatus_REPL_MISSING_BLOCKS {
-		if err := r.pushBlocks(ctx, f.id, resp.Missing); err != nil {
+		if err := r.pushBlocks(ctx, f.id, resp.Missing); errors.Is(err, errGone) {
+			r.mu.Lock()
+			f.synced = false // a later batch freed it: catch up by snapshot
+			r.mu.Unlock()
+			return true, nil
+		} else if err != nil {
 			return false, err
 		}
 		return true, nil
@@ -387,9 +408,9 @@ func (r *sliceRepl) pushBlocks(ctx context.Context, id string, missing [][]byte)
 			}
 		}
 		missing = missing[n:]
-		data, err := r.s.store.ReadBlocks(hs)
-		if err != nil {
-			return err
+		data := r.s.readBlocks(hs)
+		if len(data) < len(hs) {
+			return errGone
 		}
 		resp, err := r.replicate(ctx, id, &wire.ReplicateRequest{Slice: uint32(r.slice), Epoch: r.epoch, Blocks: data})
 		if err != nil {
