@@ -98,7 +98,8 @@ func (s *Server) maintain(ctx context.Context) {
 
 // successor reports whether this server should take over an unlocked
 // slice now. Registered replicas take turns in replica-list order: the
-// k-th may try once the slice has been seen unlocked for k grace periods.
+// k-th may try once the slice has been seen unlocked for k maintenance
+// periods.
 // The first is the intended primary (a restarted primary, or the target
 // of a hand-over); a primary that let its lock expire while still
 // registered (a paused process) is passed over after one grace period.
@@ -116,7 +117,7 @@ func (s *Server) successor(sl configsvc.Slice) bool {
 			continue
 		}
 		if id == s.cfg.ID {
-			return time.Since(since) >= time.Duration(rank)*2*s.cfg.MaintainPeriod
+			return time.Since(since) >= time.Duration(rank)*s.cfg.MaintainPeriod
 		}
 		rank++
 	}
@@ -138,7 +139,7 @@ func (s *Server) takeOver(ctx context.Context, sl configsvc.Slice) error {
 	if err != nil {
 		return fmt.Errorf("take over slice %d: %w", sl.ID, err)
 	}
-	seq, err := s.collect(ctx, sl.ID, replicas[1:])
+	seq, answered, err := s.collect(ctx, sl.ID, replicas[1:])
 	if err != nil {
 		// Give the lock back so that another replica can try.
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.PeerTimeout)
@@ -151,19 +152,39 @@ func (s *Server) takeOver(ctx context.Context, sl configsvc.Slice) error {
 	}); err != nil {
 		return err
 	}
+	// Backups that did not answer are most likely down with the old
+	// primary: replace them now rather than make writes wait for them
+	// (maintenance adds fresh backups and brings them up to date).
+	if len(answered) < len(replicas)-1 {
+		kept := append([]string{s.cfg.ID}, answered...)
+		if err := s.conf.UpdateReplicas(ctx, l, kept); err == nil {
+			replicas = kept
+		}
+	}
 	s.serve(l, sl.Policy, replicas, seq, start)
 	s.log.Info("took over slice", "slice", sl.ID, "epoch", l.Epoch, "seq", seq, "replicas", replicas)
+	s.kick()
 	return nil
+}
+
+// kick wakes the maintenance loop.
+func (s *Server) kick() {
+	select {
+	case s.tableC <- struct{}{}:
+	default:
+	}
 }
 
 // collect brings this server's copy of slice sl up to the newest among
 // the reachable backups (SyncLevel < RepLevel can leave one ahead) and
-// returns the resulting stream position's seq.
-func (s *Server) collect(ctx context.Context, sl oid.Slice, backups []string) (uint64, error) {
+// returns the resulting stream position's seq and the backups that
+// answered.
+func (s *Server) collect(ctx context.Context, sl oid.Slice, backups []string) (uint64, []string, error) {
 	mine, err := s.digest(sl)
 	if err != nil {
-		return 0, err
+		return 0, nil, err
 	}
+	var answered []string
 	best, bestID := pos{mine.Epoch, mine.Seq}, ""
 	for _, id := range backups {
 		if !s.registered(id) {
@@ -178,35 +199,37 @@ func (s *Server) collect(ctx context.Context, sl oid.Slice, backups []string) (u
 		cancel()
 		if err != nil {
 			s.log.Warn("backup unreachable while taking over", "slice", sl, "backup", id, "err", err)
+			s.suspect(id)
 			continue
 		}
+		answered = append(answered, id)
 		if at := (pos{d.Epoch, d.Seq}); best.less(at) {
 			best, bestID = at, id
 		}
 	}
 	if bestID == "" {
-		return mine.Seq, nil
+		return mine.Seq, answered, nil
 	}
 	p, err := s.peer(ctx, bestID)
 	if err != nil {
-		return 0, err
+		return 0, nil, err
 	}
 	for {
 		dctx, cancel := context.WithTimeout(ctx, s.cfg.InstallTimeout)
 		req, err := p.Diff(dctx, &wire.DiffRequest{Slice: uint32(sl), Digest: mine})
 		cancel()
 		if err != nil {
-			return 0, fmt.Errorf("collect newer versions from %s: %w", bestID, err)
+			return 0, nil, fmt.Errorf("collect newer versions from %s: %w", bestID, err)
 		}
 		if _, err := s.install(ctx, req); err != nil {
-			return 0, err
+			return 0, nil, err
 		}
 		if !req.More {
 			s.log.Info("collected newer versions", "slice", sl, "from", bestID, "objects", len(req.Objects), "seq", req.Seq)
-			return req.Seq, nil
+			return req.Seq, answered, nil
 		}
 		if mine, err = s.digest(sl); err != nil {
-			return 0, err
+			return 0, nil, err
 		}
 	}
 }
@@ -217,7 +240,7 @@ func (s *Server) tend(ctx context.Context, sl configsvc.Slice, l configsvc.Lock,
 	keep := []string{s.cfg.ID}
 	for _, id := range sl.Replicas[min(1, len(sl.Replicas)):] {
 		failing, ok := health[id]
-		dead := !s.registered(id) || ok && !failing.IsZero() && time.Since(failing) > s.cfg.DeadAfter
+		dead := !s.registered(id) || s.suspected(id) || ok && !failing.IsZero() && time.Since(failing) > s.cfg.DeadAfter
 		if !dead {
 			keep = append(keep, id)
 		}

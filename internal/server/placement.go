@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"hash/fnv"
 	"slices"
+	"time"
 
 	"github.com/wheelfs/wheelfs/internal/configsvc"
 	"github.com/wheelfs/wheelfs/internal/wire"
@@ -45,10 +46,40 @@ func (s *Server) chooseReplicas(p configsvc.Policy, keep []string) []string {
 	servers := map[string]configsvc.ServerInfo{s.cfg.ID: {ID: s.cfg.ID, Site: s.cfg.Site}}
 	if t != nil {
 		for id, si := range t.Servers {
-			servers[id] = si
+			if !s.suspected(id) {
+				servers[id] = si
+			}
 		}
 	}
 	return placeReplicas(p, keep, servers)
+}
+
+// suspect records that server id failed to answer; clear forgets it.
+func (s *Server) suspect(id string) {
+	s.mu.Lock()
+	if _, ok := s.suspects[id]; !ok {
+		s.suspects[id] = time.Now()
+	}
+	s.mu.Unlock()
+}
+
+func (s *Server) clearSuspect(id string) {
+	s.mu.Lock()
+	delete(s.suspects, id)
+	s.mu.Unlock()
+}
+
+// suspected reports whether id failed recently (within a few DeadAfter
+// periods, after which its membership would have expired if it were down).
+func (s *Server) suspected(id string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	at, ok := s.suspects[id]
+	if ok && time.Since(at) > 4*s.cfg.DeadAfter {
+		delete(s.suspects, id)
+		return false
+	}
+	return ok
 }
 
 // placeReplicas is chooseReplicas over a given server registry.
@@ -139,14 +170,14 @@ func cuesFromPolicy(p configsvc.Policy) *wire.Cues {
 		KeepTogether: p.KeepTogether, Eventual: p.EventualDirs}
 }
 
-// siteServers returns the registered servers at site, in a stable
-// pseudo-random order for salt.
+// siteServers returns the registered servers at site that are not
+// suspected of being down, in a stable pseudo-random order for salt.
 func (s *Server) siteServers(site, salt string) []string {
 	t := s.table.Load()
 	var ids []string
 	if t != nil {
 		for id, si := range t.Servers {
-			if si.Site == site {
+			if si.Site == site && !s.suspected(id) {
 				ids = append(ids, id)
 			}
 		}

@@ -245,6 +245,9 @@ func (r *sliceRepl) follow(ctx context.Context, f *follower) {
 				f.failing = time.Now()
 			}
 			r.mu.Unlock()
+			if err == nil {
+				r.s.clearSuspect(f.id)
+			}
 			if err != nil {
 				if errors.Is(err, errStale) {
 					r.s.lostSlice(r.slice, r.epoch, "a backup has seen a newer epoch")

@@ -80,6 +80,9 @@ type Server struct {
 	moving map[oid.Slice]bool      // being handed to another server
 	// freeSince is when maintenance first saw an unlocked slice.
 	freeSince map[oid.Slice]time.Time
+	// suspects are servers that recently failed to answer (placement
+	// avoids them even while their membership lease lasts).
+	suspects map[string]time.Time
 }
 
 // New returns a server over st that coordinates through conf.
@@ -121,6 +124,7 @@ func New(cfg Config, st *store.Store, conf configsvc.Service, lockTTL time.Durat
 		valid:     map[oid.Slice]time.Time{},
 		moving:    map[oid.Slice]bool{},
 		freeSince: map[oid.Slice]time.Time{},
+		suspects:  map[string]time.Time{},
 	}
 }
 
