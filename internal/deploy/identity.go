@@ -16,6 +16,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/wheelfs/wheelfs/internal/configsvc"
 	"github.com/wheelfs/wheelfs/internal/pki"
 )
 
@@ -209,8 +210,8 @@ func probeTLS(ctx context.Context, endpoints []string, cfg *tls.Config) error {
 
 // checkDeployment binds the data directory to the configuration service's
 // deployment on first start and refuses a mismatch afterwards.
-func (h *Host) checkDeployment(ctx context.Context) error {
-	dep, err := h.Conf.Deployment(ctx)
+func (h *Host) checkDeployment(ctx context.Context, conf configsvc.Service) error {
+	dep, err := conf.Deployment(ctx)
 	if err != nil {
 		return fmt.Errorf("deploy: read deployment ID: %w", err)
 	}
