@@ -58,7 +58,7 @@ func (h *Host) loadIdentity() error {
 			rand.Read(b[:])
 			h.id.Server = h.idPrefix() + hex.EncodeToString(b[:])
 		}
-		return h.saveIdentity()
+		return nil // saved once the host has credentials
 	}
 	if err != nil {
 		return fmt.Errorf("deploy: read identity: %w", err)
@@ -128,7 +128,7 @@ func (h *Host) ensureCredentials() error {
 		return fmt.Errorf("deploy: %w", err)
 	}
 	h.Creds = creds
-	return nil
+	return h.saveIdentity()
 }
 
 // altNames are the names and addresses others use to reach this host, for
