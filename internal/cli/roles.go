@@ -1,6 +1,8 @@
 package cli
 
 import (
+	"fmt"
+	"net"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -23,6 +25,11 @@ restart on the same --data just restarts the member.`,
 			cfg, err := f.deployConfig(g, deploy.RoleMember)
 			if err != nil {
 				return err
+			}
+			for _, a := range []string{f.memberListen, f.peerList} {
+				if err := advertisable(a); err != nil {
+					return err
+				}
 			}
 			cfg.Member = deploy.MemberConfig{Listen: f.memberListen, PeerListen: f.peerList, Join: splitList(f.peers)}
 			return runHost(cmd.Context(), g, f, cfg, "")
@@ -105,6 +112,22 @@ func newNode(g *globalFlags) *cobra.Command {
 	f.register(cmd, deploy.RoleServer|deploy.RoleClient)
 	cmd.Flags().StringVar(&f.data, "data", "", "data directory of this node (required)")
 	return cmd
+}
+
+// advertisable checks that other nodes can dial addr: the member
+// advertises the address it listens on.
+func advertisable(addr string) error {
+	if addr == "" {
+		return nil
+	}
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("--listen/--peer-listen %q: want HOST:PORT: %w", addr, err)
+	}
+	if ip := net.ParseIP(host); host == "" || (ip != nil && ip.IsUnspecified()) {
+		return fmt.Errorf("--listen/--peer-listen %q: give the address other nodes reach this member at, not a wildcard", addr)
+	}
+	return nil
 }
 
 func splitList(s string) []string {

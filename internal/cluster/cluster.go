@@ -23,11 +23,20 @@
 // (from the majority's side, a member cut off is indistinguishable from a
 // stopped one) and HealSite starts them again, so the partitioned site's
 // servers lose the configuration majority and, after LockTTL, their slice
-// locks. PartitionLink cuts only the link between two sites' servers and
-// clients; the configuration members keep talking to each other across it.
+// locks. (They see refused connections to their own site's member rather
+// than a member that answers nothing.) PartitionLink cuts only the link
+// between two sites' servers and clients; the configuration members keep
+// talking to each other across it.
+//
+// Faults. Crash is kill -9 (deploy.Host.Crash: locks and membership expire
+// on their own); Restart starts the node on the same directory and
+// identity, and needs the configuration majority reachable from its site.
+// Pause blocks the server's incoming calls and lock renewals. Configuration
+// members stop gracefully (embedded etcd has no harder stop). Slice locks
+// last Options.LockTTL; server membership leases keep deploy's default.
 //
 // All nodes and members share one deployment CA, created once per cluster.
-// Logs are discarded unless the test runs with -v, when they go to stderr.
+// Logs go to stderr under -v; otherwise a failed test shows their tail.
 //
 // Tests must not sleep and hope: wait for a condition with WaitFor.
 package cluster
@@ -73,8 +82,9 @@ type Options struct {
 	// ClientTimeout bounds client operations without a .MaxTime cue
 	// (default client.DefaultTimeout).
 	ClientTimeout time.Duration
-	// Logger receives every component's logs (default: stderr under -v,
-	// discarded otherwise).
+	// Logger receives every component's logs (default: stderr under -v;
+	// otherwise the last lines at info level and above are kept and shown
+	// if the test fails).
 	Logger *slog.Logger
 	// Adjust, if set, changes a node's host configuration before each start.
 	Adjust func(n *Node, cfg *deploy.Config)
@@ -120,14 +130,12 @@ func (o Options) withDefaults() Options {
 	if o.ClientTimeout <= 0 {
 		o.ClientTimeout = client.DefaultTimeout
 	}
-	if o.Logger == nil {
-		o.Logger = slog.New(slog.DiscardHandler)
-		if testing.Verbose() {
-			o.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
-		}
-	}
 	return o
 }
+
+// logTailLines is how many log lines a failed test shows when it ran
+// without -v.
+const logTailLines = 300
 
 // Cluster is a running in-process deployment.
 type Cluster struct {
@@ -208,6 +216,20 @@ const startTimeout = time.Minute
 func Start(t testing.TB, o Options) *Cluster {
 	t.Helper()
 	o = o.withDefaults()
+	var tail *logTail
+	if o.Logger == nil {
+		if testing.Verbose() {
+			o.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+		} else {
+			tail = newLogTail(logTailLines)
+			o.Logger = slog.New(slog.NewTextHandler(tail, nil))
+			t.Cleanup(func() {
+				if t.Failed() {
+					tail.dump(t)
+				}
+			})
+		}
+	}
 	began := time.Now()
 	c := &Cluster{t: t, opts: o, log: o.Logger.With("component", "cluster"), dir: t.TempDir(),
 		clients: map[string]*Node{}, isolated: map[string]bool{}}

@@ -32,6 +32,7 @@ func readIs(ctx context.Context, fs *client.FS, path string, want []byte) error 
 }
 
 func TestWriteHereReadThere(t *testing.T) {
+	t.Parallel()
 	began := time.Now()
 	c := Start(t, Options{Sites: []string{"west", "east", "eu"}, ServersPerSite: 2, ConfigMembers: 3})
 	t.Logf("3 sites × 2 servers + 3 clients + 3 config members started in %v", time.Since(began))
@@ -67,6 +68,7 @@ func TestWriteHereReadThere(t *testing.T) {
 }
 
 func TestRTTAndBandwidth(t *testing.T) {
+	t.Parallel()
 	const rtt = 100 * time.Millisecond
 	c := Start(t, Options{Sites: []string{"west", "east"}, ConfigMembers: 1,
 		RTT: MatrixRTT(map[[2]string]time.Duration{{"east", "west"}: rtt}), Bandwidth: map[string]int64{"east": 1 << 20}})
@@ -112,6 +114,7 @@ func TestRTTAndBandwidth(t *testing.T) {
 }
 
 func TestPartitionSite(t *testing.T) {
+	t.Parallel()
 	const timeout = 2 * time.Second
 	c := Start(t, Options{Sites: []string{"west", "east", "eu"}, ConfigMembers: 3, ClientTimeout: timeout})
 	ctx := opCtx(t)
@@ -163,6 +166,7 @@ func TestPartitionSite(t *testing.T) {
 // A primary cut off from the configuration majority loses its slice locks
 // once they expire.
 func TestPartitionedPrimaryLosesLocks(t *testing.T) {
+	t.Parallel()
 	c := Start(t, Options{Sites: []string{"west", "east", "eu"}, ConfigMembers: 3, LockTTL: 2 * time.Second})
 	ctx := opCtx(t)
 	p, err := c.Primary(ctx, oid.RootSlice)
@@ -189,6 +193,7 @@ func TestPartitionedPrimaryLosesLocks(t *testing.T) {
 }
 
 func TestCrashRestart(t *testing.T) {
+	t.Parallel()
 	c := Start(t, Options{Sites: []string{"west", "east"}, ConfigMembers: 1, ClientTimeout: 2 * time.Second})
 	ctx := opCtx(t)
 	data := []byte("durable")
@@ -217,6 +222,7 @@ func TestCrashRestart(t *testing.T) {
 }
 
 func TestPause(t *testing.T) {
+	t.Parallel()
 	const timeout = 2 * time.Second
 	c := Start(t, Options{Sites: []string{"west", "east"}, ConfigMembers: 1, ClientTimeout: timeout})
 	ctx := opCtx(t)
@@ -244,6 +250,7 @@ func TestPause(t *testing.T) {
 }
 
 func TestConfigMemberCrash(t *testing.T) {
+	t.Parallel()
 	c := Start(t, Options{Sites: []string{"west", "east", "eu"}, ConfigMembers: 3})
 	ctx := opCtx(t)
 	lead := -1
@@ -282,4 +289,43 @@ func TestConfigMemberCrash(t *testing.T) {
 	if _, err := c.Conf.Table(ctx); err != nil {
 		t.Errorf("table with a member down: %v", err)
 	}
+}
+
+// Five members survive two crashes, not three.
+func TestFiveMembers(t *testing.T) {
+	t.Parallel()
+	c := Start(t, Options{Sites: []string{"west", "east", "eu"}, ConfigMembers: 5})
+	ctx := opCtx(t)
+	if c.ConfigMemberSite(3) != "west" || c.ConfigMemberSite(4) != "east" {
+		t.Errorf("members 3, 4 at %s, %s; want west, east", c.ConfigMemberSite(3), c.ConfigMemberSite(4))
+	}
+	var lead int
+	c.WaitFor(10*time.Second, "a configuration leader", func() error {
+		if lead = c.ConfigLeader(); lead < 0 {
+			return errors.New("no leader")
+		}
+		return nil
+	})
+	down := []int{lead, (lead + 1) % 5}
+	for _, i := range down {
+		c.CrashConfigMember(i)
+	}
+	p := c.Node("east-0")
+	c.Crash(p)
+	c.Restart(p) // registers with 3 of 5 members
+	c.WaitFor(30*time.Second, "write with two of five members down", func() error {
+		return c.Client("east").WriteFile(ctx, Owner(), "/f", []byte("ok"), 0o644)
+	})
+	third := (lead + 2) % 5
+	c.CrashConfigMember(third)
+	tctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	if _, err := c.Conf.Table(tctx); err == nil {
+		t.Error("the slice table is readable with three of five members down")
+	}
+	c.RestartConfigMember(third)
+	c.WaitFor(30*time.Second, "the table after a member came back", func() error {
+		_, err := c.Conf.Table(ctx)
+		return err
+	})
 }

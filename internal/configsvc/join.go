@@ -35,8 +35,11 @@ func (s *EtcdService) AddMember(ctx context.Context, name, peerURL string) (stri
 			return "", fmt.Errorf("configsvc: add member %s: list members: %w", name, err)
 		}
 		var newID uint64
+		var pending string // another added member that has not started yet
 		for _, m := range list.Members {
 			switch {
+			case !slices.Contains(m.PeerURLs, peerURL) && m.Name == "":
+				pending = strings.Join(m.PeerURLs, ",")
 			case slices.Contains(m.PeerURLs, peerURL) && m.Name == "":
 				newID = m.ID // added before, never started
 			case slices.Contains(m.PeerURLs, peerURL) || (m.Name == name && name != ""):
@@ -45,12 +48,24 @@ func (s *EtcdService) AddMember(ctx context.Context, name, peerURL string) (stri
 			}
 		}
 		members := list.Members
+		if pending != "" && newID == 0 {
+			// One join at a time: the new member's initial cluster must
+			// name every member, and an unstarted one has no name yet.
+			s.log.Info("waiting for an earlier new member to start", "member", name, "pending", pending)
+			select {
+			case <-ctx.Done():
+				return "", fmt.Errorf("configsvc: add member %s: the member at %s was added but never started (remove it with etcdctl member remove): %w",
+					name, pending, ctx.Err())
+			case <-time.After(500 * time.Millisecond):
+			}
+			continue
+		}
 		if newID == 0 {
 			cctx, cancel := s.rpcCtx(ctx)
 			resp, err := s.cli.MemberAdd(cctx, []string{peerURL})
 			cancel()
 			if err != nil {
-				if errors.Is(err, rpctypes.ErrUnhealthy) || errors.Is(err, rpctypes.ErrGRPCUnhealthy) {
+				if retryableReconfig(err) {
 					s.log.Info("cluster not ready for a new member yet; retrying", "member", name, "err", err)
 					select {
 					case <-ctx.Done():
@@ -76,4 +91,17 @@ func (s *EtcdService) AddMember(ctx context.Context, name, peerURL string) (stri
 		s.log.Info("member added", "member", name, "peer", peerURL)
 		return strings.Join(parts, ","), nil
 	}
+}
+
+// retryableReconfig reports whether etcd refused a membership change only
+// for now: an earlier new member has not started or caught up yet.
+func retryableReconfig(err error) bool {
+	for _, e := range []error{rpctypes.ErrUnhealthy, rpctypes.ErrGRPCUnhealthy,
+		rpctypes.ErrMemberNotEnoughStarted, rpctypes.ErrGRPCMemberNotEnoughStarted} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	msg := err.Error()
+	return strings.Contains(msg, "unhealthy cluster") || strings.Contains(msg, "not enough started members")
 }

@@ -226,9 +226,6 @@ func Start(ctx context.Context, cfg Config) (h *Host, err error) {
 	if err := h.dialConfig(ctx, endpoints); err != nil {
 		return nil, err
 	}
-	if err := h.checkDeployment(ctx); err != nil {
-		return nil, err
-	}
 	if cfg.Roles&(RoleServer|RoleClient) == 0 {
 		return h, nil
 	}
@@ -240,8 +237,11 @@ func Start(ctx context.Context, cfg Config) (h *Host, err error) {
 		local = &lateLocal{}
 		ropts.LocalID, ropts.Local = h.id.Server, local
 	}
-	if h.Router, err = route.New(ctx, h.Conf, ropts); err != nil {
-		return nil, fmt.Errorf("deploy: %w", err)
+	if err := h.retry(ctx, "read the slice table", func(ctx context.Context) (err error) {
+		h.Router, err = route.New(ctx, h.Conf, ropts)
+		return err
+	}); err != nil {
+		return nil, err
 	}
 	h.onClose(h.Router.Close, nil)
 	if cfg.Roles&RoleServer != 0 {
@@ -269,30 +269,54 @@ func (h *Host) dialer() func(ctx context.Context, addr string) (net.Conn, error)
 	return h.cfg.Network.Dialer(h.cfg.Site)
 }
 
-// dialConfig connects to the configuration service, waiting up to
-// ConfigWait for it to answer.
+// dialConfig connects to the configuration service and reads the
+// deployment ID (a linearizable read, so a quorum answers), retrying for up
+// to ConfigWait: members may still be starting or joining.
 func (h *Host) dialConfig(ctx context.Context, endpoints []string) error {
 	wctx, cancel := context.WithTimeout(ctx, h.cfg.ConfigWait)
 	defer cancel()
 	opts := configsvc.Options{LockTTL: h.cfg.LockTTL, Logger: h.cfg.Logger, Dial: h.dialer()}
-	var last error
 	for {
 		conf, err := configsvc.Dial(wctx, endpoints, h.Creds.ClientTLS(""), opts)
 		if err == nil {
-			h.etcd, h.Conf = conf, conf
-			h.onClose(conf.Close, conf.Abandon)
-			return nil
+			if err = h.checkDeployment(wctx, conf); err == nil {
+				h.etcd, h.Conf = conf, conf
+				h.onClose(conf.Close, conf.Abandon)
+				return nil
+			}
+			conf.Close()
+			if errors.Is(err, ErrForeignData) {
+				return err
+			}
 		}
-		last = err
 		if perr := probeTLS(wctx, endpoints, h.Creds.ClientTLS("")); perr != nil {
 			return fmt.Errorf("%w: the configuration service at %v does not accept the credentials in %s (%v)",
 				ErrForeignData, endpoints, h.cfg.DataDir, perr)
 		}
-		h.log.Info("configuration service not reachable yet; retrying", "endpoints", endpoints, "err", err)
+		h.log.Info("configuration service not ready yet; retrying", "endpoints", endpoints, "err", err)
 		select {
 		case <-wctx.Done():
-			return fmt.Errorf("deploy: configuration service at %v unreachable after %v: %w",
-				endpoints, h.cfg.ConfigWait, last)
+			return fmt.Errorf("deploy: configuration service at %v not ready after %v: %w",
+				endpoints, h.cfg.ConfigWait, err)
+		case <-time.After(time.Second):
+		}
+	}
+}
+
+// retry runs f until it succeeds, for up to ConfigWait: while members
+// join, the configuration service may lose its quorum for a few seconds.
+func (h *Host) retry(ctx context.Context, what string, f func(context.Context) error) error {
+	wctx, cancel := context.WithTimeout(ctx, h.cfg.ConfigWait)
+	defer cancel()
+	for {
+		err := f(wctx)
+		if err == nil {
+			return nil
+		}
+		h.log.Info("configuration service not ready; retrying", "op", what, "err", err)
+		select {
+		case <-wctx.Done():
+			return fmt.Errorf("deploy: %s: %w", what, err)
 		case <-time.After(time.Second):
 		}
 	}

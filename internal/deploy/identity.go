@@ -16,6 +16,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/wheelfs/wheelfs/internal/configsvc"
 	"github.com/wheelfs/wheelfs/internal/pki"
 )
 
@@ -57,7 +58,7 @@ func (h *Host) loadIdentity() error {
 			rand.Read(b[:])
 			h.id.Server = h.idPrefix() + hex.EncodeToString(b[:])
 		}
-		return h.saveIdentity()
+		return nil // saved once the host has credentials
 	}
 	if err != nil {
 		return fmt.Errorf("deploy: read identity: %w", err)
@@ -127,7 +128,7 @@ func (h *Host) ensureCredentials() error {
 		return fmt.Errorf("deploy: %w", err)
 	}
 	h.Creds = creds
-	return nil
+	return h.saveIdentity()
 }
 
 // altNames are the names and addresses others use to reach this host, for
@@ -209,8 +210,8 @@ func probeTLS(ctx context.Context, endpoints []string, cfg *tls.Config) error {
 
 // checkDeployment binds the data directory to the configuration service's
 // deployment on first start and refuses a mismatch afterwards.
-func (h *Host) checkDeployment(ctx context.Context) error {
-	dep, err := h.Conf.Deployment(ctx)
+func (h *Host) checkDeployment(ctx context.Context, conf configsvc.Service) error {
+	dep, err := conf.Deployment(ctx)
 	if err != nil {
 		return fmt.Errorf("deploy: read deployment ID: %w", err)
 	}

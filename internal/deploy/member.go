@@ -3,12 +3,14 @@ package deploy
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/wheelfs/wheelfs/internal/configsvc"
 	"github.com/wheelfs/wheelfs/internal/configsvc/embedded"
@@ -57,8 +59,15 @@ func (h *Host) startMember(ctx context.Context) ([]string, error) {
 		}
 		ec.PeerURL = p
 	}
-	restart := exists(filepath.Join(ec.Dir, "member"))
+	// member.json is written once the member has started: before that,
+	// etcd data in the directory is the debris of a join that failed
+	// (etcd creates its WAL before it validates the cluster), which would
+	// otherwise restart as a new one-member cluster.
+	restart := exists(h.memberFile()) && exists(filepath.Join(ec.Dir, "member"))
 	if len(mc.Join) > 0 && !restart {
+		if err := os.RemoveAll(ec.Dir); err != nil {
+			return nil, fmt.Errorf("deploy: clear failed join: %w", err)
+		}
 		if ec.PeerURL == "" {
 			a, err := embedded.FreeAddr("")
 			if err != nil {
@@ -91,21 +100,33 @@ func (h *Host) startMember(ctx context.Context) ([]string, error) {
 }
 
 // joinCluster adds this member to the running cluster at endpoints and
-// returns the initial-cluster string to start it with.
+// returns the initial-cluster string to start it with. It retries for up
+// to ConfigWait while the cluster cannot be reached or refuses the change
+// for now.
 func (h *Host) joinCluster(ctx context.Context, endpoints []string, name, peerURL string) (string, error) {
 	wctx, cancel := context.WithTimeout(ctx, h.cfg.ConfigWait)
 	defer cancel()
-	conf, err := configsvc.Dial(wctx, endpoints, h.Creds.ClientTLS(""), configsvc.Options{Logger: h.cfg.Logger, Dial: h.dialer()})
-	if err != nil {
-		return "", fmt.Errorf("deploy: join configuration service at %v: %w", endpoints, err)
-	}
-	defer conf.Close()
 	h.log.Info("joining configuration service", "endpoints", endpoints, "member", name, "peer", peerURL)
-	initial, err := conf.AddMember(wctx, name, peerURL)
-	if err != nil {
-		return "", fmt.Errorf("deploy: join configuration service at %v: %w", endpoints, err)
+	for {
+		conf, err := configsvc.Dial(wctx, endpoints, h.Creds.ClientTLS(""), configsvc.Options{Logger: h.cfg.Logger, Dial: h.dialer()})
+		if err == nil {
+			var initial string
+			initial, err = conf.AddMember(wctx, name, peerURL)
+			conf.Close()
+			if err == nil || errors.Is(err, configsvc.ErrMemberExists) {
+				if err != nil {
+					return "", fmt.Errorf("deploy: join configuration service at %v: %w", endpoints, err)
+				}
+				return initial, nil
+			}
+		}
+		h.log.Info("cannot join the configuration service yet; retrying", "endpoints", endpoints, "err", err)
+		select {
+		case <-wctx.Done():
+			return "", fmt.Errorf("deploy: join configuration service at %v: not done after %v: %w", endpoints, h.cfg.ConfigWait, err)
+		case <-time.After(time.Second):
+		}
 	}
-	return initial, nil
 }
 
 // EndpointsFile is where a host with an embedded member records its

@@ -272,3 +272,52 @@ func TestJoinThreeMembers(t *testing.T) {
 }
 
 func loadCA(dir string) (*pki.CA, error) { return pki.LoadCA(dir) }
+
+// TestJoinConcurrently starts two joining members at once: joins are
+// serialized (an unstarted member has no name for the initial cluster).
+func TestJoinConcurrently(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	first := startMemberHost(t, ctx)
+	errs := make(chan error, 2)
+	hosts := make(chan *Host, 2)
+	for range 2 {
+		cfg := NewConfig(t.TempDir())
+		cfg.Logger = testLogger(t)
+		cfg.Roles, cfg.CADir = RoleMember, first.caDir()
+		addr, err := embedded.FreeAddr("")
+		if err != nil {
+			t.Fatal(err)
+		}
+		peer, err := embedded.FreeAddr("")
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.Member = MemberConfig{Listen: addr, PeerListen: peer, Join: first.ConfigEndpoints()}
+		go func() {
+			h, err := Start(ctx, cfg)
+			if err == nil {
+				hosts <- h
+			}
+			errs <- err
+		}()
+	}
+	for range 2 {
+		if err := <-errs; err != nil {
+			t.Fatalf("concurrent join: %v", err)
+		}
+	}
+	close(hosts)
+	for h := range hosts {
+		defer h.Close()
+	}
+	members, err := first.Conf.Members(ctx)
+	if err != nil || len(members) != 3 {
+		t.Fatalf("members = %+v, %v", members, err)
+	}
+	for _, m := range members {
+		if m.Name == "" || !m.Reachable {
+			t.Errorf("member %+v not started", m)
+		}
+	}
+}

@@ -54,8 +54,13 @@ func TestMultiNode(t *testing.T) {
 			"--data", data, "--ca", ca, mnt)
 	}
 	west, east := node("west"), node("east")
+	// The client-only mount gets a node directory issued for it instead
+	// of the CA key.
+	issued := filepath.Join(tmp, "issued-eu")
+	mustRun(t, tmp, 30*time.Second, wheelfsBin, "ca", "issue", "--ca", ca, "--name", "cli-eu", "--out", issued)
 	mdata, mmnt := filepath.Join(tmp, "mount-eu"), t.TempDir()
-	eu := startWheelfs(t, mdata, mmnt, "mount", "--config", members[1], "--site", "eu", "--data", mdata, "--ca", ca, mmnt)
+	eu := startWheelfs(t, mdata, mmnt, "mount", "--config", members[1], "--site", "eu", "--data", mdata,
+		"--node-dir", issued, mmnt)
 
 	data := bytes.Repeat([]byte("across sites\n"), 20000)
 	if err := os.MkdirAll(filepath.Join(west.Mnt, "shared"), 0o755); err != nil {
