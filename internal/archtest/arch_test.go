@@ -51,9 +51,9 @@ func TestDependencyDirection(t *testing.T) {
 	}{
 		// Only the FUSE adapter speaks FUSE; the client core must not even
 		// depend on it transitively.
-		{dep: "github.com/hanwen/go-fuse", allowed: []string{module + "/internal/fusefs", module + "/internal/cli", module + "/cmd/wheelfs", module + "/test/"}},
+		{dep: "github.com/hanwen/go-fuse", allowed: []string{module + "/internal/fusefs", module + "/internal/cli", module + "/internal/cluster", module + "/cmd/wheelfs", module + "/test/"}},
 		// Only the embedded member starts an etcd server.
-		{dep: "go.etcd.io/etcd/server", allowed: []string{module + "/internal/configsvc/embedded", module + "/internal/deploy", module + "/internal/deploy/", module + "/internal/cli", module + "/cmd/wheelfs", module + "/test/"}},
+		{dep: "go.etcd.io/etcd/server", allowed: []string{module + "/internal/configsvc/embedded", module + "/internal/deploy", module + "/internal/deploy/", module + "/internal/cli", module + "/internal/cluster", module + "/cmd/wheelfs", module + "/test/"}},
 	}
 	for _, p := range listPackages(t) {
 		for _, r := range rules {

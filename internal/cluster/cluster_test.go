@@ -57,7 +57,8 @@ func TestWriteHereReadThere(t *testing.T) {
 			t.Errorf("read at %s: %v", site, err)
 		}
 	}
-	// Today the root's primary (the first server) serves every create.
+	// Write-local: the client at west creates at a west server; the
+	// directory /d and the root are at west-0, which is at the client's site.
 	p, err := c.PrimaryOf(ctx, c.Client("eu"), "/d/greeting")
 	if err != nil {
 		t.Fatal(err)
@@ -139,10 +140,16 @@ func TestPartitionSite(t *testing.T) {
 		t.Errorf("failed read took %v, deadline %v", took, timeout)
 	}
 	t.Logf("read from the partitioned site failed after %v: %v", took, err)
-	// The rest of the deployment goes on without east and its member.
-	if err := c.Client("eu").WriteFile(ctx, Owner(), "/g", data, 0o644); err != nil {
+	// The rest of the deployment goes on without east and its member: at
+	// once for writes that need two of the three replicas, and for writes
+	// that need all three once the primary has dropped the unreachable
+	// backup from the replica list.
+	if err := c.Client("eu").WriteFile(ctx, Owner(), "/.SyncLevel=2/g", data, 0o644); err != nil {
 		t.Fatalf("write at eu during east's partition: %v", err)
 	}
+	c.WaitFor(30*time.Second, "writes at SyncLevel 3 go on without east", func() error {
+		return c.Client("eu").WriteFile(ctx, Owner(), "/g", data, 0o644)
+	})
 
 	c.HealSite("east")
 	c.WaitFor(30*time.Second, "east reads again after healing", func() error {

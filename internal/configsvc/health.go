@@ -25,7 +25,8 @@ func (h Health) OK() bool { return !h.UnderReplicated && !h.Misplaced }
 // Check judges slice s against the servers registered in t:
 //
 //   - live replicas are the replicas registered in t.Servers;
-//   - under-replicated: live < Policy.RepLevel;
+//   - under-replicated: live < Policy.RepLevel (or < the number of
+//     registered servers, when there are fewer);
 //   - want sites: Policy.RepSites, or RepLevel when RepSites is 0, capped by
 //     the number of distinct sites among registered servers;
 //   - misplaced: the primary's site differs from Policy.Site (when that is
@@ -47,7 +48,8 @@ func Check(t *Table, s Slice) Health {
 		liveSites[info.Site] = true
 	}
 	h.Sites = len(liveSites)
-	h.UnderReplicated = h.Live < s.Policy.RepLevel
+	// Fewer servers than RepLevel: every server holding a copy is enough.
+	h.UnderReplicated = h.Live < max(1, min(s.Policy.RepLevel, len(t.Servers)))
 
 	allSites := map[string]bool{}
 	for _, info := range t.Servers {

@@ -52,12 +52,8 @@ func (h *Host) startServer(ctx context.Context, local *lateLocal) (err error) {
 	wire.RegisterPeerServer(h.grpc, h.Server.PeerService())
 	go h.grpc.Serve(h.listener)
 	h.onClose(func() error { h.grpc.Stop(); return nil }, nil)
-	// Two servers starting at once on a new deployment race to create the
-	// root slice; the loser's Start fails with ErrLocked and succeeds when
-	// run again (it then finds the root). Transient quorum losses while
-	// members join are retried the same way.
-	if err := h.retry(ctx, "start the storage server", h.Server.Start); err != nil {
-		return err
+	if err := h.Server.Start(ctx); err != nil {
+		return fmt.Errorf("deploy: %w", err)
 	}
 	h.onClose(h.Server.Close, func() error {
 		// As kill -9: no more answers, and the leases are left to expire

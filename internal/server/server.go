@@ -283,7 +283,9 @@ func (s *Server) lostSlice(sl oid.Slice, epoch int64, why string) {
 }
 
 func (s *Server) createRoot(ctx context.Context) error {
-	if err := s.acquire(ctx, oid.RootSlice, s.defaultPolicy()); err != nil {
+	if err := s.acquire(ctx, oid.RootSlice, s.defaultPolicy()); errors.Is(err, configsvc.ErrLocked) {
+		return nil // another server of a new deployment was first
+	} else if err != nil {
 		return err
 	}
 	now := time.Now().UnixNano()
