@@ -488,7 +488,6 @@ func otherSite(c *Cluster, site string) string {
 	return site
 }
 
-
 // TestTakeoverCollectsNewerVersions: with SyncLevel < RepLevel one backup
 // can be ahead of another. The backup that takes over from a dead primary
 // must first collect the newer version from the other.

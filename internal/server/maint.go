@@ -110,7 +110,11 @@ func (s *Server) successor(sl configsvc.Slice) bool {
 		since = time.Now()
 		s.freeSince[sl.ID] = since
 	}
+	handed, wasHanded := s.handed[sl.ID]
 	s.mu.Unlock()
+	if wasHanded && time.Since(handed) < 10*s.cfg.MaintainPeriod {
+		return false // just handed it home: let the others take it
+	}
 	rank := 0
 	for _, id := range sl.Replicas {
 		if !s.registered(id) {
@@ -272,7 +276,7 @@ func (s *Server) tend(ctx context.Context, sl configsvc.Slice, l configsvc.Lock,
 		s.log.Info("replica list changed", "slice", sl.ID, "from", sl.Replicas, "to", want)
 	}
 	r.setFollowers(want)
-	if home != "" && r.caughtUp(home) {
+	if home != "" && r.streaming(home) {
 		return s.handOver(ctx, l, r, home, want)
 	}
 	return nil
@@ -303,13 +307,18 @@ func (s *Server) handOver(ctx context.Context, l configsvc.Lock, r *sliceRepl, t
 		delete(s.moving, l.Slice)
 		s.mu.Unlock()
 	}
-	deadline := time.Now().Add(s.cfg.PeerTimeout)
+	wctx, cancel := context.WithTimeout(ctx, s.cfg.PeerTimeout)
+	defer cancel()
 	for !r.caughtUp(target) {
-		if time.Now().After(deadline) || ctx.Err() != nil {
+		r.mu.Lock()
+		ch := r.changed
+		r.mu.Unlock()
+		select {
+		case <-ch:
+		case <-wctx.Done():
 			undo()
 			return fmt.Errorf("hand slice %d to %s: backup did not catch up", l.Slice, target)
 		}
-		time.Sleep(10 * time.Millisecond)
 	}
 	order := []string{target}
 	for _, id := range replicas {
@@ -321,6 +330,9 @@ func (s *Server) handOver(ctx context.Context, l configsvc.Lock, r *sliceRepl, t
 		undo()
 		return err
 	}
+	s.mu.Lock()
+	s.handed[l.Slice] = time.Now()
+	s.mu.Unlock()
 	s.lostSlice(l.Slice, l.Epoch, "handed to "+target+" at the policy's home site")
 	if err := s.conf.Release(ctx, l); err != nil {
 		return err

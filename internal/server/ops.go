@@ -173,11 +173,18 @@ func (s *Server) Create(ctx context.Context, req *wire.CreateRequest) (*wire.Cre
 		if err != nil {
 			return nil, fserr.ToStatus(fmt.Errorf("create %q: %w", req.Name, err))
 		}
-		if tmpl != nil {
+		// Try the placement target, then (suspecting it) the next choice.
+		for attempt := 0; tmpl != nil && target != s.cfg.ID && attempt < 3; attempt++ {
 			remote, err = s.createAt(ctx, target, pol, tmpl, req.SyncLevel)
-			if err != nil {
-				s.log.Warn("placement target unreachable; creating the object here", "target", target, "err", err)
+			if err == nil || ctx.Err() != nil {
+				break
 			}
+			s.log.Warn("placement target unreachable", "target", target, "err", err)
+			s.suspect(target)
+			pol, target = s.place(req, dir)
+		}
+		if remote == nil && tmpl != nil {
+			s.log.Warn("creating the object here; maintenance moves it to its home site later", "name", req.Name, "site", pol.Site)
 		}
 	}
 	slice := dir.Slice()
@@ -282,7 +289,9 @@ func (s *Server) place(req *wire.CreateRequest, dir oid.ID) (configsvc.Policy, s
 		if t := s.table.Load(); t != nil {
 			ids := make([]string, 0, len(t.Servers))
 			for id := range t.Servers {
-				ids = append(ids, id)
+				if !s.suspected(id) {
+					ids = append(ids, id)
+				}
 			}
 			if len(ids) > 0 {
 				id := ids[rand.IntN(len(ids))]
@@ -303,7 +312,7 @@ func (s *Server) place(req *wire.CreateRequest, dir oid.ID) (configsvc.Policy, s
 	}
 	// Write-local: the creating client's own server, else a server at
 	// the client's site.
-	if o := req.Origin; o != "" && o != s.cfg.ID && s.registered(o) {
+	if o := req.Origin; o != "" && o != s.cfg.ID && s.registered(o) && !s.suspected(o) {
 		if t := s.table.Load(); t != nil {
 			pol.Site = t.Servers[o].Site
 			return pol, o

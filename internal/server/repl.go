@@ -212,6 +212,14 @@ func (r *sliceRepl) followerHealth() map[string]time.Time {
 	return out
 }
 
+// streaming reports whether backup id follows the stream (no snapshot due).
+func (r *sliceRepl) streaming(id string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	f, ok := r.followers[id]
+	return ok && f.synced
+}
+
 // caughtUp reports whether backup id has everything committed.
 func (r *sliceRepl) caughtUp(id string) bool {
 	r.mu.Lock()

@@ -83,6 +83,8 @@ type Server struct {
 	// suspects are servers that recently failed to answer (placement
 	// avoids them even while their membership lease lasts).
 	suspects map[string]time.Time
+	// handed records when this server handed a slice to its home site.
+	handed map[oid.Slice]time.Time
 }
 
 // New returns a server over st that coordinates through conf.
@@ -125,6 +127,7 @@ func New(cfg Config, st *store.Store, conf configsvc.Service, lockTTL time.Durat
 		moving:    map[oid.Slice]bool{},
 		freeSince: map[oid.Slice]time.Time{},
 		suspects:  map[string]time.Time{},
+		handed:    map[oid.Slice]time.Time{},
 	}
 }
 
