@@ -15,7 +15,8 @@
 //
 //	servers/<id>        JSON ServerInfo, attached to the server's membership lease
 //	slices/<%08x>       JSON policy and replica list; persists
-//	locks/<%08x>        JSON holder, attached to a per-lock lease of TTL LockTTL;
+//	locks/<%08x>        JSON holder, attached to the holder's session lease of
+//	                    TTL LockTTL (one per holder, shared by all its locks);
 //	                    the lock's epoch is the key's CreateRevision
 //	deployment          the deployment ID (128-bit random hex)
 package configsvc
@@ -113,6 +114,10 @@ type Service interface {
 	// Renew extends the lock by LockTTL (ErrLockLost if it expired or is
 	// held by someone else).
 	Renew(ctx context.Context, l Lock) error
+	// RenewAll extends every lock of locks (all of one holder) by LockTTL
+	// and returns those that were lost. A holder's locks share one lease,
+	// so this costs the same for one slice or a thousand.
+	RenewAll(ctx context.Context, locks []Lock) (lost []Lock, err error)
 	// UpdateReplicas changes the slice's replica list, only while holding
 	// the lock (ErrLockLost otherwise).
 	UpdateReplicas(ctx context.Context, l Lock, replicas []string) error

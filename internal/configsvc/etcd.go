@@ -97,6 +97,11 @@ type EtcdService struct {
 	closed    bool
 	abandoned atomic.Bool // Abandon: leases are left to expire
 	regs      map[string]*registration
+	// sessions holds, per lock holder, the one lease all its slice locks
+	// are attached to (a Chubby session): renewing a server's locks costs
+	// one keep-alive however many slices it holds, and they all expire
+	// together when it stops.
+	sessions map[string]clientv3.LeaseID
 }
 
 type registration struct {
@@ -589,23 +594,25 @@ func (s *EtcdService) Acquire(ctx context.Context, sl oid.Slice, holder string, 
 func (s *EtcdService) tryAcquire(ctx context.Context, sl oid.Slice, holder, lk, sk, lv, rec string) (_ Lock, retry bool, _ error) {
 	cctx, cancel := s.rpcCtx(ctx)
 	defer cancel()
-	g, err := s.cli.Grant(cctx, s.lockTTL)
+	lease, err := s.session(cctx, holder)
 	if err != nil {
-		return Lock{}, false, fmt.Errorf("configsvc: acquire: grant lease: %w", err)
+		return Lock{}, false, err
 	}
 	resp, err := s.cli.Txn(cctx).
 		If(clientv3.Compare(clientv3.CreateRevision(lk), "=", 0)).
-		Then(clientv3.OpPut(lk, lv, clientv3.WithLease(g.ID)), clientv3.OpPut(sk, rec)).
+		Then(clientv3.OpPut(lk, lv, clientv3.WithLease(lease)), clientv3.OpPut(sk, rec)).
 		Else(clientv3.OpGet(lk)).
 		Commit()
+	if errors.Is(err, rpctypes.ErrLeaseNotFound) {
+		s.dropSession(holder, lease) // expired: a new session next time
+		return Lock{}, true, nil
+	}
 	if err != nil {
-		s.revoke(g.ID)
 		return Lock{}, false, fmt.Errorf("configsvc: acquire: %w", err)
 	}
 	if resp.Succeeded {
 		return Lock{Slice: sl, Holder: holder, Epoch: resp.Header.Revision}, false, nil
 	}
-	s.revoke(g.ID) // unused
 	kvs := resp.Responses[0].GetResponseRange().Kvs
 	if len(kvs) == 0 {
 		return Lock{}, true, nil // expired in between; try again
@@ -637,6 +644,82 @@ func (s *EtcdService) tryAcquire(ctx context.Context, sl oid.Slice, holder, lk, 
 		return Lock{}, false, fmt.Errorf("configsvc: acquire: renew: %w", err)
 	}
 	return Lock{Slice: sl, Holder: holder, Epoch: epoch}, false, nil
+}
+
+// session returns holder's session lease, granting one if it has none.
+func (s *EtcdService) session(ctx context.Context, holder string) (clientv3.LeaseID, error) {
+	s.mu.Lock()
+	id, ok := s.sessions[holder]
+	s.mu.Unlock()
+	if ok {
+		return id, nil
+	}
+	g, err := s.cli.Grant(ctx, s.lockTTL)
+	if err != nil {
+		return 0, fmt.Errorf("configsvc: acquire: grant lease: %w", err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.sessions == nil {
+		s.sessions = map[string]clientv3.LeaseID{}
+	}
+	if cur, ok := s.sessions[holder]; ok { // a concurrent Acquire won
+		go s.revoke(g.ID)
+		return cur, nil
+	}
+	s.sessions[holder] = g.ID
+	return g.ID, nil
+}
+
+// dropSession forgets holder's session lease if it is still id.
+func (s *EtcdService) dropSession(holder string, id clientv3.LeaseID) {
+	s.mu.Lock()
+	if s.sessions[holder] == id {
+		delete(s.sessions, holder)
+	}
+	s.mu.Unlock()
+}
+
+// RenewAll implements Service: one keep-alive per session lease and one
+// read of the lock keys, however many locks.
+func (s *EtcdService) RenewAll(ctx context.Context, locks []Lock) (lost []Lock, err error) {
+	if s.isClosed() {
+		return nil, ErrClosed
+	}
+	if len(locks) == 0 {
+		return nil, nil
+	}
+	cctx, cancel := s.rpcCtx(ctx)
+	defer cancel()
+	resp, err := s.cli.Get(cctx, s.locksPfx, clientv3.WithPrefix())
+	if err != nil {
+		return nil, fmt.Errorf("configsvc: renew: %w", err)
+	}
+	byKey := make(map[string]*mvccpb.KeyValue, len(resp.Kvs))
+	for _, kv := range resp.Kvs {
+		byKey[string(kv.Key)] = kv
+	}
+	leases := map[clientv3.LeaseID][]Lock{}
+	for _, l := range locks {
+		kv := byKey[s.lockKey(l.Slice)]
+		if kv == nil || !s.checkLock([]*mvccpb.KeyValue{kv}, l) {
+			lost = append(lost, l)
+			continue
+		}
+		leases[clientv3.LeaseID(kv.Lease)] = append(leases[clientv3.LeaseID(kv.Lease)], l)
+	}
+	for id, ls := range leases {
+		ka, err := s.cli.KeepAliveOnce(cctx, id)
+		if errors.Is(err, rpctypes.ErrLeaseNotFound) || (err == nil && ka.TTL <= 0) {
+			lost = append(lost, ls...)
+			s.dropSession(ls[0].Holder, id)
+			continue
+		}
+		if err != nil {
+			return lost, fmt.Errorf("configsvc: renew: %w", err)
+		}
+	}
+	return lost, nil
 }
 
 // checkLock reports whether the lock key's current value (kvs from a read
@@ -746,9 +829,7 @@ func (s *EtcdService) Release(ctx context.Context, l Lock) error {
 	if !resp.Succeeded {
 		return ErrLockLost
 	}
-	if kvs := resp.Responses[0].GetResponseRange().Kvs; len(kvs) > 0 {
-		s.revoke(clientv3.LeaseID(kvs[0].Lease))
-	}
+	// The session lease stays: the holder's other locks are attached to it.
 	return nil
 }
 
@@ -795,9 +876,16 @@ func (s *EtcdService) Close() error {
 		return nil
 	}
 	s.closed = true
+	sessions := s.sessions
+	s.sessions = nil
 	s.mu.Unlock()
 	s.cancel() // stops registrations (which revoke their leases) and watches
 	s.wg.Wait()
+	if !s.abandoned.Load() {
+		for _, id := range sessions { // locks still held go with them
+			s.revoke(id)
+		}
+	}
 	if s.ownsClient {
 		return s.cli.Close()
 	}

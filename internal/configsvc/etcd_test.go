@@ -475,3 +475,52 @@ func TestDeploymentIdempotent(t *testing.T) {
 		t.Fatalf("separate prefix must be a separate deployment: %q %v", o, err)
 	}
 }
+
+// A holder's locks share one session lease: RenewAll keeps them all with
+// one keep-alive, reports released or stolen ones as lost, and when the
+// holder stops renewing they all expire together; a later Acquire starts
+// a new session.
+func TestRenewAllSession(t *testing.T) {
+	t.Parallel()
+	m := startMember(t)
+	o := configsvc.Options{LockTTL: time.Second}
+	a := dial(t, m, o)
+	ctx := tctx(t)
+	pol := configsvc.Policy{Site: "s1", RepLevel: 1}
+	var locks []configsvc.Lock
+	for sl := oid.Slice(10); sl < 13; sl++ {
+		l, err := a.Acquire(ctx, sl, "A", pol, []string{"A"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		locks = append(locks, l)
+	}
+	for range 4 { // past the TTL
+		time.Sleep(500 * time.Millisecond)
+		lost, err := a.RenewAll(ctx, locks)
+		if err != nil || len(lost) != 0 {
+			t.Fatalf("RenewAll: lost %v, %v", lost, err)
+		}
+	}
+	if err := a.Release(ctx, locks[0]); err != nil {
+		t.Fatal(err)
+	}
+	lost, err := a.RenewAll(ctx, locks)
+	if err != nil || len(lost) != 1 || lost[0] != locks[0] {
+		t.Fatalf("after releasing one: lost %v, %v", lost, err)
+	}
+	// Stop renewing: both remaining locks expire.
+	waitFor(t, a, 10*time.Second, "session expiry", func(tb *configsvc.Table) bool {
+		return tb.Slices[11].Holder == "" && tb.Slices[12].Holder == ""
+	})
+	if lost, err := a.RenewAll(ctx, locks[1:]); err != nil || len(lost) != 2 {
+		t.Fatalf("after expiry: lost %v, %v", lost, err)
+	}
+	l, err := a.Acquire(ctx, 11, "A", pol, []string{"A"})
+	if err != nil {
+		t.Fatalf("acquire after the session expired: %v", err)
+	}
+	if lost, err := a.RenewAll(ctx, []configsvc.Lock{l}); err != nil || len(lost) != 0 {
+		t.Fatalf("new session: lost %v, %v", lost, err)
+	}
+}

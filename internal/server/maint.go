@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/wheelfs/wheelfs/internal/configsvc"
@@ -37,6 +38,7 @@ func (s *Server) watchTable(ctx context.Context) {
 
 func (s *Server) maintainLoop(ctx context.Context) {
 	defer s.renewing.Done()
+	defer s.tendWG.Wait()
 	t := time.NewTicker(s.cfg.MaintainPeriod)
 	defer t.Stop()
 	for {
@@ -53,7 +55,10 @@ func (s *Server) maintainLoop(ctx context.Context) {
 	}
 }
 
-// maintain does one round of maintenance.
+// maintain does one round of maintenance. Slices are tended
+// concurrently (a few at a time), so that one slice waiting on an
+// unresponsive peer does not hold up the others; a slice still being
+// tended from an earlier round is skipped.
 func (s *Server) maintain(ctx context.Context) {
 	t := s.table.Load()
 	if t == nil {
@@ -75,24 +80,51 @@ func (s *Server) maintain(ctx context.Context) {
 		if sl.Holder != "" {
 			delete(s.freeSince, id)
 		}
+		busy := s.tending[id]
 		s.mu.Unlock()
-		mctx, cancel := context.WithTimeout(ctx, max(10*s.cfg.MaintainPeriod, 10*time.Second))
-		var err error
+		var work func(context.Context) error
+		if sl.Holder == "" && slices.Contains(sl.Replicas, s.cfg.ID) {
+			s.log.Debug("DBG free slice", "slice", id, "busy", busy, "held", held, "succ", s.successor(sl), "rev", t.Revision, "replicas", sl.Replicas)
+		}
 		switch {
+		case busy:
 		case held && sl.Epoch > l.Epoch:
 			s.lostSlice(id, l.Epoch, "the slice table shows a newer lock")
 		case held && r != nil:
-			err = s.tend(mctx, sl, l, r)
+			work = func(ctx context.Context) error { return s.tend(ctx, sl, l, r) }
 		case sl.Holder == "" && s.successor(sl):
-			err = s.takeOver(mctx, sl)
-			if errors.Is(err, configsvc.ErrLocked) {
-				err = nil
+			work = func(ctx context.Context) error {
+				if err := s.takeOver(ctx, sl); !errors.Is(err, configsvc.ErrLocked) {
+					return err
+				}
+				return nil
 			}
 		}
-		cancel()
-		if err != nil && ctx.Err() == nil {
-			s.log.Warn("slice maintenance failed", "slice", id, "err", err)
+		if work == nil {
+			continue
 		}
+		select {
+		case s.maintSem <- struct{}{}:
+		case <-ctx.Done():
+			return
+		}
+		s.mu.Lock()
+		s.tending[id] = true
+		s.mu.Unlock()
+		s.tendWG.Add(1)
+		go func() {
+			defer s.tendWG.Done()
+			mctx, cancel := context.WithTimeout(ctx, max(10*s.cfg.MaintainPeriod, 10*time.Second))
+			err := work(mctx)
+			cancel()
+			s.mu.Lock()
+			delete(s.tending, id)
+			s.mu.Unlock()
+			<-s.maintSem
+			if err != nil && ctx.Err() == nil {
+				s.log.Warn("slice maintenance failed", "slice", id, "err", err)
+			}
+		}()
 	}
 }
 
@@ -188,27 +220,38 @@ func (s *Server) collect(ctx context.Context, sl oid.Slice, backups []string) (u
 	if err != nil {
 		return 0, nil, err
 	}
-	var answered []string
-	best, bestID := pos{mine.Epoch, mine.Seq}, ""
-	for _, id := range backups {
+	// Ask every registered backup at once, each bounded by ProbeTimeout.
+	digests := make([]*wire.DigestResponse, len(backups))
+	var wg sync.WaitGroup
+	for i, id := range backups {
 		if !s.registered(id) {
 			continue
 		}
-		p, err := s.peer(ctx, id)
-		if err != nil {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			p, err := s.peer(ctx, id)
+			if err == nil {
+				dctx, cancel := context.WithTimeout(ctx, s.cfg.ProbeTimeout)
+				digests[i], err = p.Digest(dctx, &wire.DigestRequest{Slice: uint32(sl)})
+				cancel()
+			}
+			if err != nil {
+				s.log.Warn("backup unreachable while taking over", "slice", sl, "backup", id, "err", err)
+				s.suspect(id)
+			}
+		}()
+	}
+	wg.Wait()
+	var answered []string
+	best, bestID := pos{mine.Epoch, mine.Seq}, ""
+	for i, d := range digests {
+		if d == nil {
 			continue
 		}
-		dctx, cancel := context.WithTimeout(ctx, s.cfg.PeerTimeout)
-		d, err := p.Digest(dctx, &wire.DigestRequest{Slice: uint32(sl)})
-		cancel()
-		if err != nil {
-			s.log.Warn("backup unreachable while taking over", "slice", sl, "backup", id, "err", err)
-			s.suspect(id)
-			continue
-		}
-		answered = append(answered, id)
+		answered = append(answered, backups[i])
 		if at := (pos{d.Epoch, d.Seq}); best.less(at) {
-			best, bestID = at, id
+			best, bestID = at, backups[i]
 		}
 	}
 	if bestID == "" {

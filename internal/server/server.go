@@ -38,6 +38,9 @@ type Config struct {
 	Peers func(ctx context.Context, id string) (wire.PeerClient, error)
 	// PeerTimeout bounds one call to a peer (default 10 s).
 	PeerTimeout time.Duration
+	// ProbeTimeout bounds asking a backup for its position while taking
+	// a slice over (default 3 s): an unresponsive one is left behind.
+	ProbeTimeout time.Duration
 	// InstallTimeout bounds one snapshot chunk sent to a backup, blocks
 	// included (default 5 minutes).
 	InstallTimeout time.Duration
@@ -77,7 +80,9 @@ type Server struct {
 	tableC chan struct{} // a new table arrived (maintenance wakes up)
 	repls  map[oid.Slice]*sliceRepl
 	valid  map[oid.Slice]time.Time // lock believed held until
-	moving map[oid.Slice]bool      // being handed to another server
+	// lastRenew is when the last successful renewal of the session began.
+	lastRenew time.Time
+	moving    map[oid.Slice]bool // being handed to another server
 	// freeSince is when maintenance first saw an unlocked slice.
 	freeSince map[oid.Slice]time.Time
 	// suspects are servers that recently failed to answer (placement
@@ -85,6 +90,11 @@ type Server struct {
 	suspects map[string]time.Time
 	// handed records when this server handed a slice to its home site.
 	handed map[oid.Slice]time.Time
+	// tending marks slices whose maintenance is running; maintSem bounds
+	// how many run at once.
+	tending  map[oid.Slice]bool
+	maintSem chan struct{}
+	tendWG   sync.WaitGroup
 }
 
 // New returns a server over st that coordinates through conf.
@@ -97,6 +107,9 @@ func New(cfg Config, st *store.Store, conf configsvc.Service, lockTTL time.Durat
 	}
 	if cfg.PeerTimeout <= 0 {
 		cfg.PeerTimeout = 10 * time.Second
+	}
+	if cfg.ProbeTimeout <= 0 {
+		cfg.ProbeTimeout = 3 * time.Second
 	}
 	if cfg.InstallTimeout <= 0 {
 		cfg.InstallTimeout = 5 * time.Minute
@@ -128,6 +141,8 @@ func New(cfg Config, st *store.Store, conf configsvc.Service, lockTTL time.Durat
 		freeSince: map[oid.Slice]time.Time{},
 		suspects:  map[string]time.Time{},
 		handed:    map[oid.Slice]time.Time{},
+		tending:   map[oid.Slice]bool{},
+		maintSem:  make(chan struct{}, 8),
 	}
 }
 
@@ -249,7 +264,13 @@ func (s *Server) serve(l configsvc.Lock, p configsvc.Policy, replicas []string, 
 		defer old.close()
 	}
 	s.locks[l.Slice] = l
-	s.valid[l.Slice] = locked.Add(s.lockTTL)
+	// The lock shares the session lease, which may have been renewed
+	// last before this acquisition: count from the earlier of the two.
+	from := locked
+	if !s.lastRenew.IsZero() && s.lastRenew.Before(from) {
+		from = s.lastRenew
+	}
+	s.valid[l.Slice] = from.Add(s.lockTTL)
 	s.policies[l.Slice] = p
 	s.repls[l.Slice] = r
 	delete(s.moving, l.Slice)
@@ -329,28 +350,39 @@ func (s *Server) renewLoop(ctx context.Context) {
 			locks = append(locks, l)
 		}
 		s.mu.Unlock()
-		for _, l := range locks {
-			start := time.Now()
-			rctx, cancel := context.WithTimeout(ctx, max(s.lockTTL/3, time.Second))
-			err := s.conf.Renew(rctx, l)
-			cancel()
-			if err == nil {
-				s.mu.Lock()
-				if cur, ok := s.locks[l.Slice]; ok && cur.Epoch == l.Epoch {
-					s.valid[l.Slice] = start.Add(s.lockTTL)
-				}
-				s.mu.Unlock()
-			}
-			if err == nil || ctx.Err() != nil {
-				continue
-			}
-			if errors.Is(err, configsvc.ErrLockLost) {
-				s.lostSlice(l.Slice, l.Epoch, "lock lost: "+err.Error())
-				continue
-			}
-			s.log.Warn("slice lock renewal failed; will retry", "slice", l.Slice, "err", err)
+		s.renewAll(ctx, locks)
+	}
+}
+
+// renewAll extends every held lock (one keep-alive of the server's session
+// lease) and records until when each is believed held.
+func (s *Server) renewAll(ctx context.Context, locks []configsvc.Lock) {
+	if len(locks) == 0 {
+		return
+	}
+	start := time.Now()
+	rctx, cancel := context.WithTimeout(ctx, max(s.lockTTL/3, time.Second))
+	lost, err := s.conf.RenewAll(rctx, locks)
+	cancel()
+	gone := map[oid.Slice]bool{}
+	for _, l := range lost {
+		gone[l.Slice] = true
+		s.lostSlice(l.Slice, l.Epoch, "lock lost")
+	}
+	if err != nil {
+		if ctx.Err() == nil {
+			s.log.Warn("slice lock renewal failed; will retry", "locks", len(locks), "err", err)
+		}
+		return
+	}
+	s.mu.Lock()
+	s.lastRenew = start
+	for _, l := range locks {
+		if cur, ok := s.locks[l.Slice]; ok && cur.Epoch == l.Epoch && !gone[l.Slice] {
+			s.valid[l.Slice] = start.Add(s.lockTTL)
 		}
 	}
+	s.mu.Unlock()
 }
 
 // primary checks that this server is primary for id's slice: it holds
@@ -374,6 +406,15 @@ func (s *Server) primary(id oid.ID) error {
 func (s *Server) sliceFor(ctx context.Context, p configsvc.Policy) (oid.Slice, error) {
 	s.mu.Lock()
 	id, ok := s.bySlice[p]
+	if !ok { // a slice of that policy taken over from another server
+		for sl, q := range s.policies {
+			if q == p && !s.moving[sl] {
+				id, ok = sl, true
+				s.bySlice[p] = sl
+				break
+			}
+		}
+	}
 	s.mu.Unlock()
 	if ok {
 		return id, nil
