@@ -258,6 +258,7 @@ func workload(ctx context.Context, c *Cluster, h *history, stop <-chan struct{},
 				err := replaceFile(ctx, fs, p, content(p, v))
 				op.end, op.ok = time.Now(), err == nil
 				h.add(op)
+				time.Sleep(5 * time.Millisecond) // leave the two cores to the servers
 			}
 		}()
 		go func() { // reader at another site
@@ -359,97 +360,102 @@ func TestFaultsUnderWrites(t *testing.T) {
 		t.Logf("schedule %s done in %v", name, time.Since(began).Round(time.Millisecond))
 	}
 
-	run("crash the primary of west's files, restart it", func() {
-		p := primaryOf("/w/west-a")
-		c.Crash(p)
-		c.WaitFor(30*time.Second, "a backup takes over", func() error {
-			n, err := c.PrimaryOf(ctx, c.Client("eu"), "/w/west-a")
-			if err != nil || n == p {
-				return fmt.Errorf("primary %v (%v)", n, err)
-			}
-			return nil
-		})
-		c.Restart(p)
-	})
-	run("crash a backup of east's files, restart it", func() {
-		in, err := info(ctx, c.Client("eu"), "/w/east-a")
-		if err != nil {
-			t.Fatal(err)
-		}
-		b := c.Node(in.Replicas[len(in.Replicas)-1].Server)
-		c.Crash(b)
-		progress("writes with a backup down")
-		c.Restart(b)
-	})
-	run("partition the site of eu's primary, heal", func() {
-		p := primaryOf("/w/eu-a")
-		c.PartitionSite(p.Site)
-		c.WaitFor(30*time.Second, "another site takes over", func() error {
-			n, err := c.Primary(ctx, func() oid.Slice {
-				in, _ := info(ctx, c.Client(otherSite(c, p.Site)), "/w/eu-a")
-				if in == nil {
-					return 0
+	// Two rounds of the four kinds of fault, each round aimed at other sites.
+	sites := c.Sites()
+	for round := range 2 {
+		a, b, e := sites[round%3], sites[(round+1)%3], sites[(round+2)%3]
+		run(fmt.Sprintf("crash the primary of %s's files, restart it", a), func() {
+			p := primaryOf("/w/" + a + "-a")
+			c.Crash(p)
+			c.WaitFor(30*time.Second, "a backup takes over", func() error {
+				n, err := c.PrimaryOf(ctx, c.Client(otherSite(c, a)), "/w/"+a+"-a")
+				if err != nil || n == p {
+					return fmt.Errorf("primary %v (%v)", n, err)
 				}
-				return oid.Slice(in.Slice)
-			}())
-			if err != nil || n.Site == p.Site {
-				return fmt.Errorf("primary %v (%v)", n, err)
-			}
-			return nil
+				return nil
+			})
+			c.Restart(p)
 		})
-		c.HealSite(p.Site)
-	})
-	run("pause the primary of west's files past its lock, resume", func() {
-		p := primaryOf("/w/west-b")
-		r, err := c.Client("eu").Resolve(ctx, Owner(), "/w/west-b")
-		if err != nil {
-			t.Fatal(err)
-		}
-		sl := oid.ID(r.Meta.Id).Slice()
-		tab, err := c.Conf.Table(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		oldEpoch := tab.Slices[sl].Epoch
-		c.Pause(p)
-		var next *Node
-		c.WaitFor(30*time.Second, "a backup takes over from the paused primary", func() error {
-			n, err := c.Primary(ctx, sl)
-			if err != nil || n == p {
-				return fmt.Errorf("primary %v (%v)", n, err)
+		run(fmt.Sprintf("crash a backup of %s's files, restart it", b), func() {
+			in, err := info(ctx, c.Client(otherSite(c, b)), "/w/"+b+"-a")
+			if err != nil {
+				t.Fatal(err)
 			}
-			next = n
-			return nil
+			b := c.Node(in.Replicas[len(in.Replicas)-1].Server)
+			c.Crash(b)
+			progress("writes with a backup down")
+			c.Restart(b)
 		})
-		c.Resume(p)
-		// The old primary's epoch is refused by every replica the new
-		// primary has brought up to date.
-		c.WaitFor(30*time.Second, "backups refuse the stale epoch", func() error {
+		run(fmt.Sprintf("partition the site of %s's primary, heal", e), func() {
+			p := primaryOf("/w/" + e + "-a")
+			c.PartitionSite(p.Site)
+			c.WaitFor(30*time.Second, "another site takes over", func() error {
+				n, err := c.Primary(ctx, func() oid.Slice {
+					in, _ := info(ctx, c.Client(otherSite(c, p.Site)), "/w/"+e+"-a")
+					if in == nil {
+						return 0
+					}
+					return oid.Slice(in.Slice)
+				}())
+				if err != nil || n.Site == p.Site {
+					return fmt.Errorf("primary %v (%v)", n, err)
+				}
+				return nil
+			})
+			c.HealSite(p.Site)
+		})
+		run(fmt.Sprintf("pause the primary of %s's files past its lock, resume", a), func() {
+			p := primaryOf("/w/" + a + "-b")
+			r, err := c.Client(otherSite(c, a)).Resolve(ctx, Owner(), "/w/"+a+"-b")
+			if err != nil {
+				t.Fatal(err)
+			}
+			sl := oid.ID(r.Meta.Id).Slice()
 			tab, err := c.Conf.Table(ctx)
 			if err != nil {
-				return err
+				t.Fatal(err)
 			}
-			for _, id := range tab.Slices[sl].Replicas[1:] {
-				peer, err := next.Host().Router.Peer(ctx, id)
+			oldEpoch := tab.Slices[sl].Epoch
+			c.Pause(p)
+			var next *Node
+			c.WaitFor(30*time.Second, "a backup takes over from the paused primary", func() error {
+				n, err := c.Primary(ctx, sl)
+				if err != nil || n == p {
+					return fmt.Errorf("primary %v (%v)", n, err)
+				}
+				next = n
+				return nil
+			})
+			c.Resume(p)
+			// The old primary's epoch is refused by every replica the new
+			// primary has brought up to date.
+			c.WaitFor(30*time.Second, "backups refuse the stale epoch", func() error {
+				tab, err := c.Conf.Table(ctx)
 				if err != nil {
 					return err
 				}
-				resp, err := peer.Replicate(ctx, &wire.ReplicateRequest{Slice: uint32(sl), Epoch: oldEpoch,
-					Batches: []*wire.Batch{{Seq: 1 << 40}}})
-				if err != nil {
-					return err
+				for _, id := range tab.Slices[sl].Replicas[1:] {
+					peer, err := next.Host().Router.Peer(ctx, id)
+					if err != nil {
+						return err
+					}
+					resp, err := peer.Replicate(ctx, &wire.ReplicateRequest{Slice: uint32(sl), Epoch: oldEpoch,
+						Batches: []*wire.Batch{{Seq: 1 << 40}}})
+					if err != nil {
+						return err
+					}
+					if resp.Status != wire.ReplStatus_REPL_STALE_EPOCH {
+						return fmt.Errorf("backup %s answered %v to epoch %d", id, resp.Status, oldEpoch)
+					}
 				}
-				if resp.Status != wire.ReplStatus_REPL_STALE_EPOCH {
-					return fmt.Errorf("backup %s answered %v to epoch %d", id, resp.Status, oldEpoch)
-				}
+				return nil
+			})
+			// And the resumed server no longer answers as primary.
+			if _, err := p.Host().Server.GetAttr(ctx, &wire.GetAttrRequest{Id: r.Meta.Id}); err == nil {
+				t.Errorf("the resumed former primary still serves slice %d", sl)
 			}
-			return nil
 		})
-		// And the resumed server no longer answers as primary.
-		if _, err := p.Host().Server.GetAttr(ctx, &wire.GetAttrRequest{Id: r.Meta.Id}); err == nil {
-			t.Errorf("the resumed former primary still serves slice %d", sl)
-		}
-	})
+	}
 	close(stop)
 	wg.Wait()
 	// Final reads: every file holds its newest acknowledged version or a
