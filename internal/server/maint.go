@@ -83,9 +83,6 @@ func (s *Server) maintain(ctx context.Context) {
 		busy := s.tending[id]
 		s.mu.Unlock()
 		var work func(context.Context) error
-		if sl.Holder == "" && slices.Contains(sl.Replicas, s.cfg.ID) {
-			s.log.Debug("DBG free slice", "slice", id, "busy", busy, "held", held, "succ", s.successor(sl), "rev", t.Revision, "replicas", sl.Replicas)
-		}
 		switch {
 		case busy:
 		case held && sl.Epoch > l.Epoch:
