@@ -133,6 +133,65 @@ func TestMultiNode(t *testing.T) {
 	if len(st.Slices) == 0 {
 		t.Errorf("no slices in status:\n%s", out)
 	}
+	// Placement through the kernel: .Site puts the primary at east; the
+	// default (write-local) at the writer's own server; two replicas of
+	// .RepLevel=2 over the two sites. Checked by the xattr, `wheelfs
+	// info`, and status --json (the slice's health).
+	if err := os.WriteFile(filepath.Join(west.Mnt, ".Site=east", "shared", "ineast"), []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(west.Mnt, ".RepLevel=2", "shared", "two"), []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	site := func(r any) string { m, _ := r.(map[string]any); s, _ := m["site"].(string); return s }
+	x := parseInfo(t, "getfattr", []byte(mustRun(t, "/", 30*time.Second, "getfattr", "--only-values", "-n", "user.wheelfs.info",
+		filepath.Join(eu.Mnt, "shared", "ineast"))))
+	if site(x.Primary) != "east" {
+		t.Errorf(".Site=east file: primary %v", x.Primary)
+	}
+	x = parseInfo(t, "wheelfs info", []byte(mustRun(t, "/", 30*time.Second, wheelfsBin, "info", filepath.Join(east.Mnt, "shared", "f"))))
+	if site(x.Primary) != "west" {
+		t.Errorf("write-local file written at west: primary %v", x.Primary)
+	}
+	var two info
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		two = parseInfo(t, "wheelfs info", []byte(mustRun(t, "/", 30*time.Second, wheelfsBin, "info", filepath.Join(east.Mnt, "shared", "two"))))
+		if len(two.Replicas) == 2 && site(two.Replicas[0]) != site(two.Replicas[1]) || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if len(two.Replicas) != 2 || site(two.Replicas[0]) == site(two.Replicas[1]) {
+		t.Errorf(".RepLevel=2 file: replicas %v, want one at each site", two.Replicas)
+	}
+	out = mustRun(t, tmp, 30*time.Second, wheelfsBin, "status", "--config", members[0], "--ca", ca, "--json")
+	var st2 struct {
+		Slices []struct {
+			Slice  uint32 `json:"slice"`
+			Health struct {
+				Live            int  `json:"live"`
+				UnderReplicated bool `json:"under_replicated"`
+				Misplaced       bool `json:"misplaced"`
+			} `json:"health"`
+		} `json:"slices"`
+	}
+	if err := json.Unmarshal([]byte(out), &st2); err != nil {
+		t.Fatal(err)
+	}
+	found := false
+	for _, sl := range st2.Slices {
+		if two.Slice != nil && sl.Slice == *two.Slice {
+			found = true
+			if sl.Health.Live != 2 || sl.Health.UnderReplicated || sl.Health.Misplaced {
+				t.Errorf("status of the .RepLevel=2 slice: %+v", sl.Health)
+			}
+		}
+	}
+	if !found {
+		t.Errorf("slice of the .RepLevel=2 file missing from status:\n%s", out)
+	}
+
 	table := mustRun(t, tmp, 30*time.Second, wheelfsBin, "status", "--config", config, "--ca", ca)
 	for _, w := range []string{"SITE", "west", "east", "leader", "SLICE"} {
 		if !strings.Contains(table, w) {
