@@ -1,11 +1,6 @@
 package server
 
-import (
-	"sync/atomic"
-
-	"github.com/wheelfs/wheelfs/internal/configsvc"
-	"github.com/wheelfs/wheelfs/internal/oid"
-)
+import "sync/atomic"
 
 // frozen is set while the server is paused (tests of a primary that stops
 // for longer than its lock: no renewals, no replication).
@@ -23,17 +18,4 @@ func (s *Server) Thaw() { s.paused.on.Store(false) }
 
 // Halt stops the server as a crash would: background work ends, no lock is
 // released and nothing more is written. Use Close for an orderly stop.
-func (s *Server) Halt() {
-	if s.cancel != nil {
-		s.cancel()
-		s.renewing.Wait()
-	}
-	s.mu.Lock()
-	s.locks = map[oid.Slice]configsvc.Lock{}
-	repls := s.repls
-	s.repls = map[oid.Slice]*sliceRepl{}
-	s.mu.Unlock()
-	for _, r := range repls {
-		r.close()
-	}
-}
+func (s *Server) Halt() { s.stop() }

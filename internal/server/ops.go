@@ -97,19 +97,23 @@ func (s *Server) Lookup(ctx context.Context, req *wire.LookupRequest) (*wire.Loo
 
 // GetAttr implements wire.StorageServer.
 func (s *Server) GetAttr(ctx context.Context, req *wire.GetAttrRequest) (*wire.GetAttrResponse, error) {
-	id := oid.ID(req.Id)
-	if err := s.primary(id); err != nil {
-		return nil, fserr.ToStatus(err)
-	}
-	var m *wire.Meta
-	err := s.store.View(func(tx *store.Tx) (err error) {
-		m, err = tx.Meta(id)
-		return err
-	})
+	m, err := s.primaryMeta(oid.ID(req.Id))
 	if err != nil {
 		return nil, fserr.ToStatus(err)
 	}
 	return &wire.GetAttrResponse{Meta: m}, nil
+}
+
+// primaryMeta returns the meta-data of an object this server is primary for.
+func (s *Server) primaryMeta(id oid.ID) (m *wire.Meta, err error) {
+	if err := s.primary(id); err != nil {
+		return nil, err
+	}
+	err = s.store.View(func(tx *store.Tx) (err error) {
+		m, err = tx.Meta(id)
+		return err
+	})
+	return m, err
 }
 
 func policyOf(c *wire.Cues, parent configsvc.Policy, site string) configsvc.Policy {

@@ -416,15 +416,7 @@ func (p *peerServer) Stat(ctx context.Context, req *wire.StatRequest) (*wire.Sta
 	if err := s.authPeer(ctx); err != nil {
 		return nil, fserr.ToStatus(err)
 	}
-	id := oid.ID(req.Id)
-	if err := s.primary(id); err != nil {
-		return nil, fserr.ToStatus(err)
-	}
-	var m *wire.Meta
-	err := s.store.View(func(tx *store.Tx) (err error) {
-		m, err = tx.Meta(id)
-		return err
-	})
+	m, err := s.primaryMeta(oid.ID(req.Id))
 	if err != nil {
 		return nil, fserr.ToStatus(err)
 	}

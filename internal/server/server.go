@@ -200,15 +200,13 @@ func (s *Server) Start(ctx context.Context) (err error) {
 	return nil
 }
 
-// Close stops renewing locks and releases them so another server can take
-// over without waiting for expiry.
-func (s *Server) Close() error {
+// stop ends background work and replication and forgets the locks held,
+// which it returns.
+func (s *Server) stop() []configsvc.Lock {
 	if s.cancel != nil {
 		s.cancel()
 		s.renewing.Wait()
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
 	s.mu.Lock()
 	locks := make([]configsvc.Lock, 0, len(s.locks))
 	for _, l := range s.locks {
@@ -221,6 +219,15 @@ func (s *Server) Close() error {
 	for _, r := range repls {
 		r.close()
 	}
+	return locks
+}
+
+// Close stops renewing locks and releases them so another server can take
+// over without waiting for expiry.
+func (s *Server) Close() error {
+	locks := s.stop()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
 	var errs []error
 	for _, l := range locks {
 		if err := s.conf.Release(ctx, l); err != nil {
