@@ -282,11 +282,15 @@ func (s *Server) collect(ctx context.Context, sl oid.Slice, backups []string) (u
 func (s *Server) tend(ctx context.Context, sl configsvc.Slice, l configsvc.Lock, r *sliceRepl) error {
 	health := r.followerHealth()
 	keep := []string{s.cfg.ID}
+	var deadSites []string
+	t := s.table.Load()
 	for _, id := range sl.Replicas[min(1, len(sl.Replicas)):] {
 		failing, ok := health[id]
 		dead := !s.registered(id) || s.suspected(id) || ok && !failing.IsZero() && time.Since(failing) > s.cfg.DeadAfter
 		if !dead {
 			keep = append(keep, id)
+		} else if si, known := t.Servers[id]; known {
+			deadSites = append(deadSites, si.Site)
 		}
 	}
 	// A server at the policy's home site, when the primary is elsewhere.
@@ -302,7 +306,7 @@ func (s *Server) tend(ctx context.Context, sl configsvc.Slice, l configsvc.Lock,
 			keep = slices.Insert(keep, 1, home)
 		}
 	}
-	want := s.chooseReplicas(sl.Policy, keep)
+	want := s.chooseReplicas(sl.Policy, keep, deadSites...)
 	if home != "" && !slices.Contains(want, home) {
 		want = append(want, home) // temporarily one more, to hand over
 	}

@@ -41,7 +41,10 @@ func spread(xs []string, salt string) {
 // registered servers: first one server at each of the wanted number of
 // sites (the primary's site first), then extra copies at the primary's
 // site, then at the other chosen sites, then anywhere.
-func (s *Server) chooseReplicas(p configsvc.Policy, keep []string) []string {
+//
+// Sites in prefer (those of replaced backups) come first among the other
+// sites: a dead backup is replaced at its own site if possible.
+func (s *Server) chooseReplicas(p configsvc.Policy, keep []string, prefer ...string) []string {
 	t := s.table.Load()
 	servers := map[string]configsvc.ServerInfo{s.cfg.ID: {ID: s.cfg.ID, Site: s.cfg.Site}}
 	if t != nil {
@@ -51,7 +54,7 @@ func (s *Server) chooseReplicas(p configsvc.Policy, keep []string) []string {
 			}
 		}
 	}
-	return placeReplicas(p, keep, servers)
+	return placeReplicas(p, keep, servers, prefer...)
 }
 
 // suspect records that server id failed to answer; clear forgets it.
@@ -83,7 +86,7 @@ func (s *Server) suspected(id string) bool {
 }
 
 // placeReplicas is chooseReplicas over a given server registry.
-func placeReplicas(p configsvc.Policy, keep []string, servers map[string]configsvc.ServerInfo) []string {
+func placeReplicas(p configsvc.Policy, keep []string, servers map[string]configsvc.ServerInfo, prefer ...string) []string {
 	want := max(1, p.RepLevel)
 	primary := keep[0]
 	out := []string{primary}
@@ -104,6 +107,9 @@ func placeReplicas(p configsvc.Policy, keep []string, servers map[string]configs
 		}
 	}
 	spread(others, salt)
+	slices.SortStableFunc(others, func(a, b string) int {
+		return cmp.Compare(btoi(!slices.Contains(prefer, a)), btoi(!slices.Contains(prefer, b)))
+	})
 	nSites := wantSites(p, len(bySite))
 	chosen := []string{home}
 	isChosen := map[string]bool{home: true}
@@ -197,4 +203,11 @@ func (s *Server) registered(id string) bool {
 	}
 	_, ok := t.Servers[id]
 	return ok
+}
+
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }

@@ -78,3 +78,15 @@ func TestPlaceReplicas(t *testing.T) {
 		})
 	}
 }
+
+// A dead backup is replaced at its own site when that site has another
+// server, even with more sites to choose from.
+func TestPlaceReplicasPrefersTheDeadBackupsSite(t *testing.T) {
+	reg := registry(2, "a", "b", "c", "d", "e")
+	for _, dead := range []string{"b", "c", "d", "e"} {
+		got := placeReplicas(configsvc.Policy{RepLevel: 3}, []string{"a0"}, reg, dead)
+		if s := sitesOf(got, reg); s[dead] != 1 || len(got) != 3 {
+			t.Errorf("dead backup at %s: replacement list %v (sites %v)", dead, got, s)
+		}
+	}
+}
