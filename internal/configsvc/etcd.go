@@ -876,16 +876,11 @@ func (s *EtcdService) Close() error {
 		return nil
 	}
 	s.closed = true
-	sessions := s.sessions
-	s.sessions = nil
 	s.mu.Unlock()
+	// Session leases are not revoked: locks not released explicitly stay
+	// until L runs out, so a quick restart keeps its slices and epochs.
 	s.cancel() // stops registrations (which revoke their leases) and watches
 	s.wg.Wait()
-	if !s.abandoned.Load() {
-		for _, id := range sessions { // locks still held go with them
-			s.revoke(id)
-		}
-	}
 	if s.ownsClient {
 		return s.cli.Close()
 	}
