@@ -158,6 +158,7 @@ func (s *Server) Create(ctx context.Context, req *wire.CreateRequest) (*wire.Cre
 	now := time.Now().UnixNano()
 	pol, target := s.place(req, dir)
 	var remote *wire.Meta // the object, when another server stored it
+	exists := false       // the name existed when placement looked
 	if target != s.cfg.ID {
 		var tmpl *wire.Meta
 		err := s.store.View(func(tx *store.Tx) error {
@@ -166,7 +167,8 @@ func (s *Server) Create(ctx context.Context, req *wire.CreateRequest) (*wire.Cre
 				return err
 			}
 			if _, err := tx.Entry(dir, req.Name); err == nil {
-				return nil // settled below
+				exists = true // settled below
+				return nil
 			}
 			if err := perm.MayCreate(c, attr(d)); err != nil {
 				return err
@@ -192,7 +194,7 @@ func (s *Server) Create(ctx context.Context, req *wire.CreateRequest) (*wire.Cre
 		}
 	}
 	slice := dir.Slice()
-	if remote == nil && !pol.KeepTogether {
+	if remote == nil && !pol.KeepTogether && !exists {
 		var err error
 		if slice, err = s.sliceFor(ctx, pol); err != nil {
 			return nil, fserr.ToStatus(err)
@@ -224,6 +226,10 @@ func (s *Server) Create(ctx context.Context, req *wire.CreateRequest) (*wire.Cre
 			return err
 		}
 		m := remote
+		if m == nil && exists {
+			// Removed since placement looked: place again.
+			return fmt.Errorf("%q changed meanwhile: %w", req.Name, fserr.ErrNotPrimary)
+		}
 		if m == nil {
 			n, err := tx.NextCounter(slice)
 			if err != nil {

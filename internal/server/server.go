@@ -259,6 +259,7 @@ func (s *Server) acquire(ctx context.Context, id oid.Slice, p configsvc.Policy) 
 		return err
 	}
 	s.serve(l, p, replicas, at.seq, start)
+	s.log.Info("new slice", "slice", id, "policy", p, "replicas", replicas, "epoch", l.Epoch)
 	return nil
 }
 
