@@ -482,7 +482,7 @@ func (s *Server) Remove(ctx context.Context, req *wire.RemoveRequest) (*wire.Rem
 	}
 	c := cred(req.Caller)
 	now := time.Now().UnixNano()
-	if out, err, done := s.removeRemote(ctx, req); done {
+	if out, done, err := s.removeRemote(ctx, req); done {
 		if err != nil {
 			return nil, fserr.ToStatus(fmt.Errorf("remove %q: %w", req.Name, err))
 		}
@@ -546,7 +546,7 @@ func (s *Server) Remove(ctx context.Context, req *wire.RemoveRequest) (*wire.Rem
 // removeRemote removes a name whose object another server is primary
 // for: that server drops the link (checking permissions and emptiness),
 // then the name goes. done is false when the object is local.
-func (s *Server) removeRemote(ctx context.Context, req *wire.RemoveRequest) (out *wire.Meta, err error, done bool) {
+func (s *Server) removeRemote(ctx context.Context, req *wire.RemoveRequest) (out *wire.Meta, done bool, err error) {
 	dir := oid.ID(req.Dir)
 	var e *wire.Entry
 	var d *wire.Meta
@@ -561,19 +561,19 @@ func (s *Server) removeRemote(ctx context.Context, req *wire.RemoveRequest) (out
 		return err
 	})
 	if err != nil {
-		return nil, err, true
+		return nil, true, err
 	}
 	id := oid.ID(e.Id)
 	if s.primary(id) == nil {
-		return nil, nil, false
+		return nil, false, nil
 	}
 	owner := s.primaryOf(id.Slice())
 	if owner == "" {
-		return nil, fmt.Errorf("no primary for %v: %w", id, fserr.ErrNotPrimary), true
+		return nil, true, fmt.Errorf("no primary for %v: %w", id, fserr.ErrNotPrimary)
 	}
 	p, err := s.peer(ctx, owner)
 	if err != nil {
-		return nil, err, true
+		return nil, true, err
 	}
 	cctx, cancel := context.WithTimeout(ctx, s.cfg.PeerTimeout)
 	resp, err := p.DropLink(cctx, &wire.DropLinkRequest{Id: uint64(id), DirOnly: req.DirOnly, FileOnly: req.FileOnly,
@@ -581,7 +581,7 @@ func (s *Server) removeRemote(ctx context.Context, req *wire.RemoveRequest) (out
 	cancel()
 	gone := fserr.Errno(fserr.FromStatus(err)) == syscall.ENOENT // a name left dangling by a crash
 	if err != nil && !gone {
-		return nil, fserr.FromStatus(err), true
+		return nil, true, fserr.FromStatus(err)
 	}
 	now := time.Now().UnixNano()
 	err = s.update(ctx, req.SyncLevel, func(tx *store.Tx) error {
@@ -605,7 +605,7 @@ func (s *Server) removeRemote(ctx context.Context, req *wire.RemoveRequest) (out
 	if resp != nil {
 		out = resp.Meta
 	}
-	return out, err, true
+	return out, true, err
 }
 
 // primaryOf returns the server the slice table names as sl's primary.
