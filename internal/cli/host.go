@@ -24,6 +24,7 @@ type hostFlags struct {
 	config, etcd           string
 	ca, nodeDir            string
 	lockTTL, configWait    time.Duration
+	maintain               time.Duration
 	debug                  bool
 	pprofAddr              string
 	memberListen, peerList string
@@ -47,6 +48,7 @@ func (f *hostFlags) register(cmd *cobra.Command, roles deploy.Roles) {
 	if roles&deploy.RoleServer != 0 {
 		fl.StringVar(&f.listen, "listen", "127.0.0.1:0", "storage server gRPC listen address HOST:PORT")
 		fl.DurationVar(&f.lockTTL, "lock-ttl", 2*time.Minute, "slice lock lease length L")
+		fl.DurationVar(&f.maintain, "maintain-period", time.Second, "how often replicas ping each other and repair their slices")
 	}
 	if roles&deploy.RoleClient != 0 {
 		fl.BoolVar(&f.debug, "debug", false, "log every FUSE request")
@@ -80,6 +82,7 @@ func (f *hostFlags) deployConfig(g *globalFlags, roles deploy.Roles) (deploy.Con
 	cfg := deploy.NewConfig(f.data)
 	cfg.Roles, cfg.Logger, cfg.InitCA = roles, g.logger(), false
 	cfg.Site, cfg.Listen, cfg.LockTTL, cfg.ConfigWait = f.site, f.listen, f.lockTTL, f.configWait
+	cfg.Server.MaintainPeriod = f.maintain
 	if f.ca != "" && f.nodeDir != "" {
 		return cfg, errors.New("give either --ca or --node-dir, not both")
 	}

@@ -212,6 +212,33 @@ func (r *sliceRepl) followerHealth() map[string]time.Time {
 	return out
 }
 
+// idle returns the backups not heard from within d (a ping is due).
+func (r *sliceRepl) idle(d time.Duration) []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []string
+	for id, f := range r.followers {
+		if time.Since(f.lastOK) > d {
+			out = append(out, id)
+		}
+	}
+	return out
+}
+
+// contact records the outcome of a ping of backup id.
+func (r *sliceRepl) contact(id string, err error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	f, ok := r.followers[id]
+	switch {
+	case !ok:
+	case err == nil:
+		f.lastOK, f.failing = time.Now(), time.Time{}
+	case f.failing.IsZero():
+		f.failing = time.Now()
+	}
+}
+
 // streaming reports whether backup id follows the stream (no snapshot due).
 func (r *sliceRepl) streaming(id string) bool {
 	r.mu.Lock()
