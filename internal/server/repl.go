@@ -109,9 +109,12 @@ func (r *sliceRepl) assign(tx *store.Tx, muts []*wire.Mutation) (uint64, error) 
 	r.mu.Lock()
 	r.seq++
 	seq := r.seq
-	r.log = append(r.log, &wire.Batch{Seq: seq, Mutations: muts})
-	if len(r.log) > maxLogBatches {
-		r.log = r.log[len(r.log)-maxLogBatches:]
+	if len(r.followers) > 0 { // a backup added later starts with a snapshot
+		r.log = append(r.log, &wire.Batch{Seq: seq, Mutations: muts})
+		if len(r.log) > maxLogBatches {
+			clear(r.log[:len(r.log)-maxLogBatches])
+			r.log = r.log[len(r.log)-maxLogBatches:]
+		}
 	}
 	epoch := r.epoch
 	r.mu.Unlock()
