@@ -3,14 +3,12 @@ package deploy
 import (
 	"bytes"
 	"context"
-	"os"
 	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/wheelfs/wheelfs/internal/client"
 	"github.com/wheelfs/wheelfs/internal/oid"
-	"github.com/wheelfs/wheelfs/internal/pki"
 )
 
 // startSites starts one host per site sharing the first host's embedded
@@ -27,7 +25,8 @@ func startSites(t *testing.T, sites ...string) []*Host {
 		cfg.LockTTL = 2 * time.Second
 		cfg.Site = site
 		if i > 0 {
-			copyDir(t, filepath.Join(hosts[0].cfg.DataDir, "ca"), filepath.Join(dir, "ca"))
+			cfg.Roles = RoleServer | RoleClient
+			cfg.CADir = filepath.Join(hosts[0].cfg.DataDir, "ca")
 			cfg.Etcd = hosts[0].ConfigEndpoints()
 		}
 		h, err := Start(ctx, cfg)
@@ -42,22 +41,6 @@ func startSites(t *testing.T, sites ...string) []*Host {
 		}
 	})
 	return hosts
-}
-
-func copyDir(t *testing.T, from, to string) {
-	t.Helper()
-	if err := os.MkdirAll(to, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	for _, f := range []string{pki.CACertFile, pki.CAKeyFile} {
-		b, err := os.ReadFile(filepath.Join(from, f))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(filepath.Join(to, f), b, 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
 }
 
 func waitFor(t *testing.T, what string, d time.Duration, cond func() bool) {

@@ -48,7 +48,7 @@ func (s *Server) maintainLoop(ctx context.Context) {
 		case <-t.C:
 		case <-s.tableC:
 		}
-		if s.paused.on.Load() {
+		if s.paused.Load() {
 			continue
 		}
 		s.maintain(ctx)
@@ -343,9 +343,6 @@ func (s *Server) pingIdle(ctx context.Context, r *sliceRepl) {
 				cancel()
 			}
 			r.contact(id, err)
-			if err == nil {
-				s.clearSuspect(id)
-			}
 		}()
 	}
 	wg.Wait()

@@ -64,11 +64,12 @@ func writePos(tx *store.Tx, s oid.Slice, p pos) error {
 
 // sliceRepl is the primary's replication state of one slice.
 type sliceRepl struct {
-	s      *Server
-	slice  oid.Slice
-	epoch  int64
-	ctx    context.Context
-	cancel context.CancelFunc
+	s        *Server
+	slice    oid.Slice
+	epoch    int64
+	repLevel int // the policy's: the default SyncLevel
+	ctx      context.Context
+	cancel   context.CancelFunc
 
 	mu        sync.Mutex
 	changed   chan struct{} // closed and replaced on every ack or commit
@@ -91,9 +92,9 @@ type follower struct {
 	failing time.Time // first failure since lastOK (zero when fine)
 }
 
-func newSliceRepl(s *Server, slice oid.Slice, epoch int64, seq uint64) *sliceRepl {
+func newSliceRepl(s *Server, slice oid.Slice, epoch int64, repLevel int, seq uint64) *sliceRepl {
 	ctx, cancel := context.WithCancel(s.bg)
-	return &sliceRepl{s: s, slice: slice, epoch: epoch, ctx: ctx, cancel: cancel,
+	return &sliceRepl{s: s, slice: slice, epoch: epoch, repLevel: repLevel, ctx: ctx, cancel: cancel,
 		changed: make(chan struct{}), seq: seq, committed: seq, followers: map[string]*follower{}}
 }
 
@@ -228,8 +229,12 @@ func (r *sliceRepl) idle(d time.Duration) []string {
 	return out
 }
 
-// contact records the outcome of a ping of backup id.
+// contact records the outcome of a call to backup id (a replication
+// step or a ping): since when it fails, or that it answered.
 func (r *sliceRepl) contact(id string, err error) {
+	if err == nil {
+		r.s.clearSuspect(id)
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	f, ok := r.followers[id]
@@ -269,23 +274,14 @@ func (r *sliceRepl) follow(ctx context.Context, f *follower) {
 		case <-f.kick:
 		}
 		for ctx.Err() == nil {
-			if r.s.paused.on.Load() { // a paused process sends nothing
+			if r.s.paused.Load() { // a paused process sends nothing
 				if !sleepCtx(ctx, 10*time.Millisecond) {
 					return
 				}
 				continue
 			}
 			more, err := r.step(ctx, f)
-			r.mu.Lock()
-			if err == nil {
-				f.lastOK, f.failing = time.Now(), time.Time{}
-			} else if f.failing.IsZero() {
-				f.failing = time.Now()
-			}
-			r.mu.Unlock()
-			if err == nil {
-				r.s.clearSuspect(f.id)
-			}
+			r.contact(f.id, err)
 			if err != nil {
 				if errors.Is(err, errStale) {
 					r.s.lostSlice(r.slice, r.epoch, "a backup has seen a newer epoch")

@@ -73,7 +73,7 @@ type Server struct {
 	done     chan struct{}
 	lockTTL  time.Duration
 	renewing sync.WaitGroup
-	paused   pauseGate
+	paused   atomic.Bool // Freeze: a stopped process (fault tests)
 
 	bg     context.Context // background work; ends with Close or Halt
 	table  atomic.Pointer[configsvc.Table]
@@ -266,7 +266,7 @@ func (s *Server) acquire(ctx context.Context, id oid.Slice, p configsvc.Policy) 
 // serve starts acting as primary of a slice whose lock l this server
 // holds, with replicas[1:] as backups.
 func (s *Server) serve(l configsvc.Lock, p configsvc.Policy, replicas []string, seq uint64, locked time.Time) {
-	r := newSliceRepl(s, l.Slice, l.Epoch, seq)
+	r := newSliceRepl(s, l.Slice, l.Epoch, p.RepLevel, seq)
 	s.mu.Lock()
 	if old := s.repls[l.Slice]; old != nil {
 		defer old.close()
@@ -349,7 +349,7 @@ func (s *Server) renewLoop(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		if s.paused.on.Load() {
+		if s.paused.Load() {
 			continue
 		}
 		s.mu.Lock()

@@ -29,24 +29,32 @@ func (s *Server) update(ctx context.Context, sync uint32, fn func(tx *store.Tx) 
 		if len(muts) == 0 {
 			return nil
 		}
-		bySlice := map[oid.Slice][]*wire.Mutation{}
-		var order []oid.Slice
+		// Group by slice, keeping order (an update touches one or two).
+		type group struct {
+			sl   oid.Slice
+			muts []*wire.Mutation
+		}
+		var groups []group
+	next:
 		for _, m := range muts {
 			sl := store.MutationSlice(m)
-			if _, ok := bySlice[sl]; !ok {
-				order = append(order, sl)
+			for i := range groups {
+				if groups[i].sl == sl {
+					groups[i].muts = append(groups[i].muts, m)
+					continue next
+				}
 			}
-			bySlice[sl] = append(bySlice[sl], m)
+			groups = append(groups, group{sl, []*wire.Mutation{m}})
 		}
-		for _, sl := range order {
+		for _, g := range groups {
 			s.mu.Lock()
-			r := s.repls[sl]
+			r := s.repls[g.sl]
 			s.mu.Unlock()
 			if r == nil {
 				// Never change a copy this server keeps as a backup.
-				return fmt.Errorf("update of slice %d: %w", sl, fserr.ErrNotPrimary)
+				return fmt.Errorf("update of slice %d: %w", g.sl, fserr.ErrNotPrimary)
 			}
-			seq, err := r.assign(tx, bySlice[sl])
+			seq, err := r.assign(tx, g.muts)
 			if err != nil {
 				return err
 			}
@@ -63,9 +71,7 @@ func (s *Server) update(ctx context.Context, sync uint32, fn func(tx *store.Tx) 
 	for _, w := range waits {
 		need := int(sync)
 		if need <= 0 {
-			s.mu.Lock()
-			need = s.policies[w.r.slice].RepLevel
-			s.mu.Unlock()
+			need = w.r.repLevel
 		}
 		if err := w.r.wait(ctx, w.seq, need-1); err != nil {
 			return err

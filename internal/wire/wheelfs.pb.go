@@ -3450,7 +3450,6 @@ func (x *FetchBlocksResponse) GetData() [][]byte {
 
 type PingRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
-	Slices        []uint32               `protobuf:"varint,1,rep,packed,name=slices,proto3" json:"slices,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3483,13 +3482,6 @@ func (x *PingRequest) ProtoReflect() protoreflect.Message {
 // Deprecated: Use PingRequest.ProtoReflect.Descriptor instead.
 func (*PingRequest) Descriptor() ([]byte, []int) {
 	return file_wheelfs_proto_rawDescGZIP(), []int{49}
-}
-
-func (x *PingRequest) GetSlices() []uint32 {
-	if x != nil {
-		return x.Slices
-	}
-	return nil
 }
 
 type PingResponse struct {
@@ -4114,9 +4106,8 @@ const file_wheelfs_proto_rawDesc = "" +
 	"\x12FetchBlocksRequest\x12\x16\n" +
 	"\x06hashes\x18\x01 \x03(\fR\x06hashes\")\n" +
 	"\x13FetchBlocksResponse\x12\x12\n" +
-	"\x04data\x18\x01 \x03(\fR\x04data\"%\n" +
-	"\vPingRequest\x12\x16\n" +
-	"\x06slices\x18\x01 \x03(\rR\x06slices\"\x1e\n" +
+	"\x04data\x18\x01 \x03(\fR\x04data\"\r\n" +
+	"\vPingRequest\"\x1e\n" +
 	"\fPingResponse\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\"\xaa\x01\n" +
 	"\x13CreateObjectRequest\x12$\n" +
