@@ -4,6 +4,8 @@ import (
 	"context"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/wheelfs/wheelfs/internal/wire"
 )
@@ -89,4 +91,8 @@ func (l localClient) Open(ctx context.Context, in *wire.OpenRequest, _ ...grpc.C
 
 func (l localClient) Release(ctx context.Context, in *wire.ReleaseRequest, _ ...grpc.CallOption) (*wire.ReleaseResponse, error) {
 	return l.s.Release(ctx, in)
+}
+
+func (l localClient) Callbacks(ctx context.Context, _ ...grpc.CallOption) (grpc.BidiStreamingClient[wire.CallbackAck, wire.Revoke], error) {
+	return nil, status.Error(codes.Unimplemented, "lease callbacks in-process: not yet")
 }

@@ -539,11 +539,17 @@ func (x *Entry) GetVersion() uint64 {
 // Caller is the user on whose behalf a client node acts. The node itself is
 // authenticated by its TLS certificate; the server checks permissions on this user.
 type Caller struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Uid           uint32                 `protobuf:"varint,1,opt,name=uid,proto3" json:"uid,omitempty"`
-	Gid           uint32                 `protobuf:"varint,2,opt,name=gid,proto3" json:"gid,omitempty"`
-	Groups        []uint32               `protobuf:"varint,3,rep,packed,name=groups,proto3" json:"groups,omitempty"`
-	Pid           uint32                 `protobuf:"varint,4,opt,name=pid,proto3" json:"pid,omitempty"`
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Uid    uint32                 `protobuf:"varint,1,opt,name=uid,proto3" json:"uid,omitempty"`
+	Gid    uint32                 `protobuf:"varint,2,opt,name=gid,proto3" json:"gid,omitempty"`
+	Groups []uint32               `protobuf:"varint,3,rep,packed,name=groups,proto3" json:"groups,omitempty"`
+	Pid    uint32                 `protobuf:"varint,4,opt,name=pid,proto3" json:"pid,omitempty"`
+	// session names the client core instance: leases are granted to it and
+	// revoked through its Callbacks stream; 0 asks for no lease.
+	Session uint64 `protobuf:"varint,5,opt,name=session,proto3" json:"session,omitempty"`
+	// eventual (.EventualConsistency): a backup of the object's slice may
+	// answer, and apply an update, when the primary cannot be reached.
+	Eventual      bool `protobuf:"varint,6,opt,name=eventual,proto3" json:"eventual,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -606,6 +612,20 @@ func (x *Caller) GetPid() uint32 {
 	return 0
 }
 
+func (x *Caller) GetSession() uint64 {
+	if x != nil {
+		return x.Session
+	}
+	return 0
+}
+
+func (x *Caller) GetEventual() bool {
+	if x != nil {
+		return x.Eventual
+	}
+	return false
+}
+
 type LookupRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Caller        *Caller                `protobuf:"bytes,1,opt,name=caller,proto3" json:"caller,omitempty"`
@@ -666,10 +686,13 @@ func (x *LookupRequest) GetName() string {
 	return ""
 }
 
+// lease_ms, when non-zero, is a lease on the directory's entries (and on
+// meta, when present) for the caller's session (paper §5.4).
 type LookupResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Entry         *Entry                 `protobuf:"bytes,1,opt,name=entry,proto3" json:"entry,omitempty"`
 	Meta          *Meta                  `protobuf:"bytes,2,opt,name=meta,proto3" json:"meta,omitempty"`
+	LeaseMs       uint32                 `protobuf:"varint,3,opt,name=lease_ms,json=leaseMs,proto3" json:"lease_ms,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -716,6 +739,13 @@ func (x *LookupResponse) GetMeta() *Meta {
 		return x.Meta
 	}
 	return nil
+}
+
+func (x *LookupResponse) GetLeaseMs() uint32 {
+	if x != nil {
+		return x.LeaseMs
+	}
+	return 0
 }
 
 type GetAttrRequest struct {
@@ -773,6 +803,7 @@ func (x *GetAttrRequest) GetId() uint64 {
 type GetAttrResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Meta          *Meta                  `protobuf:"bytes,1,opt,name=meta,proto3" json:"meta,omitempty"`
+	LeaseMs       uint32                 `protobuf:"varint,2,opt,name=lease_ms,json=leaseMs,proto3" json:"lease_ms,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -812,6 +843,13 @@ func (x *GetAttrResponse) GetMeta() *Meta {
 		return x.Meta
 	}
 	return nil
+}
+
+func (x *GetAttrResponse) GetLeaseMs() uint32 {
+	if x != nil {
+		return x.LeaseMs
+	}
+	return 0
 }
 
 type CreateRequest struct {
@@ -1648,6 +1686,7 @@ type ReadDirResponse struct {
 	Metas         []*Meta                `protobuf:"bytes,2,rep,name=metas,proto3" json:"metas,omitempty"`
 	Eof           bool                   `protobuf:"varint,3,opt,name=eof,proto3" json:"eof,omitempty"`
 	Dir           *Meta                  `protobuf:"bytes,4,opt,name=dir,proto3" json:"dir,omitempty"`
+	LeaseMs       uint32                 `protobuf:"varint,5,opt,name=lease_ms,json=leaseMs,proto3" json:"lease_ms,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1708,6 +1747,13 @@ func (x *ReadDirResponse) GetDir() *Meta {
 		return x.Dir
 	}
 	return nil
+}
+
+func (x *ReadDirResponse) GetLeaseMs() uint32 {
+	if x != nil {
+		return x.LeaseMs
+	}
+	return 0
 }
 
 // BlockRef names a file block by index and content hash (SHA-256).
@@ -2566,6 +2612,7 @@ func (x *OpenRequest) GetFlags() uint32 {
 type OpenResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Meta          *Meta                  `protobuf:"bytes,1,opt,name=meta,proto3" json:"meta,omitempty"`
+	LeaseMs       uint32                 `protobuf:"varint,2,opt,name=lease_ms,json=leaseMs,proto3" json:"lease_ms,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2605,6 +2652,13 @@ func (x *OpenResponse) GetMeta() *Meta {
 		return x.Meta
 	}
 	return nil
+}
+
+func (x *OpenResponse) GetLeaseMs() uint32 {
+	if x != nil {
+		return x.LeaseMs
+	}
+	return 0
 }
 
 type ReleaseRequest struct {
@@ -2687,6 +2741,111 @@ func (*ReleaseResponse) Descriptor() ([]byte, []int) {
 	return file_wheelfs_proto_rawDescGZIP(), []int{36}
 }
 
+// Revoke withdraws the session's leases on ids.
+type Revoke struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Seq           uint64                 `protobuf:"varint,1,opt,name=seq,proto3" json:"seq,omitempty"`
+	Ids           []uint64               `protobuf:"varint,2,rep,packed,name=ids,proto3" json:"ids,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Revoke) Reset() {
+	*x = Revoke{}
+	mi := &file_wheelfs_proto_msgTypes[37]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Revoke) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Revoke) ProtoMessage() {}
+
+func (x *Revoke) ProtoReflect() protoreflect.Message {
+	mi := &file_wheelfs_proto_msgTypes[37]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Revoke.ProtoReflect.Descriptor instead.
+func (*Revoke) Descriptor() ([]byte, []int) {
+	return file_wheelfs_proto_rawDescGZIP(), []int{37}
+}
+
+func (x *Revoke) GetSeq() uint64 {
+	if x != nil {
+		return x.Seq
+	}
+	return 0
+}
+
+func (x *Revoke) GetIds() []uint64 {
+	if x != nil {
+		return x.Ids
+	}
+	return nil
+}
+
+type CallbackAck struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Session       uint64                 `protobuf:"varint,1,opt,name=session,proto3" json:"session,omitempty"`
+	Seq           uint64                 `protobuf:"varint,2,opt,name=seq,proto3" json:"seq,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CallbackAck) Reset() {
+	*x = CallbackAck{}
+	mi := &file_wheelfs_proto_msgTypes[38]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CallbackAck) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CallbackAck) ProtoMessage() {}
+
+func (x *CallbackAck) ProtoReflect() protoreflect.Message {
+	mi := &file_wheelfs_proto_msgTypes[38]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CallbackAck.ProtoReflect.Descriptor instead.
+func (*CallbackAck) Descriptor() ([]byte, []int) {
+	return file_wheelfs_proto_rawDescGZIP(), []int{38}
+}
+
+func (x *CallbackAck) GetSession() uint64 {
+	if x != nil {
+		return x.Session
+	}
+	return 0
+}
+
+func (x *CallbackAck) GetSeq() uint64 {
+	if x != nil {
+		return x.Seq
+	}
+	return 0
+}
+
 type Mutation struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Kind          MutationKind           `protobuf:"varint,1,opt,name=kind,proto3,enum=wheelfs.v1.MutationKind" json:"kind,omitempty"`
@@ -2700,7 +2859,7 @@ type Mutation struct {
 
 func (x *Mutation) Reset() {
 	*x = Mutation{}
-	mi := &file_wheelfs_proto_msgTypes[37]
+	mi := &file_wheelfs_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2712,7 +2871,7 @@ func (x *Mutation) String() string {
 func (*Mutation) ProtoMessage() {}
 
 func (x *Mutation) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[37]
+	mi := &file_wheelfs_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2725,7 +2884,7 @@ func (x *Mutation) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Mutation.ProtoReflect.Descriptor instead.
 func (*Mutation) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{37}
+	return file_wheelfs_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *Mutation) GetKind() MutationKind {
@@ -2774,7 +2933,7 @@ type Batch struct {
 
 func (x *Batch) Reset() {
 	*x = Batch{}
-	mi := &file_wheelfs_proto_msgTypes[38]
+	mi := &file_wheelfs_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2786,7 +2945,7 @@ func (x *Batch) String() string {
 func (*Batch) ProtoMessage() {}
 
 func (x *Batch) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[38]
+	mi := &file_wheelfs_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2799,7 +2958,7 @@ func (x *Batch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Batch.ProtoReflect.Descriptor instead.
 func (*Batch) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{38}
+	return file_wheelfs_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *Batch) GetSeq() uint64 {
@@ -2831,7 +2990,7 @@ type ReplicateRequest struct {
 
 func (x *ReplicateRequest) Reset() {
 	*x = ReplicateRequest{}
-	mi := &file_wheelfs_proto_msgTypes[39]
+	mi := &file_wheelfs_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2843,7 +3002,7 @@ func (x *ReplicateRequest) String() string {
 func (*ReplicateRequest) ProtoMessage() {}
 
 func (x *ReplicateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[39]
+	mi := &file_wheelfs_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2856,7 +3015,7 @@ func (x *ReplicateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicateRequest.ProtoReflect.Descriptor instead.
 func (*ReplicateRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{39}
+	return file_wheelfs_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *ReplicateRequest) GetSlice() uint32 {
@@ -2899,7 +3058,7 @@ type ReplicateResponse struct {
 
 func (x *ReplicateResponse) Reset() {
 	*x = ReplicateResponse{}
-	mi := &file_wheelfs_proto_msgTypes[40]
+	mi := &file_wheelfs_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2911,7 +3070,7 @@ func (x *ReplicateResponse) String() string {
 func (*ReplicateResponse) ProtoMessage() {}
 
 func (x *ReplicateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[40]
+	mi := &file_wheelfs_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2924,7 +3083,7 @@ func (x *ReplicateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicateResponse.ProtoReflect.Descriptor instead.
 func (*ReplicateResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{40}
+	return file_wheelfs_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *ReplicateResponse) GetStatus() ReplStatus {
@@ -2964,7 +3123,7 @@ type DigestRequest struct {
 
 func (x *DigestRequest) Reset() {
 	*x = DigestRequest{}
-	mi := &file_wheelfs_proto_msgTypes[41]
+	mi := &file_wheelfs_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2976,7 +3135,7 @@ func (x *DigestRequest) String() string {
 func (*DigestRequest) ProtoMessage() {}
 
 func (x *DigestRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[41]
+	mi := &file_wheelfs_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2989,7 +3148,7 @@ func (x *DigestRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DigestRequest.ProtoReflect.Descriptor instead.
 func (*DigestRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{41}
+	return file_wheelfs_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *DigestRequest) GetSlice() uint32 {
@@ -3014,7 +3173,7 @@ type DigestResponse struct {
 
 func (x *DigestResponse) Reset() {
 	*x = DigestResponse{}
-	mi := &file_wheelfs_proto_msgTypes[42]
+	mi := &file_wheelfs_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3026,7 +3185,7 @@ func (x *DigestResponse) String() string {
 func (*DigestResponse) ProtoMessage() {}
 
 func (x *DigestResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[42]
+	mi := &file_wheelfs_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3039,7 +3198,7 @@ func (x *DigestResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DigestResponse.ProtoReflect.Descriptor instead.
 func (*DigestResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{42}
+	return file_wheelfs_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *DigestResponse) GetEpoch() int64 {
@@ -3091,7 +3250,7 @@ type ObjectState struct {
 
 func (x *ObjectState) Reset() {
 	*x = ObjectState{}
-	mi := &file_wheelfs_proto_msgTypes[43]
+	mi := &file_wheelfs_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3103,7 +3262,7 @@ func (x *ObjectState) String() string {
 func (*ObjectState) ProtoMessage() {}
 
 func (x *ObjectState) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[43]
+	mi := &file_wheelfs_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3116,7 +3275,7 @@ func (x *ObjectState) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ObjectState.ProtoReflect.Descriptor instead.
 func (*ObjectState) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{43}
+	return file_wheelfs_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *ObjectState) GetMeta() *Meta {
@@ -3172,7 +3331,7 @@ type InstallRequest struct {
 
 func (x *InstallRequest) Reset() {
 	*x = InstallRequest{}
-	mi := &file_wheelfs_proto_msgTypes[44]
+	mi := &file_wheelfs_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3184,7 +3343,7 @@ func (x *InstallRequest) String() string {
 func (*InstallRequest) ProtoMessage() {}
 
 func (x *InstallRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[44]
+	mi := &file_wheelfs_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3197,7 +3356,7 @@ func (x *InstallRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InstallRequest.ProtoReflect.Descriptor instead.
 func (*InstallRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{44}
+	return file_wheelfs_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *InstallRequest) GetSlice() uint32 {
@@ -3266,7 +3425,7 @@ type InstallResponse struct {
 
 func (x *InstallResponse) Reset() {
 	*x = InstallResponse{}
-	mi := &file_wheelfs_proto_msgTypes[45]
+	mi := &file_wheelfs_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3278,7 +3437,7 @@ func (x *InstallResponse) String() string {
 func (*InstallResponse) ProtoMessage() {}
 
 func (x *InstallResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[45]
+	mi := &file_wheelfs_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3291,7 +3450,7 @@ func (x *InstallResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InstallResponse.ProtoReflect.Descriptor instead.
 func (*InstallResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{45}
+	return file_wheelfs_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *InstallResponse) GetStatus() ReplStatus {
@@ -3318,7 +3477,7 @@ type DiffRequest struct {
 
 func (x *DiffRequest) Reset() {
 	*x = DiffRequest{}
-	mi := &file_wheelfs_proto_msgTypes[46]
+	mi := &file_wheelfs_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3330,7 +3489,7 @@ func (x *DiffRequest) String() string {
 func (*DiffRequest) ProtoMessage() {}
 
 func (x *DiffRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[46]
+	mi := &file_wheelfs_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3343,7 +3502,7 @@ func (x *DiffRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DiffRequest.ProtoReflect.Descriptor instead.
 func (*DiffRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{46}
+	return file_wheelfs_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *DiffRequest) GetSlice() uint32 {
@@ -3369,7 +3528,7 @@ type FetchBlocksRequest struct {
 
 func (x *FetchBlocksRequest) Reset() {
 	*x = FetchBlocksRequest{}
-	mi := &file_wheelfs_proto_msgTypes[47]
+	mi := &file_wheelfs_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3381,7 +3540,7 @@ func (x *FetchBlocksRequest) String() string {
 func (*FetchBlocksRequest) ProtoMessage() {}
 
 func (x *FetchBlocksRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[47]
+	mi := &file_wheelfs_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3394,7 +3553,7 @@ func (x *FetchBlocksRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FetchBlocksRequest.ProtoReflect.Descriptor instead.
 func (*FetchBlocksRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{47}
+	return file_wheelfs_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *FetchBlocksRequest) GetHashes() [][]byte {
@@ -3413,7 +3572,7 @@ type FetchBlocksResponse struct {
 
 func (x *FetchBlocksResponse) Reset() {
 	*x = FetchBlocksResponse{}
-	mi := &file_wheelfs_proto_msgTypes[48]
+	mi := &file_wheelfs_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3425,7 +3584,7 @@ func (x *FetchBlocksResponse) String() string {
 func (*FetchBlocksResponse) ProtoMessage() {}
 
 func (x *FetchBlocksResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[48]
+	mi := &file_wheelfs_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3438,7 +3597,7 @@ func (x *FetchBlocksResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FetchBlocksResponse.ProtoReflect.Descriptor instead.
 func (*FetchBlocksResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{48}
+	return file_wheelfs_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *FetchBlocksResponse) GetData() [][]byte {
@@ -3456,7 +3615,7 @@ type PingRequest struct {
 
 func (x *PingRequest) Reset() {
 	*x = PingRequest{}
-	mi := &file_wheelfs_proto_msgTypes[49]
+	mi := &file_wheelfs_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3468,7 +3627,7 @@ func (x *PingRequest) String() string {
 func (*PingRequest) ProtoMessage() {}
 
 func (x *PingRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[49]
+	mi := &file_wheelfs_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3481,7 +3640,7 @@ func (x *PingRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PingRequest.ProtoReflect.Descriptor instead.
 func (*PingRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{49}
+	return file_wheelfs_proto_rawDescGZIP(), []int{51}
 }
 
 type PingResponse struct {
@@ -3493,7 +3652,7 @@ type PingResponse struct {
 
 func (x *PingResponse) Reset() {
 	*x = PingResponse{}
-	mi := &file_wheelfs_proto_msgTypes[50]
+	mi := &file_wheelfs_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3505,7 +3664,7 @@ func (x *PingResponse) String() string {
 func (*PingResponse) ProtoMessage() {}
 
 func (x *PingResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[50]
+	mi := &file_wheelfs_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3518,7 +3677,7 @@ func (x *PingResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PingResponse.ProtoReflect.Descriptor instead.
 func (*PingResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{50}
+	return file_wheelfs_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *PingResponse) GetId() string {
@@ -3542,7 +3701,7 @@ type CreateObjectRequest struct {
 
 func (x *CreateObjectRequest) Reset() {
 	*x = CreateObjectRequest{}
-	mi := &file_wheelfs_proto_msgTypes[51]
+	mi := &file_wheelfs_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3554,7 +3713,7 @@ func (x *CreateObjectRequest) String() string {
 func (*CreateObjectRequest) ProtoMessage() {}
 
 func (x *CreateObjectRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[51]
+	mi := &file_wheelfs_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3567,7 +3726,7 @@ func (x *CreateObjectRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateObjectRequest.ProtoReflect.Descriptor instead.
 func (*CreateObjectRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{51}
+	return file_wheelfs_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *CreateObjectRequest) GetMeta() *Meta {
@@ -3607,7 +3766,7 @@ type CreateObjectResponse struct {
 
 func (x *CreateObjectResponse) Reset() {
 	*x = CreateObjectResponse{}
-	mi := &file_wheelfs_proto_msgTypes[52]
+	mi := &file_wheelfs_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3619,7 +3778,7 @@ func (x *CreateObjectResponse) String() string {
 func (*CreateObjectResponse) ProtoMessage() {}
 
 func (x *CreateObjectResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[52]
+	mi := &file_wheelfs_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3632,7 +3791,7 @@ func (x *CreateObjectResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateObjectResponse.ProtoReflect.Descriptor instead.
 func (*CreateObjectResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{52}
+	return file_wheelfs_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *CreateObjectResponse) GetMeta() *Meta {
@@ -3658,7 +3817,7 @@ type DropLinkRequest struct {
 
 func (x *DropLinkRequest) Reset() {
 	*x = DropLinkRequest{}
-	mi := &file_wheelfs_proto_msgTypes[53]
+	mi := &file_wheelfs_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3670,7 +3829,7 @@ func (x *DropLinkRequest) String() string {
 func (*DropLinkRequest) ProtoMessage() {}
 
 func (x *DropLinkRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[53]
+	mi := &file_wheelfs_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3683,7 +3842,7 @@ func (x *DropLinkRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DropLinkRequest.ProtoReflect.Descriptor instead.
 func (*DropLinkRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{53}
+	return file_wheelfs_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *DropLinkRequest) GetId() uint64 {
@@ -3737,7 +3896,7 @@ type DropLinkResponse struct {
 
 func (x *DropLinkResponse) Reset() {
 	*x = DropLinkResponse{}
-	mi := &file_wheelfs_proto_msgTypes[54]
+	mi := &file_wheelfs_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3749,7 +3908,7 @@ func (x *DropLinkResponse) String() string {
 func (*DropLinkResponse) ProtoMessage() {}
 
 func (x *DropLinkResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[54]
+	mi := &file_wheelfs_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3762,7 +3921,7 @@ func (x *DropLinkResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DropLinkResponse.ProtoReflect.Descriptor instead.
 func (*DropLinkResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{54}
+	return file_wheelfs_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *DropLinkResponse) GetMeta() *Meta {
@@ -3781,7 +3940,7 @@ type StatRequest struct {
 
 func (x *StatRequest) Reset() {
 	*x = StatRequest{}
-	mi := &file_wheelfs_proto_msgTypes[55]
+	mi := &file_wheelfs_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3793,7 +3952,7 @@ func (x *StatRequest) String() string {
 func (*StatRequest) ProtoMessage() {}
 
 func (x *StatRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[55]
+	mi := &file_wheelfs_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3806,7 +3965,7 @@ func (x *StatRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatRequest.ProtoReflect.Descriptor instead.
 func (*StatRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{55}
+	return file_wheelfs_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *StatRequest) GetId() uint64 {
@@ -3825,7 +3984,7 @@ type StatResponse struct {
 
 func (x *StatResponse) Reset() {
 	*x = StatResponse{}
-	mi := &file_wheelfs_proto_msgTypes[56]
+	mi := &file_wheelfs_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3837,7 +3996,7 @@ func (x *StatResponse) String() string {
 func (*StatResponse) ProtoMessage() {}
 
 func (x *StatResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[56]
+	mi := &file_wheelfs_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3850,7 +4009,7 @@ func (x *StatResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatResponse.ProtoReflect.Descriptor instead.
 func (*StatResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{56}
+	return file_wheelfs_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *StatResponse) GetMeta() *Meta {
@@ -3896,24 +4055,28 @@ const file_wheelfs_proto_rawDesc = "" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x0e\n" +
 	"\x02id\x18\x02 \x01(\x04R\x02id\x12$\n" +
 	"\x04type\x18\x03 \x01(\x0e2\x10.wheelfs.v1.TypeR\x04type\x12\x18\n" +
-	"\aversion\x18\x04 \x01(\x04R\aversion\"V\n" +
+	"\aversion\x18\x04 \x01(\x04R\aversion\"\x8c\x01\n" +
 	"\x06Caller\x12\x10\n" +
 	"\x03uid\x18\x01 \x01(\rR\x03uid\x12\x10\n" +
 	"\x03gid\x18\x02 \x01(\rR\x03gid\x12\x16\n" +
 	"\x06groups\x18\x03 \x03(\rR\x06groups\x12\x10\n" +
-	"\x03pid\x18\x04 \x01(\rR\x03pid\"a\n" +
+	"\x03pid\x18\x04 \x01(\rR\x03pid\x12\x18\n" +
+	"\asession\x18\x05 \x01(\x04R\asession\x12\x1a\n" +
+	"\beventual\x18\x06 \x01(\bR\beventual\"a\n" +
 	"\rLookupRequest\x12*\n" +
 	"\x06caller\x18\x01 \x01(\v2\x12.wheelfs.v1.CallerR\x06caller\x12\x10\n" +
 	"\x03dir\x18\x02 \x01(\x04R\x03dir\x12\x12\n" +
-	"\x04name\x18\x03 \x01(\tR\x04name\"_\n" +
+	"\x04name\x18\x03 \x01(\tR\x04name\"z\n" +
 	"\x0eLookupResponse\x12'\n" +
 	"\x05entry\x18\x01 \x01(\v2\x11.wheelfs.v1.EntryR\x05entry\x12$\n" +
-	"\x04meta\x18\x02 \x01(\v2\x10.wheelfs.v1.MetaR\x04meta\"L\n" +
+	"\x04meta\x18\x02 \x01(\v2\x10.wheelfs.v1.MetaR\x04meta\x12\x19\n" +
+	"\blease_ms\x18\x03 \x01(\rR\aleaseMs\"L\n" +
 	"\x0eGetAttrRequest\x12*\n" +
 	"\x06caller\x18\x01 \x01(\v2\x12.wheelfs.v1.CallerR\x06caller\x12\x0e\n" +
-	"\x02id\x18\x02 \x01(\x04R\x02id\"7\n" +
+	"\x02id\x18\x02 \x01(\x04R\x02id\"R\n" +
 	"\x0fGetAttrResponse\x12$\n" +
-	"\x04meta\x18\x01 \x01(\v2\x10.wheelfs.v1.MetaR\x04meta\"\xe3\x02\n" +
+	"\x04meta\x18\x01 \x01(\v2\x10.wheelfs.v1.MetaR\x04meta\x12\x19\n" +
+	"\blease_ms\x18\x02 \x01(\rR\aleaseMs\"\xe3\x02\n" +
 	"\rCreateRequest\x12*\n" +
 	"\x06caller\x18\x01 \x01(\v2\x12.wheelfs.v1.CallerR\x06caller\x12\x10\n" +
 	"\x03dir\x18\x02 \x01(\x04R\x03dir\x12\x12\n" +
@@ -3985,12 +4148,13 @@ const file_wheelfs_proto_rawDesc = "" +
 	"\x03dir\x18\x02 \x01(\x04R\x03dir\x12\x14\n" +
 	"\x05after\x18\x03 \x01(\tR\x05after\x12\x14\n" +
 	"\x05limit\x18\x04 \x01(\rR\x05limit\x12\x1b\n" +
-	"\twith_meta\x18\x05 \x01(\bR\bwithMeta\"\x9c\x01\n" +
+	"\twith_meta\x18\x05 \x01(\bR\bwithMeta\"\xb7\x01\n" +
 	"\x0fReadDirResponse\x12+\n" +
 	"\aentries\x18\x01 \x03(\v2\x11.wheelfs.v1.EntryR\aentries\x12&\n" +
 	"\x05metas\x18\x02 \x03(\v2\x10.wheelfs.v1.MetaR\x05metas\x12\x10\n" +
 	"\x03eof\x18\x03 \x01(\bR\x03eof\x12\"\n" +
-	"\x03dir\x18\x04 \x01(\v2\x10.wheelfs.v1.MetaR\x03dir\"F\n" +
+	"\x03dir\x18\x04 \x01(\v2\x10.wheelfs.v1.MetaR\x03dir\x12\x19\n" +
+	"\blease_ms\x18\x05 \x01(\rR\aleaseMs\"F\n" +
 	"\bBlockRef\x12\x14\n" +
 	"\x05index\x18\x01 \x01(\x04R\x05index\x12\x12\n" +
 	"\x04hash\x18\x02 \x01(\fR\x04hash\x12\x10\n" +
@@ -4048,12 +4212,19 @@ const file_wheelfs_proto_rawDesc = "" +
 	"\vOpenRequest\x12*\n" +
 	"\x06caller\x18\x01 \x01(\v2\x12.wheelfs.v1.CallerR\x06caller\x12\x0e\n" +
 	"\x02id\x18\x02 \x01(\x04R\x02id\x12\x14\n" +
-	"\x05flags\x18\x03 \x01(\rR\x05flags\"4\n" +
+	"\x05flags\x18\x03 \x01(\rR\x05flags\"O\n" +
 	"\fOpenResponse\x12$\n" +
-	"\x04meta\x18\x01 \x01(\v2\x10.wheelfs.v1.MetaR\x04meta\" \n" +
+	"\x04meta\x18\x01 \x01(\v2\x10.wheelfs.v1.MetaR\x04meta\x12\x19\n" +
+	"\blease_ms\x18\x02 \x01(\rR\aleaseMs\" \n" +
 	"\x0eReleaseRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\"\x11\n" +
-	"\x0fReleaseResponse\"\x86\x01\n" +
+	"\x0fReleaseResponse\",\n" +
+	"\x06Revoke\x12\x10\n" +
+	"\x03seq\x18\x01 \x01(\x04R\x03seq\x12\x10\n" +
+	"\x03ids\x18\x02 \x03(\x04R\x03ids\"9\n" +
+	"\vCallbackAck\x12\x18\n" +
+	"\asession\x18\x01 \x01(\x04R\asession\x12\x10\n" +
+	"\x03seq\x18\x02 \x01(\x04R\x03seq\"\x86\x01\n" +
 	"\bMutation\x12,\n" +
 	"\x04kind\x18\x01 \x01(\x0e2\x18.wheelfs.v1.MutationKindR\x04kind\x12\x0e\n" +
 	"\x02id\x18\x02 \x01(\x04R\x02id\x12\x12\n" +
@@ -4160,7 +4331,8 @@ const file_wheelfs_proto_rawDesc = "" +
 	"\aREPL_OK\x10\x00\x12\x12\n" +
 	"\x0eREPL_NEED_SYNC\x10\x01\x12\x14\n" +
 	"\x10REPL_STALE_EPOCH\x10\x02\x12\x17\n" +
-	"\x13REPL_MISSING_BLOCKS\x10\x032\xfe\t\n" +
+	"\x13REPL_MISSING_BLOCKS\x10\x032\xbc\n" +
+	"\n" +
 	"\aStorage\x12?\n" +
 	"\x06Lookup\x12\x19.wheelfs.v1.LookupRequest\x1a\x1a.wheelfs.v1.LookupResponse\x12B\n" +
 	"\aGetAttr\x12\x1a.wheelfs.v1.GetAttrRequest\x1a\x1b.wheelfs.v1.GetAttrResponse\x12?\n" +
@@ -4181,7 +4353,8 @@ const file_wheelfs_proto_rawDesc = "" +
 	"\vRemoveXattr\x12\x18.wheelfs.v1.XattrRequest\x1a\x19.wheelfs.v1.XattrResponse\x12?\n" +
 	"\x06StatFS\x12\x19.wheelfs.v1.StatFSRequest\x1a\x1a.wheelfs.v1.StatFSResponse\x129\n" +
 	"\x04Open\x12\x17.wheelfs.v1.OpenRequest\x1a\x18.wheelfs.v1.OpenResponse\x12B\n" +
-	"\aRelease\x12\x1a.wheelfs.v1.ReleaseRequest\x1a\x1b.wheelfs.v1.ReleaseResponse2\xf2\x04\n" +
+	"\aRelease\x12\x1a.wheelfs.v1.ReleaseRequest\x1a\x1b.wheelfs.v1.ReleaseResponse\x12<\n" +
+	"\tCallbacks\x12\x17.wheelfs.v1.CallbackAck\x1a\x12.wheelfs.v1.Revoke(\x010\x012\xf2\x04\n" +
 	"\x04Peer\x12H\n" +
 	"\tReplicate\x12\x1c.wheelfs.v1.ReplicateRequest\x1a\x1d.wheelfs.v1.ReplicateResponse\x12?\n" +
 	"\x06Digest\x12\x19.wheelfs.v1.DigestRequest\x1a\x1a.wheelfs.v1.DigestResponse\x12;\n" +
@@ -4206,7 +4379,7 @@ func file_wheelfs_proto_rawDescGZIP() []byte {
 }
 
 var file_wheelfs_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_wheelfs_proto_msgTypes = make([]protoimpl.MessageInfo, 57)
+var file_wheelfs_proto_msgTypes = make([]protoimpl.MessageInfo, 59)
 var file_wheelfs_proto_goTypes = []any{
 	(Type)(0),                    // 0: wheelfs.v1.Type
 	(MutationKind)(0),            // 1: wheelfs.v1.MutationKind
@@ -4248,26 +4421,28 @@ var file_wheelfs_proto_goTypes = []any{
 	(*OpenResponse)(nil),         // 37: wheelfs.v1.OpenResponse
 	(*ReleaseRequest)(nil),       // 38: wheelfs.v1.ReleaseRequest
 	(*ReleaseResponse)(nil),      // 39: wheelfs.v1.ReleaseResponse
-	(*Mutation)(nil),             // 40: wheelfs.v1.Mutation
-	(*Batch)(nil),                // 41: wheelfs.v1.Batch
-	(*ReplicateRequest)(nil),     // 42: wheelfs.v1.ReplicateRequest
-	(*ReplicateResponse)(nil),    // 43: wheelfs.v1.ReplicateResponse
-	(*DigestRequest)(nil),        // 44: wheelfs.v1.DigestRequest
-	(*DigestResponse)(nil),       // 45: wheelfs.v1.DigestResponse
-	(*ObjectState)(nil),          // 46: wheelfs.v1.ObjectState
-	(*InstallRequest)(nil),       // 47: wheelfs.v1.InstallRequest
-	(*InstallResponse)(nil),      // 48: wheelfs.v1.InstallResponse
-	(*DiffRequest)(nil),          // 49: wheelfs.v1.DiffRequest
-	(*FetchBlocksRequest)(nil),   // 50: wheelfs.v1.FetchBlocksRequest
-	(*FetchBlocksResponse)(nil),  // 51: wheelfs.v1.FetchBlocksResponse
-	(*PingRequest)(nil),          // 52: wheelfs.v1.PingRequest
-	(*PingResponse)(nil),         // 53: wheelfs.v1.PingResponse
-	(*CreateObjectRequest)(nil),  // 54: wheelfs.v1.CreateObjectRequest
-	(*CreateObjectResponse)(nil), // 55: wheelfs.v1.CreateObjectResponse
-	(*DropLinkRequest)(nil),      // 56: wheelfs.v1.DropLinkRequest
-	(*DropLinkResponse)(nil),     // 57: wheelfs.v1.DropLinkResponse
-	(*StatRequest)(nil),          // 58: wheelfs.v1.StatRequest
-	(*StatResponse)(nil),         // 59: wheelfs.v1.StatResponse
+	(*Revoke)(nil),               // 40: wheelfs.v1.Revoke
+	(*CallbackAck)(nil),          // 41: wheelfs.v1.CallbackAck
+	(*Mutation)(nil),             // 42: wheelfs.v1.Mutation
+	(*Batch)(nil),                // 43: wheelfs.v1.Batch
+	(*ReplicateRequest)(nil),     // 44: wheelfs.v1.ReplicateRequest
+	(*ReplicateResponse)(nil),    // 45: wheelfs.v1.ReplicateResponse
+	(*DigestRequest)(nil),        // 46: wheelfs.v1.DigestRequest
+	(*DigestResponse)(nil),       // 47: wheelfs.v1.DigestResponse
+	(*ObjectState)(nil),          // 48: wheelfs.v1.ObjectState
+	(*InstallRequest)(nil),       // 49: wheelfs.v1.InstallRequest
+	(*InstallResponse)(nil),      // 50: wheelfs.v1.InstallResponse
+	(*DiffRequest)(nil),          // 51: wheelfs.v1.DiffRequest
+	(*FetchBlocksRequest)(nil),   // 52: wheelfs.v1.FetchBlocksRequest
+	(*FetchBlocksResponse)(nil),  // 53: wheelfs.v1.FetchBlocksResponse
+	(*PingRequest)(nil),          // 54: wheelfs.v1.PingRequest
+	(*PingResponse)(nil),         // 55: wheelfs.v1.PingResponse
+	(*CreateObjectRequest)(nil),  // 56: wheelfs.v1.CreateObjectRequest
+	(*CreateObjectResponse)(nil), // 57: wheelfs.v1.CreateObjectResponse
+	(*DropLinkRequest)(nil),      // 58: wheelfs.v1.DropLinkRequest
+	(*DropLinkResponse)(nil),     // 59: wheelfs.v1.DropLinkResponse
+	(*StatRequest)(nil),          // 60: wheelfs.v1.StatRequest
+	(*StatResponse)(nil),         // 61: wheelfs.v1.StatResponse
 }
 var file_wheelfs_proto_depIdxs = []int32{
 	0,  // 0: wheelfs.v1.Meta.type:type_name -> wheelfs.v1.Type
@@ -4310,15 +4485,15 @@ var file_wheelfs_proto_depIdxs = []int32{
 	6,  // 37: wheelfs.v1.OpenRequest.caller:type_name -> wheelfs.v1.Caller
 	4,  // 38: wheelfs.v1.OpenResponse.meta:type_name -> wheelfs.v1.Meta
 	1,  // 39: wheelfs.v1.Mutation.kind:type_name -> wheelfs.v1.MutationKind
-	40, // 40: wheelfs.v1.Batch.mutations:type_name -> wheelfs.v1.Mutation
-	41, // 41: wheelfs.v1.ReplicateRequest.batches:type_name -> wheelfs.v1.Batch
+	42, // 40: wheelfs.v1.Batch.mutations:type_name -> wheelfs.v1.Mutation
+	43, // 41: wheelfs.v1.ReplicateRequest.batches:type_name -> wheelfs.v1.Batch
 	2,  // 42: wheelfs.v1.ReplicateResponse.status:type_name -> wheelfs.v1.ReplStatus
 	4,  // 43: wheelfs.v1.ObjectState.meta:type_name -> wheelfs.v1.Meta
 	5,  // 44: wheelfs.v1.ObjectState.entries:type_name -> wheelfs.v1.Entry
 	23, // 45: wheelfs.v1.ObjectState.blocks:type_name -> wheelfs.v1.BlockRef
-	46, // 46: wheelfs.v1.InstallRequest.objects:type_name -> wheelfs.v1.ObjectState
+	48, // 46: wheelfs.v1.InstallRequest.objects:type_name -> wheelfs.v1.ObjectState
 	2,  // 47: wheelfs.v1.InstallResponse.status:type_name -> wheelfs.v1.ReplStatus
-	45, // 48: wheelfs.v1.DiffRequest.digest:type_name -> wheelfs.v1.DigestResponse
+	47, // 48: wheelfs.v1.DiffRequest.digest:type_name -> wheelfs.v1.DigestResponse
 	4,  // 49: wheelfs.v1.CreateObjectRequest.meta:type_name -> wheelfs.v1.Meta
 	3,  // 50: wheelfs.v1.CreateObjectRequest.cues:type_name -> wheelfs.v1.Cues
 	3,  // 51: wheelfs.v1.CreateObjectRequest.policy:type_name -> wheelfs.v1.Cues
@@ -4346,45 +4521,47 @@ var file_wheelfs_proto_depIdxs = []int32{
 	34, // 73: wheelfs.v1.Storage.StatFS:input_type -> wheelfs.v1.StatFSRequest
 	36, // 74: wheelfs.v1.Storage.Open:input_type -> wheelfs.v1.OpenRequest
 	38, // 75: wheelfs.v1.Storage.Release:input_type -> wheelfs.v1.ReleaseRequest
-	42, // 76: wheelfs.v1.Peer.Replicate:input_type -> wheelfs.v1.ReplicateRequest
-	44, // 77: wheelfs.v1.Peer.Digest:input_type -> wheelfs.v1.DigestRequest
-	49, // 78: wheelfs.v1.Peer.Diff:input_type -> wheelfs.v1.DiffRequest
-	47, // 79: wheelfs.v1.Peer.Install:input_type -> wheelfs.v1.InstallRequest
-	50, // 80: wheelfs.v1.Peer.FetchBlocks:input_type -> wheelfs.v1.FetchBlocksRequest
-	52, // 81: wheelfs.v1.Peer.Ping:input_type -> wheelfs.v1.PingRequest
-	54, // 82: wheelfs.v1.Peer.CreateObject:input_type -> wheelfs.v1.CreateObjectRequest
-	56, // 83: wheelfs.v1.Peer.DropLink:input_type -> wheelfs.v1.DropLinkRequest
-	58, // 84: wheelfs.v1.Peer.Stat:input_type -> wheelfs.v1.StatRequest
-	8,  // 85: wheelfs.v1.Storage.Lookup:output_type -> wheelfs.v1.LookupResponse
-	10, // 86: wheelfs.v1.Storage.GetAttr:output_type -> wheelfs.v1.GetAttrResponse
-	12, // 87: wheelfs.v1.Storage.Create:output_type -> wheelfs.v1.CreateResponse
-	14, // 88: wheelfs.v1.Storage.Link:output_type -> wheelfs.v1.LinkResponse
-	16, // 89: wheelfs.v1.Storage.Remove:output_type -> wheelfs.v1.RemoveResponse
-	18, // 90: wheelfs.v1.Storage.Rename:output_type -> wheelfs.v1.RenameResponse
-	20, // 91: wheelfs.v1.Storage.SetAttr:output_type -> wheelfs.v1.SetAttrResponse
-	22, // 92: wheelfs.v1.Storage.ReadDir:output_type -> wheelfs.v1.ReadDirResponse
-	25, // 93: wheelfs.v1.Storage.GetBlocks:output_type -> wheelfs.v1.GetBlocksResponse
-	27, // 94: wheelfs.v1.Storage.ReadBlocks:output_type -> wheelfs.v1.ReadBlocksResponse
-	29, // 95: wheelfs.v1.Storage.PutBlocks:output_type -> wheelfs.v1.PutBlocksResponse
-	31, // 96: wheelfs.v1.Storage.Commit:output_type -> wheelfs.v1.CommitResponse
-	33, // 97: wheelfs.v1.Storage.GetXattr:output_type -> wheelfs.v1.XattrResponse
-	33, // 98: wheelfs.v1.Storage.ListXattr:output_type -> wheelfs.v1.XattrResponse
-	33, // 99: wheelfs.v1.Storage.SetXattr:output_type -> wheelfs.v1.XattrResponse
-	33, // 100: wheelfs.v1.Storage.RemoveXattr:output_type -> wheelfs.v1.XattrResponse
-	35, // 101: wheelfs.v1.Storage.StatFS:output_type -> wheelfs.v1.StatFSResponse
-	37, // 102: wheelfs.v1.Storage.Open:output_type -> wheelfs.v1.OpenResponse
-	39, // 103: wheelfs.v1.Storage.Release:output_type -> wheelfs.v1.ReleaseResponse
-	43, // 104: wheelfs.v1.Peer.Replicate:output_type -> wheelfs.v1.ReplicateResponse
-	45, // 105: wheelfs.v1.Peer.Digest:output_type -> wheelfs.v1.DigestResponse
-	47, // 106: wheelfs.v1.Peer.Diff:output_type -> wheelfs.v1.InstallRequest
-	48, // 107: wheelfs.v1.Peer.Install:output_type -> wheelfs.v1.InstallResponse
-	51, // 108: wheelfs.v1.Peer.FetchBlocks:output_type -> wheelfs.v1.FetchBlocksResponse
-	53, // 109: wheelfs.v1.Peer.Ping:output_type -> wheelfs.v1.PingResponse
-	55, // 110: wheelfs.v1.Peer.CreateObject:output_type -> wheelfs.v1.CreateObjectResponse
-	57, // 111: wheelfs.v1.Peer.DropLink:output_type -> wheelfs.v1.DropLinkResponse
-	59, // 112: wheelfs.v1.Peer.Stat:output_type -> wheelfs.v1.StatResponse
-	85, // [85:113] is the sub-list for method output_type
-	57, // [57:85] is the sub-list for method input_type
+	41, // 76: wheelfs.v1.Storage.Callbacks:input_type -> wheelfs.v1.CallbackAck
+	44, // 77: wheelfs.v1.Peer.Replicate:input_type -> wheelfs.v1.ReplicateRequest
+	46, // 78: wheelfs.v1.Peer.Digest:input_type -> wheelfs.v1.DigestRequest
+	51, // 79: wheelfs.v1.Peer.Diff:input_type -> wheelfs.v1.DiffRequest
+	49, // 80: wheelfs.v1.Peer.Install:input_type -> wheelfs.v1.InstallRequest
+	52, // 81: wheelfs.v1.Peer.FetchBlocks:input_type -> wheelfs.v1.FetchBlocksRequest
+	54, // 82: wheelfs.v1.Peer.Ping:input_type -> wheelfs.v1.PingRequest
+	56, // 83: wheelfs.v1.Peer.CreateObject:input_type -> wheelfs.v1.CreateObjectRequest
+	58, // 84: wheelfs.v1.Peer.DropLink:input_type -> wheelfs.v1.DropLinkRequest
+	60, // 85: wheelfs.v1.Peer.Stat:input_type -> wheelfs.v1.StatRequest
+	8,  // 86: wheelfs.v1.Storage.Lookup:output_type -> wheelfs.v1.LookupResponse
+	10, // 87: wheelfs.v1.Storage.GetAttr:output_type -> wheelfs.v1.GetAttrResponse
+	12, // 88: wheelfs.v1.Storage.Create:output_type -> wheelfs.v1.CreateResponse
+	14, // 89: wheelfs.v1.Storage.Link:output_type -> wheelfs.v1.LinkResponse
+	16, // 90: wheelfs.v1.Storage.Remove:output_type -> wheelfs.v1.RemoveResponse
+	18, // 91: wheelfs.v1.Storage.Rename:output_type -> wheelfs.v1.RenameResponse
+	20, // 92: wheelfs.v1.Storage.SetAttr:output_type -> wheelfs.v1.SetAttrResponse
+	22, // 93: wheelfs.v1.Storage.ReadDir:output_type -> wheelfs.v1.ReadDirResponse
+	25, // 94: wheelfs.v1.Storage.GetBlocks:output_type -> wheelfs.v1.GetBlocksResponse
+	27, // 95: wheelfs.v1.Storage.ReadBlocks:output_type -> wheelfs.v1.ReadBlocksResponse
+	29, // 96: wheelfs.v1.Storage.PutBlocks:output_type -> wheelfs.v1.PutBlocksResponse
+	31, // 97: wheelfs.v1.Storage.Commit:output_type -> wheelfs.v1.CommitResponse
+	33, // 98: wheelfs.v1.Storage.GetXattr:output_type -> wheelfs.v1.XattrResponse
+	33, // 99: wheelfs.v1.Storage.ListXattr:output_type -> wheelfs.v1.XattrResponse
+	33, // 100: wheelfs.v1.Storage.SetXattr:output_type -> wheelfs.v1.XattrResponse
+	33, // 101: wheelfs.v1.Storage.RemoveXattr:output_type -> wheelfs.v1.XattrResponse
+	35, // 102: wheelfs.v1.Storage.StatFS:output_type -> wheelfs.v1.StatFSResponse
+	37, // 103: wheelfs.v1.Storage.Open:output_type -> wheelfs.v1.OpenResponse
+	39, // 104: wheelfs.v1.Storage.Release:output_type -> wheelfs.v1.ReleaseResponse
+	40, // 105: wheelfs.v1.Storage.Callbacks:output_type -> wheelfs.v1.Revoke
+	45, // 106: wheelfs.v1.Peer.Replicate:output_type -> wheelfs.v1.ReplicateResponse
+	47, // 107: wheelfs.v1.Peer.Digest:output_type -> wheelfs.v1.DigestResponse
+	49, // 108: wheelfs.v1.Peer.Diff:output_type -> wheelfs.v1.InstallRequest
+	50, // 109: wheelfs.v1.Peer.Install:output_type -> wheelfs.v1.InstallResponse
+	53, // 110: wheelfs.v1.Peer.FetchBlocks:output_type -> wheelfs.v1.FetchBlocksResponse
+	55, // 111: wheelfs.v1.Peer.Ping:output_type -> wheelfs.v1.PingResponse
+	57, // 112: wheelfs.v1.Peer.CreateObject:output_type -> wheelfs.v1.CreateObjectResponse
+	59, // 113: wheelfs.v1.Peer.DropLink:output_type -> wheelfs.v1.DropLinkResponse
+	61, // 114: wheelfs.v1.Peer.Stat:output_type -> wheelfs.v1.StatResponse
+	86, // [86:115] is the sub-list for method output_type
+	57, // [57:86] is the sub-list for method input_type
 	57, // [57:57] is the sub-list for extension type_name
 	57, // [57:57] is the sub-list for extension extendee
 	0,  // [0:57] is the sub-list for field type_name
@@ -4401,7 +4578,7 @@ func file_wheelfs_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_wheelfs_proto_rawDesc), len(file_wheelfs_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   57,
+			NumMessages:   59,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

@@ -40,6 +40,7 @@ const (
 	Storage_StatFS_FullMethodName      = "/wheelfs.v1.Storage/StatFS"
 	Storage_Open_FullMethodName        = "/wheelfs.v1.Storage/Open"
 	Storage_Release_FullMethodName     = "/wheelfs.v1.Storage/Release"
+	Storage_Callbacks_FullMethodName   = "/wheelfs.v1.Storage/Callbacks"
 )
 
 // StorageClient is the client API for Storage service.
@@ -67,6 +68,10 @@ type StorageClient interface {
 	StatFS(ctx context.Context, in *StatFSRequest, opts ...grpc.CallOption) (*StatFSResponse, error)
 	Open(ctx context.Context, in *OpenRequest, opts ...grpc.CallOption) (*OpenResponse, error)
 	Release(ctx context.Context, in *ReleaseRequest, opts ...grpc.CallOption) (*ReleaseResponse, error)
+	// Callbacks is the lease back channel: the client opens it (first
+	// message: its session), the server sends revocations on it, the client
+	// acknowledges each once it dropped what the revoked leases covered.
+	Callbacks(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[CallbackAck, Revoke], error)
 }
 
 type storageClient struct {
@@ -267,6 +272,19 @@ func (c *storageClient) Release(ctx context.Context, in *ReleaseRequest, opts ..
 	return out, nil
 }
 
+func (c *storageClient) Callbacks(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[CallbackAck, Revoke], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &Storage_ServiceDesc.Streams[0], Storage_Callbacks_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[CallbackAck, Revoke]{ClientStream: stream}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Storage_CallbacksClient = grpc.BidiStreamingClient[CallbackAck, Revoke]
+
 // StorageServer is the server API for Storage service.
 // All implementations must embed UnimplementedStorageServer
 // for forward compatibility.
@@ -292,6 +310,10 @@ type StorageServer interface {
 	StatFS(context.Context, *StatFSRequest) (*StatFSResponse, error)
 	Open(context.Context, *OpenRequest) (*OpenResponse, error)
 	Release(context.Context, *ReleaseRequest) (*ReleaseResponse, error)
+	// Callbacks is the lease back channel: the client opens it (first
+	// message: its session), the server sends revocations on it, the client
+	// acknowledges each once it dropped what the revoked leases covered.
+	Callbacks(grpc.BidiStreamingServer[CallbackAck, Revoke]) error
 	mustEmbedUnimplementedStorageServer()
 }
 
@@ -358,6 +380,9 @@ func (UnimplementedStorageServer) Open(context.Context, *OpenRequest) (*OpenResp
 }
 func (UnimplementedStorageServer) Release(context.Context, *ReleaseRequest) (*ReleaseResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Release not implemented")
+}
+func (UnimplementedStorageServer) Callbacks(grpc.BidiStreamingServer[CallbackAck, Revoke]) error {
+	return status.Error(codes.Unimplemented, "method Callbacks not implemented")
 }
 func (UnimplementedStorageServer) mustEmbedUnimplementedStorageServer() {}
 func (UnimplementedStorageServer) testEmbeddedByValue()                 {}
@@ -722,6 +747,13 @@ func _Storage_Release_Handler(srv interface{}, ctx context.Context, dec func(int
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Storage_Callbacks_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(StorageServer).Callbacks(&grpc.GenericServerStream[CallbackAck, Revoke]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Storage_CallbacksServer = grpc.BidiStreamingServer[CallbackAck, Revoke]
+
 // Storage_ServiceDesc is the grpc.ServiceDesc for Storage service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -806,7 +838,14 @@ var Storage_ServiceDesc = grpc.ServiceDesc{
 			Handler:    _Storage_Release_Handler,
 		},
 	},
-	Streams:  []grpc.StreamDesc{},
+	Streams: []grpc.StreamDesc{
+		{
+			StreamName:    "Callbacks",
+			Handler:       _Storage_Callbacks_Handler,
+			ServerStreams: true,
+			ClientStreams: true,
+		},
+	},
 	Metadata: "wheelfs.proto",
 }
 
