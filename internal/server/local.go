@@ -2,10 +2,13 @@ package server
 
 import (
 	"context"
+	"io"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
+
+	"google.golang.org/protobuf/proto"
 
 	"github.com/wheelfs/wheelfs/internal/wire"
 )
@@ -93,6 +96,100 @@ func (l localClient) Release(ctx context.Context, in *wire.ReleaseRequest, _ ...
 	return l.s.Release(ctx, in)
 }
 
+// Callbacks connects an in-process client's lease back channel through a
+// pair of channels.
 func (l localClient) Callbacks(ctx context.Context, _ ...grpc.CallOption) (grpc.BidiStreamingClient[wire.CallbackAck, wire.Revoke], error) {
-	return nil, status.Error(codes.Unimplemented, "lease callbacks in-process: not yet")
+	ctx, cancel := context.WithCancel(ctx)
+	p := &pipe{ctx: ctx, cancel: cancel, up: make(chan *wire.CallbackAck, 16),
+		down: make(chan *wire.Revoke, 16), done: make(chan struct{})}
+	go func() {
+		p.err = l.s.Callbacks(pipeServer{p})
+		close(p.done)
+		cancel()
+	}()
+	return pipeClient{p}, nil
+}
+
+// pipe is an in-process bidirectional stream: acknowledgements up,
+// revocations down.
+type pipe struct {
+	ctx    context.Context
+	cancel context.CancelFunc
+	up     chan *wire.CallbackAck
+	down   chan *wire.Revoke
+	done   chan struct{} // the server side returned (err)
+	err    error
+}
+
+type pipeClient struct{ p *pipe }
+
+func (c pipeClient) Send(a *wire.CallbackAck) error {
+	select {
+	case c.p.up <- a:
+		return nil
+	case <-c.p.done:
+		return io.EOF
+	case <-c.p.ctx.Done():
+		return c.p.ctx.Err()
+	}
+}
+
+func (c pipeClient) Recv() (*wire.Revoke, error) {
+	select {
+	case r := <-c.p.down:
+		return r, nil
+	case <-c.p.done:
+		if c.p.err != nil {
+			return nil, c.p.err
+		}
+		return nil, io.EOF
+	case <-c.p.ctx.Done():
+		return nil, status.FromContextError(c.p.ctx.Err()).Err()
+	}
+}
+
+func (c pipeClient) Header() (metadata.MD, error) { return nil, nil }
+func (c pipeClient) Trailer() metadata.MD         { return nil }
+func (c pipeClient) CloseSend() error             { c.p.cancel(); return nil }
+func (c pipeClient) Context() context.Context     { return c.p.ctx }
+func (c pipeClient) SendMsg(m any) error          { return c.Send(m.(*wire.CallbackAck)) }
+func (c pipeClient) RecvMsg(m any) error {
+	r, err := c.Recv()
+	if err == nil {
+		proto.Merge(m.(*wire.Revoke), r)
+	}
+	return err
+}
+
+type pipeServer struct{ p *pipe }
+
+func (s pipeServer) Send(r *wire.Revoke) error {
+	select {
+	case s.p.down <- r:
+		return nil
+	case <-s.p.ctx.Done():
+		return s.p.ctx.Err()
+	}
+}
+
+func (s pipeServer) Recv() (*wire.CallbackAck, error) {
+	select {
+	case a := <-s.p.up:
+		return a, nil
+	case <-s.p.ctx.Done():
+		return nil, io.EOF
+	}
+}
+
+func (s pipeServer) SetHeader(metadata.MD) error  { return nil }
+func (s pipeServer) SendHeader(metadata.MD) error { return nil }
+func (s pipeServer) SetTrailer(metadata.MD)       {}
+func (s pipeServer) Context() context.Context     { return s.p.ctx }
+func (s pipeServer) SendMsg(m any) error          { return s.Send(m.(*wire.Revoke)) }
+func (s pipeServer) RecvMsg(m any) error {
+	a, err := s.Recv()
+	if err == nil {
+		proto.Merge(m.(*wire.CallbackAck), a)
+	}
+	return err
 }

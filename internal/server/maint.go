@@ -375,6 +375,11 @@ func (s *Server) handOver(ctx context.Context, l configsvc.Lock, r *sliceRepl, t
 	}
 	wctx, cancel := context.WithTimeout(ctx, s.cfg.PeerTimeout)
 	defer cancel()
+	// The next primary knows nothing of our leases: end them first.
+	if err := s.leases.revokeSlice(wctx, l.Slice); err != nil {
+		undo()
+		return fmt.Errorf("hand slice %d to %s: %w", l.Slice, target, err)
+	}
 	for !r.caughtUp(target) {
 		r.mu.Lock()
 		ch := r.changed

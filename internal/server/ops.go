@@ -64,7 +64,7 @@ func (s *Server) Lookup(ctx context.Context, req *wire.LookupRequest) (*wire.Loo
 	if err := s.primary(dir); err != nil {
 		return nil, fserr.ToStatus(err)
 	}
-	resp := &wire.LookupResponse{}
+	resp := &wire.LookupResponse{LeaseMs: s.leases.grant(req.Caller, dir)}
 	err := s.store.View(func(tx *store.Tx) error {
 		d, err := s.dirMeta(tx, dir)
 		if err != nil {
@@ -73,6 +73,7 @@ func (s *Server) Lookup(ctx context.Context, req *wire.LookupRequest) (*wire.Loo
 		if err := perm.MayLookup(cred(req.Caller), attr(d)); err != nil {
 			return err
 		}
+		resp.Dir = d
 		if req.Name == ".." {
 			resp.Meta, err = tx.Meta(oid.ID(d.Parent))
 			return err
@@ -92,16 +93,34 @@ func (s *Server) Lookup(ctx context.Context, req *wire.LookupRequest) (*wire.Loo
 	if err != nil {
 		return nil, fserr.ToStatus(fmt.Errorf("lookup %q: %w", req.Name, err))
 	}
+	if resp.Meta != nil && resp.LeaseMs > 0 {
+		// The child's lease is granted only now, so read its meta again:
+		// a change between the two reads would not have revoked it.
+		id := oid.ID(resp.Meta.Id)
+		if ms := s.leases.grant(req.Caller, id); ms > 0 {
+			if m, err := s.primaryMeta(id); err == nil {
+				resp.Meta = m
+				resp.LeaseMs = min(resp.LeaseMs, ms)
+			}
+		} else {
+			resp.LeaseMs = 0
+		}
+	}
 	return resp, nil
 }
 
 // GetAttr implements wire.StorageServer.
 func (s *Server) GetAttr(ctx context.Context, req *wire.GetAttrRequest) (*wire.GetAttrResponse, error) {
-	m, err := s.primaryMeta(oid.ID(req.Id))
+	id := oid.ID(req.Id)
+	if err := s.primary(id); err != nil {
+		return nil, fserr.ToStatus(err)
+	}
+	ms := s.leases.grant(req.Caller, id)
+	m, err := s.primaryMeta(id)
 	if err != nil {
 		return nil, fserr.ToStatus(err)
 	}
-	return &wire.GetAttrResponse{Meta: m}, nil
+	return &wire.GetAttrResponse{Meta: m, LeaseMs: ms}, nil
 }
 
 // primaryMeta returns the meta-data of an object this server is primary for.
@@ -972,7 +991,7 @@ func (s *Server) ReadDir(ctx context.Context, req *wire.ReadDirRequest) (*wire.R
 	if limit <= 0 || limit > 4096 {
 		limit = 4096
 	}
-	resp := &wire.ReadDirResponse{}
+	resp := &wire.ReadDirResponse{LeaseMs: s.leases.grant(req.Caller, dir)}
 	err := s.store.View(func(tx *store.Tx) error {
 		d, err := s.dirMeta(tx, dir)
 		if err != nil {
@@ -1293,6 +1312,7 @@ func (s *Server) Open(ctx context.Context, req *wire.OpenRequest) (*wire.OpenRes
 		s.Release(ctx, &wire.ReleaseRequest{Id: req.Id})
 		return nil, fserr.ToStatus(fmt.Errorf("open %v: being deleted: %w", id, fserr.ErrNotExist))
 	}
+	ms := s.leases.grant(req.Caller, id)
 	var m *wire.Meta
 	err := s.store.View(func(tx *store.Tx) (err error) {
 		if m, err = tx.Meta(id); err != nil {
@@ -1307,7 +1327,7 @@ func (s *Server) Open(ctx context.Context, req *wire.OpenRequest) (*wire.OpenRes
 		s.Release(ctx, &wire.ReleaseRequest{Id: req.Id})
 		return nil, fserr.ToStatus(fmt.Errorf("open %v: %w", id, err))
 	}
-	return &wire.OpenResponse{Meta: m}, nil
+	return &wire.OpenResponse{Meta: m, LeaseMs: ms}, nil
 }
 
 // Release implements wire.StorageServer.

@@ -47,6 +47,9 @@ type Config struct {
 	// MaintainPeriod is how often replicas check on each other and the
 	// slice table (default 1 s).
 	MaintainPeriod time.Duration
+	// LeaseTTL is the length of meta-data leases granted to clients
+	// (default DefaultLeaseTTL; negative: no leases).
+	LeaseTTL time.Duration
 	// DeadAfter is how long a backup may fail before it is replaced
 	// (default 5 × MaintainPeriod). A backup whose membership lease
 	// expired is replaced at once.
@@ -95,6 +98,8 @@ type Server struct {
 	tending  map[oid.Slice]bool
 	maintSem chan struct{}
 	tendWG   sync.WaitGroup
+
+	leases *leases
 }
 
 // New returns a server over st that coordinates through conf.
@@ -120,7 +125,10 @@ func New(cfg Config, st *store.Store, conf configsvc.Service, lockTTL time.Durat
 	if cfg.DeadAfter <= 0 {
 		cfg.DeadAfter = 5 * cfg.MaintainPeriod
 	}
-	return &Server{
+	if cfg.LeaseTTL == 0 {
+		cfg.LeaseTTL = DefaultLeaseTTL
+	}
+	s := &Server{
 		cfg:       cfg,
 		log:       cfg.Logger.With("component", "server", "server", cfg.ID),
 		store:     st,
@@ -144,6 +152,20 @@ func New(cfg Config, st *store.Store, conf configsvc.Service, lockTTL time.Durat
 		tending:   map[oid.Slice]bool{},
 		maintSem:  make(chan struct{}, 8),
 	}
+	s.leases = newLeases(cfg.LeaseTTL, s.lockValidity)
+	return s
+}
+
+// lockValidity is until when this server may serve slice sl as primary
+// (zero when it may not): no lease it grants lasts longer, so a primary
+// that takes over never meets a lease of its predecessor.
+func (s *Server) lockValidity(sl oid.Slice) time.Time {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, ok := s.locks[sl]; !ok || s.moving[sl] {
+		return time.Time{}
+	}
+	return s.valid[sl]
 }
 
 // Start registers the server, takes back the slices it held before a

@@ -2,7 +2,9 @@ package server
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/wheelfs/wheelfs/internal/fserr"
 	"github.com/wheelfs/wheelfs/internal/oid"
@@ -14,7 +16,55 @@ import (
 // changes, and returns once the change is durable here and at sync
 // replicas in all (sync 0 means the slice policy's RepLevel; fewer
 // replicas than that are waited for only if the slice has them).
+//
+// Leases come first (paper §5.4): when the change touches objects that
+// clients hold leases on, it is undone, the leases are revoked (callbacks,
+// or waiting for expiry), and it runs again; the objects it touches get no
+// new lease until it is committed.
 func (s *Server) update(ctx context.Context, sync uint32, fn func(tx *store.Tx) error) error {
+	var claimed []oid.ID
+	defer func() { s.leases.unclaim(claimed) }()
+	for {
+		var leased []oid.ID
+		err := s.updateOnce(ctx, sync, func(tx *store.Tx) error {
+			if err := fn(tx); err != nil {
+				return err
+			}
+			ids := mutatedObjects(tx.Mutations())
+			claimed = append(claimed, ids...)
+			if leased = s.leases.claim(ids); len(leased) > 0 {
+				return errLeased
+			}
+			return nil
+		})
+		if !errors.Is(err, errLeased) {
+			return err
+		}
+		if err := s.leases.revoke(ctx, leased); err != nil {
+			return err
+		}
+	}
+}
+
+// errLeased undoes an update whose objects must have their leases revoked first.
+var errLeased = errors.New("objects are leased")
+
+// mutatedObjects lists the objects whose state mutations change.
+func mutatedObjects(muts []*wire.Mutation) []oid.ID {
+	ids := make([]oid.ID, 0, 2)
+	for _, m := range muts {
+		if m.Kind == wire.MutationKind_MUT_COUNTER_FLOOR {
+			continue
+		}
+		if id := oid.ID(m.Id); !slices.Contains(ids, id) {
+			ids = append(ids, id)
+		}
+	}
+	return ids
+}
+
+// updateOnce is update without leases.
+func (s *Server) updateOnce(ctx context.Context, sync uint32, fn func(tx *store.Tx) error) error {
 	type waiter struct {
 		r   *sliceRepl
 		seq uint64

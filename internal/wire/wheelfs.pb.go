@@ -693,6 +693,7 @@ type LookupResponse struct {
 	Entry         *Entry                 `protobuf:"bytes,1,opt,name=entry,proto3" json:"entry,omitempty"`
 	Meta          *Meta                  `protobuf:"bytes,2,opt,name=meta,proto3" json:"meta,omitempty"`
 	LeaseMs       uint32                 `protobuf:"varint,3,opt,name=lease_ms,json=leaseMs,proto3" json:"lease_ms,omitempty"`
+	Dir           *Meta                  `protobuf:"bytes,4,opt,name=dir,proto3" json:"dir,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -746,6 +747,13 @@ func (x *LookupResponse) GetLeaseMs() uint32 {
 		return x.LeaseMs
 	}
 	return 0
+}
+
+func (x *LookupResponse) GetDir() *Meta {
+	if x != nil {
+		return x.Dir
+	}
+	return nil
 }
 
 type GetAttrRequest struct {
@@ -4066,11 +4074,12 @@ const file_wheelfs_proto_rawDesc = "" +
 	"\rLookupRequest\x12*\n" +
 	"\x06caller\x18\x01 \x01(\v2\x12.wheelfs.v1.CallerR\x06caller\x12\x10\n" +
 	"\x03dir\x18\x02 \x01(\x04R\x03dir\x12\x12\n" +
-	"\x04name\x18\x03 \x01(\tR\x04name\"z\n" +
+	"\x04name\x18\x03 \x01(\tR\x04name\"\x9e\x01\n" +
 	"\x0eLookupResponse\x12'\n" +
 	"\x05entry\x18\x01 \x01(\v2\x11.wheelfs.v1.EntryR\x05entry\x12$\n" +
 	"\x04meta\x18\x02 \x01(\v2\x10.wheelfs.v1.MetaR\x04meta\x12\x19\n" +
-	"\blease_ms\x18\x03 \x01(\rR\aleaseMs\"L\n" +
+	"\blease_ms\x18\x03 \x01(\rR\aleaseMs\x12\"\n" +
+	"\x03dir\x18\x04 \x01(\v2\x10.wheelfs.v1.MetaR\x03dir\"L\n" +
 	"\x0eGetAttrRequest\x12*\n" +
 	"\x06caller\x18\x01 \x01(\v2\x12.wheelfs.v1.CallerR\x06caller\x12\x0e\n" +
 	"\x02id\x18\x02 \x01(\x04R\x02id\"R\n" +
@@ -4451,120 +4460,121 @@ var file_wheelfs_proto_depIdxs = []int32{
 	6,  // 3: wheelfs.v1.LookupRequest.caller:type_name -> wheelfs.v1.Caller
 	5,  // 4: wheelfs.v1.LookupResponse.entry:type_name -> wheelfs.v1.Entry
 	4,  // 5: wheelfs.v1.LookupResponse.meta:type_name -> wheelfs.v1.Meta
-	6,  // 6: wheelfs.v1.GetAttrRequest.caller:type_name -> wheelfs.v1.Caller
-	4,  // 7: wheelfs.v1.GetAttrResponse.meta:type_name -> wheelfs.v1.Meta
-	6,  // 8: wheelfs.v1.CreateRequest.caller:type_name -> wheelfs.v1.Caller
-	0,  // 9: wheelfs.v1.CreateRequest.type:type_name -> wheelfs.v1.Type
-	3,  // 10: wheelfs.v1.CreateRequest.cues:type_name -> wheelfs.v1.Cues
-	5,  // 11: wheelfs.v1.CreateResponse.entry:type_name -> wheelfs.v1.Entry
-	4,  // 12: wheelfs.v1.CreateResponse.meta:type_name -> wheelfs.v1.Meta
-	4,  // 13: wheelfs.v1.CreateResponse.dir:type_name -> wheelfs.v1.Meta
-	6,  // 14: wheelfs.v1.LinkRequest.caller:type_name -> wheelfs.v1.Caller
-	4,  // 15: wheelfs.v1.LinkResponse.meta:type_name -> wheelfs.v1.Meta
-	6,  // 16: wheelfs.v1.RemoveRequest.caller:type_name -> wheelfs.v1.Caller
-	4,  // 17: wheelfs.v1.RemoveResponse.meta:type_name -> wheelfs.v1.Meta
-	6,  // 18: wheelfs.v1.RenameRequest.caller:type_name -> wheelfs.v1.Caller
-	4,  // 19: wheelfs.v1.RenameResponse.replaced:type_name -> wheelfs.v1.Meta
-	6,  // 20: wheelfs.v1.SetAttrRequest.caller:type_name -> wheelfs.v1.Caller
-	4,  // 21: wheelfs.v1.SetAttrResponse.meta:type_name -> wheelfs.v1.Meta
-	6,  // 22: wheelfs.v1.ReadDirRequest.caller:type_name -> wheelfs.v1.Caller
-	5,  // 23: wheelfs.v1.ReadDirResponse.entries:type_name -> wheelfs.v1.Entry
-	4,  // 24: wheelfs.v1.ReadDirResponse.metas:type_name -> wheelfs.v1.Meta
-	4,  // 25: wheelfs.v1.ReadDirResponse.dir:type_name -> wheelfs.v1.Meta
-	6,  // 26: wheelfs.v1.GetBlocksRequest.caller:type_name -> wheelfs.v1.Caller
-	4,  // 27: wheelfs.v1.GetBlocksResponse.meta:type_name -> wheelfs.v1.Meta
-	23, // 28: wheelfs.v1.GetBlocksResponse.blocks:type_name -> wheelfs.v1.BlockRef
-	6,  // 29: wheelfs.v1.ReadBlocksRequest.caller:type_name -> wheelfs.v1.Caller
-	6,  // 30: wheelfs.v1.PutBlocksRequest.caller:type_name -> wheelfs.v1.Caller
-	6,  // 31: wheelfs.v1.CommitRequest.caller:type_name -> wheelfs.v1.Caller
-	23, // 32: wheelfs.v1.CommitRequest.blocks:type_name -> wheelfs.v1.BlockRef
-	19, // 33: wheelfs.v1.CommitRequest.attrs:type_name -> wheelfs.v1.SetAttrRequest
-	4,  // 34: wheelfs.v1.CommitResponse.meta:type_name -> wheelfs.v1.Meta
-	6,  // 35: wheelfs.v1.XattrRequest.caller:type_name -> wheelfs.v1.Caller
-	6,  // 36: wheelfs.v1.StatFSRequest.caller:type_name -> wheelfs.v1.Caller
-	6,  // 37: wheelfs.v1.OpenRequest.caller:type_name -> wheelfs.v1.Caller
-	4,  // 38: wheelfs.v1.OpenResponse.meta:type_name -> wheelfs.v1.Meta
-	1,  // 39: wheelfs.v1.Mutation.kind:type_name -> wheelfs.v1.MutationKind
-	42, // 40: wheelfs.v1.Batch.mutations:type_name -> wheelfs.v1.Mutation
-	43, // 41: wheelfs.v1.ReplicateRequest.batches:type_name -> wheelfs.v1.Batch
-	2,  // 42: wheelfs.v1.ReplicateResponse.status:type_name -> wheelfs.v1.ReplStatus
-	4,  // 43: wheelfs.v1.ObjectState.meta:type_name -> wheelfs.v1.Meta
-	5,  // 44: wheelfs.v1.ObjectState.entries:type_name -> wheelfs.v1.Entry
-	23, // 45: wheelfs.v1.ObjectState.blocks:type_name -> wheelfs.v1.BlockRef
-	48, // 46: wheelfs.v1.InstallRequest.objects:type_name -> wheelfs.v1.ObjectState
-	2,  // 47: wheelfs.v1.InstallResponse.status:type_name -> wheelfs.v1.ReplStatus
-	47, // 48: wheelfs.v1.DiffRequest.digest:type_name -> wheelfs.v1.DigestResponse
-	4,  // 49: wheelfs.v1.CreateObjectRequest.meta:type_name -> wheelfs.v1.Meta
-	3,  // 50: wheelfs.v1.CreateObjectRequest.cues:type_name -> wheelfs.v1.Cues
-	3,  // 51: wheelfs.v1.CreateObjectRequest.policy:type_name -> wheelfs.v1.Cues
-	4,  // 52: wheelfs.v1.CreateObjectResponse.meta:type_name -> wheelfs.v1.Meta
-	6,  // 53: wheelfs.v1.DropLinkRequest.caller:type_name -> wheelfs.v1.Caller
-	4,  // 54: wheelfs.v1.DropLinkRequest.dir:type_name -> wheelfs.v1.Meta
-	4,  // 55: wheelfs.v1.DropLinkResponse.meta:type_name -> wheelfs.v1.Meta
-	4,  // 56: wheelfs.v1.StatResponse.meta:type_name -> wheelfs.v1.Meta
-	7,  // 57: wheelfs.v1.Storage.Lookup:input_type -> wheelfs.v1.LookupRequest
-	9,  // 58: wheelfs.v1.Storage.GetAttr:input_type -> wheelfs.v1.GetAttrRequest
-	11, // 59: wheelfs.v1.Storage.Create:input_type -> wheelfs.v1.CreateRequest
-	13, // 60: wheelfs.v1.Storage.Link:input_type -> wheelfs.v1.LinkRequest
-	15, // 61: wheelfs.v1.Storage.Remove:input_type -> wheelfs.v1.RemoveRequest
-	17, // 62: wheelfs.v1.Storage.Rename:input_type -> wheelfs.v1.RenameRequest
-	19, // 63: wheelfs.v1.Storage.SetAttr:input_type -> wheelfs.v1.SetAttrRequest
-	21, // 64: wheelfs.v1.Storage.ReadDir:input_type -> wheelfs.v1.ReadDirRequest
-	24, // 65: wheelfs.v1.Storage.GetBlocks:input_type -> wheelfs.v1.GetBlocksRequest
-	26, // 66: wheelfs.v1.Storage.ReadBlocks:input_type -> wheelfs.v1.ReadBlocksRequest
-	28, // 67: wheelfs.v1.Storage.PutBlocks:input_type -> wheelfs.v1.PutBlocksRequest
-	30, // 68: wheelfs.v1.Storage.Commit:input_type -> wheelfs.v1.CommitRequest
-	32, // 69: wheelfs.v1.Storage.GetXattr:input_type -> wheelfs.v1.XattrRequest
-	32, // 70: wheelfs.v1.Storage.ListXattr:input_type -> wheelfs.v1.XattrRequest
-	32, // 71: wheelfs.v1.Storage.SetXattr:input_type -> wheelfs.v1.XattrRequest
-	32, // 72: wheelfs.v1.Storage.RemoveXattr:input_type -> wheelfs.v1.XattrRequest
-	34, // 73: wheelfs.v1.Storage.StatFS:input_type -> wheelfs.v1.StatFSRequest
-	36, // 74: wheelfs.v1.Storage.Open:input_type -> wheelfs.v1.OpenRequest
-	38, // 75: wheelfs.v1.Storage.Release:input_type -> wheelfs.v1.ReleaseRequest
-	41, // 76: wheelfs.v1.Storage.Callbacks:input_type -> wheelfs.v1.CallbackAck
-	44, // 77: wheelfs.v1.Peer.Replicate:input_type -> wheelfs.v1.ReplicateRequest
-	46, // 78: wheelfs.v1.Peer.Digest:input_type -> wheelfs.v1.DigestRequest
-	51, // 79: wheelfs.v1.Peer.Diff:input_type -> wheelfs.v1.DiffRequest
-	49, // 80: wheelfs.v1.Peer.Install:input_type -> wheelfs.v1.InstallRequest
-	52, // 81: wheelfs.v1.Peer.FetchBlocks:input_type -> wheelfs.v1.FetchBlocksRequest
-	54, // 82: wheelfs.v1.Peer.Ping:input_type -> wheelfs.v1.PingRequest
-	56, // 83: wheelfs.v1.Peer.CreateObject:input_type -> wheelfs.v1.CreateObjectRequest
-	58, // 84: wheelfs.v1.Peer.DropLink:input_type -> wheelfs.v1.DropLinkRequest
-	60, // 85: wheelfs.v1.Peer.Stat:input_type -> wheelfs.v1.StatRequest
-	8,  // 86: wheelfs.v1.Storage.Lookup:output_type -> wheelfs.v1.LookupResponse
-	10, // 87: wheelfs.v1.Storage.GetAttr:output_type -> wheelfs.v1.GetAttrResponse
-	12, // 88: wheelfs.v1.Storage.Create:output_type -> wheelfs.v1.CreateResponse
-	14, // 89: wheelfs.v1.Storage.Link:output_type -> wheelfs.v1.LinkResponse
-	16, // 90: wheelfs.v1.Storage.Remove:output_type -> wheelfs.v1.RemoveResponse
-	18, // 91: wheelfs.v1.Storage.Rename:output_type -> wheelfs.v1.RenameResponse
-	20, // 92: wheelfs.v1.Storage.SetAttr:output_type -> wheelfs.v1.SetAttrResponse
-	22, // 93: wheelfs.v1.Storage.ReadDir:output_type -> wheelfs.v1.ReadDirResponse
-	25, // 94: wheelfs.v1.Storage.GetBlocks:output_type -> wheelfs.v1.GetBlocksResponse
-	27, // 95: wheelfs.v1.Storage.ReadBlocks:output_type -> wheelfs.v1.ReadBlocksResponse
-	29, // 96: wheelfs.v1.Storage.PutBlocks:output_type -> wheelfs.v1.PutBlocksResponse
-	31, // 97: wheelfs.v1.Storage.Commit:output_type -> wheelfs.v1.CommitResponse
-	33, // 98: wheelfs.v1.Storage.GetXattr:output_type -> wheelfs.v1.XattrResponse
-	33, // 99: wheelfs.v1.Storage.ListXattr:output_type -> wheelfs.v1.XattrResponse
-	33, // 100: wheelfs.v1.Storage.SetXattr:output_type -> wheelfs.v1.XattrResponse
-	33, // 101: wheelfs.v1.Storage.RemoveXattr:output_type -> wheelfs.v1.XattrResponse
-	35, // 102: wheelfs.v1.Storage.StatFS:output_type -> wheelfs.v1.StatFSResponse
-	37, // 103: wheelfs.v1.Storage.Open:output_type -> wheelfs.v1.OpenResponse
-	39, // 104: wheelfs.v1.Storage.Release:output_type -> wheelfs.v1.ReleaseResponse
-	40, // 105: wheelfs.v1.Storage.Callbacks:output_type -> wheelfs.v1.Revoke
-	45, // 106: wheelfs.v1.Peer.Replicate:output_type -> wheelfs.v1.ReplicateResponse
-	47, // 107: wheelfs.v1.Peer.Digest:output_type -> wheelfs.v1.DigestResponse
-	49, // 108: wheelfs.v1.Peer.Diff:output_type -> wheelfs.v1.InstallRequest
-	50, // 109: wheelfs.v1.Peer.Install:output_type -> wheelfs.v1.InstallResponse
-	53, // 110: wheelfs.v1.Peer.FetchBlocks:output_type -> wheelfs.v1.FetchBlocksResponse
-	55, // 111: wheelfs.v1.Peer.Ping:output_type -> wheelfs.v1.PingResponse
-	57, // 112: wheelfs.v1.Peer.CreateObject:output_type -> wheelfs.v1.CreateObjectResponse
-	59, // 113: wheelfs.v1.Peer.DropLink:output_type -> wheelfs.v1.DropLinkResponse
-	61, // 114: wheelfs.v1.Peer.Stat:output_type -> wheelfs.v1.StatResponse
-	86, // [86:115] is the sub-list for method output_type
-	57, // [57:86] is the sub-list for method input_type
-	57, // [57:57] is the sub-list for extension type_name
-	57, // [57:57] is the sub-list for extension extendee
-	0,  // [0:57] is the sub-list for field type_name
+	4,  // 6: wheelfs.v1.LookupResponse.dir:type_name -> wheelfs.v1.Meta
+	6,  // 7: wheelfs.v1.GetAttrRequest.caller:type_name -> wheelfs.v1.Caller
+	4,  // 8: wheelfs.v1.GetAttrResponse.meta:type_name -> wheelfs.v1.Meta
+	6,  // 9: wheelfs.v1.CreateRequest.caller:type_name -> wheelfs.v1.Caller
+	0,  // 10: wheelfs.v1.CreateRequest.type:type_name -> wheelfs.v1.Type
+	3,  // 11: wheelfs.v1.CreateRequest.cues:type_name -> wheelfs.v1.Cues
+	5,  // 12: wheelfs.v1.CreateResponse.entry:type_name -> wheelfs.v1.Entry
+	4,  // 13: wheelfs.v1.CreateResponse.meta:type_name -> wheelfs.v1.Meta
+	4,  // 14: wheelfs.v1.CreateResponse.dir:type_name -> wheelfs.v1.Meta
+	6,  // 15: wheelfs.v1.LinkRequest.caller:type_name -> wheelfs.v1.Caller
+	4,  // 16: wheelfs.v1.LinkResponse.meta:type_name -> wheelfs.v1.Meta
+	6,  // 17: wheelfs.v1.RemoveRequest.caller:type_name -> wheelfs.v1.Caller
+	4,  // 18: wheelfs.v1.RemoveResponse.meta:type_name -> wheelfs.v1.Meta
+	6,  // 19: wheelfs.v1.RenameRequest.caller:type_name -> wheelfs.v1.Caller
+	4,  // 20: wheelfs.v1.RenameResponse.replaced:type_name -> wheelfs.v1.Meta
+	6,  // 21: wheelfs.v1.SetAttrRequest.caller:type_name -> wheelfs.v1.Caller
+	4,  // 22: wheelfs.v1.SetAttrResponse.meta:type_name -> wheelfs.v1.Meta
+	6,  // 23: wheelfs.v1.ReadDirRequest.caller:type_name -> wheelfs.v1.Caller
+	5,  // 24: wheelfs.v1.ReadDirResponse.entries:type_name -> wheelfs.v1.Entry
+	4,  // 25: wheelfs.v1.ReadDirResponse.metas:type_name -> wheelfs.v1.Meta
+	4,  // 26: wheelfs.v1.ReadDirResponse.dir:type_name -> wheelfs.v1.Meta
+	6,  // 27: wheelfs.v1.GetBlocksRequest.caller:type_name -> wheelfs.v1.Caller
+	4,  // 28: wheelfs.v1.GetBlocksResponse.meta:type_name -> wheelfs.v1.Meta
+	23, // 29: wheelfs.v1.GetBlocksResponse.blocks:type_name -> wheelfs.v1.BlockRef
+	6,  // 30: wheelfs.v1.ReadBlocksRequest.caller:type_name -> wheelfs.v1.Caller
+	6,  // 31: wheelfs.v1.PutBlocksRequest.caller:type_name -> wheelfs.v1.Caller
+	6,  // 32: wheelfs.v1.CommitRequest.caller:type_name -> wheelfs.v1.Caller
+	23, // 33: wheelfs.v1.CommitRequest.blocks:type_name -> wheelfs.v1.BlockRef
+	19, // 34: wheelfs.v1.CommitRequest.attrs:type_name -> wheelfs.v1.SetAttrRequest
+	4,  // 35: wheelfs.v1.CommitResponse.meta:type_name -> wheelfs.v1.Meta
+	6,  // 36: wheelfs.v1.XattrRequest.caller:type_name -> wheelfs.v1.Caller
+	6,  // 37: wheelfs.v1.StatFSRequest.caller:type_name -> wheelfs.v1.Caller
+	6,  // 38: wheelfs.v1.OpenRequest.caller:type_name -> wheelfs.v1.Caller
+	4,  // 39: wheelfs.v1.OpenResponse.meta:type_name -> wheelfs.v1.Meta
+	1,  // 40: wheelfs.v1.Mutation.kind:type_name -> wheelfs.v1.MutationKind
+	42, // 41: wheelfs.v1.Batch.mutations:type_name -> wheelfs.v1.Mutation
+	43, // 42: wheelfs.v1.ReplicateRequest.batches:type_name -> wheelfs.v1.Batch
+	2,  // 43: wheelfs.v1.ReplicateResponse.status:type_name -> wheelfs.v1.ReplStatus
+	4,  // 44: wheelfs.v1.ObjectState.meta:type_name -> wheelfs.v1.Meta
+	5,  // 45: wheelfs.v1.ObjectState.entries:type_name -> wheelfs.v1.Entry
+	23, // 46: wheelfs.v1.ObjectState.blocks:type_name -> wheelfs.v1.BlockRef
+	48, // 47: wheelfs.v1.InstallRequest.objects:type_name -> wheelfs.v1.ObjectState
+	2,  // 48: wheelfs.v1.InstallResponse.status:type_name -> wheelfs.v1.ReplStatus
+	47, // 49: wheelfs.v1.DiffRequest.digest:type_name -> wheelfs.v1.DigestResponse
+	4,  // 50: wheelfs.v1.CreateObjectRequest.meta:type_name -> wheelfs.v1.Meta
+	3,  // 51: wheelfs.v1.CreateObjectRequest.cues:type_name -> wheelfs.v1.Cues
+	3,  // 52: wheelfs.v1.CreateObjectRequest.policy:type_name -> wheelfs.v1.Cues
+	4,  // 53: wheelfs.v1.CreateObjectResponse.meta:type_name -> wheelfs.v1.Meta
+	6,  // 54: wheelfs.v1.DropLinkRequest.caller:type_name -> wheelfs.v1.Caller
+	4,  // 55: wheelfs.v1.DropLinkRequest.dir:type_name -> wheelfs.v1.Meta
+	4,  // 56: wheelfs.v1.DropLinkResponse.meta:type_name -> wheelfs.v1.Meta
+	4,  // 57: wheelfs.v1.StatResponse.meta:type_name -> wheelfs.v1.Meta
+	7,  // 58: wheelfs.v1.Storage.Lookup:input_type -> wheelfs.v1.LookupRequest
+	9,  // 59: wheelfs.v1.Storage.GetAttr:input_type -> wheelfs.v1.GetAttrRequest
+	11, // 60: wheelfs.v1.Storage.Create:input_type -> wheelfs.v1.CreateRequest
+	13, // 61: wheelfs.v1.Storage.Link:input_type -> wheelfs.v1.LinkRequest
+	15, // 62: wheelfs.v1.Storage.Remove:input_type -> wheelfs.v1.RemoveRequest
+	17, // 63: wheelfs.v1.Storage.Rename:input_type -> wheelfs.v1.RenameRequest
+	19, // 64: wheelfs.v1.Storage.SetAttr:input_type -> wheelfs.v1.SetAttrRequest
+	21, // 65: wheelfs.v1.Storage.ReadDir:input_type -> wheelfs.v1.ReadDirRequest
+	24, // 66: wheelfs.v1.Storage.GetBlocks:input_type -> wheelfs.v1.GetBlocksRequest
+	26, // 67: wheelfs.v1.Storage.ReadBlocks:input_type -> wheelfs.v1.ReadBlocksRequest
+	28, // 68: wheelfs.v1.Storage.PutBlocks:input_type -> wheelfs.v1.PutBlocksRequest
+	30, // 69: wheelfs.v1.Storage.Commit:input_type -> wheelfs.v1.CommitRequest
+	32, // 70: wheelfs.v1.Storage.GetXattr:input_type -> wheelfs.v1.XattrRequest
+	32, // 71: wheelfs.v1.Storage.ListXattr:input_type -> wheelfs.v1.XattrRequest
+	32, // 72: wheelfs.v1.Storage.SetXattr:input_type -> wheelfs.v1.XattrRequest
+	32, // 73: wheelfs.v1.Storage.RemoveXattr:input_type -> wheelfs.v1.XattrRequest
+	34, // 74: wheelfs.v1.Storage.StatFS:input_type -> wheelfs.v1.StatFSRequest
+	36, // 75: wheelfs.v1.Storage.Open:input_type -> wheelfs.v1.OpenRequest
+	38, // 76: wheelfs.v1.Storage.Release:input_type -> wheelfs.v1.ReleaseRequest
+	41, // 77: wheelfs.v1.Storage.Callbacks:input_type -> wheelfs.v1.CallbackAck
+	44, // 78: wheelfs.v1.Peer.Replicate:input_type -> wheelfs.v1.ReplicateRequest
+	46, // 79: wheelfs.v1.Peer.Digest:input_type -> wheelfs.v1.DigestRequest
+	51, // 80: wheelfs.v1.Peer.Diff:input_type -> wheelfs.v1.DiffRequest
+	49, // 81: wheelfs.v1.Peer.Install:input_type -> wheelfs.v1.InstallRequest
+	52, // 82: wheelfs.v1.Peer.FetchBlocks:input_type -> wheelfs.v1.FetchBlocksRequest
+	54, // 83: wheelfs.v1.Peer.Ping:input_type -> wheelfs.v1.PingRequest
+	56, // 84: wheelfs.v1.Peer.CreateObject:input_type -> wheelfs.v1.CreateObjectRequest
+	58, // 85: wheelfs.v1.Peer.DropLink:input_type -> wheelfs.v1.DropLinkRequest
+	60, // 86: wheelfs.v1.Peer.Stat:input_type -> wheelfs.v1.StatRequest
+	8,  // 87: wheelfs.v1.Storage.Lookup:output_type -> wheelfs.v1.LookupResponse
+	10, // 88: wheelfs.v1.Storage.GetAttr:output_type -> wheelfs.v1.GetAttrResponse
+	12, // 89: wheelfs.v1.Storage.Create:output_type -> wheelfs.v1.CreateResponse
+	14, // 90: wheelfs.v1.Storage.Link:output_type -> wheelfs.v1.LinkResponse
+	16, // 91: wheelfs.v1.Storage.Remove:output_type -> wheelfs.v1.RemoveResponse
+	18, // 92: wheelfs.v1.Storage.Rename:output_type -> wheelfs.v1.RenameResponse
+	20, // 93: wheelfs.v1.Storage.SetAttr:output_type -> wheelfs.v1.SetAttrResponse
+	22, // 94: wheelfs.v1.Storage.ReadDir:output_type -> wheelfs.v1.ReadDirResponse
+	25, // 95: wheelfs.v1.Storage.GetBlocks:output_type -> wheelfs.v1.GetBlocksResponse
+	27, // 96: wheelfs.v1.Storage.ReadBlocks:output_type -> wheelfs.v1.ReadBlocksResponse
+	29, // 97: wheelfs.v1.Storage.PutBlocks:output_type -> wheelfs.v1.PutBlocksResponse
+	31, // 98: wheelfs.v1.Storage.Commit:output_type -> wheelfs.v1.CommitResponse
+	33, // 99: wheelfs.v1.Storage.GetXattr:output_type -> wheelfs.v1.XattrResponse
+	33, // 100: wheelfs.v1.Storage.ListXattr:output_type -> wheelfs.v1.XattrResponse
+	33, // 101: wheelfs.v1.Storage.SetXattr:output_type -> wheelfs.v1.XattrResponse
+	33, // 102: wheelfs.v1.Storage.RemoveXattr:output_type -> wheelfs.v1.XattrResponse
+	35, // 103: wheelfs.v1.Storage.StatFS:output_type -> wheelfs.v1.StatFSResponse
+	37, // 104: wheelfs.v1.Storage.Open:output_type -> wheelfs.v1.OpenResponse
+	39, // 105: wheelfs.v1.Storage.Release:output_type -> wheelfs.v1.ReleaseResponse
+	40, // 106: wheelfs.v1.Storage.Callbacks:output_type -> wheelfs.v1.Revoke
+	45, // 107: wheelfs.v1.Peer.Replicate:output_type -> wheelfs.v1.ReplicateResponse
+	47, // 108: wheelfs.v1.Peer.Digest:output_type -> wheelfs.v1.DigestResponse
+	49, // 109: wheelfs.v1.Peer.Diff:output_type -> wheelfs.v1.InstallRequest
+	50, // 110: wheelfs.v1.Peer.Install:output_type -> wheelfs.v1.InstallResponse
+	53, // 111: wheelfs.v1.Peer.FetchBlocks:output_type -> wheelfs.v1.FetchBlocksResponse
+	55, // 112: wheelfs.v1.Peer.Ping:output_type -> wheelfs.v1.PingResponse
+	57, // 113: wheelfs.v1.Peer.CreateObject:output_type -> wheelfs.v1.CreateObjectResponse
+	59, // 114: wheelfs.v1.Peer.DropLink:output_type -> wheelfs.v1.DropLinkResponse
+	61, // 115: wheelfs.v1.Peer.Stat:output_type -> wheelfs.v1.StatResponse
+	87, // [87:116] is the sub-list for method output_type
+	58, // [58:87] is the sub-list for method input_type
+	58, // [58:58] is the sub-list for extension type_name
+	58, // [58:58] is the sub-list for extension extendee
+	0,  // [0:58] is the sub-list for field type_name
 }
 
 func init() { file_wheelfs_proto_init() }

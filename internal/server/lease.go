@@ -1,0 +1,324 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/wheelfs/wheelfs/internal/fserr"
+	"github.com/wheelfs/wheelfs/internal/oid"
+	"github.com/wheelfs/wheelfs/internal/wire"
+)
+
+// DefaultLeaseTTL is how long a client may use cached meta-data without
+// asking the primary (paper §8: one minute).
+const DefaultLeaseTTL = time.Minute
+
+// leases is a primary's table of meta-data leases (paper §5.4): which
+// client sessions may use cached meta-data of which objects, until when.
+// Before an update changes an object, every lease on it is revoked through
+// the holder's Callbacks stream, or waited out when the holder does not
+// answer. While an update is being decided or revoked, no new lease on its
+// objects is granted, so a lease never covers data an update is replacing.
+type leases struct {
+	ttl   time.Duration
+	valid func(oid.Slice) time.Time // the slice lock's validity: leases never outlive it
+
+	mu       sync.Mutex
+	holders  map[oid.ID]map[uint64]holder
+	busy     map[oid.ID]int // updates deciding or revoking: no grants
+	sessions map[uint64]*callbackStream
+}
+
+type holder struct {
+	until  time.Time
+	stream *callbackStream
+}
+
+// callbackStream is one attached Callbacks stream of a client session.
+type callbackStream struct {
+	session uint64
+	out     chan *wire.Revoke
+	dead    chan struct{} // closed when the stream ends
+	once    sync.Once
+
+	mu   sync.Mutex
+	seq  uint64
+	acks map[uint64]chan struct{}
+}
+
+func newLeases(ttl time.Duration, valid func(oid.Slice) time.Time) *leases {
+	return &leases{ttl: ttl, valid: valid, holders: map[oid.ID]map[uint64]holder{},
+		busy: map[oid.ID]int{}, sessions: map[uint64]*callbackStream{}}
+}
+
+// grant records a lease on ids for the caller's session and returns its
+// length in milliseconds, or 0 when none can be granted (no session, no
+// callback stream, an update in progress). Call it before reading the
+// state the lease covers: an update that follows will revoke it.
+func (l *leases) grant(c *wire.Caller, ids ...oid.ID) uint32 {
+	if c == nil || c.Session == 0 || c.Eventual || l.ttl <= 0 {
+		return 0
+	}
+	now := time.Now()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	st := l.sessions[c.Session]
+	if st == nil {
+		return 0
+	}
+	until := now.Add(l.ttl)
+	for _, id := range ids {
+		if l.busy[id] > 0 {
+			return 0
+		}
+		if v := l.valid(id.Slice()); v.Before(until) {
+			until = v
+		}
+	}
+	d := until.Sub(now)
+	if d < 10*time.Millisecond {
+		return 0
+	}
+	for _, id := range ids {
+		hs := l.holders[id]
+		if hs == nil {
+			hs = map[uint64]holder{}
+			l.holders[id] = hs
+		}
+		hs[c.Session] = holder{until: until, stream: st}
+	}
+	return uint32(d / time.Millisecond)
+}
+
+// claim marks ids busy for an update and reports those that still have
+// live leases to revoke. It runs inside the store's commit, so it only
+// looks at maps.
+func (l *leases) claim(ids []oid.ID) (leased []oid.ID) {
+	now := time.Now()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, id := range ids {
+		l.busy[id]++
+		for sess, h := range l.holders[id] {
+			if h.until.After(now) {
+				leased = append(leased, id)
+				break
+			}
+			delete(l.holders[id], sess)
+		}
+		if len(l.holders[id]) == 0 {
+			delete(l.holders, id)
+		}
+	}
+	return leased
+}
+
+// unclaim ends an update's claim on ids.
+func (l *leases) unclaim(ids []oid.ID) {
+	if len(ids) == 0 {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, id := range ids {
+		if l.busy[id]--; l.busy[id] <= 0 {
+			delete(l.busy, id)
+		}
+	}
+}
+
+// revoke withdraws every lease on ids: holders are called back and their
+// acknowledgements awaited; a holder that cannot be reached is waited out
+// until its lease expires. ctx bounds the wait (the update then fails).
+func (l *leases) revoke(ctx context.Context, ids []oid.ID) error {
+	type call struct {
+		stream *callbackStream
+		ids    []uint64
+		until  time.Time
+	}
+	now := time.Now()
+	calls := map[uint64]*call{}
+	l.mu.Lock()
+	for _, id := range ids {
+		for sess, h := range l.holders[id] {
+			if !h.until.After(now) {
+				continue
+			}
+			c := calls[sess]
+			if c == nil {
+				c = &call{stream: h.stream}
+				calls[sess] = c
+			}
+			c.ids = append(c.ids, uint64(id))
+			if h.until.After(c.until) {
+				c.until = h.until
+			}
+		}
+		delete(l.holders, id)
+	}
+	l.mu.Unlock()
+	if len(calls) == 0 {
+		return nil
+	}
+	errs := make(chan error, len(calls))
+	for _, c := range calls {
+		go func() { errs <- l.callBack(ctx, c.stream, c.ids, c.until) }()
+	}
+	var first error
+	for range calls {
+		if err := <-errs; err != nil && first == nil {
+			first = err
+		}
+	}
+	return first
+}
+
+// callBack revokes ids from one session and waits for its
+// acknowledgement, for its stream to be replaced (a client that
+// reconnects has dropped everything it cached from this server), or for
+// the lease to expire.
+func (l *leases) callBack(ctx context.Context, st *callbackStream, ids []uint64, until time.Time) error {
+	ack := st.send(ids)
+	dead := st.dead
+	expiry := time.NewTimer(time.Until(until))
+	defer expiry.Stop()
+	for {
+		select {
+		case <-ack:
+			return nil
+		case <-expiry.C:
+			return nil
+		case <-dead:
+			if l.replaced(st) {
+				return nil
+			}
+			dead, ack = nil, nil // wait for the expiry
+		case <-ctx.Done():
+			return fmt.Errorf("revoking leases of client session %x: %w", st.session, fserr.ErrTimeout)
+		}
+	}
+}
+
+// replaced reports whether st's session attached a newer stream.
+func (l *leases) replaced(st *callbackStream) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	cur := l.sessions[st.session]
+	return cur != nil && cur != st
+}
+
+// send queues a revocation and returns the channel closed on its ack
+// (nil when the stream is gone).
+func (st *callbackStream) send(ids []uint64) chan struct{} {
+	st.mu.Lock()
+	st.seq++
+	seq := st.seq
+	ch := make(chan struct{})
+	st.acks[seq] = ch
+	st.mu.Unlock()
+	select {
+	case st.out <- &wire.Revoke{Seq: seq, Ids: ids}:
+		return ch
+	case <-st.dead:
+		return nil
+	}
+}
+
+func (st *callbackStream) acked(seq uint64) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if ch, ok := st.acks[seq]; ok {
+		close(ch)
+		delete(st.acks, seq)
+	}
+}
+
+// attach registers a session's new stream; its earlier stream, if any,
+// is forgotten (the client dropped what it had cached from us).
+func (l *leases) attach(session uint64) *callbackStream {
+	st := &callbackStream{session: session, out: make(chan *wire.Revoke, 64),
+		dead: make(chan struct{}), acks: map[uint64]chan struct{}{}}
+	l.mu.Lock()
+	old := l.sessions[session]
+	l.sessions[session] = st
+	l.mu.Unlock()
+	if old != nil {
+		old.close()
+	}
+	return st
+}
+
+func (l *leases) detach(st *callbackStream) {
+	l.mu.Lock()
+	if l.sessions[st.session] == st {
+		delete(l.sessions, st.session)
+	}
+	l.mu.Unlock()
+	st.close()
+}
+
+func (st *callbackStream) close() { st.once.Do(func() { close(st.dead) }) }
+
+// revokeSlice revokes every lease on objects of slice sl (before the
+// slice is handed to another server, which knows nothing of them).
+func (l *leases) revokeSlice(ctx context.Context, sl oid.Slice) error {
+	var ids []oid.ID
+	l.mu.Lock()
+	for id := range l.holders {
+		if id.Slice() == sl {
+			ids = append(ids, id)
+		}
+	}
+	l.mu.Unlock()
+	return l.revoke(ctx, ids)
+}
+
+// Callbacks implements wire.StorageServer: the lease back channel.
+func (s *Server) Callbacks(stream grpc.BidiStreamingServer[wire.CallbackAck, wire.Revoke]) error {
+	first, err := stream.Recv()
+	if err != nil {
+		return err
+	}
+	if first.Session == 0 {
+		return status.Error(codes.InvalidArgument, "callbacks: the first message must name a session")
+	}
+	st := s.leases.attach(first.Session)
+	defer s.leases.detach(st)
+	errc := make(chan error, 1)
+	go func() {
+		for {
+			a, err := stream.Recv()
+			if err != nil {
+				errc <- err
+				return
+			}
+			st.acked(a.Seq)
+		}
+	}()
+	for {
+		select {
+		case r := <-st.out:
+			if err := stream.Send(r); err != nil {
+				return err
+			}
+		case err := <-errc:
+			if errors.Is(err, context.Canceled) {
+				return nil
+			}
+			return err
+		case <-st.dead:
+			return nil
+		case <-stream.Context().Done():
+			return nil
+		case <-s.bg.Done():
+			return status.Error(codes.Unavailable, "server stopping")
+		}
+	}
+}
