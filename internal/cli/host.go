@@ -25,6 +25,7 @@ type hostFlags struct {
 	ca, nodeDir            string
 	lockTTL, configWait    time.Duration
 	maintain               time.Duration
+	lease                  time.Duration
 	debug                  bool
 	pprofAddr              string
 	memberListen, peerList string
@@ -49,6 +50,7 @@ func (f *hostFlags) register(cmd *cobra.Command, roles deploy.Roles) {
 		fl.StringVar(&f.listen, "listen", "127.0.0.1:0", "storage server gRPC listen address HOST:PORT")
 		fl.DurationVar(&f.lockTTL, "lock-ttl", 2*time.Minute, "slice lock lease length L")
 		fl.DurationVar(&f.maintain, "maintain-period", time.Second, "how often replicas ping each other and repair their slices")
+		fl.DurationVar(&f.lease, "lease", time.Minute, "length of the meta-data leases a primary grants clients (capped by --lock-ttl)")
 	}
 	if roles&deploy.RoleClient != 0 {
 		fl.BoolVar(&f.debug, "debug", false, "log every FUSE request")
@@ -83,6 +85,7 @@ func (f *hostFlags) deployConfig(g *globalFlags, roles deploy.Roles) (deploy.Con
 	cfg.Roles, cfg.Logger, cfg.InitCA = roles, g.logger(), false
 	cfg.Site, cfg.Listen, cfg.LockTTL, cfg.ConfigWait = f.site, f.listen, f.lockTTL, f.configWait
 	cfg.Server.MaintainPeriod = f.maintain
+	cfg.Server.LeaseTTL = f.lease
 	if f.ca != "" && f.nodeDir != "" {
 		return cfg, errors.New("give either --ca or --node-dir, not both")
 	}

@@ -30,12 +30,22 @@ const BlockSize = 64 << 10
 // unreachable server can never hang a mount.
 const DefaultTimeout = 30 * time.Second
 
-// Router finds the server that is primary for a slice.
+// Router finds the servers that keep a slice.
 type Router interface {
-	// Primary returns a client for the current primary of slice s.
-	Primary(ctx context.Context, s oid.Slice) (wire.StorageClient, error)
+	// Primary returns the current primary of slice s.
+	Primary(ctx context.Context, s oid.Slice) (Conn, error)
+	// Replicas returns every server keeping a copy of slice s, the
+	// primary first (.EventualConsistency falls back to the others).
+	Replicas(ctx context.Context, s oid.Slice) ([]Conn, error)
 	// Describe reports the slice's primary and replicas, with their sites.
 	Describe(ctx context.Context, s oid.Slice) (SliceInfo, error)
+}
+
+// Conn is a connection to one storage server.
+type Conn struct {
+	ID   string // the server's ID (its certificate name)
+	Site string
+	wire.StorageClient
 }
 
 // ServerRef names a server and its site.
@@ -66,6 +76,9 @@ type Config struct {
 	DirtyBytes int64
 	// Timeout bounds operations without a .MaxTime cue.
 	Timeout time.Duration
+	// NoLeases turns the meta-data cache off: every operation asks the
+	// primary (benchmarks compare against it).
+	NoLeases bool
 }
 
 // NewConfig returns a Config with defaults filled in.
@@ -101,6 +114,13 @@ type FS struct {
 
 	fetchMu  sync.Mutex
 	inflight map[[32]byte]chan struct{} // blocks being fetched
+
+	leases *leases
+
+	regMu sync.Mutex
+	regs  map[oid.ID]*registration // opens served from the cache, being registered at the primary
+	// suspects are primaries that recently did not answer in time.
+	suspects map[string]time.Time
 }
 
 // New returns a client core that reaches servers through router.
@@ -118,35 +138,60 @@ func New(cfg Config, router Router) *FS {
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = def.Timeout
 	}
-	return &FS{
+	f := &FS{
 		cfg:      cfg,
 		log:      cfg.Logger.With("component", "client"),
 		router:   router,
 		cache:    blockcache.New(cfg.CacheBytes),
 		files:    make(map[oid.ID]*fileState),
 		inflight: make(map[[32]byte]chan struct{}),
+		regs:     map[oid.ID]*registration{},
 	}
+	f.leases = newLeases(f)
+	return f
 }
+
+// Close stops the lease back channels; cached meta-data is no longer used.
+func (f *FS) Close() {
+	f.leases.stop()
+}
+
+// OnRevoke sets the function told which objects' leases were revoked
+// (the FUSE adapter invalidates the kernel's caches with it). It runs
+// before the revocation is acknowledged; it must not wait on this
+// client's operations.
+func (f *FS) OnRevoke(fn func(ids []oid.ID)) {
+	f.leases.mu.Lock()
+	f.leases.onRevoke = fn
+	f.leases.mu.Unlock()
+}
+
+// LeaseLeft is how long this client may still use id's cached meta-data
+// without asking its primary (0: it may not).
+func (f *FS) LeaseLeft(id oid.ID) time.Duration { return f.leases.left(id) }
 
 // Root returns the ID of the root directory.
 func (f *FS) Root() oid.ID { return oid.Root }
 
-// bound applies the operation's time limit: .MaxTime when given, the default
-// otherwise. The whole operation, every remote step included, must finish
+// bound applies the operation's time limit: .MaxTime when given, one second
+// under .EventualConsistency, the default otherwise. The whole operation, every remote step included, must finish
 // within it (paper §4.5).
 func (f *FS) bound(ctx context.Context, cues cue.Set) (context.Context, context.CancelFunc) {
 	d := f.cfg.Timeout
-	if cues.MaxTime > 0 {
+	switch {
+	case cues.MaxTime > 0:
 		d = cues.MaxTime
+	case cues.EventualConsistency:
+		d = EventualTimeout
 	}
 	return context.WithTimeout(ctx, d)
 }
 
 // server returns the primary for id.
-func (f *FS) server(ctx context.Context, id oid.ID) (wire.StorageClient, error) {
+func (f *FS) server(ctx context.Context, id oid.ID) (Conn, error) {
 	c, err := f.router.Primary(ctx, id.Slice())
 	if err != nil {
-		return nil, fserr.FromStatus(err)
+		return Conn{}, fserr.FromStatus(err)
 	}
 	return c, nil
 }
@@ -160,6 +205,13 @@ func (f *FS) server(ctx context.Context, id oid.ID) (wire.StorageClient, error) 
 // which may then report EEXIST for a file it made itself.
 func call[Req any, Resp any](ctx context.Context, f *FS, id oid.ID,
 	rpc func(wire.StorageClient, context.Context, Req, ...grpc.CallOption) (Resp, error), req Req) (Resp, error) {
+	return callVia(ctx, f, id, rpc, req, nil)
+}
+
+// callVia is call with prep run before each attempt on the server about
+// to be asked (to ask for a lease from that server).
+func callVia[Req any, Resp any](ctx context.Context, f *FS, id oid.ID,
+	rpc func(wire.StorageClient, context.Context, Req, ...grpc.CallOption) (Resp, error), req Req, prep func(Conn)) (Resp, error) {
 	var zero Resp
 	backoff := 20 * time.Millisecond
 	for {
@@ -172,6 +224,9 @@ func call[Req any, Resp any](ctx context.Context, f *FS, id oid.ID,
 		var resp Resp
 		c, err := f.server(ctx, id)
 		if err == nil {
+			if prep != nil {
+				prep(c)
+			}
 			resp, err = rpc(c, ctx, req)
 			if err == nil {
 				return resp, nil

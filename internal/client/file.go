@@ -9,12 +9,14 @@ import (
 	"syscall"
 	"time"
 
+	"google.golang.org/grpc"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/wheelfs/wheelfs/internal/attrs"
 	"github.com/wheelfs/wheelfs/internal/cue"
 	"github.com/wheelfs/wheelfs/internal/fserr"
 	"github.com/wheelfs/wheelfs/internal/oid"
+	"github.com/wheelfs/wheelfs/internal/perm"
 	"github.com/wheelfs/wheelfs/internal/wire"
 )
 
@@ -62,6 +64,11 @@ type fileState struct {
 	// are committed with the data.
 	view    *wire.Meta
 	pending []*wire.SetAttrRequest
+
+	// eventual: a handle opened it with .EventualConsistency, so reads
+	// may come from backups, and written data stays in memory until a
+	// commit succeeds (it may have to go to a backup instead).
+	eventual bool
 }
 
 func newFileState(id oid.ID, m *wire.Meta) *fileState {
@@ -137,6 +144,12 @@ type Handle struct {
 	cues cue.Set
 	// Writable reports whether the handle was opened for writing.
 	Writable bool
+	// registered delivers whether the primary counted this open, for an
+	// open served from the cache (registered in the background); nil
+	// when the open was counted before it returned (counted) or by no one.
+	registered chan bool
+	counted    bool
+	obj        oid.ID
 }
 
 func (f *FS) openState(id oid.ID) *fileState {
@@ -163,38 +176,72 @@ func (f *FS) overlay(m *wire.Meta) *wire.Meta {
 }
 
 // Open opens a file. flags are open(2) flags; the server checks the
-// caller's permission for them. Close-to-open: the primary is asked for
-// the current version on every open, and cached blocks are reused only if
-// the version is unchanged.
+// caller's permission for them. Close-to-open: the version comes from the
+// primary, or from meta-data cached under a valid lease (a read-only open
+// then needs no round trip: its permission is checked here, on the same
+// rules, and the primary counts the handle in the background). Cached
+// blocks are reused only if the version is unchanged.
 func (f *FS) Open(ctx context.Context, u User, cues cue.Set, id oid.ID, flags uint32) (*Handle, *wire.Meta, error) {
 	ctx, cancel := f.bound(ctx, cues)
 	defer cancel()
-	resp, err := call(ctx, f, id, wire.StorageClient.Open,
-		&wire.OpenRequest{Caller: u.caller(), Id: uint64(id), Flags: flags})
-	if err != nil {
-		return nil, nil, fmt.Errorf("open %v: %w", id, err)
+	writable := flags&syscall.O_ACCMODE != syscall.O_RDONLY
+	h := &Handle{fs: f, user: u, cues: cues, Writable: writable, obj: id}
+	req := &wire.OpenRequest{Caller: u.caller(), Id: uint64(id), Flags: flags}
+	m, ok := f.leases.meta(id, false)
+	if ok && !writable && flags&syscall.O_TRUNC == 0 {
+		if err := perm.Access(attrs.Cred(req.Caller), attrs.Of(m), perm.R); err != nil {
+			return nil, nil, fmt.Errorf("open %v: %w", id, err)
+		}
+		h.registered = f.registerOpen(req)
+	} else {
+		var resp *wire.OpenResponse
+		var tok leaseToken
+		var err error
+		if cues.EventualConsistency {
+			resp, tok, err = readEventual(ctx, f, id, wire.StorageClient.Open, req, func(r *wire.OpenResponse) uint64 {
+				return r.GetMeta().GetVersion()
+			})
+			if err != nil && unreachable(err) && !writable {
+				if sm, ok := f.leases.meta(id, true); ok {
+					resp, err = &wire.OpenResponse{Meta: sm}, nil
+				}
+			}
+		} else {
+			resp, tok, err = callLeased(ctx, f, id, wire.StorageClient.Open, req)
+		}
+		if err != nil {
+			return nil, nil, fmt.Errorf("open %v: %w", id, err)
+		}
+		m = resp.Meta
+		// Only the primary counts handles (a backup or the cache did not).
+		h.counted = tok.server != ""
+		f.leases.record(tok, resp.LeaseMs, id, func(c *cached) { c.meta = proto.CloneOf(m) })
 	}
-	m := resp.Meta
-	if m.Type == wire.Type_TYPE_DIR && flags&syscall.O_ACCMODE != syscall.O_RDONLY {
-		f.release(ctx, id)
+	if m.Type == wire.Type_TYPE_DIR && writable {
+		h.releaseAt(ctx)
 		return nil, nil, fmt.Errorf("open %v for writing: %w", id, fserr.ErrIsDir)
 	}
 	f.mu.Lock()
 	st := f.files[id]
 	if st == nil {
 		st = newFileState(id, m)
+		if hashes, loaded, ok := f.leases.takeRefs(id, m.Version); ok {
+			st.hashes, st.loaded = hashes, loaded
+		}
 		f.files[id] = st
 	}
 	st.refs++
 	f.mu.Unlock()
+	h.st = st
 
 	st.mu.Lock()
 	if !st.modified && m.Version != st.version {
 		st.reset(m)
 	}
+	st.eventual = st.eventual || cues.EventualConsistency
 	st.mu.Unlock()
-	h := &Handle{fs: f, st: st, user: u, cues: cues, Writable: flags&syscall.O_ACCMODE != syscall.O_RDONLY}
 	if flags&syscall.O_TRUNC != 0 && h.Writable && m.Type == wire.Type_TYPE_FILE && m.Size > 0 {
+		var err error
 		m, err = f.SetAttr(ctx, u, cues, id, &wire.SetAttrRequest{Valid: wire.SetSize, Size: 0})
 		if err != nil {
 			h.Release(ctx)
@@ -202,6 +249,47 @@ func (f *FS) Open(ctx context.Context, u User, cues cue.Set, id oid.ID, flags ui
 		}
 	}
 	return h, f.overlay(m), nil
+}
+
+// registration counts the opens of one object being registered at its
+// primary in the background; done closes when there are none left.
+type registration struct {
+	n    int
+	done chan struct{}
+}
+
+// registerOpen tells the primary about an open served from the cache, in
+// the background; the result says whether it counted it. Revocations of
+// the object wait for it (waitRegistrations), so an unlink the primary is
+// about to apply finds the handle and keeps the file as an orphan.
+func (f *FS) registerOpen(req *wire.OpenRequest) chan bool {
+	id := oid.ID(req.Id)
+	f.regMu.Lock()
+	r := f.regs[id]
+	if r == nil {
+		r = &registration{done: make(chan struct{})}
+		f.regs[id] = r
+	}
+	r.n++
+	f.regMu.Unlock()
+	req.Caller.Session = 0
+	out := make(chan bool, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(f.leases.ctx, f.cfg.Timeout)
+		defer cancel()
+		_, err := call(ctx, f, id, wire.StorageClient.Open, req)
+		if err != nil {
+			f.log.Warn("open served from the cache was not registered", slog.String("id", id.String()), slog.Any("err", err))
+		}
+		out <- err == nil
+		f.regMu.Lock()
+		if r.n--; r.n == 0 {
+			close(r.done)
+			delete(f.regs, id)
+		}
+		f.regMu.Unlock()
+	}()
+	return out
 }
 
 // Version returns the file version this client last saw committed.
@@ -301,7 +389,7 @@ func (st *fileState) blocks(ctx context.Context, f *FS, u User, first, last uint
 			return nil, fmt.Errorf("blocks of %v evicted while reading: %w", st.id, fserr.ErrIO)
 		}
 		mine, wait := f.claim(needed)
-		if err := f.fetchClaimed(ctx, u, st.id, mine); err != nil {
+		if err := f.fetchClaimed(ctx, u, st.id, mine, st.eventual); err != nil {
 			return nil, err
 		}
 		for _, ch := range wait {
@@ -330,14 +418,14 @@ func (st *fileState) prefetch(ctx context.Context, f *FS, u User, from, to uint6
 		}
 	}
 	mine, _ := f.claim(needed)
-	id := st.id
+	id, ev := st.id, st.eventual
 	// One goroutine per RPC's worth: the reads of the window overlap, so
 	// the primary's disk sees several requests at once.
 	for chunk := range slices.Chunk(mine, blocksPerRPC) {
 		go func() {
 			ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), f.cfg.Timeout)
 			defer cancel()
-			if err := f.fetchClaimed(ctx, u, id, chunk); err != nil {
+			if err := f.fetchClaimed(ctx, u, id, chunk, ev); err != nil {
 				f.log.Debug("prefetch failed", "id", id.String(), "err", err)
 			}
 		}()
@@ -366,7 +454,7 @@ func (f *FS) claim(hashes [][32]byte) (mine [][32]byte, wait []chan struct{}) {
 // fetchClaimed reads claimed blocks from the file's primary into the
 // cache, releasing each RPC's claims as soon as its blocks are cached, and
 // every claim whatever happens.
-func (f *FS) fetchClaimed(ctx context.Context, u User, id oid.ID, hashes [][32]byte) error {
+func (f *FS) fetchClaimed(ctx context.Context, u User, id oid.ID, hashes [][32]byte, ev bool) error {
 	release := func(hs [][32]byte) {
 		f.fetchMu.Lock()
 		for _, h := range hs {
@@ -383,7 +471,16 @@ func (f *FS) fetchClaimed(ctx context.Context, u User, id oid.ID, hashes [][32]b
 		for i := range chunk {
 			req.Hashes[i] = chunk[i][:]
 		}
-		resp, err := call(ctx, f, id, wire.StorageClient.ReadBlocks, req)
+		var resp *wire.ReadBlocksResponse
+		var err error
+		if ev {
+			// Any replica's copy will do: blocks are named by their hash.
+			resp, _, err = readEventual(ctx, f, id, wire.StorageClient.ReadBlocks, req, func(r *wire.ReadBlocksResponse) uint64 {
+				return uint64(len(r.GetData()))
+			})
+		} else {
+			resp, err = call(ctx, f, id, wire.StorageClient.ReadBlocks, req)
+		}
 		if err != nil {
 			return err
 		}
@@ -423,8 +520,16 @@ func (st *fileState) loadRefs(ctx context.Context, f *FS, u User, first, last ui
 		if st.loaded[chunk] {
 			continue
 		}
-		resp, err := call(ctx, f, st.id, wire.StorageClient.GetBlocks, &wire.GetBlocksRequest{
-			Caller: u.caller(), Id: uint64(st.id), First: chunk * refsPerFetch, Count: refsPerFetch})
+		req := &wire.GetBlocksRequest{Caller: u.caller(), Id: uint64(st.id), First: chunk * refsPerFetch, Count: refsPerFetch}
+		var resp *wire.GetBlocksResponse
+		var err error
+		if st.eventual {
+			resp, _, err = readEventual(ctx, f, st.id, wire.StorageClient.GetBlocks, req, func(r *wire.GetBlocksResponse) uint64 {
+				return r.GetMeta().GetVersion()
+			})
+		} else {
+			resp, err = call(ctx, f, st.id, wire.StorageClient.GetBlocks, req)
+		}
 		if err != nil {
 			return err
 		}
@@ -510,7 +615,7 @@ func (h *Handle) Write(ctx context.Context, p []byte, off int64) (int, error) {
 	for _, a := range st.pending {
 		a.Valid &^= wire.SetMtime // this write is newer than an earlier utimens
 	}
-	if st.dirtyBytes > h.fs.cfg.DirtyBytes {
+	if st.dirtyBytes > h.fs.cfg.DirtyBytes && !st.eventual {
 		// Full blocks go to the primary in the background while the
 		// application keeps writing; one upload at a time bounds memory.
 		st.waitUpload()
@@ -655,20 +760,87 @@ func (st *fileState) flush(ctx context.Context, f *FS, u User, cues cue.Set) err
 	if !st.modified {
 		return nil
 	}
+	if st.eventual {
+		return st.flushEventual(ctx, f, u, cues)
+	}
 	if err := st.upload(ctx, f, u, false); err != nil {
 		return err
 	}
+	resp, err := call(ctx, f, st.id, wire.StorageClient.Commit, st.commitRequest(u, cues))
+	if err != nil {
+		return fmt.Errorf("commit %v: %w", st.id, err)
+	}
+	st.committed(resp.Meta)
+	return nil
+}
+
+// commitRequest describes the buffered changes whose blocks are staged.
+func (st *fileState) commitRequest(u User, cues cue.Set) *wire.CommitRequest {
 	req := &wire.CommitRequest{Caller: u.caller(), Id: uint64(st.id), Size: uint64(st.size),
 		MtimeNs: st.mtimeNs, SyncLevel: syncLevel(cues), Blocks: make([]*wire.BlockRef, 0, len(st.staged)),
 		Attrs: st.pending}
 	for idx, ref := range st.staged {
 		req.Blocks = append(req.Blocks, &wire.BlockRef{Index: idx, Hash: ref.hash[:], Len: ref.len})
 	}
-	resp, err := call(ctx, f, st.id, wire.StorageClient.Commit, req)
+	return req
+}
+
+// flushEventual commits under .EventualConsistency: the written blocks
+// and the commit go together to the primary, or, when it does not answer
+// within half the time limit, to a backup (paper §4.5). The data stays
+// in memory until one of them took it.
+func (st *fileState) flushEventual(ctx context.Context, f *FS, u User, cues cue.Set) error {
+	idxs := make([]uint64, 0, len(st.dirty))
+	for idx := range st.dirty {
+		idxs = append(idxs, idx)
+	}
+	slices.Sort(idxs)
+	bufs := make([][]byte, len(idxs))
+	for i, idx := range idxs {
+		bufs[i] = st.dirty[idx]
+	}
+	var refs map[uint64]blockRef // the blocks as the answering server stored them
+	// commitAt stores the blocks and commits at one server.
+	commitAt := func(ctx context.Context, c wire.StorageClient, req *wire.CommitRequest) (*wire.CommitResponse, error) {
+		refs = map[uint64]blockRef{}
+		caller := req.Caller
+		for start := 0; start < len(idxs); start += blocksPerRPC {
+			end := min(start+blocksPerRPC, len(idxs))
+			resp, err := c.PutBlocks(ctx, &wire.PutBlocksRequest{Caller: caller, Id: uint64(st.id), Data: bufs[start:end]})
+			if err != nil {
+				return nil, fserr.FromStatus(err)
+			}
+			if len(resp.Hashes) != end-start {
+				return nil, fmt.Errorf("server stored %d of %d blocks: %w", len(resp.Hashes), end-start, fserr.ErrIO)
+			}
+			for i, h := range resp.Hashes {
+				ref := blockRef{len: uint32(len(bufs[start+i]))}
+				copy(ref.hash[:], h)
+				refs[idxs[start+i]] = ref
+				req.Blocks = append(req.Blocks, &wire.BlockRef{Index: idxs[start+i], Hash: ref.hash[:], Len: ref.len})
+			}
+		}
+		resp, err := c.Commit(ctx, req)
+		return resp, fserr.FromStatus(err)
+	}
+	resp, err := writeEventual(ctx, f, st.id, func(c wire.StorageClient, ctx context.Context, req *wire.CommitRequest, _ ...grpc.CallOption) (*wire.CommitResponse, error) {
+		return commitAt(ctx, c, proto.CloneOf(req))
+	}, st.commitRequest(u, cues))
 	if err != nil {
 		return fmt.Errorf("commit %v: %w", st.id, err)
 	}
-	m := resp.Meta
+	for i, idx := range idxs {
+		st.staged[idx] = refs[idx]
+		delete(st.dirty, idx)
+		st.dirtyBytes -= BlockSize
+		freeBlockBuf(bufs[i])
+	}
+	st.committed(resp.Meta)
+	return nil
+}
+
+// committed adopts the meta-data of a commit of this client's changes.
+func (st *fileState) committed(m *wire.Meta) {
 	if m.Version == st.version+1 {
 		for idx, ref := range st.staged {
 			st.hashes[idx] = ref
@@ -683,7 +855,6 @@ func (st *fileState) flush(ctx context.Context, f *FS, u User, cues cue.Set) err
 	st.view = proto.CloneOf(m)
 	st.modified = false
 	st.mtimeNs = 0
-	return nil
 }
 
 // Flush commits this file's buffered writes (close(2)).
@@ -713,6 +884,9 @@ func (h *Handle) Release(ctx context.Context) {
 	if last {
 		st.mu.Lock()
 		lost := st.modified
+		if !lost && st.upDone == nil {
+			f.leases.keepRefs(st.id, st.version, st.hashes, st.loaded)
+		}
 		st.mu.Unlock()
 		if lost {
 			f.log.Error("writes dropped: file released with uncommitted data", slog.String("id", st.id.String()))
@@ -720,7 +894,19 @@ func (h *Handle) Release(ctx context.Context) {
 	}
 	ctx, cancel := f.bound(ctx, h.cues)
 	defer cancel()
-	f.release(ctx, st.id)
+	h.releaseAt(ctx)
+}
+
+// releaseAt tells the primary this handle is gone, if it counted it.
+func (h *Handle) releaseAt(ctx context.Context) {
+	if h.registered != nil {
+		if !<-h.registered {
+			return
+		}
+	} else if !h.counted {
+		return
+	}
+	h.fs.release(ctx, h.obj)
 }
 
 // release tells the primary one open of id is gone, so an unlinked file can

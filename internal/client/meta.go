@@ -3,6 +3,12 @@ package client
 import (
 	"context"
 	"fmt"
+	"slices"
+
+	"google.golang.org/protobuf/proto"
+
+	"github.com/wheelfs/wheelfs/internal/attrs"
+	"github.com/wheelfs/wheelfs/internal/perm"
 
 	"github.com/wheelfs/wheelfs/internal/cue"
 	"github.com/wheelfs/wheelfs/internal/fserr"
@@ -28,28 +34,85 @@ func checkName(name string) error {
 	return nil
 }
 
-// Lookup finds name in dir and returns the object's meta-data.
+// Lookup finds name in dir and returns the object's meta-data. A name
+// cached under a valid lease on dir (and the child's meta-data under its
+// own) needs no server; under .EventualConsistency stale cached entries
+// serve when no replica answers in time.
 func (f *FS) Lookup(ctx context.Context, u User, cues cue.Set, dir oid.ID, name string) (*wire.Meta, error) {
 	if len(name) > maxNameLen {
 		return nil, fmt.Errorf("lookup: %w", fserr.ErrNameTooLong)
 	}
+	if m, err, ok := f.cachedLookup(u, dir, name, false); ok {
+		return m, err
+	}
 	ctx, cancel := f.bound(ctx, cues)
 	defer cancel()
-	resp, err := call(ctx, f, dir, wire.StorageClient.Lookup,
-		&wire.LookupRequest{Caller: u.caller(), Dir: uint64(dir), Name: name})
+	req := &wire.LookupRequest{Caller: u.caller(), Dir: uint64(dir), Name: name}
+	var resp *wire.LookupResponse
+	var tok leaseToken
+	var err error
+	if cues.EventualConsistency {
+		resp, tok, err = readEventual(ctx, f, dir, wire.StorageClient.Lookup, req, func(r *wire.LookupResponse) uint64 {
+			return r.GetDir().GetVersion()
+		})
+		if err != nil && unreachable(err) {
+			if m, cerr, ok := f.cachedLookup(u, dir, name, true); ok {
+				return m, cerr
+			}
+		}
+	} else {
+		resp, tok, err = callLeased(ctx, f, dir, wire.StorageClient.Lookup, req)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("lookup %q in %v: %w", name, dir, err)
 	}
+	f.leases.record(tok, resp.LeaseMs, dir, func(c *cached) {
+		if resp.Dir != nil {
+			c.meta = resp.Dir
+		}
+		if resp.Entry != nil {
+			if c.entries == nil {
+				c.entries = map[string]*wire.Entry{}
+			}
+			c.entries[name] = resp.Entry
+		}
+	})
+	if resp.Meta != nil {
+		f.leases.record(tok, resp.LeaseMs, oid.ID(resp.Meta.Id), func(c *cached) { c.meta = resp.Meta })
+	}
 	if resp.Meta == nil && resp.Entry != nil {
 		// The child lives on another primary: ask it.
-		g, err := call(ctx, f, oid.ID(resp.Entry.Id), wire.StorageClient.GetAttr,
-			&wire.GetAttrRequest{Caller: u.caller(), Id: resp.Entry.Id})
+		m, err := f.getAttr(ctx, u, cues, oid.ID(resp.Entry.Id))
 		if err != nil {
 			return nil, fmt.Errorf("lookup %q in %v: %w", name, dir, err)
 		}
-		return f.overlay(g.Meta), nil
+		return f.overlay(m), nil
 	}
 	return f.overlay(resp.Meta), nil
+}
+
+// cachedLookup answers a lookup from the cache: ok is false when it cannot.
+// The caller's search permission is checked on the cached directory.
+func (f *FS) cachedLookup(u User, dir oid.ID, name string, stale bool) (*wire.Meta, error, bool) {
+	if name == ".." || name == "." {
+		return nil, nil, false
+	}
+	var d *wire.Meta
+	var e *wire.Entry
+	if !f.leases.lookup(dir, stale, func(c *cached) bool {
+		d, e = c.meta, c.entries[name]
+		return d != nil && e != nil
+	}) {
+		return nil, nil, false
+	}
+	if err := perm.MayLookup(attrs.Cred(u.caller()), attrs.Of(d)); err != nil {
+		return nil, fmt.Errorf("lookup %q in %v: %w", name, dir, err), true
+	}
+	m, ok := f.leases.meta(oid.ID(e.Id), stale)
+	if !ok {
+		return nil, nil, false
+	}
+	return f.overlay(m), nil, true
 }
 
 // GetAttr returns an object's current meta-data, including the effect of
@@ -57,12 +120,39 @@ func (f *FS) Lookup(ctx context.Context, u User, cues cue.Set, dir oid.ID, name 
 func (f *FS) GetAttr(ctx context.Context, u User, cues cue.Set, id oid.ID) (*wire.Meta, error) {
 	ctx, cancel := f.bound(ctx, cues)
 	defer cancel()
-	resp, err := call(ctx, f, id, wire.StorageClient.GetAttr,
-		&wire.GetAttrRequest{Caller: u.caller(), Id: uint64(id)})
+	m, err := f.getAttr(ctx, u, cues, id)
+	if err != nil {
+		return nil, err
+	}
+	return f.overlay(m), nil
+}
+
+// getAttr is GetAttr within the caller's bound, without the overlay.
+func (f *FS) getAttr(ctx context.Context, u User, cues cue.Set, id oid.ID) (*wire.Meta, error) {
+	if m, ok := f.leases.meta(id, false); ok {
+		return m, nil
+	}
+	req := &wire.GetAttrRequest{Caller: u.caller(), Id: uint64(id)}
+	var resp *wire.GetAttrResponse
+	var tok leaseToken
+	var err error
+	if cues.EventualConsistency {
+		resp, tok, err = readEventual(ctx, f, id, wire.StorageClient.GetAttr, req, func(r *wire.GetAttrResponse) uint64 {
+			return r.GetMeta().GetVersion()
+		})
+		if err != nil && unreachable(err) {
+			if m, ok := f.leases.meta(id, true); ok {
+				return m, nil
+			}
+		}
+	} else {
+		resp, tok, err = callLeased(ctx, f, id, wire.StorageClient.GetAttr, req)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("getattr %v: %w", id, err)
 	}
-	return f.overlay(resp.Meta), nil
+	f.leases.record(tok, resp.LeaseMs, id, func(c *cached) { c.meta = resp.Meta })
+	return proto.CloneOf(resp.Meta), nil
 }
 
 // CreateArgs describes a new object.
@@ -82,7 +172,7 @@ func (f *FS) Create(ctx context.Context, u User, cues cue.Set, dir oid.ID, name 
 	}
 	ctx, cancel := f.bound(ctx, cues)
 	defer cancel()
-	resp, err := call(ctx, f, dir, wire.StorageClient.Create, &wire.CreateRequest{
+	resp, err := update(ctx, f, cues, dir, wire.StorageClient.Create, &wire.CreateRequest{
 		Caller: u.caller(), Dir: uint64(dir), Name: name, Type: a.Type, Mode: a.Mode,
 		Rdev: a.Rdev, Target: a.Target, Cues: wireCues(cues, a.Type), Exclusive: a.Exclusive,
 		SyncLevel: syncLevel(cues), Origin: f.cfg.Origin, ClientSite: f.cfg.Site,
@@ -92,12 +182,11 @@ func (f *FS) Create(ctx context.Context, u User, cues cue.Set, dir oid.ID, name 
 	}
 	if resp.Meta == nil && resp.Entry != nil {
 		// An existing file on another primary: ask it.
-		g, err := call(ctx, f, oid.ID(resp.Entry.Id), wire.StorageClient.GetAttr,
-			&wire.GetAttrRequest{Caller: u.caller(), Id: resp.Entry.Id})
+		m, err := f.getAttr(ctx, u, cues, oid.ID(resp.Entry.Id))
 		if err != nil {
 			return nil, fmt.Errorf("create %q in %v: %w", name, dir, err)
 		}
-		return g.Meta, nil
+		return m, nil
 	}
 	return resp.Meta, nil
 }
@@ -109,7 +198,7 @@ func (f *FS) Link(ctx context.Context, u User, cues cue.Set, dir oid.ID, name st
 	}
 	ctx, cancel := f.bound(ctx, cues)
 	defer cancel()
-	resp, err := call(ctx, f, dir, wire.StorageClient.Link,
+	resp, err := update(ctx, f, cues, dir, wire.StorageClient.Link,
 		&wire.LinkRequest{Caller: u.caller(), Dir: uint64(dir), Name: name, Id: uint64(id)})
 	if err != nil {
 		return nil, fmt.Errorf("link %q in %v to %v: %w", name, dir, id, err)
@@ -122,7 +211,7 @@ func (f *FS) Link(ctx context.Context, u User, cues cue.Set, dir oid.ID, name st
 func (f *FS) Remove(ctx context.Context, u User, cues cue.Set, dir oid.ID, name string, dirOnly bool) error {
 	ctx, cancel := f.bound(ctx, cues)
 	defer cancel()
-	_, err := call(ctx, f, dir, wire.StorageClient.Remove, &wire.RemoveRequest{
+	_, err := update(ctx, f, cues, dir, wire.StorageClient.Remove, &wire.RemoveRequest{
 		Caller: u.caller(), Dir: uint64(dir), Name: name, DirOnly: dirOnly, FileOnly: !dirOnly,
 		SyncLevel: syncLevel(cues)})
 	if err != nil {
@@ -141,7 +230,7 @@ func (f *FS) Rename(ctx context.Context, u User, cues cue.Set, srcDir oid.ID, sr
 	// it is primary for the destination too; otherwise it answers EXDEV.
 	ctx, cancel := f.bound(ctx, cues)
 	defer cancel()
-	_, err := call(ctx, f, srcDir, wire.StorageClient.Rename, &wire.RenameRequest{
+	_, err := update(ctx, f, cues, srcDir, wire.StorageClient.Rename, &wire.RenameRequest{
 		Caller: u.caller(), SrcDir: uint64(srcDir), SrcName: srcName,
 		DstDir: uint64(dstDir), DstName: dstName, Flags: flags})
 	if err != nil {
@@ -172,7 +261,7 @@ func (f *FS) SetAttr(ctx context.Context, u User, cues cue.Set, id oid.ID, req *
 	req.Caller = u.caller()
 	req.Id = uint64(id)
 	req.SyncLevel = syncLevel(cues)
-	resp, err := call(ctx, f, id, wire.StorageClient.SetAttr, req)
+	resp, err := update(ctx, f, cues, id, wire.StorageClient.SetAttr, req)
 	if err != nil {
 		return nil, fmt.Errorf("setattr %v: %w", id, err)
 	}
@@ -191,28 +280,76 @@ func (f *FS) ReadDir(ctx context.Context, u User, cues cue.Set, dir oid.ID) ([]*
 }
 
 // ReadDirMeta is ReadDir that also returns the entries' meta-data when the
-// .WholeFile cue asks for it.
+// .WholeFile cue asks for it. A listing read under a lease is reused while
+// the lease lasts.
 func (f *FS) ReadDirMeta(ctx context.Context, u User, cues cue.Set, dir oid.ID) ([]*wire.Entry, []*wire.Meta, *wire.Meta, error) {
+	if !cues.WholeFile {
+		if entries, d, err, ok := f.cachedList(u, dir, false); ok {
+			return entries, nil, d, err
+		}
+	}
 	ctx, cancel := f.bound(ctx, cues)
 	defer cancel()
 	var entries []*wire.Entry
 	var metas []*wire.Meta
 	var d *wire.Meta
 	after := ""
-	for {
-		resp, err := call(ctx, f, dir, wire.StorageClient.ReadDir, &wire.ReadDirRequest{
-			Caller: u.caller(), Dir: uint64(dir), After: after, Limit: 1024, WithMeta: cues.WholeFile})
+	var first leaseToken
+	lease := uint32(0)
+	for page := 0; ; page++ {
+		req := &wire.ReadDirRequest{Caller: u.caller(), Dir: uint64(dir), After: after, Limit: 1024, WithMeta: cues.WholeFile}
+		var resp *wire.ReadDirResponse
+		var tok leaseToken
+		var err error
+		if cues.EventualConsistency {
+			resp, tok, err = readEventual(ctx, f, dir, wire.StorageClient.ReadDir, req, func(r *wire.ReadDirResponse) uint64 {
+				return r.GetDir().GetVersion()
+			})
+			if err != nil && unreachable(err) && !cues.WholeFile {
+				if entries, d, cerr, ok := f.cachedList(u, dir, true); ok {
+					return entries, nil, d, cerr
+				}
+			}
+		} else {
+			resp, tok, err = callLeased(ctx, f, dir, wire.StorageClient.ReadDir, req)
+		}
 		if err != nil {
 			return nil, nil, nil, fmt.Errorf("readdir %v: %w", dir, err)
+		}
+		if page == 0 {
+			first, lease = tok, resp.LeaseMs
+		} else if tok.chanGen != first.chanGen || resp.LeaseMs == 0 {
+			lease = 0
 		}
 		entries = append(entries, resp.Entries...)
 		metas = append(metas, resp.Metas...)
 		d = resp.Dir
 		if resp.Eof || len(resp.Entries) == 0 {
-			return entries, metas, d, nil
+			break
 		}
 		after = resp.Entries[len(resp.Entries)-1].Name
 	}
+	f.leases.record(first, lease, dir, func(c *cached) {
+		c.meta, c.list, c.listed = d, entries, true
+	})
+	return entries, metas, d, nil
+}
+
+// cachedList answers a listing from the cache (ok false: it cannot),
+// checking the caller's read permission on the cached directory.
+func (f *FS) cachedList(u User, dir oid.ID, stale bool) ([]*wire.Entry, *wire.Meta, error, bool) {
+	var d *wire.Meta
+	var list []*wire.Entry
+	if !f.leases.lookup(dir, stale, func(c *cached) bool {
+		d, list = c.meta, c.list
+		return c.listed && d != nil
+	}) {
+		return nil, nil, nil, false
+	}
+	if err := perm.Access(attrs.Cred(u.caller()), attrs.Of(d), perm.R); err != nil {
+		return nil, nil, fmt.Errorf("readdir %v: %w", dir, err), true
+	}
+	return slices.Clone(list), proto.CloneOf(d), nil, true
 }
 
 // Readlink returns a symlink's target.
@@ -242,7 +379,7 @@ func (f *FS) StatFS(ctx context.Context, u User, cues cue.Set) (*wire.StatFSResp
 func (f *FS) GetXattr(ctx context.Context, u User, cues cue.Set, id oid.ID, name string) ([]byte, error) {
 	ctx, cancel := f.bound(ctx, cues)
 	defer cancel()
-	resp, err := call(ctx, f, id, wire.StorageClient.GetXattr,
+	resp, err := read(ctx, f, cues, id, wire.StorageClient.GetXattr,
 		&wire.XattrRequest{Caller: u.caller(), Id: uint64(id), Name: name})
 	if err != nil {
 		return nil, fmt.Errorf("getxattr %q of %v: %w", name, id, err)
@@ -254,7 +391,7 @@ func (f *FS) GetXattr(ctx context.Context, u User, cues cue.Set, id oid.ID, name
 func (f *FS) ListXattr(ctx context.Context, u User, cues cue.Set, id oid.ID) ([]string, error) {
 	ctx, cancel := f.bound(ctx, cues)
 	defer cancel()
-	resp, err := call(ctx, f, id, wire.StorageClient.ListXattr,
+	resp, err := read(ctx, f, cues, id, wire.StorageClient.ListXattr,
 		&wire.XattrRequest{Caller: u.caller(), Id: uint64(id)})
 	if err != nil {
 		return nil, fmt.Errorf("listxattr %v: %w", id, err)
@@ -266,7 +403,7 @@ func (f *FS) ListXattr(ctx context.Context, u User, cues cue.Set, id oid.ID) ([]
 func (f *FS) SetXattr(ctx context.Context, u User, cues cue.Set, id oid.ID, name string, value []byte, flags uint32) error {
 	ctx, cancel := f.bound(ctx, cues)
 	defer cancel()
-	_, err := call(ctx, f, id, wire.StorageClient.SetXattr,
+	_, err := update(ctx, f, cues, id, wire.StorageClient.SetXattr,
 		&wire.XattrRequest{Caller: u.caller(), Id: uint64(id), Name: name, Value: value, Flags: flags})
 	if err != nil {
 		return fmt.Errorf("setxattr %q of %v: %w", name, id, err)
@@ -278,7 +415,7 @@ func (f *FS) SetXattr(ctx context.Context, u User, cues cue.Set, id oid.ID, name
 func (f *FS) RemoveXattr(ctx context.Context, u User, cues cue.Set, id oid.ID, name string) error {
 	ctx, cancel := f.bound(ctx, cues)
 	defer cancel()
-	_, err := call(ctx, f, id, wire.StorageClient.RemoveXattr,
+	_, err := update(ctx, f, cues, id, wire.StorageClient.RemoveXattr,
 		&wire.XattrRequest{Caller: u.caller(), Id: uint64(id), Name: name})
 	if err != nil {
 		return fmt.Errorf("removexattr %q of %v: %w", name, id, err)

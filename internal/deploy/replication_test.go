@@ -80,6 +80,12 @@ func TestReplicatedAcrossSitesAndFailover(t *testing.T) {
 		return err == nil && len(info.Replicas) == 3
 	})
 	// The primary goes away; a backup takes over and serves the file.
+	// A close acknowledged once all three replicas have it (the default
+	// SyncLevel is RepLevel): a backup listed but still installing its
+	// snapshot would not have it yet.
+	if err := east.Client.WriteFile(ctx, root, "/f", data, 0o644); err != nil {
+		t.Fatal(err)
+	}
 	east.Close()
 	got, err := west.Client.ReadFile(ctx, root, "/f")
 	if err != nil || !bytes.Equal(got, data) {

@@ -33,7 +33,8 @@ const InfoXattr = "user.wheelfs.info"
 // Options configures a mount.
 type Options struct {
 	Logger *slog.Logger
-	// AttrTimeout is how long the kernel may cache attributes and entries.
+	// AttrTimeout is the longest the kernel may cache attributes and
+	// entries (less when the core's lease on them ends sooner).
 	AttrTimeout time.Duration
 	// AllowOther lets every local user use the mount (set when root mounts).
 	AllowOther bool
@@ -46,8 +47,11 @@ func Mount(dir string, core *client.FS, o Options) (*fuse.Server, error) {
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
-	r := &root{core: core, log: o.Logger.With("component", "fuse"), groups: map[uint32]groupEntry{}}
+	r := &root{core: core, log: o.Logger.With("component", "fuse"), groups: map[uint32]groupEntry{},
+		attrTimeout: o.AttrTimeout, inodes: inodes{byID: map[oid.ID]map[*node]struct{}{}}}
 	top := &node{root: r, id: oid.Root}
+	r.track(top)
+	core.OnRevoke(r.revoked)
 	neg := time.Duration(0)
 	opts := &fs.Options{
 		MountOptions: fuse.MountOptions{
@@ -76,9 +80,18 @@ func Mount(dir string, core *client.FS, o Options) (*fuse.Server, error) {
 type root struct {
 	core *client.FS
 	log  *slog.Logger
+	// attrTimeout is the longest the kernel may cache attributes and
+	// names; never longer than the core's lease on them.
+	attrTimeout time.Duration
 
 	mu     sync.Mutex
 	groups map[uint32]groupEntry // pid -> supplementary groups
+	inodes inodes
+}
+
+// timeout is how long the kernel may cache what the core knows of id.
+func (r *root) timeout(id oid.ID) time.Duration {
+	return min(r.attrTimeout, r.core.LeaseLeft(id))
 }
 
 type groupEntry struct {

@@ -53,8 +53,13 @@ var (
 // child returns the inode for m seen with cues, creating it if needed.
 func (n *node) child(ctx context.Context, m *wire.Meta, cues cue.Set, out *fuse.EntryOut) *fs.Inode {
 	fillAttr(m, cues, &out.Attr)
-	c := &node{root: n.root, id: oid.ID(m.Id), cues: cues}
-	return n.NewInode(ctx, c, fs.StableAttr{Mode: attrs.TypeBits(m.Type), Ino: out.Attr.Ino})
+	id := oid.ID(m.Id)
+	out.SetEntryTimeout(n.root.timeout(n.id))
+	out.SetAttrTimeout(n.root.timeout(id))
+	c := &node{root: n.root, id: id, cues: cues}
+	ino := n.NewInode(ctx, c, fs.StableAttr{Mode: attrs.TypeBits(m.Type), Ino: out.Attr.Ino})
+	n.root.track(ino.Operations().(*node))
+	return ino
 }
 
 // Lookup implements fs.NodeLookuper. A cue name yields a view of this
@@ -97,6 +102,7 @@ func (n *node) Getattr(ctx context.Context, f fs.FileHandle, out *fuse.AttrOut) 
 		return n.root.errno("getattr", err)
 	}
 	fillAttr(m, n.cues, &out.Attr)
+	out.SetTimeout(n.root.timeout(n.id))
 	return 0
 }
 
@@ -135,6 +141,7 @@ func (n *node) Setattr(ctx context.Context, f fs.FileHandle, in *fuse.SetAttrIn,
 		return n.root.errno("setattr", err)
 	}
 	fillAttr(m, n.cues, &out.Attr)
+	out.SetTimeout(n.root.timeout(n.id))
 	return 0
 }
 

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"slices"
 	"sync"
 
 	"google.golang.org/grpc"
@@ -115,27 +116,58 @@ func (r *Router) slice(ctx context.Context, s oid.Slice) (configsvc.Slice, *conf
 }
 
 // Primary implements client.Router.
-func (r *Router) Primary(ctx context.Context, s oid.Slice) (wire.StorageClient, error) {
+func (r *Router) Primary(ctx context.Context, s oid.Slice) (client.Conn, error) {
 	sl, t, err := r.slice(ctx, s)
 	if err != nil {
-		return nil, err
+		return client.Conn{}, err
 	}
 	id := sl.Replicas[0]
 	if sl.Holder != "" {
 		id = sl.Holder
 	}
-	if id == r.opts.LocalID && r.opts.Local != nil {
-		return r.opts.Local, nil
-	}
-	info, ok := t.Servers[id]
-	if !ok {
-		return nil, fmt.Errorf("route: primary %s of slice %d is not registered: %w", id, s, fserr.ErrIO)
-	}
-	conn, err := r.conn(info)
+	return r.server(t, id)
+}
+
+// Replicas implements client.Router.
+func (r *Router) Replicas(ctx context.Context, s oid.Slice) ([]client.Conn, error) {
+	sl, t, err := r.slice(ctx, s)
 	if err != nil {
 		return nil, err
 	}
-	return wire.NewStorageClient(conn), nil
+	ids := sl.Replicas
+	if sl.Holder != "" && !slices.Contains(ids, sl.Holder) {
+		ids = append([]string{sl.Holder}, ids...)
+	} else if sl.Holder != "" && ids[0] != sl.Holder {
+		ids = append([]string{sl.Holder}, slices.DeleteFunc(slices.Clone(ids), func(id string) bool { return id == sl.Holder })...)
+	}
+	out := make([]client.Conn, 0, len(ids))
+	for _, id := range ids {
+		c, err := r.server(t, id)
+		if err != nil {
+			continue // not registered now: try the others
+		}
+		out = append(out, c)
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("route: no replica of slice %d is registered: %w", s, fserr.ErrIO)
+	}
+	return out, nil
+}
+
+// server returns a connection to server id.
+func (r *Router) server(t *configsvc.Table, id string) (client.Conn, error) {
+	info, ok := t.Servers[id]
+	if id == r.opts.LocalID && r.opts.Local != nil {
+		return client.Conn{ID: id, Site: info.Site, StorageClient: r.opts.Local}, nil
+	}
+	if !ok {
+		return client.Conn{}, fmt.Errorf("route: server %s is not registered: %w", id, fserr.ErrIO)
+	}
+	conn, err := r.conn(info)
+	if err != nil {
+		return client.Conn{}, err
+	}
+	return client.Conn{ID: id, Site: info.Site, StorageClient: wire.NewStorageClient(conn)}, nil
 }
 
 // Peer returns a client for server id's Peer service (server-to-server

@@ -510,7 +510,7 @@ func (s *Server) Remove(ctx context.Context, req *wire.RemoveRequest) (*wire.Rem
 	var out *wire.Meta
 	var dying []oid.ID
 	defer func() { s.buried(dying) }()
-	err := s.update(ctx, req.SyncLevel, func(tx *store.Tx) error {
+	err := s.updateUndo(ctx, req.SyncLevel, func(tx *store.Tx) error {
 		d, err := s.dirMeta(tx, dir)
 		if err != nil {
 			return err
@@ -555,7 +555,7 @@ func (s *Server) Remove(ctx context.Context, req *wire.RemoveRequest) (*wire.Rem
 		touch(d, now, true)
 		out = m
 		return tx.PutMeta(d)
-	})
+	}, func() { s.buried(dying); dying = nil })
 	if err != nil {
 		return nil, fserr.ToStatus(fmt.Errorf("remove %q: %w", req.Name, err))
 	}
@@ -696,7 +696,7 @@ func (s *Server) Rename(ctx context.Context, req *wire.RenameRequest) (*wire.Ren
 		return tx.Meta(oid.ID(id))
 	}
 	var dropRemote uint64 // a replaced remote file, unlinked after the commit
-	err := s.update(ctx, 0, func(tx *store.Tx) error {
+	err := s.updateUndo(ctx, 0, func(tx *store.Tx) error {
 		sd, err := s.dirMeta(tx, src)
 		if err != nil {
 			return err
@@ -795,7 +795,7 @@ func (s *Server) Rename(ctx context.Context, req *wire.RenameRequest) (*wire.Ren
 			return tx.PutMeta(dd)
 		}
 		return nil
-	})
+	}, func() { s.buried(dying); dying = nil })
 	if err != nil {
 		return nil, fserr.ToStatus(fmt.Errorf("rename %q to %q: %w", req.SrcName, req.DstName, err))
 	}

@@ -22,15 +22,18 @@ import (
 // or waiting for expiry), and it runs again; the objects it touches get no
 // new lease until it is committed.
 func (s *Server) update(ctx context.Context, sync uint32, fn func(tx *store.Tx) error) error {
+	return s.updateUndo(ctx, sync, fn, nil)
+}
+
+// updateUndo is update for a fn with effects outside the store: undo
+// reverts them when an attempt is undone to revoke leases.
+func (s *Server) updateUndo(ctx context.Context, sync uint32, fn func(tx *store.Tx) error, undo func()) error {
 	var claimed []oid.ID
 	defer func() { s.leases.unclaim(claimed) }()
 	for {
 		var leased []oid.ID
-		err := s.updateOnce(ctx, sync, func(tx *store.Tx) error {
-			if err := fn(tx); err != nil {
-				return err
-			}
-			ids := mutatedObjects(tx.Mutations())
+		err := s.updateOnce(ctx, sync, fn, func(muts []*wire.Mutation) error {
+			ids := mutatedObjects(muts)
 			claimed = append(claimed, ids...)
 			if leased = s.leases.claim(ids); len(leased) > 0 {
 				return errLeased
@@ -39,6 +42,9 @@ func (s *Server) update(ctx context.Context, sync uint32, fn func(tx *store.Tx) 
 		})
 		if !errors.Is(err, errLeased) {
 			return err
+		}
+		if undo != nil {
+			undo()
 		}
 		if err := s.leases.revoke(ctx, leased); err != nil {
 			return err
@@ -63,8 +69,9 @@ func mutatedObjects(muts []*wire.Mutation) []oid.ID {
 	return ids
 }
 
-// updateOnce is update without leases.
-func (s *Server) updateOnce(ctx context.Context, sync uint32, fn func(tx *store.Tx) error) error {
+// updateOnce is one attempt of update; check sees the change's mutations
+// before they are numbered and may undo it.
+func (s *Server) updateOnce(ctx context.Context, sync uint32, fn func(tx *store.Tx) error, check func([]*wire.Mutation) error) error {
 	type waiter struct {
 		r   *sliceRepl
 		seq uint64
@@ -78,6 +85,9 @@ func (s *Server) updateOnce(ctx context.Context, sync uint32, fn func(tx *store.
 		muts := tx.Mutations()
 		if len(muts) == 0 {
 			return nil
+		}
+		if err := check(muts); err != nil {
+			return err
 		}
 		// Group by slice, keeping order (an update touches one or two).
 		type group struct {

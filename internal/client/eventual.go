@@ -1,0 +1,261 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/wheelfs/wheelfs/internal/cue"
+	"github.com/wheelfs/wheelfs/internal/fserr"
+	"github.com/wheelfs/wheelfs/internal/oid"
+	"github.com/wheelfs/wheelfs/internal/wire"
+)
+
+// EventualTimeout is the time limit of an .EventualConsistency operation
+// without .MaxTime (paper §4.5: one second).
+const EventualTimeout = time.Second
+
+// suspectFor is how long a primary that did not answer in time is skipped
+// by .EventualConsistency operations, which go straight to its backups:
+// the several steps of one system call then pay for it once.
+const suspectFor = 5 * time.Second
+
+// request is a storage request that names its caller.
+type request interface {
+	proto.Message
+	GetCaller() *wire.Caller
+}
+
+type rpcFunc[Req, Resp any] func(wire.StorageClient, context.Context, Req, ...grpc.CallOption) (Resp, error)
+
+// callLeased is call for a read that may bring a lease: it sends this
+// client's session when the answering server's back channel is up.
+func callLeased[Req request, Resp any](ctx context.Context, f *FS, id oid.ID, rpc rpcFunc[Req, Resp], req Req) (Resp, leaseToken, error) {
+	var tok leaseToken
+	resp, err := callVia(ctx, f, id, rpc, req, func(c Conn) {
+		var sess uint64
+		sess, tok = f.leases.begin(c)
+		req.GetCaller().Session = sess
+	})
+	return resp, tok, err
+}
+
+// unreachable reports whether err means no answer came in time (as
+// opposed to an answer, such as ENOENT).
+func unreachable(err error) bool {
+	return errors.Is(err, fserr.ErrTimeout) || errors.Is(err, fserr.ErrNotPrimary) || errors.Is(err, fserr.ErrIO)
+}
+
+// suspect marks server id as not answering.
+func (f *FS) suspect(id string) {
+	f.regMu.Lock()
+	if f.suspects == nil {
+		f.suspects = map[string]time.Time{}
+	}
+	f.suspects[id] = time.Now().Add(suspectFor)
+	f.regMu.Unlock()
+}
+
+func (f *FS) suspected(id string) bool {
+	f.regMu.Lock()
+	defer f.regMu.Unlock()
+	until, ok := f.suspects[id]
+	if ok && time.Now().After(until) {
+		delete(f.suspects, id)
+		return false
+	}
+	return ok
+}
+
+// primaryFirst runs the primary's attempt of an .EventualConsistency
+// operation with half of what is left of ctx's time, unless the primary is
+// suspected already. done is true when that settled the operation (an
+// answer, or an error that is an answer).
+func primaryFirst[Resp any](ctx context.Context, f *FS, id oid.ID, try func(ctx context.Context) (Resp, error)) (resp Resp, err error, done bool) {
+	p, perr := f.router.Primary(ctx, id.Slice())
+	if perr == nil && f.suspected(p.ID) {
+		return resp, fmt.Errorf("primary %s of %v recently unreachable: %w", p.ID, id, fserr.ErrTimeout), false
+	}
+	pctx, cancel := context.WithTimeout(ctx, half(ctx))
+	defer cancel()
+	resp, err = try(pctx)
+	if err == nil || !unreachable(err) {
+		return resp, err, true
+	}
+	if perr == nil && ctx.Err() == nil {
+		f.suspect(p.ID)
+	}
+	return resp, err, false
+}
+
+// half is half the time left before ctx's deadline.
+func half(ctx context.Context) time.Duration {
+	dl, ok := ctx.Deadline()
+	if !ok {
+		return EventualTimeout / 2
+	}
+	return time.Until(dl) / 2
+}
+
+// backups returns the replicas of id's slice other than its primary, the
+// ones at this client's site first.
+func (f *FS) backups(ctx context.Context, id oid.ID) ([]Conn, error) {
+	all, err := f.router.Replicas(ctx, id.Slice())
+	if err != nil {
+		return nil, fserr.FromStatus(err)
+	}
+	if len(all) > 0 {
+		all = all[1:]
+	}
+	slices.SortStableFunc(all, func(a, b Conn) int {
+		switch {
+		case a.Site == f.cfg.Site && b.Site != f.cfg.Site:
+			return -1
+		case b.Site == f.cfg.Site && a.Site != f.cfg.Site:
+			return 1
+		}
+		return 0
+	})
+	return all, nil
+}
+
+// eventually returns a copy of req that a backup may answer.
+func eventually[Req request](req Req) Req {
+	r := proto.CloneOf(req)
+	r.GetCaller().Eventual = true
+	r.GetCaller().Session = 0
+	return r
+}
+
+// readEventual runs a read under .EventualConsistency (paper §4.5): the
+// primary first, with half the time limit; then every backup at once, and
+// the answer with the highest version wins. Answers from backups carry no
+// lease. An error that is an answer (ENOENT) counts as version 0.
+func readEventual[Req request, Resp any](ctx context.Context, f *FS, id oid.ID, rpc rpcFunc[Req, Resp], req Req, version func(Resp) uint64) (Resp, leaseToken, error) {
+	var tok leaseToken
+	resp, err, done := primaryFirst(ctx, f, id, func(ctx context.Context) (Resp, error) {
+		var r Resp
+		var err error
+		r, tok, err = callLeased(ctx, f, id, rpc, req)
+		return r, err
+	})
+	if done {
+		return resp, tok, err
+	}
+	firstErr := err
+	backups, err := f.backups(ctx, id)
+	if err != nil || len(backups) == 0 {
+		return resp, leaseToken{}, firstErr
+	}
+	type answer struct {
+		resp Resp
+		err  error
+	}
+	answers := make(chan answer, len(backups))
+	breq := eventually(req)
+	for _, b := range backups {
+		go func() {
+			r, err := rpc(b.StorageClient, ctx, breq)
+			answers <- answer{r, fserr.FromStatus(err)}
+		}()
+	}
+	// Take every answer that comes within the time limit, but do not wait
+	// for silent backups once one answered and a short grace passed.
+	var best *answer
+	var grace <-chan time.Time
+	for range backups {
+		select {
+		case a := <-answers:
+			if a.err != nil && unreachable(a.err) {
+				continue
+			}
+			if best == nil || (a.err == nil && (best.err != nil || version(a.resp) > version(best.resp))) {
+				best = &a
+			}
+			if grace == nil {
+				grace = time.After(min(50*time.Millisecond, half(ctx)))
+			}
+			continue
+		case <-grace:
+		case <-ctx.Done():
+		}
+		break
+	}
+	if best == nil {
+		return resp, leaseToken{}, firstErr
+	}
+	return best.resp, leaseToken{}, best.err
+}
+
+// writeEventual runs an update under .EventualConsistency: the primary
+// first, with half the time limit; then the backups one after the other,
+// the ones at this client's site first (paper §4.5: "writes to a backup if
+// the primary is not available"). Maintenance reconciles them later.
+func writeEventual[Req request, Resp any](ctx context.Context, f *FS, id oid.ID, rpc rpcFunc[Req, Resp], req Req) (Resp, error) {
+	resp, err, done := primaryFirst(ctx, f, id, func(ctx context.Context) (Resp, error) {
+		return call(ctx, f, id, rpc, req)
+	})
+	if done {
+		return resp, err
+	}
+	firstErr := err
+	backups, err := f.backups(ctx, id)
+	if err != nil {
+		return resp, firstErr
+	}
+	breq := eventually(req)
+	for _, b := range backups {
+		r, err := rpc(b.StorageClient, ctx, breq)
+		if err == nil {
+			return r, nil
+		}
+		if err = fserr.FromStatus(err); !unreachable(err) {
+			return r, err
+		}
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	return resp, firstErr
+}
+
+// read runs a read RPC on id's primary, or with .EventualConsistency on
+// the replica with the newest answer when the primary cannot be reached.
+func read[Req request, Resp any](ctx context.Context, f *FS, cues cue.Set, id oid.ID, rpc rpcFunc[Req, Resp], req Req) (Resp, error) {
+	if cues.EventualConsistency {
+		resp, _, err := readEventual(ctx, f, id, rpc, req, func(Resp) uint64 { return 0 })
+		return resp, err
+	}
+	return call(ctx, f, id, rpc, req)
+}
+
+// update runs a state-changing RPC on id's primary, or with
+// .EventualConsistency on a backup when the primary cannot be reached.
+func update[Req request, Resp any](ctx context.Context, f *FS, cues cue.Set, id oid.ID, rpc rpcFunc[Req, Resp], req Req) (Resp, error) {
+	if cues.EventualConsistency {
+		return writeEventual(ctx, f, id, rpc, req)
+	}
+	return call(ctx, f, id, rpc, req)
+}
+
+// waitRegistrations waits until opens of ids served from the cache are
+// registered at their primary, so an update the primary is about to apply
+// (an unlink) sees them.
+func (f *FS) waitRegistrations(ids []oid.ID) {
+	f.regMu.Lock()
+	var chans []chan struct{}
+	for _, id := range ids {
+		if r := f.regs[id]; r != nil {
+			chans = append(chans, r.done)
+		}
+	}
+	f.regMu.Unlock()
+	for _, ch := range chans {
+		<-ch
+	}
+}

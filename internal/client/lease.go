@@ -1,0 +1,360 @@
+package client
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"log/slog"
+	"sync"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+
+	"github.com/wheelfs/wheelfs/internal/oid"
+	"github.com/wheelfs/wheelfs/internal/wire"
+)
+
+// leaseSlack shortens every lease on this side, so clock-rate differences
+// between client and server never let the client outlive it.
+const leaseSlack = 0.95
+
+// staleKeep is how long meta-data stays cached after its lease ended: it
+// is served only to .EventualConsistency callers that reach no replica.
+const staleKeep = 10 * time.Minute
+
+// maxCachedObjects bounds the meta-data cache.
+const maxCachedObjects = 1 << 16
+
+// leases is this client's meta-data cache (paper §5.4): objects' meta-data,
+// directory entries and listings, each usable without asking the primary
+// while the primary's lease on the object lasts. Leases arrive with
+// responses; revocations arrive on one back channel per server (the
+// Callbacks stream), and are acknowledged once the cache forgot them.
+type leases struct {
+	f       *FS
+	session uint64
+	ctx     context.Context
+	stop    context.CancelFunc
+
+	mu      sync.Mutex
+	objs    map[oid.ID]*cached
+	gen     uint64                 // revocations so far
+	revoked map[oid.ID]revokedMark // last revocation of each object
+	chans   map[string]*backChannel
+	refs    map[oid.ID]*refList // block lists of closed files
+
+	onRevoke func([]oid.ID)
+}
+
+type revokedMark struct {
+	gen uint64
+	at  time.Time
+}
+
+// cached is what the client knows of one object.
+type cached struct {
+	server  string
+	chanGen uint64    // back channel incarnation the lease came through
+	until   time.Time // the lease's end (zero: none)
+	stale   bool      // revoked, or its back channel broke
+
+	meta    *wire.Meta
+	entries map[string]*wire.Entry // names looked up
+	list    []*wire.Entry          // the whole listing, when read
+	listed  bool
+	at      time.Time // last filled
+}
+
+// refList is the block list of a version of a closed file.
+type refList struct {
+	version uint64
+	hashes  map[uint64]blockRef
+	loaded  map[uint64]bool
+}
+
+// backChannel is the Callbacks stream to one server.
+type backChannel struct {
+	id  string
+	gen uint64 // current incarnation; 0 while down
+}
+
+// leaseToken remembers, for one request, what must still hold when its
+// answer arrives for the lease to count.
+type leaseToken struct {
+	server  string
+	chanGen uint64
+	revGen  uint64
+	start   time.Time
+}
+
+func newLeases(f *FS) *leases {
+	var b [8]byte
+	rand.Read(b[:])
+	sess := binary.LittleEndian.Uint64(b[:]) | 1
+	ctx, cancel := context.WithCancel(context.Background())
+	return &leases{f: f, session: sess, ctx: ctx, stop: cancel, objs: map[oid.ID]*cached{},
+		revoked: map[oid.ID]revokedMark{}, chans: map[string]*backChannel{}, refs: map[oid.ID]*refList{}}
+}
+
+// begin prepares a request to server c that may bring a lease: it starts
+// the server's back channel if needed and returns the session to send
+// (0 while the channel is down: no lease can be kept) and a token.
+func (l *leases) begin(c Conn) (uint64, leaseToken) {
+	if l.f.cfg.NoLeases || c.ID == "" {
+		return 0, leaseToken{server: c.ID, start: time.Now()}
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	bc := l.chans[c.ID]
+	if bc == nil {
+		bc = &backChannel{id: c.ID}
+		l.chans[c.ID] = bc
+		go l.run(bc, c.StorageClient)
+	}
+	t := leaseToken{server: c.ID, chanGen: bc.gen, revGen: l.gen, start: time.Now()}
+	if bc.gen == 0 {
+		return 0, t
+	}
+	return l.session, t
+}
+
+// slot returns the cache slot of id, creating it.
+func (l *leases) slot(id oid.ID) *cached {
+	c := l.objs[id]
+	if c == nil {
+		if len(l.objs) >= maxCachedObjects {
+			l.evict()
+		}
+		c = &cached{}
+		l.objs[id] = c
+	}
+	return c
+}
+
+// evict drops stale and expired objects, or, if none, an arbitrary half.
+func (l *leases) evict() {
+	now := time.Now()
+	for id, c := range l.objs {
+		if !l.validLocked(c, now) && now.Sub(c.at) > staleKeep/10 {
+			delete(l.objs, id)
+		}
+	}
+	for id := range l.objs {
+		if len(l.objs) < maxCachedObjects/2 {
+			break
+		}
+		delete(l.objs, id)
+	}
+}
+
+// record stores what fill sets on id's slot, under the lease ms granted
+// for token t. Without a lease (or if the object was revoked since the
+// request began) the data is kept stale, for .EventualConsistency.
+func (l *leases) record(t leaseToken, ms uint32, id oid.ID, fill func(c *cached)) {
+	now := time.Now()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	c := l.slot(id)
+	valid := ms > 0 && t.chanGen != 0 && t.chanGen == l.chanGen(t.server) &&
+		l.revoked[id].gen <= t.revGen
+	if valid {
+		if c.stale || c.server != t.server || c.chanGen != t.chanGen || c.until.Before(now) {
+			// A fresh lease: what the old one covered may be out of date.
+			c.entries, c.list, c.listed = nil, nil, false
+		}
+		c.server, c.chanGen, c.stale = t.server, t.chanGen, false
+		c.until = t.start.Add(time.Duration(float64(time.Duration(ms)*time.Millisecond) * leaseSlack))
+	} else if l.validLocked(c, now) {
+		// Do not let an unleased answer replace leased state.
+		return
+	} else {
+		c.stale = true
+	}
+	c.at = now
+	fill(c)
+}
+
+func (l *leases) chanGen(server string) uint64 {
+	if bc := l.chans[server]; bc != nil {
+		return bc.gen
+	}
+	return 0
+}
+
+func (l *leases) validLocked(c *cached, now time.Time) bool {
+	return c != nil && !c.stale && now.Before(c.until) && c.chanGen != 0 && c.chanGen == l.chanGen(c.server)
+}
+
+// lookup returns a copy of id's cached state if its lease is valid, or
+// (when stale is true) whatever is cached.
+func (l *leases) lookup(id oid.ID, stale bool, use func(c *cached) bool) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	c := l.objs[id]
+	if c == nil {
+		return false
+	}
+	if !l.validLocked(c, time.Now()) && !(stale && time.Since(c.at) < staleKeep) {
+		return false
+	}
+	return use(c)
+}
+
+// left is how long id's lease still lasts (0: none).
+func (l *leases) left(id oid.ID) time.Duration {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	c := l.objs[id]
+	now := time.Now()
+	if !l.validLocked(c, now) {
+		return 0
+	}
+	return c.until.Sub(now)
+}
+
+// meta returns id's cached meta-data (see lookup).
+func (l *leases) meta(id oid.ID, stale bool) (*wire.Meta, bool) {
+	var m *wire.Meta
+	ok := l.lookup(id, stale, func(c *cached) bool {
+		if c.meta == nil {
+			return false
+		}
+		m = proto.CloneOf(c.meta)
+		return true
+	})
+	return m, ok
+}
+
+// forget drops everything cached about ids (after this client changed them).
+func (l *leases) forget(ids ...oid.ID) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.gen++
+	now := time.Now()
+	for _, id := range ids {
+		delete(l.objs, id)
+		l.revoked[id] = revokedMark{gen: l.gen, at: now}
+	}
+}
+
+// revoke handles a revocation from server bc: the objects' cached state
+// becomes stale, the kernel is told, and open registrations of these
+// objects in flight finish first (so the update sees them).
+func (l *leases) revoke(ids []uint64) {
+	oids := make([]oid.ID, len(ids))
+	now := time.Now()
+	l.mu.Lock()
+	l.gen++
+	for i, v := range ids {
+		id := oid.ID(v)
+		oids[i] = id
+		if c := l.objs[id]; c != nil {
+			c.stale = true
+		}
+		l.revoked[id] = revokedMark{gen: l.gen, at: now}
+	}
+	if len(l.revoked) > 4*maxCachedObjects {
+		for id, m := range l.revoked {
+			if now.Sub(m.at) > staleKeep {
+				delete(l.revoked, id)
+			}
+		}
+	}
+	cb := l.onRevoke
+	l.mu.Unlock()
+	l.f.waitRegistrations(oids)
+	if cb != nil {
+		cb(oids)
+	}
+}
+
+// run keeps the back channel to one server open; while it is down, what
+// that server leased is stale.
+func (l *leases) run(bc *backChannel, sc wire.StorageClient) {
+	backoff := 50 * time.Millisecond
+	for l.ctx.Err() == nil {
+		if l.serve(bc, sc) {
+			backoff = 50 * time.Millisecond
+		}
+		select {
+		case <-time.After(backoff):
+		case <-l.ctx.Done():
+			return
+		}
+		backoff = min(2*backoff, 5*time.Second)
+	}
+}
+
+var chanGens struct {
+	sync.Mutex
+	n uint64
+}
+
+// serve runs one incarnation of the back channel and reports whether it
+// came up.
+func (l *leases) serve(bc *backChannel, sc wire.StorageClient) bool {
+	ctx, cancel := context.WithCancel(l.ctx)
+	defer cancel()
+	stream, err := sc.Callbacks(ctx)
+	if err == nil {
+		err = stream.Send(&wire.CallbackAck{Session: l.session})
+	}
+	if err != nil {
+		return false
+	}
+	chanGens.Lock()
+	chanGens.n++
+	gen := chanGens.n
+	chanGens.Unlock()
+	l.mu.Lock()
+	bc.gen = gen
+	l.mu.Unlock()
+	defer func() {
+		l.mu.Lock()
+		bc.gen = 0 // every lease it brought is stale now
+		l.mu.Unlock()
+	}()
+	for {
+		r, err := stream.Recv()
+		if err != nil {
+			if l.ctx.Err() == nil {
+				l.f.log.Debug("lease back channel lost", slog.String("server", bc.id), slog.Any("err", err))
+			}
+			return true
+		}
+		l.revoke(r.Ids)
+		if err := stream.Send(&wire.CallbackAck{Session: l.session, Seq: r.Seq}); err != nil {
+			return true
+		}
+	}
+}
+
+// keepRefs remembers the block list of a closed, unmodified file version.
+func (l *leases) keepRefs(id oid.ID, version uint64, hashes map[uint64]blockRef, loaded map[uint64]bool) {
+	if len(loaded) == 0 {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.refs) >= maxCachedObjects/4 {
+		for k := range l.refs {
+			delete(l.refs, k)
+			if len(l.refs) < maxCachedObjects/8 {
+				break
+			}
+		}
+	}
+	l.refs[id] = &refList{version: version, hashes: hashes, loaded: loaded}
+}
+
+// takeRefs returns the remembered block list of id at version.
+func (l *leases) takeRefs(id oid.ID, version uint64) (map[uint64]blockRef, map[uint64]bool, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	r := l.refs[id]
+	if r == nil || r.version != version {
+		return nil, nil, false
+	}
+	delete(l.refs, id)
+	return r.hashes, r.loaded, true
+}
