@@ -257,6 +257,7 @@ func Start(ctx context.Context, cfg Config) (h *Host, err error) {
 			ccfg.Origin = h.id.Server // write-local placement
 		}
 		h.Client = client.New(ccfg, h.Router)
+		h.onClose(h.Client.Close, nil)
 	}
 	return h, nil
 }
