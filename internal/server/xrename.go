@@ -24,7 +24,8 @@ import (
 //
 //  1. count the new link at the object's primary (here, or a third
 //     server through AddLink without a directory), unless that is the
-//     destination's primary, which counts it in step 2;
+//     destination's primary, which counts it in step 2 (AddLink.count;
+//     a server that is not the object's primary refuses);
 //  2. the destination directory's primary adds the name (AddLink): it
 //     checks the caller's permission there and replaces an existing name;
 //  3. the name leaves the source directory, and the object loses the
@@ -116,7 +117,7 @@ func (s *Server) renameAcrossSteps(ctx context.Context, req *wire.RenameRequest)
 	}
 	cctx, cancel := context.WithTimeout(ctx, s.cfg.PeerTimeout)
 	added, err := p.AddLink(cctx, &wire.AddLinkRequest{Caller: req.Caller, Dir: uint64(dst), Name: req.DstName,
-		Id: uint64(id), Object: child, Flags: req.Flags})
+		Id: uint64(id), Object: child, Flags: req.Flags, Count: !counted})
 	cancel()
 	if err != nil {
 		// Unless the destination refused, it is unknown whether the name
@@ -201,7 +202,7 @@ func (s *Server) countLink(ctx context.Context, owner string, id oid.ID) error {
 	}
 	cctx, cancel := context.WithTimeout(ctx, s.cfg.PeerTimeout)
 	defer cancel()
-	_, err = p.AddLink(cctx, &wire.AddLinkRequest{Id: uint64(id)})
+	_, err = p.AddLink(cctx, &wire.AddLinkRequest{Id: uint64(id), Count: true})
 	return fserr.FromStatus(err)
 }
 
@@ -253,11 +254,18 @@ func (p *peerServer) AddLink(ctx context.Context, req *wire.AddLinkRequest) (*wi
 
 func (s *Server) addLink(ctx context.Context, req *wire.AddLinkRequest) (*wire.AddLinkResponse, error) {
 	id := oid.ID(req.Id)
-	local := s.primary(id) == nil
 	now := time.Now().UnixNano()
+	// The source decided who counts the link from its slice table; if
+	// this server is not (or no longer) the object's primary it must
+	// refuse, or the link would be counted nowhere.
+	if req.Count {
+		if err := s.primary(id); err != nil {
+			return nil, err
+		}
+	}
 	if req.Dir == 0 {
-		if !local {
-			return nil, s.primary(id)
+		if !req.Count {
+			return nil, fmt.Errorf("add link: nothing to do: %w", fserr.ErrInvalid)
 		}
 		return &wire.AddLinkResponse{}, s.update(ctx, req.SyncLevel, func(tx *store.Tx) error { return addNlink(tx, id, now) })
 	}
@@ -327,7 +335,7 @@ func (s *Server) addLink(ctx context.Context, req *wire.AddLinkRequest) (*wire.A
 		} else if err := perm.MayCreate(c, attr(dd)); err != nil {
 			return err
 		}
-		if local {
+		if req.Count {
 			if err := addNlink(tx, id, now); err != nil {
 				return err
 			}

@@ -4020,12 +4020,11 @@ func (x *StatResponse) GetMeta() *Meta {
 }
 
 // AddLinkRequest adds one link to an object for a rename between
-// directories on different servers (link, then unlink at the source). If
-// the receiver is primary of the object, its nlink grows by one in the same
-// transaction. With dir set (the receiver must be its primary) the name is
-// added there, replacing an existing name as rename(2) would; without dir
-// only the link is counted (the object's server, when the name goes to a
-// third one).
+// directories on different servers (link, then unlink at the source). With
+// dir set (the receiver must be its primary) the name is added there,
+// replacing an existing name as rename(2) would. With count (always
+// without dir) the receiver, which must be the object's primary, adds one
+// to its nlink in the same transaction.
 type AddLinkRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Caller        *Caller                `protobuf:"bytes,1,opt,name=caller,proto3" json:"caller,omitempty"` // checked against dir and a replaced name
@@ -4035,6 +4034,7 @@ type AddLinkRequest struct {
 	Object        *Meta                  `protobuf:"bytes,5,opt,name=object,proto3" json:"object,omitempty"` // the object's meta-data as the source saw it
 	Flags         uint32                 `protobuf:"varint,6,opt,name=flags,proto3" json:"flags,omitempty"`  // RENAME_NOREPLACE
 	SyncLevel     uint32                 `protobuf:"varint,7,opt,name=sync_level,json=syncLevel,proto3" json:"sync_level,omitempty"`
+	Count         bool                   `protobuf:"varint,8,opt,name=count,proto3" json:"count,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -4116,6 +4116,13 @@ func (x *AddLinkRequest) GetSyncLevel() uint32 {
 		return x.SyncLevel
 	}
 	return 0
+}
+
+func (x *AddLinkRequest) GetCount() bool {
+	if x != nil {
+		return x.Count
+	}
+	return false
 }
 
 // same: the name already named the object (rename(2) of two links to one
@@ -4455,7 +4462,7 @@ const file_wheelfs_proto_rawDesc = "" +
 	"\vStatRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\"4\n" +
 	"\fStatResponse\x12$\n" +
-	"\x04meta\x18\x01 \x01(\v2\x10.wheelfs.v1.MetaR\x04meta\"\xd1\x01\n" +
+	"\x04meta\x18\x01 \x01(\v2\x10.wheelfs.v1.MetaR\x04meta\"\xe7\x01\n" +
 	"\x0eAddLinkRequest\x12*\n" +
 	"\x06caller\x18\x01 \x01(\v2\x12.wheelfs.v1.CallerR\x06caller\x12\x10\n" +
 	"\x03dir\x18\x02 \x01(\x04R\x03dir\x12\x12\n" +
@@ -4464,7 +4471,8 @@ const file_wheelfs_proto_rawDesc = "" +
 	"\x06object\x18\x05 \x01(\v2\x10.wheelfs.v1.MetaR\x06object\x12\x14\n" +
 	"\x05flags\x18\x06 \x01(\rR\x05flags\x12\x1d\n" +
 	"\n" +
-	"sync_level\x18\a \x01(\rR\tsyncLevel\"S\n" +
+	"sync_level\x18\a \x01(\rR\tsyncLevel\x12\x14\n" +
+	"\x05count\x18\b \x01(\bR\x05count\"S\n" +
 	"\x0fAddLinkResponse\x12,\n" +
 	"\breplaced\x18\x01 \x01(\v2\x10.wheelfs.v1.MetaR\breplaced\x12\x12\n" +
 	"\x04same\x18\x02 \x01(\bR\x04same*\x8a\x01\n" +
