@@ -1,18 +1,23 @@
-// Package blockcache is the client's in-memory cache of file blocks, keyed by
-// content hash and bounded by bytes. Content addressing makes it coherent for
+// Package blockcache is the client's cache of file blocks, keyed by content
+// hash and bounded by bytes: an in-memory LRU, optionally over an on-disk
+// LRU that survives restarts. Content addressing makes it coherent for
 // free: a block's bytes never change, only which blocks a file version names.
 package blockcache
 
 import (
 	"container/list"
+	"log/slog"
 	"sync"
 )
 
 // Hash is a block's SHA-256.
 type Hash = [32]byte
 
-// Cache is a byte-bounded LRU of blocks. It is safe for concurrent use.
+// Cache is a byte-bounded LRU of blocks in memory, with an optional disk
+// tier below it. It is safe for concurrent use.
 type Cache struct {
+	disk *Disk // nil: memory only
+
 	mu    sync.Mutex
 	limit int64
 	used  int64
@@ -32,8 +37,32 @@ func New(limit int64) *Cache {
 	return &Cache{limit: limit, ll: list.New(), items: make(map[Hash]*list.Element)}
 }
 
-// Get returns the cached block. Callers must not modify it.
+// Open returns a cache of memLimit bytes in memory over a disk tier of
+// diskLimit bytes in dir (see OpenDisk). Close it to write what is queued.
+func Open(memLimit int64, dir string, diskLimit int64, log *slog.Logger) (*Cache, error) {
+	d, err := OpenDisk(dir, diskLimit, log)
+	if err != nil {
+		return nil, err
+	}
+	c := New(memLimit)
+	c.disk = d
+	return c, nil
+}
+
+// Get returns the cached block from memory, else from the disk tier (and
+// then keeps it in memory). Callers must not modify it.
 func (c *Cache) Get(h Hash) ([]byte, bool) {
+	if b, ok := c.getMem(h); ok || c.disk == nil {
+		return b, ok
+	}
+	b, ok := c.disk.Get(h)
+	if ok {
+		c.addMem(h, b)
+	}
+	return b, ok
+}
+
+func (c *Cache) getMem(h Hash) ([]byte, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if e, ok := c.items[h]; ok {
@@ -45,9 +74,25 @@ func (c *Cache) Get(h Hash) ([]byte, bool) {
 	return nil, false
 }
 
-// Add caches data under h. The cache keeps the slice: callers must not
-// modify it afterwards.
+// Contains reports whether h is in memory, without touching the disk tier
+// or the LRU order.
+func (c *Cache) Contains(h Hash) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	_, ok := c.items[h]
+	return ok
+}
+
+// Add caches data under h in memory and queues it for the disk tier. The
+// cache keeps the slice: callers must not modify it afterwards.
 func (c *Cache) Add(h Hash, data []byte) {
+	c.addMem(h, data)
+	if c.disk != nil {
+		c.disk.Put(h, data)
+	}
+}
+
+func (c *Cache) addMem(h Hash, data []byte) {
 	if int64(len(data)) > c.limit {
 		return
 	}
@@ -68,9 +113,33 @@ func (c *Cache) Add(h Hash, data []byte) {
 	}
 }
 
-// Stats reports hits, misses and bytes in use.
+// Stats reports the memory tier's hits, misses and bytes in use (a block
+// found on disk counts as a memory miss).
 func (c *Cache) Stats() (hits, misses uint64, used int64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.hits, c.misses, c.used
+}
+
+// DiskStats reports the disk tier's counters (zero without one).
+func (c *Cache) DiskStats() DiskStats {
+	if c.disk == nil {
+		return DiskStats{}
+	}
+	return c.disk.Stats()
+}
+
+// Flush waits until the blocks queued for the disk tier are written.
+func (c *Cache) Flush() {
+	if c.disk != nil {
+		c.disk.Flush()
+	}
+}
+
+// Close writes the blocks queued for the disk tier and stops its writer.
+func (c *Cache) Close() error {
+	if c.disk == nil {
+		return nil
+	}
+	return c.disk.Close()
 }

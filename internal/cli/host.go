@@ -13,6 +13,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/wheelfs/wheelfs/internal/bench"
 	"github.com/wheelfs/wheelfs/internal/deploy"
 	"github.com/wheelfs/wheelfs/internal/fusefs"
 )
@@ -30,6 +31,8 @@ type hostFlags struct {
 	pprofAddr              string
 	memberListen, peerList string
 	peers                  string
+	cacheMem, cacheDisk    string
+	cacheDir               string
 }
 
 // roleFlags registers the flags a role needs.
@@ -54,6 +57,9 @@ func (f *hostFlags) register(cmd *cobra.Command, roles deploy.Roles) {
 	}
 	if roles&deploy.RoleClient != 0 {
 		fl.BoolVar(&f.debug, "debug", false, "log every FUSE request")
+		fl.StringVar(&f.cacheMem, "cache-mem", "100MiB", "in-memory block cache size")
+		fl.StringVar(&f.cacheDisk, "cache-disk", "4GiB", "on-disk block cache size (0 turns it off)")
+		fl.StringVar(&f.cacheDir, "cache-dir", "", "on-disk block cache directory (default DATA/cache)")
 	}
 }
 
@@ -113,7 +119,33 @@ func (f *hostFlags) deployConfig(g *globalFlags, roles deploy.Roles) (deploy.Con
 	if cfg.DataDir == "" {
 		return cfg, errors.New("missing --data DIR")
 	}
+	if roles&deploy.RoleClient != 0 {
+		if err := f.cacheConfig(&cfg); err != nil {
+			return cfg, err
+		}
+	}
 	return cfg, nil
+}
+
+// cacheConfig sets the client's block cache from --cache-mem, --cache-disk
+// and --cache-dir.
+func (f *hostFlags) cacheConfig(cfg *deploy.Config) error {
+	mem, err := bench.ParseSize(f.cacheMem)
+	if err != nil || mem <= 0 {
+		return fmt.Errorf("--cache-mem %q: want a positive size such as 100MiB (%v)", f.cacheMem, err)
+	}
+	disk, err := bench.ParseSize(f.cacheDisk)
+	if err != nil || disk < 0 {
+		return fmt.Errorf("--cache-disk %q: want a size such as 4GiB, or 0 (%v)", f.cacheDisk, err)
+	}
+	cfg.Client.CacheBytes, cfg.Client.DiskCacheBytes = mem, disk
+	if disk > 0 {
+		cfg.Client.CacheDir = f.cacheDir
+		if cfg.Client.CacheDir == "" {
+			cfg.Client.CacheDir = filepath.Join(cfg.DataDir, "cache")
+		}
+	}
+	return nil
 }
 
 // mountStateDir is where `wheelfs mount` without --data keeps its identity

@@ -69,8 +69,14 @@ type Config struct {
 	// Origin is the server on the client's own host, if any: new objects
 	// are placed there by default (write-local, paper §4.3).
 	Origin string
-	// CacheBytes bounds the in-memory block cache.
+	// CacheBytes bounds the in-memory block cache (default 100 MiB, the
+	// paper's figure).
 	CacheBytes int64
+	// CacheDir holds the on-disk block cache, which survives restarts;
+	// empty means memory only.
+	CacheDir string
+	// DiskCacheBytes bounds the on-disk block cache (default 4 GiB).
+	DiskCacheBytes int64
 	// DirtyBytes is how much written data a file buffers before uploading
 	// full blocks ahead of close (they are committed only on close/fsync).
 	DirtyBytes int64
@@ -84,10 +90,11 @@ type Config struct {
 // NewConfig returns a Config with defaults filled in.
 func NewConfig() Config {
 	return Config{
-		Logger:     slog.Default(),
-		CacheBytes: 256 << 20,
-		DirtyBytes: 4 << 20,
-		Timeout:    DefaultTimeout,
+		Logger:         slog.Default(),
+		CacheBytes:     100 << 20,
+		DiskCacheBytes: 4 << 30,
+		DirtyBytes:     4 << 20,
+		Timeout:        DefaultTimeout,
 	}
 }
 
@@ -132,17 +139,31 @@ func New(cfg Config, router Router) *FS {
 	if cfg.CacheBytes <= 0 {
 		cfg.CacheBytes = def.CacheBytes
 	}
+	if cfg.DiskCacheBytes <= 0 {
+		cfg.DiskCacheBytes = def.DiskCacheBytes
+	}
 	if cfg.DirtyBytes <= 0 {
 		cfg.DirtyBytes = def.DirtyBytes
 	}
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = def.Timeout
 	}
+	log := cfg.Logger.With("component", "client")
+	cache := blockcache.New(cfg.CacheBytes)
+	if cfg.CacheDir != "" {
+		c, err := blockcache.Open(cfg.CacheBytes, cfg.CacheDir, cfg.DiskCacheBytes, cfg.Logger)
+		if err != nil {
+			// A cache is an optimisation: run without it rather than not at all.
+			log.Warn("on-disk block cache unusable; caching in memory only", "dir", cfg.CacheDir, "err", err)
+		} else {
+			cache = c
+		}
+	}
 	f := &FS{
 		cfg:      cfg,
-		log:      cfg.Logger.With("component", "client"),
+		log:      log,
 		router:   router,
-		cache:    blockcache.New(cfg.CacheBytes),
+		cache:    cache,
 		files:    make(map[oid.ID]*fileState),
 		inflight: make(map[[32]byte]chan struct{}),
 		regs:     map[oid.ID]*registration{},
@@ -151,9 +172,11 @@ func New(cfg Config, router Router) *FS {
 	return f
 }
 
-// Close stops the lease back channels; cached meta-data is no longer used.
-func (f *FS) Close() {
+// Close stops the lease back channels and writes the blocks queued for
+// the on-disk cache. The FS must not be used afterwards.
+func (f *FS) Close() error {
 	f.leases.stop()
+	return f.cache.Close()
 }
 
 // OnRevoke sets the function told which objects' leases were revoked
@@ -169,6 +192,13 @@ func (f *FS) OnRevoke(fn func(ids []oid.ID)) {
 // LeaseLeft is how long this client may still use id's cached meta-data
 // without asking its primary (0: it may not).
 func (f *FS) LeaseLeft(id oid.ID) time.Duration { return f.leases.left(id) }
+
+// CacheStats reports the block cache's memory tier (hits, misses, bytes)
+// and its disk tier.
+func (f *FS) CacheStats() (hits, misses uint64, used int64, disk blockcache.DiskStats) {
+	hits, misses, used = f.cache.Stats()
+	return hits, misses, used, f.cache.DiskStats()
+}
 
 // Root returns the ID of the root directory.
 func (f *FS) Root() oid.ID { return oid.Root }

@@ -442,7 +442,7 @@ func (f *FS) claim(hashes [][32]byte) (mine [][32]byte, wait []chan struct{}) {
 			wait = append(wait, ch)
 			continue
 		}
-		if _, ok := f.cache.Get(h); ok {
+		if f.cache.Contains(h) { // memory only: no disk read under fetchMu
 			continue
 		}
 		f.inflight[h] = make(chan struct{})
@@ -451,9 +451,9 @@ func (f *FS) claim(hashes [][32]byte) (mine [][32]byte, wait []chan struct{}) {
 	return mine, wait
 }
 
-// fetchClaimed reads claimed blocks from the file's primary into the
-// cache, releasing each RPC's claims as soon as its blocks are cached, and
-// every claim whatever happens.
+// fetchClaimed brings claimed blocks into the memory cache, from the disk
+// cache or else from the file's primary, releasing each RPC's claims as
+// soon as its blocks are cached, and every claim whatever happens.
 func (f *FS) fetchClaimed(ctx context.Context, u User, id oid.ID, hashes [][32]byte, ev bool) error {
 	release := func(hs [][32]byte) {
 		f.fetchMu.Lock()
@@ -466,7 +466,16 @@ func (f *FS) fetchClaimed(ctx context.Context, u User, id oid.ID, hashes [][32]b
 		f.fetchMu.Unlock()
 	}
 	defer release(hashes)
-	for chunk := range slices.Chunk(hashes, blocksPerRPC) {
+	var local, remote [][32]byte
+	for _, h := range hashes {
+		if _, ok := f.cache.Get(h); ok {
+			local = append(local, h)
+		} else {
+			remote = append(remote, h)
+		}
+	}
+	release(local)
+	for chunk := range slices.Chunk(remote, blocksPerRPC) {
 		req := &wire.ReadBlocksRequest{Caller: u.caller(), Id: uint64(id), Hashes: make([][]byte, len(chunk))}
 		for i := range chunk {
 			req.Hashes[i] = chunk[i][:]

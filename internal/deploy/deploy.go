@@ -257,8 +257,7 @@ func Start(ctx context.Context, cfg Config) (h *Host, err error) {
 			ccfg.Origin = h.id.Server // write-local placement
 		}
 		h.Client = client.New(ccfg, h.Router)
-		c := h.Client
-		h.onClose(func() error { c.Close(); return nil }, func() error { c.Close(); return nil })
+		h.onClose(h.Client.Close, h.Client.Close)
 	}
 	return h, nil
 }

@@ -639,8 +639,9 @@ func (s *Server) primaryOf(sl oid.Slice) string {
 	return ""
 }
 
-// Rename implements wire.StorageServer. Both directories must be on this
-// server; their entries change in one atomic transaction. The objects
+// Rename implements wire.StorageServer. When both directories are on this
+// server their entries change in one atomic transaction (otherwise see
+// renameAcross, which is not atomic with respect to failures). The objects
 // named may live on other servers (write-local placement puts a file
 // created by another site's client there): a remote file moves by its
 // entries alone (its ctime is not updated), a replaced remote file loses
@@ -653,7 +654,7 @@ func (s *Server) Rename(ctx context.Context, req *wire.RenameRequest) (*wire.Ren
 		return nil, fserr.ToStatus(err)
 	}
 	if err := s.primary(dst); err != nil {
-		return nil, fserr.ToStatus(fmt.Errorf("rename across servers: %w", fserr.ErrCrossDevice))
+		return s.renameAcross(ctx, req) // xrename.go
 	}
 	c := cred(req.Caller)
 	now := time.Now().UnixNano()

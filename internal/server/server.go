@@ -54,6 +54,10 @@ type Config struct {
 	// (default 5 × MaintainPeriod). A backup whose membership lease
 	// expired is replaced at once.
 	DeadAfter time.Duration
+	// AfterRenameLink, for fault tests, runs in a rename between servers
+	// after the destination added the name and before the source removes
+	// it; an error stops the rename there.
+	AfterRenameLink func(ctx context.Context) error
 }
 
 // Server implements wire.StorageServer.

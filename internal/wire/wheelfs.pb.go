@@ -4027,6 +4027,166 @@ func (x *StatResponse) GetMeta() *Meta {
 	return nil
 }
 
+// AddLinkRequest adds one link to an object for a rename between
+// directories on different servers (link, then unlink at the source). With
+// dir set (the receiver must be its primary) the name is added there,
+// replacing an existing name as rename(2) would. With count (always
+// without dir) the receiver, which must be the object's primary, adds one
+// to its nlink in the same transaction.
+type AddLinkRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Caller        *Caller                `protobuf:"bytes,1,opt,name=caller,proto3" json:"caller,omitempty"` // checked against dir and a replaced name
+	Dir           uint64                 `protobuf:"varint,2,opt,name=dir,proto3" json:"dir,omitempty"`
+	Name          string                 `protobuf:"bytes,3,opt,name=name,proto3" json:"name,omitempty"`
+	Id            uint64                 `protobuf:"varint,4,opt,name=id,proto3" json:"id,omitempty"`
+	Object        *Meta                  `protobuf:"bytes,5,opt,name=object,proto3" json:"object,omitempty"` // the object's meta-data as the source saw it
+	Flags         uint32                 `protobuf:"varint,6,opt,name=flags,proto3" json:"flags,omitempty"`  // RENAME_NOREPLACE
+	SyncLevel     uint32                 `protobuf:"varint,7,opt,name=sync_level,json=syncLevel,proto3" json:"sync_level,omitempty"`
+	Count         bool                   `protobuf:"varint,8,opt,name=count,proto3" json:"count,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AddLinkRequest) Reset() {
+	*x = AddLinkRequest{}
+	mi := &file_wheelfs_proto_msgTypes[59]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AddLinkRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AddLinkRequest) ProtoMessage() {}
+
+func (x *AddLinkRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_wheelfs_proto_msgTypes[59]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AddLinkRequest.ProtoReflect.Descriptor instead.
+func (*AddLinkRequest) Descriptor() ([]byte, []int) {
+	return file_wheelfs_proto_rawDescGZIP(), []int{59}
+}
+
+func (x *AddLinkRequest) GetCaller() *Caller {
+	if x != nil {
+		return x.Caller
+	}
+	return nil
+}
+
+func (x *AddLinkRequest) GetDir() uint64 {
+	if x != nil {
+		return x.Dir
+	}
+	return 0
+}
+
+func (x *AddLinkRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *AddLinkRequest) GetId() uint64 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+func (x *AddLinkRequest) GetObject() *Meta {
+	if x != nil {
+		return x.Object
+	}
+	return nil
+}
+
+func (x *AddLinkRequest) GetFlags() uint32 {
+	if x != nil {
+		return x.Flags
+	}
+	return 0
+}
+
+func (x *AddLinkRequest) GetSyncLevel() uint32 {
+	if x != nil {
+		return x.SyncLevel
+	}
+	return 0
+}
+
+func (x *AddLinkRequest) GetCount() bool {
+	if x != nil {
+		return x.Count
+	}
+	return false
+}
+
+// same: the name already named the object (rename(2) of two links to one
+// object changes nothing; nothing was added).
+type AddLinkResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Replaced      *Meta                  `protobuf:"bytes,1,opt,name=replaced,proto3" json:"replaced,omitempty"`
+	Same          bool                   `protobuf:"varint,2,opt,name=same,proto3" json:"same,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AddLinkResponse) Reset() {
+	*x = AddLinkResponse{}
+	mi := &file_wheelfs_proto_msgTypes[60]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AddLinkResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AddLinkResponse) ProtoMessage() {}
+
+func (x *AddLinkResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_wheelfs_proto_msgTypes[60]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AddLinkResponse.ProtoReflect.Descriptor instead.
+func (*AddLinkResponse) Descriptor() ([]byte, []int) {
+	return file_wheelfs_proto_rawDescGZIP(), []int{60}
+}
+
+func (x *AddLinkResponse) GetReplaced() *Meta {
+	if x != nil {
+		return x.Replaced
+	}
+	return nil
+}
+
+func (x *AddLinkResponse) GetSame() bool {
+	if x != nil {
+		return x.Same
+	}
+	return false
+}
+
 var File_wheelfs_proto protoreflect.FileDescriptor
 
 const file_wheelfs_proto_rawDesc = "" +
@@ -4311,7 +4471,20 @@ const file_wheelfs_proto_rawDesc = "" +
 	"\vStatRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\"4\n" +
 	"\fStatResponse\x12$\n" +
-	"\x04meta\x18\x01 \x01(\v2\x10.wheelfs.v1.MetaR\x04meta*\x8a\x01\n" +
+	"\x04meta\x18\x01 \x01(\v2\x10.wheelfs.v1.MetaR\x04meta\"\xe7\x01\n" +
+	"\x0eAddLinkRequest\x12*\n" +
+	"\x06caller\x18\x01 \x01(\v2\x12.wheelfs.v1.CallerR\x06caller\x12\x10\n" +
+	"\x03dir\x18\x02 \x01(\x04R\x03dir\x12\x12\n" +
+	"\x04name\x18\x03 \x01(\tR\x04name\x12\x0e\n" +
+	"\x02id\x18\x04 \x01(\x04R\x02id\x12(\n" +
+	"\x06object\x18\x05 \x01(\v2\x10.wheelfs.v1.MetaR\x06object\x12\x14\n" +
+	"\x05flags\x18\x06 \x01(\rR\x05flags\x12\x1d\n" +
+	"\n" +
+	"sync_level\x18\a \x01(\rR\tsyncLevel\x12\x14\n" +
+	"\x05count\x18\b \x01(\bR\x05count\"S\n" +
+	"\x0fAddLinkResponse\x12,\n" +
+	"\breplaced\x18\x01 \x01(\v2\x10.wheelfs.v1.MetaR\breplaced\x12\x12\n" +
+	"\x04same\x18\x02 \x01(\bR\x04same*\x8a\x01\n" +
 	"\x04Type\x12\x14\n" +
 	"\x10TYPE_UNSPECIFIED\x10\x00\x12\r\n" +
 	"\tTYPE_FILE\x10\x01\x12\f\n" +
@@ -4363,7 +4536,7 @@ const file_wheelfs_proto_rawDesc = "" +
 	"\x06StatFS\x12\x19.wheelfs.v1.StatFSRequest\x1a\x1a.wheelfs.v1.StatFSResponse\x129\n" +
 	"\x04Open\x12\x17.wheelfs.v1.OpenRequest\x1a\x18.wheelfs.v1.OpenResponse\x12B\n" +
 	"\aRelease\x12\x1a.wheelfs.v1.ReleaseRequest\x1a\x1b.wheelfs.v1.ReleaseResponse\x12<\n" +
-	"\tCallbacks\x12\x17.wheelfs.v1.CallbackAck\x1a\x12.wheelfs.v1.Revoke(\x010\x012\xf2\x04\n" +
+	"\tCallbacks\x12\x17.wheelfs.v1.CallbackAck\x1a\x12.wheelfs.v1.Revoke(\x010\x012\xb6\x05\n" +
 	"\x04Peer\x12H\n" +
 	"\tReplicate\x12\x1c.wheelfs.v1.ReplicateRequest\x1a\x1d.wheelfs.v1.ReplicateResponse\x12?\n" +
 	"\x06Digest\x12\x19.wheelfs.v1.DigestRequest\x1a\x1a.wheelfs.v1.DigestResponse\x12;\n" +
@@ -4373,7 +4546,8 @@ const file_wheelfs_proto_rawDesc = "" +
 	"\x04Ping\x12\x17.wheelfs.v1.PingRequest\x1a\x18.wheelfs.v1.PingResponse\x12Q\n" +
 	"\fCreateObject\x12\x1f.wheelfs.v1.CreateObjectRequest\x1a .wheelfs.v1.CreateObjectResponse\x12E\n" +
 	"\bDropLink\x12\x1b.wheelfs.v1.DropLinkRequest\x1a\x1c.wheelfs.v1.DropLinkResponse\x129\n" +
-	"\x04Stat\x12\x17.wheelfs.v1.StatRequest\x1a\x18.wheelfs.v1.StatResponseB*Z(github.com/wheelfs/wheelfs/internal/wireb\x06proto3"
+	"\x04Stat\x12\x17.wheelfs.v1.StatRequest\x1a\x18.wheelfs.v1.StatResponse\x12B\n" +
+	"\aAddLink\x12\x1a.wheelfs.v1.AddLinkRequest\x1a\x1b.wheelfs.v1.AddLinkResponseB*Z(github.com/wheelfs/wheelfs/internal/wireb\x06proto3"
 
 var (
 	file_wheelfs_proto_rawDescOnce sync.Once
@@ -4388,7 +4562,7 @@ func file_wheelfs_proto_rawDescGZIP() []byte {
 }
 
 var file_wheelfs_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_wheelfs_proto_msgTypes = make([]protoimpl.MessageInfo, 59)
+var file_wheelfs_proto_msgTypes = make([]protoimpl.MessageInfo, 61)
 var file_wheelfs_proto_goTypes = []any{
 	(Type)(0),                    // 0: wheelfs.v1.Type
 	(MutationKind)(0),            // 1: wheelfs.v1.MutationKind
@@ -4452,6 +4626,8 @@ var file_wheelfs_proto_goTypes = []any{
 	(*DropLinkResponse)(nil),     // 59: wheelfs.v1.DropLinkResponse
 	(*StatRequest)(nil),          // 60: wheelfs.v1.StatRequest
 	(*StatResponse)(nil),         // 61: wheelfs.v1.StatResponse
+	(*AddLinkRequest)(nil),       // 62: wheelfs.v1.AddLinkRequest
+	(*AddLinkResponse)(nil),      // 63: wheelfs.v1.AddLinkResponse
 }
 var file_wheelfs_proto_depIdxs = []int32{
 	0,  // 0: wheelfs.v1.Meta.type:type_name -> wheelfs.v1.Type
@@ -4512,69 +4688,74 @@ var file_wheelfs_proto_depIdxs = []int32{
 	4,  // 55: wheelfs.v1.DropLinkRequest.dir:type_name -> wheelfs.v1.Meta
 	4,  // 56: wheelfs.v1.DropLinkResponse.meta:type_name -> wheelfs.v1.Meta
 	4,  // 57: wheelfs.v1.StatResponse.meta:type_name -> wheelfs.v1.Meta
-	7,  // 58: wheelfs.v1.Storage.Lookup:input_type -> wheelfs.v1.LookupRequest
-	9,  // 59: wheelfs.v1.Storage.GetAttr:input_type -> wheelfs.v1.GetAttrRequest
-	11, // 60: wheelfs.v1.Storage.Create:input_type -> wheelfs.v1.CreateRequest
-	13, // 61: wheelfs.v1.Storage.Link:input_type -> wheelfs.v1.LinkRequest
-	15, // 62: wheelfs.v1.Storage.Remove:input_type -> wheelfs.v1.RemoveRequest
-	17, // 63: wheelfs.v1.Storage.Rename:input_type -> wheelfs.v1.RenameRequest
-	19, // 64: wheelfs.v1.Storage.SetAttr:input_type -> wheelfs.v1.SetAttrRequest
-	21, // 65: wheelfs.v1.Storage.ReadDir:input_type -> wheelfs.v1.ReadDirRequest
-	24, // 66: wheelfs.v1.Storage.GetBlocks:input_type -> wheelfs.v1.GetBlocksRequest
-	26, // 67: wheelfs.v1.Storage.ReadBlocks:input_type -> wheelfs.v1.ReadBlocksRequest
-	28, // 68: wheelfs.v1.Storage.PutBlocks:input_type -> wheelfs.v1.PutBlocksRequest
-	30, // 69: wheelfs.v1.Storage.Commit:input_type -> wheelfs.v1.CommitRequest
-	32, // 70: wheelfs.v1.Storage.GetXattr:input_type -> wheelfs.v1.XattrRequest
-	32, // 71: wheelfs.v1.Storage.ListXattr:input_type -> wheelfs.v1.XattrRequest
-	32, // 72: wheelfs.v1.Storage.SetXattr:input_type -> wheelfs.v1.XattrRequest
-	32, // 73: wheelfs.v1.Storage.RemoveXattr:input_type -> wheelfs.v1.XattrRequest
-	34, // 74: wheelfs.v1.Storage.StatFS:input_type -> wheelfs.v1.StatFSRequest
-	36, // 75: wheelfs.v1.Storage.Open:input_type -> wheelfs.v1.OpenRequest
-	38, // 76: wheelfs.v1.Storage.Release:input_type -> wheelfs.v1.ReleaseRequest
-	41, // 77: wheelfs.v1.Storage.Callbacks:input_type -> wheelfs.v1.CallbackAck
-	44, // 78: wheelfs.v1.Peer.Replicate:input_type -> wheelfs.v1.ReplicateRequest
-	46, // 79: wheelfs.v1.Peer.Digest:input_type -> wheelfs.v1.DigestRequest
-	51, // 80: wheelfs.v1.Peer.Diff:input_type -> wheelfs.v1.DiffRequest
-	49, // 81: wheelfs.v1.Peer.Install:input_type -> wheelfs.v1.InstallRequest
-	52, // 82: wheelfs.v1.Peer.FetchBlocks:input_type -> wheelfs.v1.FetchBlocksRequest
-	54, // 83: wheelfs.v1.Peer.Ping:input_type -> wheelfs.v1.PingRequest
-	56, // 84: wheelfs.v1.Peer.CreateObject:input_type -> wheelfs.v1.CreateObjectRequest
-	58, // 85: wheelfs.v1.Peer.DropLink:input_type -> wheelfs.v1.DropLinkRequest
-	60, // 86: wheelfs.v1.Peer.Stat:input_type -> wheelfs.v1.StatRequest
-	8,  // 87: wheelfs.v1.Storage.Lookup:output_type -> wheelfs.v1.LookupResponse
-	10, // 88: wheelfs.v1.Storage.GetAttr:output_type -> wheelfs.v1.GetAttrResponse
-	12, // 89: wheelfs.v1.Storage.Create:output_type -> wheelfs.v1.CreateResponse
-	14, // 90: wheelfs.v1.Storage.Link:output_type -> wheelfs.v1.LinkResponse
-	16, // 91: wheelfs.v1.Storage.Remove:output_type -> wheelfs.v1.RemoveResponse
-	18, // 92: wheelfs.v1.Storage.Rename:output_type -> wheelfs.v1.RenameResponse
-	20, // 93: wheelfs.v1.Storage.SetAttr:output_type -> wheelfs.v1.SetAttrResponse
-	22, // 94: wheelfs.v1.Storage.ReadDir:output_type -> wheelfs.v1.ReadDirResponse
-	25, // 95: wheelfs.v1.Storage.GetBlocks:output_type -> wheelfs.v1.GetBlocksResponse
-	27, // 96: wheelfs.v1.Storage.ReadBlocks:output_type -> wheelfs.v1.ReadBlocksResponse
-	29, // 97: wheelfs.v1.Storage.PutBlocks:output_type -> wheelfs.v1.PutBlocksResponse
-	31, // 98: wheelfs.v1.Storage.Commit:output_type -> wheelfs.v1.CommitResponse
-	33, // 99: wheelfs.v1.Storage.GetXattr:output_type -> wheelfs.v1.XattrResponse
-	33, // 100: wheelfs.v1.Storage.ListXattr:output_type -> wheelfs.v1.XattrResponse
-	33, // 101: wheelfs.v1.Storage.SetXattr:output_type -> wheelfs.v1.XattrResponse
-	33, // 102: wheelfs.v1.Storage.RemoveXattr:output_type -> wheelfs.v1.XattrResponse
-	35, // 103: wheelfs.v1.Storage.StatFS:output_type -> wheelfs.v1.StatFSResponse
-	37, // 104: wheelfs.v1.Storage.Open:output_type -> wheelfs.v1.OpenResponse
-	39, // 105: wheelfs.v1.Storage.Release:output_type -> wheelfs.v1.ReleaseResponse
-	40, // 106: wheelfs.v1.Storage.Callbacks:output_type -> wheelfs.v1.Revoke
-	45, // 107: wheelfs.v1.Peer.Replicate:output_type -> wheelfs.v1.ReplicateResponse
-	47, // 108: wheelfs.v1.Peer.Digest:output_type -> wheelfs.v1.DigestResponse
-	49, // 109: wheelfs.v1.Peer.Diff:output_type -> wheelfs.v1.InstallRequest
-	50, // 110: wheelfs.v1.Peer.Install:output_type -> wheelfs.v1.InstallResponse
-	53, // 111: wheelfs.v1.Peer.FetchBlocks:output_type -> wheelfs.v1.FetchBlocksResponse
-	55, // 112: wheelfs.v1.Peer.Ping:output_type -> wheelfs.v1.PingResponse
-	57, // 113: wheelfs.v1.Peer.CreateObject:output_type -> wheelfs.v1.CreateObjectResponse
-	59, // 114: wheelfs.v1.Peer.DropLink:output_type -> wheelfs.v1.DropLinkResponse
-	61, // 115: wheelfs.v1.Peer.Stat:output_type -> wheelfs.v1.StatResponse
-	87, // [87:116] is the sub-list for method output_type
-	58, // [58:87] is the sub-list for method input_type
-	58, // [58:58] is the sub-list for extension type_name
-	58, // [58:58] is the sub-list for extension extendee
-	0,  // [0:58] is the sub-list for field type_name
+	6,  // 58: wheelfs.v1.AddLinkRequest.caller:type_name -> wheelfs.v1.Caller
+	4,  // 59: wheelfs.v1.AddLinkRequest.object:type_name -> wheelfs.v1.Meta
+	4,  // 60: wheelfs.v1.AddLinkResponse.replaced:type_name -> wheelfs.v1.Meta
+	7,  // 61: wheelfs.v1.Storage.Lookup:input_type -> wheelfs.v1.LookupRequest
+	9,  // 62: wheelfs.v1.Storage.GetAttr:input_type -> wheelfs.v1.GetAttrRequest
+	11, // 63: wheelfs.v1.Storage.Create:input_type -> wheelfs.v1.CreateRequest
+	13, // 64: wheelfs.v1.Storage.Link:input_type -> wheelfs.v1.LinkRequest
+	15, // 65: wheelfs.v1.Storage.Remove:input_type -> wheelfs.v1.RemoveRequest
+	17, // 66: wheelfs.v1.Storage.Rename:input_type -> wheelfs.v1.RenameRequest
+	19, // 67: wheelfs.v1.Storage.SetAttr:input_type -> wheelfs.v1.SetAttrRequest
+	21, // 68: wheelfs.v1.Storage.ReadDir:input_type -> wheelfs.v1.ReadDirRequest
+	24, // 69: wheelfs.v1.Storage.GetBlocks:input_type -> wheelfs.v1.GetBlocksRequest
+	26, // 70: wheelfs.v1.Storage.ReadBlocks:input_type -> wheelfs.v1.ReadBlocksRequest
+	28, // 71: wheelfs.v1.Storage.PutBlocks:input_type -> wheelfs.v1.PutBlocksRequest
+	30, // 72: wheelfs.v1.Storage.Commit:input_type -> wheelfs.v1.CommitRequest
+	32, // 73: wheelfs.v1.Storage.GetXattr:input_type -> wheelfs.v1.XattrRequest
+	32, // 74: wheelfs.v1.Storage.ListXattr:input_type -> wheelfs.v1.XattrRequest
+	32, // 75: wheelfs.v1.Storage.SetXattr:input_type -> wheelfs.v1.XattrRequest
+	32, // 76: wheelfs.v1.Storage.RemoveXattr:input_type -> wheelfs.v1.XattrRequest
+	34, // 77: wheelfs.v1.Storage.StatFS:input_type -> wheelfs.v1.StatFSRequest
+	36, // 78: wheelfs.v1.Storage.Open:input_type -> wheelfs.v1.OpenRequest
+	38, // 79: wheelfs.v1.Storage.Release:input_type -> wheelfs.v1.ReleaseRequest
+	41, // 80: wheelfs.v1.Storage.Callbacks:input_type -> wheelfs.v1.CallbackAck
+	44, // 81: wheelfs.v1.Peer.Replicate:input_type -> wheelfs.v1.ReplicateRequest
+	46, // 82: wheelfs.v1.Peer.Digest:input_type -> wheelfs.v1.DigestRequest
+	51, // 83: wheelfs.v1.Peer.Diff:input_type -> wheelfs.v1.DiffRequest
+	49, // 84: wheelfs.v1.Peer.Install:input_type -> wheelfs.v1.InstallRequest
+	52, // 85: wheelfs.v1.Peer.FetchBlocks:input_type -> wheelfs.v1.FetchBlocksRequest
+	54, // 86: wheelfs.v1.Peer.Ping:input_type -> wheelfs.v1.PingRequest
+	56, // 87: wheelfs.v1.Peer.CreateObject:input_type -> wheelfs.v1.CreateObjectRequest
+	58, // 88: wheelfs.v1.Peer.DropLink:input_type -> wheelfs.v1.DropLinkRequest
+	60, // 89: wheelfs.v1.Peer.Stat:input_type -> wheelfs.v1.StatRequest
+	62, // 90: wheelfs.v1.Peer.AddLink:input_type -> wheelfs.v1.AddLinkRequest
+	8,  // 91: wheelfs.v1.Storage.Lookup:output_type -> wheelfs.v1.LookupResponse
+	10, // 92: wheelfs.v1.Storage.GetAttr:output_type -> wheelfs.v1.GetAttrResponse
+	12, // 93: wheelfs.v1.Storage.Create:output_type -> wheelfs.v1.CreateResponse
+	14, // 94: wheelfs.v1.Storage.Link:output_type -> wheelfs.v1.LinkResponse
+	16, // 95: wheelfs.v1.Storage.Remove:output_type -> wheelfs.v1.RemoveResponse
+	18, // 96: wheelfs.v1.Storage.Rename:output_type -> wheelfs.v1.RenameResponse
+	20, // 97: wheelfs.v1.Storage.SetAttr:output_type -> wheelfs.v1.SetAttrResponse
+	22, // 98: wheelfs.v1.Storage.ReadDir:output_type -> wheelfs.v1.ReadDirResponse
+	25, // 99: wheelfs.v1.Storage.GetBlocks:output_type -> wheelfs.v1.GetBlocksResponse
+	27, // 100: wheelfs.v1.Storage.ReadBlocks:output_type -> wheelfs.v1.ReadBlocksResponse
+	29, // 101: wheelfs.v1.Storage.PutBlocks:output_type -> wheelfs.v1.PutBlocksResponse
+	31, // 102: wheelfs.v1.Storage.Commit:output_type -> wheelfs.v1.CommitResponse
+	33, // 103: wheelfs.v1.Storage.GetXattr:output_type -> wheelfs.v1.XattrResponse
+	33, // 104: wheelfs.v1.Storage.ListXattr:output_type -> wheelfs.v1.XattrResponse
+	33, // 105: wheelfs.v1.Storage.SetXattr:output_type -> wheelfs.v1.XattrResponse
+	33, // 106: wheelfs.v1.Storage.RemoveXattr:output_type -> wheelfs.v1.XattrResponse
+	35, // 107: wheelfs.v1.Storage.StatFS:output_type -> wheelfs.v1.StatFSResponse
+	37, // 108: wheelfs.v1.Storage.Open:output_type -> wheelfs.v1.OpenResponse
+	39, // 109: wheelfs.v1.Storage.Release:output_type -> wheelfs.v1.ReleaseResponse
+	40, // 110: wheelfs.v1.Storage.Callbacks:output_type -> wheelfs.v1.Revoke
+	45, // 111: wheelfs.v1.Peer.Replicate:output_type -> wheelfs.v1.ReplicateResponse
+	47, // 112: wheelfs.v1.Peer.Digest:output_type -> wheelfs.v1.DigestResponse
+	49, // 113: wheelfs.v1.Peer.Diff:output_type -> wheelfs.v1.InstallRequest
+	50, // 114: wheelfs.v1.Peer.Install:output_type -> wheelfs.v1.InstallResponse
+	53, // 115: wheelfs.v1.Peer.FetchBlocks:output_type -> wheelfs.v1.FetchBlocksResponse
+	55, // 116: wheelfs.v1.Peer.Ping:output_type -> wheelfs.v1.PingResponse
+	57, // 117: wheelfs.v1.Peer.CreateObject:output_type -> wheelfs.v1.CreateObjectResponse
+	59, // 118: wheelfs.v1.Peer.DropLink:output_type -> wheelfs.v1.DropLinkResponse
+	61, // 119: wheelfs.v1.Peer.Stat:output_type -> wheelfs.v1.StatResponse
+	63, // 120: wheelfs.v1.Peer.AddLink:output_type -> wheelfs.v1.AddLinkResponse
+	91, // [91:121] is the sub-list for method output_type
+	61, // [61:91] is the sub-list for method input_type
+	61, // [61:61] is the sub-list for extension type_name
+	61, // [61:61] is the sub-list for extension extendee
+	0,  // [0:61] is the sub-list for field type_name
 }
 
 func init() { file_wheelfs_proto_init() }
@@ -4588,7 +4769,7 @@ func file_wheelfs_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_wheelfs_proto_rawDesc), len(file_wheelfs_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   59,
+			NumMessages:   61,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

@@ -1,0 +1,342 @@
+package blockcache
+
+import (
+	"container/list"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+)
+
+// touchEvery is how stale a file's mtime may get before a hit refreshes it:
+// the mtime only orders the LRU after a restart, so it need not be exact,
+// and most hits then cost no metadata write.
+const touchEvery = 10 * time.Minute
+
+// queueLen bounds the blocks waiting for the disk writer (64 KiB blocks:
+// at most 16 MiB pinned).
+const queueLen = 256
+
+// tmpSuffix marks a block being written; leftovers of a crash are removed
+// at open.
+const tmpSuffix = ".tmp"
+
+// Disk is a byte-bounded LRU of blocks in a directory, one file per block
+// named by its hex hash under a subdirectory named by the hash's first
+// byte. Writes go through a bounded queue to one background writer; every
+// read re-verifies the hash, so a torn or rotted file is a miss, never bad
+// data. It is safe for concurrent use.
+type Disk struct {
+	dir   string
+	limit int64
+	log   *slog.Logger
+
+	mu      sync.Mutex
+	used    int64
+	ll      *list.List // front = most recently used
+	items   map[Hash]*list.Element
+	pending map[Hash]bool // queued, not yet written
+	written *sync.Cond    // signalled as pending shrinks
+	closed  bool
+	stats   DiskStats
+
+	queue chan job
+	done  chan struct{}
+}
+
+type diskItem struct {
+	hash    Hash
+	size    int64
+	touched time.Time // the file's mtime as last set or seen
+}
+
+type job struct {
+	hash Hash
+	data []byte
+}
+
+// DiskStats counts the disk tier's activity since open.
+type DiskStats struct {
+	Hits, Misses uint64
+	// Written blocks, Skipped ones (queue full), Evicted and Corrupt files.
+	Written, Skipped, Evicted, Corrupt uint64
+	Used                               int64
+	Files                              int
+}
+
+// OpenDisk opens (creating it if needed) the block directory dir, bounded
+// by limit bytes. It removes leftover temporary files and rebuilds the LRU
+// order from the files' modification times, evicting beyond limit.
+func OpenDisk(dir string, limit int64, log *slog.Logger) (*Disk, error) {
+	if log == nil {
+		log = slog.Default()
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("blockcache: %w", err)
+	}
+	// Cached blocks are readable file data: other local users must not
+	// see them, whoever created the directory.
+	if err := os.Chmod(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("blockcache: %w", err)
+	}
+	d := &Disk{
+		dir: dir, limit: limit, log: log.With("component", "blockcache", "dir", dir),
+		ll: list.New(), items: make(map[Hash]*list.Element), pending: make(map[Hash]bool),
+		queue: make(chan job, queueLen), done: make(chan struct{}),
+	}
+	d.written = sync.NewCond(&d.mu)
+	found, err := d.scan()
+	if err != nil {
+		return nil, err
+	}
+	slices.SortFunc(found, func(a, b diskItem) int { return b.touched.Compare(a.touched) })
+	for _, it := range found {
+		d.items[it.hash] = d.ll.PushBack(&it)
+		d.used += it.size
+	}
+	d.remove(d.evictLocked())
+	go d.writer()
+	return d, nil
+}
+
+// scan lists the blocks in the directory and removes temporary leftovers.
+func (d *Disk) scan() ([]diskItem, error) {
+	shards, err := os.ReadDir(d.dir)
+	if err != nil {
+		return nil, fmt.Errorf("blockcache: %w", err)
+	}
+	var found []diskItem
+	for _, sh := range shards {
+		if !sh.IsDir() || len(sh.Name()) != 2 {
+			continue
+		}
+		sdir := filepath.Join(d.dir, sh.Name())
+		ents, err := os.ReadDir(sdir)
+		if err != nil {
+			return nil, fmt.Errorf("blockcache: %w", err)
+		}
+		for _, e := range ents {
+			name := e.Name()
+			if strings.HasSuffix(name, tmpSuffix) {
+				if err := os.Remove(filepath.Join(sdir, name)); err != nil {
+					d.log.Warn("cannot remove temporary file", "file", name, "err", err)
+				}
+				continue
+			}
+			var h Hash
+			if n, err := hex.Decode(h[:], []byte(name)); err != nil || n != len(h) || len(name) != 2*len(h) ||
+				!strings.HasPrefix(name, sh.Name()) {
+				continue // not ours
+			}
+			info, err := e.Info()
+			if err != nil || !info.Mode().IsRegular() {
+				continue
+			}
+			found = append(found, diskItem{hash: h, size: info.Size(), touched: info.ModTime()})
+		}
+	}
+	return found, nil
+}
+
+func (d *Disk) path(h Hash) string {
+	name := hex.EncodeToString(h[:])
+	return filepath.Join(d.dir, name[:2], name)
+}
+
+// Get returns the block stored under h, verifying its hash. A corrupt file
+// is removed and reported as a miss.
+func (d *Disk) Get(h Hash) ([]byte, bool) {
+	d.mu.Lock()
+	e, ok := d.items[h]
+	d.mu.Unlock()
+	if !ok {
+		d.count(func(s *DiskStats) { s.Misses++ })
+		return nil, false
+	}
+	p := d.path(h)
+	data, err := os.ReadFile(p)
+	if err != nil || sha256.Sum256(data) != h {
+		if err == nil {
+			d.log.Warn("corrupt cached block removed", "hash", hex.EncodeToString(h[:]), "size", len(data))
+			os.Remove(p)
+		} else if !errors.Is(err, fs.ErrNotExist) {
+			d.log.Warn("cannot read cached block", "err", err)
+		}
+		d.mu.Lock()
+		if cur, ok := d.items[h]; ok && cur == e {
+			d.dropLocked(e)
+		}
+		d.stats.Misses++
+		if err == nil {
+			d.stats.Corrupt++
+		}
+		d.mu.Unlock()
+		return nil, false
+	}
+	now := time.Now()
+	d.mu.Lock()
+	d.stats.Hits++
+	touch := false
+	if cur, ok := d.items[h]; ok && cur == e {
+		d.ll.MoveToFront(e)
+		it := e.Value.(*diskItem)
+		if now.Sub(it.touched) > touchEvery {
+			it.touched, touch = now, true
+		}
+	}
+	d.mu.Unlock()
+	if touch {
+		os.Chtimes(p, time.Time{}, now) // best effort: it only orders the next open
+	}
+	return data, true
+}
+
+// Put queues data to be stored under h, unless it is stored or queued
+// already. If the queue is full the block is skipped: this is a cache. The
+// Disk keeps data until written: callers must not modify it.
+func (d *Disk) Put(h Hash, data []byte) {
+	if int64(len(data)) > d.limit {
+		return
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed || d.pending[h] {
+		return
+	}
+	if _, ok := d.items[h]; ok {
+		return
+	}
+	select {
+	case d.queue <- job{h, data}:
+		d.pending[h] = true
+	default:
+		d.stats.Skipped++
+	}
+}
+
+// writer writes queued blocks in order until Close.
+func (d *Disk) writer() {
+	defer close(d.done)
+	made := map[string]bool{}
+	for j := range d.queue {
+		err := d.write(j, made)
+		d.mu.Lock()
+		delete(d.pending, j.hash)
+		d.written.Broadcast()
+		var victims []Hash
+		if err != nil {
+			d.log.Warn("cannot write cached block", "err", err)
+		} else if _, ok := d.items[j.hash]; !ok {
+			d.items[j.hash] = d.ll.PushFront(&diskItem{hash: j.hash, size: int64(len(j.data)), touched: time.Now()})
+			d.used += int64(len(j.data))
+			d.stats.Written++
+			victims = d.evictLocked()
+		}
+		d.mu.Unlock()
+		// Only this goroutine writes files, so no new copy of a victim can
+		// appear before it is removed.
+		d.remove(victims)
+	}
+}
+
+// write stores one block through a temporary file and a rename, so a
+// block's final name never holds a partial write. No fsync: a block lost
+// or torn by a crash fails its hash check and is a miss.
+func (d *Disk) write(j job, made map[string]bool) error {
+	p := d.path(j.hash)
+	sdir := filepath.Dir(p)
+	if !made[sdir] {
+		if err := os.MkdirAll(sdir, 0o700); err != nil {
+			return err
+		}
+		made[sdir] = true
+	}
+	f, err := os.CreateTemp(sdir, filepath.Base(p)+".*"+tmpSuffix) // mode 0600
+	if err != nil {
+		return err
+	}
+	_, err = f.Write(j.data)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(f.Name(), p)
+	}
+	if err != nil {
+		os.Remove(f.Name())
+	}
+	return err
+}
+
+// evictLocked drops least recently used entries until the bound holds and
+// returns them; their files are removed outside the lock.
+func (d *Disk) evictLocked() []Hash {
+	var victims []Hash
+	for d.used > d.limit {
+		last := d.ll.Back()
+		victims = append(victims, last.Value.(*diskItem).hash)
+		d.dropLocked(last)
+		d.stats.Evicted++
+	}
+	return victims
+}
+
+func (d *Disk) dropLocked(e *list.Element) {
+	it := e.Value.(*diskItem)
+	d.ll.Remove(e)
+	delete(d.items, it.hash)
+	d.used -= it.size
+}
+
+func (d *Disk) remove(hashes []Hash) {
+	for _, h := range hashes {
+		if err := os.Remove(d.path(h)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			d.log.Warn("cannot remove evicted block", "err", err)
+		}
+	}
+}
+
+func (d *Disk) count(f func(*DiskStats)) {
+	d.mu.Lock()
+	f(&d.stats)
+	d.mu.Unlock()
+}
+
+// Stats reports the disk tier's counters.
+func (d *Disk) Stats() DiskStats {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	s := d.stats
+	s.Used, s.Files = d.used, len(d.items)
+	return s
+}
+
+// Flush waits until every block queued so far is written (or failed).
+func (d *Disk) Flush() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for len(d.pending) > 0 {
+		d.written.Wait()
+	}
+}
+
+// Close writes the queued blocks and stops the writer. Get still works
+// afterwards; Put does nothing. Close is idempotent.
+func (d *Disk) Close() error {
+	d.mu.Lock()
+	if !d.closed {
+		d.closed = true
+		close(d.queue)
+	}
+	d.mu.Unlock()
+	<-d.done
+	return nil
+}
