@@ -23,12 +23,13 @@ type countingRouter struct {
 	blocks atomic.Int64
 }
 
-func (r *countingRouter) Primary(ctx context.Context, s oid.Slice) (wire.StorageClient, error) {
+func (r *countingRouter) Primary(ctx context.Context, s oid.Slice) (client.Conn, error) {
 	c, err := r.Router.Primary(ctx, s)
 	if err != nil {
-		return nil, err
+		return c, err
 	}
-	return countingStorage{c, r}, nil
+	c.StorageClient = countingStorage{c.StorageClient, r}
+	return c, nil
 }
 
 type countingStorage struct {
