@@ -901,9 +901,13 @@ func (h *Handle) Release(ctx context.Context) {
 			f.log.Error("writes dropped: file released with uncommitted data", slog.String("id", st.id.String()))
 		}
 	}
-	ctx, cancel := f.bound(ctx, h.cues)
-	defer cancel()
-	h.releaseAt(ctx)
+	// The primary's count only matters to reclaim unlinked files: tell it
+	// in the background, close(2) need not wait a round trip.
+	go func() {
+		ctx, cancel := f.bound(context.WithoutCancel(ctx), h.cues)
+		defer cancel()
+		h.releaseAt(ctx)
+	}()
 }
 
 // releaseAt tells the primary this handle is gone, if it counted it.
