@@ -859,6 +859,7 @@ const (
 	Peer_CreateObject_FullMethodName = "/wheelfs.v1.Peer/CreateObject"
 	Peer_DropLink_FullMethodName     = "/wheelfs.v1.Peer/DropLink"
 	Peer_Stat_FullMethodName         = "/wheelfs.v1.Peer/Stat"
+	Peer_Reconcile_FullMethodName    = "/wheelfs.v1.Peer/Reconcile"
 )
 
 // PeerClient is the client API for Peer service.
@@ -877,6 +878,7 @@ type PeerClient interface {
 	CreateObject(ctx context.Context, in *CreateObjectRequest, opts ...grpc.CallOption) (*CreateObjectResponse, error)
 	DropLink(ctx context.Context, in *DropLinkRequest, opts ...grpc.CallOption) (*DropLinkResponse, error)
 	Stat(ctx context.Context, in *StatRequest, opts ...grpc.CallOption) (*StatResponse, error)
+	Reconcile(ctx context.Context, in *ReconcileRequest, opts ...grpc.CallOption) (*ReconcileResponse, error)
 }
 
 type peerClient struct {
@@ -977,6 +979,16 @@ func (c *peerClient) Stat(ctx context.Context, in *StatRequest, opts ...grpc.Cal
 	return out, nil
 }
 
+func (c *peerClient) Reconcile(ctx context.Context, in *ReconcileRequest, opts ...grpc.CallOption) (*ReconcileResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ReconcileResponse)
+	err := c.cc.Invoke(ctx, Peer_Reconcile_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // PeerServer is the server API for Peer service.
 // All implementations must embed UnimplementedPeerServer
 // for forward compatibility.
@@ -993,6 +1005,7 @@ type PeerServer interface {
 	CreateObject(context.Context, *CreateObjectRequest) (*CreateObjectResponse, error)
 	DropLink(context.Context, *DropLinkRequest) (*DropLinkResponse, error)
 	Stat(context.Context, *StatRequest) (*StatResponse, error)
+	Reconcile(context.Context, *ReconcileRequest) (*ReconcileResponse, error)
 	mustEmbedUnimplementedPeerServer()
 }
 
@@ -1029,6 +1042,9 @@ func (UnimplementedPeerServer) DropLink(context.Context, *DropLinkRequest) (*Dro
 }
 func (UnimplementedPeerServer) Stat(context.Context, *StatRequest) (*StatResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Stat not implemented")
+}
+func (UnimplementedPeerServer) Reconcile(context.Context, *ReconcileRequest) (*ReconcileResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Reconcile not implemented")
 }
 func (UnimplementedPeerServer) mustEmbedUnimplementedPeerServer() {}
 func (UnimplementedPeerServer) testEmbeddedByValue()              {}
@@ -1213,6 +1229,24 @@ func _Peer_Stat_Handler(srv interface{}, ctx context.Context, dec func(interface
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Peer_Reconcile_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ReconcileRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(PeerServer).Reconcile(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Peer_Reconcile_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(PeerServer).Reconcile(ctx, req.(*ReconcileRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Peer_ServiceDesc is the grpc.ServiceDesc for Peer service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -1255,6 +1289,10 @@ var Peer_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Stat",
 			Handler:    _Peer_Stat_Handler,
+		},
+		{
+			MethodName: "Reconcile",
+			Handler:    _Peer_Reconcile_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
