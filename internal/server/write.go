@@ -14,6 +14,13 @@ import (
 // changes, and returns once the change is durable here and at sync
 // replicas in all (sync 0 means the slice policy's RepLevel; fewer
 // replicas than that are waited for only if the slice has them).
+//
+// With .EventualConsistency (ctx from admit): a slice this server only
+// backs up is changed in backup mode (not replicated; divergence records
+// written in the same transaction), and with sync 0 the primary answers
+// once its own copy is durable — the stream catches backups up later, so
+// a primary cut off from its backups keeps accepting writes, which a
+// failover before they reach a backup loses.
 func (s *Server) update(ctx context.Context, sync uint32, fn func(tx *store.Tx) error) error {
 	type waiter struct {
 		r   *sliceRepl
@@ -25,7 +32,13 @@ func (s *Server) update(ctx context.Context, sync uint32, fn func(tx *store.Tx) 
 		if err := fn(tx); err != nil {
 			return err
 		}
+		// Removed entries leave tombstones; entries put back lose theirs.
+		removed := tx.RemovedEntries()
 		muts := tx.Mutations()
+		if err := tombstones(tx, removed, muts, s.nextSeq); err != nil {
+			return err
+		}
+		muts = append(muts, tx.Mutations()...)
 		if len(muts) == 0 {
 			return nil
 		}
@@ -51,8 +64,18 @@ func (s *Server) update(ctx context.Context, sync uint32, fn func(tx *store.Tx) 
 			r := s.repls[g.sl]
 			s.mu.Unlock()
 			if r == nil {
-				// Never change a copy this server keeps as a backup.
-				return fmt.Errorf("update of slice %d: %w", g.sl, fserr.ErrNotPrimary)
+				// A copy this server keeps as a backup changes only in
+				// backup mode.
+				if !isEventual(ctx) || !s.backs(g.sl) {
+					return fmt.Errorf("update of slice %d: %w", g.sl, fserr.ErrNotPrimary)
+				}
+				if err := s.diverge(tx, g.sl, g.muts); err != nil {
+					return err
+				}
+				continue
+			}
+			if writesTombstone(g.muts) {
+				r.markTombs()
 			}
 			seq, err := r.assign(tx, g.muts)
 			if err != nil {
@@ -67,6 +90,9 @@ func (s *Server) update(ctx context.Context, sync uint32, fn func(tx *store.Tx) 
 	}
 	for _, w := range waits {
 		w.r.commit(w.seq)
+	}
+	if isEventual(ctx) && sync == 0 {
+		return nil
 	}
 	for _, w := range waits {
 		need := int(sync)
@@ -86,4 +112,14 @@ func (s *Server) peer(ctx context.Context, id string) (wire.PeerClient, error) {
 		return nil, fmt.Errorf("no way to reach server %s: %w", id, fserr.ErrIO)
 	}
 	return s.cfg.Peers(ctx, id)
+}
+
+// writesTombstone reports whether muts leave a tombstone.
+func writesTombstone(muts []*wire.Mutation) bool {
+	for _, m := range muts {
+		if m.Kind == wire.MutationKind_MUT_SET_XATTR && isTombstone(m.Name) {
+			return true
+		}
+	}
+	return false
 }
