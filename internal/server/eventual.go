@@ -478,7 +478,7 @@ func (s *Server) reconcile(ctx context.Context) {
 			err = s.sendPush(ctx, e.Holder, p.req)
 		}
 		if err != nil {
-			s.log.Info("reconciliation postponed", "slice", sl, "primary", e.Holder, "err", err)
+			s.log.Debug("reconciliation postponed", "slice", sl, "primary", e.Holder, "err", err)
 			continue
 		}
 		if err := s.clearPushed(ctx, p); err != nil {
@@ -782,8 +782,10 @@ func sameDigest(a, b *wire.DigestResponse) bool {
 // many it removed.
 func (s *Server) collectTombstones(ctx context.Context, sl oid.Slice, upTo uint64) (int, error) {
 	type tomb struct {
-		dir oid.ID
-		key string
+		dir     oid.ID
+		key     string
+		name    string
+		restamp bool // recorded at a backup (seq 0): give it ours
 	}
 	var old []tomb
 	left := false
@@ -798,10 +800,14 @@ func (s *Server) collectTombstones(ctx context.Context, sl oid.Slice, upTo uint6
 					continue
 				}
 				v, err := tx.Xattr(oid.ID(m.Id), n)
-				seq, _, ok := parseTomb(v)
-				if err == nil && ok && seq > 0 && seq <= upTo {
-					old = append(old, tomb{oid.ID(m.Id), n})
-				} else {
+				seq, name, ok := parseTomb(v)
+				switch {
+				case err == nil && ok && seq == 0:
+					old = append(old, tomb{oid.ID(m.Id), n, name, true})
+					left = true
+				case err == nil && ok && seq <= upTo:
+					old = append(old, tomb{oid.ID(m.Id), n, name, false})
+				default:
 					left = true
 				}
 			}
@@ -816,7 +822,13 @@ func (s *Server) collectTombstones(ctx context.Context, sl oid.Slice, upTo uint6
 	}
 	err = s.update(withEventual(ctx), 0, func(tx *store.Tx) error {
 		for _, t := range old {
-			if err := tx.RemoveXattr(t.dir, t.key); err != nil && !errors.Is(err, fserr.ErrNoAttr) {
+			var err error
+			if t.restamp {
+				err = tx.SetXattr(t.dir, t.key, tombValue(s.nextSeq(sl), t.name))
+			} else if err = tx.RemoveXattr(t.dir, t.key); errors.Is(err, fserr.ErrNoAttr) {
+				err = nil
+			}
+			if err != nil {
 				return err
 			}
 		}
@@ -837,4 +849,28 @@ func (s *Server) noTombs(sl oid.Slice) {
 		r.tombs = false
 		r.mu.Unlock()
 	}
+}
+
+// Tombstones returns the number of tombstones in this server's copy of
+// directory dir (tests check that they are collected).
+func (s *Server) Tombstones(dir oid.ID) (int, error) {
+	n := 0
+	err := s.store.View(func(tx *store.Tx) error {
+		names, err := tx.Xattrs(dir)
+		for _, x := range names {
+			if isTombstone(x) {
+				n++
+			}
+		}
+		return err
+	})
+	return n, err
+}
+
+// Diverged reports whether this server holds eventual changes of slice
+// sl that its primary has not merged yet.
+func (s *Server) Diverged(sl oid.Slice) bool {
+	var d bool
+	_ = s.store.View(func(tx *store.Tx) error { d = diverged(tx, sl); return nil })
+	return d
 }
