@@ -552,7 +552,6 @@ func (s *Server) mergePush(ctx context.Context, req *wire.ReconcileRequest) erro
 	var dying []oid.ID
 	defer func() { s.buried(dying) }()
 	return s.update(withEventual(ctx), 0, func(tx *store.Tx) error {
-		dying = dying[:0]
 		for _, st := range req.Objects {
 			if err := s.mergeObject(tx, sl, st); err != nil {
 				return err
@@ -734,15 +733,32 @@ func (s *Server) nextSeq(sl oid.Slice) uint64 {
 
 // --- Anti-entropy and tombstone collection (primary side) ---
 
-// checkReplicas runs every few maintenance periods for a slice this
-// server is primary for: it compares the digest of every caught-up backup
-// with its own and resends a snapshot to one that differs (changes a
-// backup made that no record describes, e.g. after a crash between a
-// write and its record), then collects the tombstones every replica has.
+// checkReplicas runs for a slice this server is primary for. Every 30
+// maintenance periods it compares the digest of every caught-up backup
+// with its own and resends a snapshot to one that differs (a change no
+// stream batch or divergence record describes, e.g. a backup restored
+// from an old disk); every 5 it collects the tombstones every replica
+// has.
 func (s *Server) checkReplicas(ctx context.Context, sl oid.Slice, replicas []string, r *sliceRepl) {
-	if !r.checkDue(5 * s.cfg.MaintainPeriod) {
+	if r.due(&r.checked, 30*s.cfg.MaintainPeriod) {
+		s.compareDigests(ctx, sl, r)
+	}
+	if !r.due(&r.collected, 5*s.cfg.MaintainPeriod) {
 		return
 	}
+	if upTo, ok := r.everyoneHas(replicas); ok && r.hasTombs() {
+		n, err := s.collectTombstones(ctx, sl, upTo)
+		if err != nil {
+			s.log.Warn("collect tombstones", "slice", sl, "err", err)
+		} else if n > 0 {
+			s.log.Info("tombstones collected", "slice", sl, "count", n, "up_to_seq", upTo)
+		}
+	}
+}
+
+// compareDigests resends a snapshot to every caught-up backup whose copy
+// differs from this primary's at the same stream position.
+func (s *Server) compareDigests(ctx context.Context, sl oid.Slice, r *sliceRepl) {
 	mine, err := s.digest(sl)
 	if err != nil {
 		return
@@ -761,14 +777,6 @@ func (s *Server) checkReplicas(ctx context.Context, sl oid.Slice, replicas []str
 		if !sameDigest(mine, d) {
 			s.log.Warn("backup differs from the primary at the same position; resending a snapshot", "slice", sl, "backup", id)
 			r.resync(id)
-		}
-	}
-	if upTo, ok := r.everyoneHas(replicas); ok && r.hasTombs() {
-		n, err := s.collectTombstones(ctx, sl, upTo)
-		if err != nil {
-			s.log.Warn("collect tombstones", "slice", sl, "err", err)
-		} else if n > 0 {
-			s.log.Info("tombstones collected", "slice", sl, "count", n, "up_to_seq", upTo)
 		}
 	}
 }

@@ -79,7 +79,8 @@ type sliceRepl struct {
 	followers map[string]*follower
 	wg        sync.WaitGroup
 	tombs     bool      // the slice may hold tombstones to collect
-	checked   time.Time // last anti-entropy pass (checkReplicas)
+	checked   time.Time // last digest comparison (checkReplicas)
+	collected time.Time // last tombstone collection
 }
 
 // follower is one backup as the primary sees it.
@@ -606,15 +607,15 @@ func (r *sliceRepl) resync(id string) {
 	}
 }
 
-// checkDue reports whether an anti-entropy pass is due (every d), and
-// if so starts its period.
-func (r *sliceRepl) checkDue(d time.Duration) bool {
+// due reports whether a periodic task last run at *last is due (every
+// d), and if so starts its next period.
+func (r *sliceRepl) due(last *time.Time, d time.Duration) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if time.Since(r.checked) < d {
+	if time.Since(*last) < d {
 		return false
 	}
-	r.checked = time.Now()
+	*last = time.Now()
 	return true
 }
 
