@@ -100,6 +100,13 @@ func converged(ctx context.Context, t *testing.T, c *Cluster) error {
 	if err != nil {
 		return err
 	}
+	for _, n := range c.Servers("") {
+		for id := range tab.Slices {
+			if n.Up() && srv(t, n).Diverged(id) {
+				return fmt.Errorf("slice %d: %s still holds eventual changes", id, n)
+			}
+		}
+	}
 	for id, sl := range tab.Slices {
 		var first *wire.DigestResponse
 		for _, r := range sl.Replicas {
@@ -317,6 +324,100 @@ func TestEventualReconcile(t *testing.T) {
 		}
 		if len(got) != len(want) {
 			t.Errorf("%s: after tombstone collection %d entries, want %d: %v", n, len(got), len(want), got)
+		}
+	}
+}
+
+// TestEventualPartitionedSite cuts the primary's site off entirely: it
+// loses the configuration majority and its locks, a backup takes over,
+// and the old primary keeps changing its copy in backup mode. After
+// healing, its changes reach the new primary.
+func TestEventualPartitionedSite(t *testing.T) {
+	c := Start(t, Options{Sites: []string{"west", "east", "eu"}, LockTTL: 2 * time.Second,
+		Adjust: func(n *Node, cfg *deploy.Config) {
+			cfg.Server.MaintainPeriod = 200 * time.Millisecond
+		}})
+	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
+	defer cancel()
+	var p *Node
+	c.WaitFor(20*time.Second, "root primary", func() (err error) {
+		p, err = c.Primary(ctx, oid.RootSlice)
+		return err
+	})
+	ps := srv(t, p)
+	d, err := createAt(ctx, ps, oid.Root, "spool", wire.Type_TYPE_DIR, &wire.Cues{Eventual: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := oid.ID(d.Id)
+	ids := map[string]oid.ID{}
+	for _, name := range []string{"a", "b", "c"} {
+		m, err := createAt(ctx, ps, dir, name, wire.Type_TYPE_FILE, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids[name] = oid.ID(m.Id)
+		if err := writeAt(ctx, ps, ids[name], []byte(name+" v1")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c.WaitFor(30*time.Second, "replicas converge before the partition", func() error { return converged(ctx, t, c) })
+
+	c.PartitionSite(p.Site)
+	var np *Node
+	c.WaitFor(30*time.Second, "another site takes the directory's slice over", func() (err error) {
+		np, err = c.Primary(ctx, dir.Slice())
+		if err == nil && np == p {
+			err = fmt.Errorf("still %s", p)
+		}
+		return err
+	})
+	// The old primary, without its lock, changes its copy in backup mode.
+	if err := writeAt(ctx, ps, ids["a"], []byte("a at the cut-off site")); err != nil {
+		t.Fatalf("eventual write at the cut-off site: %v", err)
+	}
+	if _, err := ps.Remove(ctx, &wire.RemoveRequest{Caller: evCaller(), Dir: uint64(dir), Name: "b", FileOnly: true}); err != nil {
+		t.Fatalf("eventual remove at the cut-off site: %v", err)
+	}
+	// The new primary's side goes on as well.
+	nps := srv(t, np)
+	nx, err := createAt(ctx, nps, dir, "x", wire.Type_TYPE_FILE, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := writeAt(ctx, nps, ids["c"], []byte("c at the majority")); err != nil {
+		t.Fatal(err)
+	}
+
+	c.HealSite(p.Site)
+	healed := time.Now()
+	c.WaitFor(60*time.Second, "replicas converge after healing", func() error { return converged(ctx, t, c) })
+	t.Logf("replicas identical %v after healing", time.Since(healed))
+	want := map[string]uint64{"a": uint64(ids["a"]), "c": uint64(ids["c"]), "x": nx.Id}
+	content := map[oid.ID]string{ids["a"]: "a at the cut-off site", ids["c"]: "c at the majority"}
+	tab, err := c.Conf.Table(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range tab.Slices[dir.Slice()].Replicas {
+		n := c.Node(id)
+		s := srv(t, n)
+		got, err := entriesAt(ctx, s, dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(got) != len(want) {
+			t.Errorf("%s: entries %v, want %v", n, got, want)
+		}
+		for name, id := range want {
+			if got[name] != id {
+				t.Errorf("%s: %q → %x, want %x", n, name, got[name], id)
+			}
+		}
+		for id, data := range content {
+			if got, err := readAt(ctx, s, id); err != nil || string(got) != data {
+				t.Errorf("%s: %v holds %q (%v), want %q", n, id, got, err, data)
+			}
 		}
 	}
 }

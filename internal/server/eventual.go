@@ -91,7 +91,10 @@ func (s *Server) local(ctx context.Context, id oid.ID) bool {
 //	div/<slice>/e/<dir>/<name>  a directory entry
 //
 // Each holds a stamp, so that a record changed while its push was on
-// the way is kept.
+// the way is kept, and the batch seq of the change when this server made
+// it as primary without waiting for backups (0 in backup mode): such a
+// record goes once every backup has the batch, and is pushed to the next
+// primary if this server loses the slice before.
 func divSlicePrefix(sl oid.Slice) string { return fmt.Sprintf("div/%08x/", uint32(sl)) }
 
 func divObjectKey(id oid.ID) string {
@@ -104,26 +107,38 @@ func divEntryKey(dir oid.ID, name string) string {
 
 var lastStamp atomic.Uint64
 
-// newStamp returns a value no earlier call returned.
-func newStamp() []byte {
+// newStamp returns a record value with a stamp no earlier call
+// returned, and seq.
+func newStamp(seq uint64) []byte {
 	for {
 		old := lastStamp.Load()
 		n := max(uint64(time.Now().UnixNano()), old+1)
 		if lastStamp.CompareAndSwap(old, n) {
-			return binary.BigEndian.AppendUint64(nil, n)
+			return binary.BigEndian.AppendUint64(binary.BigEndian.AppendUint64(nil, n), seq)
 		}
 	}
 }
 
+func recordSeq(v []byte) uint64 {
+	if len(v) != 16 {
+		return 0
+	}
+	return binary.BigEndian.Uint64(v[8:])
+}
+
 // diverge records, in tx, that muts changed this server's copy of slice
-// sl without its primary.
-func (s *Server) diverge(tx *store.Tx, sl oid.Slice, muts []*wire.Mutation) error {
-	stamp := newStamp()
+// sl without its backups knowing: in backup mode (seq 0), or as primary
+// in batch seq without waiting for them.
+func (s *Server) diverge(tx *store.Tx, sl oid.Slice, muts []*wire.Mutation, seq uint64) error {
+	stamp := newStamp(seq)
 	seen := map[string]bool{}
 	for _, m := range muts {
 		var key string
 		switch m.Kind {
 		case wire.MutationKind_MUT_COUNTER_FLOOR:
+			if seq > 0 {
+				continue
+			}
 			// Only the primary allocates a slice's IDs.
 			return fmt.Errorf("allocate an id in slice %d as a backup: %w", sl, fserr.ErrNotPrimary)
 		case wire.MutationKind_MUT_PUT_ENTRY:
@@ -464,20 +479,18 @@ func (s *Server) reconcile(ctx context.Context) {
 			return
 		}
 		e, ok := t.Slices[sl]
-		if !ok || e.Holder == "" {
-			continue // no primary yet: the one that takes over merges or is pushed to
+		if !ok || e.Holder == "" || e.Holder == s.cfg.ID {
+			// No primary yet (the one that takes over merges its own or
+			// is pushed to), or ours: the stream carries our changes, and
+			// clearAcked drops the records.
+			continue
 		}
 		p, err := s.pendingPush(sl)
 		if err != nil {
 			s.log.Warn("read divergence records", "slice", sl, "err", err)
 			continue
 		}
-		if e.Holder == s.cfg.ID {
-			err = s.mergePush(ctx, p.req)
-		} else {
-			err = s.sendPush(ctx, e.Holder, p.req)
-		}
-		if err != nil {
+		if err = s.sendPush(ctx, e.Holder, p.req); err != nil {
 			s.log.Debug("reconciliation postponed", "slice", sl, "primary", e.Holder, "err", err)
 			continue
 		}
@@ -740,6 +753,11 @@ func (s *Server) nextSeq(sl oid.Slice) uint64 {
 // from an old disk); every 5 it collects the tombstones every replica
 // has.
 func (s *Server) checkReplicas(ctx context.Context, sl oid.Slice, replicas []string, r *sliceRepl) {
+	if low, ok := r.everyoneHas(replicas); ok {
+		if err := s.clearAcked(ctx, sl, low); err != nil {
+			s.log.Warn("clear acknowledged divergence records", "slice", sl, "err", err)
+		}
+	}
 	if r.due(&r.checked, 30*s.cfg.MaintainPeriod) {
 		s.compareDigests(ctx, sl, r)
 	}
@@ -881,4 +899,35 @@ func (s *Server) Diverged(sl oid.Slice) bool {
 	var d bool
 	_ = s.store.View(func(tx *store.Tx) error { d = diverged(tx, sl); return nil })
 	return d
+}
+
+// clearAcked drops the divergence records of slice sl that this server
+// wrote as primary in batches up to low, which every backup has.
+func (s *Server) clearAcked(ctx context.Context, sl oid.Slice, low uint64) error {
+	var done []string
+	err := s.store.View(func(tx *store.Tx) error {
+		keys, err := tx.SysKeys(divSlicePrefix(sl))
+		for _, k := range keys {
+			if v, err := tx.Sys(k); err == nil {
+				if seq := recordSeq(v); seq > 0 && seq <= low {
+					done = append(done, k)
+				}
+			}
+		}
+		return err
+	})
+	if err != nil || len(done) == 0 {
+		return err
+	}
+	return s.store.Update(ctx, func(tx *store.Tx) error {
+		for _, k := range done {
+			// Unless rewritten meanwhile by a later change.
+			if v, err := tx.Sys(k); err == nil && recordSeq(v) > 0 && recordSeq(v) <= low {
+				if err := tx.DeleteSys(k); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	})
 }

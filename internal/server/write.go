@@ -69,7 +69,7 @@ func (s *Server) update(ctx context.Context, sync uint32, fn func(tx *store.Tx) 
 				if !isEventual(ctx) || !s.backs(g.sl) {
 					return fmt.Errorf("update of slice %d: %w", g.sl, fserr.ErrNotPrimary)
 				}
-				if err := s.diverge(tx, g.sl, g.muts); err != nil {
+				if err := s.diverge(tx, g.sl, g.muts, 0); err != nil {
 					return err
 				}
 				continue
@@ -80,6 +80,13 @@ func (s *Server) update(ctx context.Context, sync uint32, fn func(tx *store.Tx) 
 			seq, err := r.assign(tx, g.muts)
 			if err != nil {
 				return err
+			}
+			if isEventual(ctx) && sync == 0 {
+				// Not waiting for backups: should this server lose the
+				// slice before they have it, the next primary is pushed it.
+				if err := s.diverge(tx, g.sl, g.muts, seq); err != nil {
+					return err
+				}
 			}
 			waits = append(waits, waiter{r, seq})
 		}
