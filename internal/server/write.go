@@ -63,6 +63,9 @@ func (s *Server) update(ctx context.Context, sync uint32, fn func(tx *store.Tx) 
 			s.mu.Lock()
 			r := s.repls[g.sl]
 			s.mu.Unlock()
+			if r != nil && isEventual(ctx) && s.primary(oid.Make(g.sl, 0)) != nil {
+				r = nil // the lock may have passed on: backup mode
+			}
 			if r == nil {
 				// A copy this server keeps as a backup changes only in
 				// backup mode.
