@@ -197,6 +197,9 @@ func readEventual[Req request, Resp any](ctx context.Context, f *FS, id oid.ID, 
 // the ones at this client's site first (paper §4.5: "writes to a backup if
 // the primary is not available"). Maintenance reconciles them later.
 func writeEventual[Req request, Resp any](ctx context.Context, f *FS, id oid.ID, rpc rpcFunc[Req, Resp], req Req) (Resp, error) {
+	// The cue travels to the primary too: it then acknowledges once its
+	// own copy is durable, even when its backups are cut off.
+	req.GetCaller().Eventual = true
 	resp, err, done := primaryFirst(ctx, f, id, func(ctx context.Context) (Resp, error) {
 		return call(ctx, f, id, rpc, req)
 	})

@@ -52,6 +52,16 @@ func (s *Server) maintainLoop(ctx context.Context) {
 			continue
 		}
 		s.maintain(ctx)
+		// Push eventual changes in the background: a push waits on a
+		// peer, and one round at a time is enough.
+		if s.reconciling.CompareAndSwap(false, true) {
+			s.tendWG.Add(1)
+			go func() {
+				defer s.tendWG.Done()
+				defer s.reconciling.Store(false)
+				s.reconcile(ctx)
+			}()
+		}
 	}
 }
 
@@ -172,6 +182,11 @@ func (s *Server) takeOver(ctx context.Context, sl configsvc.Slice) error {
 	if err != nil {
 		return fmt.Errorf("take over slice %d: %w", sl.ID, err)
 	}
+	// Our own eventual changes, read before collecting overwrites them.
+	own, err := s.pendingPush(sl.ID)
+	if err != nil {
+		return err
+	}
 	seq, answered, err := s.collect(ctx, sl.ID, replicas[1:])
 	if err != nil {
 		// Give the lock back so that another replica can try.
@@ -196,6 +211,15 @@ func (s *Server) takeOver(ctx context.Context, sl configsvc.Slice) error {
 	}
 	s.serve(l, sl.Policy, replicas, seq, start)
 	s.log.Info("took over slice", "slice", sl.ID, "epoch", l.Epoch, "seq", seq, "replicas", replicas)
+	if len(own.stamps) > 0 {
+		err := s.mergePush(ctx, own.req)
+		if err == nil {
+			err = s.clearPushed(ctx, own)
+		}
+		if err != nil {
+			s.log.Warn("merge own eventual changes after takeover; maintenance retries", "slice", sl.ID, "err", err)
+		}
+	}
 	s.kick()
 	return nil
 }
@@ -265,7 +289,7 @@ func (s *Server) collect(ctx context.Context, sl oid.Slice, backups []string) (u
 		if err != nil {
 			return 0, nil, fmt.Errorf("collect newer versions from %s: %w", bestID, err)
 		}
-		if _, err := s.install(ctx, req); err != nil {
+		if _, _, err := s.install(ctx, req, false); err != nil {
 			return 0, nil, err
 		}
 		if !req.More {
@@ -321,6 +345,7 @@ func (s *Server) tend(ctx context.Context, sl configsvc.Slice, l configsvc.Lock,
 		s.log.Info("replica list changed", "slice", sl.ID, "from", sl.Replicas, "to", want)
 	}
 	r.setFollowers(want)
+	s.checkReplicas(ctx, sl.ID, want, r)
 	if home != "" && r.streaming(home) {
 		return s.handOver(ctx, l, r, home, want)
 	}

@@ -61,8 +61,9 @@ func (s *Server) dirMeta(tx *store.Tx, dir oid.ID) (*wire.Meta, error) {
 // Lookup implements wire.StorageServer.
 func (s *Server) Lookup(ctx context.Context, req *wire.LookupRequest) (*wire.LookupResponse, error) {
 	dir := oid.ID(req.Dir)
-	if err := s.primary(dir); err != nil {
-		return nil, fserr.ToStatus(err)
+	ctx, aerr := s.admit(ctx, req.Caller, dir)
+	if aerr != nil {
+		return nil, fserr.ToStatus(aerr)
 	}
 	resp := &wire.LookupResponse{LeaseMs: s.leases.grant(req.Caller, dir)}
 	err := s.store.View(func(tx *store.Tx) error {
@@ -85,7 +86,7 @@ func (s *Server) Lookup(ctx context.Context, req *wire.LookupRequest) (*wire.Loo
 		resp.Entry = e
 		// The child may live in another slice; this server has its meta
 		// only when it is primary for it too.
-		if s.primary(oid.ID(e.Id)) == nil {
+		if s.local(ctx, oid.ID(e.Id)) {
 			resp.Meta, err = tx.Meta(oid.ID(e.Id))
 		}
 		return err
@@ -101,6 +102,8 @@ func (s *Server) Lookup(ctx context.Context, req *wire.LookupRequest) (*wire.Loo
 			if m, err := s.primaryMeta(id); err == nil {
 				resp.Meta = m
 				resp.LeaseMs = min(resp.LeaseMs, ms)
+			} else {
+				resp.LeaseMs = 0
 			}
 		} else {
 			resp.LeaseMs = 0
@@ -112,11 +115,11 @@ func (s *Server) Lookup(ctx context.Context, req *wire.LookupRequest) (*wire.Loo
 // GetAttr implements wire.StorageServer.
 func (s *Server) GetAttr(ctx context.Context, req *wire.GetAttrRequest) (*wire.GetAttrResponse, error) {
 	id := oid.ID(req.Id)
-	if err := s.primary(id); err != nil {
+	if _, err := s.admit(ctx, req.Caller, id); err != nil {
 		return nil, fserr.ToStatus(err)
 	}
 	ms := s.leases.grant(req.Caller, id)
-	m, err := s.primaryMeta(id)
+	m, err := s.localMeta(id)
 	if err != nil {
 		return nil, fserr.ToStatus(err)
 	}
@@ -128,6 +131,11 @@ func (s *Server) primaryMeta(id oid.ID) (m *wire.Meta, err error) {
 	if err := s.primary(id); err != nil {
 		return nil, err
 	}
+	return s.localMeta(id)
+}
+
+// localMeta returns this server's copy of id's meta-data.
+func (s *Server) localMeta(id oid.ID) (m *wire.Meta, err error) {
 	err = s.store.View(func(tx *store.Tx) (err error) {
 		m, err = tx.Meta(id)
 		return err
@@ -166,8 +174,9 @@ func policyOf(c *wire.Cues, parent configsvc.Policy, site string) configsvc.Poli
 // maintenance moves its slice home later.
 func (s *Server) Create(ctx context.Context, req *wire.CreateRequest) (*wire.CreateResponse, error) {
 	dir := oid.ID(req.Dir)
-	if err := s.primary(dir); err != nil {
-		return nil, fserr.ToStatus(err)
+	ctx, aerr := s.admit(ctx, req.Caller, dir)
+	if aerr != nil {
+		return nil, fserr.ToStatus(aerr)
 	}
 	bits := attrs.TypeBits(req.Type)
 	if bits == 0 {
@@ -236,7 +245,7 @@ func (s *Server) Create(ctx context.Context, req *wire.CreateRequest) (*wire.Cre
 				return err
 			}
 			resp.Entry, resp.Existed = e, true
-			if s.primary(oid.ID(e.Id)) == nil {
+			if s.local(ctx, oid.ID(e.Id)) {
 				resp.Meta, err = tx.Meta(oid.ID(e.Id))
 			}
 			return err
@@ -396,10 +405,11 @@ func (s *Server) dropLink(ctx context.Context, owner string, id oid.ID) error {
 // Link implements wire.StorageServer.
 func (s *Server) Link(ctx context.Context, req *wire.LinkRequest) (*wire.LinkResponse, error) {
 	dir, id := oid.ID(req.Dir), oid.ID(req.Id)
-	if err := s.primary(dir); err != nil {
-		return nil, fserr.ToStatus(err)
+	ctx, aerr := s.admit(ctx, req.Caller, dir)
+	if aerr != nil {
+		return nil, fserr.ToStatus(aerr)
 	}
-	if err := s.primary(id); err != nil {
+	if !s.local(ctx, id) {
 		return nil, fserr.ToStatus(fmt.Errorf("link across servers: %w", fserr.ErrCrossDevice))
 	}
 	c := cred(req.Caller)
@@ -496,8 +506,9 @@ func orphanKey(id oid.ID) string { return fmt.Sprintf("orphan/%016x", uint64(id)
 // Remove implements wire.StorageServer.
 func (s *Server) Remove(ctx context.Context, req *wire.RemoveRequest) (*wire.RemoveResponse, error) {
 	dir := oid.ID(req.Dir)
-	if err := s.primary(dir); err != nil {
-		return nil, fserr.ToStatus(err)
+	ctx, aerr := s.admit(ctx, req.Caller, dir)
+	if aerr != nil {
+		return nil, fserr.ToStatus(aerr)
 	}
 	c := cred(req.Caller)
 	now := time.Now().UnixNano()
@@ -522,7 +533,7 @@ func (s *Server) Remove(ctx context.Context, req *wire.RemoveRequest) (*wire.Rem
 		if err != nil {
 			return err
 		}
-		if s.primary(oid.ID(e.Id)) != nil {
+		if !s.local(ctx, oid.ID(e.Id)) {
 			return fmt.Errorf("the object moved to another server meanwhile: %w", fserr.ErrNotPrimary)
 		}
 		m, err := tx.Meta(oid.ID(e.Id))
@@ -583,7 +594,7 @@ func (s *Server) removeRemote(ctx context.Context, req *wire.RemoveRequest) (out
 		return nil, true, err
 	}
 	id := oid.ID(e.Id)
-	if s.primary(id) == nil {
+	if s.local(ctx, id) {
 		return nil, false, nil
 	}
 	owner := s.primaryOf(id.Slice())
@@ -599,6 +610,11 @@ func (s *Server) removeRemote(ctx context.Context, req *wire.RemoveRequest) (out
 		SyncLevel: req.SyncLevel, Caller: req.Caller, Dir: d})
 	cancel()
 	gone := fserr.Errno(fserr.FromStatus(err)) == syscall.ENOENT // a name left dangling by a crash
+	if err != nil && isEventual(ctx) {
+		// The name goes now; the object keeps a link until an fsck.
+		s.log.Warn("eventual remove: object's primary unreachable", "id", id, "err", err)
+		gone = true
+	}
 	if err != nil && !gone {
 		return nil, true, fserr.FromStatus(err)
 	}
@@ -650,10 +666,15 @@ func (s *Server) primaryOf(sl oid.Slice) string {
 // replaced, an exchange) is EXDEV.
 func (s *Server) Rename(ctx context.Context, req *wire.RenameRequest) (*wire.RenameResponse, error) {
 	src, dst := oid.ID(req.SrcDir), oid.ID(req.DstDir)
-	if err := s.primary(src); err != nil {
-		return nil, fserr.ToStatus(err)
+	ctx, aerr := s.admit(ctx, req.Caller, src)
+	if aerr != nil {
+		return nil, fserr.ToStatus(aerr)
 	}
-	if err := s.primary(dst); err != nil {
+	if !s.local(ctx, dst) {
+		if s.primary(src) != nil {
+			// Backup mode cannot coordinate with another server.
+			return nil, fserr.ToStatus(fmt.Errorf("rename across servers: %w", fserr.ErrCrossDevice))
+		}
 		return s.renameAcross(ctx, req) // xrename.go
 	}
 	c := cred(req.Caller)
@@ -675,7 +696,7 @@ func (s *Server) Rename(ctx context.Context, req *wire.RenameRequest) (*wire.Ren
 		return nil
 	})
 	for _, e := range names {
-		if s.primary(oid.ID(e.Id)) == nil {
+		if s.local(ctx, oid.ID(e.Id)) {
 			continue
 		}
 		if req.Flags&wire.RenameExchange != 0 || e.Type == wire.Type_TYPE_DIR && (src != dst || e.Name == req.DstName) {
@@ -691,7 +712,7 @@ func (s *Server) Rename(ctx context.Context, req *wire.RenameRequest) (*wire.Ren
 		if m, ok := remote[id]; ok {
 			return proto.Clone(m).(*wire.Meta), nil
 		}
-		if s.primary(oid.ID(id)) != nil {
+		if !s.local(ctx, oid.ID(id)) {
 			return nil, fmt.Errorf("%v changed servers meanwhile: %w", oid.ID(id), fserr.ErrNotPrimary)
 		}
 		return tx.Meta(oid.ID(id))
@@ -897,8 +918,9 @@ func (s *Server) checkNotAncestor(tx *store.Tx, id, dst oid.ID) error {
 // SetAttr implements wire.StorageServer.
 func (s *Server) SetAttr(ctx context.Context, req *wire.SetAttrRequest) (*wire.SetAttrResponse, error) {
 	id := oid.ID(req.Id)
-	if err := s.primary(id); err != nil {
-		return nil, fserr.ToStatus(err)
+	ctx, aerr := s.admit(ctx, req.Caller, id)
+	if aerr != nil {
+		return nil, fserr.ToStatus(aerr)
 	}
 	c := cred(req.Caller)
 	now := time.Now().UnixNano()
@@ -985,8 +1007,9 @@ func (s *Server) trimBlock(tx *store.Tx, id oid.ID, idx uint64, n uint64) error 
 // ReadDir implements wire.StorageServer.
 func (s *Server) ReadDir(ctx context.Context, req *wire.ReadDirRequest) (*wire.ReadDirResponse, error) {
 	dir := oid.ID(req.Dir)
-	if err := s.primary(dir); err != nil {
-		return nil, fserr.ToStatus(err)
+	ctx, aerr := s.admit(ctx, req.Caller, dir)
+	if aerr != nil {
+		return nil, fserr.ToStatus(aerr)
 	}
 	limit := int(req.Limit)
 	if limit <= 0 || limit > 4096 {
@@ -1008,7 +1031,7 @@ func (s *Server) ReadDir(ctx context.Context, req *wire.ReadDirRequest) (*wire.R
 		resp.Eof = len(resp.Entries) < limit
 		if req.WithMeta {
 			for _, e := range resp.Entries {
-				if s.primary(oid.ID(e.Id)) != nil {
+				if !s.local(ctx, oid.ID(e.Id)) {
 					continue
 				}
 				m, err := tx.Meta(oid.ID(e.Id))
@@ -1029,8 +1052,9 @@ func (s *Server) ReadDir(ctx context.Context, req *wire.ReadDirRequest) (*wire.R
 // GetBlocks implements wire.StorageServer.
 func (s *Server) GetBlocks(ctx context.Context, req *wire.GetBlocksRequest) (*wire.GetBlocksResponse, error) {
 	id := oid.ID(req.Id)
-	if err := s.primary(id); err != nil {
-		return nil, fserr.ToStatus(err)
+	ctx, aerr := s.admit(ctx, req.Caller, id)
+	if aerr != nil {
+		return nil, fserr.ToStatus(aerr)
 	}
 	resp := &wire.GetBlocksResponse{}
 	err := s.store.View(func(tx *store.Tx) error {
@@ -1058,7 +1082,7 @@ func (s *Server) GetBlocks(ctx context.Context, req *wire.GetBlocksRequest) (*wi
 // ReadBlocks implements wire.StorageServer.
 func (s *Server) ReadBlocks(ctx context.Context, req *wire.ReadBlocksRequest) (*wire.ReadBlocksResponse, error) {
 	id := oid.ID(req.Id)
-	if err := s.checkData(id, cred(req.Caller), perm.R); err != nil {
+	if err := s.checkData(ctx, req.Caller, id, perm.R); err != nil {
 		return nil, fserr.ToStatus(err)
 	}
 	hs := make([][32]byte, len(req.Hashes))
@@ -1076,10 +1100,11 @@ func (s *Server) ReadBlocks(ctx context.Context, req *wire.ReadBlocksRequest) (*
 }
 
 // checkData allows block transfers for a file the caller may access.
-func (s *Server) checkData(id oid.ID, c perm.Cred, want uint32) error {
-	if err := s.primary(id); err != nil {
+func (s *Server) checkData(ctx context.Context, caller *wire.Caller, id oid.ID, want uint32) error {
+	if _, err := s.admit(ctx, caller, id); err != nil {
 		return err
 	}
+	c := cred(caller)
 	return s.store.View(func(tx *store.Tx) error {
 		m, err := tx.Meta(id)
 		if err != nil {
@@ -1096,7 +1121,7 @@ func (s *Server) checkData(id oid.ID, c perm.Cred, want uint32) error {
 // only when a Commit names them.
 func (s *Server) PutBlocks(ctx context.Context, req *wire.PutBlocksRequest) (*wire.PutBlocksResponse, error) {
 	id := oid.ID(req.Id)
-	if err := s.checkData(id, cred(req.Caller), perm.W); err != nil {
+	if err := s.checkData(ctx, req.Caller, id, perm.W); err != nil {
 		return nil, fserr.ToStatus(err)
 	}
 	for _, d := range req.Data {
@@ -1119,8 +1144,9 @@ func (s *Server) PutBlocks(ctx context.Context, req *wire.PutBlocksRequest) (*wi
 // listed blocks changed. It answers once the version is durable.
 func (s *Server) Commit(ctx context.Context, req *wire.CommitRequest) (*wire.CommitResponse, error) {
 	id := oid.ID(req.Id)
-	if err := s.primary(id); err != nil {
-		return nil, fserr.ToStatus(err)
+	ctx, aerr := s.admit(ctx, req.Caller, id)
+	if aerr != nil {
+		return nil, fserr.ToStatus(aerr)
 	}
 	c := cred(req.Caller)
 	now := time.Now().UnixNano()
@@ -1182,8 +1208,9 @@ const (
 // GetXattr implements wire.StorageServer.
 func (s *Server) GetXattr(ctx context.Context, req *wire.XattrRequest) (*wire.XattrResponse, error) {
 	id := oid.ID(req.Id)
-	if err := s.primary(id); err != nil {
-		return nil, fserr.ToStatus(err)
+	ctx, aerr := s.admit(ctx, req.Caller, id)
+	if aerr != nil {
+		return nil, fserr.ToStatus(aerr)
 	}
 	resp := &wire.XattrResponse{}
 	err := s.store.View(func(tx *store.Tx) error {
@@ -1193,6 +1220,9 @@ func (s *Server) GetXattr(ctx context.Context, req *wire.XattrRequest) (*wire.Xa
 		}
 		if err := perm.MayGetXattr(cred(req.Caller), attr(m), req.Name); err != nil {
 			return err
+		}
+		if hidden(req.Name) {
+			return fserr.ErrNoAttr
 		}
 		resp.Value, err = tx.Xattr(id, req.Name)
 		return err
@@ -1206,8 +1236,9 @@ func (s *Server) GetXattr(ctx context.Context, req *wire.XattrRequest) (*wire.Xa
 // ListXattr implements wire.StorageServer.
 func (s *Server) ListXattr(ctx context.Context, req *wire.XattrRequest) (*wire.XattrResponse, error) {
 	id := oid.ID(req.Id)
-	if err := s.primary(id); err != nil {
-		return nil, fserr.ToStatus(err)
+	ctx, aerr := s.admit(ctx, req.Caller, id)
+	if aerr != nil {
+		return nil, fserr.ToStatus(aerr)
 	}
 	resp := &wire.XattrResponse{}
 	c := cred(req.Caller)
@@ -1217,7 +1248,7 @@ func (s *Server) ListXattr(ctx context.Context, req *wire.XattrRequest) (*wire.X
 		}
 		names, err := tx.Xattrs(id)
 		for _, n := range names {
-			if perm.ListXattrVisible(c, n) {
+			if perm.ListXattrVisible(c, n) && !hidden(n) {
 				resp.Names = append(resp.Names, n)
 			}
 		}
@@ -1241,10 +1272,11 @@ func (s *Server) RemoveXattr(ctx context.Context, req *wire.XattrRequest) (*wire
 
 func (s *Server) changeXattr(ctx context.Context, req *wire.XattrRequest, remove bool) (*wire.XattrResponse, error) {
 	id := oid.ID(req.Id)
-	if err := s.primary(id); err != nil {
-		return nil, fserr.ToStatus(err)
+	ctx, aerr := s.admit(ctx, req.Caller, id)
+	if aerr != nil {
+		return nil, fserr.ToStatus(aerr)
 	}
-	if req.Name == "" || len(req.Name) > 255 {
+	if req.Name == "" || len(req.Name) > 255 || hidden(req.Name) {
 		return nil, fserr.ToStatus(fmt.Errorf("xattr name: %w", fserr.ErrRange))
 	}
 	if len(req.Value) > 64<<10 {
@@ -1288,8 +1320,9 @@ func (s *Server) changeXattr(ctx context.Context, req *wire.XattrRequest, remove
 // and counts the handle, so that an unlinked open file stays readable.
 func (s *Server) Open(ctx context.Context, req *wire.OpenRequest) (*wire.OpenResponse, error) {
 	id := oid.ID(req.Id)
-	if err := s.primary(id); err != nil {
-		return nil, fserr.ToStatus(err)
+	ctx, aerr := s.admit(ctx, req.Caller, id)
+	if aerr != nil {
+		return nil, fserr.ToStatus(aerr)
 	}
 	var want uint32
 	switch req.Flags & syscall.O_ACCMODE {
@@ -1305,11 +1338,16 @@ func (s *Server) Open(ctx context.Context, req *wire.OpenRequest) (*wire.OpenRes
 	}
 	// Count the handle before looking: an unlink that commits after this
 	// point keeps the object as an orphan instead of deleting it under us.
+	// A backup (eventual open) counts nothing: releases go to the
+	// primary, and an unlink in backup mode deletes at once.
+	counted := s.primary(id) == nil
 	s.mu.Lock()
-	s.opens[id]++
+	if counted {
+		s.opens[id]++
+	}
 	dying := s.dying[id] > 0
 	s.mu.Unlock()
-	if dying {
+	if dying && counted {
 		s.Release(ctx, &wire.ReleaseRequest{Id: req.Id})
 		return nil, fserr.ToStatus(fmt.Errorf("open %v: being deleted: %w", id, fserr.ErrNotExist))
 	}
@@ -1325,7 +1363,9 @@ func (s *Server) Open(ctx context.Context, req *wire.OpenRequest) (*wire.OpenRes
 		return perm.Access(cred(req.Caller), attr(m), want)
 	})
 	if err != nil {
-		s.Release(ctx, &wire.ReleaseRequest{Id: req.Id})
+		if counted {
+			s.Release(ctx, &wire.ReleaseRequest{Id: req.Id})
+		}
 		return nil, fserr.ToStatus(fmt.Errorf("open %v: %w", id, err))
 	}
 	return &wire.OpenResponse{Meta: m, LeaseMs: ms}, nil

@@ -119,6 +119,10 @@ func (p *peerServer) Replicate(ctx context.Context, req *wire.ReplicateRequest) 
 		case req.Epoch > at.epoch:
 			resp.Status = wire.ReplStatus_REPL_NEED_SYNC
 			return nil
+		case len(req.Batches) > 0 && diverged(tx, sl):
+			// Eventual changes here would be overwritten: push them first.
+			resp.Status = wire.ReplStatus_REPL_BUSY
+			return nil
 		}
 		for bi, b := range req.Batches {
 			if b.Seq <= at.seq {
@@ -206,20 +210,24 @@ func (p *peerServer) Install(ctx context.Context, req *wire.InstallRequest) (*wi
 	if !s.fence(sl, req.Epoch) {
 		return &wire.InstallResponse{Status: wire.ReplStatus_REPL_STALE_EPOCH}, nil
 	}
-	stale, err := s.install(ctx, req)
+	stale, busy, err := s.install(ctx, req, true)
 	if err != nil {
 		return nil, fserr.ToStatus(fmt.Errorf("install slice %d: %w", sl, err))
 	}
 	if stale {
 		return &wire.InstallResponse{Status: wire.ReplStatus_REPL_STALE_EPOCH}, nil
 	}
+	if busy {
+		return &wire.InstallResponse{Status: wire.ReplStatus_REPL_BUSY}, nil
+	}
 	return &wire.InstallResponse{}, nil
 }
 
 // install applies a snapshot chunk, fetching the blocks it references
 // that this server lacks from req.Source. It reports stale if this
-// server has already seen a newer epoch.
-func (s *Server) install(ctx context.Context, req *wire.InstallRequest) (stale bool, err error) {
+// server has already seen a newer epoch, and busy (applying nothing) if
+// refuseDiverged is set and it holds eventual changes of the slice.
+func (s *Server) install(ctx context.Context, req *wire.InstallRequest, refuseDiverged bool) (stale, busy bool, err error) {
 	var missing [][32]byte
 	for _, o := range req.Objects {
 		for _, b := range o.Blocks {
@@ -229,13 +237,17 @@ func (s *Server) install(ctx context.Context, req *wire.InstallRequest) (stale b
 		}
 	}
 	if err := s.fetchBlocks(ctx, req.Source, missing); err != nil {
-		return false, err
+		return false, false, err
 	}
 	sl := oid.Slice(req.Slice)
 	err = s.store.Update(ctx, func(tx *store.Tx) error {
 		at := readPos(tx, sl)
 		if req.Epoch < at.epoch {
 			stale = true
+			return nil
+		}
+		if refuseDiverged && diverged(tx, sl) {
+			busy = true
 			return nil
 		}
 		for _, o := range req.Objects {
@@ -262,7 +274,7 @@ func (s *Server) install(ctx context.Context, req *wire.InstallRequest) (stale b
 		}
 		return writePos(tx, sl, pos{req.Epoch, req.Seq})
 	})
-	return stale, err
+	return stale, busy, err
 }
 
 // fetchBlocks copies blocks from server src into the local store.

@@ -78,6 +78,9 @@ type sliceRepl struct {
 	log       []*wire.Batch // consecutive batches up to seq
 	followers map[string]*follower
 	wg        sync.WaitGroup
+	tombs     bool      // the slice may hold tombstones to collect
+	checked   time.Time // last digest comparison (checkReplicas)
+	collected time.Time // last tombstone collection
 }
 
 // follower is one backup as the primary sees it.
@@ -88,6 +91,8 @@ type follower struct {
 	synced  bool   // acked is meaningful
 	acked   uint64 // last seq the backup has durably
 	pin     uint64 // a snapshot at this seq is on its way: keep later batches
+	force   bool   // send a snapshot even if the backup seems to follow
+	busy    bool   // it holds eventual changes not yet reconciled
 	lastOK  time.Time
 	failing time.Time // first failure since lastOK (zero when fine)
 }
@@ -95,7 +100,7 @@ type follower struct {
 func newSliceRepl(s *Server, slice oid.Slice, epoch int64, repLevel int, seq uint64) *sliceRepl {
 	ctx, cancel := context.WithCancel(s.bg)
 	return &sliceRepl{s: s, slice: slice, epoch: epoch, repLevel: repLevel, ctx: ctx, cancel: cancel,
-		changed: make(chan struct{}), seq: seq, committed: seq, followers: map[string]*follower{}}
+		changed: make(chan struct{}), seq: seq, committed: seq, followers: map[string]*follower{}, tombs: true}
 }
 
 // signalLocked wakes waiters (r.mu held).
@@ -281,6 +286,14 @@ func (r *sliceRepl) follow(ctx context.Context, f *follower) {
 				continue
 			}
 			more, err := r.step(ctx, f)
+			if errors.Is(err, errBusy) {
+				// Not a failure: it pushes its changes first (maintenance).
+				r.contact(f.id, nil)
+				if !sleepCtx(ctx, max(r.s.cfg.MaintainPeriod/4, 20*time.Millisecond)) {
+					return
+				}
+				continue
+			}
 			r.contact(f.id, err)
 			if err != nil {
 				if errors.Is(err, errStale) {
@@ -306,6 +319,7 @@ func (r *sliceRepl) follow(ctx context.Context, f *follower) {
 
 var (
 	errStale = errors.New("stale epoch")
+	errBusy  = errors.New("backup busy with eventual changes")
 	errGone  = errors.New("block no longer stored")
 )
 
@@ -363,6 +377,10 @@ func (r *sliceRepl) step(ctx context.Context, f *follower) (more bool, err error
 	if err != nil {
 		return false, err
 	}
+	if resp.Status == wire.ReplStatus_REPL_BUSY {
+		r.setBusy(f)
+		return false, errBusy
+	}
 	if resp.Status == wire.ReplStatus_REPL_MISSING_BLOCKS {
 		if err := r.pushBlocks(ctx, f.id, resp.Missing); errors.Is(err, errGone) {
 			r.mu.Lock()
@@ -389,7 +407,7 @@ func (r *sliceRepl) outcome(f *follower, st wire.ReplStatus, seq uint64) error {
 	defer r.mu.Unlock()
 	switch st {
 	case wire.ReplStatus_REPL_OK:
-		f.synced, f.acked, f.pin = true, seq, 0
+		f.synced, f.acked, f.pin, f.force, f.busy = true, seq, 0, false, false
 		r.trimLocked()
 		r.signalLocked()
 		return nil
@@ -478,7 +496,7 @@ func (r *sliceRepl) snapshot(ctx context.Context, f *follower) error {
 	}
 	r.mu.Lock()
 	inLog := len(r.log) > 0 && r.log[0].Seq <= dig.Seq+1 || dig.Seq == r.committed
-	if dig.Epoch == r.epoch && dig.Seq <= r.committed && inLog {
+	if !f.force && dig.Epoch == r.epoch && dig.Seq <= r.committed && inLog {
 		f.synced, f.acked = true, dig.Seq // a continuation of our own stream
 		r.signalLocked()
 		r.mu.Unlock()
@@ -501,6 +519,10 @@ func (r *sliceRepl) snapshot(ctx context.Context, f *follower) error {
 		}
 		if resp.Status == wire.ReplStatus_REPL_STALE_EPOCH {
 			return errStale
+		}
+		if resp.Status == wire.ReplStatus_REPL_BUSY {
+			r.setBusy(f)
+			return errBusy
 		}
 	}
 	last := reqs[len(reqs)-1]
@@ -560,6 +582,87 @@ func (s *Server) diff(slice oid.Slice, dig *wire.DigestResponse, epoch int64) ([
 		return nil, err
 	}
 	return append(out, cur), nil
+}
+
+// setBusy records that backup f refused the stream until it has pushed
+// its eventual changes.
+func (r *sliceRepl) setBusy(f *follower) {
+	r.mu.Lock()
+	f.busy = true
+	r.mu.Unlock()
+}
+
+// resync makes backup id get a snapshot (its copy differs from ours).
+func (r *sliceRepl) resync(id string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	f, ok := r.followers[id]
+	if !ok {
+		return
+	}
+	f.synced, f.force = false, true
+	select {
+	case f.kick <- struct{}{}:
+	default:
+	}
+}
+
+// due reports whether a periodic task last run at *last is due (every
+// d), and if so starts its next period.
+func (r *sliceRepl) due(last *time.Time, d time.Duration) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if time.Since(*last) < d {
+		return false
+	}
+	*last = time.Now()
+	return true
+}
+
+// caughtUpAt returns the backups that follow the stream and have
+// acknowledged exactly seq.
+func (r *sliceRepl) caughtUpAt(seq uint64) []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []string
+	for id, f := range r.followers {
+		if f.synced && !f.busy && f.acked == seq {
+			out = append(out, id)
+		}
+	}
+	return out
+}
+
+// everyoneHas returns the highest seq every replica of the slice has
+// applied: every backup in replicas follows the stream, answers, and is
+// not holding eventual changes. ok is false if some replica does not.
+func (r *sliceRepl) everyoneHas(replicas []string) (uint64, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	low := r.committed
+	for _, id := range replicas {
+		if id == r.s.cfg.ID {
+			continue
+		}
+		f, ok := r.followers[id]
+		if !ok || !f.synced || f.busy || !f.failing.IsZero() {
+			return 0, false
+		}
+		low = min(low, f.acked)
+	}
+	return low, true
+}
+
+func (r *sliceRepl) markTombs() {
+	r.mu.Lock()
+	r.tombs = true
+	r.mu.Unlock()
+}
+
+func (r *sliceRepl) hasTombs() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.tombs
 }
 
 // sleepCtx waits for d; false if ctx ended first.

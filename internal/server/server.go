@@ -81,6 +81,8 @@ type Server struct {
 	lockTTL  time.Duration
 	renewing sync.WaitGroup
 	paused   atomic.Bool // Freeze: a stopped process (fault tests)
+	// reconciling: a round of pushing eventual changes is running.
+	reconciling atomic.Bool
 
 	bg     context.Context // background work; ends with Close or Halt
 	table  atomic.Pointer[configsvc.Table]

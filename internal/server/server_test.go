@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/wheelfs/wheelfs/internal/client"
+	"github.com/wheelfs/wheelfs/internal/deploy"
 	"github.com/wheelfs/wheelfs/internal/deploy/deploytest"
 	"github.com/wheelfs/wheelfs/internal/fserr"
 	"github.com/wheelfs/wheelfs/internal/oid"
@@ -119,5 +120,44 @@ func TestLinkAndUnlinkCounts(t *testing.T) {
 	}
 	if _, err := fs.GetAttr(ctx, root, client.NoCues, f); fserr.Errno(err) != syscall.ENOENT {
 		t.Fatalf("object survives its last link: %v", err)
+	}
+}
+
+// TestReconcileKeepsRemovedNames checks that a push re-sent after its
+// answer was lost (it names an entry the primary has removed since) does
+// not bring the name back: the removal left a tombstone.
+func TestReconcileKeepsRemovedNames(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	h := deploytest.Start(t, func(c *deploy.Config) {
+		c.Server.MaintainPeriod = time.Hour // no tombstone collection during the test
+	})
+	fs := h.Client
+	f := mk(t, fs, ctx, oid.Root, "f", wire.Type_TYPE_FILE)
+	if err := fs.Rename(ctx, root, client.NoCues, oid.Root, "f", oid.Root, "g", 0); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := h.Server.Tombstones(oid.Root); err != nil || n != 1 {
+		t.Fatalf("tombstones after rename: %d, %v; want 1", n, err)
+	}
+	push := &wire.ReconcileRequest{Slice: uint32(oid.Root.Slice()), Source: h.ServerID(),
+		Entries: []*wire.EntryChange{
+			{Dir: uint64(oid.Root), Name: "f", Entry: &wire.Entry{Name: "f", Id: uint64(f), Type: wire.Type_TYPE_FILE, Version: 1}},
+			{Dir: uint64(oid.Root), Name: "new", Entry: &wire.Entry{Name: "new", Id: uint64(f), Type: wire.Type_TYPE_FILE, Version: 1}},
+		}}
+	if _, err := h.Server.PeerService().Reconcile(ctx, push); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := fs.Lookup(ctx, root, client.NoCues, oid.Root, "f"); fserr.Errno(err) != syscall.ENOENT {
+		t.Errorf("removed name f came back: %v", err)
+	}
+	// An entry without a tombstone is merged.
+	if m, err := fs.Lookup(ctx, root, client.NoCues, oid.Root, "new"); err != nil || oid.ID(m.Id) != f {
+		t.Errorf("pushed name new: %v, %v", m, err)
+	}
+	// Tombstones are hidden from clients.
+	names, err := fs.ListXattr(ctx, root, client.NoCues, oid.Root)
+	if err != nil || len(names) != 0 {
+		t.Errorf("attributes of / = %q, %v; want none", names, err)
 	}
 }

@@ -21,6 +21,13 @@ import (
 // clients hold leases on, it is undone, the leases are revoked (callbacks,
 // or waiting for expiry), and it runs again; the objects it touches get no
 // new lease until it is committed.
+//
+// With .EventualConsistency (ctx from admit): a slice this server only
+// backs up is changed in backup mode (not replicated; divergence records
+// written in the same transaction), and with sync 0 the primary answers
+// once its own copy is durable — the stream catches backups up later, so
+// a primary cut off from its backups keeps accepting writes, which a
+// failover before they reach a backup loses.
 func (s *Server) update(ctx context.Context, sync uint32, fn func(tx *store.Tx) error) error {
 	return s.updateUndo(ctx, sync, fn, nil)
 }
@@ -82,7 +89,13 @@ func (s *Server) updateOnce(ctx context.Context, sync uint32, fn func(tx *store.
 		if err := fn(tx); err != nil {
 			return err
 		}
+		// Removed entries leave tombstones; entries put back lose theirs.
+		removed := tx.RemovedEntries()
 		muts := tx.Mutations()
+		if err := tombstones(tx, removed, muts, s.nextSeq); err != nil {
+			return err
+		}
+		muts = append(muts, tx.Mutations()...)
 		if len(muts) == 0 {
 			return nil
 		}
@@ -110,13 +123,33 @@ func (s *Server) updateOnce(ctx context.Context, sync uint32, fn func(tx *store.
 			s.mu.Lock()
 			r := s.repls[g.sl]
 			s.mu.Unlock()
+			if r != nil && isEventual(ctx) && s.primary(oid.Make(g.sl, 0)) != nil {
+				r = nil // the lock may have passed on: backup mode
+			}
 			if r == nil {
-				// Never change a copy this server keeps as a backup.
-				return fmt.Errorf("update of slice %d: %w", g.sl, fserr.ErrNotPrimary)
+				// A copy this server keeps as a backup changes only in
+				// backup mode.
+				if !isEventual(ctx) || !s.backs(g.sl) {
+					return fmt.Errorf("update of slice %d: %w", g.sl, fserr.ErrNotPrimary)
+				}
+				if err := s.diverge(tx, g.sl, g.muts, 0); err != nil {
+					return err
+				}
+				continue
+			}
+			if writesTombstone(g.muts) {
+				r.markTombs()
 			}
 			seq, err := r.assign(tx, g.muts)
 			if err != nil {
 				return err
+			}
+			if isEventual(ctx) && sync == 0 {
+				// Not waiting for backups: should this server lose the
+				// slice before they have it, the next primary is pushed it.
+				if err := s.diverge(tx, g.sl, g.muts, seq); err != nil {
+					return err
+				}
 			}
 			waits = append(waits, waiter{r, seq})
 		}
@@ -127,6 +160,9 @@ func (s *Server) updateOnce(ctx context.Context, sync uint32, fn func(tx *store.
 	}
 	for _, w := range waits {
 		w.r.commit(w.seq)
+	}
+	if isEventual(ctx) && sync == 0 {
+		return nil
 	}
 	for _, w := range waits {
 		need := int(sync)
@@ -146,4 +182,14 @@ func (s *Server) peer(ctx context.Context, id string) (wire.PeerClient, error) {
 		return nil, fmt.Errorf("no way to reach server %s: %w", id, fserr.ErrIO)
 	}
 	return s.cfg.Peers(ctx, id)
+}
+
+// writesTombstone reports whether muts leave a tombstone.
+func writesTombstone(muts []*wire.Mutation) bool {
+	for _, m := range muts {
+		if m.Kind == wire.MutationKind_MUT_SET_XATTR && isTombstone(m.Name) {
+			return true
+		}
+	}
+	return false
 }

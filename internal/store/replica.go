@@ -33,6 +33,22 @@ func (t *Tx) Mutations() []*wire.Mutation {
 	return m
 }
 
+// Removed is a directory entry an update removed or pointed elsewhere.
+type Removed struct {
+	Dir  oid.ID
+	Name string
+	ID   oid.ID // the object the name named
+}
+
+// RemovedEntries returns the entries the running Update function has
+// removed or replaced so far (the server leaves tombstones for them), and
+// forgets them.
+func (t *Tx) RemovedEntries() []Removed {
+	r := t.removed
+	t.removed = nil
+	return r
+}
+
 // MutationSlice returns the slice a mutation belongs to.
 func MutationSlice(m *wire.Mutation) oid.Slice {
 	if m.Kind == wire.MutationKind_MUT_COUNTER_FLOOR {

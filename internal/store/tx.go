@@ -66,6 +66,7 @@ type Tx struct {
 	inlBuf      []byte           // commit scratch: their bytes
 	ends        []segEnd         // commit scratch: segments to sync
 	rec         []*wire.Mutation // the running function's changes, for replication
+	removed     []Removed        // entries the running function removed or replaced
 }
 
 // op is a buffered write.
@@ -161,7 +162,7 @@ func (t *Tx) endUpdate() {
 	t.idx = nil
 	t.fn.reset()
 	t.batch.reset()
-	t.rec = nil
+	t.rec, t.removed = nil, nil
 	clear(t.inl)
 	t.inl = t.inl[:0]
 	t.mem.cur = t.mem.cur[:0] // the log record holds copies
@@ -178,7 +179,7 @@ func (t *Tx) discardFn() {
 		}
 	}
 	t.fn.reset()
-	t.rec = nil
+	t.rec, t.removed = nil, nil
 }
 
 // keepFn adds the running function's writes and effects to the batch.
@@ -192,7 +193,7 @@ func (t *Tx) keepFn() {
 	b.objects += f.objects
 	t.fn.reset()
 	t.fnStart = len(t.ops)
-	t.rec = nil
+	t.rec, t.removed = nil, nil
 }
 
 func (t *Tx) bucket(b int) *bbolt.Bucket {
@@ -487,6 +488,11 @@ func (t *Tx) PutEntry(dir oid.ID, e *wire.Entry) error {
 	}
 	key := t.mem.alloc(8 + len(e.Name))
 	nameKey(key[:0], dir, e.Name)
+	if old, ok := t.get(bEntries, key); ok {
+		if o, err := decodeEntry(old); err == nil && o.Id != e.GetId() {
+			t.removed = append(t.removed, Removed{Dir: dir, Name: e.Name, ID: oid.ID(o.Id)})
+		}
+	}
 	v := t.mem.alloc(proto.Size(e))
 	v, err := proto.MarshalOptions{UseCachedSize: true}.MarshalAppend(v[:0], e)
 	if err != nil {
@@ -505,8 +511,12 @@ func (t *Tx) DeleteEntry(dir oid.ID, name string) error {
 	}
 	var buf [64]byte
 	k := nameKey(buf[:0], dir, name)
-	if _, ok := t.get(bEntries, k); !ok {
+	old, ok := t.get(bEntries, k)
+	if !ok {
 		return fmt.Errorf("store: entry %q in %v: %w", name, dir, fserr.ErrNotExist)
+	}
+	if o, err := decodeEntry(old); err == nil {
+		t.removed = append(t.removed, Removed{Dir: dir, Name: name, ID: oid.ID(o.Id)})
 	}
 	t.del(bEntries, k)
 	t.record(wire.MutationKind_MUT_DELETE_ENTRY, uint64(dir), nil, name, 0)

@@ -171,6 +171,7 @@ const (
 	ReplStatus_REPL_NEED_SYNC      ReplStatus = 1 // the backup's stream position does not follow: send a snapshot
 	ReplStatus_REPL_STALE_EPOCH    ReplStatus = 2 // the sender's epoch is older than one the backup has seen
 	ReplStatus_REPL_MISSING_BLOCKS ReplStatus = 3 // send these blocks first
+	ReplStatus_REPL_BUSY           ReplStatus = 4 // the backup holds eventual changes not yet reconciled: retry later
 )
 
 // Enum value maps for ReplStatus.
@@ -180,12 +181,14 @@ var (
 		1: "REPL_NEED_SYNC",
 		2: "REPL_STALE_EPOCH",
 		3: "REPL_MISSING_BLOCKS",
+		4: "REPL_BUSY",
 	}
 	ReplStatus_value = map[string]int32{
 		"REPL_OK":             0,
 		"REPL_NEED_SYNC":      1,
 		"REPL_STALE_EPOCH":    2,
 		"REPL_MISSING_BLOCKS": 3,
+		"REPL_BUSY":           4,
 	}
 )
 
@@ -4187,6 +4190,193 @@ func (x *AddLinkResponse) GetSame() bool {
 	return false
 }
 
+// EntryChange is a directory entry a replica changed in backup mode
+// (.EventualConsistency): the entry it now has (none if the name is gone)
+// and the ids it removed from that name.
+type EntryChange struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Dir           uint64                 `protobuf:"varint,1,opt,name=dir,proto3" json:"dir,omitempty"`
+	Name          string                 `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	Entry         *Entry                 `protobuf:"bytes,3,opt,name=entry,proto3" json:"entry,omitempty"`
+	Removed       []uint64               `protobuf:"varint,4,rep,packed,name=removed,proto3" json:"removed,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EntryChange) Reset() {
+	*x = EntryChange{}
+	mi := &file_wheelfs_proto_msgTypes[61]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EntryChange) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EntryChange) ProtoMessage() {}
+
+func (x *EntryChange) ProtoReflect() protoreflect.Message {
+	mi := &file_wheelfs_proto_msgTypes[61]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EntryChange.ProtoReflect.Descriptor instead.
+func (*EntryChange) Descriptor() ([]byte, []int) {
+	return file_wheelfs_proto_rawDescGZIP(), []int{61}
+}
+
+func (x *EntryChange) GetDir() uint64 {
+	if x != nil {
+		return x.Dir
+	}
+	return 0
+}
+
+func (x *EntryChange) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *EntryChange) GetEntry() *Entry {
+	if x != nil {
+		return x.Entry
+	}
+	return nil
+}
+
+func (x *EntryChange) GetRemoved() []uint64 {
+	if x != nil {
+		return x.Removed
+	}
+	return nil
+}
+
+// ReconcileRequest pushes what a replica of a slice changed without its
+// primary: objects (their whole state; for directories only meta-data and
+// attributes count) and entries. The sender clears its records of them
+// once the primary answers REPL_OK, unless they changed meanwhile.
+type ReconcileRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Slice         uint32                 `protobuf:"varint,1,opt,name=slice,proto3" json:"slice,omitempty"`
+	Source        string                 `protobuf:"bytes,2,opt,name=source,proto3" json:"source,omitempty"` // fetch missing blocks from here
+	Objects       []*ObjectState         `protobuf:"bytes,3,rep,name=objects,proto3" json:"objects,omitempty"`
+	Entries       []*EntryChange         `protobuf:"bytes,4,rep,name=entries,proto3" json:"entries,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReconcileRequest) Reset() {
+	*x = ReconcileRequest{}
+	mi := &file_wheelfs_proto_msgTypes[62]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReconcileRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReconcileRequest) ProtoMessage() {}
+
+func (x *ReconcileRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_wheelfs_proto_msgTypes[62]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReconcileRequest.ProtoReflect.Descriptor instead.
+func (*ReconcileRequest) Descriptor() ([]byte, []int) {
+	return file_wheelfs_proto_rawDescGZIP(), []int{62}
+}
+
+func (x *ReconcileRequest) GetSlice() uint32 {
+	if x != nil {
+		return x.Slice
+	}
+	return 0
+}
+
+func (x *ReconcileRequest) GetSource() string {
+	if x != nil {
+		return x.Source
+	}
+	return ""
+}
+
+func (x *ReconcileRequest) GetObjects() []*ObjectState {
+	if x != nil {
+		return x.Objects
+	}
+	return nil
+}
+
+func (x *ReconcileRequest) GetEntries() []*EntryChange {
+	if x != nil {
+		return x.Entries
+	}
+	return nil
+}
+
+type ReconcileResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Status        ReplStatus             `protobuf:"varint,1,opt,name=status,proto3,enum=wheelfs.v1.ReplStatus" json:"status,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReconcileResponse) Reset() {
+	*x = ReconcileResponse{}
+	mi := &file_wheelfs_proto_msgTypes[63]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReconcileResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReconcileResponse) ProtoMessage() {}
+
+func (x *ReconcileResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_wheelfs_proto_msgTypes[63]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReconcileResponse.ProtoReflect.Descriptor instead.
+func (*ReconcileResponse) Descriptor() ([]byte, []int) {
+	return file_wheelfs_proto_rawDescGZIP(), []int{63}
+}
+
+func (x *ReconcileResponse) GetStatus() ReplStatus {
+	if x != nil {
+		return x.Status
+	}
+	return ReplStatus_REPL_OK
+}
+
 var File_wheelfs_proto protoreflect.FileDescriptor
 
 const file_wheelfs_proto_rawDesc = "" +
@@ -4484,7 +4674,19 @@ const file_wheelfs_proto_rawDesc = "" +
 	"\x05count\x18\b \x01(\bR\x05count\"S\n" +
 	"\x0fAddLinkResponse\x12,\n" +
 	"\breplaced\x18\x01 \x01(\v2\x10.wheelfs.v1.MetaR\breplaced\x12\x12\n" +
-	"\x04same\x18\x02 \x01(\bR\x04same*\x8a\x01\n" +
+	"\x04same\x18\x02 \x01(\bR\x04same\"v\n" +
+	"\vEntryChange\x12\x10\n" +
+	"\x03dir\x18\x01 \x01(\x04R\x03dir\x12\x12\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\x12'\n" +
+	"\x05entry\x18\x03 \x01(\v2\x11.wheelfs.v1.EntryR\x05entry\x12\x18\n" +
+	"\aremoved\x18\x04 \x03(\x04R\aremoved\"\xa6\x01\n" +
+	"\x10ReconcileRequest\x12\x14\n" +
+	"\x05slice\x18\x01 \x01(\rR\x05slice\x12\x16\n" +
+	"\x06source\x18\x02 \x01(\tR\x06source\x121\n" +
+	"\aobjects\x18\x03 \x03(\v2\x17.wheelfs.v1.ObjectStateR\aobjects\x121\n" +
+	"\aentries\x18\x04 \x03(\v2\x17.wheelfs.v1.EntryChangeR\aentries\"C\n" +
+	"\x11ReconcileResponse\x12.\n" +
+	"\x06status\x18\x01 \x01(\x0e2\x16.wheelfs.v1.ReplStatusR\x06status*\x8a\x01\n" +
 	"\x04Type\x12\x14\n" +
 	"\x10TYPE_UNSPECIFIED\x10\x00\x12\r\n" +
 	"\tTYPE_FILE\x10\x01\x12\f\n" +
@@ -4507,13 +4709,14 @@ const file_wheelfs_proto_rawDesc = "" +
 	"\rMUT_SET_XATTR\x10\b\x12\x14\n" +
 	"\x10MUT_REMOVE_XATTR\x10\t\x12\x15\n" +
 	"\x11MUT_COUNTER_FLOOR\x10\n" +
-	"*\\\n" +
+	"*k\n" +
 	"\n" +
 	"ReplStatus\x12\v\n" +
 	"\aREPL_OK\x10\x00\x12\x12\n" +
 	"\x0eREPL_NEED_SYNC\x10\x01\x12\x14\n" +
 	"\x10REPL_STALE_EPOCH\x10\x02\x12\x17\n" +
-	"\x13REPL_MISSING_BLOCKS\x10\x032\xbc\n" +
+	"\x13REPL_MISSING_BLOCKS\x10\x03\x12\r\n" +
+	"\tREPL_BUSY\x10\x042\xbc\n" +
 	"\n" +
 	"\aStorage\x12?\n" +
 	"\x06Lookup\x12\x19.wheelfs.v1.LookupRequest\x1a\x1a.wheelfs.v1.LookupResponse\x12B\n" +
@@ -4536,7 +4739,7 @@ const file_wheelfs_proto_rawDesc = "" +
 	"\x06StatFS\x12\x19.wheelfs.v1.StatFSRequest\x1a\x1a.wheelfs.v1.StatFSResponse\x129\n" +
 	"\x04Open\x12\x17.wheelfs.v1.OpenRequest\x1a\x18.wheelfs.v1.OpenResponse\x12B\n" +
 	"\aRelease\x12\x1a.wheelfs.v1.ReleaseRequest\x1a\x1b.wheelfs.v1.ReleaseResponse\x12<\n" +
-	"\tCallbacks\x12\x17.wheelfs.v1.CallbackAck\x1a\x12.wheelfs.v1.Revoke(\x010\x012\xb6\x05\n" +
+	"\tCallbacks\x12\x17.wheelfs.v1.CallbackAck\x1a\x12.wheelfs.v1.Revoke(\x010\x012\x80\x06\n" +
 	"\x04Peer\x12H\n" +
 	"\tReplicate\x12\x1c.wheelfs.v1.ReplicateRequest\x1a\x1d.wheelfs.v1.ReplicateResponse\x12?\n" +
 	"\x06Digest\x12\x19.wheelfs.v1.DigestRequest\x1a\x1a.wheelfs.v1.DigestResponse\x12;\n" +
@@ -4547,7 +4750,8 @@ const file_wheelfs_proto_rawDesc = "" +
 	"\fCreateObject\x12\x1f.wheelfs.v1.CreateObjectRequest\x1a .wheelfs.v1.CreateObjectResponse\x12E\n" +
 	"\bDropLink\x12\x1b.wheelfs.v1.DropLinkRequest\x1a\x1c.wheelfs.v1.DropLinkResponse\x129\n" +
 	"\x04Stat\x12\x17.wheelfs.v1.StatRequest\x1a\x18.wheelfs.v1.StatResponse\x12B\n" +
-	"\aAddLink\x12\x1a.wheelfs.v1.AddLinkRequest\x1a\x1b.wheelfs.v1.AddLinkResponseB*Z(github.com/wheelfs/wheelfs/internal/wireb\x06proto3"
+	"\aAddLink\x12\x1a.wheelfs.v1.AddLinkRequest\x1a\x1b.wheelfs.v1.AddLinkResponse\x12H\n" +
+	"\tReconcile\x12\x1c.wheelfs.v1.ReconcileRequest\x1a\x1d.wheelfs.v1.ReconcileResponseB*Z(github.com/wheelfs/wheelfs/internal/wireb\x06proto3"
 
 var (
 	file_wheelfs_proto_rawDescOnce sync.Once
@@ -4562,7 +4766,7 @@ func file_wheelfs_proto_rawDescGZIP() []byte {
 }
 
 var file_wheelfs_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_wheelfs_proto_msgTypes = make([]protoimpl.MessageInfo, 61)
+var file_wheelfs_proto_msgTypes = make([]protoimpl.MessageInfo, 64)
 var file_wheelfs_proto_goTypes = []any{
 	(Type)(0),                    // 0: wheelfs.v1.Type
 	(MutationKind)(0),            // 1: wheelfs.v1.MutationKind
@@ -4628,6 +4832,9 @@ var file_wheelfs_proto_goTypes = []any{
 	(*StatResponse)(nil),         // 61: wheelfs.v1.StatResponse
 	(*AddLinkRequest)(nil),       // 62: wheelfs.v1.AddLinkRequest
 	(*AddLinkResponse)(nil),      // 63: wheelfs.v1.AddLinkResponse
+	(*EntryChange)(nil),          // 64: wheelfs.v1.EntryChange
+	(*ReconcileRequest)(nil),     // 65: wheelfs.v1.ReconcileRequest
+	(*ReconcileResponse)(nil),    // 66: wheelfs.v1.ReconcileResponse
 }
 var file_wheelfs_proto_depIdxs = []int32{
 	0,  // 0: wheelfs.v1.Meta.type:type_name -> wheelfs.v1.Type
@@ -4691,71 +4898,77 @@ var file_wheelfs_proto_depIdxs = []int32{
 	6,  // 58: wheelfs.v1.AddLinkRequest.caller:type_name -> wheelfs.v1.Caller
 	4,  // 59: wheelfs.v1.AddLinkRequest.object:type_name -> wheelfs.v1.Meta
 	4,  // 60: wheelfs.v1.AddLinkResponse.replaced:type_name -> wheelfs.v1.Meta
-	7,  // 61: wheelfs.v1.Storage.Lookup:input_type -> wheelfs.v1.LookupRequest
-	9,  // 62: wheelfs.v1.Storage.GetAttr:input_type -> wheelfs.v1.GetAttrRequest
-	11, // 63: wheelfs.v1.Storage.Create:input_type -> wheelfs.v1.CreateRequest
-	13, // 64: wheelfs.v1.Storage.Link:input_type -> wheelfs.v1.LinkRequest
-	15, // 65: wheelfs.v1.Storage.Remove:input_type -> wheelfs.v1.RemoveRequest
-	17, // 66: wheelfs.v1.Storage.Rename:input_type -> wheelfs.v1.RenameRequest
-	19, // 67: wheelfs.v1.Storage.SetAttr:input_type -> wheelfs.v1.SetAttrRequest
-	21, // 68: wheelfs.v1.Storage.ReadDir:input_type -> wheelfs.v1.ReadDirRequest
-	24, // 69: wheelfs.v1.Storage.GetBlocks:input_type -> wheelfs.v1.GetBlocksRequest
-	26, // 70: wheelfs.v1.Storage.ReadBlocks:input_type -> wheelfs.v1.ReadBlocksRequest
-	28, // 71: wheelfs.v1.Storage.PutBlocks:input_type -> wheelfs.v1.PutBlocksRequest
-	30, // 72: wheelfs.v1.Storage.Commit:input_type -> wheelfs.v1.CommitRequest
-	32, // 73: wheelfs.v1.Storage.GetXattr:input_type -> wheelfs.v1.XattrRequest
-	32, // 74: wheelfs.v1.Storage.ListXattr:input_type -> wheelfs.v1.XattrRequest
-	32, // 75: wheelfs.v1.Storage.SetXattr:input_type -> wheelfs.v1.XattrRequest
-	32, // 76: wheelfs.v1.Storage.RemoveXattr:input_type -> wheelfs.v1.XattrRequest
-	34, // 77: wheelfs.v1.Storage.StatFS:input_type -> wheelfs.v1.StatFSRequest
-	36, // 78: wheelfs.v1.Storage.Open:input_type -> wheelfs.v1.OpenRequest
-	38, // 79: wheelfs.v1.Storage.Release:input_type -> wheelfs.v1.ReleaseRequest
-	41, // 80: wheelfs.v1.Storage.Callbacks:input_type -> wheelfs.v1.CallbackAck
-	44, // 81: wheelfs.v1.Peer.Replicate:input_type -> wheelfs.v1.ReplicateRequest
-	46, // 82: wheelfs.v1.Peer.Digest:input_type -> wheelfs.v1.DigestRequest
-	51, // 83: wheelfs.v1.Peer.Diff:input_type -> wheelfs.v1.DiffRequest
-	49, // 84: wheelfs.v1.Peer.Install:input_type -> wheelfs.v1.InstallRequest
-	52, // 85: wheelfs.v1.Peer.FetchBlocks:input_type -> wheelfs.v1.FetchBlocksRequest
-	54, // 86: wheelfs.v1.Peer.Ping:input_type -> wheelfs.v1.PingRequest
-	56, // 87: wheelfs.v1.Peer.CreateObject:input_type -> wheelfs.v1.CreateObjectRequest
-	58, // 88: wheelfs.v1.Peer.DropLink:input_type -> wheelfs.v1.DropLinkRequest
-	60, // 89: wheelfs.v1.Peer.Stat:input_type -> wheelfs.v1.StatRequest
-	62, // 90: wheelfs.v1.Peer.AddLink:input_type -> wheelfs.v1.AddLinkRequest
-	8,  // 91: wheelfs.v1.Storage.Lookup:output_type -> wheelfs.v1.LookupResponse
-	10, // 92: wheelfs.v1.Storage.GetAttr:output_type -> wheelfs.v1.GetAttrResponse
-	12, // 93: wheelfs.v1.Storage.Create:output_type -> wheelfs.v1.CreateResponse
-	14, // 94: wheelfs.v1.Storage.Link:output_type -> wheelfs.v1.LinkResponse
-	16, // 95: wheelfs.v1.Storage.Remove:output_type -> wheelfs.v1.RemoveResponse
-	18, // 96: wheelfs.v1.Storage.Rename:output_type -> wheelfs.v1.RenameResponse
-	20, // 97: wheelfs.v1.Storage.SetAttr:output_type -> wheelfs.v1.SetAttrResponse
-	22, // 98: wheelfs.v1.Storage.ReadDir:output_type -> wheelfs.v1.ReadDirResponse
-	25, // 99: wheelfs.v1.Storage.GetBlocks:output_type -> wheelfs.v1.GetBlocksResponse
-	27, // 100: wheelfs.v1.Storage.ReadBlocks:output_type -> wheelfs.v1.ReadBlocksResponse
-	29, // 101: wheelfs.v1.Storage.PutBlocks:output_type -> wheelfs.v1.PutBlocksResponse
-	31, // 102: wheelfs.v1.Storage.Commit:output_type -> wheelfs.v1.CommitResponse
-	33, // 103: wheelfs.v1.Storage.GetXattr:output_type -> wheelfs.v1.XattrResponse
-	33, // 104: wheelfs.v1.Storage.ListXattr:output_type -> wheelfs.v1.XattrResponse
-	33, // 105: wheelfs.v1.Storage.SetXattr:output_type -> wheelfs.v1.XattrResponse
-	33, // 106: wheelfs.v1.Storage.RemoveXattr:output_type -> wheelfs.v1.XattrResponse
-	35, // 107: wheelfs.v1.Storage.StatFS:output_type -> wheelfs.v1.StatFSResponse
-	37, // 108: wheelfs.v1.Storage.Open:output_type -> wheelfs.v1.OpenResponse
-	39, // 109: wheelfs.v1.Storage.Release:output_type -> wheelfs.v1.ReleaseResponse
-	40, // 110: wheelfs.v1.Storage.Callbacks:output_type -> wheelfs.v1.Revoke
-	45, // 111: wheelfs.v1.Peer.Replicate:output_type -> wheelfs.v1.ReplicateResponse
-	47, // 112: wheelfs.v1.Peer.Digest:output_type -> wheelfs.v1.DigestResponse
-	49, // 113: wheelfs.v1.Peer.Diff:output_type -> wheelfs.v1.InstallRequest
-	50, // 114: wheelfs.v1.Peer.Install:output_type -> wheelfs.v1.InstallResponse
-	53, // 115: wheelfs.v1.Peer.FetchBlocks:output_type -> wheelfs.v1.FetchBlocksResponse
-	55, // 116: wheelfs.v1.Peer.Ping:output_type -> wheelfs.v1.PingResponse
-	57, // 117: wheelfs.v1.Peer.CreateObject:output_type -> wheelfs.v1.CreateObjectResponse
-	59, // 118: wheelfs.v1.Peer.DropLink:output_type -> wheelfs.v1.DropLinkResponse
-	61, // 119: wheelfs.v1.Peer.Stat:output_type -> wheelfs.v1.StatResponse
-	63, // 120: wheelfs.v1.Peer.AddLink:output_type -> wheelfs.v1.AddLinkResponse
-	91, // [91:121] is the sub-list for method output_type
-	61, // [61:91] is the sub-list for method input_type
-	61, // [61:61] is the sub-list for extension type_name
-	61, // [61:61] is the sub-list for extension extendee
-	0,  // [0:61] is the sub-list for field type_name
+	5,  // 61: wheelfs.v1.EntryChange.entry:type_name -> wheelfs.v1.Entry
+	48, // 62: wheelfs.v1.ReconcileRequest.objects:type_name -> wheelfs.v1.ObjectState
+	64, // 63: wheelfs.v1.ReconcileRequest.entries:type_name -> wheelfs.v1.EntryChange
+	2,  // 64: wheelfs.v1.ReconcileResponse.status:type_name -> wheelfs.v1.ReplStatus
+	7,  // 65: wheelfs.v1.Storage.Lookup:input_type -> wheelfs.v1.LookupRequest
+	9,  // 66: wheelfs.v1.Storage.GetAttr:input_type -> wheelfs.v1.GetAttrRequest
+	11, // 67: wheelfs.v1.Storage.Create:input_type -> wheelfs.v1.CreateRequest
+	13, // 68: wheelfs.v1.Storage.Link:input_type -> wheelfs.v1.LinkRequest
+	15, // 69: wheelfs.v1.Storage.Remove:input_type -> wheelfs.v1.RemoveRequest
+	17, // 70: wheelfs.v1.Storage.Rename:input_type -> wheelfs.v1.RenameRequest
+	19, // 71: wheelfs.v1.Storage.SetAttr:input_type -> wheelfs.v1.SetAttrRequest
+	21, // 72: wheelfs.v1.Storage.ReadDir:input_type -> wheelfs.v1.ReadDirRequest
+	24, // 73: wheelfs.v1.Storage.GetBlocks:input_type -> wheelfs.v1.GetBlocksRequest
+	26, // 74: wheelfs.v1.Storage.ReadBlocks:input_type -> wheelfs.v1.ReadBlocksRequest
+	28, // 75: wheelfs.v1.Storage.PutBlocks:input_type -> wheelfs.v1.PutBlocksRequest
+	30, // 76: wheelfs.v1.Storage.Commit:input_type -> wheelfs.v1.CommitRequest
+	32, // 77: wheelfs.v1.Storage.GetXattr:input_type -> wheelfs.v1.XattrRequest
+	32, // 78: wheelfs.v1.Storage.ListXattr:input_type -> wheelfs.v1.XattrRequest
+	32, // 79: wheelfs.v1.Storage.SetXattr:input_type -> wheelfs.v1.XattrRequest
+	32, // 80: wheelfs.v1.Storage.RemoveXattr:input_type -> wheelfs.v1.XattrRequest
+	34, // 81: wheelfs.v1.Storage.StatFS:input_type -> wheelfs.v1.StatFSRequest
+	36, // 82: wheelfs.v1.Storage.Open:input_type -> wheelfs.v1.OpenRequest
+	38, // 83: wheelfs.v1.Storage.Release:input_type -> wheelfs.v1.ReleaseRequest
+	41, // 84: wheelfs.v1.Storage.Callbacks:input_type -> wheelfs.v1.CallbackAck
+	44, // 85: wheelfs.v1.Peer.Replicate:input_type -> wheelfs.v1.ReplicateRequest
+	46, // 86: wheelfs.v1.Peer.Digest:input_type -> wheelfs.v1.DigestRequest
+	51, // 87: wheelfs.v1.Peer.Diff:input_type -> wheelfs.v1.DiffRequest
+	49, // 88: wheelfs.v1.Peer.Install:input_type -> wheelfs.v1.InstallRequest
+	52, // 89: wheelfs.v1.Peer.FetchBlocks:input_type -> wheelfs.v1.FetchBlocksRequest
+	54, // 90: wheelfs.v1.Peer.Ping:input_type -> wheelfs.v1.PingRequest
+	56, // 91: wheelfs.v1.Peer.CreateObject:input_type -> wheelfs.v1.CreateObjectRequest
+	58, // 92: wheelfs.v1.Peer.DropLink:input_type -> wheelfs.v1.DropLinkRequest
+	60, // 93: wheelfs.v1.Peer.Stat:input_type -> wheelfs.v1.StatRequest
+	62, // 94: wheelfs.v1.Peer.AddLink:input_type -> wheelfs.v1.AddLinkRequest
+	65, // 95: wheelfs.v1.Peer.Reconcile:input_type -> wheelfs.v1.ReconcileRequest
+	8,  // 96: wheelfs.v1.Storage.Lookup:output_type -> wheelfs.v1.LookupResponse
+	10, // 97: wheelfs.v1.Storage.GetAttr:output_type -> wheelfs.v1.GetAttrResponse
+	12, // 98: wheelfs.v1.Storage.Create:output_type -> wheelfs.v1.CreateResponse
+	14, // 99: wheelfs.v1.Storage.Link:output_type -> wheelfs.v1.LinkResponse
+	16, // 100: wheelfs.v1.Storage.Remove:output_type -> wheelfs.v1.RemoveResponse
+	18, // 101: wheelfs.v1.Storage.Rename:output_type -> wheelfs.v1.RenameResponse
+	20, // 102: wheelfs.v1.Storage.SetAttr:output_type -> wheelfs.v1.SetAttrResponse
+	22, // 103: wheelfs.v1.Storage.ReadDir:output_type -> wheelfs.v1.ReadDirResponse
+	25, // 104: wheelfs.v1.Storage.GetBlocks:output_type -> wheelfs.v1.GetBlocksResponse
+	27, // 105: wheelfs.v1.Storage.ReadBlocks:output_type -> wheelfs.v1.ReadBlocksResponse
+	29, // 106: wheelfs.v1.Storage.PutBlocks:output_type -> wheelfs.v1.PutBlocksResponse
+	31, // 107: wheelfs.v1.Storage.Commit:output_type -> wheelfs.v1.CommitResponse
+	33, // 108: wheelfs.v1.Storage.GetXattr:output_type -> wheelfs.v1.XattrResponse
+	33, // 109: wheelfs.v1.Storage.ListXattr:output_type -> wheelfs.v1.XattrResponse
+	33, // 110: wheelfs.v1.Storage.SetXattr:output_type -> wheelfs.v1.XattrResponse
+	33, // 111: wheelfs.v1.Storage.RemoveXattr:output_type -> wheelfs.v1.XattrResponse
+	35, // 112: wheelfs.v1.Storage.StatFS:output_type -> wheelfs.v1.StatFSResponse
+	37, // 113: wheelfs.v1.Storage.Open:output_type -> wheelfs.v1.OpenResponse
+	39, // 114: wheelfs.v1.Storage.Release:output_type -> wheelfs.v1.ReleaseResponse
+	40, // 115: wheelfs.v1.Storage.Callbacks:output_type -> wheelfs.v1.Revoke
+	45, // 116: wheelfs.v1.Peer.Replicate:output_type -> wheelfs.v1.ReplicateResponse
+	47, // 117: wheelfs.v1.Peer.Digest:output_type -> wheelfs.v1.DigestResponse
+	49, // 118: wheelfs.v1.Peer.Diff:output_type -> wheelfs.v1.InstallRequest
+	50, // 119: wheelfs.v1.Peer.Install:output_type -> wheelfs.v1.InstallResponse
+	53, // 120: wheelfs.v1.Peer.FetchBlocks:output_type -> wheelfs.v1.FetchBlocksResponse
+	55, // 121: wheelfs.v1.Peer.Ping:output_type -> wheelfs.v1.PingResponse
+	57, // 122: wheelfs.v1.Peer.CreateObject:output_type -> wheelfs.v1.CreateObjectResponse
+	59, // 123: wheelfs.v1.Peer.DropLink:output_type -> wheelfs.v1.DropLinkResponse
+	61, // 124: wheelfs.v1.Peer.Stat:output_type -> wheelfs.v1.StatResponse
+	63, // 125: wheelfs.v1.Peer.AddLink:output_type -> wheelfs.v1.AddLinkResponse
+	66, // 126: wheelfs.v1.Peer.Reconcile:output_type -> wheelfs.v1.ReconcileResponse
+	96, // [96:127] is the sub-list for method output_type
+	65, // [65:96] is the sub-list for method input_type
+	65, // [65:65] is the sub-list for extension type_name
+	65, // [65:65] is the sub-list for extension extendee
+	0,  // [0:65] is the sub-list for field type_name
 }
 
 func init() { file_wheelfs_proto_init() }
@@ -4769,7 +4982,7 @@ func file_wheelfs_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_wheelfs_proto_rawDesc), len(file_wheelfs_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   61,
+			NumMessages:   64,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

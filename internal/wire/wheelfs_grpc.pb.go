@@ -860,6 +860,7 @@ const (
 	Peer_DropLink_FullMethodName     = "/wheelfs.v1.Peer/DropLink"
 	Peer_Stat_FullMethodName         = "/wheelfs.v1.Peer/Stat"
 	Peer_AddLink_FullMethodName      = "/wheelfs.v1.Peer/AddLink"
+	Peer_Reconcile_FullMethodName    = "/wheelfs.v1.Peer/Reconcile"
 )
 
 // PeerClient is the client API for Peer service.
@@ -879,6 +880,7 @@ type PeerClient interface {
 	DropLink(ctx context.Context, in *DropLinkRequest, opts ...grpc.CallOption) (*DropLinkResponse, error)
 	Stat(ctx context.Context, in *StatRequest, opts ...grpc.CallOption) (*StatResponse, error)
 	AddLink(ctx context.Context, in *AddLinkRequest, opts ...grpc.CallOption) (*AddLinkResponse, error)
+	Reconcile(ctx context.Context, in *ReconcileRequest, opts ...grpc.CallOption) (*ReconcileResponse, error)
 }
 
 type peerClient struct {
@@ -989,6 +991,16 @@ func (c *peerClient) AddLink(ctx context.Context, in *AddLinkRequest, opts ...gr
 	return out, nil
 }
 
+func (c *peerClient) Reconcile(ctx context.Context, in *ReconcileRequest, opts ...grpc.CallOption) (*ReconcileResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ReconcileResponse)
+	err := c.cc.Invoke(ctx, Peer_Reconcile_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // PeerServer is the server API for Peer service.
 // All implementations must embed UnimplementedPeerServer
 // for forward compatibility.
@@ -1006,6 +1018,7 @@ type PeerServer interface {
 	DropLink(context.Context, *DropLinkRequest) (*DropLinkResponse, error)
 	Stat(context.Context, *StatRequest) (*StatResponse, error)
 	AddLink(context.Context, *AddLinkRequest) (*AddLinkResponse, error)
+	Reconcile(context.Context, *ReconcileRequest) (*ReconcileResponse, error)
 	mustEmbedUnimplementedPeerServer()
 }
 
@@ -1045,6 +1058,9 @@ func (UnimplementedPeerServer) Stat(context.Context, *StatRequest) (*StatRespons
 }
 func (UnimplementedPeerServer) AddLink(context.Context, *AddLinkRequest) (*AddLinkResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method AddLink not implemented")
+}
+func (UnimplementedPeerServer) Reconcile(context.Context, *ReconcileRequest) (*ReconcileResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Reconcile not implemented")
 }
 func (UnimplementedPeerServer) mustEmbedUnimplementedPeerServer() {}
 func (UnimplementedPeerServer) testEmbeddedByValue()              {}
@@ -1247,6 +1263,24 @@ func _Peer_AddLink_Handler(srv interface{}, ctx context.Context, dec func(interf
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Peer_Reconcile_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ReconcileRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(PeerServer).Reconcile(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Peer_Reconcile_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(PeerServer).Reconcile(ctx, req.(*ReconcileRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Peer_ServiceDesc is the grpc.ServiceDesc for Peer service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -1293,6 +1327,10 @@ var Peer_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "AddLink",
 			Handler:    _Peer_AddLink_Handler,
+		},
+		{
+			MethodName: "Reconcile",
+			Handler:    _Peer_Reconcile_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
