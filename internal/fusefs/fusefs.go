@@ -33,8 +33,10 @@ const InfoXattr = "user.wheelfs.info"
 // Options configures a mount.
 type Options struct {
 	Logger *slog.Logger
-	// AttrTimeout is the longest the kernel may cache attributes and
-	// entries (less when the core's lease on them ends sooner).
+	// AttrTimeout is the longest the kernel may cache attributes (less
+	// when the core's lease on them ends sooner). Names are not cached in
+	// the kernel: every lookup reaches the core, which answers from its
+	// leases.
 	AttrTimeout time.Duration
 	// AllowOther lets every local user use the mount (set when root mounts).
 	AllowOther bool
@@ -52,7 +54,7 @@ func Mount(dir string, core *client.FS, o Options) (*fuse.Server, error) {
 	top := &node{root: r, id: oid.Root}
 	r.track(top)
 	core.OnRevoke(r.revoked)
-	neg := time.Duration(0)
+	neg, zero := time.Duration(0), time.Duration(0)
 	opts := &fs.Options{
 		MountOptions: fuse.MountOptions{
 			AllowOther:   o.AllowOther,
@@ -69,7 +71,7 @@ func Mount(dir string, core *client.FS, o Options) (*fuse.Server, error) {
 			DisableXAttrs:        false,
 			IgnoreSecurityLabels: true,
 		},
-		EntryTimeout:    &o.AttrTimeout,
+		EntryTimeout:    &zero,
 		AttrTimeout:     &o.AttrTimeout,
 		NegativeTimeout: &neg,
 		RootStableAttr:  &fs.StableAttr{Ino: inode(oid.Root, cue.Set{}), Mode: syscall.S_IFDIR},

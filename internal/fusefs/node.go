@@ -54,7 +54,7 @@ var (
 func (n *node) child(ctx context.Context, m *wire.Meta, cues cue.Set, out *fuse.EntryOut) *fs.Inode {
 	fillAttr(m, cues, &out.Attr)
 	id := oid.ID(m.Id)
-	out.SetEntryTimeout(n.root.timeout(n.id))
+	out.SetEntryTimeout(0) // names are revalidated with the core's leases (notify.go)
 	out.SetAttrTimeout(n.root.timeout(id))
 	c := &node{root: n.root, id: id, cues: cues}
 	ino := n.NewInode(ctx, c, fs.StableAttr{Mode: attrs.TypeBits(m.Type), Ino: out.Attr.Ino})

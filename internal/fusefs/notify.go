@@ -8,11 +8,9 @@ import (
 	"github.com/wheelfs/wheelfs/internal/oid"
 )
 
-// notifyWait bounds how long a revocation waits for the kernel to drop
-// its caches before it is acknowledged. The kernel takes a directory's
-// lock to drop a name, and a request of this mount in that directory may
-// hold it while it waits for the very update that is revoking the lease;
-// past this bound the invalidation finishes on its own.
+// notifyWait bounds how long a revocation waits for the kernel before it is
+// acknowledged (attribute invalidation takes no lock a request could hold,
+// so this is only a guard).
 const notifyWait = 50 * time.Millisecond
 
 // inodes tracks the kernel-visible inodes of each object (the plain view
@@ -46,10 +44,14 @@ func (n *node) OnForget() {
 	}
 }
 
-// revoked invalidates what the kernel caches of ids (their attributes and
-// pages, and the names in them when they are directories) because the
-// core's leases on them were revoked: the kernel never serves what the
-// core would not.
+// revoked invalidates the kernel's cached attributes of ids because the
+// core's leases on them were revoked, so the kernel never serves what the
+// core would not. Only attributes: dropping pages or names makes the kernel
+// wait for locks that a request of this mount may hold while it waits for
+// the very update being revoked, and a mount killed then stays unkillable
+// (we saw it: kill -9 of wheelfs up left it in D state). The kernel keeps
+// no names at all (entry timeout 0, answered from the core's leases), and
+// its pages are kept at open only when the version is unchanged.
 func (r *root) revoked(ids []oid.ID) {
 	r.mu.Lock()
 	var nodes []*node
@@ -66,14 +68,7 @@ func (r *root) revoked(ids []oid.ID) {
 	go func() {
 		defer close(done)
 		for _, n := range nodes {
-			ino := n.EmbeddedInode()
-			ino.NotifyContent(0, 0)
-			if !ino.IsDir() {
-				continue
-			}
-			for name := range ino.Children() {
-				ino.NotifyEntry(name)
-			}
+			n.EmbeddedInode().NotifyContent(-1, 0)
 		}
 	}()
 	select {
