@@ -382,6 +382,9 @@ type Report struct {
 	Partitions []int // steps per partition (history), sorted
 	Took       time.Duration
 	Info       porcupine.LinearizationInfo
+	// Failing names the partitions that are not linearizable ("dir d0",
+	// "obj 4398046511105"), when Result is Illegal.
+	Failing []string
 }
 
 // Summary is the report as one line: partitions and their sizes.
@@ -409,7 +412,38 @@ func Check(ops []porcupine.Operation, timeout time.Duration) Report {
 	began := time.Now()
 	rep.Result, rep.Info = porcupine.CheckOperationsVerbose(Model, ops, timeout)
 	rep.Took = time.Since(began)
+	if rep.Result == porcupine.Illegal {
+		one := Model
+		one.Partition = nil
+		for _, p := range partition(ops) {
+			if porcupine.CheckOperationsTimeout(one, p, timeout) == porcupine.Illegal {
+				rep.Failing = append(rep.Failing, key(p[0].Input.(Input)))
+			}
+		}
+	}
 	return rep
+}
+
+// Describe lists the steps of partition k in call order, one a line, with
+// call and return times relative to the first: for a test log.
+func Describe(ops []porcupine.Operation, k string) string {
+	var p []porcupine.Operation
+	for _, op := range ops {
+		if key(op.Input.(Input)) == k {
+			p = append(p, op)
+		}
+	}
+	slices.SortStableFunc(p, func(a, b porcupine.Operation) int { return cmp.Compare(a.Call, b.Call) })
+	var b strings.Builder
+	for _, op := range p {
+		ret := "?"
+		if op.Return != math.MaxInt64 && !op.Output.(Output).Unknown {
+			ret = time.Duration(op.Return).Round(time.Microsecond).String()
+		}
+		fmt.Fprintf(&b, "client %d [%v, %s] %s\n", op.ClientId, time.Duration(op.Call).Round(time.Microsecond), ret,
+			describe(op.Input, op.Output))
+	}
+	return b.String()
 }
 
 // Visualize writes porcupine's HTML view of a checked history to path.
