@@ -385,6 +385,8 @@ type Report struct {
 	// Failing names the partitions that are not linearizable ("dir d0",
 	// "obj 4398046511105"), when Result is Illegal.
 	Failing []string
+
+	ops []porcupine.Operation
 }
 
 // Summary is the report as one line: partitions and their sizes.
@@ -399,7 +401,7 @@ func (r Report) Summary() string {
 
 // Check checks ops against Model within timeout.
 func Check(ops []porcupine.Operation, timeout time.Duration) Report {
-	rep := Report{Ops: len(ops)}
+	rep := Report{Ops: len(ops), ops: ops}
 	for _, op := range ops {
 		if op.Output.(Output).Unknown {
 			rep.Unknown++
@@ -424,23 +426,64 @@ func Check(ops []porcupine.Operation, timeout time.Duration) Report {
 	return rep
 }
 
-// Describe lists the steps of partition k in call order, one a line, with
-// call and return times relative to the first: for a test log.
-func Describe(ops []porcupine.Operation, k string) string {
-	var p []porcupine.Operation
-	for _, op := range ops {
-		if key(op.Input.(Input)) == k {
-			p = append(p, op)
+// Explain describes a failing partition k of a checked history for a test
+// log: the earliest-returning step that porcupine's longest partial
+// linearization of k could not include, and every step that overlaps the
+// stretch from within before it to its return, one a line.
+func (r Report) Explain(k string, within time.Duration) string {
+	parts := r.Info.PartialLinearizationsOperations()
+	var all []porcupine.Operation
+	var longest []porcupine.Operation
+	for _, part := range parts {
+		if len(part) == 0 || len(part[0]) == 0 || key(part[0][0].Input.(Input)) != k {
+			continue
+		}
+		for _, lin := range part {
+			if len(lin) > len(longest) {
+				longest = lin
+			}
 		}
 	}
-	slices.SortStableFunc(p, func(a, b porcupine.Operation) int { return cmp.Compare(a.Call, b.Call) })
+	type id struct {
+		client int
+		call   int64
+	}
+	in := map[id]bool{}
+	for _, op := range longest {
+		in[id{op.ClientId, op.Call}] = true
+	}
+	for _, op := range r.ops {
+		if key(op.Input.(Input)) == k {
+			all = append(all, op)
+		}
+	}
+	var stuck *porcupine.Operation
+	for i, op := range all {
+		if !in[id{op.ClientId, op.Call}] && (stuck == nil || op.Return < stuck.Return) {
+			stuck = &all[i]
+		}
+	}
+	if stuck == nil {
+		return "no step left out of the longest partial linearization"
+	}
+	from, to := stuck.Call-int64(within), stuck.Return
+	slices.SortStableFunc(all, func(a, b porcupine.Operation) int { return cmp.Compare(a.Call, b.Call) })
 	var b strings.Builder
-	for _, op := range p {
+	fmt.Fprintf(&b, "longest partial linearization: %d of %d steps; the first step it cannot place: %s\n",
+		len(longest), len(all), describe(stuck.Input, stuck.Output))
+	for _, op := range all {
+		if op.Call > to || op.Return < from {
+			continue
+		}
 		ret := "?"
-		if op.Return != math.MaxInt64 && !op.Output.(Output).Unknown {
+		if !op.Output.(Output).Unknown {
 			ret = time.Duration(op.Return).Round(time.Microsecond).String()
 		}
-		fmt.Fprintf(&b, "client %d [%v, %s] %s\n", op.ClientId, time.Duration(op.Call).Round(time.Microsecond), ret,
+		mark := " "
+		if &op == stuck || (op.ClientId == stuck.ClientId && op.Call == stuck.Call) {
+			mark = ">"
+		}
+		fmt.Fprintf(&b, "%s client %d [%v, %s] %s\n", mark, op.ClientId, time.Duration(op.Call).Round(time.Microsecond), ret,
 			describe(op.Input, op.Output))
 	}
 	return b.String()

@@ -2,6 +2,7 @@ package history
 
 import (
 	"math"
+	"strings"
 	"testing"
 	"time"
 
@@ -106,5 +107,21 @@ func TestRecorder(t *testing.T) {
 	}
 	if rep := Check(r.Operations(), time.Second); rep.Result != porcupine.Ok {
 		t.Errorf("%s", rep.Summary())
+	}
+}
+
+func TestExplain(t *testing.T) {
+	ops := []porcupine.Operation{
+		op(0, 0, 1, Input{Kind: Put, Dir: "d", Name: "f", Obj: 7}, Output{}),
+		op(0, 2, 3, Input{Kind: Unlink, Dir: "d", Name: "f"}, Output{Found: true}),
+		op(1, 4, 5, Input{Kind: Lookup, Dir: "d", Name: "f"}, Output{Obj: 7}),
+	}
+	rep := Check(ops, time.Second)
+	if rep.Result != porcupine.Illegal || len(rep.Failing) != 1 || rep.Failing[0] != "dir d" {
+		t.Fatalf("%s, failing %v", rep.Summary(), rep.Failing)
+	}
+	got := rep.Explain("dir d", 10)
+	if !strings.Contains(got, "cannot place: lookup(d/f) → 7") {
+		t.Errorf("explanation:\n%s", got)
 	}
 }
