@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"context"
+	"io"
 	"os"
 	"syscall"
 	"testing"
@@ -43,7 +44,10 @@ type boundedOp struct {
 // primary of both), partitions west, and returns the operations to try
 // from eu. eu's client never touched the objects (it is given their IDs),
 // so it holds nothing cached about them.
-func unreachableSetup(t *testing.T, clientTimeout time.Duration) (*Cluster, []boundedOp) {
+//
+// paused instead pauses west's server: its connections are accepted but
+// its calls never answer (a blackhole rather than refused connections).
+func unreachableSetup(t *testing.T, clientTimeout time.Duration, paused bool) (*Cluster, []boundedOp) {
 	t.Helper()
 	c := Start(t, Options{Sites: []string{"west", "east", "eu"}, LockTTL: 60 * time.Second,
 		RTT: UniformRTT(20 * time.Millisecond), ClientTimeout: clientTimeout})
@@ -70,7 +74,11 @@ func unreachableSetup(t *testing.T, clientTimeout time.Duration) (*Cluster, []bo
 			t.Fatalf("primary of %v at %s, want west", id, p.Site)
 		}
 	}
-	c.PartitionSite("west")
+	if paused {
+		c.Pause(c.Servers("west")[0])
+	} else {
+		c.PartitionSite("west")
+	}
 	ops := []boundedOp{
 		{"resolve /mt/f", func(ctx context.Context, fs *client.FS, cues cue.Set) error {
 			path := "/mt/f"
@@ -148,13 +156,17 @@ func TestMaxTimeBoundsUnreachablePrimary(t *testing.T) {
 	if testing.Short() {
 		t.Skip("cluster test")
 	}
-	c, ops := unreachableSetup(t, 30*time.Second)
-	const T = 700 * time.Millisecond
-	_, cues, err := c.Client("eu").ParseCues("/.MaxTime=700/x")
-	if err != nil || cues.MaxTime != T {
-		t.Fatalf("parse: %v %v", cues, err)
+	for _, paused := range []bool{false, true} {
+		t.Run(map[bool]string{false: "partitioned", true: "paused"}[paused], func(t *testing.T) {
+			c, ops := unreachableSetup(t, 30*time.Second, paused)
+			const T = 700 * time.Millisecond
+			_, cues, err := c.Client("eu").ParseCues("/.MaxTime=700/x")
+			if err != nil || cues.MaxTime != T {
+				t.Fatalf("parse: %v %v", cues, err)
+			}
+			checkBounded(t, c, ops, cues, T)
+		})
 	}
-	checkBounded(t, c, ops, cues, T)
 }
 
 // TestDefaultTimeoutBoundsUnreachablePrimary: without any cue, operations
@@ -165,6 +177,68 @@ func TestDefaultTimeoutBoundsUnreachablePrimary(t *testing.T) {
 		t.Skip("cluster test")
 	}
 	const timeout = 2 * time.Second
-	c, ops := unreachableSetup(t, timeout)
+	c, ops := unreachableSetup(t, timeout, false)
 	checkBounded(t, c, ops, client.NoCues, timeout)
+}
+
+// TestEventualUsesBackup: with .EventualConsistency and .MaxTime=T and the
+// primary unreachable, eu reads the file from a backup (RepLevel 3 puts
+// one at every site) and creates a file at a backup, each client call
+// within T (+ boundMargin); after the partition heals, west sees the file
+// created meanwhile (paper §4.5, §5.4). Waits for the client side of
+// .EventualConsistency (lead) and for reconciliation (server side).
+func TestEventualUsesBackup(t *testing.T) {
+	if testing.Short() {
+		t.Skip("cluster test")
+	}
+	pending(t, ".EventualConsistency fallbacks (reads from backups, writes at a backup) and reconciliation")
+	c, _ := unreachableSetup(t, 30*time.Second, false)
+	const T = 700 * time.Millisecond
+	const prefix = "/.EventualConsistency/.MaxTime=700"
+	eu := c.Client("eu")
+	ctx := t.Context()
+	timed := func(what string, f func() error) {
+		t.Helper()
+		began := time.Now()
+		err := f()
+		took := time.Since(began)
+		if err != nil {
+			t.Fatalf("%s with the primary cut off: %v (after %v)", what, err, took)
+		}
+		if took > T+boundMargin {
+			t.Errorf("%s took %v, want within %v + %v", what, took, T, boundMargin)
+		}
+	}
+	var r *client.Resolved
+	timed("resolve", func() (err error) { r, err = eu.Resolve(ctx, Owner(), prefix+"/mt/f"); return err })
+	if r.Meta == nil {
+		t.Fatal("/mt/f not found through a backup")
+	}
+	var h *client.Handle
+	timed("open", func() (err error) {
+		h, _, err = eu.Open(ctx, Owner(), r.Cues, oid.ID(r.Meta.Id), syscall.O_RDONLY)
+		return err
+	})
+	buf := make([]byte, 64)
+	var n int
+	timed("read", func() (err error) {
+		n, err = h.Read(ctx, buf, 0)
+		if err == io.EOF {
+			err = nil
+		}
+		return err
+	})
+	if string(buf[:n]) != "contents" {
+		t.Errorf("read %q through a backup, want %q", buf[:n], "contents")
+	}
+	h.Release(ctx)
+	began := time.Now()
+	if err := eu.WriteFile(ctx, Owner(), prefix+"/mt/during", []byte("written at a backup"), 0o644); err != nil {
+		t.Fatalf("create at a backup: %v", err)
+	}
+	t.Logf("create + write + close at a backup: %v", time.Since(began))
+	c.HealSite("west")
+	c.WaitFor(60*time.Second, "west sees the file created during the partition", func() error {
+		return readIs(ctx, c.Client("west"), "/mt/during", []byte("written at a backup"))
+	})
 }
