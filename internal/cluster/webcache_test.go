@@ -65,7 +65,8 @@ type webSample struct {
 	site     string
 	at       time.Time     // when the request began
 	open     time.Duration // the open(): path resolution and Open
-	maxCall  time.Duration // the slowest single client call of the request
+	maxCall  time.Duration // the slowest single client call of the open and read
+	store    time.Duration // writing the origin's copy into the cache (several calls)
 	hit      bool          // served from WheelFS
 	openErr  bool          // the open() failed (a miss or an error)
 	storeErr bool
@@ -200,9 +201,11 @@ func webRequest(ctx context.Context, fs *client.FS, path, url string) webSample 
 	}
 	if !smp.hit {
 		time.Sleep(webOriginDelay) // the origin server answers
-		if err := timed(func() error { return fs.WriteFile(ctx, Owner(), path, webPage(url), 0o644) }); err != nil {
+		b := time.Now()
+		if err := fs.WriteFile(ctx, Owner(), path, webPage(url), 0o644); err != nil {
 			smp.storeErr = true
 		}
+		smp.store = time.Since(b)
 	}
 	smp.total = time.Since(smp.at)
 	return smp
@@ -335,11 +338,18 @@ func TestWebCacheUnderFailures(t *testing.T) {
 		t.Run(mode.name, func(t *testing.T) {
 			res := runWebCache(t, mode.prefix, s)
 			during, outside := res.summarize(s)
-			var opens, calls []time.Duration
+			var opens, calls, stores []time.Duration
+			storeErrs := 0
 			slow := 0
 			for _, smp := range res.samples {
 				opens = append(opens, smp.open)
 				calls = append(calls, smp.maxCall)
+				if smp.store > 0 {
+					stores = append(stores, smp.store)
+				}
+				if smp.storeErr {
+					storeErrs++
+				}
 				if smp.open > webMaxTime+boundMargin || smp.maxCall > webMaxTime+boundMargin {
 					slow++
 					if slow <= 5 {
@@ -355,6 +365,8 @@ func TestWebCacheUnderFailures(t *testing.T) {
 			t.Logf("%s: outside failures %v", mode.name, outside)
 			t.Logf("%s: open() latency p50 %v p99 %v max %v; slowest call max %v", mode.name,
 				percentile(opens, .5), percentile(opens, .99), percentile(opens, 1), percentile(calls, 1))
+			t.Logf("%s: cache stores p50 %v max %v, %d of %d failed", mode.name, percentile(stores, .5),
+				percentile(stores, 1), storeErrs, len(stores))
 			if testing.Verbose() {
 				t.Logf("per second: served/from WheelFS/origin (* failure)\n%s", res.timeline())
 			}
