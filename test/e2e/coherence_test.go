@@ -233,7 +233,8 @@ func TestCrossMountCoherence(t *testing.T) {
 				}
 				change("unlink", func() error { return os.Remove(px) })
 				gone(i, cached, x)
-			case 4: // mkdir, then rmdir
+			case 4: // mkdir, then rmdir (of the same directory when B has
+				// it cached, of one B never looked at otherwise)
 				if cached {
 					warm(x)
 				}
@@ -241,9 +242,17 @@ func TestCrossMountCoherence(t *testing.T) {
 				if st, err := os.Stat(filepath.Join(db, x)); err != nil || !st.IsDir() {
 					s.report("stat on B after mkdir", "round %d (B cached: %v): %v", i, cached, err)
 				}
-				change("rmdir", func() error { return syscall.Rmdir(px) })
-				if _, err := os.Stat(filepath.Join(db, x)); !errors.Is(err, fs.ErrNotExist) {
+				gonedir := x
+				if !cached {
+					gonedir = y
+					change("mkdir", func() error { return os.Mkdir(py, 0o755) })
+				}
+				change("rmdir", func() error { return syscall.Rmdir(filepath.Join(da, gonedir)) })
+				if _, err := os.Stat(filepath.Join(db, gonedir)); !errors.Is(err, fs.ErrNotExist) {
 					s.report("stat on B after rmdir", "round %d (B cached: %v): %v, want ENOENT", i, cached, err)
+				}
+				if !cached {
+					change("rmdir", func() error { return syscall.Rmdir(px) })
 				}
 			}
 			os.Remove(py) // leave the directory small
