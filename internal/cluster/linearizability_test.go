@@ -150,7 +150,8 @@ func (w *linWorker) write(ctx context.Context, id oid.ID) (string, bool) {
 // put: write a temporary file, rename it over name.
 func (w *linWorker) put(ctx context.Context, dir, name string) {
 	fs := w.fs()
-	tmp := fmt.Sprintf("%sw%d.%d", hist.TempPrefix, w.id, w.seq)
+	w.seq++
+	tmp := fmt.Sprintf("%sw%d.%d", hist.TempPrefix, w.id, w.seq) // never reused
 	m, err := fs.Create(ctx, Owner(), w.create, w.dirs[dir], tmp, client.CreateArgs{Type: wire.Type_TYPE_FILE, Mode: 0o644})
 	if err != nil {
 		return // at most a temporary name appeared
