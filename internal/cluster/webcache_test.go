@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/wheelfs/wheelfs/internal/client"
+	"github.com/wheelfs/wheelfs/internal/fserr"
 	"github.com/wheelfs/wheelfs/internal/oid"
 )
 
@@ -68,7 +69,7 @@ type webSample struct {
 	maxCall  time.Duration // the slowest single client call of the open and read
 	store    time.Duration // writing the origin's copy into the cache (several calls)
 	hit      bool          // served from WheelFS
-	openErr  bool          // the open() failed (a miss or an error)
+	openErr  syscall.Errno // why the open() failed (ENOENT: a miss), 0 if it did not
 	storeErr bool
 	total    time.Duration
 }
@@ -175,7 +176,7 @@ func webRequest(ctx context.Context, fs *client.FS, path, url string) webSample 
 	// open(): every component's lookup, then Open.
 	err := timed(func() (err error) { r, err = fs.Resolve(ctx, Owner(), path); return err })
 	if err == nil && r.Meta == nil {
-		err = syscall.ENOENT
+		err = fserr.ErrNotExist
 	}
 	if err == nil {
 		err = timed(func() error {
@@ -197,7 +198,7 @@ func webRequest(ctx context.Context, fs *client.FS, path, url string) webSample 
 		}
 		timed(func() error { h.Release(ctx); return nil })
 	} else {
-		smp.openErr = true
+		smp.openErr = fserr.Errno(err)
 	}
 	if !smp.hit {
 		time.Sleep(webOriginDelay) // the origin server answers
@@ -340,6 +341,7 @@ func TestWebCacheUnderFailures(t *testing.T) {
 			during, outside := res.summarize(s)
 			var opens, calls, stores []time.Duration
 			storeErrs := 0
+			errnos := map[syscall.Errno]int{}
 			slow := 0
 			for _, smp := range res.samples {
 				opens = append(opens, smp.open)
@@ -349,6 +351,9 @@ func TestWebCacheUnderFailures(t *testing.T) {
 				}
 				if smp.storeErr {
 					storeErrs++
+				}
+				if smp.openErr != 0 {
+					errnos[smp.openErr]++
 				}
 				if smp.open > webMaxTime+boundMargin || smp.maxCall > webMaxTime+boundMargin {
 					slow++
@@ -365,6 +370,12 @@ func TestWebCacheUnderFailures(t *testing.T) {
 			t.Logf("%s: outside failures %v", mode.name, outside)
 			t.Logf("%s: open() latency p50 %v p99 %v max %v; slowest call max %v", mode.name,
 				percentile(opens, .5), percentile(opens, .99), percentile(opens, 1), percentile(calls, 1))
+			t.Logf("%s: failed open()s by errno: %v", mode.name, errnos)
+			for e, n := range errnos {
+				if e != syscall.ENOENT && e != syscall.ETIMEDOUT {
+					t.Errorf("%d open()s failed with %v (%d), want ENOENT (a miss) or ETIMEDOUT", n, e, int(e))
+				}
+			}
 			t.Logf("%s: cache stores p50 %v max %v, %d of %d failed", mode.name, percentile(stores, .5),
 				percentile(stores, 1), storeErrs, len(stores))
 			if testing.Verbose() {
