@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -234,7 +235,7 @@ func (w *linWorker) run(ctx context.Context, stop <-chan struct{}, dirs []string
 		case p < 80:
 			w.unlink(ctx, dir, name)
 		case p < 90:
-			to := linNames[(slicesIndex(linNames, name)+1+w.rng.IntN(len(linNames)-1))%len(linNames)]
+			to := linNames[(slices.Index(linNames, name)+1+w.rng.IntN(len(linNames)-1))%len(linNames)]
 			w.rename(ctx, dir, name, to)
 		default:
 			w.readdir(ctx, dir)
@@ -242,15 +243,6 @@ func (w *linWorker) run(ctx context.Context, stop <-chan struct{}, dirs []string
 		ops.Add(1)
 		time.Sleep(time.Duration(2+w.rng.IntN(4)) * time.Millisecond) // leave the cores to the servers
 	}
-}
-
-func slicesIndex(s []string, v string) int {
-	for i, x := range s {
-		if x == v {
-			return i
-		}
-	}
-	return -1
 }
 
 // TestLinearizableUnderFaults runs clients at three sites against two
@@ -317,6 +309,18 @@ func linearizableUnderFaults(t *testing.T, dur time.Duration, create cue.Set, re
 		}
 		dirs[d] = oid.ID(m.Id)
 	}
+	if create.KeepTogether { // the files land in their directory's slice
+		m, err := c.Client("eu").Create(ctx, Owner(), create, dirs["d0"], "probe", client.CreateArgs{Type: wire.Type_TYPE_FILE, Mode: 0o644})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := oid.ID(m.Id).Slice(); got != dirs["d0"].Slice() {
+			t.Fatalf(".KeepTogether file in slice %d, its directory in %d", got, dirs["d0"].Slice())
+		}
+		if err := c.Client("eu").Remove(ctx, Owner(), client.NoCues, dirs["d0"], "probe", false); err != nil {
+			t.Fatal(err)
+		}
+	}
 
 	const perSite = 2
 	nworkers := perSite * len(c.Sites())
@@ -380,7 +384,7 @@ func linearizableUnderFaults(t *testing.T, dur time.Duration, create cue.Set, re
 
 	began := time.Now()
 	faults := 0
-	for i := 0; time.Since(began) < dur; i++ {
+	for i := 0; time.Since(began) < dur || faults < 3; i++ { // every kind of fault at least once
 		dir := dirNames[i%len(dirNames)]
 		sl := dirs[dir].Slice()
 		var name string
