@@ -36,6 +36,7 @@ type member struct {
 func newMembers(n int, sites []string, root string, ca *pki.CA, log *slog.Logger) ([]*member, error) {
 	ms := make([]*member, n)
 	var cluster []string
+	used := map[string]bool{}
 	for i := range ms {
 		m := &member{name: fmt.Sprintf("etcd-%d", i), site: sites[i%len(sites)]}
 		m.dir = filepath.Join(root, m.name)
@@ -47,10 +48,10 @@ func newMembers(n int, sites []string, root string, ca *pki.CA, log *slog.Logger
 		m.tls = &embedded.TLSInfo{CertFile: filepath.Join(node, pki.NodeCertFile),
 			KeyFile: filepath.Join(node, pki.NodeKeyFile), CAFile: filepath.Join(node, pki.CACertFile)}
 		var err error
-		if m.clientAddr, err = embedded.FreeAddr(""); err != nil {
+		if m.clientAddr, err = freeAddr(used); err != nil {
 			return nil, err
 		}
-		if m.peerAddr, err = embedded.FreeAddr(""); err != nil {
+		if m.peerAddr, err = freeAddr(used); err != nil {
 			return nil, err
 		}
 		cluster = append(cluster, m.name+"=https://"+m.peerAddr)
@@ -61,6 +62,23 @@ func newMembers(n int, sites []string, root string, ca *pki.CA, log *slog.Logger
 		m.initial = initial
 	}
 	return ms, nil
+}
+
+// freeAddr returns a free loopback address not in used, and adds it: the
+// kernel may hand out a port again once its probe listener closed, which
+// gave one member the same client and peer port.
+func freeAddr(used map[string]bool) (string, error) {
+	for range 100 {
+		a, err := embedded.FreeAddr("")
+		if err != nil {
+			return "", err
+		}
+		if !used[a] {
+			used[a] = true
+			return a, nil
+		}
+	}
+	return "", errors.New("no free loopback port")
 }
 
 func (m *member) config() embedded.Config {
