@@ -2,6 +2,7 @@ package client
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 
@@ -47,6 +48,11 @@ func (f *FS) Lookup(ctx context.Context, u User, cues cue.Set, dir oid.ID, name 
 	}
 	ctx, cancel := f.bound(ctx, cues)
 	defer cancel()
+	return f.lookup(ctx, u, cues, dir, name, 0)
+}
+
+// lookup is Lookup within the caller's bound.
+func (f *FS) lookup(ctx context.Context, u User, cues cue.Set, dir oid.ID, name string, attempt int) (*wire.Meta, error) {
 	req := &wire.LookupRequest{Caller: u.caller(), Dir: uint64(dir), Name: name}
 	var resp *wire.LookupResponse
 	var tok leaseToken
@@ -83,6 +89,11 @@ func (f *FS) Lookup(ctx context.Context, u User, cues cue.Set, dir oid.ID, name 
 	if resp.Meta == nil && resp.Entry != nil {
 		// The child lives on another primary: ask it.
 		m, err := f.getAttr(ctx, u, cues, oid.ID(resp.Entry.Id))
+		if errors.Is(err, fserr.ErrNotExist) && attempt < 3 {
+			// Replaced (and deleted) between the two questions: the name
+			// names another object now.
+			return f.lookup(ctx, u, cues, dir, name, attempt+1)
+		}
 		if err != nil {
 			return nil, fmt.Errorf("lookup %q in %v: %w", name, dir, err)
 		}

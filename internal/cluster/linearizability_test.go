@@ -284,8 +284,7 @@ func TestLinearizableUnderFaults(t *testing.T) {
 		linearizableUnderFaults(t, dur, cue.Set{KeepTogether: true}, !strict)
 	})
 	t.Run("spread", func(t *testing.T) {
-		pending(t, "fixes of the cross-server name races (TestUnlinkRacingRename, TestLookupRacingRenameOver)")
-		linearizableUnderFaults(t, dur, client.NoCues, false)
+		linearizableUnderFaults(t, dur, client.NoCues, !strict)
 	})
 }
 

@@ -32,7 +32,6 @@ func TestUnlinkRacingRename(t *testing.T) {
 	if testing.Short() {
 		t.Skip("cluster test")
 	}
-	pending(t, "a fix: a cross-server unlink is not atomic with a rename of the name (both succeed, the entry dangles)")
 	c, dir := raceDir(t)
 	ctx := opCtx(t)
 	const rounds = 50
@@ -87,7 +86,6 @@ func TestLookupRacingRenameOver(t *testing.T) {
 	if testing.Short() {
 		t.Skip("cluster test")
 	}
-	pending(t, "a fix: Lookup asks the directory, then the child's primary, which may have deleted the replaced object in between (ENOENT)")
 	c, dir := raceDir(t)
 	ctx := opCtx(t)
 	eu, east := c.Client("eu"), c.Client("east")

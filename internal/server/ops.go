@@ -510,6 +510,7 @@ func (s *Server) Remove(ctx context.Context, req *wire.RemoveRequest) (*wire.Rem
 	if aerr != nil {
 		return nil, fserr.ToStatus(aerr)
 	}
+	defer s.names.lock(nameKey(dir, req.Name))()
 	c := cred(req.Caller)
 	now := time.Now().UnixNano()
 	if out, done, err := s.removeRemote(ctx, req); done {
@@ -670,6 +671,7 @@ func (s *Server) Rename(ctx context.Context, req *wire.RenameRequest) (*wire.Ren
 	if aerr != nil {
 		return nil, fserr.ToStatus(aerr)
 	}
+	defer s.names.lock(nameKey(src, req.SrcName), nameKey(dst, req.DstName))()
 	if !s.local(ctx, dst) {
 		if s.primary(src) != nil {
 			// Backup mode cannot coordinate with another server.

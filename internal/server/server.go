@@ -106,6 +106,7 @@ type Server struct {
 	tendWG   sync.WaitGroup
 
 	leases *leases
+	names  nameLocks
 }
 
 // New returns a server over st that coordinates through conf.
