@@ -214,7 +214,20 @@ func (f *FS) bound(ctx context.Context, cues cue.Set) (context.Context, context.
 	case cues.EventualConsistency:
 		d = EventualTimeout
 	}
+	if start, ok := ctx.Value(startKey{}).(time.Time); ok {
+		// One step of a larger system call: the limit is the call's.
+		return context.WithDeadline(ctx, start.Add(d))
+	}
 	return context.WithTimeout(ctx, d)
+}
+
+type startKey struct{}
+
+// WithStart marks ctx as one step of a system call that began at start
+// (open(2) is several lookups and an open): the operation's time limit
+// counts from start, so the whole call stays within .MaxTime.
+func WithStart(ctx context.Context, start time.Time) context.Context {
+	return context.WithValue(ctx, startKey{}, start)
 }
 
 // server returns the primary for id.

@@ -50,7 +50,7 @@ func Mount(dir string, core *client.FS, o Options) (*fuse.Server, error) {
 		o.Logger = slog.Default()
 	}
 	r := &root{core: core, log: o.Logger.With("component", "fuse"), groups: map[uint32]groupEntry{},
-		attrTimeout: o.AttrTimeout, inodes: inodes{byID: map[oid.ID]map[*node]struct{}{}}}
+		attrTimeout: o.AttrTimeout, inodes: inodes{byID: map[oid.ID]map[*node]struct{}{}}, walks: map[uint32]walk{}}
 	top := &node{root: r, id: oid.Root}
 	r.track(top)
 	core.OnRevoke(r.revoked)
@@ -89,6 +89,7 @@ type root struct {
 	mu     sync.Mutex
 	groups map[uint32]groupEntry // pid -> supplementary groups
 	inodes inodes
+	walks  map[uint32]walk // thread -> path walk in progress
 }
 
 // timeout is how long the kernel may cache what the core knows of id.

@@ -65,7 +65,8 @@ func (n *node) child(ctx context.Context, m *wire.Meta, cues cue.Set, out *fuse.
 // Lookup implements fs.NodeLookuper. A cue name yields a view of this
 // directory with the cue applied; anything else is looked up on the server.
 func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
-	ctx = detach(ctx)
+	ctx, done := n.root.step(ctx, false)
+	defer done()
 	r := n.root
 	u := r.user(ctx)
 	if c, ok, err := cue.ParseComponent(name); ok {
@@ -96,7 +97,8 @@ func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs
 
 // Getattr implements fs.NodeGetattrer.
 func (n *node) Getattr(ctx context.Context, f fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
-	ctx = detach(ctx)
+	ctx, done := n.root.step(ctx, true)
+	defer done()
 	m, err := n.root.core.GetAttr(ctx, n.root.user(ctx), n.cues, n.id)
 	if err != nil {
 		return n.root.errno("getattr", err)
@@ -108,7 +110,8 @@ func (n *node) Getattr(ctx context.Context, f fs.FileHandle, out *fuse.AttrOut) 
 
 // Setattr implements fs.NodeSetattrer.
 func (n *node) Setattr(ctx context.Context, f fs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
-	ctx = detach(ctx)
+	ctx, done := n.root.step(ctx, true)
+	defer done()
 	req := &wire.SetAttrRequest{ViaHandle: f != nil}
 	if m, ok := in.GetMode(); ok {
 		req.Valid |= wire.SetMode
@@ -155,7 +158,8 @@ func (n *node) create(ctx context.Context, name string, a client.CreateArgs, out
 
 // Create implements fs.NodeCreater.
 func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint32, out *fuse.EntryOut) (*fs.Inode, fs.FileHandle, uint32, syscall.Errno) {
-	ctx = detach(ctx)
+	ctx, done := n.root.step(ctx, true)
+	defer done()
 	ino, m, errno := n.create(ctx, name, client.CreateArgs{
 		Type: wire.Type_TYPE_FILE, Mode: mode & 0o7777, Exclusive: flags&syscall.O_EXCL != 0}, out)
 	if errno != 0 {
@@ -171,28 +175,32 @@ func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint3
 
 // Mkdir implements fs.NodeMkdirer.
 func (n *node) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
-	ctx = detach(ctx)
+	ctx, done := n.root.step(ctx, true)
+	defer done()
 	ino, _, errno := n.create(ctx, name, client.CreateArgs{Type: wire.Type_TYPE_DIR, Mode: mode & 0o7777}, out)
 	return ino, errno
 }
 
 // Mknod implements fs.NodeMknoder.
 func (n *node) Mknod(ctx context.Context, name string, mode uint32, dev uint32, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
-	ctx = detach(ctx)
+	ctx, done := n.root.step(ctx, true)
+	defer done()
 	ino, _, errno := n.create(ctx, name, client.CreateArgs{Type: modeType(mode), Mode: mode & 0o7777, Rdev: dev}, out)
 	return ino, errno
 }
 
 // Symlink implements fs.NodeSymlinker.
 func (n *node) Symlink(ctx context.Context, target, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
-	ctx = detach(ctx)
+	ctx, done := n.root.step(ctx, true)
+	defer done()
 	ino, _, errno := n.create(ctx, name, client.CreateArgs{Type: wire.Type_TYPE_SYMLINK, Mode: 0o777, Target: target}, out)
 	return ino, errno
 }
 
 // Readlink implements fs.NodeReadlinker.
 func (n *node) Readlink(ctx context.Context) ([]byte, syscall.Errno) {
-	ctx = detach(ctx)
+	ctx, done := n.root.step(ctx, true)
+	defer done()
 	t, err := n.root.core.Readlink(ctx, n.root.user(ctx), n.cues, n.id)
 	if err != nil {
 		return nil, n.root.errno("readlink", err)
@@ -202,7 +210,8 @@ func (n *node) Readlink(ctx context.Context) ([]byte, syscall.Errno) {
 
 // Link implements fs.NodeLinker.
 func (n *node) Link(ctx context.Context, target fs.InodeEmbedder, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
-	ctx = detach(ctx)
+	ctx, done := n.root.step(ctx, true)
+	defer done()
 	t := target.(*node)
 	m, err := n.root.core.Link(ctx, n.root.user(ctx), n.cues, n.id, name, t.id)
 	if err != nil {
@@ -213,26 +222,30 @@ func (n *node) Link(ctx context.Context, target fs.InodeEmbedder, name string, o
 
 // Unlink implements fs.NodeUnlinker.
 func (n *node) Unlink(ctx context.Context, name string) syscall.Errno {
-	ctx = detach(ctx)
+	ctx, done := n.root.step(ctx, true)
+	defer done()
 	return n.root.errno("unlink", n.root.core.Remove(ctx, n.root.user(ctx), n.cues, n.id, name, false))
 }
 
 // Rmdir implements fs.NodeRmdirer.
 func (n *node) Rmdir(ctx context.Context, name string) syscall.Errno {
-	ctx = detach(ctx)
+	ctx, done := n.root.step(ctx, true)
+	defer done()
 	return n.root.errno("rmdir", n.root.core.Remove(ctx, n.root.user(ctx), n.cues, n.id, name, true))
 }
 
 // Rename implements fs.NodeRenamer.
 func (n *node) Rename(ctx context.Context, name string, newParent fs.InodeEmbedder, newName string, flags uint32) syscall.Errno {
-	ctx = detach(ctx)
+	ctx, done := n.root.step(ctx, true)
+	defer done()
 	p := newParent.(*node)
 	return n.root.errno("rename", n.root.core.Rename(ctx, n.root.user(ctx), n.cues, n.id, name, p.id, newName, flags))
 }
 
 // Readdir implements fs.NodeReaddirer. Cue components never appear.
 func (n *node) Readdir(ctx context.Context) (fs.DirStream, syscall.Errno) {
-	ctx = detach(ctx)
+	ctx, done := n.root.step(ctx, true)
+	defer done()
 	entries, dir, err := n.root.core.ReadDir(ctx, n.root.user(ctx), n.cues, n.id)
 	if err != nil {
 		return nil, n.root.errno("readdir", err)
@@ -250,7 +263,8 @@ func (n *node) Readdir(ctx context.Context) (fs.DirStream, syscall.Errno) {
 // Open implements fs.NodeOpener. The kernel keeps its page cache only when
 // the version is the one it cached (close-to-open).
 func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
-	ctx = detach(ctx)
+	ctx, done := n.root.step(ctx, true)
+	defer done()
 	h, m, err := n.root.core.Open(ctx, n.root.user(ctx), n.cues, n.id, flags)
 	if err != nil {
 		return nil, 0, n.root.errno("open", err)
@@ -264,7 +278,8 @@ func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, s
 
 // Statfs implements fs.NodeStatfser.
 func (n *node) Statfs(ctx context.Context, out *fuse.StatfsOut) syscall.Errno {
-	ctx = detach(ctx)
+	ctx, done := n.root.step(ctx, true)
+	defer done()
 	st, err := n.root.core.StatFS(ctx, n.root.user(ctx), n.cues)
 	if err != nil {
 		return n.root.errno("statfs", err)
@@ -276,7 +291,8 @@ func (n *node) Statfs(ctx context.Context, out *fuse.StatfsOut) syscall.Errno {
 
 // Getxattr implements fs.NodeGetxattrer; InfoXattr is computed here.
 func (n *node) Getxattr(ctx context.Context, attr string, dest []byte) (uint32, syscall.Errno) {
-	ctx = detach(ctx)
+	ctx, done := n.root.step(ctx, true)
+	defer done()
 	var val []byte
 	var err error
 	if attr == InfoXattr {
@@ -298,7 +314,8 @@ func (n *node) Getxattr(ctx context.Context, attr string, dest []byte) (uint32, 
 
 // Setxattr implements fs.NodeSetxattrer.
 func (n *node) Setxattr(ctx context.Context, attr string, data []byte, flags uint32) syscall.Errno {
-	ctx = detach(ctx)
+	ctx, done := n.root.step(ctx, true)
+	defer done()
 	if attr == InfoXattr {
 		return syscall.EPERM
 	}
@@ -307,13 +324,15 @@ func (n *node) Setxattr(ctx context.Context, attr string, data []byte, flags uin
 
 // Removexattr implements fs.NodeRemovexattrer.
 func (n *node) Removexattr(ctx context.Context, attr string) syscall.Errno {
-	ctx = detach(ctx)
+	ctx, done := n.root.step(ctx, true)
+	defer done()
 	return n.root.errno("removexattr", n.root.core.RemoveXattr(ctx, n.root.user(ctx), n.cues, n.id, attr))
 }
 
 // Listxattr implements fs.NodeListxattrer.
 func (n *node) Listxattr(ctx context.Context, dest []byte) (uint32, syscall.Errno) {
-	ctx = detach(ctx)
+	ctx, done := n.root.step(ctx, true)
+	defer done()
 	names, err := n.root.core.ListXattr(ctx, n.root.user(ctx), n.cues, n.id)
 	if err != nil {
 		return 0, n.root.errno("listxattr", err)
@@ -347,7 +366,8 @@ const fallocKeepSize = 0x01
 // (blocks are content-addressed), so fallocate only extends the size, or
 // does nothing with FALLOC_FL_KEEP_SIZE; other modes are not supported.
 func (n *node) Allocate(ctx context.Context, f fs.FileHandle, off uint64, size uint64, mode uint32) syscall.Errno {
-	ctx = detach(ctx)
+	ctx, done := n.root.step(ctx, true)
+	defer done()
 	switch mode {
 	case fallocKeepSize:
 		return 0

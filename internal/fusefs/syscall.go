@@ -1,0 +1,57 @@
+package fusefs
+
+import (
+	"context"
+	"time"
+
+	"github.com/hanwen/go-fuse/v2/fuse"
+
+	"github.com/wheelfs/wheelfs/internal/client"
+)
+
+// walkGap is the longest pause between two requests of one thread that
+// still counts as one system call's path walk.
+const walkGap = 20 * time.Millisecond
+
+// walk is a path walk in progress on one thread: the lookups of a system
+// call (open, stat, create...) and its final request.
+type walk struct {
+	start time.Time // when the system call's first request arrived
+	last  time.Time // when its latest request ended
+}
+
+// step starts serving one request of the calling thread. The kernel turns
+// open("/a/b/c") into LOOKUP a, b, c and OPEN; .MaxTime bounds the whole
+// system call (paper §4.5), so a request that follows a lookup of the same
+// thread within walkGap gets the time that is left of the walk's limit
+// (client.WithStart). final ends the walk. done records the request's end.
+// The request's cancellation is dropped (see detach).
+func (r *root) step(ctx context.Context, final bool) (context.Context, func()) {
+	ctx = detach(ctx)
+	c, ok := fuse.FromContext(ctx)
+	if !ok {
+		return ctx, func() {}
+	}
+	tid := c.Pid // the kernel's task ID: one per thread
+	now := time.Now()
+	r.mu.Lock()
+	w, ok := r.walks[tid]
+	if !ok || now.Sub(w.last) > walkGap {
+		w = walk{start: now}
+	}
+	if final {
+		delete(r.walks, tid)
+	} else if len(r.walks) > 4096 {
+		clear(r.walks) // threads that died mid-walk
+	}
+	r.mu.Unlock()
+	return client.WithStart(ctx, w.start), func() {
+		if final {
+			return
+		}
+		w.last = time.Now()
+		r.mu.Lock()
+		r.walks[tid] = w
+		r.mu.Unlock()
+	}
+}
