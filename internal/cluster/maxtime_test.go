@@ -200,7 +200,6 @@ func TestEventualUsesBackup(t *testing.T) {
 	if testing.Short() {
 		t.Skip("cluster test")
 	}
-	pending(t, ".EventualConsistency fallbacks (reads from backups, writes at a backup) and reconciliation")
 	c, _ := unreachableSetup(t, 30*time.Second, false)
 	const T = 700 * time.Millisecond
 	const prefix = "/.EventualConsistency/.MaxTime=700"
