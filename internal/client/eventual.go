@@ -227,6 +227,15 @@ func writeEventual[Req request, Resp any](ctx context.Context, f *FS, id oid.ID,
 	return resp, firstErr
 }
 
+// readLeased runs a read that may bring a lease: on id's primary, or under
+// .EventualConsistency as readEventual does (version orders the answers).
+func readLeased[Req request, Resp any](ctx context.Context, f *FS, cues cue.Set, id oid.ID, rpc rpcFunc[Req, Resp], req Req, version func(Resp) uint64) (Resp, leaseToken, error) {
+	if cues.EventualConsistency {
+		return readEventual(ctx, f, id, rpc, req, version)
+	}
+	return callLeased(ctx, f, id, rpc, req)
+}
+
 // read runs a read RPC on id's primary, or with .EventualConsistency on
 // the replica with the newest answer when the primary cannot be reached.
 func read[Req request, Resp any](ctx context.Context, f *FS, cues cue.Set, id oid.ID, rpc rpcFunc[Req, Resp], req Req) (Resp, error) {

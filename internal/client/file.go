@@ -194,20 +194,13 @@ func (f *FS) Open(ctx context.Context, u User, cues cue.Set, id oid.ID, flags ui
 		}
 		h.registered = f.registerOpen(req)
 	} else {
-		var resp *wire.OpenResponse
-		var tok leaseToken
-		var err error
-		if cues.EventualConsistency {
-			resp, tok, err = readEventual(ctx, f, id, wire.StorageClient.Open, req, func(r *wire.OpenResponse) uint64 {
-				return r.GetMeta().GetVersion()
-			})
-			if err != nil && unreachable(err) && !writable {
-				if sm, ok := f.leases.meta(id, true); ok {
-					resp, err = &wire.OpenResponse{Meta: sm}, nil
-				}
+		resp, tok, err := readLeased(ctx, f, cues, id, wire.StorageClient.Open, req, func(r *wire.OpenResponse) uint64 {
+			return r.GetMeta().GetVersion()
+		})
+		if err != nil && cues.EventualConsistency && unreachable(err) && !writable {
+			if sm, ok := f.leases.meta(id, true); ok {
+				resp, err = &wire.OpenResponse{Meta: sm}, nil
 			}
-		} else {
-			resp, tok, err = callLeased(ctx, f, id, wire.StorageClient.Open, req)
 		}
 		if err != nil {
 			return nil, nil, fmt.Errorf("open %v: %w", id, err)

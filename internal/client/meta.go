@@ -54,20 +54,13 @@ func (f *FS) Lookup(ctx context.Context, u User, cues cue.Set, dir oid.ID, name 
 // lookup is Lookup within the caller's bound.
 func (f *FS) lookup(ctx context.Context, u User, cues cue.Set, dir oid.ID, name string, attempt int) (*wire.Meta, error) {
 	req := &wire.LookupRequest{Caller: u.caller(), Dir: uint64(dir), Name: name}
-	var resp *wire.LookupResponse
-	var tok leaseToken
-	var err error
-	if cues.EventualConsistency {
-		resp, tok, err = readEventual(ctx, f, dir, wire.StorageClient.Lookup, req, func(r *wire.LookupResponse) uint64 {
-			return r.GetDir().GetVersion()
-		})
-		if err != nil && unreachable(err) {
-			if m, cerr, ok := f.cachedLookup(u, dir, name, true); ok {
-				return m, cerr
-			}
+	resp, tok, err := readLeased(ctx, f, cues, dir, wire.StorageClient.Lookup, req, func(r *wire.LookupResponse) uint64 {
+		return r.GetDir().GetVersion()
+	})
+	if err != nil && cues.EventualConsistency && unreachable(err) {
+		if m, cerr, ok := f.cachedLookup(u, dir, name, true); ok {
+			return m, cerr
 		}
-	} else {
-		resp, tok, err = callLeased(ctx, f, dir, wire.StorageClient.Lookup, req)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("lookup %q in %v: %w", name, dir, err)
@@ -144,20 +137,13 @@ func (f *FS) getAttr(ctx context.Context, u User, cues cue.Set, id oid.ID) (*wir
 		return m, nil
 	}
 	req := &wire.GetAttrRequest{Caller: u.caller(), Id: uint64(id)}
-	var resp *wire.GetAttrResponse
-	var tok leaseToken
-	var err error
-	if cues.EventualConsistency {
-		resp, tok, err = readEventual(ctx, f, id, wire.StorageClient.GetAttr, req, func(r *wire.GetAttrResponse) uint64 {
-			return r.GetMeta().GetVersion()
-		})
-		if err != nil && unreachable(err) {
-			if m, ok := f.leases.meta(id, true); ok {
-				return m, nil
-			}
+	resp, tok, err := readLeased(ctx, f, cues, id, wire.StorageClient.GetAttr, req, func(r *wire.GetAttrResponse) uint64 {
+		return r.GetMeta().GetVersion()
+	})
+	if err != nil && cues.EventualConsistency && unreachable(err) {
+		if m, ok := f.leases.meta(id, true); ok {
+			return m, nil
 		}
-	} else {
-		resp, tok, err = callLeased(ctx, f, id, wire.StorageClient.GetAttr, req)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("getattr %v: %w", id, err)
@@ -309,20 +295,13 @@ func (f *FS) ReadDirMeta(ctx context.Context, u User, cues cue.Set, dir oid.ID) 
 	lease := uint32(0)
 	for page := 0; ; page++ {
 		req := &wire.ReadDirRequest{Caller: u.caller(), Dir: uint64(dir), After: after, Limit: 1024, WithMeta: cues.WholeFile}
-		var resp *wire.ReadDirResponse
-		var tok leaseToken
-		var err error
-		if cues.EventualConsistency {
-			resp, tok, err = readEventual(ctx, f, dir, wire.StorageClient.ReadDir, req, func(r *wire.ReadDirResponse) uint64 {
-				return r.GetDir().GetVersion()
-			})
-			if err != nil && unreachable(err) && !cues.WholeFile {
-				if entries, d, cerr, ok := f.cachedList(u, dir, true); ok {
-					return entries, nil, d, cerr
-				}
+		resp, tok, err := readLeased(ctx, f, cues, dir, wire.StorageClient.ReadDir, req, func(r *wire.ReadDirResponse) uint64 {
+			return r.GetDir().GetVersion()
+		})
+		if err != nil && cues.EventualConsistency && unreachable(err) && !cues.WholeFile {
+			if entries, d, cerr, ok := f.cachedList(u, dir, true); ok {
+				return entries, nil, d, cerr
 			}
-		} else {
-			resp, tok, err = callLeased(ctx, f, dir, wire.StorageClient.ReadDir, req)
 		}
 		if err != nil {
 			return nil, nil, nil, fmt.Errorf("readdir %v: %w", dir, err)
