@@ -120,6 +120,19 @@ func (l *leases) claim(ids []oid.ID) (leased []oid.ID) {
 	return leased
 }
 
+// leased reports whether a client holds a live lease on id.
+func (l *leases) leased(id oid.ID) bool {
+	now := time.Now()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, h := range l.holders[id] {
+		if h.until.After(now) {
+			return true
+		}
+	}
+	return false
+}
+
 // unclaim ends an update's claim on ids.
 func (l *leases) unclaim(ids []oid.ID) {
 	if len(ids) == 0 {

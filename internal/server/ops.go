@@ -467,6 +467,9 @@ func (s *Server) unlinkObject(tx *store.Tx, m *wire.Meta, now int64, dying *[]oi
 		return tx.PutMeta(m)
 	}
 	id := oid.ID(m.Id)
+	if err := s.mustRevoke(id); err != nil {
+		return err
+	}
 	s.mu.Lock()
 	open := s.opens[id] > 0
 	if !open {

@@ -38,29 +38,51 @@ func (s *Server) updateUndo(ctx context.Context, sync uint32, fn func(tx *store.
 	var claimed []oid.ID
 	defer func() { s.leases.unclaim(claimed) }()
 	for {
-		var leased []oid.ID
 		err := s.updateOnce(ctx, sync, fn, func(muts []*wire.Mutation) error {
 			ids := mutatedObjects(muts)
 			claimed = append(claimed, ids...)
-			if leased = s.leases.claim(ids); len(leased) > 0 {
-				return errLeased
+			if leased := s.leases.claim(ids); len(leased) > 0 {
+				return &leasedError{ids: leased}
 			}
 			return nil
 		})
-		if !errors.Is(err, errLeased) {
+		var le *leasedError
+		if !errors.As(err, &le) {
 			return err
 		}
 		if undo != nil {
 			undo()
 		}
-		if err := s.leases.revoke(ctx, leased); err != nil {
+		if le.early {
+			// Found by fn itself: no grants on them until we are done.
+			claimed = append(claimed, le.ids...)
+			s.leases.claim(le.ids)
+		}
+		if err := s.leases.revoke(ctx, le.ids); err != nil {
 			return err
 		}
 	}
 }
 
-// errLeased undoes an update whose objects must have their leases revoked first.
-var errLeased = errors.New("objects are leased")
+// leasedError undoes an update attempt whose objects must have their
+// leases revoked first.
+type leasedError struct {
+	ids   []oid.ID
+	early bool // returned by fn before its mutations were known
+}
+
+func (e *leasedError) Error() string { return fmt.Sprintf("objects %v are leased", e.ids) }
+
+// mustRevoke lets fn stop an attempt before it does something outside the
+// store that a holder of id's lease could race with (marking an object
+// dying, which makes an open the holder is registering fail): the update
+// revokes the lease and runs fn again.
+func (s *Server) mustRevoke(id oid.ID) error {
+	if s.leases.leased(id) {
+		return &leasedError{ids: []oid.ID{id}, early: true}
+	}
+	return nil
+}
 
 // mutatedObjects lists the objects whose state mutations change.
 func mutatedObjects(muts []*wire.Mutation) []oid.ID {
