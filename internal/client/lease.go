@@ -225,18 +225,6 @@ func (l *leases) meta(id oid.ID, stale bool) (*wire.Meta, bool) {
 	return m, ok
 }
 
-// forget drops everything cached about ids (after this client changed them).
-func (l *leases) forget(ids ...oid.ID) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.gen++
-	now := time.Now()
-	for _, id := range ids {
-		delete(l.objs, id)
-		l.revoked[id] = revokedMark{gen: l.gen, at: now}
-	}
-}
-
 // revoke handles a revocation from server bc: the objects' cached state
 // becomes stale, the kernel is told, and open registrations of these
 // objects in flight finish first (so the update sees them).
