@@ -43,7 +43,9 @@ func listNames(t *testing.T, fs *client.FS, path string) []string {
 func TestLeasesServeFromCacheAndRevoke(t *testing.T) {
 	t.Parallel()
 	const rtt = 100 * time.Millisecond
-	c := Start(t, Options{RTT: UniformRTT(rtt)})
+	// Leases never outlast the primary's lock: L = 10 s lets them last
+	// seconds, as the cached steps below need under the race detector.
+	c := Start(t, Options{RTT: UniformRTT(rtt), LockTTL: 10 * time.Second})
 	ctx := opCtx(t)
 	west, east := c.Client("west"), c.Client("east")
 	if _, err := west.Mkdir(ctx, Owner(), "/d", 0o755); err != nil {
