@@ -533,15 +533,7 @@ func (p *peerServer) Reconcile(ctx context.Context, req *wire.ReconcileRequest) 
 	if err := s.primary(oid.Make(sl, 0)); err != nil {
 		return nil, fserr.ToStatus(err)
 	}
-	var missing [][32]byte
-	for _, o := range req.Objects {
-		for _, b := range o.Blocks {
-			if len(b.Hash) == 32 && !s.store.HasBlock([32]byte(b.Hash)) {
-				missing = append(missing, [32]byte(b.Hash))
-			}
-		}
-	}
-	if err := s.fetchBlocks(ctx, req.Source, missing); err != nil {
+	if err := s.fetchMissing(ctx, req.Source, req.Objects); err != nil {
 		return nil, fserr.ToStatus(err)
 	}
 	if err := s.mergePush(ctx, req); err != nil {

@@ -223,20 +223,26 @@ func (p *peerServer) Install(ctx context.Context, req *wire.InstallRequest) (*wi
 	return &wire.InstallResponse{}, nil
 }
 
-// install applies a snapshot chunk, fetching the blocks it references
-// that this server lacks from req.Source. It reports stale if this
-// server has already seen a newer epoch, and busy (applying nothing) if
-// refuseDiverged is set and it holds eventual changes of the slice.
-func (s *Server) install(ctx context.Context, req *wire.InstallRequest, refuseDiverged bool) (stale, busy bool, err error) {
+// fetchMissing fetches from source the blocks that objects reference and
+// this server lacks.
+func (s *Server) fetchMissing(ctx context.Context, source string, objects []*wire.ObjectState) error {
 	var missing [][32]byte
-	for _, o := range req.Objects {
+	for _, o := range objects {
 		for _, b := range o.Blocks {
 			if len(b.Hash) == 32 && !s.store.HasBlock([32]byte(b.Hash)) {
 				missing = append(missing, [32]byte(b.Hash))
 			}
 		}
 	}
-	if err := s.fetchBlocks(ctx, req.Source, missing); err != nil {
+	return s.fetchBlocks(ctx, source, missing)
+}
+
+// install applies a snapshot chunk, fetching the blocks it references
+// that this server lacks from req.Source. It reports stale if this
+// server has already seen a newer epoch, and busy (applying nothing) if
+// refuseDiverged is set and it holds eventual changes of the slice.
+func (s *Server) install(ctx context.Context, req *wire.InstallRequest, refuseDiverged bool) (stale, busy bool, err error) {
+	if err := s.fetchMissing(ctx, req.Source, req.Objects); err != nil {
 		return false, false, err
 	}
 	sl := oid.Slice(req.Slice)
