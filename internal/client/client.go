@@ -127,7 +127,8 @@ type FS struct {
 	regMu sync.Mutex
 	regs  map[oid.ID]*registration // opens served from the cache, being registered at the primary
 	// suspects are primaries that recently did not answer in time.
-	suspects map[string]time.Time
+	suspectMu sync.Mutex
+	suspects  map[string]time.Time
 }
 
 // New returns a client core that reaches servers through router.

@@ -53,17 +53,17 @@ func unreachable(err error) bool {
 
 // suspect marks server id as not answering.
 func (f *FS) suspect(id string) {
-	f.regMu.Lock()
+	f.suspectMu.Lock()
 	if f.suspects == nil {
 		f.suspects = map[string]time.Time{}
 	}
 	f.suspects[id] = time.Now().Add(suspectFor)
-	f.regMu.Unlock()
+	f.suspectMu.Unlock()
 }
 
 func (f *FS) suspected(id string) bool {
-	f.regMu.Lock()
-	defer f.regMu.Unlock()
+	f.suspectMu.Lock()
+	defer f.suspectMu.Unlock()
 	until, ok := f.suspects[id]
 	if ok && time.Now().After(until) {
 		delete(f.suspects, id)

@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/protobuf/proto"
@@ -273,10 +274,8 @@ func (l *leases) run(bc *backChannel, sc wire.StorageClient) {
 	}
 }
 
-var chanGens struct {
-	sync.Mutex
-	n uint64
-}
+// chanGens numbers back channel incarnations (never 0).
+var chanGens atomic.Uint64
 
 // serve runs one incarnation of the back channel and reports whether it
 // came up.
@@ -290,10 +289,7 @@ func (l *leases) serve(bc *backChannel, sc wire.StorageClient) bool {
 	if err != nil {
 		return false
 	}
-	chanGens.Lock()
-	chanGens.n++
-	gen := chanGens.n
-	chanGens.Unlock()
+	gen := chanGens.Add(1)
 	l.mu.Lock()
 	bc.gen = gen
 	l.mu.Unlock()
