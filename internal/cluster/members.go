@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"net"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -64,19 +66,23 @@ func newMembers(n int, sites []string, root string, ca *pki.CA, log *slog.Logger
 	return ms, nil
 }
 
-// freeAddr returns a free loopback address not in used, and adds it: the
-// kernel may hand out a port again once its probe listener closed, which
-// gave one member the same client and peer port.
+// freeAddr returns a free loopback address not in used, and adds it. The
+// port is taken below the kernel's ephemeral range (32768 and up): a member
+// restarts on the port it remembers, and a port from that range may by then
+// be the local end of some outgoing connection ("address already in use").
 func freeAddr(used map[string]bool) (string, error) {
-	for range 100 {
-		a, err := embedded.FreeAddr("")
+	for range 1000 {
+		a := net.JoinHostPort("127.0.0.1", strconv.Itoa(20000+rand.IntN(12000)))
+		if used[a] {
+			continue
+		}
+		l, err := net.Listen("tcp", a)
 		if err != nil {
-			return "", err
+			continue
 		}
-		if !used[a] {
-			used[a] = true
-			return a, nil
-		}
+		l.Close()
+		used[a] = true
+		return a, nil
 	}
 	return "", errors.New("no free loopback port")
 }
