@@ -476,6 +476,21 @@ func (c *Cluster) Crash(n *Node) {
 	c.log.Info("node crashed", "node", n.Name, "id", n.id)
 }
 
+// Stop stops n as SIGTERM would: it releases its slice locks and
+// membership before it exits. Restart brings it back.
+func (c *Cluster) Stop(n *Node) {
+	c.t.Helper()
+	c.mu.Lock()
+	h := n.host
+	n.host, n.paused = nil, false
+	c.mu.Unlock()
+	if h == nil {
+		c.t.Fatalf("cluster: stop %s: not running", n)
+	}
+	stopHost(h, true)
+	c.log.Info("node stopped", "node", n.Name, "id", n.id)
+}
+
 // Restart starts a crashed node again on the same data directory, with the
 // same identity; it returns when the node serves.
 func (c *Cluster) Restart(n *Node) {

@@ -537,3 +537,71 @@ func TestTakeoverCollectsNewerVersions(t *testing.T) {
 		}
 	}
 }
+
+// TestRestartAllThenWriteThenKill: every node restarts at once (SIGTERM,
+// same data); the first one back takes its slices over while its peers
+// are still down. A write it accepts then must reach the backups before
+// it is acknowledged (SyncLevel = RepLevel = 3), so that kill -9 of that
+// primary loses nothing. Before the fix the replica list shrank to the
+// primary alone and the write was acknowledged with no copy elsewhere.
+func TestRestartAllThenWriteThenKill(t *testing.T) {
+	c := Start(t, Options{Sites: []string{"west", "east", "eu"}, LockTTL: 2 * time.Second})
+	ctx := opCtx(t)
+	if err := c.Client("west").WriteFile(ctx, Owner(), "/before", []byte("v1"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c.WaitFor(20*time.Second, "three replicas", func() error {
+		in, err := info(ctx, c.Client("west"), "/before")
+		if err == nil && len(in.Replicas) != 3 {
+			err = fmt.Errorf("replicas %v", in.Replicas)
+		}
+		return err
+	})
+	nodes := []*Node{c.Servers("west")[0], c.Servers("east")[0], c.Servers("eu")[0]}
+	var wg sync.WaitGroup
+	for _, n := range nodes {
+		c.mu.Lock()
+		h := n.host
+		n.host = nil
+		c.mu.Unlock()
+		wg.Go(func() { stopHost(h, true) })
+	}
+	wg.Wait()
+
+	west := nodes[0]
+	c.Restart(west)
+	data := bytes.Repeat([]byte("acknowledged "), 64<<10/13)
+	done := make(chan error, 1)
+	go func() {
+		fs := west.Client()
+		_, err := fs.Mkdir(ctx, Owner(), "/fo", 0o755)
+		if err == nil {
+			err = fs.WriteFile(ctx, Owner(), "/fo/f", data, 0o644)
+		}
+		done <- err
+	}()
+	// Alone, west has no backup to acknowledge the write: it must wait.
+	select {
+	case err := <-done:
+		t.Fatalf("write acknowledged by west alone while its backups were down (err %v)", err)
+	case <-time.After(3 * c.Options().LockTTL):
+	}
+	c.Restart(nodes[1])
+	c.Restart(nodes[2])
+	if err := <-done; err != nil {
+		t.Fatalf("write after the restart: %v", err)
+	}
+	in, err := info(ctx, west.Client(), "/fo/f")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(in.Replicas) != 3 {
+		t.Fatalf("replicas of /fo/f after the write: %v", in.Replicas)
+	}
+	primary := c.Node(in.Replicas[0].Server)
+	c.Crash(primary)
+	reader := c.Client(otherSite(c, primary.Site))
+	c.WaitFor(time.Minute, "the acknowledged file readable after kill -9 of its primary", func() error {
+		return readIs(ctx, reader, "/fo/f", data)
+	})
+}

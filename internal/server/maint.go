@@ -201,12 +201,17 @@ func (s *Server) takeOver(ctx context.Context, sl configsvc.Slice) error {
 		return err
 	}
 	// Backups that did not answer are most likely down with the old
-	// primary: replace them now rather than make writes wait for them
-	// (maintenance adds fresh backups and brings them up to date).
+	// primary: drop those beyond the policy's RepLevel now, and let
+	// maintenance replace the others when servers to replace them with
+	// are up. They stay listed until then (keepFloor): after a restart
+	// of every node a list shrunk to this server alone would let writes
+	// be acknowledged with no copy anywhere else.
 	if len(answered) < len(replicas)-1 {
-		kept := append([]string{s.cfg.ID}, answered...)
-		if err := s.conf.UpdateReplicas(ctx, l, kept); err == nil {
-			replicas = kept
+		kept := keepFloor(append([]string{s.cfg.ID}, answered...), replicas, sl.Policy.RepLevel)
+		if !sameSet(kept, replicas) {
+			if err := s.conf.UpdateReplicas(ctx, l, kept); err == nil {
+				replicas = kept
+			}
 		}
 	}
 	s.serve(l, sl.Policy, replicas, seq, start)
@@ -331,7 +336,7 @@ func (s *Server) tend(ctx context.Context, sl configsvc.Slice, l configsvc.Lock,
 			keep = slices.Insert(keep, 1, home)
 		}
 	}
-	want := s.chooseReplicas(sl.Policy, keep, deadSites...)
+	want := keepFloor(s.chooseReplicas(sl.Policy, keep, deadSites...), sl.Replicas, sl.Policy.RepLevel)
 	if home != "" && !slices.Contains(want, home) {
 		want = append(want, home) // temporarily one more, to hand over
 	}

@@ -85,6 +85,59 @@ func (s *Server) suspected(id string) bool {
 	return ok
 }
 
+// keepFloor returns want with backups of the current list old added back
+// (in old's order) until it has as many replicas as old had, up to the
+// policy's RepLevel: a backup leaves a replica list only when another
+// server takes its place. A backup that is down stays listed, so writes
+// wait for it (or a replacement) rather than being acknowledged by fewer
+// replicas than the list promised, and a restarting peer finds its place
+// again. The paper replaces an unreachable backup "in place of the old
+// one" (§5.3); without a replacement there is nothing to shrink to.
+func keepFloor(want, old []string, repLevel int) []string {
+	floor := min(max(1, repLevel), len(old))
+	out := slices.Clone(want)
+	for _, id := range old {
+		if len(out) >= floor {
+			break
+		}
+		if !slices.Contains(out, id) {
+			out = append(out, id)
+		}
+	}
+	return out
+}
+
+// deploymentSize is how many servers the deployment has: the registered
+// ones and every server named in a replica list (paper §5.2.1: membership
+// is the union of the replica lists), so that a server briefly down still
+// counts. It caps how many replicas a write can wait for.
+func (s *Server) deploymentSize() int {
+	t := s.table.Load()
+	if t == nil {
+		return 1
+	}
+	if c := s.sizeCache.Load(); c != nil && c.table == t {
+		return c.n
+	}
+	ids := map[string]bool{s.cfg.ID: true}
+	for id := range t.Servers {
+		ids[id] = true
+	}
+	for _, sl := range t.Slices {
+		for _, id := range sl.Replicas {
+			ids[id] = true
+		}
+	}
+	s.sizeCache.Store(&sizeOf{table: t, n: len(ids)})
+	return len(ids)
+}
+
+// sizeOf caches deploymentSize for one table.
+type sizeOf struct {
+	table *configsvc.Table
+	n     int
+}
+
 // placeReplicas is chooseReplicas over a given server registry.
 func placeReplicas(p configsvc.Policy, keep []string, servers map[string]configsvc.ServerInfo, prefer ...string) []string {
 	want := max(1, p.RepLevel)

@@ -2,6 +2,7 @@ package server
 
 import (
 	"fmt"
+	"slices"
 	"testing"
 
 	"github.com/wheelfs/wheelfs/internal/configsvc"
@@ -87,6 +88,27 @@ func TestPlaceReplicasPrefersTheDeadBackupsSite(t *testing.T) {
 		got := placeReplicas(configsvc.Policy{RepLevel: 3}, []string{"a0"}, reg, dead)
 		if s := sitesOf(got, reg); s[dead] != 1 || len(got) != 3 {
 			t.Errorf("dead backup at %s: replacement list %v (sites %v)", dead, got, s)
+		}
+	}
+}
+
+// A backup leaves the replica list only when another server takes its
+// place: the list never shrinks below what it had, up to RepLevel.
+func TestKeepFloor(t *testing.T) {
+	for _, c := range []struct {
+		name           string
+		want, old, out []string
+		repLevel       int
+	}{
+		{"all peers down: keep them listed", []string{"a"}, []string{"a", "b", "c"}, []string{"a", "b", "c"}, 3},
+		{"one replaced", []string{"a", "b", "d"}, []string{"a", "b", "c"}, []string{"a", "b", "d"}, 3},
+		{"one down, none to replace it", []string{"a", "b"}, []string{"b", "a", "c"}, []string{"a", "b", "c"}, 3},
+		{"over RepLevel: trimmed", []string{"a", "b"}, []string{"a", "b", "c"}, []string{"a", "b"}, 2},
+		{"small deployment: as it was", []string{"a"}, []string{"a", "b"}, []string{"a", "b"}, 3},
+		{"new list", []string{"a"}, nil, []string{"a"}, 3},
+	} {
+		if got := keepFloor(c.want, c.old, c.repLevel); !slices.Equal(got, c.out) {
+			t.Errorf("%s: keepFloor(%v, %v, %d) = %v, want %v", c.name, c.want, c.old, c.repLevel, got, c.out)
 		}
 	}
 }

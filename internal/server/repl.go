@@ -145,7 +145,8 @@ func (r *sliceRepl) commit(seq uint64) {
 }
 
 // wait returns when need backups have acknowledged seq, or fails when ctx
-// ends first.
+// ends first. Backups not in the list yet count as missing: the caller
+// caps need by what the deployment can give (update).
 func (r *sliceRepl) wait(ctx context.Context, seq uint64, need int) error {
 	for {
 		r.mu.Lock()
@@ -155,7 +156,7 @@ func (r *sliceRepl) wait(ctx context.Context, seq uint64, need int) error {
 				n++
 			}
 		}
-		need := min(need, len(r.followers))
+		listed := len(r.followers)
 		ch := r.changed
 		r.mu.Unlock()
 		if n >= need {
@@ -166,8 +167,8 @@ func (r *sliceRepl) wait(ctx context.Context, seq uint64, need int) error {
 		case <-r.ctx.Done():
 			return fmt.Errorf("slice %d: no longer primary while replicating: %w", r.slice, fserr.ErrNotPrimary)
 		case <-ctx.Done():
-			return fmt.Errorf("slice %d: %d of %d backups acknowledged before the deadline: %w",
-				r.slice, n, need, fserr.ErrTimeout)
+			return fmt.Errorf("slice %d: %d of %d backups acknowledged before the deadline (%d listed): %w",
+				r.slice, n, need, listed, fserr.ErrTimeout)
 		}
 	}
 }

@@ -86,6 +86,8 @@ type Server struct {
 
 	bg     context.Context // background work; ends with Close or Halt
 	table  atomic.Pointer[configsvc.Table]
+	// sizeCache is deploymentSize of the current table.
+	sizeCache atomic.Pointer[sizeOf]
 	tableC chan struct{} // a new table arrived (maintenance wakes up)
 	repls  map[oid.Slice]*sliceRepl
 	valid  map[oid.Slice]time.Time // lock believed held until

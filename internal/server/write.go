@@ -14,8 +14,11 @@ import (
 
 // update runs fn in a store transaction, as primary of every slice it
 // changes, and returns once the change is durable here and at sync
-// replicas in all (sync 0 means the slice policy's RepLevel; fewer
-// replicas than that are waited for only if the slice has them).
+// replicas in all (sync 0 means the slice policy's RepLevel; fewer only
+// when the deployment has fewer servers, see deploymentSize). It never
+// answers with fewer copies than that because backups are missing from
+// the slice's replica list: it waits for them to be recruited, or for
+// ctx to end.
 //
 // Leases come first (paper §5.4): when the change touches objects that
 // clients hold leases on, it is undone, the leases are revoked (callbacks,
@@ -191,6 +194,10 @@ func (s *Server) updateOnce(ctx context.Context, sync uint32, fn func(tx *store.
 		if need <= 0 {
 			need = w.r.repLevel
 		}
+		// A deployment of fewer servers than the policy asks for gives
+		// what it has; a replica list shorter than that (backups not
+		// recruited yet) is waited on, never taken as enough.
+		need = min(need, s.deploymentSize())
 		if err := w.r.wait(ctx, w.seq, need-1); err != nil {
 			return err
 		}
