@@ -84,13 +84,13 @@ type Server struct {
 	// reconciling: a round of pushing eventual changes is running.
 	reconciling atomic.Bool
 
-	bg     context.Context // background work; ends with Close or Halt
-	table  atomic.Pointer[configsvc.Table]
+	bg    context.Context // background work; ends with Close or Halt
+	table atomic.Pointer[configsvc.Table]
 	// sizeCache is deploymentSize of the current table.
 	sizeCache atomic.Pointer[sizeOf]
-	tableC chan struct{} // a new table arrived (maintenance wakes up)
-	repls  map[oid.Slice]*sliceRepl
-	valid  map[oid.Slice]time.Time // lock believed held until
+	tableC    chan struct{} // a new table arrived (maintenance wakes up)
+	repls     map[oid.Slice]*sliceRepl
+	valid     map[oid.Slice]time.Time // lock believed held until
 	// lastRenew is when the last successful renewal of the session began.
 	lastRenew time.Time
 	moving    map[oid.Slice]bool // being handed to another server
