@@ -1,0 +1,273 @@
+package client
+
+import (
+	"context"
+	"fmt"
+	"slices"
+
+	"github.com/wheelfs/wheelfs/internal/fserr"
+	"github.com/wheelfs/wheelfs/internal/oid"
+	"github.com/wheelfs/wheelfs/internal/wire"
+)
+
+// refsPerFetch is how many block references one GetBlocks call returns.
+const refsPerFetch = 1024
+
+// readAhead is how many blocks past a sequential read are prefetched.
+const readAhead = 64
+
+// Read reads up to len(p) bytes at off.
+func (h *Handle) Read(ctx context.Context, p []byte, off int64) (int, error) {
+	ctx, cancel := h.fs.bound(ctx, h.cues)
+	defer cancel()
+	st := h.st
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if off >= st.size {
+		return 0, nil
+	}
+	if end := st.size - off; int64(len(p)) > end {
+		p = p[:end]
+	}
+	first := uint64(off / BlockSize)
+	last := uint64((off + int64(len(p)) - 1) / BlockSize)
+	blocks, err := st.blocks(ctx, h.fs, h.user, first, last)
+	if err != nil {
+		return 0, fmt.Errorf("read %v at %d: %w", st.id, off, err)
+	}
+	// Sequential readers get the next window fetched in the background;
+	// .WholeFile prefetches the whole file on the first read.
+	maxIdx := uint64((st.size - 1) / BlockSize)
+	// Refill the window when half of it is consumed, so prefetches go
+	// out in large batches.
+	if last < maxIdx && (off == st.nextRead || h.cues.WholeFile) && last+readAhead/2 > st.prefetched {
+		ahead := min(last+readAhead, maxIdx)
+		if h.cues.WholeFile {
+			ahead = maxIdx
+		}
+		st.prefetch(ctx, h.fs, h.user, max(last+1, st.prefetched+1), ahead)
+		st.prefetched = ahead
+	}
+	st.nextRead = off + int64(len(p))
+	n := 0
+	for idx := first; idx <= last; idx++ {
+		b := blocks[idx-first]
+		start := int64(0)
+		if idx == first {
+			start = off % BlockSize
+		}
+		want := min(int64(len(p)-n), BlockSize-start)
+		seg := p[n : n+int(want)]
+		c := 0
+		if start < int64(len(b)) {
+			c = copy(seg, b[start:])
+		}
+		clear(seg[c:]) // holes and short blocks read as zeros
+		n += int(want)
+	}
+	return n, nil
+}
+
+// blocks returns the contents of blocks first..last (nil for holes),
+// fetching what the cache lacks; blocks a prefetch is already bringing are
+// waited for, not fetched twice.
+func (st *fileState) blocks(ctx context.Context, f *FS, u User, first, last uint64) ([][]byte, error) {
+	if err := st.loadRefs(ctx, f, u, first, last); err != nil {
+		return nil, err
+	}
+	out := make([][]byte, last-first+1)
+	for attempt := 0; ; attempt++ {
+		var needed [][32]byte
+		for idx := first; idx <= last; idx++ {
+			if out[idx-first] != nil {
+				continue
+			}
+			if b, ok := st.buffered(idx); ok {
+				out[idx-first] = b
+				continue
+			}
+			ref, ok := st.ref(idx)
+			if !ok {
+				continue // a hole
+			}
+			if b, ok := f.cache.Get(ref.hash); ok {
+				out[idx-first] = b
+				continue
+			}
+			needed = append(needed, ref.hash)
+		}
+		if len(needed) == 0 {
+			return out, nil
+		}
+		if attempt == 2 {
+			return nil, fmt.Errorf("blocks of %v evicted while reading: %w", st.id, fserr.ErrIO)
+		}
+		mine, wait := f.claim(needed)
+		if err := f.fetchClaimed(ctx, u, st.id, mine, st.eventual); err != nil {
+			return nil, err
+		}
+		for _, ch := range wait {
+			select {
+			case <-ch:
+			case <-ctx.Done():
+				return nil, fmt.Errorf("waiting for blocks of %v: %w", st.id, fserr.ErrTimeout)
+			}
+		}
+	}
+}
+
+// prefetch starts fetching blocks from..to in the background, so that a
+// sequential reader finds them cached (paper §5.5, .WholeFile).
+func (st *fileState) prefetch(ctx context.Context, f *FS, u User, from, to uint64) {
+	if err := st.loadRefs(ctx, f, u, from, to); err != nil {
+		return // the read itself will report it
+	}
+	var needed [][32]byte
+	for idx := from; idx <= to; idx++ {
+		if _, ok := st.buffered(idx); ok {
+			continue
+		}
+		if ref, ok := st.ref(idx); ok {
+			needed = append(needed, ref.hash)
+		}
+	}
+	mine, _ := f.claim(needed)
+	id, ev := st.id, st.eventual
+	// One goroutine per RPC's worth: the reads of the window overlap, so
+	// the primary's disk sees several requests at once.
+	for chunk := range slices.Chunk(mine, blocksPerRPC) {
+		go func() {
+			ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), f.cfg.Timeout)
+			defer cancel()
+			if err := f.fetchClaimed(ctx, u, id, chunk, ev); err != nil {
+				f.log.Debug("prefetch failed", "id", id.String(), "err", err)
+			}
+		}()
+	}
+}
+
+// claim splits hashes into those this caller must fetch (now marked in
+// flight) and the channels of those another fetch is already bringing.
+func (f *FS) claim(hashes [][32]byte) (mine [][32]byte, wait []chan struct{}) {
+	f.fetchMu.Lock()
+	defer f.fetchMu.Unlock()
+	for _, h := range hashes {
+		if ch, ok := f.inflight[h]; ok {
+			wait = append(wait, ch)
+			continue
+		}
+		if f.cache.Contains(h) { // memory only: no disk read under fetchMu
+			continue
+		}
+		f.inflight[h] = make(chan struct{})
+		mine = append(mine, h)
+	}
+	return mine, wait
+}
+
+// fetchClaimed brings claimed blocks into the memory cache, from the disk
+// cache or else from the file's primary, releasing each RPC's claims as
+// soon as its blocks are cached, and every claim whatever happens.
+func (f *FS) fetchClaimed(ctx context.Context, u User, id oid.ID, hashes [][32]byte, ev bool) error {
+	release := func(hs [][32]byte) {
+		f.fetchMu.Lock()
+		for _, h := range hs {
+			if ch, ok := f.inflight[h]; ok {
+				close(ch)
+				delete(f.inflight, h)
+			}
+		}
+		f.fetchMu.Unlock()
+	}
+	defer release(hashes)
+	var local, remote [][32]byte
+	for _, h := range hashes {
+		if _, ok := f.cache.Get(h); ok {
+			local = append(local, h)
+		} else {
+			remote = append(remote, h)
+		}
+	}
+	release(local)
+	for chunk := range slices.Chunk(remote, blocksPerRPC) {
+		req := &wire.ReadBlocksRequest{Caller: u.caller(), Id: uint64(id), Hashes: make([][]byte, len(chunk))}
+		for i := range chunk {
+			req.Hashes[i] = chunk[i][:]
+		}
+		var resp *wire.ReadBlocksResponse
+		var err error
+		if ev {
+			// Any replica's copy will do: blocks are named by their hash.
+			resp, _, err = readEventual(ctx, f, id, wire.StorageClient.ReadBlocks, req, func(r *wire.ReadBlocksResponse) uint64 {
+				return uint64(len(r.GetData()))
+			})
+		} else {
+			resp, err = call(ctx, f, id, wire.StorageClient.ReadBlocks, req)
+		}
+		if err != nil {
+			return err
+		}
+		if len(resp.Data) != len(chunk) {
+			return fmt.Errorf("server returned %d of %d blocks: %w", len(resp.Data), len(chunk), fserr.ErrIO)
+		}
+		for i, h := range chunk {
+			f.cache.Add(h, resp.Data[i])
+		}
+		release(chunk)
+	}
+	return nil
+}
+
+// buffered returns block idx's contents if this client holds them
+// unuploaded (dirty) or in a running upload.
+func (st *fileState) buffered(idx uint64) ([]byte, bool) {
+	if b, ok := st.dirty[idx]; ok {
+		return b, true
+	}
+	b, ok := st.uploading[idx]
+	return b, ok
+}
+
+// ref returns the reference of block idx in the current view of the file.
+func (st *fileState) ref(idx uint64) (blockRef, bool) {
+	if r, ok := st.staged[idx]; ok {
+		return r, true
+	}
+	r, ok := st.hashes[idx]
+	return r, ok
+}
+
+// loadRefs makes sure the block references of first..last are known.
+func (st *fileState) loadRefs(ctx context.Context, f *FS, u User, first, last uint64) error {
+	for chunk := first / refsPerFetch; chunk <= last/refsPerFetch; chunk++ {
+		if st.loaded[chunk] {
+			continue
+		}
+		req := &wire.GetBlocksRequest{Caller: u.caller(), Id: uint64(st.id), First: chunk * refsPerFetch, Count: refsPerFetch}
+		var resp *wire.GetBlocksResponse
+		var err error
+		if st.eventual {
+			resp, _, err = readEventual(ctx, f, st.id, wire.StorageClient.GetBlocks, req, func(r *wire.GetBlocksResponse) uint64 {
+				return r.GetMeta().GetVersion()
+			})
+		} else {
+			resp, err = call(ctx, f, st.id, wire.StorageClient.GetBlocks, req)
+		}
+		if err != nil {
+			return err
+		}
+		if resp.Meta.Version != st.version && !st.modified {
+			// Another client committed since we opened: read the newer
+			// version whole rather than mixing two versions' blocks.
+			st.reset(resp.Meta)
+		}
+		for _, r := range resp.Blocks {
+			var ref blockRef
+			copy(ref.hash[:], r.Hash)
+			ref.len = r.Len
+			st.hashes[r.Index] = ref
+		}
+		st.loaded[chunk] = true
+	}
+	return nil
+}

@@ -1,0 +1,340 @@
+package client
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/wheelfs/wheelfs/internal/cue"
+	"github.com/wheelfs/wheelfs/internal/fserr"
+	"github.com/wheelfs/wheelfs/internal/wire"
+)
+
+// blocksPerRPC bounds the blocks moved by one ReadBlocks/PutBlocks call.
+const blocksPerRPC = 16
+
+// blockBufs recycles write buffers: written blocks are not kept in the
+// read cache (writes should not evict what readers use), so a buffer is
+// free again once its block is stored, and fresh 64 KiB allocations (page
+// faults, GC) were a third of a large write's CPU.
+var blockBufs = sync.Pool{New: func() any { b := make([]byte, 0, BlockSize); return &b }}
+
+func newBlockBuf() []byte { return (*blockBufs.Get().(*[]byte))[:0] }
+
+func freeBlockBuf(b []byte) {
+	if cap(b) == BlockSize {
+		b = b[:0]
+		blockBufs.Put(&b)
+	}
+}
+
+// blockLen is how many bytes of block idx lie inside a file of size.
+func blockLen(idx uint64, size int64) int64 {
+	start := int64(idx) * BlockSize
+	if size <= start {
+		return 0
+	}
+	return min(size-start, BlockSize)
+}
+
+// Write buffers p at off; the data reaches the server on close or fsync
+// (full blocks may travel earlier to bound memory, uncommitted).
+func (h *Handle) Write(ctx context.Context, p []byte, off int64) (int, error) {
+	if !h.Writable {
+		return 0, fmt.Errorf("write on read-only handle: %w", fserr.ErrBadFD)
+	}
+	ctx, cancel := h.fs.bound(ctx, h.cues)
+	defer cancel()
+	st := h.st
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	total := len(p)
+	for len(p) > 0 {
+		idx := uint64(off / BlockSize)
+		boff := off % BlockSize
+		n := int(min(int64(len(p)), BlockSize-boff))
+		buf, ok := st.dirty[idx]
+		if !ok {
+			var err error
+			if buf, err = st.startBlock(ctx, h.fs, h.user, idx, boff, int64(n)); err != nil {
+				return total - len(p), fmt.Errorf("write %v at %d: %w", st.id, off, err)
+			}
+			st.dirty[idx] = buf
+			st.dirtyBytes += BlockSize
+		}
+		if old := int64(len(buf)); old < boff+int64(n) {
+			buf = buf[:boff+int64(n)]
+			if old < boff {
+				clear(buf[old:boff]) // a recycled buffer: a gap must read as zeros
+			}
+			st.dirty[idx] = buf
+		}
+		copy(buf[boff:], p[:n])
+		p = p[n:]
+		off += int64(n)
+	}
+	st.size = max(st.size, off)
+	st.modified = true
+	st.mtimeNs = time.Now().UnixNano()
+	for _, a := range st.pending {
+		a.Valid &^= wire.SetMtime // this write is newer than an earlier utimens
+	}
+	if st.dirtyBytes > h.fs.cfg.DirtyBytes && !st.eventual {
+		// Full blocks go to the primary in the background while the
+		// application keeps writing; one upload at a time bounds memory.
+		st.waitUpload()
+		if err := st.upErr; err != nil {
+			st.upErr = nil
+			return total, err
+		}
+		st.startUpload(ctx, h.fs, h.user)
+	}
+	return total, nil
+}
+
+// startBlock returns a buffer for a block about to be written at
+// [boff, boff+n): the block's current contents when the write covers only
+// part of the existing data, zeros otherwise.
+func (st *fileState) startBlock(ctx context.Context, f *FS, u User, idx uint64, boff, n int64) ([]byte, error) {
+	buf := newBlockBuf()
+	existing := blockLen(idx, st.size)
+	if existing == 0 || (boff == 0 && n >= existing) {
+		return buf, nil
+	}
+	old, err := st.blocks(ctx, f, u, idx, idx)
+	if err != nil {
+		return nil, err
+	}
+	buf = buf[:existing]
+	clear(buf[copy(buf, old[0]):]) // holes and short blocks read as zeros
+	return buf, nil
+}
+
+// waitUpload waits, with st.mu held, until no background upload runs.
+func (st *fileState) waitUpload() {
+	for st.upDone != nil {
+		ch := st.upDone
+		st.mu.Unlock()
+		<-ch
+		st.mu.Lock()
+	}
+}
+
+// startUpload hands the full dirty blocks to a background upload.
+func (st *fileState) startUpload(ctx context.Context, f *FS, u User) {
+	var idxs []uint64
+	for idx, b := range st.dirty {
+		if len(b) == BlockSize {
+			idxs = append(idxs, idx)
+			st.uploading[idx] = b
+			delete(st.dirty, idx)
+			st.dirtyBytes -= BlockSize
+		}
+	}
+	if len(idxs) == 0 {
+		return
+	}
+	slices.Sort(idxs)
+	bufs := make([][]byte, len(idxs))
+	for i, idx := range idxs {
+		bufs[i] = st.uploading[idx] // never written again: writers copy it
+	}
+	done := make(chan struct{})
+	st.upDone = done
+	ctx = context.WithoutCancel(ctx)
+	go func() {
+		ctx, cancel := context.WithTimeout(ctx, f.cfg.Timeout)
+		defer cancel()
+		err := st.sendBlocks(ctx, f, u, idxs, bufs, func(idx uint64, ref blockRef, data []byte) {
+			st.mu.Lock()
+			st.staged[idx] = ref
+			st.mu.Unlock()
+		})
+		st.mu.Lock()
+		for _, idx := range idxs {
+			b := st.uploading[idx]
+			delete(st.uploading, idx)
+			if _, newer := st.dirty[idx]; err != nil && !newer {
+				st.dirty[idx] = b // keep it for the next attempt
+				st.dirtyBytes += BlockSize
+			} else {
+				freeBlockBuf(b)
+			}
+		}
+		if err != nil {
+			st.upErr = err
+		}
+		st.upDone = nil
+		st.mu.Unlock()
+		close(done)
+	}()
+}
+
+// sendBlocks uploads bufs[i] as block idxs[i] with PutBlocks and hands
+// each stored block's reference to stage.
+func (st *fileState) sendBlocks(ctx context.Context, f *FS, u User, idxs []uint64, bufs [][]byte, stage func(idx uint64, ref blockRef, data []byte)) error {
+	for start := 0; start < len(idxs); start += blocksPerRPC {
+		end := min(start+blocksPerRPC, len(idxs))
+		req := &wire.PutBlocksRequest{Caller: u.caller(), Id: uint64(st.id), Data: bufs[start:end]}
+		resp, err := call(ctx, f, st.id, wire.StorageClient.PutBlocks, req)
+		if err != nil {
+			return fmt.Errorf("upload blocks of %v: %w", st.id, err)
+		}
+		if len(resp.Hashes) != end-start {
+			return fmt.Errorf("server stored %d of %d blocks: %w", len(resp.Hashes), end-start, fserr.ErrIO)
+		}
+		for i, h := range resp.Hashes {
+			ref := blockRef{len: uint32(len(bufs[start+i]))}
+			copy(ref.hash[:], h)
+			stage(idxs[start+i], ref, bufs[start+i])
+		}
+	}
+	return nil
+}
+
+// upload sends dirty blocks to the primary (only full ones when onlyFull)
+// and keeps their references staged for the next commit. st.mu is held.
+func (st *fileState) upload(ctx context.Context, f *FS, u User, onlyFull bool) error {
+	idxs := make([]uint64, 0, len(st.dirty))
+	for idx, b := range st.dirty {
+		if !onlyFull || len(b) == BlockSize {
+			idxs = append(idxs, idx)
+		}
+	}
+	slices.Sort(idxs)
+	bufs := make([][]byte, len(idxs))
+	for i, idx := range idxs {
+		bufs[i] = st.dirty[idx]
+	}
+	return st.sendBlocks(ctx, f, u, idxs, bufs, func(idx uint64, ref blockRef, data []byte) {
+		st.staged[idx] = ref
+		delete(st.dirty, idx)
+		st.dirtyBytes -= BlockSize
+		freeBlockBuf(data)
+	})
+}
+
+// flush commits buffered writes as a new version; close() and fsync()
+// return only after the primary has them durably at the cue's SyncLevel.
+func (st *fileState) flush(ctx context.Context, f *FS, u User, cues cue.Set) error {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	st.waitUpload()
+	st.upErr = nil // its blocks went back to dirty: upload them again now
+	if !st.modified {
+		return nil
+	}
+	if st.eventual {
+		return st.flushEventual(ctx, f, u, cues)
+	}
+	if err := st.upload(ctx, f, u, false); err != nil {
+		return err
+	}
+	resp, err := call(ctx, f, st.id, wire.StorageClient.Commit, st.commitRequest(u, cues))
+	if err != nil {
+		return fmt.Errorf("commit %v: %w", st.id, err)
+	}
+	st.committed(resp.Meta)
+	return nil
+}
+
+// commitRequest describes the buffered changes whose blocks are staged.
+func (st *fileState) commitRequest(u User, cues cue.Set) *wire.CommitRequest {
+	req := &wire.CommitRequest{Caller: u.caller(), Id: uint64(st.id), Size: uint64(st.size),
+		MtimeNs: st.mtimeNs, SyncLevel: syncLevel(cues), Blocks: make([]*wire.BlockRef, 0, len(st.staged)),
+		Attrs: st.pending}
+	for idx, ref := range st.staged {
+		req.Blocks = append(req.Blocks, &wire.BlockRef{Index: idx, Hash: ref.hash[:], Len: ref.len})
+	}
+	return req
+}
+
+// flushEventual commits under .EventualConsistency: the written blocks
+// and the commit go together to the primary, or, when it does not answer
+// within half the time limit, to a backup (paper §4.5). The data stays
+// in memory until one of them took it.
+func (st *fileState) flushEventual(ctx context.Context, f *FS, u User, cues cue.Set) error {
+	idxs := make([]uint64, 0, len(st.dirty))
+	for idx := range st.dirty {
+		idxs = append(idxs, idx)
+	}
+	slices.Sort(idxs)
+	bufs := make([][]byte, len(idxs))
+	for i, idx := range idxs {
+		bufs[i] = st.dirty[idx]
+	}
+	var refs map[uint64]blockRef // the blocks as the answering server stored them
+	// commitAt stores the blocks and commits at one server.
+	commitAt := func(ctx context.Context, c wire.StorageClient, req *wire.CommitRequest) (*wire.CommitResponse, error) {
+		refs = map[uint64]blockRef{}
+		caller := req.Caller
+		for start := 0; start < len(idxs); start += blocksPerRPC {
+			end := min(start+blocksPerRPC, len(idxs))
+			resp, err := c.PutBlocks(ctx, &wire.PutBlocksRequest{Caller: caller, Id: uint64(st.id), Data: bufs[start:end]})
+			if err != nil {
+				return nil, fserr.FromStatus(err)
+			}
+			if len(resp.Hashes) != end-start {
+				return nil, fmt.Errorf("server stored %d of %d blocks: %w", len(resp.Hashes), end-start, fserr.ErrIO)
+			}
+			for i, h := range resp.Hashes {
+				ref := blockRef{len: uint32(len(bufs[start+i]))}
+				copy(ref.hash[:], h)
+				refs[idxs[start+i]] = ref
+				req.Blocks = append(req.Blocks, &wire.BlockRef{Index: idxs[start+i], Hash: ref.hash[:], Len: ref.len})
+			}
+		}
+		resp, err := c.Commit(ctx, req)
+		return resp, fserr.FromStatus(err)
+	}
+	resp, err := writeEventual(ctx, f, st.id, func(c wire.StorageClient, ctx context.Context, req *wire.CommitRequest, _ ...grpc.CallOption) (*wire.CommitResponse, error) {
+		return commitAt(ctx, c, proto.CloneOf(req))
+	}, st.commitRequest(u, cues))
+	if err != nil {
+		return fmt.Errorf("commit %v: %w", st.id, err)
+	}
+	for i, idx := range idxs {
+		st.staged[idx] = refs[idx]
+		delete(st.dirty, idx)
+		st.dirtyBytes -= BlockSize
+		freeBlockBuf(bufs[i])
+	}
+	st.committed(resp.Meta)
+	return nil
+}
+
+// committed adopts the meta-data of a commit of this client's changes.
+func (st *fileState) committed(m *wire.Meta) {
+	if m.Version == st.version+1 {
+		for idx, ref := range st.staged {
+			st.hashes[idx] = ref
+		}
+		st.version = m.Version
+		st.size = int64(m.Size)
+	} else {
+		st.reset(m)
+	}
+	clear(st.staged)
+	st.pending = nil
+	st.view = proto.CloneOf(m)
+	st.modified = false
+	st.mtimeNs = 0
+}
+
+// Flush commits this file's buffered writes (close(2)).
+func (h *Handle) Flush(ctx context.Context) error {
+	if !h.Writable {
+		return nil
+	}
+	ctx, cancel := h.fs.bound(ctx, h.cues)
+	defer cancel()
+	return h.st.flush(ctx, h.fs, h.user, h.cues)
+}
+
+// Fsync is Flush: a commit is durable at the promised SyncLevel.
+func (h *Handle) Fsync(ctx context.Context) error { return h.Flush(ctx) }
