@@ -6,19 +6,12 @@ package client
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"log/slog"
 	"sync"
 	"time"
 
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
-
 	"github.com/wheelfs/wheelfs/internal/blockcache"
 	"github.com/wheelfs/wheelfs/internal/cue"
-	"github.com/wheelfs/wheelfs/internal/fserr"
 	"github.com/wheelfs/wheelfs/internal/oid"
 	"github.com/wheelfs/wheelfs/internal/wire"
 )
@@ -229,81 +222,6 @@ type startKey struct{}
 // counts from start, so the whole call stays within .MaxTime.
 func WithStart(ctx context.Context, start time.Time) context.Context {
 	return context.WithValue(ctx, startKey{}, start)
-}
-
-// server returns the primary for id.
-func (f *FS) server(ctx context.Context, id oid.ID) (Conn, error) {
-	c, err := f.router.Primary(ctx, id.Slice())
-	if err != nil {
-		return Conn{}, fserr.FromStatus(err)
-	}
-	return c, nil
-}
-
-// call runs one RPC against id's primary and converts its error. While the
-// slice has no reachable primary (failover, a refusal by a server that is
-// no longer primary, a connection that cannot be made) it retries with
-// backoff until ctx ends, then fails with ErrTimeout wrapping the last
-// error. A request whose connection broke after it was sent may be
-// applied twice; every RPC is idempotent except an exclusive create,
-// which may then report EEXIST for a file it made itself.
-func call[Req any, Resp any](ctx context.Context, f *FS, id oid.ID,
-	rpc func(wire.StorageClient, context.Context, Req, ...grpc.CallOption) (Resp, error), req Req) (Resp, error) {
-	return callVia(ctx, f, id, rpc, req, nil)
-}
-
-// callVia is call with prep run before each attempt on the server about
-// to be asked (to ask for a lease from that server).
-func callVia[Req any, Resp any](ctx context.Context, f *FS, id oid.ID,
-	rpc func(wire.StorageClient, context.Context, Req, ...grpc.CallOption) (Resp, error), req Req, prep func(Conn)) (Resp, error) {
-	var zero Resp
-	backoff := 20 * time.Millisecond
-	for {
-		switch ctx.Err() {
-		case context.DeadlineExceeded:
-			return zero, fmt.Errorf("before calling the primary of %v: %w", id, fserr.ErrTimeout)
-		case context.Canceled:
-			return zero, fmt.Errorf("before calling the primary of %v: %w", id, context.Canceled)
-		}
-		var resp Resp
-		c, err := f.server(ctx, id)
-		if err == nil {
-			if prep != nil {
-				prep(c)
-			}
-			resp, err = rpc(c, ctx, req)
-			if err == nil {
-				return resp, nil
-			}
-			switch ctx.Err() {
-			case context.DeadlineExceeded:
-				return resp, fmt.Errorf("%v: %w", err, fserr.ErrTimeout)
-			case context.Canceled:
-				return resp, fmt.Errorf("%v: %w", err, context.Canceled)
-			}
-			if !retryable(err) {
-				return resp, fserr.FromStatus(err)
-			}
-		}
-		t := time.NewTimer(backoff)
-		select {
-		case <-t.C:
-		case <-ctx.Done():
-			t.Stop()
-			if errors.Is(ctx.Err(), context.Canceled) {
-				return zero, fmt.Errorf("%v: %w", err, context.Canceled)
-			}
-			return zero, fmt.Errorf("no primary of %v answered in time (%v): %w", id, fserr.FromStatus(err), fserr.ErrTimeout)
-		}
-		backoff = min(2*backoff, 500*time.Millisecond)
-	}
-}
-
-// retryable reports whether an RPC error means "not here, not now": the
-// server is not the primary, or it could not be reached.
-func retryable(err error) bool {
-	st, ok := status.FromError(err)
-	return ok && st.Code() == codes.Unavailable
 }
 
 func syncLevel(c cue.Set) uint32 {

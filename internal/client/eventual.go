@@ -7,13 +7,10 @@ import (
 	"slices"
 	"time"
 
-	"google.golang.org/grpc"
 	"google.golang.org/protobuf/proto"
 
-	"github.com/wheelfs/wheelfs/internal/cue"
 	"github.com/wheelfs/wheelfs/internal/fserr"
 	"github.com/wheelfs/wheelfs/internal/oid"
-	"github.com/wheelfs/wheelfs/internal/wire"
 )
 
 // EventualTimeout is the time limit of an .EventualConsistency operation
@@ -24,26 +21,6 @@ const EventualTimeout = time.Second
 // by .EventualConsistency operations, which go straight to its backups:
 // the several steps of one system call then pay for it once.
 const suspectFor = 5 * time.Second
-
-// request is a storage request that names its caller.
-type request interface {
-	proto.Message
-	GetCaller() *wire.Caller
-}
-
-type rpcFunc[Req, Resp any] func(wire.StorageClient, context.Context, Req, ...grpc.CallOption) (Resp, error)
-
-// callLeased is call for a read that may bring a lease: it sends this
-// client's session when the answering server's back channel is up.
-func callLeased[Req request, Resp any](ctx context.Context, f *FS, id oid.ID, rpc rpcFunc[Req, Resp], req Req) (Resp, leaseToken, error) {
-	var tok leaseToken
-	resp, err := callVia(ctx, f, id, rpc, req, func(c Conn) {
-		var sess uint64
-		sess, tok = f.leases.begin(c)
-		req.GetCaller().Session = sess
-	})
-	return resp, tok, err
-}
 
 // unreachable reports whether err means no answer came in time (as
 // opposed to an answer, such as ENOENT).
@@ -225,49 +202,4 @@ func writeEventual[Req request, Resp any](ctx context.Context, f *FS, id oid.ID,
 		}
 	}
 	return resp, firstErr
-}
-
-// readLeased runs a read that may bring a lease: on id's primary, or under
-// .EventualConsistency as readEventual does (version orders the answers).
-func readLeased[Req request, Resp any](ctx context.Context, f *FS, cues cue.Set, id oid.ID, rpc rpcFunc[Req, Resp], req Req, version func(Resp) uint64) (Resp, leaseToken, error) {
-	if cues.EventualConsistency {
-		return readEventual(ctx, f, id, rpc, req, version)
-	}
-	return callLeased(ctx, f, id, rpc, req)
-}
-
-// read runs a read RPC on id's primary, or with .EventualConsistency on
-// the replica with the newest answer when the primary cannot be reached.
-func read[Req request, Resp any](ctx context.Context, f *FS, cues cue.Set, id oid.ID, rpc rpcFunc[Req, Resp], req Req) (Resp, error) {
-	if cues.EventualConsistency {
-		resp, _, err := readEventual(ctx, f, id, rpc, req, func(Resp) uint64 { return 0 })
-		return resp, err
-	}
-	return call(ctx, f, id, rpc, req)
-}
-
-// update runs a state-changing RPC on id's primary, or with
-// .EventualConsistency on a backup when the primary cannot be reached.
-func update[Req request, Resp any](ctx context.Context, f *FS, cues cue.Set, id oid.ID, rpc rpcFunc[Req, Resp], req Req) (Resp, error) {
-	if cues.EventualConsistency {
-		return writeEventual(ctx, f, id, rpc, req)
-	}
-	return call(ctx, f, id, rpc, req)
-}
-
-// waitRegistrations waits until opens of ids served from the cache are
-// registered at their primary, so an update the primary is about to apply
-// (an unlink) sees them.
-func (f *FS) waitRegistrations(ids []oid.ID) {
-	f.regMu.Lock()
-	var chans []chan struct{}
-	for _, id := range ids {
-		if r := f.regs[id]; r != nil {
-			chans = append(chans, r.done)
-		}
-	}
-	f.regMu.Unlock()
-	for _, ch := range chans {
-		<-ch
-	}
 }

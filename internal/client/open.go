@@ -334,3 +334,20 @@ func (f *FS) release(ctx context.Context, id oid.ID) {
 		f.log.Warn("release failed", slog.String("id", id.String()), slog.Any("err", err))
 	}
 }
+
+// waitRegistrations waits until opens of ids served from the cache are
+// registered at their primary, so an update the primary is about to apply
+// (an unlink) sees them.
+func (f *FS) waitRegistrations(ids []oid.ID) {
+	f.regMu.Lock()
+	var chans []chan struct{}
+	for _, id := range ids {
+		if r := f.regs[id]; r != nil {
+			chans = append(chans, r.done)
+		}
+	}
+	f.regMu.Unlock()
+	for _, ch := range chans {
+		<-ch
+	}
+}

@@ -1,0 +1,140 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/wheelfs/wheelfs/internal/cue"
+	"github.com/wheelfs/wheelfs/internal/fserr"
+	"github.com/wheelfs/wheelfs/internal/oid"
+	"github.com/wheelfs/wheelfs/internal/wire"
+)
+
+// request is a storage request that names its caller.
+type request interface {
+	proto.Message
+	GetCaller() *wire.Caller
+}
+
+// rpcFunc is a wire.StorageClient method as a function of its client.
+type rpcFunc[Req, Resp any] func(wire.StorageClient, context.Context, Req, ...grpc.CallOption) (Resp, error)
+
+// server returns the primary for id.
+func (f *FS) server(ctx context.Context, id oid.ID) (Conn, error) {
+	c, err := f.router.Primary(ctx, id.Slice())
+	if err != nil {
+		return Conn{}, fserr.FromStatus(err)
+	}
+	return c, nil
+}
+
+// call runs one RPC against id's primary and converts its error. While the
+// slice has no reachable primary (failover, a refusal by a server that is
+// no longer primary, a connection that cannot be made) it retries with
+// backoff until ctx ends, then fails with ErrTimeout wrapping the last
+// error. A request whose connection broke after it was sent may be
+// applied twice; every RPC is idempotent except an exclusive create,
+// which may then report EEXIST for a file it made itself.
+func call[Req, Resp any](ctx context.Context, f *FS, id oid.ID, rpc rpcFunc[Req, Resp], req Req) (Resp, error) {
+	return callVia(ctx, f, id, rpc, req, nil)
+}
+
+// callVia is call with prep run before each attempt on the server about
+// to be asked (to ask for a lease from that server).
+func callVia[Req, Resp any](ctx context.Context, f *FS, id oid.ID, rpc rpcFunc[Req, Resp], req Req, prep func(Conn)) (Resp, error) {
+	var zero Resp
+	backoff := 20 * time.Millisecond
+	for {
+		switch ctx.Err() {
+		case context.DeadlineExceeded:
+			return zero, fmt.Errorf("before calling the primary of %v: %w", id, fserr.ErrTimeout)
+		case context.Canceled:
+			return zero, fmt.Errorf("before calling the primary of %v: %w", id, context.Canceled)
+		}
+		var resp Resp
+		c, err := f.server(ctx, id)
+		if err == nil {
+			if prep != nil {
+				prep(c)
+			}
+			resp, err = rpc(c, ctx, req)
+			if err == nil {
+				return resp, nil
+			}
+			switch ctx.Err() {
+			case context.DeadlineExceeded:
+				return resp, fmt.Errorf("%v: %w", err, fserr.ErrTimeout)
+			case context.Canceled:
+				return resp, fmt.Errorf("%v: %w", err, context.Canceled)
+			}
+			if !retryable(err) {
+				return resp, fserr.FromStatus(err)
+			}
+		}
+		t := time.NewTimer(backoff)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			if errors.Is(ctx.Err(), context.Canceled) {
+				return zero, fmt.Errorf("%v: %w", err, context.Canceled)
+			}
+			return zero, fmt.Errorf("no primary of %v answered in time (%v): %w", id, fserr.FromStatus(err), fserr.ErrTimeout)
+		}
+		backoff = min(2*backoff, 500*time.Millisecond)
+	}
+}
+
+// retryable reports whether an RPC error means "not here, not now": the
+// server is not the primary, or it could not be reached.
+func retryable(err error) bool {
+	st, ok := status.FromError(err)
+	return ok && st.Code() == codes.Unavailable
+}
+
+// callLeased is call for a read that may bring a lease: it sends this
+// client's session when the answering server's back channel is up.
+func callLeased[Req request, Resp any](ctx context.Context, f *FS, id oid.ID, rpc rpcFunc[Req, Resp], req Req) (Resp, leaseToken, error) {
+	var tok leaseToken
+	resp, err := callVia(ctx, f, id, rpc, req, func(c Conn) {
+		var sess uint64
+		sess, tok = f.leases.begin(c)
+		req.GetCaller().Session = sess
+	})
+	return resp, tok, err
+}
+
+// readLeased runs a read that may bring a lease: on id's primary, or under
+// .EventualConsistency as readEventual does (version orders the answers).
+func readLeased[Req request, Resp any](ctx context.Context, f *FS, cues cue.Set, id oid.ID, rpc rpcFunc[Req, Resp], req Req, version func(Resp) uint64) (Resp, leaseToken, error) {
+	if cues.EventualConsistency {
+		return readEventual(ctx, f, id, rpc, req, version)
+	}
+	return callLeased(ctx, f, id, rpc, req)
+}
+
+// read runs a read RPC on id's primary, or with .EventualConsistency on
+// the replica with the newest answer when the primary cannot be reached.
+func read[Req request, Resp any](ctx context.Context, f *FS, cues cue.Set, id oid.ID, rpc rpcFunc[Req, Resp], req Req) (Resp, error) {
+	if cues.EventualConsistency {
+		resp, _, err := readEventual(ctx, f, id, rpc, req, func(Resp) uint64 { return 0 })
+		return resp, err
+	}
+	return call(ctx, f, id, rpc, req)
+}
+
+// update runs a state-changing RPC on id's primary, or with
+// .EventualConsistency on a backup when the primary cannot be reached.
+func update[Req request, Resp any](ctx context.Context, f *FS, cues cue.Set, id oid.ID, rpc rpcFunc[Req, Resp], req Req) (Resp, error) {
+	if cues.EventualConsistency {
+		return writeEventual(ctx, f, id, rpc, req)
+	}
+	return call(ctx, f, id, rpc, req)
+}
