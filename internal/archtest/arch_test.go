@@ -10,10 +10,11 @@ import (
 const module = "github.com/wheelfs/wheelfs"
 
 type pkg struct {
-	ImportPath string
-	Doc        string
-	Imports    []string
-	Deps       []string
+	ImportPath  string
+	Doc         string
+	Imports     []string
+	TestImports []string
+	Deps        []string
 }
 
 func listPackages(t *testing.T) []pkg {
@@ -64,6 +65,16 @@ func TestDependencyDirection(t *testing.T) {
 				if strings.HasPrefix(d, r.dep) {
 					t.Errorf("%s depends on %s", p.ImportPath, d)
 					break
+				}
+			}
+		}
+		// The FUSE adapter speaks the client core's types (client.Attr,
+		// client.Entry), never the storage protocol's: errno mapping and
+		// attributes stay at the edge, the wire format behind the core.
+		if p.ImportPath == module+"/internal/fusefs" {
+			for _, d := range append(p.Imports, p.TestImports...) {
+				if d == module+"/internal/wire" {
+					t.Errorf("internal/fusefs imports %s; use the client core's types", d)
 				}
 			}
 		}

@@ -93,8 +93,11 @@ func TestFileContentsMatchModel(t *testing.T) {
 				}
 			}
 			a, err := fs.GetAttr(ctx, root, client.NoCues, id)
-			if err != nil || a.Size != uint64(len(model)) {
-				t.Fatalf("seed %d step %d: size %d (err %v), model %d", seed, step, a.GetSize(), err, len(model))
+			if err != nil {
+				t.Fatalf("seed %d step %d: getattr: %v", seed, step, err)
+			}
+			if a.Size != uint64(len(model)) {
+				t.Fatalf("seed %d step %d: size %d, model %d", seed, step, a.Size, len(model))
 			}
 		}
 		if err := fh.Flush(ctx); err != nil {

@@ -39,7 +39,12 @@ func checkName(name string) error {
 // cached under a valid lease on dir (and the child's meta-data under its
 // own) needs no server; under .EventualConsistency stale cached entries
 // serve when no replica answers in time.
-func (f *FS) Lookup(ctx context.Context, u User, cues cue.Set, dir oid.ID, name string) (*wire.Meta, error) {
+func (f *FS) Lookup(ctx context.Context, u User, cues cue.Set, dir oid.ID, name string) (*Attr, error) {
+	return attrResult(f.lookupMeta(ctx, u, cues, dir, name))
+}
+
+// lookupMeta is Lookup on wire meta-data.
+func (f *FS) lookupMeta(ctx context.Context, u User, cues cue.Set, dir oid.ID, name string) (*wire.Meta, error) {
 	if len(name) > maxNameLen {
 		return nil, fmt.Errorf("lookup: %w", fserr.ErrNameTooLong)
 	}
@@ -121,7 +126,12 @@ func (f *FS) cachedLookup(u User, dir oid.ID, name string, stale bool) (*wire.Me
 
 // GetAttr returns an object's current meta-data, including the effect of
 // writes this client has buffered but not yet committed.
-func (f *FS) GetAttr(ctx context.Context, u User, cues cue.Set, id oid.ID) (*wire.Meta, error) {
+func (f *FS) GetAttr(ctx context.Context, u User, cues cue.Set, id oid.ID) (*Attr, error) {
+	return attrResult(f.getAttrMeta(ctx, u, cues, id))
+}
+
+// getAttrMeta is GetAttr on wire meta-data.
+func (f *FS) getAttrMeta(ctx context.Context, u User, cues cue.Set, id oid.ID) (*wire.Meta, error) {
 	ctx, cancel := f.bound(ctx, cues)
 	defer cancel()
 	m, err := f.getAttr(ctx, u, cues, id)
@@ -154,7 +164,7 @@ func (f *FS) getAttr(ctx context.Context, u User, cues cue.Set, id oid.ID) (*wir
 
 // CreateArgs describes a new object.
 type CreateArgs struct {
-	Type      wire.Type
+	Type      Type
 	Mode      uint32 // permission bits, already umasked
 	Rdev      uint32
 	Target    string // symlink target
@@ -163,7 +173,12 @@ type CreateArgs struct {
 
 // Create makes a new file, directory, symlink or special file in dir. The
 // persistent cues in cues are recorded on the new object.
-func (f *FS) Create(ctx context.Context, u User, cues cue.Set, dir oid.ID, name string, a CreateArgs) (*wire.Meta, error) {
+func (f *FS) Create(ctx context.Context, u User, cues cue.Set, dir oid.ID, name string, a CreateArgs) (*Attr, error) {
+	return attrResult(f.create(ctx, u, cues, dir, name, a))
+}
+
+// create is Create on wire meta-data.
+func (f *FS) create(ctx context.Context, u User, cues cue.Set, dir oid.ID, name string, a CreateArgs) (*wire.Meta, error) {
 	if err := checkName(name); err != nil {
 		return nil, err
 	}
@@ -189,7 +204,7 @@ func (f *FS) Create(ctx context.Context, u User, cues cue.Set, dir oid.ID, name 
 }
 
 // Link adds a hard link name in dir to the object id.
-func (f *FS) Link(ctx context.Context, u User, cues cue.Set, dir oid.ID, name string, id oid.ID) (*wire.Meta, error) {
+func (f *FS) Link(ctx context.Context, u User, cues cue.Set, dir oid.ID, name string, id oid.ID) (*Attr, error) {
 	if err := checkName(name); err != nil {
 		return nil, err
 	}
@@ -200,7 +215,7 @@ func (f *FS) Link(ctx context.Context, u User, cues cue.Set, dir oid.ID, name st
 	if err != nil {
 		return nil, fmt.Errorf("link %q in %v to %v: %w", name, dir, id, err)
 	}
-	return resp.Meta, nil
+	return attrOf(resp.Meta), nil
 }
 
 // Remove unlinks name from dir: a directory (rmdir) when dirOnly, anything
@@ -236,9 +251,20 @@ func (f *FS) Rename(ctx context.Context, u User, cues cue.Set, srcDir oid.ID, sr
 	return nil
 }
 
-// SetAttr changes meta-data; req.Valid says which fields. A size change
-// first commits this client's buffered writes so the truncation orders after them.
-func (f *FS) SetAttr(ctx context.Context, u User, cues cue.Set, id oid.ID, req *wire.SetAttrRequest) (*wire.Meta, error) {
+// ChangeAttr changes meta-data; c.Valid says which fields. A size change
+// first commits this client's buffered writes so the truncation orders
+// after them.
+func (f *FS) ChangeAttr(ctx context.Context, u User, cues cue.Set, id oid.ID, c AttrChange) (*Attr, error) {
+	return attrResult(f.setAttr(ctx, u, cues, id, c.request()))
+}
+
+// SetAttr is ChangeAttr with the change as a wire request (tests, tools).
+func (f *FS) SetAttr(ctx context.Context, u User, cues cue.Set, id oid.ID, req *wire.SetAttrRequest) (*Attr, error) {
+	return attrResult(f.setAttr(ctx, u, cues, id, req))
+}
+
+// setAttr is ChangeAttr on wire types.
+func (f *FS) setAttr(ctx context.Context, u User, cues cue.Set, id oid.ID, req *wire.SetAttrRequest) (*wire.Meta, error) {
 	ctx, cancel := f.bound(ctx, cues)
 	defer cancel()
 	st := f.openState(id)
@@ -270,16 +296,18 @@ func (f *FS) SetAttr(ctx context.Context, u User, cues cue.Set, id oid.ID, req *
 
 // ReadDir lists a directory and returns its entries and its own
 // meta-data. With the .WholeFile cue the entries' meta-data comes along in
-// the same round trips (paper §5.5) and warms ReadDirMeta's result.
-func (f *FS) ReadDir(ctx context.Context, u User, cues cue.Set, dir oid.ID) ([]*wire.Entry, *wire.Meta, error) {
-	entries, _, d, err := f.ReadDirMeta(ctx, u, cues, dir)
-	return entries, d, err
+// the same round trips (paper §5.5), in Entry.Attr. A listing read under a
+// lease is reused while the lease lasts.
+func (f *FS) ReadDir(ctx context.Context, u User, cues cue.Set, dir oid.ID) ([]Entry, *Attr, error) {
+	entries, metas, d, err := f.readDir(ctx, u, cues, dir)
+	if err != nil {
+		return nil, nil, err
+	}
+	return entriesOf(entries, metas), attrOf(d), nil
 }
 
-// ReadDirMeta is ReadDir that also returns the entries' meta-data when the
-// .WholeFile cue asks for it. A listing read under a lease is reused while
-// the lease lasts.
-func (f *FS) ReadDirMeta(ctx context.Context, u User, cues cue.Set, dir oid.ID) ([]*wire.Entry, []*wire.Meta, *wire.Meta, error) {
+// readDir is ReadDir on wire types; metas is nil without .WholeFile.
+func (f *FS) readDir(ctx context.Context, u User, cues cue.Set, dir oid.ID) ([]*wire.Entry, []*wire.Meta, *wire.Meta, error) {
 	if !cues.WholeFile {
 		if entries, d, err, ok := f.cachedList(u, dir, false); ok {
 			return entries, nil, d, err
@@ -429,7 +457,7 @@ type Info struct {
 
 // Info returns the identity and placement of id.
 func (f *FS) Info(ctx context.Context, u User, cues cue.Set, id oid.ID) (*Info, error) {
-	m, err := f.GetAttr(ctx, u, cues, id)
+	m, err := f.getAttrMeta(ctx, u, cues, id)
 	if err != nil {
 		return nil, err
 	}

@@ -170,7 +170,7 @@ func (f *FS) overlay(m *wire.Meta) *wire.Meta {
 // then needs no round trip: its permission is checked here, on the same
 // rules, and the primary counts the handle in the background). Cached
 // blocks are reused only if the version is unchanged.
-func (f *FS) Open(ctx context.Context, u User, cues cue.Set, id oid.ID, flags uint32) (*Handle, *wire.Meta, error) {
+func (f *FS) Open(ctx context.Context, u User, cues cue.Set, id oid.ID, flags uint32) (*Handle, *Attr, error) {
 	ctx, cancel := f.bound(ctx, cues)
 	defer cancel()
 	writable := flags&syscall.O_ACCMODE != syscall.O_RDONLY
@@ -224,13 +224,13 @@ func (f *FS) Open(ctx context.Context, u User, cues cue.Set, id oid.ID, flags ui
 	st.mu.Unlock()
 	if flags&syscall.O_TRUNC != 0 && h.Writable && m.Type == wire.Type_TYPE_FILE && m.Size > 0 {
 		var err error
-		m, err = f.SetAttr(ctx, u, cues, id, &wire.SetAttrRequest{Valid: wire.SetSize, Size: 0})
+		m, err = f.setAttr(ctx, u, cues, id, &wire.SetAttrRequest{Valid: wire.SetSize, Size: 0})
 		if err != nil {
 			h.Release(ctx)
 			return nil, nil, err
 		}
 	}
-	return h, f.overlay(m), nil
+	return h, attrOf(f.overlay(m)), nil
 }
 
 // registration counts the opens of one object being registered at its

@@ -42,7 +42,7 @@ func (f *FS) Resolve(ctx context.Context, u User, path string) (*Resolved, error
 	}
 	r := &Resolved{Parent: oid.Root, Cues: final}
 	if len(comps) == 0 {
-		m, err := f.GetAttr(ctx, u, final, oid.Root)
+		m, err := f.getAttrMeta(ctx, u, final, oid.Root)
 		if err != nil {
 			return nil, err
 		}
@@ -51,7 +51,7 @@ func (f *FS) Resolve(ctx context.Context, u User, path string) (*Resolved, error
 	}
 	dir := oid.Root
 	for i, c := range comps {
-		m, err := f.Lookup(ctx, u, c.Cues, dir, c.Name)
+		m, err := f.lookupMeta(ctx, u, c.Cues, dir, c.Name)
 		last := i == len(comps)-1
 		if last {
 			r.Parent, r.Name = dir, c.Name
@@ -126,7 +126,7 @@ func (f *FS) ReadFile(ctx context.Context, u User, path string) ([]byte, error) 
 }
 
 // Mkdir creates the directory path.
-func (f *FS) Mkdir(ctx context.Context, u User, path string, mode uint32) (*wire.Meta, error) {
+func (f *FS) Mkdir(ctx context.Context, u User, path string, mode uint32) (*Attr, error) {
 	r, err := f.Resolve(ctx, u, path)
 	if err != nil {
 		return nil, err

@@ -19,7 +19,6 @@ import (
 	"github.com/wheelfs/wheelfs/internal/client"
 	"github.com/wheelfs/wheelfs/internal/fserr"
 	"github.com/wheelfs/wheelfs/internal/oid"
-	"github.com/wheelfs/wheelfs/internal/wire"
 )
 
 // webCacheFullEnv runs the web-cache experiment on the paper's schedule
@@ -181,7 +180,7 @@ func webRequest(ctx context.Context, fs *client.FS, path, url string) webSample 
 	// (the FUSE adapter marks a thread's path walk the same way).
 	octx := client.WithStart(ctx, smp.at)
 	comps, _, err := fs.ParseCues(path)
-	dir, meta := fs.Root(), (*wire.Meta)(nil)
+	dir, meta := fs.Root(), (*client.Attr)(nil)
 	for _, c := range comps {
 		if err != nil {
 			break

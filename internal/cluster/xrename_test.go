@@ -70,8 +70,11 @@ func checkFile(t *testing.T, ctx context.Context, c *Cluster, path string, data 
 		}
 		r := resolve(t, ctx, fs, Owner(), path)
 		m, err := fs.GetAttr(ctx, Owner(), client.NoCues, oid.ID(r.Meta.Id))
-		if err != nil || m.Nlink != nlink {
-			t.Fatalf("client at %s: %s has nlink %d (%v), want %d", site, path, m.GetNlink(), err, nlink)
+		if err != nil {
+			t.Fatalf("client at %s: getattr %s: %v", site, path, err)
+		}
+		if m.Nlink != nlink {
+			t.Fatalf("client at %s: %s has nlink %d, want %d", site, path, m.Nlink, nlink)
 		}
 	}
 }

@@ -24,7 +24,6 @@ import (
 	"github.com/wheelfs/wheelfs/internal/cue"
 	"github.com/wheelfs/wheelfs/internal/fserr"
 	"github.com/wheelfs/wheelfs/internal/oid"
-	"github.com/wheelfs/wheelfs/internal/wire"
 )
 
 // InfoXattr is the virtual extended attribute that describes an object.
@@ -180,14 +179,14 @@ func (r *root) errno(op string, err error) syscall.Errno {
 	return e
 }
 
-func modeType(mode uint32) wire.Type {
+func modeType(mode uint32) client.Type {
 	if t, ok := attrs.TypeOfMode(mode); ok {
 		return t
 	}
-	return wire.Type_TYPE_FILE
+	return client.TypeFile
 }
 
-func fillAttr(m *wire.Meta, cues cue.Set, out *fuse.Attr) {
+func fillAttr(m *client.Attr, cues cue.Set, out *fuse.Attr) {
 	out.Ino = inode(oid.ID(m.Id), cues)
 	out.Size = m.Size
 	out.Blocks = (m.Size + 511) / 512

@@ -13,7 +13,6 @@ import (
 	"github.com/wheelfs/wheelfs/internal/client"
 	"github.com/wheelfs/wheelfs/internal/cue"
 	"github.com/wheelfs/wheelfs/internal/oid"
-	"github.com/wheelfs/wheelfs/internal/wire"
 )
 
 // node is one object seen through one cue set. A cue component is a node
@@ -51,7 +50,7 @@ var (
 )
 
 // child returns the inode for m seen with cues, creating it if needed.
-func (n *node) child(ctx context.Context, m *wire.Meta, cues cue.Set, out *fuse.EntryOut) *fs.Inode {
+func (n *node) child(ctx context.Context, m *client.Attr, cues cue.Set, out *fuse.EntryOut) *fs.Inode {
 	fillAttr(m, cues, &out.Attr)
 	id := oid.ID(m.Id)
 	out.SetEntryTimeout(0) // names are revalidated with the core's leases (notify.go)
@@ -83,7 +82,7 @@ func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs
 		if err != nil {
 			return nil, r.errno("lookup", err)
 		}
-		if m.Type != wire.Type_TYPE_DIR {
+		if m.Type != client.TypeDir {
 			return nil, syscall.ENOTDIR
 		}
 		return n.child(ctx, m, cues, out), 0
@@ -112,34 +111,34 @@ func (n *node) Getattr(ctx context.Context, f fs.FileHandle, out *fuse.AttrOut) 
 func (n *node) Setattr(ctx context.Context, f fs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
 	ctx, done := n.root.step(ctx, true)
 	defer done()
-	req := &wire.SetAttrRequest{ViaHandle: f != nil}
+	req := client.AttrChange{ViaHandle: f != nil}
 	if m, ok := in.GetMode(); ok {
-		req.Valid |= wire.SetMode
+		req.Valid |= client.SetMode
 		req.Mode = m & 0o7777
 	}
 	if v, ok := in.GetUID(); ok {
-		req.Valid |= wire.SetUID
+		req.Valid |= client.SetUID
 		req.Uid = v
 	}
 	if v, ok := in.GetGID(); ok {
-		req.Valid |= wire.SetGID
+		req.Valid |= client.SetGID
 		req.Gid = v
 	}
 	if v, ok := in.GetSize(); ok {
-		req.Valid |= wire.SetSize
+		req.Valid |= client.SetSize
 		req.Size = v
 	}
 	if in.Valid&fuse.FATTR_ATIME != 0 {
-		req.Valid |= wire.SetAtime
+		req.Valid |= client.SetAtime
 		req.AtimeNow = in.Valid&fuse.FATTR_ATIME_NOW != 0
 		req.AtimeNs = int64(in.Atime)*1e9 + int64(in.Atimensec)
 	}
 	if in.Valid&fuse.FATTR_MTIME != 0 {
-		req.Valid |= wire.SetMtime
+		req.Valid |= client.SetMtime
 		req.MtimeNow = in.Valid&fuse.FATTR_MTIME_NOW != 0
 		req.MtimeNs = int64(in.Mtime)*1e9 + int64(in.Mtimensec)
 	}
-	m, err := n.root.core.SetAttr(ctx, n.root.user(ctx), n.cues, n.id, req)
+	m, err := n.root.core.ChangeAttr(ctx, n.root.user(ctx), n.cues, n.id, req)
 	if err != nil {
 		return n.root.errno("setattr", err)
 	}
@@ -148,7 +147,7 @@ func (n *node) Setattr(ctx context.Context, f fs.FileHandle, in *fuse.SetAttrIn,
 	return 0
 }
 
-func (n *node) create(ctx context.Context, name string, a client.CreateArgs, out *fuse.EntryOut) (*fs.Inode, *wire.Meta, syscall.Errno) {
+func (n *node) create(ctx context.Context, name string, a client.CreateArgs, out *fuse.EntryOut) (*fs.Inode, *client.Attr, syscall.Errno) {
 	m, err := n.root.core.Create(ctx, n.root.user(ctx), n.cues, n.id, name, a)
 	if err != nil {
 		return nil, nil, n.root.errno("create", err)
@@ -161,7 +160,7 @@ func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint3
 	ctx, done := n.root.step(ctx, true)
 	defer done()
 	ino, m, errno := n.create(ctx, name, client.CreateArgs{
-		Type: wire.Type_TYPE_FILE, Mode: mode & 0o7777, Exclusive: flags&syscall.O_EXCL != 0}, out)
+		Type: client.TypeFile, Mode: mode & 0o7777, Exclusive: flags&syscall.O_EXCL != 0}, out)
 	if errno != 0 {
 		return nil, nil, 0, errno
 	}
@@ -177,7 +176,7 @@ func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint3
 func (n *node) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
 	ctx, done := n.root.step(ctx, true)
 	defer done()
-	ino, _, errno := n.create(ctx, name, client.CreateArgs{Type: wire.Type_TYPE_DIR, Mode: mode & 0o7777}, out)
+	ino, _, errno := n.create(ctx, name, client.CreateArgs{Type: client.TypeDir, Mode: mode & 0o7777}, out)
 	return ino, errno
 }
 
@@ -193,7 +192,7 @@ func (n *node) Mknod(ctx context.Context, name string, mode uint32, dev uint32, 
 func (n *node) Symlink(ctx context.Context, target, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
 	ctx, done := n.root.step(ctx, true)
 	defer done()
-	ino, _, errno := n.create(ctx, name, client.CreateArgs{Type: wire.Type_TYPE_SYMLINK, Mode: 0o777, Target: target}, out)
+	ino, _, errno := n.create(ctx, name, client.CreateArgs{Type: client.TypeSymlink, Mode: 0o777, Target: target}, out)
 	return ino, errno
 }
 
@@ -383,7 +382,7 @@ func (n *node) Allocate(ctx context.Context, f fs.FileHandle, off uint64, size u
 	if off+size <= m.Size {
 		return 0
 	}
-	_, err = n.root.core.SetAttr(ctx, u, n.cues, n.id, &wire.SetAttrRequest{Valid: wire.SetSize, Size: off + size, ViaHandle: f != nil})
+	_, err = n.root.core.ChangeAttr(ctx, u, n.cues, n.id, client.AttrChange{Valid: client.SetSize, Size: off + size, ViaHandle: f != nil})
 	return n.root.errno("fallocate", err)
 }
 
