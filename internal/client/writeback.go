@@ -12,6 +12,7 @@ import (
 
 	"github.com/wheelfs/wheelfs/internal/cue"
 	"github.com/wheelfs/wheelfs/internal/fserr"
+	"github.com/wheelfs/wheelfs/internal/oid"
 	"github.com/wheelfs/wheelfs/internal/wire"
 )
 
@@ -127,22 +128,14 @@ func (st *fileState) waitUpload() {
 
 // startUpload hands the full dirty blocks to a background upload.
 func (st *fileState) startUpload(ctx context.Context, f *FS, u User) {
-	var idxs []uint64
-	for idx, b := range st.dirty {
-		if len(b) == BlockSize {
-			idxs = append(idxs, idx)
-			st.uploading[idx] = b
-			delete(st.dirty, idx)
-			st.dirtyBytes -= BlockSize
-		}
-	}
+	idxs, bufs := st.dirtyBlocks(true)
 	if len(idxs) == 0 {
 		return
 	}
-	slices.Sort(idxs)
-	bufs := make([][]byte, len(idxs))
 	for i, idx := range idxs {
-		bufs[i] = st.uploading[idx] // never written again: writers copy it
+		st.uploading[idx] = bufs[i] // never written again: writers copy it
+		delete(st.dirty, idx)
+		st.dirtyBytes -= BlockSize
 	}
 	done := make(chan struct{})
 	st.upDone = done
@@ -175,18 +168,27 @@ func (st *fileState) startUpload(ctx context.Context, f *FS, u User) {
 	}()
 }
 
-// sendBlocks uploads bufs[i] as block idxs[i] with PutBlocks and hands
+// sendBlocks uploads bufs[i] as block idxs[i] to the primary and hands
 // each stored block's reference to stage.
 func (st *fileState) sendBlocks(ctx context.Context, f *FS, u User, idxs []uint64, bufs [][]byte, stage func(idx uint64, ref blockRef, data []byte)) error {
+	put := func(ctx context.Context, req *wire.PutBlocksRequest) (*wire.PutBlocksResponse, error) {
+		return call(ctx, f, st.id, wire.StorageClient.PutBlocks, req)
+	}
+	return putBlocks(ctx, put, u.caller(), st.id, idxs, bufs, stage)
+}
+
+// putBlocks stores bufs[i] as block idxs[i] of id with put, blocksPerRPC
+// at a time, and hands each stored block's reference to stage.
+func putBlocks(ctx context.Context, put func(context.Context, *wire.PutBlocksRequest) (*wire.PutBlocksResponse, error),
+	caller *wire.Caller, id oid.ID, idxs []uint64, bufs [][]byte, stage func(idx uint64, ref blockRef, data []byte)) error {
 	for start := 0; start < len(idxs); start += blocksPerRPC {
 		end := min(start+blocksPerRPC, len(idxs))
-		req := &wire.PutBlocksRequest{Caller: u.caller(), Id: uint64(st.id), Data: bufs[start:end]}
-		resp, err := call(ctx, f, st.id, wire.StorageClient.PutBlocks, req)
+		resp, err := put(ctx, &wire.PutBlocksRequest{Caller: caller, Id: uint64(id), Data: bufs[start:end]})
 		if err != nil {
-			return fmt.Errorf("upload blocks of %v: %w", st.id, err)
+			return fmt.Errorf("upload blocks of %v: %w", id, err)
 		}
 		if len(resp.Hashes) != end-start {
-			return fmt.Errorf("server stored %d of %d blocks: %w", len(resp.Hashes), end-start, fserr.ErrIO)
+			return fmt.Errorf("server stored %d of %d blocks of %v: %w", len(resp.Hashes), end-start, id, fserr.ErrIO)
 		}
 		for i, h := range resp.Hashes {
 			ref := blockRef{len: uint32(len(bufs[start+i]))}
@@ -197,20 +199,27 @@ func (st *fileState) sendBlocks(ctx context.Context, f *FS, u User, idxs []uint6
 	return nil
 }
 
-// upload sends dirty blocks to the primary (only full ones when onlyFull)
-// and keeps their references staged for the next commit. st.mu is held.
-func (st *fileState) upload(ctx context.Context, f *FS, u User, onlyFull bool) error {
-	idxs := make([]uint64, 0, len(st.dirty))
+// dirtyBlocks returns the dirty blocks (only full ones when onlyFull) in
+// file order.
+func (st *fileState) dirtyBlocks(onlyFull bool) (idxs []uint64, bufs [][]byte) {
+	idxs = make([]uint64, 0, len(st.dirty))
 	for idx, b := range st.dirty {
 		if !onlyFull || len(b) == BlockSize {
 			idxs = append(idxs, idx)
 		}
 	}
 	slices.Sort(idxs)
-	bufs := make([][]byte, len(idxs))
+	bufs = make([][]byte, len(idxs))
 	for i, idx := range idxs {
 		bufs[i] = st.dirty[idx]
 	}
+	return idxs, bufs
+}
+
+// upload sends dirty blocks to the primary (only full ones when onlyFull)
+// and keeps their references staged for the next commit. st.mu is held.
+func (st *fileState) upload(ctx context.Context, f *FS, u User, onlyFull bool) error {
+	idxs, bufs := st.dirtyBlocks(onlyFull)
 	return st.sendBlocks(ctx, f, u, idxs, bufs, func(idx uint64, ref blockRef, data []byte) {
 		st.staged[idx] = ref
 		delete(st.dirty, idx)
@@ -259,42 +268,27 @@ func (st *fileState) commitRequest(u User, cues cue.Set) *wire.CommitRequest {
 // within half the time limit, to a backup (paper §4.5). The data stays
 // in memory until one of them took it.
 func (st *fileState) flushEventual(ctx context.Context, f *FS, u User, cues cue.Set) error {
-	idxs := make([]uint64, 0, len(st.dirty))
-	for idx := range st.dirty {
-		idxs = append(idxs, idx)
-	}
-	slices.Sort(idxs)
-	bufs := make([][]byte, len(idxs))
-	for i, idx := range idxs {
-		bufs[i] = st.dirty[idx]
-	}
+	idxs, bufs := st.dirtyBlocks(false)
 	var refs map[uint64]blockRef // the blocks as the answering server stored them
 	// commitAt stores the blocks and commits at one server.
-	commitAt := func(ctx context.Context, c wire.StorageClient, req *wire.CommitRequest) (*wire.CommitResponse, error) {
+	commitAt := func(c wire.StorageClient, ctx context.Context, req *wire.CommitRequest, _ ...grpc.CallOption) (*wire.CommitResponse, error) {
+		req = proto.CloneOf(req)
 		refs = map[uint64]blockRef{}
-		caller := req.Caller
-		for start := 0; start < len(idxs); start += blocksPerRPC {
-			end := min(start+blocksPerRPC, len(idxs))
-			resp, err := c.PutBlocks(ctx, &wire.PutBlocksRequest{Caller: caller, Id: uint64(st.id), Data: bufs[start:end]})
-			if err != nil {
-				return nil, fserr.FromStatus(err)
-			}
-			if len(resp.Hashes) != end-start {
-				return nil, fmt.Errorf("server stored %d of %d blocks: %w", len(resp.Hashes), end-start, fserr.ErrIO)
-			}
-			for i, h := range resp.Hashes {
-				ref := blockRef{len: uint32(len(bufs[start+i]))}
-				copy(ref.hash[:], h)
-				refs[idxs[start+i]] = ref
-				req.Blocks = append(req.Blocks, &wire.BlockRef{Index: idxs[start+i], Hash: ref.hash[:], Len: ref.len})
-			}
+		put := func(ctx context.Context, r *wire.PutBlocksRequest) (*wire.PutBlocksResponse, error) {
+			resp, err := c.PutBlocks(ctx, r)
+			return resp, fserr.FromStatus(err)
+		}
+		err := putBlocks(ctx, put, req.Caller, st.id, idxs, bufs, func(idx uint64, ref blockRef, _ []byte) {
+			refs[idx] = ref
+			req.Blocks = append(req.Blocks, &wire.BlockRef{Index: idx, Hash: ref.hash[:], Len: ref.len})
+		})
+		if err != nil {
+			return nil, err
 		}
 		resp, err := c.Commit(ctx, req)
 		return resp, fserr.FromStatus(err)
 	}
-	resp, err := writeEventual(ctx, f, st.id, func(c wire.StorageClient, ctx context.Context, req *wire.CommitRequest, _ ...grpc.CallOption) (*wire.CommitResponse, error) {
-		return commitAt(ctx, c, proto.CloneOf(req))
-	}, st.commitRequest(u, cues))
+	resp, err := writeEventual(ctx, f, st.id, commitAt, st.commitRequest(u, cues))
 	if err != nil {
 		return fmt.Errorf("commit %v: %w", st.id, err)
 	}
