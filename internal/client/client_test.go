@@ -4,9 +4,13 @@ import (
 	"bytes"
 	"context"
 	"math/rand/v2"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/status"
 
 	"github.com/wheelfs/wheelfs/internal/client"
 	"github.com/wheelfs/wheelfs/internal/deploy"
@@ -146,20 +150,49 @@ func TestUnlinkedOpenFileStaysReadable(t *testing.T) {
 	}
 }
 
-// TestMaxTimeBoundsOperations checks that a .MaxTime cue becomes the
-// operation's deadline.
+// silentStorage is a server that takes every Lookup and never answers;
+// like gRPC, the call ends only when the caller's context does.
+type silentStorage struct {
+	wire.StorageClient
+	lookups atomic.Int32
+}
+
+func (s *silentStorage) Lookup(ctx context.Context, _ *wire.LookupRequest, _ ...grpc.CallOption) (*wire.LookupResponse, error) {
+	s.lookups.Add(1)
+	<-ctx.Done()
+	return nil, status.FromContextError(ctx.Err()).Err()
+}
+
+// oneServer routes every slice to one server.
+type oneServer struct {
+	client.Router // only Primary is used
+	conn          client.Conn
+}
+
+func (r oneServer) Primary(context.Context, oid.Slice) (client.Conn, error) { return r.conn, nil }
+
+// TestMaxTimeBoundsOperations checks that a .MaxTime cue, not the default
+// time limit, ends an operation on a server that does not answer.
 func TestMaxTimeBoundsOperations(t *testing.T) {
-	h := deploytest.Start(t, nil)
-	comps, cues, err := h.Client.ParseCues("/.MaxTime=1/x")
-	if err != nil || len(comps) != 1 || cues.MaxTime != time.Millisecond {
+	srv := &silentStorage{}
+	fs := client.New(client.Config{Timeout: time.Minute, NoLeases: true},
+		oneServer{conn: client.Conn{ID: "silent", StorageClient: srv}})
+	defer fs.Close()
+	comps, cues, err := fs.ParseCues("/.MaxTime=200/x")
+	if err != nil || len(comps) != 1 || cues.MaxTime != 200*time.Millisecond {
 		t.Fatalf("parse: %v %v %v", comps, cues, err)
 	}
-	// An operation whose deadline has passed fails with ETIMEDOUT at once.
-	ctx, cancel := context.WithDeadline(context.Background(), time.Now().Add(-time.Second))
-	defer cancel()
+	const margin = 500 * time.Millisecond
 	start := time.Now()
-	_, err = h.Client.Lookup(ctx, root, cues, oid.Root, "x")
-	if fserr.Errno(err) != syscall.ETIMEDOUT || time.Since(start) > time.Second {
-		t.Fatalf("lookup with expired deadline: %v after %v", err, time.Since(start))
+	_, err = fs.Lookup(context.Background(), root, cues, oid.Root, "x")
+	took := time.Since(start)
+	if fserr.Errno(err) != syscall.ETIMEDOUT {
+		t.Fatalf("lookup on a silent server: %v, want ETIMEDOUT", err)
+	}
+	if srv.lookups.Load() == 0 {
+		t.Fatal("the lookup never reached the server")
+	}
+	if took < cues.MaxTime || took > cues.MaxTime+margin {
+		t.Fatalf("lookup returned after %v, want %v (+%v)", took, cues.MaxTime, margin)
 	}
 }
