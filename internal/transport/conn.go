@@ -316,6 +316,7 @@ func (c *conn) Read(p []byte) (int, error) {
 	if !c.inPump {
 		if delay == 0 && up == nil {
 			c.mu.Unlock()
+			c.readWaits()
 			n, err := c.Conn.Read(p)
 			return n, c.sockErr("read", err)
 		}
@@ -359,7 +360,15 @@ func (c *conn) Read(p []byte) (int, error) {
 		if len(c.in) > 0 {
 			due = c.in[0].due
 		}
+		c.readWaits()
 		c.sleepLocked(c.wakeIn, earliest(due, c.rdl))
+	}
+}
+
+// readWaits tells the Network's test hook that a Read is about to wait.
+func (c *conn) readWaits() {
+	if h := c.n.readWaits; h != nil {
+		h(c)
 	}
 }
 

@@ -59,6 +59,11 @@ type Network struct {
 	addrs map[string]string // listener address "ip:port" → site
 	ports map[string]string // port of a wildcard listener → site
 	conns map[*conn]struct{}
+
+	// readWaits, when set (tests), is told each time a Read has passed its
+	// checks and is about to wait for data, so a test can act on a reader
+	// that is known to be blocked. It must not block or call into the conn.
+	readWaits func(net.Conn)
 }
 
 // Option configures a Network.

@@ -298,6 +298,13 @@ func checkWithin(t *testing.T, got, want time.Duration, frac float64) {
 
 func TestPartition(t *testing.T) {
 	n := NewNetwork()
+	var waitMu sync.Mutex
+	waiting := map[net.Conn]bool{} // conns with a Read waiting for data
+	n.readWaits = func(c net.Conn) {
+		waitMu.Lock()
+		waiting[c] = true
+		waitMu.Unlock()
+	}
 	n.SetRTT("a", "b", 10*time.Millisecond)
 	serverErr := make(chan error, 4)
 	addr := server(t, n, "b", func(c net.Conn) {
@@ -326,7 +333,18 @@ func TestPartition(t *testing.T) {
 			readErr <- err
 		}()
 	}
-	time.Sleep(10 * time.Millisecond) // let the reads block
+	// The partition must wake reads already waiting, not just refuse new ones.
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+		waitMu.Lock()
+		blocked := waiting[shaped] && waiting[direct]
+		waitMu.Unlock()
+		if blocked {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the reads never started waiting")
+		}
+	}
 
 	start := time.Now()
 	n.Partition("b", "a")
