@@ -123,8 +123,14 @@ func readLeased[Req request, Resp any](ctx context.Context, f *FS, cues cue.Set,
 // read runs a read RPC on id's primary, or with .EventualConsistency on
 // the replica with the newest answer when the primary cannot be reached.
 func read[Req request, Resp any](ctx context.Context, f *FS, cues cue.Set, id oid.ID, rpc rpcFunc[Req, Resp], req Req) (Resp, error) {
-	if cues.EventualConsistency {
-		resp, _, err := readEventual(ctx, f, id, rpc, req, func(Resp) uint64 { return 0 })
+	return readNewest(ctx, f, cues.EventualConsistency, id, rpc, req, func(Resp) uint64 { return 0 })
+}
+
+// readNewest is read for a caller that knows whether it is eventual
+// (an open file), with version ordering the replicas' answers.
+func readNewest[Req request, Resp any](ctx context.Context, f *FS, eventual bool, id oid.ID, rpc rpcFunc[Req, Resp], req Req, version func(Resp) uint64) (Resp, error) {
+	if eventual {
+		resp, _, err := readEventual(ctx, f, id, rpc, req, version)
 		return resp, err
 	}
 	return call(ctx, f, id, rpc, req)

@@ -194,16 +194,11 @@ func (f *FS) fetchClaimed(ctx context.Context, u User, id oid.ID, hashes [][32]b
 		for i := range chunk {
 			req.Hashes[i] = chunk[i][:]
 		}
-		var resp *wire.ReadBlocksResponse
-		var err error
-		if ev {
-			// Any replica's copy will do: blocks are named by their hash.
-			resp, _, err = readEventual(ctx, f, id, wire.StorageClient.ReadBlocks, req, func(r *wire.ReadBlocksResponse) uint64 {
-				return uint64(len(r.GetData()))
-			})
-		} else {
-			resp, err = call(ctx, f, id, wire.StorageClient.ReadBlocks, req)
-		}
+		// Under .EventualConsistency any replica's copy will do: blocks
+		// are named by their hash; the answer with the most wins.
+		resp, err := readNewest(ctx, f, ev, id, wire.StorageClient.ReadBlocks, req, func(r *wire.ReadBlocksResponse) uint64 {
+			return uint64(len(r.GetData()))
+		})
 		if err != nil {
 			return err
 		}
@@ -244,15 +239,9 @@ func (st *fileState) loadRefs(ctx context.Context, f *FS, u User, first, last ui
 			continue
 		}
 		req := &wire.GetBlocksRequest{Caller: u.caller(), Id: uint64(st.id), First: chunk * refsPerFetch, Count: refsPerFetch}
-		var resp *wire.GetBlocksResponse
-		var err error
-		if st.eventual {
-			resp, _, err = readEventual(ctx, f, st.id, wire.StorageClient.GetBlocks, req, func(r *wire.GetBlocksResponse) uint64 {
-				return r.GetMeta().GetVersion()
-			})
-		} else {
-			resp, err = call(ctx, f, st.id, wire.StorageClient.GetBlocks, req)
-		}
+		resp, err := readNewest(ctx, f, st.eventual, st.id, wire.StorageClient.GetBlocks, req, func(r *wire.GetBlocksResponse) uint64 {
+			return r.GetMeta().GetVersion()
+		})
 		if err != nil {
 			return err
 		}
