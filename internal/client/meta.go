@@ -383,14 +383,15 @@ func (f *FS) Readlink(ctx context.Context, u User, cues cue.Set, id oid.ID) (str
 }
 
 // StatFS reports capacity, as seen by the primary of the root slice.
-func (f *FS) StatFS(ctx context.Context, u User, cues cue.Set) (*wire.StatFSResponse, error) {
+func (f *FS) StatFS(ctx context.Context, u User, cues cue.Set) (*StatFS, error) {
 	ctx, cancel := f.bound(ctx, cues)
 	defer cancel()
 	resp, err := call(ctx, f, oid.Root, wire.StorageClient.StatFS, &wire.StatFSRequest{Caller: u.caller()})
 	if err != nil {
 		return nil, fmt.Errorf("statfs: %w", err)
 	}
-	return resp, nil
+	return &StatFS{Blocks: resp.Blocks, Bfree: resp.Bfree, Bavail: resp.Bavail, Files: resp.Files,
+		Ffree: resp.Ffree, Bsize: resp.Bsize, NameLen: resp.NameLen}, nil
 }
 
 // GetXattr returns an extended attribute's value.

@@ -1,3 +1,6 @@
+// The client API's own types: what callers (the FUSE adapter, tools) get
+// back instead of the storage protocol's messages.
+
 package client
 
 import (
@@ -104,4 +107,12 @@ type AttrChange struct {
 func (c AttrChange) request() *wire.SetAttrRequest {
 	return &wire.SetAttrRequest{Valid: c.Valid, Mode: c.Mode, Uid: c.Uid, Gid: c.Gid, Size: c.Size,
 		AtimeNs: c.AtimeNs, MtimeNs: c.MtimeNs, AtimeNow: c.AtimeNow, MtimeNow: c.MtimeNow, ViaHandle: c.ViaHandle}
+}
+
+// StatFS is the file system's capacity, as statfs(2) reports it.
+type StatFS struct {
+	Blocks, Bfree, Bavail uint64 // in units of Bsize
+	Files, Ffree          uint64
+	Bsize                 uint32
+	NameLen               uint32
 }
