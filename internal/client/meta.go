@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"time"
 
 	"google.golang.org/protobuf/proto"
 
@@ -128,6 +129,29 @@ func (f *FS) cachedLookup(u User, dir oid.ID, name string, stale bool) (*wire.Me
 // writes this client has buffered but not yet committed.
 func (f *FS) GetAttr(ctx context.Context, u User, cues cue.Set, id oid.ID) (*Attr, error) {
 	return attrResult(f.getAttrMeta(ctx, u, cues, id))
+}
+
+// RevalidateTimeout bounds asking a directory's primary for attributes
+// the kernel wants where a path walk starts (the mount root, the working
+// directory). Cues later in the path bound the system call, and the
+// directory is above them: its primary must not hold the call longer.
+const RevalidateTimeout = time.Second
+
+// RevalidateAttr returns directory id's attributes for the start of a
+// path walk: from a valid lease; else from the primary within
+// RevalidateTimeout (or the cues' shorter bound); else, if that primary
+// cannot be reached, the last attributes this client knew.
+func (f *FS) RevalidateAttr(ctx context.Context, u User, cues cue.Set, id oid.ID) (*Attr, error) {
+	if cues.MaxTime <= 0 || cues.MaxTime > RevalidateTimeout {
+		cues.MaxTime = RevalidateTimeout
+	}
+	m, err := f.getAttrMeta(ctx, u, cues, id)
+	if err != nil && unreachable(err) {
+		if old, ok := f.leases.meta(id, true); ok {
+			return attrResult(f.overlay(old), nil)
+		}
+	}
+	return attrResult(m, err)
 }
 
 // getAttrMeta is GetAttr on wire meta-data.

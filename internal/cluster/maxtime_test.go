@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"context"
+	"errors"
 	"io"
 	"os"
 	"syscall"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/wheelfs/wheelfs/internal/client"
 	"github.com/wheelfs/wheelfs/internal/cue"
+	"github.com/wheelfs/wheelfs/internal/deploy"
 	"github.com/wheelfs/wheelfs/internal/fserr"
 	"github.com/wheelfs/wheelfs/internal/oid"
 	"github.com/wheelfs/wheelfs/internal/wire"
@@ -249,4 +251,59 @@ func TestEventualUsesBackup(t *testing.T) {
 	c.WaitFor(60*time.Second, "west sees the file created during the partition", func() error {
 		return readIs(ctx, c.Client("west"), "/mt/during", []byte("written at a backup"))
 	})
+}
+
+// TestRevalidateAncestorWithinBound: the kernel checks the attributes of
+// the directory a path walk starts from (the mount root) before the cue
+// components that bound the call. With the root's primary cut off, that
+// check answers within client.RevalidateTimeout from the last attributes
+// this client knew, instead of holding the call for the default bound; a
+// client that never knew them gets an error in that time. A plain GetAttr
+// of the same directory still waits for its primary, up to its bound.
+func TestRevalidateAncestorWithinBound(t *testing.T) {
+	const timeout = 5 * time.Second
+	c := Start(t, Options{Sites: []string{"west", "east", "eu"}, LockTTL: 60 * time.Second,
+		RTT: UniformRTT(20 * time.Millisecond), ClientTimeout: timeout,
+		// No leases: the attributes a client knew are stale at once, so
+		// the fallback, not a lease, is what answers.
+		Adjust: func(n *Node, cfg *deploy.Config) { cfg.Server.LeaseTTL = -1 }})
+	ctx := opCtx(t)
+	rootPrimary, err := c.Primary(ctx, oid.RootSlice)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sites []string
+	for _, s := range c.Sites() {
+		if s != rootPrimary.Site {
+			sites = append(sites, s)
+		}
+	}
+	knows, never := c.Client(sites[0]), c.Client(sites[1])
+	before, err := knows.GetAttr(ctx, Owner(), client.NoCues, oid.Root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.PartitionSite(rootPrimary.Site)
+	defer c.HealSite(rootPrimary.Site)
+
+	start := time.Now()
+	got, err := knows.RevalidateAttr(ctx, Owner(), client.NoCues, oid.Root)
+	took := time.Since(start)
+	if err != nil || got.Id != before.Id || got.Mode != before.Mode {
+		t.Fatalf("revalidate at %s with the root's primary cut off: %+v, %v", sites[0], got, err)
+	}
+	if took > client.RevalidateTimeout+boundMargin {
+		t.Errorf("revalidate took %v, bound %v", took, client.RevalidateTimeout)
+	}
+	start = time.Now()
+	_, err = never.RevalidateAttr(ctx, Owner(), client.NoCues, oid.Root)
+	if took := time.Since(start); err == nil || took > client.RevalidateTimeout+boundMargin {
+		t.Errorf("revalidate at %s (nothing cached): %v after %v, want an error within %v", sites[1], err, took, client.RevalidateTimeout)
+	}
+	start = time.Now()
+	_, err = knows.GetAttr(ctx, Owner(), client.NoCues, oid.Root)
+	took = time.Since(start)
+	if !errors.Is(err, fserr.ErrTimeout) || took < timeout-boundMargin || took > timeout+boundMargin {
+		t.Errorf("plain getattr with the primary cut off: %v after %v, want a timeout after %v", err, took, timeout)
+	}
 }

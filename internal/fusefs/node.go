@@ -95,10 +95,26 @@ func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs
 }
 
 // Getattr implements fs.NodeGetattrer.
+//
+// Without a handle, a directory's attributes are what the kernel checks
+// where a path walk starts (the mount root, the working directory): the
+// walk goes on after it, so it neither ends the walk nor waits for the
+// directory's primary longer than client.RevalidateTimeout — the cues
+// that bound the call come later in the path.
 func (n *node) Getattr(ctx context.Context, f fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
-	ctx, done := n.root.step(ctx, true)
-	defer done()
-	m, err := n.root.core.GetAttr(ctx, n.root.user(ctx), n.cues, n.id)
+	var m *client.Attr
+	var err error
+	if f == nil && n.IsDir() {
+		var done func()
+		ctx, done = n.root.stepAs(ctx, stepRevalidate)
+		defer done()
+		m, err = n.root.core.RevalidateAttr(ctx, n.root.user(ctx), n.cues, n.id)
+	} else {
+		var done func()
+		ctx, done = n.root.step(ctx, true)
+		defer done()
+		m, err = n.root.core.GetAttr(ctx, n.root.user(ctx), n.cues, n.id)
+	}
 	if err != nil {
 		return n.root.errno("getattr", err)
 	}
