@@ -5,9 +5,6 @@ import (
 	"fmt"
 	"time"
 
-	"google.golang.org/protobuf/proto"
-
-	"github.com/wheelfs/wheelfs/internal/configsvc"
 	"github.com/wheelfs/wheelfs/internal/fserr"
 	"github.com/wheelfs/wheelfs/internal/oid"
 	"github.com/wheelfs/wheelfs/internal/perm"
@@ -46,31 +43,6 @@ func (s *Server) authPeer(ctx context.Context) error {
 		}
 	}
 	return fmt.Errorf("peer call from %q, which is not a registered server: %w", name, fserr.ErrPerm)
-}
-
-// knownEpoch is the newest epoch of slice s this server has seen in the
-// slice table; no primary with an older one may change its copy.
-func (s *Server) knownEpoch(sl oid.Slice) int64 {
-	t := s.table.Load()
-	if t == nil {
-		return 0
-	}
-	return t.Slices[sl].Epoch
-}
-
-// fence handles a peer's epoch for slice sl: a newer one means this
-// server's own lock (if any) is gone.
-func (s *Server) fence(sl oid.Slice, epoch int64) bool {
-	s.mu.Lock()
-	l, held := s.locks[sl]
-	s.mu.Unlock()
-	if held && l.Epoch > epoch {
-		return false
-	}
-	if held && l.Epoch < epoch {
-		s.lostSlice(sl, l.Epoch, "another server replicates it with a newer epoch")
-	}
-	return epoch >= s.knownEpoch(sl)
 }
 
 // Replicate implements wire.PeerServer: apply the primary's next batches.
@@ -154,22 +126,6 @@ func (p *peerServer) Replicate(ctx context.Context, req *wire.ReplicateRequest) 
 	return resp, nil
 }
 
-// digest summarizes this server's copy of a slice.
-func (s *Server) digest(sl oid.Slice) (*wire.DigestResponse, error) {
-	resp := &wire.DigestResponse{}
-	err := s.store.View(func(tx *store.Tx) error {
-		at := readPos(tx, sl)
-		resp.Epoch, resp.Seq = at.epoch, at.seq
-		return tx.SliceMetas(sl, func(m *wire.Meta) bool {
-			resp.Ids = append(resp.Ids, m.Id)
-			resp.Versions = append(resp.Versions, m.Version)
-			resp.Sums = append(resp.Sums, store.MetaSum(m))
-			return true
-		})
-	})
-	return resp, err
-}
-
 // Digest implements wire.PeerServer.
 func (p *peerServer) Digest(ctx context.Context, req *wire.DigestRequest) (*wire.DigestResponse, error) {
 	if err := p.s.authPeer(ctx); err != nil {
@@ -223,96 +179,6 @@ func (p *peerServer) Install(ctx context.Context, req *wire.InstallRequest) (*wi
 	return &wire.InstallResponse{}, nil
 }
 
-// fetchMissing fetches from source the blocks that objects reference and
-// this server lacks.
-func (s *Server) fetchMissing(ctx context.Context, source string, objects []*wire.ObjectState) error {
-	var missing [][32]byte
-	for _, o := range objects {
-		for _, b := range o.Blocks {
-			if len(b.Hash) == 32 && !s.store.HasBlock([32]byte(b.Hash)) {
-				missing = append(missing, [32]byte(b.Hash))
-			}
-		}
-	}
-	return s.fetchBlocks(ctx, source, missing)
-}
-
-// install applies a snapshot chunk, fetching the blocks it references
-// that this server lacks from req.Source. It reports stale if this
-// server has already seen a newer epoch, and busy (applying nothing) if
-// refuseDiverged is set and it holds eventual changes of the slice.
-func (s *Server) install(ctx context.Context, req *wire.InstallRequest, refuseDiverged bool) (stale, busy bool, err error) {
-	if err := s.fetchMissing(ctx, req.Source, req.Objects); err != nil {
-		return false, false, err
-	}
-	sl := oid.Slice(req.Slice)
-	err = s.store.Update(ctx, func(tx *store.Tx) error {
-		at := readPos(tx, sl)
-		if req.Epoch < at.epoch {
-			stale = true
-			return nil
-		}
-		if refuseDiverged && diverged(tx, sl) {
-			busy = true
-			return nil
-		}
-		for _, o := range req.Objects {
-			if oid.ID(o.GetMeta().GetId()).Slice() != sl {
-				return fmt.Errorf("object %x is not in slice %d: %w", o.GetMeta().GetId(), sl, fserr.ErrInvalid)
-			}
-			if err := tx.InstallObject(o); err != nil {
-				return err
-			}
-		}
-		for _, id := range req.Deleted {
-			if oid.ID(id).Slice() != sl {
-				continue
-			}
-			if err := tx.PurgeObject(oid.ID(id)); err != nil {
-				return err
-			}
-		}
-		if err := tx.SetCounterFloor(sl, req.Counter); err != nil {
-			return err
-		}
-		if req.More {
-			return nil
-		}
-		return writePos(tx, sl, pos{req.Epoch, req.Seq})
-	})
-	return stale, busy, err
-}
-
-// fetchBlocks copies blocks from server src into the local store.
-func (s *Server) fetchBlocks(ctx context.Context, src string, hs [][32]byte) error {
-	if len(hs) == 0 {
-		return nil
-	}
-	p, err := s.peer(ctx, src)
-	if err != nil {
-		return err
-	}
-	per := maxInlineBlocks / blockSize
-	for len(hs) > 0 {
-		n := min(per, len(hs))
-		req := &wire.FetchBlocksRequest{}
-		for _, h := range hs[:n] {
-			req.Hashes = append(req.Hashes, h[:])
-		}
-		hs = hs[n:]
-		fctx, cancel := context.WithTimeout(ctx, s.cfg.PeerTimeout)
-		resp, err := p.FetchBlocks(fctx, req)
-		cancel()
-		if err != nil {
-			return fmt.Errorf("fetch blocks from %s: %w", src, err)
-		}
-		if _, err := s.store.PutBlocks(resp.Data); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
 // FetchBlocks implements wire.PeerServer.
 func (p *peerServer) FetchBlocks(ctx context.Context, req *wire.FetchBlocksRequest) (*wire.FetchBlocksResponse, error) {
 	if err := p.s.authPeer(ctx); err != nil {
@@ -357,27 +223,6 @@ func (p *peerServer) CreateObject(ctx context.Context, req *wire.CreateObjectReq
 		return nil, fserr.ToStatus(err)
 	}
 	return &wire.CreateObjectResponse{Meta: m}, nil
-}
-
-// createObject stores a new object under policy pol.
-func (s *Server) createObject(ctx context.Context, pol configsvc.Policy, tmpl *wire.Meta, sync uint32) (*wire.Meta, error) {
-	slice, err := s.sliceFor(ctx, pol)
-	if err != nil {
-		return nil, err
-	}
-	m := proto.Clone(tmpl).(*wire.Meta)
-	err = s.update(ctx, sync, func(tx *store.Tx) error {
-		n, err := tx.NextCounter(slice)
-		if err != nil {
-			return err
-		}
-		m.Id = uint64(oid.Make(slice, n))
-		return tx.PutMeta(m)
-	})
-	if err != nil {
-		return nil, fmt.Errorf("create object: %w", err)
-	}
-	return m, nil
 }
 
 // DropLink implements wire.PeerServer: the object half of removing a
@@ -441,25 +286,6 @@ func (p *peerServer) Stat(ctx context.Context, req *wire.StatRequest) (*wire.Sta
 	return &wire.StatResponse{Meta: m}, nil
 }
 
-// remoteMeta returns the meta-data of id from its primary elsewhere.
-func (s *Server) remoteMeta(ctx context.Context, id oid.ID) (*wire.Meta, string, error) {
-	owner := s.primaryOf(id.Slice())
-	if owner == "" || owner == s.cfg.ID {
-		return nil, "", fmt.Errorf("no primary for %v: %w", id, fserr.ErrNotPrimary)
-	}
-	p, err := s.peer(ctx, owner)
-	if err != nil {
-		return nil, "", err
-	}
-	cctx, cancel := context.WithTimeout(ctx, s.cfg.PeerTimeout)
-	defer cancel()
-	resp, err := p.Stat(cctx, &wire.StatRequest{Id: uint64(id)})
-	if err != nil {
-		return nil, "", fserr.FromStatus(err)
-	}
-	return resp.Meta, owner, nil
-}
-
 // supersededBlocks returns the positions of SetBlock mutations whose block
 // is absent (has reports false) and whose (file, index) a later mutation
 // of the same batches sets again, clears, truncates or deletes.
@@ -502,4 +328,45 @@ func supersededBlocks(batches []*wire.Batch, has func([32]byte) bool) map[[2]int
 		}
 	}
 	return out
+}
+
+// Reconcile implements wire.PeerServer: merge what a replica changed
+// without the primary.
+func (p *peerServer) Reconcile(ctx context.Context, req *wire.ReconcileRequest) (*wire.ReconcileResponse, error) {
+	s := p.s
+	if err := s.authPeer(ctx); err != nil {
+		return nil, fserr.ToStatus(err)
+	}
+	sl := oid.Slice(req.Slice)
+	if err := s.primary(oid.Make(sl, 0)); err != nil {
+		return nil, fserr.ToStatus(err)
+	}
+	if err := s.fetchMissing(ctx, req.Source, req.Objects); err != nil {
+		return nil, fserr.ToStatus(err)
+	}
+	if err := s.mergePush(ctx, req); err != nil {
+		return nil, fserr.ToStatus(fmt.Errorf("reconcile slice %d from %s: %w", sl, req.Source, err))
+	}
+	s.mu.Lock()
+	r := s.repls[sl]
+	s.mu.Unlock()
+	if r != nil {
+		r.resync(req.Source) // its copy still has its own versions
+	}
+	return &wire.ReconcileResponse{}, nil
+}
+
+// AddLink implements wire.PeerServer: the destination's half of a rename
+// between servers (see renameAcross), or, without a directory, counting a
+// link to an object of this server.
+func (p *peerServer) AddLink(ctx context.Context, req *wire.AddLinkRequest) (*wire.AddLinkResponse, error) {
+	s := p.s
+	if err := s.authPeer(ctx); err != nil {
+		return nil, fserr.ToStatus(err)
+	}
+	resp, err := s.addLink(ctx, req)
+	if err != nil {
+		return nil, fserr.ToStatus(fmt.Errorf("add link %q to %v: %w", req.Name, oid.ID(req.Id), err))
+	}
+	return resp, nil
 }

@@ -204,21 +204,3 @@ func (s *Server) updateOnce(ctx context.Context, sync uint32, fn func(tx *store.
 	}
 	return nil
 }
-
-// peer returns a client for server id's Peer service.
-func (s *Server) peer(ctx context.Context, id string) (wire.PeerClient, error) {
-	if s.cfg.Peers == nil {
-		return nil, fmt.Errorf("no way to reach server %s: %w", id, fserr.ErrIO)
-	}
-	return s.cfg.Peers(ctx, id)
-}
-
-// writesTombstone reports whether muts leave a tombstone.
-func writesTombstone(muts []*wire.Mutation) bool {
-	for _, m := range muts {
-		if m.Kind == wire.MutationKind_MUT_SET_XATTR && isTombstone(m.Name) {
-			return true
-		}
-	}
-	return false
-}
