@@ -66,11 +66,7 @@ func (s *Server) local(ctx context.Context, id oid.ID) bool {
 // server), and the slice is not being handed over.
 func (s *Server) primary(id oid.ID) error {
 	sl := id.Slice()
-	s.mu.Lock()
-	_, ok := s.locks[sl]
-	ok = ok && time.Now().Before(s.valid[sl]) && !s.moving[sl]
-	s.mu.Unlock()
-	if !ok {
+	if !time.Now().Before(s.owned.validity(sl)) {
 		return fmt.Errorf("object %v: %w", id, fserr.ErrNotPrimary)
 	}
 	return nil
@@ -91,18 +87,7 @@ func (s *Server) primaryOf(sl oid.Slice) string {
 // sliceFor returns a slice this server is primary for whose policy is p,
 // acquiring a new one if needed (paper §5.2.2).
 func (s *Server) sliceFor(ctx context.Context, p configsvc.Policy) (oid.Slice, error) {
-	s.mu.Lock()
-	id, ok := s.bySlice[p]
-	if !ok { // a slice of that policy taken over from another server
-		for sl, q := range s.policies {
-			if q == p && !s.moving[sl] {
-				id, ok = sl, true
-				s.bySlice[p] = sl
-				break
-			}
-		}
-	}
-	s.mu.Unlock()
+	id, ok := s.owned.sliceOf(p)
 	if ok {
 		return id, nil
 	}
@@ -132,9 +117,7 @@ func (s *Server) knownEpoch(sl oid.Slice) int64 {
 // fence handles a peer's epoch for slice sl: a newer one means this
 // server's own lock (if any) is gone.
 func (s *Server) fence(sl oid.Slice, epoch int64) bool {
-	s.mu.Lock()
-	l, held := s.locks[sl]
-	s.mu.Unlock()
+	l, held := s.owned.lock(sl)
 	if held && l.Epoch > epoch {
 		return false
 	}

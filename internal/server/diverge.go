@@ -265,9 +265,7 @@ func (s *Server) clearAcked(ctx context.Context, sl oid.Slice, low uint64) error
 // (updates run one at a time in the store's commit loop); 0 when this
 // server is not its primary.
 func (s *Server) nextSeq(sl oid.Slice) uint64 {
-	s.mu.Lock()
-	r := s.repls[sl]
-	s.mu.Unlock()
+	r := s.owned.repl(sl)
 	if r == nil {
 		return 0
 	}

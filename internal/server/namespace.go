@@ -348,21 +348,16 @@ func (s *Server) unlinkObject(tx *store.Tx, m *wire.Meta, now int64, dying *[]oi
 	if err := s.mustRevoke(id); err != nil {
 		return err
 	}
-	s.mu.Lock()
-	open := s.opens[id] > 0
+	open := s.files.unlinked(id)
 	if !open {
-		s.dying[id]++
 		*dying = append(*dying, id)
 	}
-	s.mu.Unlock()
 	if open {
 		// Unlinked while open: keep the data until the last release.
 		if err := tx.PutSys(orphanKey(oid.ID(m.Id)), nil); err != nil {
 			return err
 		}
-		s.mu.Lock()
-		s.orphans[oid.ID(m.Id)] = true
-		s.mu.Unlock()
+		s.files.orphan(oid.ID(m.Id))
 		return tx.PutMeta(m)
 	}
 	return tx.DeleteObject(id)

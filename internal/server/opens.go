@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"fmt"
+	"sync"
 	"syscall"
 
 	"github.com/wheelfs/wheelfs/internal/fserr"
@@ -37,12 +38,7 @@ func (s *Server) Open(ctx context.Context, req *wire.OpenRequest) (*wire.OpenRes
 	// A backup (eventual open) counts nothing: releases go to the
 	// primary, and an unlink in backup mode deletes at once.
 	counted := s.primary(id) == nil
-	s.mu.Lock()
-	if counted {
-		s.opens[id]++
-	}
-	dying := s.dying[id] > 0
-	s.mu.Unlock()
+	dying := s.files.open(id, counted)
 	if dying && counted {
 		s.Release(ctx, &wire.ReleaseRequest{Id: req.Id})
 		return nil, fserr.ToStatus(fmt.Errorf("open %v: being deleted: %w", id, fserr.ErrNotExist))
@@ -70,20 +66,7 @@ func (s *Server) Open(ctx context.Context, req *wire.OpenRequest) (*wire.OpenRes
 // Release implements wire.StorageServer.
 func (s *Server) Release(ctx context.Context, req *wire.ReleaseRequest) (*wire.ReleaseResponse, error) {
 	id := oid.ID(req.Id)
-	s.mu.Lock()
-	s.opens[id]--
-	last := s.opens[id] <= 0
-	if last {
-		delete(s.opens, id)
-	}
-	orphan := last && s.orphans[id]
-	if orphan {
-		delete(s.orphans, id)
-		// An Open that comes in before the deletion commits may still
-		// read the object: the dying mark makes it fail instead.
-		s.dying[id]++
-	}
-	s.mu.Unlock()
+	orphan := s.files.release(id)
 	if !orphan {
 		return &wire.ReleaseResponse{}, nil
 	}
@@ -131,14 +114,81 @@ func orphanKey(id oid.ID) string { return fmt.Sprintf("orphan/%016x", uint64(id)
 
 // buried ends the dying marks of an Update that has finished.
 func (s *Server) buried(ids []oid.ID) {
+	s.files.buried(ids)
+}
+
+// openFiles counts open handles so that an object unlinked while open
+// lives on as an orphan until its last release.
+type openFiles struct {
+	mu      sync.Mutex
+	opens   map[oid.ID]int  // open handles
+	orphans map[oid.ID]bool // unlinked while open: delete on last release
+	dying   map[oid.ID]int  // deletions decided but not yet committed
+}
+
+func newOpenFiles() openFiles {
+	return openFiles{opens: map[oid.ID]int{}, orphans: map[oid.ID]bool{}, dying: map[oid.ID]int{}}
+}
+
+// open counts a handle (when counted) and reports whether id is being
+// deleted.
+func (f *openFiles) open(id oid.ID, counted bool) (dying bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if counted {
+		f.opens[id]++
+	}
+	return f.dying[id] > 0
+}
+
+// release ends a handle and reports whether it was the last one of an
+// orphan, which the caller then deletes (it is marked dying meanwhile).
+func (f *openFiles) release(id oid.ID) (orphan bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.opens[id]--
+	last := f.opens[id] <= 0
+	if last {
+		delete(f.opens, id)
+	}
+	orphan = last && f.orphans[id]
+	if orphan {
+		delete(f.orphans, id)
+		// An Open that comes in before the deletion commits may still
+		// read the object: the dying mark makes it fail instead.
+		f.dying[id]++
+	}
+	return orphan
+}
+
+// unlinked is called when id loses its last link: it reports whether id
+// is open, and otherwise marks it dying until buried.
+func (f *openFiles) unlinked(id oid.ID) (open bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.opens[id] > 0 {
+		return true
+	}
+	f.dying[id]++
+	return false
+}
+
+func (f *openFiles) orphan(id oid.ID) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.orphans[id] = true
+}
+
+// buried ends the dying marks of ids.
+func (f *openFiles) buried(ids []oid.ID) {
 	if len(ids) == 0 {
 		return
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	f.mu.Lock()
+	defer f.mu.Unlock()
 	for _, id := range ids {
-		if s.dying[id]--; s.dying[id] <= 0 {
-			delete(s.dying, id)
+		if f.dying[id]--; f.dying[id] <= 0 {
+			delete(f.dying, id)
 		}
 	}
 }

@@ -347,9 +347,7 @@ func (p *peerServer) Reconcile(ctx context.Context, req *wire.ReconcileRequest) 
 	if err := s.mergePush(ctx, req); err != nil {
 		return nil, fserr.ToStatus(fmt.Errorf("reconcile slice %d from %s: %w", sl, req.Source, err))
 	}
-	s.mu.Lock()
-	r := s.repls[sl]
-	s.mu.Unlock()
+	r := s.owned.repl(sl)
 	if r != nil {
 		r.resync(req.Source) // its copy still has its own versions
 	}

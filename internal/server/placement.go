@@ -62,27 +62,27 @@ func (s *Server) chooseReplicas(p configsvc.Policy, keep []string, prefer ...str
 
 // suspect records that server id failed to answer; clear forgets it.
 func (s *Server) suspect(id string) {
-	s.mu.Lock()
-	if _, ok := s.suspects[id]; !ok {
-		s.suspects[id] = time.Now()
+	s.maint.mu.Lock()
+	if _, ok := s.maint.suspects[id]; !ok {
+		s.maint.suspects[id] = time.Now()
 	}
-	s.mu.Unlock()
+	s.maint.mu.Unlock()
 }
 
 func (s *Server) clearSuspect(id string) {
-	s.mu.Lock()
-	delete(s.suspects, id)
-	s.mu.Unlock()
+	s.maint.mu.Lock()
+	delete(s.maint.suspects, id)
+	s.maint.mu.Unlock()
 }
 
 // suspected reports whether id failed recently (within a few DeadAfter
 // periods, after which its membership would have expired if it were down).
 func (s *Server) suspected(id string) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	at, ok := s.suspects[id]
+	s.maint.mu.Lock()
+	defer s.maint.mu.Unlock()
+	at, ok := s.maint.suspects[id]
 	if ok && time.Since(at) > 4*s.cfg.DeadAfter {
-		delete(s.suspects, id)
+		delete(s.maint.suspects, id)
 		return false
 	}
 	return ok
@@ -292,9 +292,7 @@ func policyOf(c *wire.Cues, parent configsvc.Policy, site string) configsvc.Poli
 
 // place decides the new object's slice policy and the server to store it.
 func (s *Server) place(req *wire.CreateRequest, dir oid.ID) (configsvc.Policy, string) {
-	s.mu.Lock()
-	parent, ok := s.policies[dir.Slice()]
-	s.mu.Unlock()
+	parent, ok := s.owned.policy(dir.Slice())
 	if !ok {
 		parent = s.defaultPolicy()
 	}

@@ -63,13 +63,9 @@ type Server struct {
 	store *store.Store
 	conf  configsvc.Service
 
-	mu       sync.Mutex
-	locks    map[oid.Slice]configsvc.Lock
-	bySlice  map[configsvc.Policy]oid.Slice // where new objects of a policy go
-	policies map[oid.Slice]configsvc.Policy // the policy of each slice held
-	opens    map[oid.ID]int                 // open handles, to keep unlinked files alive
-	orphans  map[oid.ID]bool                // unlinked while open: delete on last release
-	dying    map[oid.ID]int                 // deletions decided but not yet committed
+	owned    ownership // the slices this server is primary for
+	files    openFiles // open handles and orphans
+	maint    maintState
 	cancel   context.CancelFunc
 	done     chan struct{}
 	lockTTL  time.Duration
@@ -83,21 +79,7 @@ type Server struct {
 	// sizeCache is deploymentSize of the current table.
 	sizeCache atomic.Pointer[sizeOf]
 	tableC    chan struct{} // a new table arrived (maintenance wakes up)
-	repls     map[oid.Slice]*sliceRepl
-	valid     map[oid.Slice]time.Time // lock believed held until
-	// lastRenew is when the last successful renewal of the session began.
-	lastRenew time.Time
-	moving    map[oid.Slice]bool // being handed to another server
-	// freeSince is when maintenance first saw an unlocked slice.
-	freeSince map[oid.Slice]time.Time
-	// suspects are servers that recently failed to answer (placement
-	// avoids them even while their membership lease lasts).
-	suspects map[string]time.Time
-	// handed records when this server handed a slice to its home site.
-	handed map[oid.Slice]time.Time
-	// tending marks slices whose maintenance is running; maintSem bounds
-	// how many run at once.
-	tending  map[oid.Slice]bool
+	// maintSem bounds how many slices' maintenance runs at once.
 	maintSem chan struct{}
 	tendWG   sync.WaitGroup
 
@@ -132,28 +114,18 @@ func New(cfg Config, st *store.Store, conf configsvc.Service, lockTTL time.Durat
 		cfg.LeaseTTL = DefaultLeaseTTL
 	}
 	s := &Server{
-		cfg:       cfg,
-		log:       cfg.Logger.With("component", "server", "server", cfg.ID),
-		store:     st,
-		conf:      conf,
-		locks:     map[oid.Slice]configsvc.Lock{},
-		bySlice:   map[configsvc.Policy]oid.Slice{},
-		policies:  map[oid.Slice]configsvc.Policy{},
-		opens:     map[oid.ID]int{},
-		orphans:   map[oid.ID]bool{},
-		dying:     map[oid.ID]int{},
-		lockTTL:   lockTTL,
-		done:      make(chan struct{}),
-		bg:        context.Background(),
-		tableC:    make(chan struct{}, 1),
-		repls:     map[oid.Slice]*sliceRepl{},
-		valid:     map[oid.Slice]time.Time{},
-		moving:    map[oid.Slice]bool{},
-		freeSince: map[oid.Slice]time.Time{},
-		suspects:  map[string]time.Time{},
-		handed:    map[oid.Slice]time.Time{},
-		tending:   map[oid.Slice]bool{},
-		maintSem:  make(chan struct{}, 8),
+		cfg:      cfg,
+		log:      cfg.Logger.With("component", "server", "server", cfg.ID),
+		store:    st,
+		conf:     conf,
+		owned:    newOwnership(),
+		files:    newOpenFiles(),
+		maint:    newMaintState(),
+		lockTTL:  lockTTL,
+		done:     make(chan struct{}),
+		bg:       context.Background(),
+		tableC:   make(chan struct{}, 1),
+		maintSem: make(chan struct{}, 8),
 	}
 	s.leases = newLeases(cfg.LeaseTTL, s.lockValidity)
 	return s
@@ -209,7 +181,7 @@ func (s *Server) Start(ctx context.Context) (err error) {
 	go s.renewLoop(rctx)
 	go s.watchTable(rctx)
 	go s.maintainLoop(rctx)
-	s.log.Info("server ready", "site", s.cfg.Site, "addr", s.cfg.Addr, "slices", len(s.locks))
+	s.log.Info("server ready", "site", s.cfg.Site, "addr", s.cfg.Addr, "slices", len(s.owned.heldLocks()))
 	return nil
 }
 
@@ -220,15 +192,7 @@ func (s *Server) stop() []configsvc.Lock {
 		s.cancel()
 		s.renewing.Wait()
 	}
-	s.mu.Lock()
-	locks := make([]configsvc.Lock, 0, len(s.locks))
-	for _, l := range s.locks {
-		locks = append(locks, l)
-	}
-	s.locks = map[oid.Slice]configsvc.Lock{}
-	repls := s.repls
-	s.repls = map[oid.Slice]*sliceRepl{}
-	s.mu.Unlock()
+	locks, repls := s.owned.dropAll()
 	for _, r := range repls {
 		r.close()
 	}

@@ -192,9 +192,7 @@ func (s *Server) collectTombstones(ctx context.Context, sl oid.Slice, upTo uint6
 }
 
 func (s *Server) noTombs(sl oid.Slice) {
-	s.mu.Lock()
-	r := s.repls[sl]
-	s.mu.Unlock()
+	r := s.owned.repl(sl)
 	if r != nil {
 		r.mu.Lock()
 		r.tombs = false

@@ -145,9 +145,7 @@ func (s *Server) updateOnce(ctx context.Context, sync uint32, fn func(tx *store.
 			groups = append(groups, group{sl, []*wire.Mutation{m}})
 		}
 		for _, g := range groups {
-			s.mu.Lock()
-			r := s.repls[g.sl]
-			s.mu.Unlock()
+			r := s.owned.repl(g.sl)
 			if r != nil && isEventual(ctx) && s.primary(oid.Make(g.sl, 0)) != nil {
 				r = nil // the lock may have passed on: backup mode
 			}
