@@ -78,7 +78,7 @@ func (s *Server) GetBlocks(ctx context.Context, req *wire.GetBlocksRequest) (*wi
 	id := oid.ID(req.Id)
 	ctx, aerr := s.admit(ctx, req.Caller, id)
 	if aerr != nil {
-		return nil, fserr.ToStatus(aerr)
+		return nil, aerr
 	}
 	resp := &wire.GetBlocksResponse{}
 	err := s.store.View(func(tx *store.Tx) error {
@@ -98,7 +98,7 @@ func (s *Server) GetBlocks(ctx context.Context, req *wire.GetBlocksRequest) (*wi
 		return nil
 	})
 	if err != nil {
-		return nil, fserr.ToStatus(fmt.Errorf("blocks of %v: %w", id, err))
+		return nil, fmt.Errorf("blocks of %v: %w", id, err)
 	}
 	return resp, nil
 }
@@ -107,18 +107,18 @@ func (s *Server) GetBlocks(ctx context.Context, req *wire.GetBlocksRequest) (*wi
 func (s *Server) ReadBlocks(ctx context.Context, req *wire.ReadBlocksRequest) (*wire.ReadBlocksResponse, error) {
 	id := oid.ID(req.Id)
 	if err := s.checkData(ctx, req.Caller, id, perm.R); err != nil {
-		return nil, fserr.ToStatus(err)
+		return nil, err
 	}
 	hs := make([][32]byte, len(req.Hashes))
 	for i, h := range req.Hashes {
 		if len(h) != 32 {
-			return nil, fserr.ToStatus(fmt.Errorf("block hash of %d bytes: %w", len(h), fserr.ErrInvalid))
+			return nil, fmt.Errorf("block hash of %d bytes: %w", len(h), fserr.ErrInvalid)
 		}
 		hs[i] = [32]byte(h)
 	}
 	data, err := s.store.ReadBlocks(hs)
 	if err != nil {
-		return nil, fserr.ToStatus(fmt.Errorf("read blocks of %v: %w", id, err))
+		return nil, fmt.Errorf("read blocks of %v: %w", id, err)
 	}
 	return &wire.ReadBlocksResponse{Data: data}, nil
 }
@@ -146,16 +146,16 @@ func (s *Server) checkData(ctx context.Context, caller *wire.Caller, id oid.ID, 
 func (s *Server) PutBlocks(ctx context.Context, req *wire.PutBlocksRequest) (*wire.PutBlocksResponse, error) {
 	id := oid.ID(req.Id)
 	if err := s.checkData(ctx, req.Caller, id, perm.W); err != nil {
-		return nil, fserr.ToStatus(err)
+		return nil, err
 	}
 	for _, d := range req.Data {
 		if len(d) > blockSize {
-			return nil, fserr.ToStatus(fmt.Errorf("block of %d bytes: %w", len(d), fserr.ErrInvalid))
+			return nil, fmt.Errorf("block of %d bytes: %w", len(d), fserr.ErrInvalid)
 		}
 	}
 	hs, err := s.store.PutBlocks(req.Data)
 	if err != nil {
-		return nil, fserr.ToStatus(fmt.Errorf("store blocks of %v: %w", id, err))
+		return nil, fmt.Errorf("store blocks of %v: %w", id, err)
 	}
 	resp := &wire.PutBlocksResponse{Hashes: make([][]byte, len(hs))}
 	for i := range hs {
@@ -170,7 +170,7 @@ func (s *Server) Commit(ctx context.Context, req *wire.CommitRequest) (*wire.Com
 	id := oid.ID(req.Id)
 	ctx, aerr := s.admit(ctx, req.Caller, id)
 	if aerr != nil {
-		return nil, fserr.ToStatus(aerr)
+		return nil, aerr
 	}
 	c := cred(req.Caller)
 	now := time.Now().UnixNano()
@@ -218,7 +218,7 @@ func (s *Server) Commit(ctx context.Context, req *wire.CommitRequest) (*wire.Com
 		return tx.PutMeta(m)
 	})
 	if err != nil {
-		return nil, fserr.ToStatus(fmt.Errorf("commit %v: %w", id, err))
+		return nil, fmt.Errorf("commit %v: %w", id, err)
 	}
 	return &wire.CommitResponse{Meta: out}, nil
 }
@@ -227,7 +227,7 @@ func (s *Server) Commit(ctx context.Context, req *wire.CommitRequest) (*wire.Com
 func (s *Server) StatFS(ctx context.Context, req *wire.StatFSRequest) (*wire.StatFSResponse, error) {
 	var st syscall.Statfs_t
 	if err := syscall.Statfs(s.store.Dir(), &st); err != nil {
-		return nil, fserr.ToStatus(fmt.Errorf("statfs: %w", err))
+		return nil, fmt.Errorf("statfs: %w", err)
 	}
 	var objects uint64
 	_ = s.store.View(func(tx *store.Tx) error {

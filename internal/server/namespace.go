@@ -56,7 +56,7 @@ func (s *Server) Lookup(ctx context.Context, req *wire.LookupRequest) (*wire.Loo
 	dir := oid.ID(req.Dir)
 	ctx, aerr := s.admit(ctx, req.Caller, dir)
 	if aerr != nil {
-		return nil, fserr.ToStatus(aerr)
+		return nil, aerr
 	}
 	resp := &wire.LookupResponse{LeaseMs: s.leases.grant(req.Caller, dir)}
 	err := s.store.View(func(tx *store.Tx) error {
@@ -85,7 +85,7 @@ func (s *Server) Lookup(ctx context.Context, req *wire.LookupRequest) (*wire.Loo
 		return err
 	})
 	if err != nil {
-		return nil, fserr.ToStatus(fmt.Errorf("lookup %q: %w", req.Name, err))
+		return nil, fmt.Errorf("lookup %q: %w", req.Name, err)
 	}
 	if resp.Meta != nil && resp.LeaseMs > 0 {
 		// The child's lease is granted only now, so read its meta again:
@@ -109,12 +109,12 @@ func (s *Server) Lookup(ctx context.Context, req *wire.LookupRequest) (*wire.Loo
 func (s *Server) GetAttr(ctx context.Context, req *wire.GetAttrRequest) (*wire.GetAttrResponse, error) {
 	id := oid.ID(req.Id)
 	if _, err := s.admit(ctx, req.Caller, id); err != nil {
-		return nil, fserr.ToStatus(err)
+		return nil, err
 	}
 	ms := s.leases.grant(req.Caller, id)
 	m, err := s.localMeta(id)
 	if err != nil {
-		return nil, fserr.ToStatus(err)
+		return nil, err
 	}
 	return &wire.GetAttrResponse{Meta: m, LeaseMs: ms}, nil
 }
@@ -147,11 +147,11 @@ func (s *Server) Create(ctx context.Context, req *wire.CreateRequest) (*wire.Cre
 	dir := oid.ID(req.Dir)
 	ctx, aerr := s.admit(ctx, req.Caller, dir)
 	if aerr != nil {
-		return nil, fserr.ToStatus(aerr)
+		return nil, aerr
 	}
 	bits := attrs.TypeBits(req.Type)
 	if bits == 0 {
-		return nil, fserr.ToStatus(fmt.Errorf("create type %v: %w", req.Type, fserr.ErrInvalid))
+		return nil, fmt.Errorf("create type %v: %w", req.Type, fserr.ErrInvalid)
 	}
 	c := cred(req.Caller)
 	now := time.Now().UnixNano()
@@ -176,7 +176,7 @@ func (s *Server) Create(ctx context.Context, req *wire.CreateRequest) (*wire.Cre
 			return nil
 		})
 		if err != nil {
-			return nil, fserr.ToStatus(fmt.Errorf("create %q: %w", req.Name, err))
+			return nil, fmt.Errorf("create %q: %w", req.Name, err)
 		}
 		// Try the placement target, then (suspecting it) the next choice.
 		for attempt := 0; tmpl != nil && target != s.cfg.ID && attempt < 3; attempt++ {
@@ -196,7 +196,7 @@ func (s *Server) Create(ctx context.Context, req *wire.CreateRequest) (*wire.Cre
 	if remote == nil && !pol.KeepTogether && !exists {
 		var err error
 		if slice, err = s.sliceFor(ctx, pol); err != nil {
-			return nil, fserr.ToStatus(err)
+			return nil, err
 		}
 	}
 	resp := &wire.CreateResponse{}
@@ -255,7 +255,7 @@ func (s *Server) Create(ctx context.Context, req *wire.CreateRequest) (*wire.Cre
 		s.dropRemote(target, oid.ID(remote.Id)) // the name went elsewhere: no link to it
 	}
 	if err != nil {
-		return nil, fserr.ToStatus(fmt.Errorf("create %q: %w", req.Name, err))
+		return nil, fmt.Errorf("create %q: %w", req.Name, err)
 	}
 	return resp, nil
 }
@@ -285,10 +285,10 @@ func (s *Server) Link(ctx context.Context, req *wire.LinkRequest) (*wire.LinkRes
 	dir, id := oid.ID(req.Dir), oid.ID(req.Id)
 	ctx, aerr := s.admit(ctx, req.Caller, dir)
 	if aerr != nil {
-		return nil, fserr.ToStatus(aerr)
+		return nil, aerr
 	}
 	if !s.local(ctx, id) {
-		return nil, fserr.ToStatus(fmt.Errorf("link across servers: %w", fserr.ErrCrossDevice))
+		return nil, fmt.Errorf("link across servers: %w", fserr.ErrCrossDevice)
 	}
 	c := cred(req.Caller)
 	now := time.Now().UnixNano()
@@ -324,7 +324,7 @@ func (s *Server) Link(ctx context.Context, req *wire.LinkRequest) (*wire.LinkRes
 		return tx.PutMeta(d)
 	})
 	if err != nil {
-		return nil, fserr.ToStatus(fmt.Errorf("link %q: %w", req.Name, err))
+		return nil, fmt.Errorf("link %q: %w", req.Name, err)
 	}
 	return &wire.LinkResponse{Meta: out}, nil
 }
@@ -368,14 +368,14 @@ func (s *Server) Remove(ctx context.Context, req *wire.RemoveRequest) (*wire.Rem
 	dir := oid.ID(req.Dir)
 	ctx, aerr := s.admit(ctx, req.Caller, dir)
 	if aerr != nil {
-		return nil, fserr.ToStatus(aerr)
+		return nil, aerr
 	}
 	defer s.names.lock(nameKey(dir, req.Name))()
 	c := cred(req.Caller)
 	now := time.Now().UnixNano()
 	if out, done, err := s.removeRemote(ctx, req); done {
 		if err != nil {
-			return nil, fserr.ToStatus(fmt.Errorf("remove %q: %w", req.Name, err))
+			return nil, fmt.Errorf("remove %q: %w", req.Name, err)
 		}
 		return &wire.RemoveResponse{Meta: out}, nil
 	}
@@ -429,7 +429,7 @@ func (s *Server) Remove(ctx context.Context, req *wire.RemoveRequest) (*wire.Rem
 		return tx.PutMeta(d)
 	}, func() { s.buried(dying); dying = nil })
 	if err != nil {
-		return nil, fserr.ToStatus(fmt.Errorf("remove %q: %w", req.Name, err))
+		return nil, fmt.Errorf("remove %q: %w", req.Name, err)
 	}
 	return &wire.RemoveResponse{Meta: out}, nil
 }
@@ -509,7 +509,7 @@ func (s *Server) SetAttr(ctx context.Context, req *wire.SetAttrRequest) (*wire.S
 	id := oid.ID(req.Id)
 	ctx, aerr := s.admit(ctx, req.Caller, id)
 	if aerr != nil {
-		return nil, fserr.ToStatus(aerr)
+		return nil, aerr
 	}
 	c := cred(req.Caller)
 	now := time.Now().UnixNano()
@@ -532,7 +532,7 @@ func (s *Server) SetAttr(ctx context.Context, req *wire.SetAttrRequest) (*wire.S
 		return tx.PutMeta(m)
 	})
 	if err != nil {
-		return nil, fserr.ToStatus(fmt.Errorf("setattr %v: %w", id, err))
+		return nil, fmt.Errorf("setattr %v: %w", id, err)
 	}
 	return &wire.SetAttrResponse{Meta: out}, nil
 }
@@ -542,7 +542,7 @@ func (s *Server) ReadDir(ctx context.Context, req *wire.ReadDirRequest) (*wire.R
 	dir := oid.ID(req.Dir)
 	ctx, aerr := s.admit(ctx, req.Caller, dir)
 	if aerr != nil {
-		return nil, fserr.ToStatus(aerr)
+		return nil, aerr
 	}
 	limit := int(req.Limit)
 	if limit <= 0 || limit > 4096 {
@@ -577,7 +577,7 @@ func (s *Server) ReadDir(ctx context.Context, req *wire.ReadDirRequest) (*wire.R
 		return nil
 	})
 	if err != nil {
-		return nil, fserr.ToStatus(fmt.Errorf("readdir %v: %w", dir, err))
+		return nil, fmt.Errorf("readdir %v: %w", dir, err)
 	}
 	return resp, nil
 }

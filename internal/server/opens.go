@@ -19,7 +19,7 @@ func (s *Server) Open(ctx context.Context, req *wire.OpenRequest) (*wire.OpenRes
 	id := oid.ID(req.Id)
 	ctx, aerr := s.admit(ctx, req.Caller, id)
 	if aerr != nil {
-		return nil, fserr.ToStatus(aerr)
+		return nil, aerr
 	}
 	var want uint32
 	switch req.Flags & syscall.O_ACCMODE {
@@ -41,7 +41,7 @@ func (s *Server) Open(ctx context.Context, req *wire.OpenRequest) (*wire.OpenRes
 	dying := s.files.open(id, counted)
 	if dying && counted {
 		s.Release(ctx, &wire.ReleaseRequest{Id: req.Id})
-		return nil, fserr.ToStatus(fmt.Errorf("open %v: being deleted: %w", id, fserr.ErrNotExist))
+		return nil, fmt.Errorf("open %v: being deleted: %w", id, fserr.ErrNotExist)
 	}
 	ms := s.leases.grant(req.Caller, id)
 	var m *wire.Meta
@@ -58,7 +58,7 @@ func (s *Server) Open(ctx context.Context, req *wire.OpenRequest) (*wire.OpenRes
 		if counted {
 			s.Release(ctx, &wire.ReleaseRequest{Id: req.Id})
 		}
-		return nil, fserr.ToStatus(fmt.Errorf("open %v: %w", id, err))
+		return nil, fmt.Errorf("open %v: %w", id, err)
 	}
 	return &wire.OpenResponse{Meta: m, LeaseMs: ms}, nil
 }
@@ -80,7 +80,7 @@ func (s *Server) Release(ctx context.Context, req *wire.ReleaseRequest) (*wire.R
 		}
 		return tx.DeleteObject(id)
 	})
-	return &wire.ReleaseResponse{}, fserr.ToStatus(err)
+	return &wire.ReleaseResponse{}, err
 }
 
 // cleanOrphans deletes files unlinked while open before a restart: their

@@ -166,3 +166,46 @@ func addNlink(tx *store.Tx, id oid.ID, now int64) error {
 	touch(m, now, false)
 	return tx.PutMeta(m)
 }
+
+// dropLinkHere removes a link to an object of this server on behalf of
+// the server that removed its name (Peer.DropLink).
+func (s *Server) dropLinkHere(ctx context.Context, req *wire.DropLinkRequest) (*wire.DropLinkResponse, error) {
+	id := oid.ID(req.Id)
+	if err := s.primary(id); err != nil {
+		return nil, err
+	}
+	now := time.Now().UnixNano()
+	var out *wire.Meta
+	var dying []oid.ID
+	defer func() { s.buried(dying) }()
+	err := s.update(ctx, req.SyncLevel, func(tx *store.Tx) error {
+		m, err := tx.Meta(id)
+		if err != nil {
+			return err
+		}
+		if req.DirOnly && !isDir(m) {
+			return fserr.ErrNotDir
+		}
+		if req.FileOnly && isDir(m) {
+			return fserr.ErrIsDir
+		}
+		if req.Caller != nil && req.Dir != nil {
+			if err := perm.MayRemove(cred(req.Caller), attr(req.Dir), attr(m)); err != nil {
+				return err
+			}
+		}
+		if isDir(m) {
+			if has, err := tx.HasEntries(id); err != nil {
+				return err
+			} else if has {
+				return fserr.ErrNotEmpty
+			}
+		}
+		out = m
+		return s.unlinkObject(tx, m, now, &dying)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("drop link to %v: %w", id, err)
+	}
+	return &wire.DropLinkResponse{Meta: out}, nil
+}

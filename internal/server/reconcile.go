@@ -262,3 +262,23 @@ func (s *Server) mergeEntry(tx *store.Tx, sl oid.Slice, ch *wire.EntryChange, no
 	touch(d, now, true)
 	return tx.PutMeta(d)
 }
+
+// reconciled merges what a backup changed without the primary
+// (Peer.Reconcile) and resends it a snapshot.
+func (s *Server) reconciled(ctx context.Context, req *wire.ReconcileRequest) (*wire.ReconcileResponse, error) {
+	sl := oid.Slice(req.Slice)
+	if err := s.primary(oid.Make(sl, 0)); err != nil {
+		return nil, err
+	}
+	if err := s.fetchMissing(ctx, req.Source, req.Objects); err != nil {
+		return nil, err
+	}
+	if err := s.mergePush(ctx, req); err != nil {
+		return nil, fmt.Errorf("reconcile slice %d from %s: %w", sl, req.Source, err)
+	}
+	r := s.owned.repl(sl)
+	if r != nil {
+		r.resync(req.Source) // its copy still has its own versions
+	}
+	return &wire.ReconcileResponse{}, nil
+}

@@ -27,13 +27,13 @@ func (s *Server) Rename(ctx context.Context, req *wire.RenameRequest) (*wire.Ren
 	src, dst := oid.ID(req.SrcDir), oid.ID(req.DstDir)
 	ctx, aerr := s.admit(ctx, req.Caller, src)
 	if aerr != nil {
-		return nil, fserr.ToStatus(aerr)
+		return nil, aerr
 	}
 	defer s.names.lock(nameKey(src, req.SrcName), nameKey(dst, req.DstName))()
 	if !s.local(ctx, dst) {
 		if s.primary(src) != nil {
 			// Backup mode cannot coordinate with another server.
-			return nil, fserr.ToStatus(fmt.Errorf("rename across servers: %w", fserr.ErrCrossDevice))
+			return nil, fmt.Errorf("rename across servers: %w", fserr.ErrCrossDevice)
 		}
 		return s.renameAcross(ctx, req) // xrename.go
 	}
@@ -60,11 +60,11 @@ func (s *Server) Rename(ctx context.Context, req *wire.RenameRequest) (*wire.Ren
 			continue
 		}
 		if req.Flags&wire.RenameExchange != 0 || e.Type == wire.Type_TYPE_DIR && (src != dst || e.Name == req.DstName) {
-			return nil, fserr.ToStatus(fmt.Errorf("rename involving a directory on another server: %w", fserr.ErrCrossDevice))
+			return nil, fmt.Errorf("rename involving a directory on another server: %w", fserr.ErrCrossDevice)
 		}
 		m, owner, err := s.remoteMeta(ctx, oid.ID(e.Id))
 		if err != nil {
-			return nil, fserr.ToStatus(fmt.Errorf("rename %q: %w", req.SrcName, err))
+			return nil, fmt.Errorf("rename %q: %w", req.SrcName, err)
 		}
 		remote[e.Id], owners[e.Id] = m, owner
 	}
@@ -179,7 +179,7 @@ func (s *Server) Rename(ctx context.Context, req *wire.RenameRequest) (*wire.Ren
 		return nil
 	}, func() { s.buried(dying); dying = nil })
 	if err != nil {
-		return nil, fserr.ToStatus(fmt.Errorf("rename %q to %q: %w", req.SrcName, req.DstName, err))
+		return nil, fmt.Errorf("rename %q to %q: %w", req.SrcName, req.DstName, err)
 	}
 	if dropRemote != 0 {
 		if err := s.dropLink(ctx, owners[dropRemote], oid.ID(dropRemote)); err != nil {

@@ -23,7 +23,7 @@ func (s *Server) GetXattr(ctx context.Context, req *wire.XattrRequest) (*wire.Xa
 	id := oid.ID(req.Id)
 	ctx, aerr := s.admit(ctx, req.Caller, id)
 	if aerr != nil {
-		return nil, fserr.ToStatus(aerr)
+		return nil, aerr
 	}
 	resp := &wire.XattrResponse{}
 	err := s.store.View(func(tx *store.Tx) error {
@@ -41,7 +41,7 @@ func (s *Server) GetXattr(ctx context.Context, req *wire.XattrRequest) (*wire.Xa
 		return err
 	})
 	if err != nil {
-		return nil, fserr.ToStatus(fmt.Errorf("getxattr %q: %w", req.Name, err))
+		return nil, fmt.Errorf("getxattr %q: %w", req.Name, err)
 	}
 	return resp, nil
 }
@@ -51,7 +51,7 @@ func (s *Server) ListXattr(ctx context.Context, req *wire.XattrRequest) (*wire.X
 	id := oid.ID(req.Id)
 	ctx, aerr := s.admit(ctx, req.Caller, id)
 	if aerr != nil {
-		return nil, fserr.ToStatus(aerr)
+		return nil, aerr
 	}
 	resp := &wire.XattrResponse{}
 	c := cred(req.Caller)
@@ -68,7 +68,7 @@ func (s *Server) ListXattr(ctx context.Context, req *wire.XattrRequest) (*wire.X
 		return err
 	})
 	if err != nil {
-		return nil, fserr.ToStatus(fmt.Errorf("listxattr: %w", err))
+		return nil, fmt.Errorf("listxattr: %w", err)
 	}
 	return resp, nil
 }
@@ -87,13 +87,13 @@ func (s *Server) changeXattr(ctx context.Context, req *wire.XattrRequest, remove
 	id := oid.ID(req.Id)
 	ctx, aerr := s.admit(ctx, req.Caller, id)
 	if aerr != nil {
-		return nil, fserr.ToStatus(aerr)
+		return nil, aerr
 	}
 	if req.Name == "" || len(req.Name) > 255 || hidden(req.Name) {
-		return nil, fserr.ToStatus(fmt.Errorf("xattr name: %w", fserr.ErrRange))
+		return nil, fmt.Errorf("xattr name: %w", fserr.ErrRange)
 	}
 	if len(req.Value) > 64<<10 {
-		return nil, fserr.ToStatus(fmt.Errorf("xattr value of %d bytes: %w", len(req.Value), fserr.ErrTooBig))
+		return nil, fmt.Errorf("xattr value of %d bytes: %w", len(req.Value), fserr.ErrTooBig)
 	}
 	now := time.Now().UnixNano()
 	err := s.update(ctx, 0, func(tx *store.Tx) error {
@@ -124,7 +124,7 @@ func (s *Server) changeXattr(ctx context.Context, req *wire.XattrRequest, remove
 		return tx.PutMeta(m)
 	})
 	if err != nil {
-		return nil, fserr.ToStatus(fmt.Errorf("xattr %q: %w", req.Name, err))
+		return nil, fmt.Errorf("xattr %q: %w", req.Name, err)
 	}
 	return &wire.XattrResponse{}, nil
 }

@@ -42,7 +42,7 @@ import (
 func (s *Server) renameAcross(ctx context.Context, req *wire.RenameRequest) (*wire.RenameResponse, error) {
 	resp, err := s.renameAcrossSteps(ctx, req)
 	if err != nil {
-		return nil, fserr.ToStatus(fmt.Errorf("rename %q to %q on another server: %w", req.SrcName, req.DstName, err))
+		return nil, fmt.Errorf("rename %q to %q on another server: %w", req.SrcName, req.DstName, err)
 	}
 	return resp, nil
 }
