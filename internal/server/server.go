@@ -18,6 +18,20 @@ import (
 // DefaultRepLevel is the replication level of objects without a .RepLevel cue.
 const DefaultRepLevel = 3
 
+// ConfigService is what a server needs from the configuration service:
+// configsvc.Service, or a configsvc.Memory client in tests.
+type ConfigService interface {
+	membership
+	sliceLocks
+}
+
+// membership registers this server and follows the slice table.
+type membership interface {
+	Register(ctx context.Context, s configsvc.ServerInfo) error
+	Table(ctx context.Context) (*configsvc.Table, error)
+	Watch(ctx context.Context) <-chan *configsvc.Table
+}
+
 // Config configures a storage server.
 type Config struct {
 	ID     string // stable server ID (its certificate name)
@@ -61,7 +75,7 @@ type Server struct {
 	cfg   Config
 	log   *slog.Logger
 	store *store.Store
-	conf  configsvc.Service
+	conf  ConfigService
 
 	owned    ownership // the slices this server is primary for
 	files    openFiles // open handles and orphans
@@ -88,7 +102,7 @@ type Server struct {
 }
 
 // New returns a server over st that coordinates through conf.
-func New(cfg Config, st *store.Store, conf configsvc.Service, lockTTL time.Duration) *Server {
+func New(cfg Config, st *store.Store, conf ConfigService, lockTTL time.Duration) *Server {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}

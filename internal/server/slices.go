@@ -120,6 +120,14 @@ func (s *Server) Slices() []oid.Slice {
 	return out
 }
 
+// sliceLocks are the slice locks of the configuration service.
+type sliceLocks interface {
+	Acquire(ctx context.Context, s oid.Slice, holder string, p configsvc.Policy, replicas []string) (configsvc.Lock, error)
+	RenewAll(ctx context.Context, locks []configsvc.Lock) (lost []configsvc.Lock, err error)
+	UpdateReplicas(ctx context.Context, l configsvc.Lock, replicas []string) error
+	Release(ctx context.Context, l configsvc.Lock) error
+}
+
 // ownership is the state of the slices this server is primary for. Its
 // lock is never held while taking another: callers get copies or the
 // *sliceRepl, whose own lock comes after.
