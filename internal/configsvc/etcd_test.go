@@ -2,6 +2,7 @@ package configsvc_test
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"os"
 	"testing"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/wheelfs/wheelfs/internal/configsvc"
 	"github.com/wheelfs/wheelfs/internal/configsvc/embedded"
+	"github.com/wheelfs/wheelfs/internal/poll"
 )
 
 func testLogger(t *testing.T) *slog.Logger {
@@ -61,17 +63,14 @@ func tctx(t *testing.T) context.Context {
 // waitFor polls the table until cond holds or the deadline passes.
 func waitFor(t *testing.T, s configsvc.Service, within time.Duration, what string, cond func(*configsvc.Table) bool) *configsvc.Table {
 	t.Helper()
-	deadline := time.Now().Add(within)
-	for {
-		tb, err := s.Table(context.Background())
-		if err == nil && cond(tb) {
-			return tb
+	var tb *configsvc.Table
+	poll.Until(t, within, what, func() (err error) {
+		if tb, err = s.Table(context.Background()); err == nil && !cond(tb) {
+			err = errors.New("condition not met")
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s (last err %v)", within, what, err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return err
+	})
+	return tb
 }
 
 // A crashed server (no revoke) disappears when its membership lease expires.

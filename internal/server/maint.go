@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/wheelfs/wheelfs/internal/configsvc"
+	"github.com/wheelfs/wheelfs/internal/every"
 	"github.com/wheelfs/wheelfs/internal/oid"
 	"github.com/wheelfs/wheelfs/internal/store"
 	"github.com/wheelfs/wheelfs/internal/wire"
@@ -39,17 +40,9 @@ func (s *Server) watchTable(ctx context.Context) {
 func (s *Server) maintainLoop(ctx context.Context) {
 	defer s.renewing.Done()
 	defer s.tendWG.Wait()
-	t := time.NewTicker(s.cfg.MaintainPeriod)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		case <-s.tableC:
-		}
+	every.Do(ctx, s.cfg.MaintainPeriod, s.tableC, func() {
 		if s.paused.Load() {
-			continue
+			return
 		}
 		s.maintain(ctx)
 		// Push eventual changes in the background: a push waits on a
@@ -62,7 +55,7 @@ func (s *Server) maintainLoop(ctx context.Context) {
 				s.reconcile(ctx)
 			}()
 		}
-	}
+	})
 }
 
 // maintain does one round of maintenance. Slices are tended

@@ -401,21 +401,16 @@ func (s *Server) Remove(ctx context.Context, req *wire.RemoveRequest) (*wire.Rem
 		if err != nil {
 			return err
 		}
-		switch {
-		case req.DirOnly && !isDir(m):
-			return fserr.ErrNotDir
-		case req.FileOnly && isDir(m):
-			return fserr.ErrIsDir
+		if err := unlinkKind(m, req.DirOnly, req.FileOnly); err != nil {
+			return err
 		}
 		if err := perm.MayRemove(c, attr(d), attr(m)); err != nil {
 			return err
 		}
+		if err := emptyDir(tx, m); err != nil {
+			return err
+		}
 		if isDir(m) {
-			if full, err := tx.HasEntries(oid.ID(m.Id)); err != nil {
-				return err
-			} else if full {
-				return fserr.ErrNotEmpty
-			}
 			d.Nlink--
 		}
 		if err := tx.DeleteEntry(dir, req.Name); err != nil {
@@ -580,4 +575,30 @@ func (s *Server) ReadDir(ctx context.Context, req *wire.ReadDirRequest) (*wire.R
 		return nil, fmt.Errorf("readdir %v: %w", dir, err)
 	}
 	return resp, nil
+}
+
+// unlinkKind checks that m is of the kind a removal asks for: dirOnly
+// (rmdir, or a directory renamed over it), fileOnly (unlink, or a file
+// renamed over it).
+func unlinkKind(m *wire.Meta, dirOnly, fileOnly bool) error {
+	switch {
+	case dirOnly && !isDir(m):
+		return fserr.ErrNotDir
+	case fileOnly && isDir(m):
+		return fserr.ErrIsDir
+	}
+	return nil
+}
+
+// emptyDir refuses to unlink a directory that still has entries.
+func emptyDir(tx *store.Tx, m *wire.Meta) error {
+	if !isDir(m) {
+		return nil
+	}
+	if full, err := tx.HasEntries(oid.ID(m.Id)); err != nil {
+		return err
+	} else if full {
+		return fserr.ErrNotEmpty
+	}
+	return nil
 }

@@ -183,23 +183,16 @@ func (s *Server) dropLinkHere(ctx context.Context, req *wire.DropLinkRequest) (*
 		if err != nil {
 			return err
 		}
-		if req.DirOnly && !isDir(m) {
-			return fserr.ErrNotDir
-		}
-		if req.FileOnly && isDir(m) {
-			return fserr.ErrIsDir
+		if err := unlinkKind(m, req.DirOnly, req.FileOnly); err != nil {
+			return err
 		}
 		if req.Caller != nil && req.Dir != nil {
 			if err := perm.MayRemove(cred(req.Caller), attr(req.Dir), attr(m)); err != nil {
 				return err
 			}
 		}
-		if isDir(m) {
-			if has, err := tx.HasEntries(id); err != nil {
-				return err
-			} else if has {
-				return fserr.ErrNotEmpty
-			}
+		if err := emptyDir(tx, m); err != nil {
+			return err
 		}
 		out = m
 		return s.unlinkObject(tx, m, now, &dying)

@@ -127,17 +127,14 @@ func (s *Server) Rename(ctx context.Context, req *wire.RenameRequest) (*wire.Ren
 			return s.exchange(tx, sd, dd, se, de, child, target, now)
 		}
 		if target != nil {
-			switch {
-			case isDir(child) && !isDir(target):
-				return fserr.ErrNotDir
-			case !isDir(child) && isDir(target):
-				return fserr.ErrIsDir
-			case isDir(target):
-				if full, err := tx.HasEntries(oid.ID(target.Id)); err != nil {
-					return err
-				} else if full {
-					return fserr.ErrNotEmpty
-				}
+			// The target loses its name as in rmdir or unlink.
+			if err := unlinkKind(target, isDir(child), !isDir(child)); err != nil {
+				return err
+			}
+			if err := emptyDir(tx, target); err != nil {
+				return err
+			}
+			if isDir(target) {
 				dd.Nlink--
 			}
 			if _, ok := remote[target.Id]; ok {
@@ -157,26 +154,14 @@ func (s *Server) Rename(ctx context.Context, req *wire.RenameRequest) (*wire.Ren
 		if err := tx.PutEntry(dst, ne); err != nil {
 			return err
 		}
-		if isDir(child) && src != dst {
-			child.Parent = uint64(dst)
-			sd.Nlink--
-			dd.Nlink++
-		}
+		moveDir(child, sd, dd)
 		if _, ok := remote[child.Id]; !ok {
 			touch(child, now, false)
 			if err := tx.PutMeta(child); err != nil {
 				return err
 			}
 		}
-		touch(sd, now, true)
-		if err := tx.PutMeta(sd); err != nil {
-			return err
-		}
-		if dst != src {
-			touch(dd, now, true)
-			return tx.PutMeta(dd)
-		}
-		return nil
+		return putDirs(tx, sd, dd, now)
 	}, func() { s.buried(dying); dying = nil })
 	if err != nil {
 		return nil, fmt.Errorf("rename %q to %q: %w", req.SrcName, req.DstName, err)
@@ -229,29 +214,35 @@ func (s *Server) exchange(tx *store.Tx, sd, dd *wire.Meta, se, de *wire.Entry, a
 	if err := tx.PutEntry(dst, &wire.Entry{Name: de.Name, Id: a.Id, Type: a.Type, Version: de.Version + 1}); err != nil {
 		return err
 	}
-	if src != dst {
-		if isDir(a) {
-			a.Parent = uint64(dst)
-			sd.Nlink--
-			dd.Nlink++
-		}
-		if isDir(b) {
-			b.Parent = uint64(src)
-			dd.Nlink--
-			sd.Nlink++
-		}
-	}
+	moveDir(a, sd, dd)
+	moveDir(b, dd, sd)
 	for _, m := range []*wire.Meta{a, b} {
 		touch(m, now, false)
 		if err := tx.PutMeta(m); err != nil {
 			return err
 		}
 	}
+	return putDirs(tx, sd, dd, now)
+}
+
+// moveDir does the bookkeeping of moving obj from directory from to
+// directory to: a directory's parent pointer and both link counts ("..").
+func moveDir(obj, from, to *wire.Meta) {
+	if !isDir(obj) || from.Id == to.Id {
+		return
+	}
+	obj.Parent = to.Id
+	from.Nlink--
+	to.Nlink++
+}
+
+// putDirs stores the one or two directories a rename changed.
+func putDirs(tx *store.Tx, sd, dd *wire.Meta, now int64) error {
 	touch(sd, now, true)
 	if err := tx.PutMeta(sd); err != nil {
 		return err
 	}
-	if src != dst {
+	if sd.Id != dd.Id {
 		touch(dd, now, true)
 		return tx.PutMeta(dd)
 	}

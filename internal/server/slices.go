@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/wheelfs/wheelfs/internal/configsvc"
+	"github.com/wheelfs/wheelfs/internal/every"
 	"github.com/wheelfs/wheelfs/internal/oid"
 	"github.com/wheelfs/wheelfs/internal/store"
 )
@@ -71,19 +72,11 @@ func (s *Server) lostSlice(sl oid.Slice, epoch int64, why string) {
 // cannot be renewed is dropped: this server stops acting as its primary.
 func (s *Server) renewLoop(ctx context.Context) {
 	defer s.renewing.Done()
-	t := time.NewTicker(max(s.lockTTL/3, 100*time.Millisecond))
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
+	every.Do(ctx, max(s.lockTTL/3, 100*time.Millisecond), nil, func() {
+		if !s.paused.Load() {
+			s.renewAll(ctx, s.owned.heldLocks())
 		}
-		if s.paused.Load() {
-			continue
-		}
-		s.renewAll(ctx, s.owned.heldLocks())
-	}
+	})
 }
 
 // renewAll extends every held lock (one keep-alive of the server's session
