@@ -262,21 +262,15 @@ func (c *memClient) RenewAll(ctx context.Context, locks []Lock) (lost []Lock, er
 }
 
 func (c *memClient) UpdateReplicas(ctx context.Context, l Lock, replicas []string) error {
-	if c.closed() {
-		return ErrClosed
-	}
-	sp := c.sp
-	sp.mu.Lock()
-	defer sp.mu.Unlock()
-	if !sp.heldLocked(l) {
-		return fmt.Errorf("update replicas of slice %d: %w", l.Slice, ErrLockLost)
-	}
-	sp.slices[l.Slice].Replicas = slices.Clone(replicas)
-	sp.changedLocked()
-	return nil
+	return c.whileHeld(l, "update replicas of", func(s *Slice) { s.Replicas = slices.Clone(replicas) })
 }
 
 func (c *memClient) Release(ctx context.Context, l Lock) error {
+	return c.whileHeld(l, "release", func(s *Slice) { s.Holder, s.Epoch = "", 0 })
+}
+
+// whileHeld changes l's slice record with fn if l is still held.
+func (c *memClient) whileHeld(l Lock, what string, fn func(*Slice)) error {
 	if c.closed() {
 		return ErrClosed
 	}
@@ -284,10 +278,9 @@ func (c *memClient) Release(ctx context.Context, l Lock) error {
 	sp.mu.Lock()
 	defer sp.mu.Unlock()
 	if !sp.heldLocked(l) {
-		return fmt.Errorf("release slice %d: %w", l.Slice, ErrLockLost)
+		return fmt.Errorf("%s slice %d: %w", what, l.Slice, ErrLockLost)
 	}
-	s := sp.slices[l.Slice]
-	s.Holder, s.Epoch = "", 0
+	fn(sp.slices[l.Slice])
 	sp.changedLocked()
 	return nil
 }

@@ -3,7 +3,6 @@ package server
 import (
 	"context"
 	"fmt"
-	"syscall"
 	"time"
 
 	"github.com/wheelfs/wheelfs/internal/configsvc"
@@ -87,8 +86,8 @@ func (s *Server) addLink(ctx context.Context, req *wire.AddLinkRequest) (*wire.A
 		if err != nil {
 			return err
 		}
-		de, err := tx.Entry(dir, req.Name)
-		if err != nil && fserr.Errno(err) != syscall.ENOENT {
+		de, err := entryIfAny(tx, dir, req.Name)
+		if err != nil {
 			return err
 		}
 		var target *wire.Meta

@@ -97,8 +97,8 @@ func (s *Server) Rename(ctx context.Context, req *wire.RenameRequest) (*wire.Ren
 		if err != nil {
 			return err
 		}
-		de, err := tx.Entry(dst, req.DstName)
-		if err != nil && fserr.Errno(err) != syscall.ENOENT {
+		de, err := entryIfAny(tx, dst, req.DstName)
+		if err != nil {
 			return err
 		}
 		var target *wire.Meta
@@ -264,4 +264,14 @@ func (s *Server) checkNotAncestor(tx *store.Tx, id, dst oid.ID) error {
 		}
 		cur = oid.ID(m.Parent)
 	}
+}
+
+// entryIfAny returns the entry name has in dir, nil if none: the name a
+// rename replaces.
+func entryIfAny(tx *store.Tx, dir oid.ID, name string) (*wire.Entry, error) {
+	e, err := tx.Entry(dir, name)
+	if fserr.Errno(err) == syscall.ENOENT {
+		return nil, nil
+	}
+	return e, err
 }
