@@ -103,26 +103,3 @@ func (s *Server) sliceFor(ctx context.Context, p configsvc.Policy) (oid.Slice, e
 	}
 	return 0, fmt.Errorf("server: no free slice for policy %+v: %w", p, fserr.ErrNoSpace)
 }
-
-// knownEpoch is the newest epoch of slice s this server has seen in the
-// slice table; no primary with an older one may change its copy.
-func (s *Server) knownEpoch(sl oid.Slice) int64 {
-	t := s.table.Load()
-	if t == nil {
-		return 0
-	}
-	return t.Slices[sl].Epoch
-}
-
-// fence handles a peer's epoch for slice sl: a newer one means this
-// server's own lock (if any) is gone.
-func (s *Server) fence(sl oid.Slice, epoch int64) bool {
-	l, held := s.owned.lock(sl)
-	if held && l.Epoch > epoch {
-		return false
-	}
-	if held && l.Epoch < epoch {
-		s.lostSlice(sl, l.Epoch, "another server replicates it with a newer epoch")
-	}
-	return epoch >= s.knownEpoch(sl)
-}

@@ -7,7 +7,7 @@
 //
 //	server.go      Config, the Server struct, New, Start, Close
 //	doc.go         this overview
-//	admit.go       admission of every request: primary, backup (eventual), fencing
+//	admit.go       admission of every request: primary, or backup (eventual)
 //	slices.go      slice ownership: locks, renewal, serving and losing slices
 //	placement.go   where new objects and replicas go; suspected servers
 //	update.go      the update path: transaction, leases, replication, backup mode
@@ -22,7 +22,9 @@
 //	peerops.go     work other servers ask of this one (create, add link)
 //	outgoing.go    every call to another server's Peer service
 //	peer.go        thin handlers of the Peer service
+//	edge.go        the gRPC edge: peer authentication, error mapping
 //	repl.go        the replication stream from primary to backups
+//	backup.go      the backup side: epoch fencing, applying the stream
 //	snapshot.go    digests, diffs and snapshot installs of a slice
 //	maint.go       maintenance: takeover, tending replicas, hand-over
 //	diverge.go     divergence records of changes made in backup mode
