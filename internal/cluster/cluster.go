@@ -60,6 +60,7 @@ import (
 	"github.com/wheelfs/wheelfs/internal/deploy"
 	"github.com/wheelfs/wheelfs/internal/oid"
 	"github.com/wheelfs/wheelfs/internal/pki"
+	"github.com/wheelfs/wheelfs/internal/poll"
 	"github.com/wheelfs/wheelfs/internal/transport"
 )
 
@@ -655,19 +656,7 @@ func (c *Cluster) WaitFor(timeout time.Duration, what string, cond func() error)
 // error if timeout passes first.
 func WaitFor(t testing.TB, timeout time.Duration, what string, cond func() error) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	wait := 20 * time.Millisecond
-	for {
-		err := cond()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("cluster: %s: not within %v: %v", what, timeout, err)
-		}
-		time.Sleep(wait)
-		wait = min(wait*2, 500*time.Millisecond)
-	}
+	poll.Until(t, timeout, "cluster: "+what, cond)
 }
 
 // close stops everything: the network heals first so that hosts can

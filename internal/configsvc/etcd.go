@@ -23,6 +23,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/wheelfs/wheelfs/internal/configsvc/internal/zapslog"
+	"github.com/wheelfs/wheelfs/internal/every"
 	"github.com/wheelfs/wheelfs/internal/oid"
 )
 
@@ -324,21 +325,14 @@ func (s *EtcdService) revoke(lease clientv3.LeaseID) {
 func (s *EtcdService) keepMember(ctx context.Context, id string, val []byte, lease clientv3.LeaseID) {
 	defer func() { s.revoke(lease) }()
 	interval := time.Duration(s.memberTTL) * time.Second / 3
-	t := time.NewTicker(interval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
+	every.Do(ctx, interval, nil, func() {
 		if lease != clientv3.NoLease {
 			cctx, cancel := s.rpcCtx(ctx)
 			resp, err := s.cli.KeepAliveOnce(cctx, lease)
 			cancel()
 			switch {
 			case err == nil && resp.TTL > 0:
-				continue
+				return
 			case err == nil || errors.Is(err, rpctypes.ErrLeaseNotFound):
 				s.log.Warn("membership lease lost; re-registering", "server", id)
 				lease = clientv3.NoLease
@@ -346,7 +340,7 @@ func (s *EtcdService) keepMember(ctx context.Context, id string, val []byte, lea
 				if ctx.Err() == nil {
 					s.log.Warn("membership keep-alive failed", "server", id, "err", err)
 				}
-				continue
+				return
 			}
 		}
 		l, err := s.putServer(ctx, id, val)
@@ -354,11 +348,11 @@ func (s *EtcdService) keepMember(ctx context.Context, id string, val []byte, lea
 			if ctx.Err() == nil {
 				s.log.Warn("re-register failed", "server", id, "err", err)
 			}
-			continue
+			return
 		}
 		lease = l
 		s.log.Info("server re-registered", "server", id)
-	}
+	})
 }
 
 // ---- table ----

@@ -47,7 +47,7 @@ func (h *Host) startServer(ctx context.Context, local *lateLocal) (err error) {
 	local.StorageClient = server.LocalClient(h.Server)
 	h.grpc = grpc.NewServer(grpc.Creds(credentials.NewTLS(h.Creds.ServerTLS())),
 		grpc.MaxRecvMsgSize(64<<20), grpc.MaxSendMsgSize(64<<20),
-		grpc.ChainUnaryInterceptor(h.gate.unary), grpc.ChainStreamInterceptor(h.gate.stream))
+		grpc.ChainUnaryInterceptor(h.gate.unary, h.Server.UnaryInterceptor()), grpc.ChainStreamInterceptor(h.gate.stream))
 	wire.RegisterStorageServer(h.grpc, h.Server)
 	wire.RegisterPeerServer(h.grpc, h.Server.PeerService())
 	go h.grpc.Serve(h.listener)

@@ -15,85 +15,88 @@ import (
 
 // localClient calls a server in the same process directly, skipping
 // serialization and TLS: the one-host default and a node's own server.
-type localClient struct{ s *Server }
+type localClient struct {
+	s    *Server
+	edge grpc.UnaryServerInterceptor
+}
 
 // LocalClient returns a wire.StorageClient that calls s in-process.
-func LocalClient(s *Server) wire.StorageClient { return localClient{s} }
+func LocalClient(s *Server) wire.StorageClient { return localClient{s, s.UnaryInterceptor()} }
 
 func (l localClient) Lookup(ctx context.Context, in *wire.LookupRequest, _ ...grpc.CallOption) (*wire.LookupResponse, error) {
-	return l.s.Lookup(ctx, in)
+	return callUnary(ctx, l.edge, l.s, wire.Storage_Lookup_FullMethodName, in, l.s.Lookup)
 }
 
 func (l localClient) GetAttr(ctx context.Context, in *wire.GetAttrRequest, _ ...grpc.CallOption) (*wire.GetAttrResponse, error) {
-	return l.s.GetAttr(ctx, in)
+	return callUnary(ctx, l.edge, l.s, wire.Storage_GetAttr_FullMethodName, in, l.s.GetAttr)
 }
 
 func (l localClient) Create(ctx context.Context, in *wire.CreateRequest, _ ...grpc.CallOption) (*wire.CreateResponse, error) {
-	return l.s.Create(ctx, in)
+	return callUnary(ctx, l.edge, l.s, wire.Storage_Create_FullMethodName, in, l.s.Create)
 }
 
 func (l localClient) Link(ctx context.Context, in *wire.LinkRequest, _ ...grpc.CallOption) (*wire.LinkResponse, error) {
-	return l.s.Link(ctx, in)
+	return callUnary(ctx, l.edge, l.s, wire.Storage_Link_FullMethodName, in, l.s.Link)
 }
 
 func (l localClient) Remove(ctx context.Context, in *wire.RemoveRequest, _ ...grpc.CallOption) (*wire.RemoveResponse, error) {
-	return l.s.Remove(ctx, in)
+	return callUnary(ctx, l.edge, l.s, wire.Storage_Remove_FullMethodName, in, l.s.Remove)
 }
 
 func (l localClient) Rename(ctx context.Context, in *wire.RenameRequest, _ ...grpc.CallOption) (*wire.RenameResponse, error) {
-	return l.s.Rename(ctx, in)
+	return callUnary(ctx, l.edge, l.s, wire.Storage_Rename_FullMethodName, in, l.s.Rename)
 }
 
 func (l localClient) SetAttr(ctx context.Context, in *wire.SetAttrRequest, _ ...grpc.CallOption) (*wire.SetAttrResponse, error) {
-	return l.s.SetAttr(ctx, in)
+	return callUnary(ctx, l.edge, l.s, wire.Storage_SetAttr_FullMethodName, in, l.s.SetAttr)
 }
 
 func (l localClient) ReadDir(ctx context.Context, in *wire.ReadDirRequest, _ ...grpc.CallOption) (*wire.ReadDirResponse, error) {
-	return l.s.ReadDir(ctx, in)
+	return callUnary(ctx, l.edge, l.s, wire.Storage_ReadDir_FullMethodName, in, l.s.ReadDir)
 }
 
 func (l localClient) GetBlocks(ctx context.Context, in *wire.GetBlocksRequest, _ ...grpc.CallOption) (*wire.GetBlocksResponse, error) {
-	return l.s.GetBlocks(ctx, in)
+	return callUnary(ctx, l.edge, l.s, wire.Storage_GetBlocks_FullMethodName, in, l.s.GetBlocks)
 }
 
 func (l localClient) ReadBlocks(ctx context.Context, in *wire.ReadBlocksRequest, _ ...grpc.CallOption) (*wire.ReadBlocksResponse, error) {
-	return l.s.ReadBlocks(ctx, in)
+	return callUnary(ctx, l.edge, l.s, wire.Storage_ReadBlocks_FullMethodName, in, l.s.ReadBlocks)
 }
 
 func (l localClient) PutBlocks(ctx context.Context, in *wire.PutBlocksRequest, _ ...grpc.CallOption) (*wire.PutBlocksResponse, error) {
-	return l.s.PutBlocks(ctx, in)
+	return callUnary(ctx, l.edge, l.s, wire.Storage_PutBlocks_FullMethodName, in, l.s.PutBlocks)
 }
 
 func (l localClient) Commit(ctx context.Context, in *wire.CommitRequest, _ ...grpc.CallOption) (*wire.CommitResponse, error) {
-	return l.s.Commit(ctx, in)
+	return callUnary(ctx, l.edge, l.s, wire.Storage_Commit_FullMethodName, in, l.s.Commit)
 }
 
 func (l localClient) GetXattr(ctx context.Context, in *wire.XattrRequest, _ ...grpc.CallOption) (*wire.XattrResponse, error) {
-	return l.s.GetXattr(ctx, in)
+	return callUnary(ctx, l.edge, l.s, wire.Storage_GetXattr_FullMethodName, in, l.s.GetXattr)
 }
 
 func (l localClient) ListXattr(ctx context.Context, in *wire.XattrRequest, _ ...grpc.CallOption) (*wire.XattrResponse, error) {
-	return l.s.ListXattr(ctx, in)
+	return callUnary(ctx, l.edge, l.s, wire.Storage_ListXattr_FullMethodName, in, l.s.ListXattr)
 }
 
 func (l localClient) SetXattr(ctx context.Context, in *wire.XattrRequest, _ ...grpc.CallOption) (*wire.XattrResponse, error) {
-	return l.s.SetXattr(ctx, in)
+	return callUnary(ctx, l.edge, l.s, wire.Storage_SetXattr_FullMethodName, in, l.s.SetXattr)
 }
 
 func (l localClient) RemoveXattr(ctx context.Context, in *wire.XattrRequest, _ ...grpc.CallOption) (*wire.XattrResponse, error) {
-	return l.s.RemoveXattr(ctx, in)
+	return callUnary(ctx, l.edge, l.s, wire.Storage_RemoveXattr_FullMethodName, in, l.s.RemoveXattr)
 }
 
 func (l localClient) StatFS(ctx context.Context, in *wire.StatFSRequest, _ ...grpc.CallOption) (*wire.StatFSResponse, error) {
-	return l.s.StatFS(ctx, in)
+	return callUnary(ctx, l.edge, l.s, wire.Storage_StatFS_FullMethodName, in, l.s.StatFS)
 }
 
 func (l localClient) Open(ctx context.Context, in *wire.OpenRequest, _ ...grpc.CallOption) (*wire.OpenResponse, error) {
-	return l.s.Open(ctx, in)
+	return callUnary(ctx, l.edge, l.s, wire.Storage_Open_FullMethodName, in, l.s.Open)
 }
 
 func (l localClient) Release(ctx context.Context, in *wire.ReleaseRequest, _ ...grpc.CallOption) (*wire.ReleaseResponse, error) {
-	return l.s.Release(ctx, in)
+	return callUnary(ctx, l.edge, l.s, wire.Storage_Release_FullMethodName, in, l.s.Release)
 }
 
 // Callbacks connects an in-process client's lease back channel through a

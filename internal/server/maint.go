@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/wheelfs/wheelfs/internal/configsvc"
+	"github.com/wheelfs/wheelfs/internal/every"
 	"github.com/wheelfs/wheelfs/internal/oid"
 	"github.com/wheelfs/wheelfs/internal/store"
 	"github.com/wheelfs/wheelfs/internal/wire"
@@ -39,17 +40,9 @@ func (s *Server) watchTable(ctx context.Context) {
 func (s *Server) maintainLoop(ctx context.Context) {
 	defer s.renewing.Done()
 	defer s.tendWG.Wait()
-	t := time.NewTicker(s.cfg.MaintainPeriod)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		case <-s.tableC:
-		}
+	every.Do(ctx, s.cfg.MaintainPeriod, s.tableC, func() {
 		if s.paused.Load() {
-			continue
+			return
 		}
 		s.maintain(ctx)
 		// Push eventual changes in the background: a push waits on a
@@ -62,7 +55,7 @@ func (s *Server) maintainLoop(ctx context.Context) {
 				s.reconcile(ctx)
 			}()
 		}
-	}
+	})
 }
 
 // maintain does one round of maintenance. Slices are tended
@@ -84,14 +77,9 @@ func (s *Server) maintain(ctx context.Context) {
 			return
 		}
 		sl := t.Slices[id]
-		s.mu.Lock()
-		l, held := s.locks[id]
-		r := s.repls[id]
-		if sl.Holder != "" {
-			delete(s.freeSince, id)
-		}
-		busy := s.tending[id]
-		s.mu.Unlock()
+		l, held := s.owned.lock(id)
+		r := s.owned.repl(id)
+		busy := s.maint.busy(id, sl.Holder != "")
 		var work func(context.Context) error
 		switch {
 		case busy:
@@ -115,18 +103,14 @@ func (s *Server) maintain(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		}
-		s.mu.Lock()
-		s.tending[id] = true
-		s.mu.Unlock()
+		s.maint.setTending(id, true)
 		s.tendWG.Add(1)
 		go func() {
 			defer s.tendWG.Done()
 			mctx, cancel := context.WithTimeout(ctx, max(10*s.cfg.MaintainPeriod, 10*time.Second))
 			err := work(mctx)
 			cancel()
-			s.mu.Lock()
-			delete(s.tending, id)
-			s.mu.Unlock()
+			s.maint.setTending(id, false)
 			<-s.maintSem
 			if err != nil && ctx.Err() == nil {
 				s.log.Warn("slice maintenance failed", "slice", id, "err", err)
@@ -143,14 +127,7 @@ func (s *Server) maintain(ctx context.Context) {
 // of a hand-over); a primary that let its lock expire while still
 // registered (a paused process) is passed over after one grace period.
 func (s *Server) successor(sl configsvc.Slice) bool {
-	s.mu.Lock()
-	since, ok := s.freeSince[sl.ID]
-	if !ok {
-		since = time.Now()
-		s.freeSince[sl.ID] = since
-	}
-	handed, wasHanded := s.handed[sl.ID]
-	s.mu.Unlock()
+	since, handed, wasHanded := s.maint.unlocked(sl.ID)
 	if wasHanded && time.Since(handed) < 10*s.cfg.MaintainPeriod {
 		return false // just handed it home: let the others take it
 	}
@@ -395,14 +372,8 @@ func sameSet(a, b []string) bool {
 // last ones, make it first in the replica list and release the lock; its
 // maintenance then takes the slice over.
 func (s *Server) handOver(ctx context.Context, l configsvc.Lock, r *sliceRepl, target string, replicas []string) error {
-	s.mu.Lock()
-	s.moving[l.Slice] = true
-	s.mu.Unlock()
-	undo := func() {
-		s.mu.Lock()
-		delete(s.moving, l.Slice)
-		s.mu.Unlock()
-	}
+	s.owned.setMoving(l.Slice, true)
+	undo := func() { s.owned.setMoving(l.Slice, false) }
 	wctx, cancel := context.WithTimeout(ctx, s.cfg.PeerTimeout)
 	defer cancel()
 	// The next primary knows nothing of our leases: end them first.
@@ -431,13 +402,75 @@ func (s *Server) handOver(ctx context.Context, l configsvc.Lock, r *sliceRepl, t
 		undo()
 		return err
 	}
-	s.mu.Lock()
-	s.handed[l.Slice] = time.Now()
-	s.mu.Unlock()
+	s.maint.markHanded(l.Slice)
 	s.lostSlice(l.Slice, l.Epoch, "handed to "+target+" at the policy's home site")
 	if err := s.conf.Release(ctx, l); err != nil {
 		return err
 	}
 	s.log.Info("handed slice home", "slice", l.Slice, "to", target)
 	return nil
+}
+
+// maintState is what maintenance remembers between rounds.
+type maintState struct {
+	mu sync.Mutex
+	// freeSince is when maintenance first saw an unlocked slice.
+	freeSince map[oid.Slice]time.Time
+	// suspects are servers that recently failed to answer (placement
+	// avoids them even while their membership lease lasts).
+	suspects map[string]time.Time
+	// handed records when this server handed a slice to its home site.
+	handed map[oid.Slice]time.Time
+	// tending marks slices whose maintenance is running.
+	tending map[oid.Slice]bool
+}
+
+func newMaintState() maintState {
+	return maintState{
+		freeSince: map[oid.Slice]time.Time{},
+		suspects:  map[string]time.Time{},
+		handed:    map[oid.Slice]time.Time{},
+		tending:   map[oid.Slice]bool{},
+	}
+}
+
+// busy reports whether sl's maintenance is running; locked (the table
+// shows a holder) restarts its free time.
+func (m *maintState) busy(sl oid.Slice, locked bool) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if locked {
+		delete(m.freeSince, sl)
+	}
+	return m.tending[sl]
+}
+
+func (m *maintState) setTending(sl oid.Slice, on bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if on {
+		m.tending[sl] = true
+	} else {
+		delete(m.tending, sl)
+	}
+}
+
+// unlocked returns since when sl has been seen unlocked, and when this
+// server handed it home, if it did.
+func (m *maintState) unlocked(sl oid.Slice) (since, handed time.Time, wasHanded bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	since, ok := m.freeSince[sl]
+	if !ok {
+		since = time.Now()
+		m.freeSince[sl] = since
+	}
+	handed, wasHanded = m.handed[sl]
+	return since, handed, wasHanded
+}
+
+func (m *maintState) markHanded(sl oid.Slice) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.handed[sl] = time.Now()
 }

@@ -3,10 +3,13 @@ package server
 import (
 	"cmp"
 	"hash/fnv"
+	"math/rand/v2"
 	"slices"
 	"time"
 
 	"github.com/wheelfs/wheelfs/internal/configsvc"
+	"github.com/wheelfs/wheelfs/internal/cue"
+	"github.com/wheelfs/wheelfs/internal/oid"
 	"github.com/wheelfs/wheelfs/internal/wire"
 )
 
@@ -59,27 +62,27 @@ func (s *Server) chooseReplicas(p configsvc.Policy, keep []string, prefer ...str
 
 // suspect records that server id failed to answer; clear forgets it.
 func (s *Server) suspect(id string) {
-	s.mu.Lock()
-	if _, ok := s.suspects[id]; !ok {
-		s.suspects[id] = time.Now()
+	s.maint.mu.Lock()
+	if _, ok := s.maint.suspects[id]; !ok {
+		s.maint.suspects[id] = time.Now()
 	}
-	s.mu.Unlock()
+	s.maint.mu.Unlock()
 }
 
 func (s *Server) clearSuspect(id string) {
-	s.mu.Lock()
-	delete(s.suspects, id)
-	s.mu.Unlock()
+	s.maint.mu.Lock()
+	delete(s.maint.suspects, id)
+	s.maint.mu.Unlock()
 }
 
 // suspected reports whether id failed recently (within a few DeadAfter
 // periods, after which its membership would have expired if it were down).
 func (s *Server) suspected(id string) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	at, ok := s.suspects[id]
+	s.maint.mu.Lock()
+	defer s.maint.mu.Unlock()
+	at, ok := s.maint.suspects[id]
 	if ok && time.Since(at) > 4*s.cfg.DeadAfter {
-		delete(s.suspects, id)
+		delete(s.maint.suspects, id)
 		return false
 	}
 	return ok
@@ -263,4 +266,80 @@ func btoi(b bool) int {
 		return 1
 	}
 	return 0
+}
+
+func policyOf(c *wire.Cues, parent configsvc.Policy, site string) configsvc.Policy {
+	p := configsvc.Policy{Site: site, RepLevel: DefaultRepLevel}
+	if c == nil {
+		return p
+	}
+	if c.KeepTogether {
+		p = parent
+		p.KeepTogether = true
+	}
+	if c.Site != "" {
+		p.Site = c.Site
+	}
+	if c.RepLevel > 0 {
+		p.RepLevel = int(c.RepLevel)
+	}
+	if c.RepSites > 0 {
+		p.RepSites = int(c.RepSites)
+	}
+	p.EventualDirs = c.Eventual
+	return p
+}
+
+// place decides the new object's slice policy and the server to store it.
+func (s *Server) place(req *wire.CreateRequest, dir oid.ID) (configsvc.Policy, string) {
+	parent, ok := s.owned.policy(dir.Slice())
+	if !ok {
+		parent = s.defaultPolicy()
+	}
+	pol := policyOf(req.Cues, parent, s.cfg.Site)
+	cues := req.GetCues()
+	switch {
+	case cues.GetKeepTogether():
+		parent.KeepTogether = true
+		return parent, s.cfg.ID // the directory's own slice
+	case cues.GetSite() == cue.SiteRandom:
+		if t := s.table.Load(); t != nil {
+			ids := make([]string, 0, len(t.Servers))
+			for id := range t.Servers {
+				if !s.suspected(id) {
+					ids = append(ids, id)
+				}
+			}
+			if len(ids) > 0 {
+				id := ids[rand.IntN(len(ids))]
+				pol.Site = t.Servers[id].Site
+				return pol, id
+			}
+		}
+		pol.Site = s.cfg.Site
+		return pol, s.cfg.ID
+	case cues.GetSite() != "":
+		if pol.Site == s.cfg.Site {
+			return pol, s.cfg.ID
+		}
+		if ids := s.siteServers(pol.Site, req.Name); len(ids) > 0 {
+			return pol, ids[0]
+		}
+		return pol, s.cfg.ID // nobody there: here for now, home later
+	}
+	// Write-local: the creating client's own server, else a server at
+	// the client's site.
+	if o := req.Origin; o != "" && o != s.cfg.ID && s.registered(o) && !s.suspected(o) {
+		if t := s.table.Load(); t != nil {
+			pol.Site = t.Servers[o].Site
+			return pol, o
+		}
+	}
+	if cs := req.ClientSite; req.Origin == "" && cs != "" && cs != s.cfg.Site {
+		if ids := s.siteServers(cs, req.Name); len(ids) > 0 {
+			pol.Site = cs
+			return pol, ids[0]
+		}
+	}
+	return pol, s.cfg.ID
 }

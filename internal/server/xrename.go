@@ -2,14 +2,8 @@ package server
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"syscall"
 	"time"
-
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/proto"
 
 	"github.com/wheelfs/wheelfs/internal/fserr"
 	"github.com/wheelfs/wheelfs/internal/oid"
@@ -48,7 +42,7 @@ import (
 func (s *Server) renameAcross(ctx context.Context, req *wire.RenameRequest) (*wire.RenameResponse, error) {
 	resp, err := s.renameAcrossSteps(ctx, req)
 	if err != nil {
-		return nil, fserr.ToStatus(fmt.Errorf("rename %q to %q on another server: %w", req.SrcName, req.DstName, err))
+		return nil, fmt.Errorf("rename %q to %q on another server: %w", req.SrcName, req.DstName, err)
 	}
 	return resp, nil
 }
@@ -181,190 +175,4 @@ func (s *Server) renameAcrossSteps(ctx context.Context, req *wire.RenameRequest)
 		}
 	}
 	return &wire.RenameResponse{Replaced: added.Replaced}, nil
-}
-
-// refused reports whether a peer call's error is the peer's own answer
-// (it ran and changed nothing), not a transport failure.
-func refused(err error) bool {
-	st, ok := status.FromError(err)
-	return ok && (st.Code() == codes.FailedPrecondition || errors.Is(fserr.FromStatus(err), fserr.ErrNotPrimary))
-}
-
-// countLink adds one to the link count of id at its primary owner ("":
-// this server).
-func (s *Server) countLink(ctx context.Context, owner string, id oid.ID) error {
-	if owner == "" {
-		return s.update(ctx, 0, func(tx *store.Tx) error { return addNlink(tx, id, time.Now().UnixNano()) })
-	}
-	p, err := s.peer(ctx, owner)
-	if err != nil {
-		return err
-	}
-	cctx, cancel := context.WithTimeout(ctx, s.cfg.PeerTimeout)
-	defer cancel()
-	_, err = p.AddLink(cctx, &wire.AddLinkRequest{Id: uint64(id), Count: true})
-	return fserr.FromStatus(err)
-}
-
-// uncountLink takes back a link counted by countLink.
-func (s *Server) uncountLink(ctx context.Context, owner string, id oid.ID) error {
-	if owner != "" {
-		return s.dropLink(ctx, owner, id)
-	}
-	var dying []oid.ID
-	defer func() { s.buried(dying) }()
-	return s.update(ctx, 0, func(tx *store.Tx) error {
-		dying = dying[:0]
-		m, err := tx.Meta(id)
-		if err != nil {
-			return err
-		}
-		return s.unlinkObject(tx, m, time.Now().UnixNano(), &dying)
-	})
-}
-
-// addNlink counts one more link to id, which must still have one.
-func addNlink(tx *store.Tx, id oid.ID, now int64) error {
-	m, err := tx.Meta(id)
-	if err != nil {
-		return err
-	}
-	if m.Nlink == 0 {
-		return fmt.Errorf("link to removed object %v: %w", id, fserr.ErrNotExist)
-	}
-	m.Nlink++
-	touch(m, now, false)
-	return tx.PutMeta(m)
-}
-
-// AddLink implements wire.PeerServer: the destination's half of a rename
-// between servers (see renameAcross), or, without a directory, counting a
-// link to an object of this server.
-func (p *peerServer) AddLink(ctx context.Context, req *wire.AddLinkRequest) (*wire.AddLinkResponse, error) {
-	s := p.s
-	if err := s.authPeer(ctx); err != nil {
-		return nil, fserr.ToStatus(err)
-	}
-	resp, err := s.addLink(ctx, req)
-	if err != nil {
-		return nil, fserr.ToStatus(fmt.Errorf("add link %q to %v: %w", req.Name, oid.ID(req.Id), err))
-	}
-	return resp, nil
-}
-
-func (s *Server) addLink(ctx context.Context, req *wire.AddLinkRequest) (*wire.AddLinkResponse, error) {
-	id := oid.ID(req.Id)
-	now := time.Now().UnixNano()
-	// The source decided who counts the link from its slice table; if
-	// this server is not (or no longer) the object's primary it must
-	// refuse, or the link would be counted nowhere.
-	if req.Count {
-		if err := s.primary(id); err != nil {
-			return nil, err
-		}
-	}
-	if req.Dir == 0 {
-		if !req.Count {
-			return nil, fmt.Errorf("add link: nothing to do: %w", fserr.ErrInvalid)
-		}
-		return &wire.AddLinkResponse{}, s.update(ctx, req.SyncLevel, func(tx *store.Tx) error { return addNlink(tx, id, now) })
-	}
-	dir := oid.ID(req.Dir)
-	if err := s.primary(dir); err != nil {
-		return nil, err
-	}
-	if req.Object == nil || req.Object.Id != req.Id || isDir(req.Object) {
-		return nil, fmt.Errorf("add link: bad object: %w", fserr.ErrInvalid)
-	}
-	c := cred(req.Caller)
-	// A name to be replaced whose object is elsewhere: its meta-data for
-	// the permission check, and its link dropped there afterwards.
-	var remote *wire.Meta
-	var remoteOwner string
-	var existing *wire.Entry
-	_ = s.store.View(func(tx *store.Tx) error {
-		existing, _ = tx.Entry(dir, req.Name)
-		return nil
-	})
-	if existing != nil && existing.Id != req.Id && existing.Type != wire.Type_TYPE_DIR &&
-		req.Flags&wire.RenameNoReplace == 0 && s.primary(oid.ID(existing.Id)) != nil {
-		var err error
-		if remote, remoteOwner, err = s.remoteMeta(ctx, oid.ID(existing.Id)); err != nil {
-			return nil, err
-		}
-	}
-	resp := &wire.AddLinkResponse{}
-	var dying []oid.ID
-	defer func() { s.buried(dying) }()
-	dropRemote := false
-	err := s.update(ctx, req.SyncLevel, func(tx *store.Tx) error {
-		resp.Replaced, resp.Same, dropRemote = nil, false, false
-		dd, err := s.dirMeta(tx, dir)
-		if err != nil {
-			return err
-		}
-		de, err := tx.Entry(dir, req.Name)
-		if err != nil && fserr.Errno(err) != syscall.ENOENT {
-			return err
-		}
-		var target *wire.Meta
-		if de != nil {
-			if de.Id == req.Id {
-				resp.Same = true
-				return nil
-			}
-			if req.Flags&wire.RenameNoReplace != 0 {
-				return fmt.Errorf("%q: %w", req.Name, fserr.ErrExist)
-			}
-			if de.Type == wire.Type_TYPE_DIR {
-				return fmt.Errorf("rename non-directory over directory %q: %w", req.Name, fserr.ErrIsDir)
-			}
-			switch {
-			case s.primary(oid.ID(de.Id)) == nil:
-				if target, err = tx.Meta(oid.ID(de.Id)); err != nil {
-					return err
-				}
-			case remote != nil && remote.Id == de.Id:
-				target, dropRemote = proto.Clone(remote).(*wire.Meta), true
-			default:
-				return fmt.Errorf("%q changed meanwhile: %w", req.Name, fserr.ErrNotPrimary)
-			}
-			if err := perm.MayRemove(c, attr(dd), attr(target)); err != nil {
-				return err
-			}
-		} else if err := perm.MayCreate(c, attr(dd)); err != nil {
-			return err
-		}
-		if req.Count {
-			if err := addNlink(tx, id, now); err != nil {
-				return err
-			}
-		}
-		if target != nil {
-			if !dropRemote {
-				if err := s.unlinkObject(tx, target, now, &dying); err != nil {
-					return err
-				}
-			}
-			resp.Replaced = target
-		}
-		ne := &wire.Entry{Name: req.Name, Id: req.Id, Type: req.Object.Type, Version: 1}
-		if de != nil {
-			ne.Version = de.Version + 1
-		}
-		if err := tx.PutEntry(dir, ne); err != nil {
-			return err
-		}
-		touch(dd, now, true)
-		return tx.PutMeta(dd)
-	})
-	if err != nil {
-		return nil, err
-	}
-	if dropRemote {
-		if err := s.dropLink(ctx, remoteOwner, oid.ID(resp.Replaced.Id)); err != nil {
-			s.log.Warn("could not unlink a replaced file on its server", "id", oid.ID(resp.Replaced.Id), "err", err)
-		}
-	}
-	return resp, nil
 }

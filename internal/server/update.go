@@ -145,9 +145,7 @@ func (s *Server) updateOnce(ctx context.Context, sync uint32, fn func(tx *store.
 			groups = append(groups, group{sl, []*wire.Mutation{m}})
 		}
 		for _, g := range groups {
-			s.mu.Lock()
-			r := s.repls[g.sl]
-			s.mu.Unlock()
+			r := s.owned.repl(g.sl)
 			if r != nil && isEventual(ctx) && s.primary(oid.Make(g.sl, 0)) != nil {
 				r = nil // the lock may have passed on: backup mode
 			}
@@ -203,22 +201,4 @@ func (s *Server) updateOnce(ctx context.Context, sync uint32, fn func(tx *store.
 		}
 	}
 	return nil
-}
-
-// peer returns a client for server id's Peer service.
-func (s *Server) peer(ctx context.Context, id string) (wire.PeerClient, error) {
-	if s.cfg.Peers == nil {
-		return nil, fmt.Errorf("no way to reach server %s: %w", id, fserr.ErrIO)
-	}
-	return s.cfg.Peers(ctx, id)
-}
-
-// writesTombstone reports whether muts leave a tombstone.
-func writesTombstone(muts []*wire.Mutation) bool {
-	for _, m := range muts {
-		if m.Kind == wire.MutationKind_MUT_SET_XATTR && isTombstone(m.Name) {
-			return true
-		}
-	}
-	return false
 }

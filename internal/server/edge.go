@@ -1,0 +1,67 @@
+package server
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	"github.com/wheelfs/wheelfs/internal/fserr"
+	"github.com/wheelfs/wheelfs/internal/pki"
+	"github.com/wheelfs/wheelfs/internal/wire"
+	"google.golang.org/grpc"
+)
+
+// peerMethods prefixes the full method names of the Peer service.
+var peerMethods = "/" + wire.Peer_ServiceDesc.ServiceName + "/"
+
+// UnaryInterceptor is the gRPC edge of both services: it admits Peer calls
+// only from registered servers and maps every handler error to a status
+// (fserr.ToStatus), so handlers return plain wrapped errors. The
+// in-process client (LocalClient) goes through it too.
+func (s *Server) UnaryInterceptor() grpc.UnaryServerInterceptor {
+	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		if strings.HasPrefix(info.FullMethod, peerMethods) {
+			if err := s.authPeer(ctx); err != nil {
+				return nil, fserr.ToStatus(err)
+			}
+		}
+		resp, err := handler(ctx, req)
+		if err != nil {
+			return nil, fserr.ToStatus(err)
+		}
+		return resp, nil
+	}
+}
+
+// callUnary runs handler h for method through interceptor edge, as gRPC
+// would.
+func callUnary[Req, Resp any](ctx context.Context, edge grpc.UnaryServerInterceptor, srv any, method string, in Req, h func(context.Context, Req) (Resp, error)) (Resp, error) {
+	info := &grpc.UnaryServerInfo{Server: srv, FullMethod: method}
+	out, err := edge(ctx, in, info, func(ctx context.Context, req any) (any, error) {
+		return h(ctx, req.(Req))
+	})
+	if err != nil {
+		var zero Resp
+		return zero, err
+	}
+	return out.(Resp), nil
+}
+
+// authPeer admits only callers whose certificate names a registered
+// server. In-process calls (no TLS peer) come from this process.
+func (s *Server) authPeer(ctx context.Context) error {
+	name, err := pki.PeerName(ctx)
+	if err != nil {
+		return nil // in-process
+	}
+	if name == s.cfg.ID {
+		return nil
+	}
+	t := s.table.Load()
+	if t != nil {
+		if _, ok := t.Servers[name]; ok {
+			return nil
+		}
+	}
+	return fmt.Errorf("peer call from %q, which is not a registered server: %w", name, fserr.ErrPerm)
+}

@@ -1,0 +1,604 @@
+package server
+
+import (
+	"context"
+	"fmt"
+	"syscall"
+	"time"
+
+	"github.com/wheelfs/wheelfs/internal/attrs"
+	"github.com/wheelfs/wheelfs/internal/fserr"
+	"github.com/wheelfs/wheelfs/internal/oid"
+	"github.com/wheelfs/wheelfs/internal/perm"
+	"github.com/wheelfs/wheelfs/internal/store"
+	"github.com/wheelfs/wheelfs/internal/wire"
+)
+
+var (
+	cred = attrs.Cred
+	attr = attrs.Of
+)
+
+func isDir(m *wire.Meta) bool { return m.Type == wire.Type_TYPE_DIR }
+
+// ownerOrAccess allows operations on a file the caller has open: the
+// kernel checked permission at open, so the owner keeps access even
+// after a chmod, as with an open descriptor on a local file system.
+func ownerOrAccess(c perm.Cred, m *wire.Meta, want uint32) error {
+	if c.IsRoot() || c.Uid == m.Uid {
+		return nil
+	}
+	return perm.Access(c, attr(m), want)
+}
+
+// touch records a change to m: new ctime (and mtime), next version.
+func touch(m *wire.Meta, now int64, mtime bool) {
+	m.CtimeNs = now
+	if mtime {
+		m.MtimeNs = now
+	}
+	m.Version++
+}
+
+func (s *Server) dirMeta(tx *store.Tx, dir oid.ID) (*wire.Meta, error) {
+	m, err := tx.Meta(dir)
+	if err != nil {
+		return nil, err
+	}
+	if !isDir(m) {
+		return nil, fmt.Errorf("%v: %w", dir, fserr.ErrNotDir)
+	}
+	return m, nil
+}
+
+// Lookup implements wire.StorageServer.
+func (s *Server) Lookup(ctx context.Context, req *wire.LookupRequest) (*wire.LookupResponse, error) {
+	dir := oid.ID(req.Dir)
+	ctx, aerr := s.admit(ctx, req.Caller, dir)
+	if aerr != nil {
+		return nil, aerr
+	}
+	resp := &wire.LookupResponse{LeaseMs: s.leases.grant(req.Caller, dir)}
+	err := s.store.View(func(tx *store.Tx) error {
+		d, err := s.dirMeta(tx, dir)
+		if err != nil {
+			return err
+		}
+		if err := perm.MayLookup(cred(req.Caller), attr(d)); err != nil {
+			return err
+		}
+		resp.Dir = d
+		if req.Name == ".." {
+			resp.Meta, err = tx.Meta(oid.ID(d.Parent))
+			return err
+		}
+		e, err := tx.Entry(dir, req.Name)
+		if err != nil {
+			return err
+		}
+		resp.Entry = e
+		// The child may live in another slice; this server has its meta
+		// only when it is primary for it too.
+		if s.local(ctx, oid.ID(e.Id)) {
+			resp.Meta, err = tx.Meta(oid.ID(e.Id))
+		}
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("lookup %q: %w", req.Name, err)
+	}
+	if resp.Meta != nil && resp.LeaseMs > 0 {
+		// The child's lease is granted only now, so read its meta again:
+		// a change between the two reads would not have revoked it.
+		id := oid.ID(resp.Meta.Id)
+		if ms := s.leases.grant(req.Caller, id); ms > 0 {
+			if m, err := s.primaryMeta(id); err == nil {
+				resp.Meta = m
+				resp.LeaseMs = min(resp.LeaseMs, ms)
+			} else {
+				resp.LeaseMs = 0
+			}
+		} else {
+			resp.LeaseMs = 0
+		}
+	}
+	return resp, nil
+}
+
+// GetAttr implements wire.StorageServer.
+func (s *Server) GetAttr(ctx context.Context, req *wire.GetAttrRequest) (*wire.GetAttrResponse, error) {
+	id := oid.ID(req.Id)
+	if _, err := s.admit(ctx, req.Caller, id); err != nil {
+		return nil, err
+	}
+	ms := s.leases.grant(req.Caller, id)
+	m, err := s.localMeta(id)
+	if err != nil {
+		return nil, err
+	}
+	return &wire.GetAttrResponse{Meta: m, LeaseMs: ms}, nil
+}
+
+// primaryMeta returns the meta-data of an object this server is primary for.
+func (s *Server) primaryMeta(id oid.ID) (m *wire.Meta, err error) {
+	if err := s.primary(id); err != nil {
+		return nil, err
+	}
+	return s.localMeta(id)
+}
+
+// localMeta returns this server's copy of id's meta-data.
+func (s *Server) localMeta(id oid.ID) (m *wire.Meta, err error) {
+	err = s.store.View(func(tx *store.Tx) (err error) {
+		m, err = tx.Meta(id)
+		return err
+	})
+	return m, err
+}
+
+// Create implements wire.StorageServer. The directory's primary places
+// the new object (paper §5.2.2): in its own slice of the object's policy,
+// in the directory's slice for .KeepTogether, or — two-step create — at
+// the creating client's local server (write-local) or a server at the
+// .Site, which stores the object before this server adds the name. If
+// that server cannot be reached the object is created here and
+// maintenance moves its slice home later.
+func (s *Server) Create(ctx context.Context, req *wire.CreateRequest) (*wire.CreateResponse, error) {
+	dir := oid.ID(req.Dir)
+	ctx, aerr := s.admit(ctx, req.Caller, dir)
+	if aerr != nil {
+		return nil, aerr
+	}
+	bits := attrs.TypeBits(req.Type)
+	if bits == 0 {
+		return nil, fmt.Errorf("create type %v: %w", req.Type, fserr.ErrInvalid)
+	}
+	c := cred(req.Caller)
+	now := time.Now().UnixNano()
+	pol, target := s.place(req, dir)
+	var remote *wire.Meta // the object, when another server stored it
+	exists := false       // the name existed when placement looked
+	if target != s.cfg.ID {
+		var tmpl *wire.Meta
+		err := s.store.View(func(tx *store.Tx) error {
+			d, err := s.dirMeta(tx, dir)
+			if err != nil {
+				return err
+			}
+			if _, err := tx.Entry(dir, req.Name); err == nil {
+				exists = true // settled below
+				return nil
+			}
+			if err := perm.MayCreate(c, attr(d)); err != nil {
+				return err
+			}
+			tmpl = newMeta(c, d, req, bits, now)
+			return nil
+		})
+		if err != nil {
+			return nil, fmt.Errorf("create %q: %w", req.Name, err)
+		}
+		// Try the placement target, then (suspecting it) the next choice.
+		for attempt := 0; tmpl != nil && target != s.cfg.ID && attempt < 3; attempt++ {
+			remote, err = s.createAt(ctx, target, pol, tmpl, req.SyncLevel)
+			if err == nil || ctx.Err() != nil {
+				break
+			}
+			s.log.Warn("placement target unreachable", "target", target, "err", err)
+			s.suspect(target)
+			pol, target = s.place(req, dir)
+		}
+		if remote == nil && tmpl != nil {
+			s.log.Warn("creating the object here; maintenance moves it to its home site later", "name", req.Name, "site", pol.Site)
+		}
+	}
+	slice := dir.Slice()
+	if remote == nil && !pol.KeepTogether && !exists {
+		var err error
+		if slice, err = s.sliceFor(ctx, pol); err != nil {
+			return nil, err
+		}
+	}
+	resp := &wire.CreateResponse{}
+	err := s.update(ctx, req.SyncLevel, func(tx *store.Tx) error {
+		d, err := s.dirMeta(tx, dir)
+		if err != nil {
+			return err
+		}
+		if d.Nlink == 0 {
+			return fmt.Errorf("directory removed: %w", fserr.ErrNotExist)
+		}
+		if e, err := tx.Entry(dir, req.Name); err == nil {
+			if req.Exclusive || req.Type != wire.Type_TYPE_FILE || e.Type != wire.Type_TYPE_FILE {
+				return fmt.Errorf("%q: %w", req.Name, fserr.ErrExist)
+			}
+			if err := perm.MayLookup(c, attr(d)); err != nil {
+				return err
+			}
+			resp.Entry, resp.Existed = e, true
+			if s.local(ctx, oid.ID(e.Id)) {
+				resp.Meta, err = tx.Meta(oid.ID(e.Id))
+			}
+			return err
+		}
+		if err := perm.MayCreate(c, attr(d)); err != nil {
+			return err
+		}
+		m := remote
+		if m == nil && exists {
+			// Removed since placement looked: place again.
+			return fmt.Errorf("%q changed meanwhile: %w", req.Name, fserr.ErrNotPrimary)
+		}
+		if m == nil {
+			n, err := tx.NextCounter(slice)
+			if err != nil {
+				return err
+			}
+			m = newMeta(c, d, req, bits, now)
+			m.Id = uint64(oid.Make(slice, n))
+			if err := tx.PutMeta(m); err != nil {
+				return err
+			}
+		}
+		if m.Type == wire.Type_TYPE_DIR {
+			d.Nlink++
+		}
+		e := &wire.Entry{Name: req.Name, Id: m.Id, Type: m.Type, Version: 1}
+		if err := tx.PutEntry(dir, e); err != nil {
+			return err
+		}
+		touch(d, now, true)
+		resp.Entry, resp.Meta, resp.Dir = e, m, d
+		return tx.PutMeta(d)
+	})
+	if remote != nil && (err != nil || resp.Existed) {
+		s.dropRemote(target, oid.ID(remote.Id)) // the name went elsewhere: no link to it
+	}
+	if err != nil {
+		return nil, fmt.Errorf("create %q: %w", req.Name, err)
+	}
+	return resp, nil
+}
+
+// newMeta returns the meta-data of a new object (without its ID) that c
+// creates in directory d.
+func newMeta(c perm.Cred, d *wire.Meta, req *wire.CreateRequest, bits uint32, now int64) *wire.Meta {
+	mode, uid, gid := perm.NewObject(c, attr(d), bits|req.Mode&0o7777)
+	m := &wire.Meta{
+		Type: req.Type, Mode: mode & 0o7777, Uid: uid, Gid: gid,
+		Nlink: 1, AtimeNs: now, MtimeNs: now, CtimeNs: now, BtimeNs: now, Version: 1,
+		Rdev: req.Rdev, Target: req.Target, Cues: req.Cues, BlockSize: blockSize,
+	}
+	if req.Type == wire.Type_TYPE_SYMLINK {
+		m.Size = uint64(len(req.Target))
+		m.Mode = 0o777
+	}
+	if req.Type == wire.Type_TYPE_DIR {
+		m.Nlink = 2
+		m.Parent = d.Id
+	}
+	return m
+}
+
+// Link implements wire.StorageServer.
+func (s *Server) Link(ctx context.Context, req *wire.LinkRequest) (*wire.LinkResponse, error) {
+	dir, id := oid.ID(req.Dir), oid.ID(req.Id)
+	ctx, aerr := s.admit(ctx, req.Caller, dir)
+	if aerr != nil {
+		return nil, aerr
+	}
+	if !s.local(ctx, id) {
+		return nil, fmt.Errorf("link across servers: %w", fserr.ErrCrossDevice)
+	}
+	c := cred(req.Caller)
+	now := time.Now().UnixNano()
+	var out *wire.Meta
+	err := s.update(ctx, 0, func(tx *store.Tx) error {
+		d, err := s.dirMeta(tx, dir)
+		if err != nil {
+			return err
+		}
+		m, err := tx.Meta(id)
+		if err != nil {
+			return err
+		}
+		if err := perm.MayLink(c, attr(d), attr(m)); err != nil {
+			return err
+		}
+		if m.Nlink == 0 {
+			return fmt.Errorf("link to removed file: %w", fserr.ErrNotExist)
+		}
+		if _, err := tx.Entry(dir, req.Name); err == nil {
+			return fmt.Errorf("%q: %w", req.Name, fserr.ErrExist)
+		}
+		m.Nlink++
+		touch(m, now, false)
+		if err := tx.PutMeta(m); err != nil {
+			return err
+		}
+		if err := tx.PutEntry(dir, &wire.Entry{Name: req.Name, Id: m.Id, Type: m.Type, Version: 1}); err != nil {
+			return err
+		}
+		touch(d, now, true)
+		out = m
+		return tx.PutMeta(d)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("link %q: %w", req.Name, err)
+	}
+	return &wire.LinkResponse{Meta: out}, nil
+}
+
+// unlinkObject drops one link to m (already removed from its directory)
+// and deletes the object when no link and no open handle remain. A deleted
+// object is marked dying (and appended to dying) until the caller's Update
+// has committed, so that an Open racing with it fails instead of counting a
+// handle on an object about to vanish.
+func (s *Server) unlinkObject(tx *store.Tx, m *wire.Meta, now int64, dying *[]oid.ID) error {
+	if isDir(m) {
+		m.Nlink = 0
+	} else if m.Nlink > 0 {
+		m.Nlink--
+	}
+	touch(m, now, false)
+	if m.Nlink > 0 {
+		return tx.PutMeta(m)
+	}
+	id := oid.ID(m.Id)
+	if err := s.mustRevoke(id); err != nil {
+		return err
+	}
+	open := s.files.unlinked(id)
+	if !open {
+		*dying = append(*dying, id)
+	}
+	if open {
+		// Unlinked while open: keep the data until the last release.
+		if err := tx.PutSys(orphanKey(oid.ID(m.Id)), nil); err != nil {
+			return err
+		}
+		s.files.orphan(oid.ID(m.Id))
+		return tx.PutMeta(m)
+	}
+	return tx.DeleteObject(id)
+}
+
+// Remove implements wire.StorageServer.
+func (s *Server) Remove(ctx context.Context, req *wire.RemoveRequest) (*wire.RemoveResponse, error) {
+	dir := oid.ID(req.Dir)
+	ctx, aerr := s.admit(ctx, req.Caller, dir)
+	if aerr != nil {
+		return nil, aerr
+	}
+	defer s.names.lock(nameKey(dir, req.Name))()
+	c := cred(req.Caller)
+	now := time.Now().UnixNano()
+	if out, done, err := s.removeRemote(ctx, req); done {
+		if err != nil {
+			return nil, fmt.Errorf("remove %q: %w", req.Name, err)
+		}
+		return &wire.RemoveResponse{Meta: out}, nil
+	}
+	var out *wire.Meta
+	var dying []oid.ID
+	defer func() { s.buried(dying) }()
+	err := s.updateUndo(ctx, req.SyncLevel, func(tx *store.Tx) error {
+		d, err := s.dirMeta(tx, dir)
+		if err != nil {
+			return err
+		}
+		if err := perm.MayLookup(c, attr(d)); err != nil {
+			return err
+		}
+		e, err := tx.Entry(dir, req.Name)
+		if err != nil {
+			return err
+		}
+		if !s.local(ctx, oid.ID(e.Id)) {
+			return fmt.Errorf("the object moved to another server meanwhile: %w", fserr.ErrNotPrimary)
+		}
+		m, err := tx.Meta(oid.ID(e.Id))
+		if err != nil {
+			return err
+		}
+		if err := unlinkKind(m, req.DirOnly, req.FileOnly); err != nil {
+			return err
+		}
+		if err := perm.MayRemove(c, attr(d), attr(m)); err != nil {
+			return err
+		}
+		if err := emptyDir(tx, m); err != nil {
+			return err
+		}
+		if isDir(m) {
+			d.Nlink--
+		}
+		if err := tx.DeleteEntry(dir, req.Name); err != nil {
+			return err
+		}
+		if err := s.unlinkObject(tx, m, now, &dying); err != nil {
+			return err
+		}
+		touch(d, now, true)
+		out = m
+		return tx.PutMeta(d)
+	}, func() { s.buried(dying); dying = nil })
+	if err != nil {
+		return nil, fmt.Errorf("remove %q: %w", req.Name, err)
+	}
+	return &wire.RemoveResponse{Meta: out}, nil
+}
+
+// removeRemote removes a name whose object another server is primary
+// for: that server drops the link (checking permissions and emptiness),
+// then the name goes. done is false when the object is local.
+func (s *Server) removeRemote(ctx context.Context, req *wire.RemoveRequest) (out *wire.Meta, done bool, err error) {
+	dir := oid.ID(req.Dir)
+	var e *wire.Entry
+	var d *wire.Meta
+	err = s.store.View(func(tx *store.Tx) error {
+		if d, err = s.dirMeta(tx, dir); err != nil {
+			return err
+		}
+		if err := perm.MayLookup(cred(req.Caller), attr(d)); err != nil {
+			return err
+		}
+		e, err = tx.Entry(dir, req.Name)
+		return err
+	})
+	if err != nil {
+		return nil, true, err
+	}
+	id := oid.ID(e.Id)
+	if s.local(ctx, id) {
+		return nil, false, nil
+	}
+	owner := s.primaryOf(id.Slice())
+	if owner == "" {
+		return nil, true, fmt.Errorf("no primary for %v: %w", id, fserr.ErrNotPrimary)
+	}
+	p, err := s.peer(ctx, owner)
+	if err != nil {
+		return nil, true, err
+	}
+	cctx, cancel := context.WithTimeout(ctx, s.cfg.PeerTimeout)
+	resp, err := p.DropLink(cctx, &wire.DropLinkRequest{Id: uint64(id), DirOnly: req.DirOnly, FileOnly: req.FileOnly,
+		SyncLevel: req.SyncLevel, Caller: req.Caller, Dir: d})
+	cancel()
+	gone := fserr.Errno(fserr.FromStatus(err)) == syscall.ENOENT // a name left dangling by a crash
+	if err != nil && isEventual(ctx) {
+		// The name goes now; the object keeps a link until an fsck.
+		s.log.Warn("eventual remove: object's primary unreachable", "id", id, "err", err)
+		gone = true
+	}
+	if err != nil && !gone {
+		return nil, true, fserr.FromStatus(err)
+	}
+	now := time.Now().UnixNano()
+	err = s.update(ctx, req.SyncLevel, func(tx *store.Tx) error {
+		d, err := s.dirMeta(tx, dir)
+		if err != nil {
+			return err
+		}
+		cur, err := tx.Entry(dir, req.Name)
+		if err != nil || cur.Id != e.Id {
+			return nil // renamed or removed meanwhile
+		}
+		if err := tx.DeleteEntry(dir, req.Name); err != nil {
+			return err
+		}
+		if e.Type == wire.Type_TYPE_DIR {
+			d.Nlink--
+		}
+		touch(d, now, true)
+		return tx.PutMeta(d)
+	})
+	if resp != nil {
+		out = resp.Meta
+	}
+	return out, true, err
+}
+
+// SetAttr implements wire.StorageServer.
+func (s *Server) SetAttr(ctx context.Context, req *wire.SetAttrRequest) (*wire.SetAttrResponse, error) {
+	id := oid.ID(req.Id)
+	ctx, aerr := s.admit(ctx, req.Caller, id)
+	if aerr != nil {
+		return nil, aerr
+	}
+	c := cred(req.Caller)
+	now := time.Now().UnixNano()
+	var out *wire.Meta
+	err := s.update(ctx, req.SyncLevel, func(tx *store.Tx) error {
+		m, err := tx.Meta(id)
+		if err != nil {
+			return err
+		}
+		if err := attrs.Apply(c, m, req, now); err != nil {
+			return err
+		}
+		if req.Valid&wire.SetSize != 0 {
+			if err := s.truncate(tx, c, m, req); err != nil {
+				return err
+			}
+		}
+		touch(m, now, false)
+		out = m
+		return tx.PutMeta(m)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("setattr %v: %w", id, err)
+	}
+	return &wire.SetAttrResponse{Meta: out}, nil
+}
+
+// ReadDir implements wire.StorageServer.
+func (s *Server) ReadDir(ctx context.Context, req *wire.ReadDirRequest) (*wire.ReadDirResponse, error) {
+	dir := oid.ID(req.Dir)
+	ctx, aerr := s.admit(ctx, req.Caller, dir)
+	if aerr != nil {
+		return nil, aerr
+	}
+	limit := int(req.Limit)
+	if limit <= 0 || limit > 4096 {
+		limit = 4096
+	}
+	resp := &wire.ReadDirResponse{LeaseMs: s.leases.grant(req.Caller, dir)}
+	err := s.store.View(func(tx *store.Tx) error {
+		d, err := s.dirMeta(tx, dir)
+		if err != nil {
+			return err
+		}
+		if err := perm.Access(cred(req.Caller), attr(d), perm.R); err != nil {
+			return err
+		}
+		resp.Dir = d
+		if resp.Entries, err = tx.Entries(dir, req.After, limit); err != nil {
+			return err
+		}
+		resp.Eof = len(resp.Entries) < limit
+		if req.WithMeta {
+			for _, e := range resp.Entries {
+				if !s.local(ctx, oid.ID(e.Id)) {
+					continue
+				}
+				m, err := tx.Meta(oid.ID(e.Id))
+				if err != nil {
+					return err
+				}
+				resp.Metas = append(resp.Metas, m)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("readdir %v: %w", dir, err)
+	}
+	return resp, nil
+}
+
+// unlinkKind checks that m is of the kind a removal asks for: dirOnly
+// (rmdir, or a directory renamed over it), fileOnly (unlink, or a file
+// renamed over it).
+func unlinkKind(m *wire.Meta, dirOnly, fileOnly bool) error {
+	switch {
+	case dirOnly && !isDir(m):
+		return fserr.ErrNotDir
+	case fileOnly && isDir(m):
+		return fserr.ErrIsDir
+	}
+	return nil
+}
+
+// emptyDir refuses to unlink a directory that still has entries.
+func emptyDir(tx *store.Tx, m *wire.Meta) error {
+	if !isDir(m) {
+		return nil
+	}
+	if full, err := tx.HasEntries(oid.ID(m.Id)); err != nil {
+		return err
+	} else if full {
+		return fserr.ErrNotEmpty
+	}
+	return nil
+}

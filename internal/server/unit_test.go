@@ -1,0 +1,213 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/wheelfs/wheelfs/internal/configsvc"
+	"github.com/wheelfs/wheelfs/internal/fserr"
+	"github.com/wheelfs/wheelfs/internal/oid"
+	"github.com/wheelfs/wheelfs/internal/store"
+	"github.com/wheelfs/wheelfs/internal/wire"
+)
+
+// These tests run one server over a store in t.TempDir() and the
+// in-memory configuration service: no etcd, no network.
+
+var rootCaller = &wire.Caller{}
+
+func newTestServer(t *testing.T) (*Server, context.Context) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	t.Cleanup(cancel)
+	st, err := store.Open(t.TempDir(), store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	conf := configsvc.NewMemory().Client(configsvc.Options{LockTTL: 10 * time.Second})
+	s := New(Config{
+		ID: "s1", Site: "site1", Addr: "in-process", LeaseTTL: -1,
+		Peers: func(context.Context, string) (wire.PeerClient, error) {
+			return nil, errors.New("no peers in a unit test")
+		},
+	}, st, conf, 10*time.Second)
+	if err := s.Start(ctx); err != nil {
+		t.Fatalf("start: %v", err)
+	}
+	t.Cleanup(func() {
+		s.Close()
+		conf.Close()
+		st.Close()
+	})
+	return s, ctx
+}
+
+func create(t *testing.T, s *Server, ctx context.Context, dir oid.ID, name string, typ wire.Type) *wire.Meta {
+	t.Helper()
+	resp, err := s.Create(ctx, &wire.CreateRequest{Caller: rootCaller, Dir: uint64(dir), Name: name, Type: typ, Mode: 0o755})
+	if err != nil {
+		t.Fatalf("create %s: %v", name, err)
+	}
+	return resp.Meta
+}
+
+func meta(t *testing.T, s *Server, id uint64) *wire.Meta {
+	t.Helper()
+	m, err := s.primaryMeta(oid.ID(id))
+	if err != nil {
+		t.Fatalf("meta of %v: %v", oid.ID(id), err)
+	}
+	return m
+}
+
+func TestAdmission(t *testing.T) {
+	s, ctx := newTestServer(t)
+	if err := s.primary(oid.Root); err != nil {
+		t.Fatalf("not primary of the root it created: %v", err)
+	}
+	elsewhere := oid.Make(oid.RootSlice+0x1234, 1)
+	if err := s.primary(elsewhere); !errors.Is(err, fserr.ErrNotPrimary) {
+		t.Fatalf("primary of a slice nobody holds: %v", err)
+	}
+	// Eventual callers may use a copy, but only of a slice this server keeps.
+	if _, err := s.admit(ctx, &wire.Caller{Eventual: true}, elsewhere); !errors.Is(err, fserr.ErrNotPrimary) {
+		t.Fatalf("eventual admit of a slice not kept here: %v", err)
+	}
+	ectx, err := s.admit(ctx, &wire.Caller{Eventual: true}, oid.Root)
+	if err != nil || !isEventual(ectx) || !s.local(ectx, oid.Root) {
+		t.Fatalf("eventual admit of root: eventual=%v err=%v", isEventual(ectx), err)
+	}
+	if pctx, _ := s.admit(ctx, rootCaller, oid.Root); isEventual(pctx) {
+		t.Fatal("a strict caller's context is marked eventual")
+	}
+	// Losing the lock ends admission and the lock's validity at once.
+	l, ok := s.owned.lock(oid.RootSlice)
+	if !ok {
+		t.Fatal("root lock not held")
+	}
+	s.lostSlice(oid.RootSlice, l.Epoch+1, "stale epoch: ignored")
+	if err := s.primary(oid.Root); err != nil {
+		t.Fatalf("a stale lostSlice dropped the lock: %v", err)
+	}
+	s.lostSlice(oid.RootSlice, l.Epoch, "test")
+	if err := s.primary(oid.Root); !errors.Is(err, fserr.ErrNotPrimary) {
+		t.Fatalf("still primary after losing the lock: %v", err)
+	}
+	if !s.lockValidity(oid.RootSlice).IsZero() || s.owned.repl(oid.RootSlice) != nil {
+		t.Fatal("lost slice keeps validity or replication state")
+	}
+}
+
+func TestHandOverStopsAdmission(t *testing.T) {
+	s, _ := newTestServer(t)
+	s.owned.setMoving(oid.RootSlice, true)
+	if err := s.primary(oid.Root); !errors.Is(err, fserr.ErrNotPrimary) {
+		t.Fatalf("a moving slice is still served: %v", err)
+	}
+	s.owned.setMoving(oid.RootSlice, false)
+	if err := s.primary(oid.Root); err != nil {
+		t.Fatalf("after the hand-over was undone: %v", err)
+	}
+}
+
+// Moving and exchanging directories keeps link counts and parent
+// pointers right (the bookkeeping rename and exchange share).
+func TestRenameAndExchangeBookkeeping(t *testing.T) {
+	s, ctx := newTestServer(t)
+	rootLinks := meta(t, s, uint64(oid.Root)).Nlink
+	a := create(t, s, ctx, oid.Root, "a", wire.Type_TYPE_DIR)
+	b := create(t, s, ctx, oid.Root, "b", wire.Type_TYPE_DIR)
+	d := create(t, s, ctx, oid.ID(a.Id), "d", wire.Type_TYPE_DIR)
+	f := create(t, s, ctx, oid.Root, "f", wire.Type_TYPE_FILE)
+	if got := meta(t, s, uint64(oid.Root)).Nlink; got != rootLinks+2 {
+		t.Fatalf("root nlink %d after two subdirectories, want %d", got, rootLinks+2)
+	}
+	if _, err := s.Rename(ctx, &wire.RenameRequest{Caller: rootCaller, SrcDir: a.Id, SrcName: "d", DstDir: b.Id, DstName: "d"}); err != nil {
+		t.Fatal(err)
+	}
+	if got := meta(t, s, a.Id).Nlink; got != 2 {
+		t.Errorf("source nlink %d, want 2", got)
+	}
+	if got := meta(t, s, b.Id).Nlink; got != 3 {
+		t.Errorf("destination nlink %d, want 3", got)
+	}
+	if got := meta(t, s, d.Id).Parent; got != b.Id {
+		t.Errorf("moved directory's parent %v, want %v", oid.ID(got), oid.ID(b.Id))
+	}
+	// Exchange the directory b/d with the file f: d's parent is the root.
+	if _, err := s.Rename(ctx, &wire.RenameRequest{Caller: rootCaller, SrcDir: b.Id, SrcName: "d", DstDir: uint64(oid.Root), DstName: "f", Flags: wire.RenameExchange}); err != nil {
+		t.Fatal(err)
+	}
+	if got := meta(t, s, d.Id).Parent; got != uint64(oid.Root) {
+		t.Errorf("exchanged directory's parent %v, want the root", oid.ID(got))
+	}
+	if got := meta(t, s, b.Id).Nlink; got != 2 {
+		t.Errorf("b nlink %d after its subdirectory left, want 2", got)
+	}
+	if got := meta(t, s, uint64(oid.Root)).Nlink; got != rootLinks+3 {
+		t.Errorf("root nlink %d, want %d", got, rootLinks+3)
+	}
+	lk, err := s.Lookup(ctx, &wire.LookupRequest{Caller: rootCaller, Dir: b.Id, Name: "d"})
+	if err != nil || lk.Meta.GetId() != f.Id {
+		t.Fatalf("b/d after the exchange: %v, %v; want the file", lk, err)
+	}
+	// A directory cannot move below itself.
+	_, err = s.Rename(ctx, &wire.RenameRequest{Caller: rootCaller, SrcDir: uint64(oid.Root), SrcName: "b", DstDir: b.Id, DstName: "x"})
+	if fserr.Errno(err) != syscall.EINVAL {
+		t.Fatalf("rename into own subtree: %v, want EINVAL", err)
+	}
+}
+
+// A file unlinked while open lives on as an orphan until its last
+// release (opens.go).
+func TestOrphanLivesUntilRelease(t *testing.T) {
+	s, ctx := newTestServer(t)
+	f := create(t, s, ctx, oid.Root, "f", wire.Type_TYPE_FILE)
+	if _, err := s.Open(ctx, &wire.OpenRequest{Caller: rootCaller, Id: f.Id, Flags: syscall.O_RDONLY}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Remove(ctx, &wire.RemoveRequest{Caller: rootCaller, Dir: uint64(oid.Root), Name: "f"}); err != nil {
+		t.Fatal(err)
+	}
+	if m := meta(t, s, f.Id); m.Nlink != 0 {
+		t.Fatalf("orphan nlink %d, want 0", m.Nlink)
+	}
+	if _, err := s.Release(ctx, &wire.ReleaseRequest{Id: f.Id}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.primaryMeta(oid.ID(f.Id)); fserr.Errno(err) != syscall.ENOENT {
+		t.Fatalf("orphan after its last release: %v, want ENOENT", err)
+	}
+	if len(s.files.dying) != 0 || len(s.files.opens) != 0 || len(s.files.orphans) != 0 {
+		t.Fatalf("open-file state left behind: opens %v orphans %v dying %v", s.files.opens, s.files.orphans, s.files.dying)
+	}
+}
+
+func TestPlaceKeepTogether(t *testing.T) {
+	s, _ := newTestServer(t)
+	pol, at := s.place(&wire.CreateRequest{Cues: &wire.Cues{KeepTogether: true}}, oid.Root)
+	if !pol.KeepTogether || at != s.cfg.ID {
+		t.Fatalf("keep-together placement %+v on %q, want the directory's own slice here", pol, at)
+	}
+	pol, at = s.place(&wire.CreateRequest{}, oid.Root)
+	if pol.KeepTogether || pol.Site != s.cfg.Site || at != s.cfg.ID {
+		t.Fatalf("default placement %+v on %q", pol, at)
+	}
+}
+
+func TestMergeKeepsNewerAndConflicts(t *testing.T) {
+	cur := &wire.Entry{Name: "n", Id: 1, Version: 3}
+	in := &wire.Entry{Name: "n", Id: 2, Version: 4}
+	if out := resolveEntry(false, cur, in); out.put.GetId() != 2 || out.unlinked.GetId() != 1 {
+		t.Fatalf("last writer wins: put %v unlinked %v, want 2 and 1", out.put, out.unlinked)
+	}
+	if got := conflictName("n", 2); got == "n" {
+		t.Fatalf("conflict name %q equals the name", got)
+	}
+	if !newer(&wire.Meta{Version: 5}, &wire.Meta{Version: 4}) || newer(&wire.Meta{Version: 4}, &wire.Meta{Version: 5}) {
+		t.Fatal("newer does not prefer the higher version")
+	}
+}
