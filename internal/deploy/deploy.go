@@ -18,6 +18,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"path/filepath"
 	"time"
 
 	"google.golang.org/grpc"
@@ -196,9 +197,17 @@ func Start(ctx context.Context, cfg Config) (h *Host, err error) {
 	}
 	h = &Host{cfg: cfg, log: cfg.Logger.With("component", "deploy")}
 	started := h // the error returns below set h to nil
+	// A start that fails on a new (missing or empty) data directory leaves
+	// nothing behind: a retry with other flags (another --ca, --site)
+	// starts afresh instead of tripping over half-made credentials.
+	_, statErr := os.Stat(cfg.DataDir)
+	existed, fresh := statErr == nil, emptyOrMissing(cfg.DataDir)
 	defer func() {
 		if err != nil {
 			started.Close()
+			if fresh {
+				removeContents(cfg.DataDir, !existed, started.log)
+			}
 		}
 	}()
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
@@ -262,6 +271,29 @@ func Start(ctx context.Context, cfg Config) (h *Host, err error) {
 	return h, nil
 }
 
+// emptyOrMissing reports whether dir does not exist or holds nothing.
+func emptyOrMissing(dir string) bool {
+	entries, err := os.ReadDir(dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return true
+	}
+	return err == nil && len(entries) == 0
+}
+
+// removeContents removes what a failed first start put in dir, and dir
+// itself when the start created it.
+func removeContents(dir string, created bool, log *slog.Logger) {
+	entries, _ := os.ReadDir(dir)
+	for _, e := range entries {
+		if err := os.RemoveAll(filepath.Join(dir, e.Name())); err != nil {
+			log.Warn("could not remove what a failed start created", "path", filepath.Join(dir, e.Name()), "err", err)
+		}
+	}
+	if created {
+		os.Remove(dir)
+	}
+}
+
 // dialer returns the dial function of the shaped network, nil without one.
 func (h *Host) dialer() func(ctx context.Context, addr string) (net.Conn, error) {
 	if h.cfg.Network == nil {
@@ -291,8 +323,9 @@ func (h *Host) dialConfig(ctx context.Context, endpoints []string) error {
 			}
 		}
 		if perr := probeTLS(wctx, endpoints, h.Creds.ClientTLS("")); perr != nil {
-			return fmt.Errorf("%w: the configuration service at %v does not accept the credentials in %s (%v)",
-				ErrForeignData, endpoints, h.cfg.DataDir, perr)
+			return fmt.Errorf("%w: the configuration service at %v does not accept the credentials in %s, issued by CA %s (%v); "+
+				"give the deployment's CA with --ca (or its node directory with --node-dir)",
+				ErrForeignData, endpoints, h.cfg.DataDir, caName(filepath.Join(h.nodeDir(), pki.CACertFile)), perr)
 		}
 		h.log.Info("configuration service not ready yet; retrying", "endpoints", endpoints, "err", err)
 		select {
