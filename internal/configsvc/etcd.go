@@ -144,6 +144,14 @@ func Dial(ctx context.Context, endpoints []string, tlsConfig *tls.Config, opts O
 		return nil, errors.New("configsvc: no etcd endpoints")
 	}
 	opts = opts.withDefaults()
+	if err := allRefused(ctx, endpoints, opts.Dial); err != nil {
+		return nil, err
+	}
+	// The etcd client's own logs (retries, balancer errors, "context
+	// canceled" on every clean stop) are at debug level: the service
+	// reports what fails through its errors.
+	clientLog, quiet := zapslog.NewQuietable(opts.Logger.With("component", "etcd-client"), zapcore.DebugLevel)
+	quiet()
 	var dialOpts []grpc.DialOption
 	if opts.Dial != nil {
 		dialOpts = append(dialOpts, grpc.WithContextDialer(opts.Dial))
@@ -156,7 +164,7 @@ func Dial(ctx context.Context, endpoints []string, tlsConfig *tls.Config, opts O
 		DialKeepAliveTime:    10 * time.Second,
 		DialKeepAliveTimeout: opts.RPCTimeout,
 		AutoSyncInterval:     time.Minute, // learn the full member list
-		Logger:               zapslog.New(opts.Logger.With("component", "etcd-client"), zapcore.WarnLevel),
+		Logger:               clientLog,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("configsvc: etcd client for %v: %w", endpoints, err)

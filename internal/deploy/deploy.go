@@ -309,8 +309,23 @@ func (h *Host) dialConfig(ctx context.Context, endpoints []string) error {
 	wctx, cancel := context.WithTimeout(ctx, h.cfg.ConfigWait)
 	defer cancel()
 	opts := configsvc.Options{LockTTL: h.cfg.LockTTL, Logger: h.cfg.Logger, Dial: h.dialer()}
+	// Members started at the same moment as this host may not listen yet;
+	// if nothing listens for refusedGrace, nothing is coming.
+	var refusedSince time.Time
+	refusedGrace := min(h.cfg.ConfigWait, 3*time.Second)
+	lastErr := ""
 	for {
 		conf, err := configsvc.Dial(wctx, endpoints, h.Creds.ClientTLS(""), opts)
+		if errors.Is(err, configsvc.ErrRefused) {
+			if refusedSince.IsZero() {
+				refusedSince = time.Now()
+			}
+			if time.Since(refusedSince) >= refusedGrace {
+				return err
+			}
+		} else {
+			refusedSince = time.Time{}
+		}
 		if err == nil {
 			if err = h.checkDeployment(wctx, conf); err == nil {
 				h.etcd, h.Conf = conf, conf
@@ -327,7 +342,11 @@ func (h *Host) dialConfig(ctx context.Context, endpoints []string) error {
 				"give the deployment's CA with --ca (or its node directory with --node-dir)",
 				ErrForeignData, endpoints, h.cfg.DataDir, caName(filepath.Join(h.nodeDir(), pki.CACertFile)), perr)
 		}
-		h.log.Info("configuration service not ready yet; retrying", "endpoints", endpoints, "err", err)
+		lvl := slog.LevelDebug
+		if err != nil && err.Error() != lastErr { // once per distinct error
+			lvl, lastErr = slog.LevelInfo, err.Error()
+		}
+		h.log.Log(wctx, lvl, "configuration service not ready yet; retrying", "endpoints", endpoints, "err", err)
 		select {
 		case <-wctx.Done():
 			return fmt.Errorf("deploy: configuration service at %v not ready after %v: %w",
