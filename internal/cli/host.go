@@ -39,8 +39,8 @@ type hostFlags struct {
 // roleFlags registers the flags a role needs.
 func (f *hostFlags) register(cmd *cobra.Command, roles deploy.Roles) {
 	fl := cmd.Flags()
-	fl.StringVar(&f.ca, "ca", "", "deployment CA directory (from `wheelfs ca init`) to issue this node's certificate from on first start")
-	fl.StringVar(&f.nodeDir, "node-dir", "", "node credentials issued by `wheelfs ca issue` (instead of --ca)")
+	fl.StringVar(&f.ca, "ca", "", "deployment CA `DIR` (made by 'wheelfs ca init') to issue this node's certificate from on first start")
+	fl.StringVar(&f.nodeDir, "node-dir", "", "node credentials `DIR` issued by 'wheelfs ca issue' (instead of --ca)")
 	fl.DurationVar(&f.configWait, "config-wait", 30*time.Second, "how long to wait for the configuration service at start")
 	fl.StringVar(&f.readyFile, "ready-file", "", "create this `FILE` once the host serves (the mount answers, if any); removed on exit")
 	fl.StringVar(&f.pprofAddr, "pprof", "", "serve Go profiling endpoints (net/http/pprof) on this loopback address")

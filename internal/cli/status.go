@@ -78,11 +78,11 @@ the config member in --data are used.`,
 		},
 	}
 	fl := cmd.Flags()
-	fl.StringVar(&data, "data", "", "data directory of a host on this machine (credentials, and endpoints without --config)")
+	fl.StringVar(&data, "data", "", "data `DIR` of a host on this machine (credentials, and endpoints without --config)")
 	fl.StringVar(&config, "config", "", "configuration service: comma-separated HOST:PORT of config members")
 	fl.StringVar(&etcd, "etcd", "", "endpoints of an existing etcd (instead of --config)")
-	fl.StringVar(&caDir, "ca", "", "deployment CA directory to issue a throw-away client certificate from")
-	fl.StringVar(&nodeDir, "node-dir", "", "node credentials to authenticate with")
+	fl.StringVar(&caDir, "ca", "", "deployment CA `DIR` to issue a throw-away client certificate from")
+	fl.StringVar(&nodeDir, "node-dir", "", "node credentials `DIR` to authenticate with")
 	fl.BoolVar(&asJSON, "json", false, "print JSON")
 	fl.DurationVar(&timeout, "timeout", 10*time.Second, "give up after this long")
 	return cmd

@@ -332,6 +332,7 @@ var benignWarnings = []string{
 	// Logged on every member join while the new member's raft log has no
 	// term yet; the storage version is updated on a later attempt.
 	"failed to update storage version",
+	"Failed to detect schema version",
 	"Running http and grpc server on single port. This is not recommended for production.",
 	"simple token is not cryptographically signed",
 	"check file permission",
