@@ -199,6 +199,12 @@ func buildStatus(t *configsvc.Table, members []configsvc.Member) status {
 		if s.Holder == "" {
 			st.State = append(st.State, "unlocked")
 		}
+		if n := len(t.Servers); s.Policy.RepLevel > n {
+			st.State = append(st.State, fmt.Sprintf("policy-unmet(RepLevel %d > %d servers)", s.Policy.RepLevel, n))
+		}
+		if n := registeredSites(t); s.Policy.RepSites > n {
+			st.State = append(st.State, fmt.Sprintf("policy-unmet(RepSites %d > %d sites)", s.Policy.RepSites, n))
+		}
 		if len(st.State) == 0 {
 			st.State = []string{"ok"}
 		}
@@ -229,6 +235,15 @@ func buildStatus(t *configsvc.Table, members []configsvc.Member) status {
 	}
 	slices.SortFunc(out.Sites, func(a, b siteStatus) int { return strings.Compare(a.Name, b.Name) })
 	return out
+}
+
+// registeredSites counts the sites with a registered server.
+func registeredSites(t *configsvc.Table) int {
+	sites := map[string]bool{}
+	for _, info := range t.Servers {
+		sites[info.Site] = true
+	}
+	return len(sites)
 }
 
 // renderStatus prints the report as readable tables.

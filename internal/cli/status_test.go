@@ -121,3 +121,20 @@ func TestStatusJSON(t *testing.T) {
 		t.Errorf("empty status = %s", empty)
 	}
 }
+
+func TestStatusPolicyUnmet(t *testing.T) {
+	tbl, members := statusTable()
+	tbl.Slices[3] = configsvc.Slice{ID: 3, Policy: configsvc.Policy{RepLevel: 3, RepSites: 3},
+		Replicas: []string{"srv-w", "srv-e"}, Holder: "srv-w", Epoch: 1}
+	s := buildStatus(tbl, members)
+	for _, sl := range s.Slices {
+		state := strings.Join(sl.State, ",")
+		if sl.Slice == 3 {
+			if !strings.Contains(state, "policy-unmet(RepLevel 3 > 2 servers)") || !strings.Contains(state, "policy-unmet(RepSites 3 > 2 sites)") {
+				t.Errorf("RepLevel 3 slice on 2 servers: state %q", state)
+			}
+		} else if strings.Contains(state, "policy-unmet") {
+			t.Errorf("slice %d: state %q", sl.Slice, state)
+		}
+	}
+}

@@ -19,6 +19,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"google.golang.org/grpc"
@@ -234,6 +235,13 @@ func Start(ctx context.Context, cfg Config) (h *Host, err error) {
 	}
 	if err := h.dialConfig(ctx, endpoints); err != nil {
 		return nil, err
+	}
+	if cfg.Roles&RoleMember == 0 {
+		// `wheelfs status --data DIR` finds the service through it, as it
+		// does a member's own endpoints.
+		if err := os.WriteFile(EndpointsFile(cfg.DataDir), []byte(strings.Join(endpoints, ",")+"\n"), 0o600); err != nil {
+			return nil, fmt.Errorf("deploy: %w", err)
+		}
 	}
 	if cfg.Roles&(RoleServer|RoleClient) == 0 {
 		return h, nil
