@@ -185,6 +185,23 @@ func readmeRound(t *testing.T, lines []string, binDir string) {
 			}
 		}
 	}
+	// info says "not on a WheelFS mount" only when that is so.
+	if r := run(t, "/", 30*time.Second, nil, wheelfsBin, "info", filepath.Join(base, "eu", "missing")); r.err == nil ||
+		strings.Contains(r.out, "WheelFS mount") || !strings.Contains(r.out, "no such file") {
+		t.Errorf("info of a missing file on a mount: %v\n%s", r.err, r.out)
+	}
+	if r := run(t, "/", 30*time.Second, nil, wheelfsBin, "info", filepath.Dir(base)); r.err == nil ||
+		!strings.Contains(r.out, "not on a WheelFS mount") {
+		t.Errorf("info of a file off the mounts: %v\n%s", r.err, r.out)
+	}
+	// status --data of a node finds the service; the stopped west node
+	// is not up.
+	st := mustRun(t, "/", 30*time.Second, wheelfsBin, "status", "--data", filepath.Join(base, "node-eu"))
+	for _, w := range []string{"eu", "east", "leader"} {
+		if !strings.Contains(st, w) {
+			t.Errorf("status --data node-eu lacks %q:\n%s", w, st)
+		}
+	}
 	for _, d := range []string{"west", "east", "eu"} {
 		if _, err := os.Stat(filepath.Join(base, d+".ready")); (err == nil) != (d != "west") {
 			t.Errorf("%s.ready: %v (west stopped and must have removed it; the others run)", d, err)
