@@ -68,7 +68,11 @@ the config member in --data are used.`,
 			if err != nil {
 				return err
 			}
-			st := buildStatus(t, members)
+			known, err := conf.KnownServers(ctx)
+			if err != nil {
+				return err
+			}
+			st := buildStatus(t, members, known)
 			if asJSON {
 				enc := json.NewEncoder(os.Stdout)
 				enc.SetIndent("", "  ")
@@ -160,8 +164,9 @@ type sliceStatus struct {
 }
 
 // buildStatus derives the status report from a table snapshot: servers
-// are up when registered, down when only named in some replica list.
-func buildStatus(t *configsvc.Table, members []configsvc.Member) status {
+// are up when registered, down when only named in some replica list or
+// known (registered before) but not registered now.
+func buildStatus(t *configsvc.Table, members []configsvc.Member, known map[string]configsvc.ServerInfo) status {
 	out := status{Revision: t.Revision, Sites: []siteStatus{}, Servers: []serverStatus{},
 		Members: members, Slices: []sliceStatus{}}
 	if out.Members == nil {
@@ -170,6 +175,11 @@ func buildStatus(t *configsvc.Table, members []configsvc.Member) status {
 	servers := map[string]*serverStatus{}
 	for id, info := range t.Servers {
 		servers[id] = &serverStatus{ID: id, Site: info.Site, Addr: info.Addr, Up: true}
+	}
+	for id, info := range known { // registered once, not now: down
+		if servers[id] == nil {
+			servers[id] = &serverStatus{ID: id, Site: info.Site, Addr: info.Addr}
+		}
 	}
 	for id, s := range t.Slices {
 		for i, r := range s.Replicas {

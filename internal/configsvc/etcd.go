@@ -307,11 +307,40 @@ func (s *EtcdService) putServer(ctx context.Context, id string, val []byte) (cli
 	if err != nil {
 		return 0, err
 	}
-	if _, err := s.cli.Put(cctx, s.serversPfx+id, string(val), clientv3.WithLease(g.ID)); err != nil {
+	if _, err := s.cli.Txn(cctx).Then(
+		clientv3.OpPut(s.serversPfx+id, string(val), clientv3.WithLease(g.ID)),
+		clientv3.OpPut(s.knownKey(id), string(val)), // outlives the lease: status shows the server as down
+	).Commit(); err != nil {
 		s.revoke(g.ID)
 		return 0, err
 	}
 	return g.ID, nil
+}
+
+func (s *EtcdService) knownKey(id string) string {
+	return strings.TrimSuffix(s.serversPfx, "servers/") + "known-servers/" + id
+}
+
+// KnownServers returns every server that ever registered, registered now
+// or not, with what it last registered: `wheelfs status` shows the ones
+// that are not registered as down.
+func (s *EtcdService) KnownServers(ctx context.Context) (map[string]ServerInfo, error) {
+	cctx, cancel := s.rpcCtx(ctx)
+	defer cancel()
+	pfx := s.knownKey("")
+	resp, err := s.cli.Get(cctx, pfx, clientv3.WithPrefix())
+	if err != nil {
+		return nil, fmt.Errorf("configsvc: read known servers: %w", err)
+	}
+	out := make(map[string]ServerInfo, len(resp.Kvs))
+	for _, kv := range resp.Kvs {
+		var info ServerInfo
+		if err := json.Unmarshal(kv.Value, &info); err != nil {
+			continue
+		}
+		out[strings.TrimPrefix(string(kv.Key), pfx)] = info
+	}
+	return out, nil
 }
 
 // revoke revokes lease, best effort, with its own deadline.

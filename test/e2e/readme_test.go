@@ -202,6 +202,9 @@ func readmeRound(t *testing.T, lines []string, binDir string) {
 			t.Errorf("status --data node-eu lacks %q:\n%s", w, st)
 		}
 	}
+	if !regexp.MustCompile(`(?m)^srv-\S+\s+west\s+\S+\s+down\s`).MatchString(st) {
+		t.Errorf("status does not show the stopped west server as down:\n%s", st)
+	}
 	for _, d := range []string{"west", "east", "eu"} {
 		if _, err := os.Stat(filepath.Join(base, d+".ready")); (err == nil) != (d != "west") {
 			t.Errorf("%s.ready: %v (west stopped and must have removed it; the others run)", d, err)
