@@ -60,16 +60,20 @@ the config member in --data are used.`,
 				return err
 			}
 			defer conf.Close()
-			t, err := conf.Table(ctx)
-			if err != nil {
+			var t *configsvc.Table
+			var members []configsvc.Member
+			var known map[string]configsvc.ServerInfo
+			// A leader election (members joining) fails reads for a moment.
+			if err := retryUntil(ctx, func() (err error) {
+				if t, err = conf.Table(ctx); err != nil {
+					return err
+				}
+				if members, err = conf.Members(ctx); err != nil {
+					return err
+				}
+				known, err = conf.KnownServers(ctx)
 				return err
-			}
-			members, err := conf.Members(ctx)
-			if err != nil {
-				return err
-			}
-			known, err := conf.KnownServers(ctx)
-			if err != nil {
+			}); err != nil {
 				return err
 			}
 			st := buildStatus(t, members, known)
@@ -90,6 +94,21 @@ the config member in --data are used.`,
 	fl.BoolVar(&asJSON, "json", false, "print JSON")
 	fl.DurationVar(&timeout, "timeout", 10*time.Second, "give up after this long")
 	return cmd
+}
+
+// retryUntil runs f until it succeeds or ctx ends, returning f's last error.
+func retryUntil(ctx context.Context, f func() error) error {
+	for {
+		err := f()
+		if err == nil {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
 }
 
 // statusCredentials loads the credentials status authenticates with.
