@@ -75,9 +75,9 @@ with 'wheelfs ca issue' (--node-dir).`,
 		},
 	}
 	fl := issue.Flags()
-	fl.StringVar(&caDir, "ca", "", "deployment CA directory")
+	fl.StringVar(&caDir, "ca", "", "deployment CA `DIR` (made by 'wheelfs ca init')")
 	fl.StringVar(&nodeName, "name", "", "node name (its ID in the deployment, e.g. srv-west-1)")
-	fl.StringVar(&out, "out", "", "node directory to create")
+	fl.StringVar(&out, "out", "", "node `DIR` to create")
 	fl.StringSliceVar(&hosts, "host", nil, "host names or IP addresses the node is reached at (repeatable)")
 	ca.AddCommand(initCmd, issue)
 	return ca

@@ -33,14 +33,16 @@ type hostFlags struct {
 	peers                  string
 	cacheMem, cacheDisk    string
 	cacheDir               string
+	readyFile              string
 }
 
 // roleFlags registers the flags a role needs.
 func (f *hostFlags) register(cmd *cobra.Command, roles deploy.Roles) {
 	fl := cmd.Flags()
-	fl.StringVar(&f.ca, "ca", "", "deployment CA directory (from `wheelfs ca init`) to issue this node's certificate from on first start")
-	fl.StringVar(&f.nodeDir, "node-dir", "", "node credentials issued by `wheelfs ca issue` (instead of --ca)")
+	fl.StringVar(&f.ca, "ca", "", "deployment CA `DIR` (made by 'wheelfs ca init') to issue this node's certificate from on first start")
+	fl.StringVar(&f.nodeDir, "node-dir", "", "node credentials `DIR` issued by 'wheelfs ca issue' (instead of --ca)")
 	fl.DurationVar(&f.configWait, "config-wait", 30*time.Second, "how long to wait for the configuration service at start")
+	fl.StringVar(&f.readyFile, "ready-file", "", "create this `FILE` once the host serves (the mount answers, if any); removed on exit")
 	fl.StringVar(&f.pprofAddr, "pprof", "", "serve Go profiling endpoints (net/http/pprof) on this loopback address")
 	if roles&deploy.RoleMember == 0 {
 		fl.StringVar(&f.config, "config", "", "configuration service: comma-separated HOST:PORT of one or more config members (required)")
@@ -189,6 +191,10 @@ func runHost(ctx context.Context, g *globalFlags, f *hostFlags, cfg deploy.Confi
 	defer host.Close()
 	describe(host, cfg)
 	if mnt == "" {
+		if err := markReady(f.readyFile); err != nil {
+			return err
+		}
+		defer os.Remove(f.readyFile)
 		fmt.Printf("WheelFS %s running (data in %s). Press Ctrl-C or send SIGTERM to stop.\n", roleName(cfg.Roles), cfg.DataDir)
 		<-ctx.Done()
 		fmt.Fprintln(os.Stderr, "wheelfs: stopping...")
@@ -198,9 +204,15 @@ func runHost(ctx context.Context, g *globalFlags, f *hostFlags, cfg deploy.Confi
 		if err != nil {
 			return fmt.Errorf("mount %s: %w (is fuse3 installed and /dev/fuse available?)", mnt, err)
 		}
-		fmt.Printf("WheelFS mounted at %s (data in %s). Press Ctrl-C or send SIGTERM to unmount and stop.\n", mnt, cfg.DataDir)
 		exited := make(chan struct{})
 		go func() { srv.Wait(); close(exited) }()
+		// fusefs.Mount returns once the kernel has sent its first request.
+		if err := markReady(f.readyFile); err != nil {
+			unmount(mnt, srv.Unmount, log.Warn)
+			return err
+		}
+		defer os.Remove(f.readyFile)
+		fmt.Printf("WheelFS mounted at %s (data in %s). Press Ctrl-C or send SIGTERM to unmount and stop.\n", mnt, cfg.DataDir)
 		select {
 		case <-ctx.Done():
 			fmt.Fprintln(os.Stderr, "wheelfs: unmounting...")
@@ -214,6 +226,23 @@ func runHost(ctx context.Context, g *globalFlags, f *hostFlags, cfg deploy.Confi
 		return err
 	}
 	fmt.Fprintln(os.Stderr, "wheelfs: stopped")
+	return nil
+}
+
+// markReady creates the --ready-file atomically (a temporary file renamed
+// into place), so a waiting script never sees it half written.
+func markReady(path string) error {
+	if path == "" {
+		return nil
+	}
+	tmp := fmt.Sprintf("%s.%d.tmp", path, os.Getpid())
+	if err := os.WriteFile(tmp, []byte(fmt.Sprintf("%d\n", os.Getpid())), 0o644); err != nil {
+		return fmt.Errorf("--ready-file: %w", err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		os.Remove(tmp)
+		return fmt.Errorf("--ready-file: %w", err)
+	}
 	return nil
 }
 

@@ -5,11 +5,14 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"path/filepath"
+	"strings"
 
 	"github.com/spf13/cobra"
 	"golang.org/x/sys/unix"
 
 	"github.com/wheelfs/wheelfs/internal/fusefs"
+	"github.com/wheelfs/wheelfs/internal/mountinfo"
 )
 
 func newInfo() *cobra.Command {
@@ -21,7 +24,10 @@ func newInfo() *cobra.Command {
 			buf := make([]byte, 64<<10)
 			n, err := unix.Lgetxattr(args[0], fusefs.InfoXattr, buf)
 			if err != nil {
-				return fmt.Errorf("%s: %w (is it on a WheelFS mount?)", args[0], err)
+				if !onWheelFS(args[0]) {
+					return fmt.Errorf("%s: %w (it is not on a WheelFS mount)", args[0], err)
+				}
+				return fmt.Errorf("%s: %w", args[0], err)
 			}
 			var out bytes.Buffer
 			if err := json.Indent(&out, buf[:n], "", "  "); err != nil {
@@ -32,4 +38,32 @@ func newInfo() *cobra.Command {
 			return err
 		},
 	}
+}
+
+// onWheelFS reports whether path (or, for a missing file, its directory)
+// lies on a WheelFS mount.
+func onWheelFS(path string) bool {
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return false
+	}
+	// Resolve what exists of the path: the mount table names real paths.
+	dir := abs
+	for {
+		if real, err := filepath.EvalSymlinks(dir); err == nil {
+			abs = filepath.Join(real, strings.TrimPrefix(abs, dir))
+			break
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			break
+		}
+		dir = parent
+	}
+	ms, err := mountinfo.Read()
+	if err != nil {
+		return false
+	}
+	m, ok := mountinfo.Of(ms, abs)
+	return ok && strings.HasPrefix(m.FSType, "fuse.wheelfs")
 }

@@ -37,7 +37,7 @@ restart on the same --data just restarts the member.`,
 	}
 	f.register(cmd, deploy.RoleMember)
 	fl := cmd.Flags()
-	fl.StringVar(&f.data, "data", "", "data directory of this member (required)")
+	fl.StringVar(&f.data, "data", "", "data `DIR` of this member (required)")
 	fl.StringVar(&f.memberListen, "listen", "", "client address HOST:PORT other nodes reach this member at (required)")
 	fl.StringVar(&f.peerList, "peer-listen", "", "peer address HOST:PORT between members (default HOST:PORT+1 of --listen)")
 	fl.StringVar(&f.peers, "peers", "", "comma-separated client addresses of running members to join (first start only)")
@@ -48,7 +48,7 @@ restart on the same --data just restarts the member.`,
 func newServer(g *globalFlags) *cobra.Command {
 	f := &hostFlags{}
 	cmd := &cobra.Command{
-		Use:   "server --config HOST:PORT --site NAME --listen HOST:PORT --data DIR",
+		Use:   "server --config HOST:PORT [--site NAME] [--listen HOST:PORT] --data DIR",
 		Short: "Run a storage server (no mount)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -60,7 +60,7 @@ func newServer(g *globalFlags) *cobra.Command {
 		},
 	}
 	f.register(cmd, deploy.RoleServer)
-	cmd.Flags().StringVar(&f.data, "data", "", "data directory of this server (required)")
+	cmd.Flags().StringVar(&f.data, "data", "", "data `DIR` of this server (required)")
 	return cmd
 }
 
@@ -91,14 +91,14 @@ $XDG_STATE_HOME/wheelfs/mount-<hash> (default ~/.local/state) otherwise.`,
 		},
 	}
 	f.register(cmd, deploy.RoleClient)
-	cmd.Flags().StringVar(&f.data, "data", "", "state directory for identity and credentials (default: see above)")
+	cmd.Flags().StringVar(&f.data, "data", "", "state `DIR` for identity and credentials (default: see above)")
 	return cmd
 }
 
 func newNode(g *globalFlags) *cobra.Command {
 	f := &hostFlags{}
 	cmd := &cobra.Command{
-		Use:   "node --config HOST:PORT --site NAME --listen HOST:PORT --data DIR MOUNTPOINT",
+		Use:   "node --config HOST:PORT [--site NAME] [--listen HOST:PORT] --data DIR MOUNTPOINT",
 		Short: "Run a storage server and a mount on one host, in the foreground",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -110,7 +110,7 @@ func newNode(g *globalFlags) *cobra.Command {
 		},
 	}
 	f.register(cmd, deploy.RoleServer|deploy.RoleClient)
-	cmd.Flags().StringVar(&f.data, "data", "", "data directory of this node (required)")
+	cmd.Flags().StringVar(&f.data, "data", "", "data `DIR` of this node (required)")
 	return cmd
 }
 

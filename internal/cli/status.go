@@ -60,15 +60,23 @@ the config member in --data are used.`,
 				return err
 			}
 			defer conf.Close()
-			t, err := conf.Table(ctx)
-			if err != nil {
+			var t *configsvc.Table
+			var members []configsvc.Member
+			var known map[string]configsvc.ServerInfo
+			// A leader election (members joining) fails reads for a moment.
+			if err := retryUntil(ctx, func() (err error) {
+				if t, err = conf.Table(ctx); err != nil {
+					return err
+				}
+				if members, err = conf.Members(ctx); err != nil {
+					return err
+				}
+				known, err = conf.KnownServers(ctx)
+				return err
+			}); err != nil {
 				return err
 			}
-			members, err := conf.Members(ctx)
-			if err != nil {
-				return err
-			}
-			st := buildStatus(t, members)
+			st := buildStatus(t, members, known)
 			if asJSON {
 				enc := json.NewEncoder(os.Stdout)
 				enc.SetIndent("", "  ")
@@ -78,14 +86,29 @@ the config member in --data are used.`,
 		},
 	}
 	fl := cmd.Flags()
-	fl.StringVar(&data, "data", "", "data directory of a host on this machine (credentials, and endpoints without --config)")
+	fl.StringVar(&data, "data", "", "data `DIR` of a host on this machine (credentials, and endpoints without --config)")
 	fl.StringVar(&config, "config", "", "configuration service: comma-separated HOST:PORT of config members")
 	fl.StringVar(&etcd, "etcd", "", "endpoints of an existing etcd (instead of --config)")
-	fl.StringVar(&caDir, "ca", "", "deployment CA directory to issue a throw-away client certificate from")
-	fl.StringVar(&nodeDir, "node-dir", "", "node credentials to authenticate with")
+	fl.StringVar(&caDir, "ca", "", "deployment CA `DIR` to issue a throw-away client certificate from")
+	fl.StringVar(&nodeDir, "node-dir", "", "node credentials `DIR` to authenticate with")
 	fl.BoolVar(&asJSON, "json", false, "print JSON")
 	fl.DurationVar(&timeout, "timeout", 10*time.Second, "give up after this long")
 	return cmd
+}
+
+// retryUntil runs f until it succeeds or ctx ends, returning f's last error.
+func retryUntil(ctx context.Context, f func() error) error {
+	for {
+		err := f()
+		if err == nil {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
 }
 
 // statusCredentials loads the credentials status authenticates with.
@@ -160,8 +183,9 @@ type sliceStatus struct {
 }
 
 // buildStatus derives the status report from a table snapshot: servers
-// are up when registered, down when only named in some replica list.
-func buildStatus(t *configsvc.Table, members []configsvc.Member) status {
+// are up when registered, down when only named in some replica list or
+// known (registered before) but not registered now.
+func buildStatus(t *configsvc.Table, members []configsvc.Member, known map[string]configsvc.ServerInfo) status {
 	out := status{Revision: t.Revision, Sites: []siteStatus{}, Servers: []serverStatus{},
 		Members: members, Slices: []sliceStatus{}}
 	if out.Members == nil {
@@ -170,6 +194,11 @@ func buildStatus(t *configsvc.Table, members []configsvc.Member) status {
 	servers := map[string]*serverStatus{}
 	for id, info := range t.Servers {
 		servers[id] = &serverStatus{ID: id, Site: info.Site, Addr: info.Addr, Up: true}
+	}
+	for id, info := range known { // registered once, not now: down
+		if servers[id] == nil {
+			servers[id] = &serverStatus{ID: id, Site: info.Site, Addr: info.Addr}
+		}
 	}
 	for id, s := range t.Slices {
 		for i, r := range s.Replicas {
@@ -198,6 +227,12 @@ func buildStatus(t *configsvc.Table, members []configsvc.Member) status {
 		}
 		if s.Holder == "" {
 			st.State = append(st.State, "unlocked")
+		}
+		if n := len(t.Servers); s.Policy.RepLevel > n {
+			st.State = append(st.State, fmt.Sprintf("policy-unmet(RepLevel %d > %d servers)", s.Policy.RepLevel, n))
+		}
+		if n := registeredSites(t); s.Policy.RepSites > n {
+			st.State = append(st.State, fmt.Sprintf("policy-unmet(RepSites %d > %d sites)", s.Policy.RepSites, n))
 		}
 		if len(st.State) == 0 {
 			st.State = []string{"ok"}
@@ -229,6 +264,15 @@ func buildStatus(t *configsvc.Table, members []configsvc.Member) status {
 	}
 	slices.SortFunc(out.Sites, func(a, b siteStatus) int { return strings.Compare(a.Name, b.Name) })
 	return out
+}
+
+// registeredSites counts the sites with a registered server.
+func registeredSites(t *configsvc.Table) int {
+	sites := map[string]bool{}
+	for _, info := range t.Servers {
+		sites[info.Site] = true
+	}
+	return len(sites)
 }
 
 // renderStatus prints the report as readable tables.

@@ -31,7 +31,7 @@ func statusTable() (*configsvc.Table, []configsvc.Member) {
 
 func TestBuildStatus(t *testing.T) {
 	tbl, members := statusTable()
-	s := buildStatus(tbl, members)
+	s := buildStatus(tbl, members, nil)
 	if len(s.Sites) != 2 || s.Sites[0] != (siteStatus{Name: "east", Servers: 1, Up: 1}) {
 		t.Errorf("sites = %+v", s.Sites)
 	}
@@ -59,7 +59,7 @@ func TestBuildStatus(t *testing.T) {
 func TestRenderStatusTable(t *testing.T) {
 	tbl, members := statusTable()
 	var b bytes.Buffer
-	if err := renderStatus(&b, buildStatus(tbl, members)); err != nil {
+	if err := renderStatus(&b, buildStatus(tbl, members, nil)); err != nil {
 		t.Fatal(err)
 	}
 	out := b.String()
@@ -81,7 +81,7 @@ func TestRenderStatusTable(t *testing.T) {
 
 func TestStatusJSON(t *testing.T) {
 	tbl, members := statusTable()
-	data, err := json.Marshal(buildStatus(tbl, members))
+	data, err := json.Marshal(buildStatus(tbl, members, nil))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -116,8 +116,50 @@ func TestStatusJSON(t *testing.T) {
 	if back.Slices[1].Slice != 2 || h.Live != 1 || !h.UnderReplicated || !h.Misplaced || len(h.Down) != 1 || h.Down[0] != "srv-gone" {
 		t.Errorf("slice 2 = %+v", back.Slices[1])
 	}
-	empty, _ := json.Marshal(buildStatus(&configsvc.Table{}, nil))
+	empty, _ := json.Marshal(buildStatus(&configsvc.Table{}, nil, nil))
 	if string(empty) != `{"revision":0,"sites":[],"servers":[],"members":[],"slices":[]}` {
 		t.Errorf("empty status = %s", empty)
+	}
+}
+
+func TestStatusPolicyUnmet(t *testing.T) {
+	tbl, members := statusTable()
+	tbl.Slices[3] = configsvc.Slice{ID: 3, Policy: configsvc.Policy{RepLevel: 3, RepSites: 3},
+		Replicas: []string{"srv-w", "srv-e"}, Holder: "srv-w", Epoch: 1}
+	s := buildStatus(tbl, members, nil)
+	for _, sl := range s.Slices {
+		state := strings.Join(sl.State, ",")
+		if sl.Slice == 3 {
+			if !strings.Contains(state, "policy-unmet(RepLevel 3 > 2 servers)") || !strings.Contains(state, "policy-unmet(RepSites 3 > 2 sites)") {
+				t.Errorf("RepLevel 3 slice on 2 servers: state %q", state)
+			}
+		} else if strings.Contains(state, "policy-unmet") {
+			t.Errorf("slice %d: state %q", sl.Slice, state)
+		}
+	}
+}
+
+func TestStatusKnownServerDown(t *testing.T) {
+	tbl, members := statusTable()
+	known := map[string]configsvc.ServerInfo{
+		"srv-w":    {ID: "srv-w", Site: "west", Addr: "10.0.0.1:7000"},
+		"srv-stop": {ID: "srv-stop", Site: "eu", Addr: "10.0.2.1:7000"}, // stopped cleanly, in no replica list
+	}
+	s := buildStatus(tbl, members, known)
+	var found bool
+	for _, sv := range s.Servers {
+		if sv.ID == "srv-stop" {
+			found = true
+			if sv.Up || sv.Site != "eu" {
+				t.Errorf("stopped server = %+v, want down at eu", sv)
+			}
+		}
+	}
+	if !found {
+		t.Errorf("stopped server missing: %+v", s.Servers)
+	}
+	var buf bytes.Buffer
+	if err := renderStatus(&buf, s); err != nil || !strings.Contains(buf.String(), "srv-stop") {
+		t.Errorf("table: %v\n%s", err, buf.String())
 	}
 }

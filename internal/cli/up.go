@@ -35,7 +35,7 @@ func newUp(g *globalFlags) *cobra.Command {
 	}
 	f.register(cmd, deploy.RolesUp)
 	fl := cmd.Flags()
-	fl.StringVar(&f.data, "data", "", "data directory (default /var/lib/wheelfs for root, ~/.local/share/wheelfs otherwise)")
+	fl.StringVar(&f.data, "data", "", "data `DIR` (default /var/lib/wheelfs for root, ~/.local/share/wheelfs otherwise)")
 	fl.StringVar(&f.etcd, "etcd", "", "comma-separated endpoints of an existing etcd (default: embedded)")
 	return cmd
 }

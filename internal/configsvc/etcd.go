@@ -145,6 +145,14 @@ func Dial(ctx context.Context, endpoints []string, tlsConfig *tls.Config, opts O
 		return nil, errors.New("configsvc: no etcd endpoints")
 	}
 	opts = opts.withDefaults()
+	if err := allRefused(ctx, endpoints, opts.Dial); err != nil {
+		return nil, err
+	}
+	// The etcd client's own logs (retries, balancer errors, "context
+	// canceled" on every clean stop) are at debug level: the service
+	// reports what fails through its errors.
+	clientLog, quiet := zapslog.NewQuietable(opts.Logger.With("component", "etcd-client"), zapcore.DebugLevel)
+	quiet()
 	var dialOpts []grpc.DialOption
 	if opts.Dial != nil {
 		dialOpts = append(dialOpts, grpc.WithContextDialer(opts.Dial))
@@ -157,7 +165,7 @@ func Dial(ctx context.Context, endpoints []string, tlsConfig *tls.Config, opts O
 		DialKeepAliveTime:    10 * time.Second,
 		DialKeepAliveTimeout: opts.RPCTimeout,
 		AutoSyncInterval:     time.Minute, // learn the full member list
-		Logger:               zapslog.New(opts.Logger.With("component", "etcd-client"), zapcore.WarnLevel),
+		Logger:               clientLog,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("configsvc: etcd client for %v: %w", endpoints, err)
@@ -300,11 +308,40 @@ func (s *EtcdService) putServer(ctx context.Context, id string, val []byte) (cli
 	if err != nil {
 		return 0, err
 	}
-	if _, err := s.cli.Put(cctx, s.serversPfx+id, string(val), clientv3.WithLease(g.ID)); err != nil {
+	if _, err := s.cli.Txn(cctx).Then(
+		clientv3.OpPut(s.serversPfx+id, string(val), clientv3.WithLease(g.ID)),
+		clientv3.OpPut(s.knownKey(id), string(val)), // outlives the lease: status shows the server as down
+	).Commit(); err != nil {
 		s.revoke(g.ID)
 		return 0, err
 	}
 	return g.ID, nil
+}
+
+func (s *EtcdService) knownKey(id string) string {
+	return strings.TrimSuffix(s.serversPfx, "servers/") + "known-servers/" + id
+}
+
+// KnownServers returns every server that ever registered, registered now
+// or not, with what it last registered: `wheelfs status` shows the ones
+// that are not registered as down.
+func (s *EtcdService) KnownServers(ctx context.Context) (map[string]ServerInfo, error) {
+	cctx, cancel := s.rpcCtx(ctx)
+	defer cancel()
+	pfx := s.knownKey("")
+	resp, err := s.cli.Get(cctx, pfx, clientv3.WithPrefix())
+	if err != nil {
+		return nil, fmt.Errorf("configsvc: read known servers: %w", err)
+	}
+	out := make(map[string]ServerInfo, len(resp.Kvs))
+	for _, kv := range resp.Kvs {
+		var info ServerInfo
+		if err := json.Unmarshal(kv.Value, &info); err != nil {
+			continue
+		}
+		out[strings.TrimPrefix(string(kv.Key), pfx)] = info
+	}
+	return out, nil
 }
 
 // revoke revokes lease, best effort, with its own deadline.

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"net"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -137,4 +139,28 @@ func TestEtcd(t *testing.T) {
 		m := startMember(t)
 		return func(o configsvc.Options) configsvc.Service { return dial(t, m, o) }
 	})
+}
+
+// TestDialRefusedFailsFast checks that Dial answers at once, with
+// ErrRefused and the endpoints, when nothing listens at any endpoint.
+func TestDialRefusedFailsFast(t *testing.T) {
+	var eps []string
+	for range 2 {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		eps = append(eps, l.Addr().String())
+		l.Close()
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	start := time.Now()
+	_, err := configsvc.Dial(ctx, eps, nil, configsvc.Options{RPCTimeout: 10 * time.Second})
+	if !errors.Is(err, configsvc.ErrRefused) || !strings.Contains(err.Error(), eps[0]+","+eps[1]) {
+		t.Fatalf("Dial of refused endpoints: %v", err)
+	}
+	if d := time.Since(start); d > time.Second {
+		t.Fatalf("Dial of refused endpoints took %v", d)
+	}
 }

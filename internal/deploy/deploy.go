@@ -18,6 +18,8 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"path/filepath"
+	"strings"
 	"time"
 
 	"google.golang.org/grpc"
@@ -196,9 +198,17 @@ func Start(ctx context.Context, cfg Config) (h *Host, err error) {
 	}
 	h = &Host{cfg: cfg, log: cfg.Logger.With("component", "deploy")}
 	started := h // the error returns below set h to nil
+	// A start that fails on a new (missing or empty) data directory leaves
+	// nothing behind: a retry with other flags (another --ca, --site)
+	// starts afresh instead of tripping over half-made credentials.
+	_, statErr := os.Stat(cfg.DataDir)
+	existed, fresh := statErr == nil, emptyOrMissing(cfg.DataDir)
 	defer func() {
 		if err != nil {
 			started.Close()
+			if fresh {
+				removeContents(cfg.DataDir, !existed, started.log)
+			}
 		}
 	}()
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
@@ -225,6 +235,13 @@ func Start(ctx context.Context, cfg Config) (h *Host, err error) {
 	}
 	if err := h.dialConfig(ctx, endpoints); err != nil {
 		return nil, err
+	}
+	if cfg.Roles&RoleMember == 0 {
+		// `wheelfs status --data DIR` finds the service through it, as it
+		// does a member's own endpoints.
+		if err := os.WriteFile(EndpointsFile(cfg.DataDir), []byte(strings.Join(endpoints, ",")+"\n"), 0o600); err != nil {
+			return nil, fmt.Errorf("deploy: %w", err)
+		}
 	}
 	if cfg.Roles&(RoleServer|RoleClient) == 0 {
 		return h, nil
@@ -262,6 +279,29 @@ func Start(ctx context.Context, cfg Config) (h *Host, err error) {
 	return h, nil
 }
 
+// emptyOrMissing reports whether dir does not exist or holds nothing.
+func emptyOrMissing(dir string) bool {
+	entries, err := os.ReadDir(dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return true
+	}
+	return err == nil && len(entries) == 0
+}
+
+// removeContents removes what a failed first start put in dir, and dir
+// itself when the start created it.
+func removeContents(dir string, created bool, log *slog.Logger) {
+	entries, _ := os.ReadDir(dir)
+	for _, e := range entries {
+		if err := os.RemoveAll(filepath.Join(dir, e.Name())); err != nil {
+			log.Warn("could not remove what a failed start created", "path", filepath.Join(dir, e.Name()), "err", err)
+		}
+	}
+	if created {
+		os.Remove(dir)
+	}
+}
+
 // dialer returns the dial function of the shaped network, nil without one.
 func (h *Host) dialer() func(ctx context.Context, addr string) (net.Conn, error) {
 	if h.cfg.Network == nil {
@@ -277,8 +317,23 @@ func (h *Host) dialConfig(ctx context.Context, endpoints []string) error {
 	wctx, cancel := context.WithTimeout(ctx, h.cfg.ConfigWait)
 	defer cancel()
 	opts := configsvc.Options{LockTTL: h.cfg.LockTTL, Logger: h.cfg.Logger, Dial: h.dialer()}
+	// Members started at the same moment as this host may not listen yet;
+	// if nothing listens for refusedGrace, nothing is coming.
+	var refusedSince time.Time
+	refusedGrace := min(h.cfg.ConfigWait, 3*time.Second)
+	lastErr := ""
 	for {
 		conf, err := configsvc.Dial(wctx, endpoints, h.Creds.ClientTLS(""), opts)
+		if errors.Is(err, configsvc.ErrRefused) {
+			if refusedSince.IsZero() {
+				refusedSince = time.Now()
+			}
+			if time.Since(refusedSince) >= refusedGrace {
+				return err
+			}
+		} else {
+			refusedSince = time.Time{}
+		}
 		if err == nil {
 			if err = h.checkDeployment(wctx, conf); err == nil {
 				h.etcd, h.Conf = conf, conf
@@ -291,10 +346,15 @@ func (h *Host) dialConfig(ctx context.Context, endpoints []string) error {
 			}
 		}
 		if perr := probeTLS(wctx, endpoints, h.Creds.ClientTLS("")); perr != nil {
-			return fmt.Errorf("%w: the configuration service at %v does not accept the credentials in %s (%v)",
-				ErrForeignData, endpoints, h.cfg.DataDir, perr)
+			return fmt.Errorf("%w: the configuration service at %v does not accept the credentials in %s, issued by CA %s (%v); "+
+				"give the deployment's CA with --ca (or its node directory with --node-dir)",
+				ErrForeignData, endpoints, h.cfg.DataDir, caName(filepath.Join(h.nodeDir(), pki.CACertFile)), perr)
 		}
-		h.log.Info("configuration service not ready yet; retrying", "endpoints", endpoints, "err", err)
+		lvl := slog.LevelDebug
+		if err != nil && err.Error() != lastErr { // once per distinct error
+			lvl, lastErr = slog.LevelInfo, err.Error()
+		}
+		h.log.Log(wctx, lvl, "configuration service not ready yet; retrying", "endpoints", endpoints, "err", err)
 		select {
 		case <-wctx.Done():
 			return fmt.Errorf("deploy: configuration service at %v not ready after %v: %w",

@@ -343,3 +343,60 @@ func TestDataDirectoryInUse(t *testing.T) {
 		t.Fatalf("second host on %s: %v, want a busy error", dir, err)
 	}
 }
+
+// TestWrongCARecovers checks that a start with another deployment's --ca
+// does not poison the data directory: a new directory is removed, an
+// existing one keeps credentials that were never accepted only until a
+// start with the right --ca re-issues them, and a --ca that disagrees with
+// accepted credentials is named in the error.
+func TestWrongCARecovers(t *testing.T) {
+	a := startHost(t, t.TempDir())
+	defer a.Close()
+	other := filepath.Join(t.TempDir(), "other-ca")
+	if _, err := pki.InitCA(other, "other"); err != nil {
+		t.Fatal(err)
+	}
+	right := filepath.Join(filepath.Dir(a.cfg.DataDir), filepath.Base(a.cfg.DataDir), "ca")
+	start := func(dir, ca string) error {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		cfg := NewConfig(dir)
+		cfg.Logger, cfg.Roles, cfg.InitCA = testLogger(t), RoleClient, false
+		cfg.Etcd, cfg.CADir = a.ConfigEndpoints(), ca
+		h, err := Start(ctx, cfg)
+		if err == nil {
+			h.Close()
+		}
+		return err
+	}
+
+	fresh := filepath.Join(t.TempDir(), "fresh")
+	if err := start(fresh, other); !errors.Is(err, ErrForeignData) {
+		t.Fatalf("wrong --ca on a new directory: %v", err)
+	}
+	if _, err := os.Stat(fresh); !os.IsNotExist(err) {
+		t.Fatalf("a failed first start left %s behind (%v)", fresh, err)
+	}
+	if err := start(fresh, right); err != nil {
+		t.Fatalf("right --ca after a wrong one: %v", err)
+	}
+
+	used := t.TempDir()
+	if err := os.WriteFile(filepath.Join(used, "keep"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := start(used, other); !errors.Is(err, ErrForeignData) {
+		t.Fatalf("wrong --ca: %v", err)
+	}
+	if err := start(used, right); err != nil {
+		t.Fatalf("right --ca after a wrong one on a used directory: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(used, "keep")); err != nil {
+		t.Fatalf("a start removed a file it did not create: %v", err)
+	}
+	err := start(used, other)
+	if !errors.Is(err, ErrForeignData) || !strings.Contains(err.Error(), "--ca "+other) ||
+		!strings.Contains(err.Error(), `"WheelFS CA other"`) || !strings.Contains(err.Error(), "drop --ca") {
+		t.Fatalf("wrong --ca on accepted credentials: %v", err)
+	}
+}

@@ -1,12 +1,15 @@
 package deploy
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/hex"
 	"encoding/json"
+	"encoding/pem"
 	"errors"
 	"fmt"
 	"net"
@@ -108,6 +111,20 @@ func (h *Host) ensureCredentials() error {
 		if err := copyNodeDir(h.cfg.NodeDir, nd); err != nil {
 			return fmt.Errorf("deploy: %w", err)
 		}
+	case have && h.cfg.CADir != "" && !sameFile(filepath.Join(nd, pki.CACertFile), filepath.Join(h.cfg.CADir, pki.CACertFile)):
+		stored, given := caName(filepath.Join(nd, pki.CACertFile)), caName(filepath.Join(h.cfg.CADir, pki.CACertFile))
+		if h.id.Deployment != "" {
+			return fmt.Errorf("%w: %s holds credentials issued by CA %s (deployment %s), but --ca %s is CA %s; "+
+				"drop --ca to run with the stored credentials, or use another --data for the deployment of --ca",
+				ErrForeignData, h.cfg.DataDir, stored, h.id.Deployment, h.cfg.CADir, given)
+		}
+		// Never accepted by a deployment (an earlier start with another
+		// --ca failed): issue afresh from the --ca given now.
+		h.log.Info("re-issuing credentials never accepted by a deployment from --ca",
+			"stored_ca", stored, "ca", h.cfg.CADir, "ca_name", given)
+		if err := os.RemoveAll(nd); err != nil {
+			return fmt.Errorf("deploy: remove unaccepted credentials: %w", err)
+		}
 	case have:
 		caDir = nd // nothing to issue; EnsureNode only checks
 	case caDir != "":
@@ -154,6 +171,31 @@ func (h *Host) altNames() (dns []string, ips []net.IP) {
 		}
 	}
 	return dns, ips
+}
+
+// sameFile reports whether two files hold the same bytes.
+func sameFile(a, b string) bool {
+	da, errA := os.ReadFile(a)
+	db, errB := os.ReadFile(b)
+	return errA == nil && errB == nil && bytes.Equal(da, db)
+}
+
+// caName names a CA certificate for error messages: its subject and the
+// start of its SHA-256 fingerprint.
+func caName(path string) string {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return path
+	}
+	if b, _ := pem.Decode(data); b != nil {
+		data = b.Bytes
+	}
+	cert, err := x509.ParseCertificate(data)
+	if err != nil {
+		return path
+	}
+	sum := sha256.Sum256(cert.Raw)
+	return fmt.Sprintf("%q (sha256 %s)", cert.Subject.CommonName, hex.EncodeToString(sum[:8]))
 }
 
 // copyNodeDir copies a pre-issued node directory's three files.

@@ -2,14 +2,18 @@ package deploy
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"os"
 	"path/filepath"
+	"sync/atomic"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 
+	"github.com/wheelfs/wheelfs/internal/configsvc"
 	"github.com/wheelfs/wheelfs/internal/server"
 	"github.com/wheelfs/wheelfs/internal/store"
 	"github.com/wheelfs/wheelfs/internal/wire"
@@ -43,7 +47,11 @@ func (h *Host) startServer(ctx context.Context, local *lateLocal) (err error) {
 	scfg.ID, scfg.Site, scfg.Addr, scfg.Logger = h.id.Server, cfg.Site, h.listener.Addr().String(), cfg.Logger
 	scfg.RootUID, scfg.RootGID = uint32(os.Getuid()), uint32(os.Getgid())
 	scfg.Peers = func(ctx context.Context, id string) (wire.PeerClient, error) { return h.Router.Peer(ctx, id) }
-	h.Server = server.New(scfg, st, h.Conf, cfg.LockTTL)
+	// Registration retries within ConfigWait: right after the config
+	// members start, they may still be joining each other and lose their
+	// quorum for a few seconds.
+	reg := &startService{Service: h.Conf, h: h, until: time.Now().Add(cfg.ConfigWait)}
+	h.Server = server.New(scfg, st, reg, cfg.LockTTL)
 	local.StorageClient = server.LocalClient(h.Server)
 	h.grpc = grpc.NewServer(grpc.Creds(credentials.NewTLS(h.Creds.ServerTLS())),
 		grpc.MaxRecvMsgSize(64<<20), grpc.MaxSendMsgSize(64<<20),
@@ -52,7 +60,9 @@ func (h *Host) startServer(ctx context.Context, local *lateLocal) (err error) {
 	wire.RegisterPeerServer(h.grpc, h.Server.PeerService())
 	go h.grpc.Serve(h.listener)
 	h.onClose(func() error { h.grpc.Stop(); return nil }, nil)
-	if err := h.Server.Start(ctx); err != nil {
+	err = h.Server.Start(ctx)
+	reg.done.Store(true)
+	if err != nil {
 		return fmt.Errorf("deploy: %w", err)
 	}
 	h.onClose(h.Server.Close, func() error {
@@ -64,4 +74,45 @@ func (h *Host) startServer(ctx context.Context, local *lateLocal) (err error) {
 		return nil
 	})
 	return nil
+}
+
+// startService is the configuration service as the server sees it while
+// it starts: Register and Table retry until the host's ConfigWait has
+// passed (each try is bounded by the service's RPC timeout), as the
+// slice-table read of Start does: right after the config members start,
+// they may still be joining each other and lose their quorum for a few
+// seconds. After Start, calls are passed through.
+type startService struct {
+	configsvc.Service
+	h     *Host
+	until time.Time
+	done  atomic.Bool
+}
+
+func (r *startService) Register(ctx context.Context, info configsvc.ServerInfo) error {
+	return r.retry(ctx, "register", func() error { return r.Service.Register(ctx, info) })
+}
+
+func (r *startService) Table(ctx context.Context) (t *configsvc.Table, err error) {
+	err = r.retry(ctx, "read the slice table", func() (err error) { t, err = r.Service.Table(ctx); return err })
+	return t, err
+}
+
+func (r *startService) retry(ctx context.Context, op string, f func() error) error {
+	for {
+		err := f()
+		if err == nil || r.done.Load() || errors.Is(err, configsvc.ErrClosed) || ctx.Err() != nil {
+			return err
+		}
+		wait := time.Until(r.until)
+		if wait <= 0 {
+			return fmt.Errorf("%w (gave up after --config-wait %v)", err, r.h.cfg.ConfigWait)
+		}
+		r.h.log.Info("configuration service not ready; retrying", "op", op, "err", err)
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(min(time.Second, wait)):
+		}
+	}
 }

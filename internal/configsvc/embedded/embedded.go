@@ -326,9 +326,13 @@ func peerFromCluster(cluster, name string) (string, error) {
 	return "", fmt.Errorf("embedded: member %q not in InitialCluster %q", name, cluster)
 }
 
-// benignWarnings are etcd warnings expected on every start of an embedded
-// member; they are logged at debug level.
+// benignWarnings are etcd warnings (and errors) expected on every start of
+// an embedded member or on a member joining; they are logged at debug level.
 var benignWarnings = []string{
+	// Logged on every member join while the new member's raft log has no
+	// term yet; the storage version is updated on a later attempt.
+	"failed to update storage version",
+	"Failed to detect schema version",
 	"Running http and grpc server on single port. This is not recommended for production.",
 	"simple token is not cryptographically signed",
 	"check file permission",

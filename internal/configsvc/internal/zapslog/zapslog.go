@@ -17,7 +17,7 @@ import (
 
 // New returns a zap logger whose entries at or above min go to l. Entries
 // whose message is one of demote are logged at debug level instead (for
-// known-benign warnings). A nil l discards everything.
+// known-benign warnings and errors). A nil l discards everything.
 func New(l *slog.Logger, min zapcore.Level, demote ...string) *zap.Logger {
 	z, _ := NewQuietable(l, min, demote...)
 	return z
@@ -72,7 +72,7 @@ func (c *core) Enabled(lvl zapcore.Level) bool {
 // level is the slog level an entry is logged at, and whether it is logged.
 func (c *core) level(e zapcore.Entry) (slog.Level, bool) {
 	lvl := toSlog(e.Level)
-	if c.quiet.Load() || (c.demote[e.Message] && e.Level < zapcore.ErrorLevel) {
+	if c.quiet.Load() || (c.demote[e.Message] && e.Level <= zapcore.ErrorLevel) {
 		lvl = slog.LevelDebug
 	} else if e.Level < c.min {
 		return 0, false
