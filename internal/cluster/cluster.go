@@ -466,30 +466,42 @@ func (c *Cluster) PrimaryOf(ctx context.Context, fs *client.FS, path string) (*N
 // membership expire on their own. Restart brings it back.
 func (c *Cluster) Crash(n *Node) {
 	c.t.Helper()
-	c.mu.Lock()
-	h := n.host
-	n.host, n.paused = nil, false
-	c.mu.Unlock()
-	if h == nil {
-		c.t.Fatalf("cluster: crash %s: not running", n)
-	}
-	crashHost(h)
+	crashHost(c.takeHost(n, "crash"))
 	c.log.Info("node crashed", "node", n.Name, "id", n.id)
 }
 
-// Stop stops n as SIGTERM would: it releases its slice locks and
-// membership before it exits. Restart brings it back.
-func (c *Cluster) Stop(n *Node) {
+// takeHost marks n down and returns its running host, for a fault that
+// stops it; it fails the test if n is not running.
+func (c *Cluster) takeHost(n *Node, fault string) *deploy.Host {
 	c.t.Helper()
 	c.mu.Lock()
 	h := n.host
 	n.host, n.paused = nil, false
 	c.mu.Unlock()
 	if h == nil {
-		c.t.Fatalf("cluster: stop %s: not running", n)
+		c.t.Fatalf("cluster: %s %s: not running", fault, n)
 	}
-	stopHost(h, true)
+	return h
+}
+
+// Stop stops n as SIGTERM would: it releases its slice locks and
+// membership before it exits. Restart brings it back.
+func (c *Cluster) Stop(n *Node) {
+	c.t.Helper()
+	stopHost(c.takeHost(n, "stop"), true)
 	c.log.Info("node stopped", "node", n.Name, "id", n.id)
+}
+
+// StopAll stops nodes at once, as SIGTERM to every process would.
+func (c *Cluster) StopAll(nodes ...*Node) {
+	c.t.Helper()
+	var wg sync.WaitGroup
+	for _, n := range nodes {
+		h := c.takeHost(n, "stop")
+		wg.Go(func() { stopHost(h, true) })
+	}
+	wg.Wait()
+	c.log.Info("nodes stopped at once", "nodes", len(nodes))
 }
 
 // Restart starts a crashed node again on the same data directory, with the

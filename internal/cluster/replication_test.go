@@ -558,15 +558,7 @@ func TestRestartAllThenWriteThenKill(t *testing.T) {
 		return err
 	})
 	nodes := []*Node{c.Servers("west")[0], c.Servers("east")[0], c.Servers("eu")[0]}
-	var wg sync.WaitGroup
-	for _, n := range nodes {
-		c.mu.Lock()
-		h := n.host
-		n.host = nil
-		c.mu.Unlock()
-		wg.Go(func() { stopHost(h, true) })
-	}
-	wg.Wait()
+	c.StopAll(nodes...)
 
 	west := nodes[0]
 	c.Restart(west)
