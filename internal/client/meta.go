@@ -135,15 +135,25 @@ func (f *FS) GetAttr(ctx context.Context, u User, cues cue.Set, id oid.ID) (*Att
 // the kernel wants where a path walk starts (the mount root, the working
 // directory). Cues later in the path bound the system call, and the
 // directory is above them: its primary must not hold the call longer.
-const RevalidateTimeout = time.Second
+// With attributes to fall back on it waits less (RevalidateKnownTimeout),
+// leaving the rest of a short bound (.MaxTime=1000) to the path below.
+const (
+	RevalidateTimeout      = time.Second
+	RevalidateKnownTimeout = 250 * time.Millisecond
+)
 
 // RevalidateAttr returns directory id's attributes for the start of a
 // path walk: from a valid lease; else from the primary within
-// RevalidateTimeout (or the cues' shorter bound); else, if that primary
-// cannot be reached, the last attributes this client knew.
+// RevalidateKnownTimeout if this client knows earlier attributes, or
+// RevalidateTimeout if not (or the cues' shorter bound); else, if that
+// primary cannot be reached, the last attributes this client knew.
 func (f *FS) RevalidateAttr(ctx context.Context, u User, cues cue.Set, id oid.ID) (*Attr, error) {
-	if cues.MaxTime <= 0 || cues.MaxTime > RevalidateTimeout {
-		cues.MaxTime = RevalidateTimeout
+	limit := RevalidateTimeout
+	if _, known := f.leases.meta(id, true); known {
+		limit = RevalidateKnownTimeout
+	}
+	if cues.MaxTime <= 0 || cues.MaxTime > limit {
+		cues.MaxTime = limit
 	}
 	m, err := f.getAttrMeta(ctx, u, cues, id)
 	if err != nil && unreachable(err) {

@@ -63,9 +63,22 @@ func (n *node) child(ctx context.Context, m *client.Attr, cues cue.Set, out *fus
 
 // Lookup implements fs.NodeLookuper. A cue name yields a view of this
 // directory with the cue applied; anything else is looked up on the server.
+//
+// A lookup that fails ends the system call (ENOENT aside: O_CREAT goes on
+// with a CREATE), so it ends the walk: the thread's next call must not
+// inherit its start.
 func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
 	ctx, done := n.root.step(ctx, false)
-	defer done()
+	ino, errno := n.lookup(ctx, name, out)
+	if errno != 0 && errno != syscall.ENOENT {
+		n.root.endWalk(ctx)
+	} else {
+		done()
+	}
+	return ino, errno
+}
+
+func (n *node) lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
 	r := n.root
 	u := r.user(ctx)
 	if c, ok, err := cue.ParseComponent(name); ok {

@@ -52,6 +52,17 @@ func (r *root) step(ctx context.Context, final bool) (context.Context, func()) {
 	return r.stepAs(ctx, stepLookup)
 }
 
+// endWalk forgets the calling thread's walk: its system call failed.
+func (r *root) endWalk(ctx context.Context) {
+	c, ok := fuse.FromContext(ctx)
+	if !ok {
+		return
+	}
+	r.mu.Lock()
+	delete(r.walks, c.Pid)
+	r.mu.Unlock()
+}
+
 // stepAs is step for a request of the given kind.
 func (r *root) stepAs(ctx context.Context, kind stepKind) (context.Context, func()) {
 	final := kind == stepFinal
