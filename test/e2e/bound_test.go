@@ -23,25 +23,9 @@ func TestBoundUnderKilledPrimary(t *testing.T) {
 		t.Skip("needs root for FUSE mounts")
 	}
 	tmp := t.TempDir()
-	ca := filepath.Join(tmp, "ca")
-	mustRun(t, tmp, 30*time.Second, wheelfsBin, "ca", "init", ca)
-	var members []string
-	for i := range 3 {
-		data := filepath.Join(tmp, "cfg"+string(rune('1'+i)))
-		addr := freePort(t)
-		args := []string{"config", "--data", data, "--listen", addr, "--peer-listen", freePort(t), "--ca", ca}
-		if len(members) > 0 {
-			args = append(args, "--peers", strings.Join(members, ","))
-		}
-		startWheelfs(t, data, "", args...)
-		members = append(members, addr)
-	}
+	ca, members := startConfigService(t, tmp)
 	config := strings.Join(members, ",")
-	node := func(site string) *upProc {
-		data, mnt := filepath.Join(tmp, "node-"+site), t.TempDir()
-		return startWheelfs(t, data, mnt, "node", "--config", config, "--site", site, "--listen", "127.0.0.1:0",
-			"--data", data, "--ca", ca, mnt)
-	}
+	node := func(site string) *upProc { return startNode(t, tmp, config, ca, site) }
 	west := node("west") // first: it creates the root
 	_, eu := node("east"), node("eu")
 

@@ -22,20 +22,13 @@ func freePort(t *testing.T) string {
 	return l.Addr().String()
 }
 
-// TestMultiNode runs a deployment of separate processes, as the README's
-// "three sites on one machine" does: a CA, three config members joined
-// through --peers, two nodes at two sites and one client-only mount. A
-// file written through one mount is read through the others, and status
-// --json shows the sites, servers and members.
-func TestMultiNode(t *testing.T) {
-	if os.Getuid() != 0 {
-		t.Skip("needs root for FUSE mounts")
-	}
-	tmp := t.TempDir()
-	ca := filepath.Join(tmp, "ca")
+// startConfigService makes a deployment CA in tmp and starts three config
+// members joined through --peers; it returns the CA directory and the
+// members' client addresses.
+func startConfigService(t *testing.T, tmp string) (ca string, members []string) {
+	t.Helper()
+	ca = filepath.Join(tmp, "ca")
 	mustRun(t, tmp, 30*time.Second, wheelfsBin, "ca", "init", ca)
-
-	var members []string
 	for i := range 3 {
 		data := filepath.Join(tmp, "cfg"+string(rune('1'+i)))
 		addr := freePort(t)
@@ -46,13 +39,32 @@ func TestMultiNode(t *testing.T) {
 		startWheelfs(t, data, "", args...)
 		members = append(members, addr)
 	}
+	return ca, members
+}
+
+// startNode starts `wheelfs node` for site with its data in tmp and a
+// fresh mount point.
+func startNode(t *testing.T, tmp, config, ca, site string) *upProc {
+	t.Helper()
+	data, mnt := filepath.Join(tmp, "node-"+site), t.TempDir()
+	return startWheelfs(t, data, mnt, "node", "--config", config, "--site", site, "--listen", "127.0.0.1:0",
+		"--data", data, "--ca", ca, mnt)
+}
+
+// TestMultiNode runs a deployment of separate processes, as the README's
+// "three sites on one machine" does: a CA, three config members joined
+// through --peers, two nodes at two sites and one client-only mount. A
+// file written through one mount is read through the others, and status
+// --json shows the sites, servers and members.
+func TestMultiNode(t *testing.T) {
+	if os.Getuid() != 0 {
+		t.Skip("needs root for FUSE mounts")
+	}
+	tmp := t.TempDir()
+	ca, members := startConfigService(t, tmp)
 	config := strings.Join(members, ",")
 
-	node := func(site string) *upProc {
-		data, mnt := filepath.Join(tmp, "node-"+site), t.TempDir()
-		return startWheelfs(t, data, mnt, "node", "--config", config, "--site", site, "--listen", "127.0.0.1:0",
-			"--data", data, "--ca", ca, mnt)
-	}
+	node := func(site string) *upProc { return startNode(t, tmp, config, ca, site) }
 	west, east := node("west"), node("east")
 	// The client-only mount gets a node directory issued for it instead
 	// of the CA key.
