@@ -149,7 +149,7 @@ const (
 // primary cannot be reached, the last attributes this client knew.
 func (f *FS) RevalidateAttr(ctx context.Context, u User, cues cue.Set, id oid.ID) (*Attr, error) {
 	limit := RevalidateTimeout
-	if _, known := f.leases.meta(id, true); known {
+	if f.leases.lookup(id, true, func(c *cached) bool { return c.meta != nil }) {
 		limit = RevalidateKnownTimeout
 	}
 	if cues.MaxTime <= 0 || cues.MaxTime > limit {
