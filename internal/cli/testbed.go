@@ -96,6 +96,7 @@ func newTestbedUp(dirOf func() string) *cobra.Command {
 	fl.IntVar(&o.ClientsPerSite, "clients-per-site", 0, "client-only mounts per site")
 	fl.DurationVar(&o.LockTTL, "lock-ttl", 0, "slice lock lease L of the nodes (default: the node's own)")
 	fl.DurationVar(&o.Maintain, "maintain-period", 0, "maintenance period of the nodes (default: the node's own)")
+	fl.StringVar(&o.TCPCongestion, "tcp-cc", "cubic", "TCP congestion control of the hosts' wide-area routes (\"\" = the kernel's default)")
 	fl.DurationVar(&o.Lease, "lease", 0, "meta-data lease length of the nodes (default: the node's own)")
 	return cmd
 }

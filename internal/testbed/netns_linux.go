@@ -179,9 +179,10 @@ func ipNet(p netip.Prefix) *net.IPNet {
 	return &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), 32)}
 }
 
-// routeVia adds a route to dst (nil: default) through gw.
-func routeVia(h *netlink.Handle, dst *net.IPNet, gw netip.Addr) error {
-	if err := h.RouteAdd(&netlink.Route{Dst: dst, Gw: gw.AsSlice()}); err != nil {
+// routeVia adds a route to dst (nil: default) through gw; congctl, if
+// set, is the TCP congestion control of connections over it.
+func routeVia(h *netlink.Handle, dst *net.IPNet, gw netip.Addr, congctl string) error {
+	if err := h.RouteAdd(&netlink.Route{Dst: dst, Gw: gw.AsSlice(), Congctl: congctl}); err != nil {
 		return fmt.Errorf("route %v via %s: %w", dst, gw, err)
 	}
 	return nil

@@ -175,4 +175,3 @@ func mkdirs(dirs ...string) error {
 	}
 	return nil
 }
-

@@ -259,13 +259,13 @@ func (st *State) buildSite(i int, site string, wan *netlink.Handle, wanNS netns.
 	if err := addrUp(sh, "wan", wanSiteSide(i), 24); err != nil {
 		return err
 	}
-	if err := routeVia(sh, nil, wanRouterSide(i)); err != nil {
+	if err := routeVia(sh, nil, wanRouterSide(i), ""); err != nil {
 		return err
 	}
 	if err := addrUp(wan, wanLink, wanRouterSide(i), 24); err != nil {
 		return err
 	}
-	if err := routeVia(wan, ipNet(siteNet(i)), wanSiteSide(i)); err != nil {
+	if err := routeVia(wan, ipNet(siteNet(i)), wanSiteSide(i), ""); err != nil {
 		return err
 	}
 	rule := netlink.NewRule()
@@ -303,7 +303,7 @@ func (st *State) buildSite(i int, site string, wan *netlink.Handle, wanNS netns.
 			err = addrUp(hh, "eth0", mustAddr(h.Addr), 24)
 		}
 		if err == nil {
-			err = routeVia(hh, nil, siteGateway(i))
+			err = routeVia(hh, nil, siteGateway(i), st.Opts.TCPCongestion)
 		}
 		hh.Close()
 		hostNS.Close()
