@@ -10,6 +10,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/wheelfs/wheelfs/internal/experiment"
 	"github.com/wheelfs/wheelfs/internal/testbed"
 )
 
@@ -39,7 +40,7 @@ Every subcommand but up takes --dir (default $WHEELFS_TESTBED or
 	dirOf := func() string { return dir }
 	cmd.AddCommand(newTestbedUp(dirOf), newTestbedDown(dirOf), newTestbedStatus(dirOf),
 		newTestbedPartition(dirOf), newTestbedHeal(dirOf), newTestbedKill(dirOf), newTestbedRestart(dirOf),
-		newTestbedSetRTT(dirOf), newTestbedExec(dirOf), newTestbedRouter(g))
+		newTestbedSetRTT(dirOf), newTestbedExec(dirOf), newTestbedRouter(g), newTestbedRun(g, dirOf))
 	return cmd
 }
 
@@ -260,4 +261,65 @@ func newTestbedRouter(g *globalFlags) *cobra.Command {
 			return testbed.RunRouter(cmd.Context(), args[0], g.logger())
 		},
 	}
+}
+
+func newTestbedRun(g *globalFlags, dirOf func() string) *cobra.Command {
+	var (
+		jsonOut string
+		set     []string
+		env     experiment.Env
+	)
+	var list strings.Builder
+	for _, e := range experiment.All() {
+		fmt.Fprintf(&list, "  %-14s %s\n", e.Name, e.Summary)
+		for k, v := range e.Params {
+			fmt.Fprintf(&list, "  %-14s   --set %s=%s\n", "", k, v)
+		}
+	}
+	cmd := &cobra.Command{
+		Use:   "run EXPERIMENT [--runs N] [--set KEY=VALUE ...] [--json FILE] [--keep]",
+		Short: "Run one of the paper's experiments on a testbed it brings up in --dir, print a table and write JSON",
+		Long:  "Experiments (with their --set parameters and defaults):\n" + list.String(),
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			e, err := experiment.Find(args[0])
+			if err != nil {
+				return err
+			}
+			env.Dir, env.Out, env.Log = dirOf(), cmd.OutOrStdout(), g.logger()
+			env.Params = map[string]string{}
+			for _, kv := range set {
+				k, v, ok := strings.Cut(kv, "=")
+				if _, known := e.Params[k]; !ok || !known {
+					return fmt.Errorf("--set %q: want KEY=VALUE with KEY one of the experiment's parameters (wheelfs testbed run --help)", kv)
+				}
+				env.Params[k] = v
+			}
+			if env.Runs < 1 {
+				return errors.New("--runs: want at least 1")
+			}
+			start := time.Now()
+			res, err := e.Run(cmd.Context(), &env)
+			if err != nil {
+				return fmt.Errorf("%s: %w", e.Name, err)
+			}
+			res.Experiment, res.Started, res.Seconds = e.Name, start, time.Since(start).Seconds()
+			res.Command = "wheelfs testbed " + strings.Join(os.Args[2:], " ")
+			res.Write(cmd.OutOrStdout())
+			if jsonOut == "" {
+				jsonOut = fmt.Sprintf("%s/%s.json", env.Dir, e.Name)
+			}
+			if err := res.WriteJSON(jsonOut); err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "\nwrote %s\n", jsonOut)
+			return nil
+		},
+	}
+	fl := cmd.Flags()
+	fl.IntVar(&env.Runs, "runs", 5, "repetitions of each measured step")
+	fl.StringSliceVar(&set, "set", nil, "experiment parameter `KEY=VALUE` (repeatable)")
+	fl.StringVar(&jsonOut, "json", "", "write the result as JSON to `FILE` (default DIR/EXPERIMENT.json)")
+	fl.BoolVar(&env.Keep, "keep", false, "leave the testbed up afterwards")
+	return cmd
 }
