@@ -434,6 +434,8 @@ func latSummary(d []time.Duration) string {
 		return "no commits"
 	}
 	slices.Sort(d)
-	q := func(p float64) time.Duration { return d[min(len(d)-1, int(p*float64(len(d))))].Round(10 * time.Microsecond) }
+	q := func(p float64) time.Duration {
+		return d[min(len(d)-1, int(p*float64(len(d))))].Round(10 * time.Microsecond)
+	}
 	return fmt.Sprintf("n=%d p50=%v p99=%v max=%v", len(d), q(0.5), q(0.99), d[len(d)-1].Round(10*time.Microsecond))
 }
