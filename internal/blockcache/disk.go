@@ -331,6 +331,12 @@ func (d *Disk) PutOwned(owner uint64, h Hash, data []byte) {
 	select {
 	case d.queue <- job{h, data, owner}:
 		d.pending[h] = true
+		if owner != 0 { // known from now on, so that ForgetOwner can cancel the write
+			if d.owners[owner] == nil {
+				d.owners[owner] = make(map[Hash]struct{})
+			}
+			d.owners[owner][h] = struct{}{}
+		}
 	default:
 		d.stats.Skipped++
 	}
@@ -341,7 +347,13 @@ func (d *Disk) writer() {
 	defer close(d.done)
 	made := map[string]bool{}
 	for j := range d.queue {
-		err := d.write(j, made)
+		d.mu.Lock()
+		skip := d.forget[j.hash]
+		d.mu.Unlock()
+		var err error
+		if !skip { // its file was deleted while it was queued: not worth writing
+			err = d.write(j, made)
+		}
 		d.mu.Lock()
 		delete(d.pending, j.hash)
 		d.written.Broadcast()
@@ -349,23 +361,22 @@ func (d *Disk) writer() {
 		switch _, ok := d.items[j.hash]; {
 		case err != nil:
 			d.log.Warn("cannot write cached block", "err", err)
-		case d.forget[j.hash]: // its file was deleted while it was queued
-			victims = append(victims, j.hash)
+		case d.forget[j.hash]:
+			if !skip {
+				victims = append(victims, j.hash)
+			}
 			d.stats.Forgotten++
 		case !ok:
 			now := time.Now()
 			d.items[j.hash] = d.ll.PushFront(&diskItem{hash: j.hash, size: int64(len(j.data)), touched: now, used: now, owner: j.owner})
-			if j.owner != 0 {
-				if d.owners[j.owner] == nil {
-					d.owners[j.owner] = make(map[Hash]struct{})
-				}
-				d.owners[j.owner][j.hash] = struct{}{}
-			}
 			d.used += int64(len(j.data))
 			d.stats.Written++
 			victims = d.evictLocked()
 		}
 		delete(d.forget, j.hash)
+		if _, ok := d.items[j.hash]; !ok { // not stored after all
+			d.dropOwnerLocked(j.owner, j.hash)
+		}
 		d.mu.Unlock()
 		// Only this goroutine writes files, so no new copy of a victim can
 		// appear before it is removed.
@@ -420,10 +431,14 @@ func (d *Disk) dropLocked(e *list.Element) {
 	d.ll.Remove(e)
 	delete(d.items, it.hash)
 	d.used -= it.size
-	if set := d.owners[it.owner]; set != nil {
-		delete(set, it.hash)
+	d.dropOwnerLocked(it.owner, it.hash)
+}
+
+func (d *Disk) dropOwnerLocked(owner uint64, h Hash) {
+	if set := d.owners[owner]; set != nil {
+		delete(set, h)
 		if len(set) == 0 {
-			delete(d.owners, it.owner)
+			delete(d.owners, owner)
 		}
 	}
 }
