@@ -340,7 +340,7 @@ func TestForgetOwner(t *testing.T) {
 // by the sweeper; one read meanwhile keeps its block.
 func TestDiskMaxAge(t *testing.T) {
 	dir := t.TempDir()
-	const age = time.Second
+	const age = 2 * time.Second
 	d, err := OpenDiskAge(dir, 1<<20, age, quiet)
 	if err != nil {
 		t.Fatal(err)
