@@ -36,8 +36,13 @@ whose mounts appear under DIR/SITE-N.
 Every subcommand but up takes --dir (default $WHEELFS_TESTBED or
 /tmp/wheelfs-testbed).`,
 	}
-	cmd.PersistentFlags().StringVar(&dir, "dir", defaultTestbedDir(), "testbed `DIR` (state, data, logs and mounts)")
-	dirOf := func() string { return dir }
+	cmd.PersistentFlags().StringVar(&dir, "dir", "", "testbed `DIR` (state, data, logs and mounts; default $WHEELFS_TESTBED or /tmp/wheelfs-testbed)")
+	dirOf := func() string {
+		if dir == "" {
+			return defaultTestbedDir()
+		}
+		return dir
+	}
 	cmd.AddCommand(newTestbedUp(dirOf), newTestbedDown(dirOf), newTestbedStatus(dirOf),
 		newTestbedPartition(dirOf), newTestbedHeal(dirOf), newTestbedKill(dirOf), newTestbedRestart(dirOf),
 		newTestbedSetRTT(dirOf), newTestbedExec(dirOf), newTestbedRouter(g), newTestbedRun(g, dirOf))

@@ -105,9 +105,7 @@ func RunRouter(ctx context.Context, dir string, log *slog.Logger) error {
 	if err := netlink.RouteReplace(&netlink.Route{LinkIndex: link.Attrs().Index, Dst: all, Table: wanTable}); err != nil {
 		return fmt.Errorf("route into the TUN device: %w", err)
 	}
-	r := &router{tun: tap.Fds[0], log: log, queues: map[[2]int]chan packet{}}
-	r.pool.New = func() any { b := make([]byte, tunMTU+64); return &b }
-	r.links.Store(linksOf(st))
+	r := newRouter(tap.Fds[0], linksOf(st), log)
 	log.Info("delay router up", "sites", st.Opts.Sites, "cuts", st.Cuts)
 
 	hup := make(chan os.Signal, 1)
@@ -139,6 +137,14 @@ func RunRouter(ctx context.Context, dir string, log *slog.Logger) error {
 		return nil
 	}
 	return err
+}
+
+// newRouter moves packets read from tun, one per read, back into it.
+func newRouter(tun *os.File, l *links, log *slog.Logger) *router {
+	r := &router{tun: tun, log: log, queues: map[[2]int]chan packet{}}
+	r.pool.New = func() any { b := make([]byte, tunMTU+64); return &b }
+	r.links.Store(l)
+	return r
 }
 
 func (r *router) readLoop() error {
