@@ -175,3 +175,38 @@ func mkdirs(dirs ...string) error {
 	}
 	return nil
 }
+
+// Counters are a host's resource use so far: its process's CPU time and
+// the bytes its network interface moved.
+type Counters struct {
+	CPU     time.Duration
+	RxBytes uint64
+	TxBytes uint64
+}
+
+// Counters reads the host's counters (CPU of its current process only).
+func (h *Host) Counters() (Counters, error) {
+	var c Counters
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", h.PID))
+	if err != nil || !h.alive() {
+		return c, fmt.Errorf("%s is not running", h.Name)
+	}
+	f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+1:]))
+	utime, _ := strconv.ParseUint(f[11], 10, 64)
+	stime, _ := strconv.ParseUint(f[12], 10, 64)
+	c.CPU = time.Duration(utime+stime) * time.Second / 100 // USER_HZ
+	hl, ns, err := handle(h.NS)
+	if err != nil {
+		return c, err
+	}
+	defer hl.Close()
+	defer ns.Close()
+	l, err := hl.LinkByName("eth0")
+	if err != nil {
+		return c, err
+	}
+	if s := l.Attrs().Statistics; s != nil {
+		c.RxBytes, c.TxBytes = s.RxBytes, s.TxBytes
+	}
+	return c, nil
+}
