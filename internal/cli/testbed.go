@@ -5,8 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"maps"
-	"slices"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
