@@ -105,6 +105,7 @@ func newTestbedUp(dirOf func() string) *cobra.Command {
 	fl.DurationVar(&o.LockTTL, "lock-ttl", 0, "slice lock lease L of the nodes (default: the node's own)")
 	fl.DurationVar(&o.Maintain, "maintain-period", 0, "maintenance period of the nodes (default: the node's own)")
 	fl.StringVar(&o.TCPCongestion, "tcp-cc", "cubic", "TCP congestion control of the hosts' wide-area routes (\"\" = the kernel's default)")
+	fl.BoolVar(&o.NoSlowStartAfterIdle, "no-slow-start-after-idle", false, "set net.ipv4.tcp_slow_start_after_idle=0 in the hosts (keep the congestion window across idle periods)")
 	fl.DurationVar(&o.Lease, "lease", 0, "meta-data lease length of the nodes (default: the node's own)")
 	return cmd
 }

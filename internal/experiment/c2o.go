@@ -17,7 +17,7 @@ func closeToOpen() *Experiment {
 	return &Experiment{
 		Name:    "close-to-open",
 		Summary: "write+close a 64 KiB file at one site, open+read it at another; cached re-read; close() at SyncLevel 1/2/3",
-		Params:  map[string]string{"rtt": "100ms", "size": "65536"},
+		Params:  map[string]string{"rtt": "100ms", "size": "65536", "idle": "0s", "slow-start-after-idle": "1"},
 		Run:     runCloseToOpen,
 	}
 }
@@ -32,8 +32,13 @@ func runCloseToOpen(ctx context.Context, env *Env) (*Result, error) {
 	if _, err := fmt.Sscan(env.Param("size", "65536"), &size); err != nil || size <= 0 {
 		return nil, fmt.Errorf("size: want a positive number of bytes")
 	}
+	idle, err := env.Durations("idle", "0s")
+	if err != nil {
+		return nil, err
+	}
 	sites := []string{"west", "east", "eu"}
-	st, err := up(ctx, env, testbed.Options{Sites: sites, RTT: testbed.Uniform(sites, rtt), ServersPerSite: 1, TCPCongestion: "cubic"})
+	st, err := up(ctx, env, testbed.Options{Sites: sites, RTT: testbed.Uniform(sites, rtt), ServersPerSite: 1, TCPCongestion: "cubic",
+		NoSlowStartAfterIdle: env.Param("slow-start-after-idle", "1") == "0"})
 	if err != nil {
 		return nil, err
 	}
@@ -56,6 +61,9 @@ func runCloseToOpen(ctx context.Context, env *Env) (*Result, error) {
 		if err != nil {
 			return nil, err
 		}
+		// An idle pause lets the connections' congestion windows restart
+		// (tcp_slow_start_after_idle) before the remote read.
+		time.Sleep(idle[0])
 		r, err := readCheck(filepath.Join(east, name), data)
 		if err != nil {
 			return nil, fmt.Errorf("round %d: read at east: %w", i, err)
@@ -81,7 +89,8 @@ func runCloseToOpen(ctx context.Context, env *Env) (*Result, error) {
 		progress(env, "SyncLevel=%d: close %s", level, stats(sync[level]))
 	}
 	t := &Table{
-		Title:   fmt.Sprintf("%d-byte file, 3 sites, %s RTT, %d rounds: median (min–max) ms", size, rtt, env.Runs),
+		Title: fmt.Sprintf("%d-byte file, 3 sites, %s RTT, %d rounds, %s idle before each read, tcp_slow_start_after_idle=%s: median (min–max) ms",
+			size, rtt, env.Runs, idle[0], env.Param("slow-start-after-idle", "1")),
 		Columns: []string{"step", "WheelFS ms", "limit ms", "WheelFS / limit", "why the limit"},
 	}
 	add := func(step string, ds []time.Duration, limit time.Duration, why string) {

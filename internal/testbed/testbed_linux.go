@@ -233,6 +233,13 @@ func (st *State) buildNetwork() error {
 			return fmt.Errorf("site %s: %w", site, err)
 		}
 	}
+	if st.Opts.NoSlowStartAfterIdle {
+		for _, h := range st.Hosts {
+			if err := withNS(h.NS, func() error { return sysctl("ipv4/tcp_slow_start_after_idle", "0") }); err != nil {
+				return fmt.Errorf("host %s: %w", h.Name, err)
+			}
+		}
+	}
 	return nil
 }
 

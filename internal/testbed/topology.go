@@ -49,6 +49,11 @@ type Options struct {
 	// RPC connection is paced at its low bandwidth estimate, and a 64 KiB
 	// round over 100 ms took 150 ms instead of 100 ms.
 	TCPCongestion string `json:"tcp_congestion"`
+	// NoSlowStartAfterIdle sets net.ipv4.tcp_slow_start_after_idle=0 in
+	// the hosts' namespaces: a connection idle for more than its RTO then
+	// keeps its congestion window instead of starting over from the
+	// initial window (RFC 2861's restart, Linux's default).
+	NoSlowStartAfterIdle bool `json:"no_slow_start_after_idle,omitempty"`
 	// Binary is the wheelfs executable the hosts run (default: this one).
 	Binary string `json:"binary"`
 }
