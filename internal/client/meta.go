@@ -380,6 +380,7 @@ func (f *FS) readDir(ctx context.Context, u User, cues cue.Set, dir oid.ID) ([]*
 	var d *wire.Meta
 	after := ""
 	var first leaseToken
+	var sum *wire.XattrSummary
 	lease := uint32(0)
 	for page := 0; ; page++ {
 		req := &wire.ReadDirRequest{Caller: u.caller(), Dir: uint64(dir), After: after, Limit: 1024, WithMeta: cues.WholeFile}
@@ -395,7 +396,7 @@ func (f *FS) readDir(ctx context.Context, u User, cues cue.Set, dir oid.ID) ([]*
 			return nil, nil, nil, fmt.Errorf("readdir %v: %w", dir, err)
 		}
 		if page == 0 {
-			first, lease = tok, resp.LeaseMs
+			first, lease, sum = tok, resp.LeaseMs, resp.DirXattrs
 		} else if tok.chanGen != first.chanGen || resp.LeaseMs == 0 {
 			lease = 0
 		}
@@ -410,6 +411,9 @@ func (f *FS) readDir(ctx context.Context, u User, cues cue.Set, dir oid.ID) ([]*
 	sorted := slices.IsSortedFunc(entries, func(a, b *wire.Entry) int { return strings.Compare(a.Name, b.Name) })
 	f.leases.record(first, lease, dir, func(c *cached) {
 		c.meta, c.list, c.listed, c.sorted = d, entries, true, sorted
+		if x := newXattrSet(sum); x != nil && x.version == d.GetVersion() {
+			c.xattrs = x
+		}
 	})
 	return entries, metas, d, nil
 }

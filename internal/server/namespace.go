@@ -558,6 +558,9 @@ func (s *Server) ReadDir(ctx context.Context, req *wire.ReadDirRequest) (*wire.R
 			return err
 		}
 		resp.Dir = d
+		if resp.LeaseMs > 0 && req.After == "" {
+			resp.DirXattrs = xattrSummary(tx, req.Caller, d)
+		}
 		if resp.Entries, err = tx.Entries(dir, req.After, limit); err != nil {
 			return err
 		}

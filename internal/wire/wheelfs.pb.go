@@ -1726,6 +1726,7 @@ func (x *ReadDirRequest) GetWithMeta() bool {
 	return false
 }
 
+// dir_xattrs: the directory's xattr summary, with a lease.
 type ReadDirResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Entries       []*Entry               `protobuf:"bytes,1,rep,name=entries,proto3" json:"entries,omitempty"`
@@ -1733,6 +1734,7 @@ type ReadDirResponse struct {
 	Eof           bool                   `protobuf:"varint,3,opt,name=eof,proto3" json:"eof,omitempty"`
 	Dir           *Meta                  `protobuf:"bytes,4,opt,name=dir,proto3" json:"dir,omitempty"`
 	LeaseMs       uint32                 `protobuf:"varint,5,opt,name=lease_ms,json=leaseMs,proto3" json:"lease_ms,omitempty"`
+	DirXattrs     *XattrSummary          `protobuf:"bytes,6,opt,name=dir_xattrs,json=dirXattrs,proto3" json:"dir_xattrs,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1800,6 +1802,13 @@ func (x *ReadDirResponse) GetLeaseMs() uint32 {
 		return x.LeaseMs
 	}
 	return 0
+}
+
+func (x *ReadDirResponse) GetDirXattrs() *XattrSummary {
+	if x != nil {
+		return x.DirXattrs
+	}
+	return nil
 }
 
 // BlockRef names a file block by index and content hash (SHA-256).
@@ -4706,13 +4715,15 @@ const file_wheelfs_proto_rawDesc = "" +
 	"\x03dir\x18\x02 \x01(\x04R\x03dir\x12\x14\n" +
 	"\x05after\x18\x03 \x01(\tR\x05after\x12\x14\n" +
 	"\x05limit\x18\x04 \x01(\rR\x05limit\x12\x1b\n" +
-	"\twith_meta\x18\x05 \x01(\bR\bwithMeta\"\xb7\x01\n" +
+	"\twith_meta\x18\x05 \x01(\bR\bwithMeta\"\xf0\x01\n" +
 	"\x0fReadDirResponse\x12+\n" +
 	"\aentries\x18\x01 \x03(\v2\x11.wheelfs.v1.EntryR\aentries\x12&\n" +
 	"\x05metas\x18\x02 \x03(\v2\x10.wheelfs.v1.MetaR\x05metas\x12\x10\n" +
 	"\x03eof\x18\x03 \x01(\bR\x03eof\x12\"\n" +
 	"\x03dir\x18\x04 \x01(\v2\x10.wheelfs.v1.MetaR\x03dir\x12\x19\n" +
-	"\blease_ms\x18\x05 \x01(\rR\aleaseMs\"F\n" +
+	"\blease_ms\x18\x05 \x01(\rR\aleaseMs\x127\n" +
+	"\n" +
+	"dir_xattrs\x18\x06 \x01(\v2\x18.wheelfs.v1.XattrSummaryR\tdirXattrs\"F\n" +
 	"\bBlockRef\x12\x14\n" +
 	"\x05index\x18\x01 \x01(\x04R\x05index\x12\x12\n" +
 	"\x04hash\x18\x02 \x01(\fR\x04hash\x12\x10\n" +
@@ -5079,114 +5090,115 @@ var file_wheelfs_proto_depIdxs = []int32{
 	5,   // 26: wheelfs.v1.ReadDirResponse.entries:type_name -> wheelfs.v1.Entry
 	4,   // 27: wheelfs.v1.ReadDirResponse.metas:type_name -> wheelfs.v1.Meta
 	4,   // 28: wheelfs.v1.ReadDirResponse.dir:type_name -> wheelfs.v1.Meta
-	6,   // 29: wheelfs.v1.GetBlocksRequest.caller:type_name -> wheelfs.v1.Caller
-	4,   // 30: wheelfs.v1.GetBlocksResponse.meta:type_name -> wheelfs.v1.Meta
-	23,  // 31: wheelfs.v1.GetBlocksResponse.blocks:type_name -> wheelfs.v1.BlockRef
-	6,   // 32: wheelfs.v1.ReadBlocksRequest.caller:type_name -> wheelfs.v1.Caller
-	6,   // 33: wheelfs.v1.PutBlocksRequest.caller:type_name -> wheelfs.v1.Caller
-	6,   // 34: wheelfs.v1.CommitRequest.caller:type_name -> wheelfs.v1.Caller
-	23,  // 35: wheelfs.v1.CommitRequest.blocks:type_name -> wheelfs.v1.BlockRef
-	19,  // 36: wheelfs.v1.CommitRequest.attrs:type_name -> wheelfs.v1.SetAttrRequest
-	4,   // 37: wheelfs.v1.CommitResponse.meta:type_name -> wheelfs.v1.Meta
-	6,   // 38: wheelfs.v1.XattrRequest.caller:type_name -> wheelfs.v1.Caller
-	4,   // 39: wheelfs.v1.XattrResponse.meta:type_name -> wheelfs.v1.Meta
-	67,  // 40: wheelfs.v1.XattrResponse.xattrs:type_name -> wheelfs.v1.XattrSummary
-	6,   // 41: wheelfs.v1.StatFSRequest.caller:type_name -> wheelfs.v1.Caller
-	6,   // 42: wheelfs.v1.OpenRequest.caller:type_name -> wheelfs.v1.Caller
-	4,   // 43: wheelfs.v1.OpenResponse.meta:type_name -> wheelfs.v1.Meta
-	1,   // 44: wheelfs.v1.Mutation.kind:type_name -> wheelfs.v1.MutationKind
-	42,  // 45: wheelfs.v1.Batch.mutations:type_name -> wheelfs.v1.Mutation
-	43,  // 46: wheelfs.v1.ReplicateRequest.batches:type_name -> wheelfs.v1.Batch
-	2,   // 47: wheelfs.v1.ReplicateResponse.status:type_name -> wheelfs.v1.ReplStatus
-	4,   // 48: wheelfs.v1.ObjectState.meta:type_name -> wheelfs.v1.Meta
-	5,   // 49: wheelfs.v1.ObjectState.entries:type_name -> wheelfs.v1.Entry
-	23,  // 50: wheelfs.v1.ObjectState.blocks:type_name -> wheelfs.v1.BlockRef
-	48,  // 51: wheelfs.v1.InstallRequest.objects:type_name -> wheelfs.v1.ObjectState
-	2,   // 52: wheelfs.v1.InstallResponse.status:type_name -> wheelfs.v1.ReplStatus
-	47,  // 53: wheelfs.v1.DiffRequest.digest:type_name -> wheelfs.v1.DigestResponse
-	4,   // 54: wheelfs.v1.CreateObjectRequest.meta:type_name -> wheelfs.v1.Meta
-	3,   // 55: wheelfs.v1.CreateObjectRequest.cues:type_name -> wheelfs.v1.Cues
-	3,   // 56: wheelfs.v1.CreateObjectRequest.policy:type_name -> wheelfs.v1.Cues
-	4,   // 57: wheelfs.v1.CreateObjectResponse.meta:type_name -> wheelfs.v1.Meta
-	6,   // 58: wheelfs.v1.DropLinkRequest.caller:type_name -> wheelfs.v1.Caller
-	4,   // 59: wheelfs.v1.DropLinkRequest.dir:type_name -> wheelfs.v1.Meta
-	4,   // 60: wheelfs.v1.DropLinkResponse.meta:type_name -> wheelfs.v1.Meta
-	4,   // 61: wheelfs.v1.StatResponse.meta:type_name -> wheelfs.v1.Meta
-	6,   // 62: wheelfs.v1.AddLinkRequest.caller:type_name -> wheelfs.v1.Caller
-	4,   // 63: wheelfs.v1.AddLinkRequest.object:type_name -> wheelfs.v1.Meta
-	4,   // 64: wheelfs.v1.AddLinkResponse.replaced:type_name -> wheelfs.v1.Meta
-	5,   // 65: wheelfs.v1.EntryChange.entry:type_name -> wheelfs.v1.Entry
-	48,  // 66: wheelfs.v1.ReconcileRequest.objects:type_name -> wheelfs.v1.ObjectState
-	64,  // 67: wheelfs.v1.ReconcileRequest.entries:type_name -> wheelfs.v1.EntryChange
-	2,   // 68: wheelfs.v1.ReconcileResponse.status:type_name -> wheelfs.v1.ReplStatus
-	68,  // 69: wheelfs.v1.XattrSummary.attrs:type_name -> wheelfs.v1.Xattr
-	7,   // 70: wheelfs.v1.Storage.Lookup:input_type -> wheelfs.v1.LookupRequest
-	9,   // 71: wheelfs.v1.Storage.GetAttr:input_type -> wheelfs.v1.GetAttrRequest
-	11,  // 72: wheelfs.v1.Storage.Create:input_type -> wheelfs.v1.CreateRequest
-	13,  // 73: wheelfs.v1.Storage.Link:input_type -> wheelfs.v1.LinkRequest
-	15,  // 74: wheelfs.v1.Storage.Remove:input_type -> wheelfs.v1.RemoveRequest
-	17,  // 75: wheelfs.v1.Storage.Rename:input_type -> wheelfs.v1.RenameRequest
-	19,  // 76: wheelfs.v1.Storage.SetAttr:input_type -> wheelfs.v1.SetAttrRequest
-	21,  // 77: wheelfs.v1.Storage.ReadDir:input_type -> wheelfs.v1.ReadDirRequest
-	24,  // 78: wheelfs.v1.Storage.GetBlocks:input_type -> wheelfs.v1.GetBlocksRequest
-	26,  // 79: wheelfs.v1.Storage.ReadBlocks:input_type -> wheelfs.v1.ReadBlocksRequest
-	28,  // 80: wheelfs.v1.Storage.PutBlocks:input_type -> wheelfs.v1.PutBlocksRequest
-	30,  // 81: wheelfs.v1.Storage.Commit:input_type -> wheelfs.v1.CommitRequest
-	32,  // 82: wheelfs.v1.Storage.GetXattr:input_type -> wheelfs.v1.XattrRequest
-	32,  // 83: wheelfs.v1.Storage.ListXattr:input_type -> wheelfs.v1.XattrRequest
-	32,  // 84: wheelfs.v1.Storage.SetXattr:input_type -> wheelfs.v1.XattrRequest
-	32,  // 85: wheelfs.v1.Storage.RemoveXattr:input_type -> wheelfs.v1.XattrRequest
-	34,  // 86: wheelfs.v1.Storage.StatFS:input_type -> wheelfs.v1.StatFSRequest
-	36,  // 87: wheelfs.v1.Storage.Open:input_type -> wheelfs.v1.OpenRequest
-	38,  // 88: wheelfs.v1.Storage.Release:input_type -> wheelfs.v1.ReleaseRequest
-	41,  // 89: wheelfs.v1.Storage.Callbacks:input_type -> wheelfs.v1.CallbackAck
-	44,  // 90: wheelfs.v1.Peer.Replicate:input_type -> wheelfs.v1.ReplicateRequest
-	46,  // 91: wheelfs.v1.Peer.Digest:input_type -> wheelfs.v1.DigestRequest
-	51,  // 92: wheelfs.v1.Peer.Diff:input_type -> wheelfs.v1.DiffRequest
-	49,  // 93: wheelfs.v1.Peer.Install:input_type -> wheelfs.v1.InstallRequest
-	52,  // 94: wheelfs.v1.Peer.FetchBlocks:input_type -> wheelfs.v1.FetchBlocksRequest
-	54,  // 95: wheelfs.v1.Peer.Ping:input_type -> wheelfs.v1.PingRequest
-	56,  // 96: wheelfs.v1.Peer.CreateObject:input_type -> wheelfs.v1.CreateObjectRequest
-	58,  // 97: wheelfs.v1.Peer.DropLink:input_type -> wheelfs.v1.DropLinkRequest
-	60,  // 98: wheelfs.v1.Peer.Stat:input_type -> wheelfs.v1.StatRequest
-	62,  // 99: wheelfs.v1.Peer.AddLink:input_type -> wheelfs.v1.AddLinkRequest
-	65,  // 100: wheelfs.v1.Peer.Reconcile:input_type -> wheelfs.v1.ReconcileRequest
-	8,   // 101: wheelfs.v1.Storage.Lookup:output_type -> wheelfs.v1.LookupResponse
-	10,  // 102: wheelfs.v1.Storage.GetAttr:output_type -> wheelfs.v1.GetAttrResponse
-	12,  // 103: wheelfs.v1.Storage.Create:output_type -> wheelfs.v1.CreateResponse
-	14,  // 104: wheelfs.v1.Storage.Link:output_type -> wheelfs.v1.LinkResponse
-	16,  // 105: wheelfs.v1.Storage.Remove:output_type -> wheelfs.v1.RemoveResponse
-	18,  // 106: wheelfs.v1.Storage.Rename:output_type -> wheelfs.v1.RenameResponse
-	20,  // 107: wheelfs.v1.Storage.SetAttr:output_type -> wheelfs.v1.SetAttrResponse
-	22,  // 108: wheelfs.v1.Storage.ReadDir:output_type -> wheelfs.v1.ReadDirResponse
-	25,  // 109: wheelfs.v1.Storage.GetBlocks:output_type -> wheelfs.v1.GetBlocksResponse
-	27,  // 110: wheelfs.v1.Storage.ReadBlocks:output_type -> wheelfs.v1.ReadBlocksResponse
-	29,  // 111: wheelfs.v1.Storage.PutBlocks:output_type -> wheelfs.v1.PutBlocksResponse
-	31,  // 112: wheelfs.v1.Storage.Commit:output_type -> wheelfs.v1.CommitResponse
-	33,  // 113: wheelfs.v1.Storage.GetXattr:output_type -> wheelfs.v1.XattrResponse
-	33,  // 114: wheelfs.v1.Storage.ListXattr:output_type -> wheelfs.v1.XattrResponse
-	33,  // 115: wheelfs.v1.Storage.SetXattr:output_type -> wheelfs.v1.XattrResponse
-	33,  // 116: wheelfs.v1.Storage.RemoveXattr:output_type -> wheelfs.v1.XattrResponse
-	35,  // 117: wheelfs.v1.Storage.StatFS:output_type -> wheelfs.v1.StatFSResponse
-	37,  // 118: wheelfs.v1.Storage.Open:output_type -> wheelfs.v1.OpenResponse
-	39,  // 119: wheelfs.v1.Storage.Release:output_type -> wheelfs.v1.ReleaseResponse
-	40,  // 120: wheelfs.v1.Storage.Callbacks:output_type -> wheelfs.v1.Revoke
-	45,  // 121: wheelfs.v1.Peer.Replicate:output_type -> wheelfs.v1.ReplicateResponse
-	47,  // 122: wheelfs.v1.Peer.Digest:output_type -> wheelfs.v1.DigestResponse
-	49,  // 123: wheelfs.v1.Peer.Diff:output_type -> wheelfs.v1.InstallRequest
-	50,  // 124: wheelfs.v1.Peer.Install:output_type -> wheelfs.v1.InstallResponse
-	53,  // 125: wheelfs.v1.Peer.FetchBlocks:output_type -> wheelfs.v1.FetchBlocksResponse
-	55,  // 126: wheelfs.v1.Peer.Ping:output_type -> wheelfs.v1.PingResponse
-	57,  // 127: wheelfs.v1.Peer.CreateObject:output_type -> wheelfs.v1.CreateObjectResponse
-	59,  // 128: wheelfs.v1.Peer.DropLink:output_type -> wheelfs.v1.DropLinkResponse
-	61,  // 129: wheelfs.v1.Peer.Stat:output_type -> wheelfs.v1.StatResponse
-	63,  // 130: wheelfs.v1.Peer.AddLink:output_type -> wheelfs.v1.AddLinkResponse
-	66,  // 131: wheelfs.v1.Peer.Reconcile:output_type -> wheelfs.v1.ReconcileResponse
-	101, // [101:132] is the sub-list for method output_type
-	70,  // [70:101] is the sub-list for method input_type
-	70,  // [70:70] is the sub-list for extension type_name
-	70,  // [70:70] is the sub-list for extension extendee
-	0,   // [0:70] is the sub-list for field type_name
+	67,  // 29: wheelfs.v1.ReadDirResponse.dir_xattrs:type_name -> wheelfs.v1.XattrSummary
+	6,   // 30: wheelfs.v1.GetBlocksRequest.caller:type_name -> wheelfs.v1.Caller
+	4,   // 31: wheelfs.v1.GetBlocksResponse.meta:type_name -> wheelfs.v1.Meta
+	23,  // 32: wheelfs.v1.GetBlocksResponse.blocks:type_name -> wheelfs.v1.BlockRef
+	6,   // 33: wheelfs.v1.ReadBlocksRequest.caller:type_name -> wheelfs.v1.Caller
+	6,   // 34: wheelfs.v1.PutBlocksRequest.caller:type_name -> wheelfs.v1.Caller
+	6,   // 35: wheelfs.v1.CommitRequest.caller:type_name -> wheelfs.v1.Caller
+	23,  // 36: wheelfs.v1.CommitRequest.blocks:type_name -> wheelfs.v1.BlockRef
+	19,  // 37: wheelfs.v1.CommitRequest.attrs:type_name -> wheelfs.v1.SetAttrRequest
+	4,   // 38: wheelfs.v1.CommitResponse.meta:type_name -> wheelfs.v1.Meta
+	6,   // 39: wheelfs.v1.XattrRequest.caller:type_name -> wheelfs.v1.Caller
+	4,   // 40: wheelfs.v1.XattrResponse.meta:type_name -> wheelfs.v1.Meta
+	67,  // 41: wheelfs.v1.XattrResponse.xattrs:type_name -> wheelfs.v1.XattrSummary
+	6,   // 42: wheelfs.v1.StatFSRequest.caller:type_name -> wheelfs.v1.Caller
+	6,   // 43: wheelfs.v1.OpenRequest.caller:type_name -> wheelfs.v1.Caller
+	4,   // 44: wheelfs.v1.OpenResponse.meta:type_name -> wheelfs.v1.Meta
+	1,   // 45: wheelfs.v1.Mutation.kind:type_name -> wheelfs.v1.MutationKind
+	42,  // 46: wheelfs.v1.Batch.mutations:type_name -> wheelfs.v1.Mutation
+	43,  // 47: wheelfs.v1.ReplicateRequest.batches:type_name -> wheelfs.v1.Batch
+	2,   // 48: wheelfs.v1.ReplicateResponse.status:type_name -> wheelfs.v1.ReplStatus
+	4,   // 49: wheelfs.v1.ObjectState.meta:type_name -> wheelfs.v1.Meta
+	5,   // 50: wheelfs.v1.ObjectState.entries:type_name -> wheelfs.v1.Entry
+	23,  // 51: wheelfs.v1.ObjectState.blocks:type_name -> wheelfs.v1.BlockRef
+	48,  // 52: wheelfs.v1.InstallRequest.objects:type_name -> wheelfs.v1.ObjectState
+	2,   // 53: wheelfs.v1.InstallResponse.status:type_name -> wheelfs.v1.ReplStatus
+	47,  // 54: wheelfs.v1.DiffRequest.digest:type_name -> wheelfs.v1.DigestResponse
+	4,   // 55: wheelfs.v1.CreateObjectRequest.meta:type_name -> wheelfs.v1.Meta
+	3,   // 56: wheelfs.v1.CreateObjectRequest.cues:type_name -> wheelfs.v1.Cues
+	3,   // 57: wheelfs.v1.CreateObjectRequest.policy:type_name -> wheelfs.v1.Cues
+	4,   // 58: wheelfs.v1.CreateObjectResponse.meta:type_name -> wheelfs.v1.Meta
+	6,   // 59: wheelfs.v1.DropLinkRequest.caller:type_name -> wheelfs.v1.Caller
+	4,   // 60: wheelfs.v1.DropLinkRequest.dir:type_name -> wheelfs.v1.Meta
+	4,   // 61: wheelfs.v1.DropLinkResponse.meta:type_name -> wheelfs.v1.Meta
+	4,   // 62: wheelfs.v1.StatResponse.meta:type_name -> wheelfs.v1.Meta
+	6,   // 63: wheelfs.v1.AddLinkRequest.caller:type_name -> wheelfs.v1.Caller
+	4,   // 64: wheelfs.v1.AddLinkRequest.object:type_name -> wheelfs.v1.Meta
+	4,   // 65: wheelfs.v1.AddLinkResponse.replaced:type_name -> wheelfs.v1.Meta
+	5,   // 66: wheelfs.v1.EntryChange.entry:type_name -> wheelfs.v1.Entry
+	48,  // 67: wheelfs.v1.ReconcileRequest.objects:type_name -> wheelfs.v1.ObjectState
+	64,  // 68: wheelfs.v1.ReconcileRequest.entries:type_name -> wheelfs.v1.EntryChange
+	2,   // 69: wheelfs.v1.ReconcileResponse.status:type_name -> wheelfs.v1.ReplStatus
+	68,  // 70: wheelfs.v1.XattrSummary.attrs:type_name -> wheelfs.v1.Xattr
+	7,   // 71: wheelfs.v1.Storage.Lookup:input_type -> wheelfs.v1.LookupRequest
+	9,   // 72: wheelfs.v1.Storage.GetAttr:input_type -> wheelfs.v1.GetAttrRequest
+	11,  // 73: wheelfs.v1.Storage.Create:input_type -> wheelfs.v1.CreateRequest
+	13,  // 74: wheelfs.v1.Storage.Link:input_type -> wheelfs.v1.LinkRequest
+	15,  // 75: wheelfs.v1.Storage.Remove:input_type -> wheelfs.v1.RemoveRequest
+	17,  // 76: wheelfs.v1.Storage.Rename:input_type -> wheelfs.v1.RenameRequest
+	19,  // 77: wheelfs.v1.Storage.SetAttr:input_type -> wheelfs.v1.SetAttrRequest
+	21,  // 78: wheelfs.v1.Storage.ReadDir:input_type -> wheelfs.v1.ReadDirRequest
+	24,  // 79: wheelfs.v1.Storage.GetBlocks:input_type -> wheelfs.v1.GetBlocksRequest
+	26,  // 80: wheelfs.v1.Storage.ReadBlocks:input_type -> wheelfs.v1.ReadBlocksRequest
+	28,  // 81: wheelfs.v1.Storage.PutBlocks:input_type -> wheelfs.v1.PutBlocksRequest
+	30,  // 82: wheelfs.v1.Storage.Commit:input_type -> wheelfs.v1.CommitRequest
+	32,  // 83: wheelfs.v1.Storage.GetXattr:input_type -> wheelfs.v1.XattrRequest
+	32,  // 84: wheelfs.v1.Storage.ListXattr:input_type -> wheelfs.v1.XattrRequest
+	32,  // 85: wheelfs.v1.Storage.SetXattr:input_type -> wheelfs.v1.XattrRequest
+	32,  // 86: wheelfs.v1.Storage.RemoveXattr:input_type -> wheelfs.v1.XattrRequest
+	34,  // 87: wheelfs.v1.Storage.StatFS:input_type -> wheelfs.v1.StatFSRequest
+	36,  // 88: wheelfs.v1.Storage.Open:input_type -> wheelfs.v1.OpenRequest
+	38,  // 89: wheelfs.v1.Storage.Release:input_type -> wheelfs.v1.ReleaseRequest
+	41,  // 90: wheelfs.v1.Storage.Callbacks:input_type -> wheelfs.v1.CallbackAck
+	44,  // 91: wheelfs.v1.Peer.Replicate:input_type -> wheelfs.v1.ReplicateRequest
+	46,  // 92: wheelfs.v1.Peer.Digest:input_type -> wheelfs.v1.DigestRequest
+	51,  // 93: wheelfs.v1.Peer.Diff:input_type -> wheelfs.v1.DiffRequest
+	49,  // 94: wheelfs.v1.Peer.Install:input_type -> wheelfs.v1.InstallRequest
+	52,  // 95: wheelfs.v1.Peer.FetchBlocks:input_type -> wheelfs.v1.FetchBlocksRequest
+	54,  // 96: wheelfs.v1.Peer.Ping:input_type -> wheelfs.v1.PingRequest
+	56,  // 97: wheelfs.v1.Peer.CreateObject:input_type -> wheelfs.v1.CreateObjectRequest
+	58,  // 98: wheelfs.v1.Peer.DropLink:input_type -> wheelfs.v1.DropLinkRequest
+	60,  // 99: wheelfs.v1.Peer.Stat:input_type -> wheelfs.v1.StatRequest
+	62,  // 100: wheelfs.v1.Peer.AddLink:input_type -> wheelfs.v1.AddLinkRequest
+	65,  // 101: wheelfs.v1.Peer.Reconcile:input_type -> wheelfs.v1.ReconcileRequest
+	8,   // 102: wheelfs.v1.Storage.Lookup:output_type -> wheelfs.v1.LookupResponse
+	10,  // 103: wheelfs.v1.Storage.GetAttr:output_type -> wheelfs.v1.GetAttrResponse
+	12,  // 104: wheelfs.v1.Storage.Create:output_type -> wheelfs.v1.CreateResponse
+	14,  // 105: wheelfs.v1.Storage.Link:output_type -> wheelfs.v1.LinkResponse
+	16,  // 106: wheelfs.v1.Storage.Remove:output_type -> wheelfs.v1.RemoveResponse
+	18,  // 107: wheelfs.v1.Storage.Rename:output_type -> wheelfs.v1.RenameResponse
+	20,  // 108: wheelfs.v1.Storage.SetAttr:output_type -> wheelfs.v1.SetAttrResponse
+	22,  // 109: wheelfs.v1.Storage.ReadDir:output_type -> wheelfs.v1.ReadDirResponse
+	25,  // 110: wheelfs.v1.Storage.GetBlocks:output_type -> wheelfs.v1.GetBlocksResponse
+	27,  // 111: wheelfs.v1.Storage.ReadBlocks:output_type -> wheelfs.v1.ReadBlocksResponse
+	29,  // 112: wheelfs.v1.Storage.PutBlocks:output_type -> wheelfs.v1.PutBlocksResponse
+	31,  // 113: wheelfs.v1.Storage.Commit:output_type -> wheelfs.v1.CommitResponse
+	33,  // 114: wheelfs.v1.Storage.GetXattr:output_type -> wheelfs.v1.XattrResponse
+	33,  // 115: wheelfs.v1.Storage.ListXattr:output_type -> wheelfs.v1.XattrResponse
+	33,  // 116: wheelfs.v1.Storage.SetXattr:output_type -> wheelfs.v1.XattrResponse
+	33,  // 117: wheelfs.v1.Storage.RemoveXattr:output_type -> wheelfs.v1.XattrResponse
+	35,  // 118: wheelfs.v1.Storage.StatFS:output_type -> wheelfs.v1.StatFSResponse
+	37,  // 119: wheelfs.v1.Storage.Open:output_type -> wheelfs.v1.OpenResponse
+	39,  // 120: wheelfs.v1.Storage.Release:output_type -> wheelfs.v1.ReleaseResponse
+	40,  // 121: wheelfs.v1.Storage.Callbacks:output_type -> wheelfs.v1.Revoke
+	45,  // 122: wheelfs.v1.Peer.Replicate:output_type -> wheelfs.v1.ReplicateResponse
+	47,  // 123: wheelfs.v1.Peer.Digest:output_type -> wheelfs.v1.DigestResponse
+	49,  // 124: wheelfs.v1.Peer.Diff:output_type -> wheelfs.v1.InstallRequest
+	50,  // 125: wheelfs.v1.Peer.Install:output_type -> wheelfs.v1.InstallResponse
+	53,  // 126: wheelfs.v1.Peer.FetchBlocks:output_type -> wheelfs.v1.FetchBlocksResponse
+	55,  // 127: wheelfs.v1.Peer.Ping:output_type -> wheelfs.v1.PingResponse
+	57,  // 128: wheelfs.v1.Peer.CreateObject:output_type -> wheelfs.v1.CreateObjectResponse
+	59,  // 129: wheelfs.v1.Peer.DropLink:output_type -> wheelfs.v1.DropLinkResponse
+	61,  // 130: wheelfs.v1.Peer.Stat:output_type -> wheelfs.v1.StatResponse
+	63,  // 131: wheelfs.v1.Peer.AddLink:output_type -> wheelfs.v1.AddLinkResponse
+	66,  // 132: wheelfs.v1.Peer.Reconcile:output_type -> wheelfs.v1.ReconcileResponse
+	102, // [102:133] is the sub-list for method output_type
+	71,  // [71:102] is the sub-list for method input_type
+	71,  // [71:71] is the sub-list for extension type_name
+	71,  // [71:71] is the sub-list for extension extendee
+	0,   // [0:71] is the sub-list for field type_name
 }
 
 func init() { file_wheelfs_proto_init() }
