@@ -116,7 +116,7 @@ type FS struct {
 	inflight map[[32]byte]chan struct{} // blocks being fetched
 
 	leases *leases
-	rpcs   rpcCounts // requests sent, by method (Stats)
+	rpcs   *rpcCounts // requests sent, by method (Stats)
 
 	regMu sync.Mutex
 	regs  map[oid.ID]*registration // opens served from the cache, being registered at the primary

@@ -42,7 +42,7 @@ func (s Stats) Sub(earlier Stats) Stats {
 // Stats returns the counts of requests sent so far.
 func (f *FS) Stats() Stats {
 	out := Stats{Calls: map[string]uint64{}}
-	for k, v := range f.rpcs {
+	for k, v := range f.rpcs.by {
 		if n := v.Load(); n > 0 {
 			out.Calls[k] = n
 		}
@@ -51,22 +51,25 @@ func (f *FS) Stats() Stats {
 }
 
 // rpcCounts has one counter per Storage method; the map is filled once
-// and only read afterwards.
-type rpcCounts map[string]*atomic.Uint64
+// and only read afterwards. (A pointer, so that connections holding it
+// stay comparable.)
+type rpcCounts struct {
+	by map[string]*atomic.Uint64
+}
 
-func newRPCCounts() rpcCounts {
-	c := rpcCounts{}
+func newRPCCounts() *rpcCounts {
+	c := &rpcCounts{by: map[string]*atomic.Uint64{}}
 	for _, m := range wire.Storage_ServiceDesc.Methods {
-		c[m.MethodName] = new(atomic.Uint64)
+		c.by[m.MethodName] = new(atomic.Uint64)
 	}
 	for _, s := range wire.Storage_ServiceDesc.Streams {
-		c[s.StreamName] = new(atomic.Uint64)
+		c.by[s.StreamName] = new(atomic.Uint64)
 	}
 	return c
 }
 
-func (c rpcCounts) add(method string) {
-	if n := c[method]; n != nil {
+func (c *rpcCounts) add(method string) {
+	if n := c.by[method]; n != nil {
 		n.Add(1)
 	}
 }
@@ -74,7 +77,7 @@ func (c rpcCounts) add(method string) {
 // countingRouter hands out connections whose requests are counted.
 type countingRouter struct {
 	Router
-	counts rpcCounts
+	counts *rpcCounts
 }
 
 func (r countingRouter) Primary(ctx context.Context, s oid.Slice) (Conn, error) {
@@ -100,7 +103,7 @@ func (r countingRouter) wrap(c Conn) Conn {
 // countingClient counts each request before sending it.
 type countingClient struct {
 	c      wire.StorageClient
-	counts rpcCounts
+	counts *rpcCounts
 }
 
 var _ wire.StorageClient = countingClient{}
