@@ -116,6 +116,7 @@ type FS struct {
 	inflight map[[32]byte]chan struct{} // blocks being fetched
 
 	leases *leases
+	rpcs   *rpcCounts // requests sent, by method (Stats)
 
 	regMu sync.Mutex
 	regs  map[oid.ID]*registration // opens served from the cache, being registered at the primary
@@ -153,10 +154,12 @@ func New(cfg Config, router Router) *FS {
 			cache = c
 		}
 	}
+	rpcs := newRPCCounts()
 	f := &FS{
 		cfg:      cfg,
 		log:      log,
-		router:   router,
+		router:   countingRouter{Router: router, counts: rpcs},
+		rpcs:     rpcs,
 		cache:    cache,
 		files:    make(map[oid.ID]*fileState),
 		inflight: make(map[[32]byte]chan struct{}),

@@ -5,6 +5,9 @@ import (
 	"crypto/rand"
 	"encoding/binary"
 	"log/slog"
+	"maps"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -60,10 +63,80 @@ type cached struct {
 	stale   bool      // revoked, or its back channel broke
 
 	meta    *wire.Meta
+	xattrs  *xattrSet              // extended attributes (used only at meta's version)
 	entries map[string]*wire.Entry // names looked up
+	absent  map[string]bool        // names looked up and missing
 	list    []*wire.Entry          // the whole listing, when read
 	listed  bool
+	sorted  bool      // list is in name order (as servers send it): missing names are known
 	at      time.Time // last filled
+}
+
+// maxAbsent bounds the missing names remembered per directory.
+const maxAbsent = 1024
+
+// setAbsent remembers that name is missing from the directory.
+func (c *cached) setAbsent(name string) {
+	if c.absent == nil || len(c.absent) >= maxAbsent {
+		c.absent = map[string]bool{}
+	}
+	c.absent[name] = true
+}
+
+// find answers whether name is in the directory from what is cached:
+// known is false when the cache cannot tell; e is nil when it is missing.
+func (c *cached) find(name string) (e *wire.Entry, known bool) {
+	if e := c.entries[name]; e != nil {
+		return e, true
+	}
+	if c.absent[name] {
+		return nil, true
+	}
+	if !c.listed || !c.sorted {
+		return nil, false
+	}
+	i, ok := slices.BinarySearchFunc(c.list, name, func(e *wire.Entry, n string) int { return strings.Compare(e.Name, n) })
+	if ok {
+		return c.list[i], true
+	}
+	return nil, true
+}
+
+// xattrSet is what a client knows of an object's extended attributes at
+// one meta-data version (from the summary leased with it). It is never
+// changed once shared: withValue copies.
+type xattrSet struct {
+	version uint64
+	names   []string          // every name, sorted
+	values  map[string][]byte // the values known
+}
+
+func newXattrSet(s *wire.XattrSummary) *xattrSet {
+	if s == nil {
+		return nil
+	}
+	x := &xattrSet{version: s.Version, names: make([]string, 0, len(s.Attrs)), values: map[string][]byte{}}
+	for _, a := range s.Attrs {
+		x.names = append(x.names, a.Name)
+		if !a.Omitted {
+			x.values[a.Name] = a.Value
+		}
+	}
+	slices.Sort(x.names)
+	return x
+}
+
+// has reports whether the object has attribute name.
+func (x *xattrSet) has(name string) bool {
+	_, ok := slices.BinarySearch(x.names, name)
+	return ok
+}
+
+// withValue returns x with name's value known.
+func (x *xattrSet) withValue(name string, v []byte) *xattrSet {
+	y := &xattrSet{version: x.version, names: x.names, values: maps.Clone(x.values)}
+	y.values[name] = v
+	return y
 }
 
 // refList is the block list of a version of a closed file.
@@ -161,7 +234,7 @@ func (l *leases) record(t leaseToken, ms uint32, id oid.ID, fill func(c *cached)
 	if valid {
 		if c.stale || c.server != t.server || c.chanGen != t.chanGen || c.until.Before(now) {
 			// A fresh lease: what the old one covered may be out of date.
-			c.entries, c.list, c.listed = nil, nil, false
+			c.entries, c.absent, c.list, c.listed, c.xattrs = nil, nil, nil, false, nil
 		}
 		c.server, c.chanGen, c.stale = t.server, t.chanGen, false
 		c.until = t.start.Add(time.Duration(float64(time.Duration(ms)*time.Millisecond) * leaseSlack))
@@ -226,17 +299,38 @@ func (l *leases) meta(id oid.ID, stale bool) (*wire.Meta, bool) {
 	return m, ok
 }
 
-// revoke handles a revocation from server bc: the objects' cached state
-// becomes stale, the kernel is told, and open registrations of these
-// objects in flight finish first (so the update sees them).
-func (l *leases) revoke(ids []uint64) {
-	oids := make([]oid.ID, len(ids))
+// xattrs returns id's cached meta-data with what is known of its extended
+// attributes at that version (see lookup).
+func (l *leases) xattrs(id oid.ID, stale bool) (*wire.Meta, *xattrSet, bool) {
+	var m *wire.Meta
+	var x *xattrSet
+	ok := l.lookup(id, stale, func(c *cached) bool {
+		if c.meta == nil || c.xattrs == nil || c.xattrs.version != c.meta.Version {
+			return false
+		}
+		m, x = proto.CloneOf(c.meta), c.xattrs
+		return true
+	})
+	return m, x, ok
+}
+
+// forget drops what is cached of ids after this client changed them: the
+// primary revoked its leases already, but a change made at a backup
+// (.EventualConsistency) revokes nothing there, and this client must not
+// answer from what it knew before its own change. Answers to requests
+// already in flight do not count either.
+func (l *leases) forget(ids ...oid.ID) {
 	now := time.Now()
 	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.markRevokedLocked(ids, now)
+}
+
+// markRevokedLocked makes ids' cached state stale, and any lease on them
+// from a request that left before now void.
+func (l *leases) markRevokedLocked(ids []oid.ID, now time.Time) {
 	l.gen++
-	for i, v := range ids {
-		id := oid.ID(v)
-		oids[i] = id
+	for _, id := range ids {
 		if c := l.objs[id]; c != nil {
 			c.stale = true
 		}
@@ -249,6 +343,19 @@ func (l *leases) revoke(ids []uint64) {
 			}
 		}
 	}
+}
+
+// revoke handles a revocation from server bc: the objects' cached state
+// becomes stale, the kernel is told, and open registrations of these
+// objects in flight finish first (so the update sees them).
+func (l *leases) revoke(ids []uint64) {
+	oids := make([]oid.ID, len(ids))
+	now := time.Now()
+	for i, v := range ids {
+		oids[i] = oid.ID(v)
+	}
+	l.mu.Lock()
+	l.markRevokedLocked(oids, now)
 	cb := l.onRevoke
 	l.mu.Unlock()
 	l.f.waitRegistrations(oids)

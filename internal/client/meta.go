@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"google.golang.org/protobuf/proto"
@@ -59,8 +60,11 @@ func (f *FS) lookupMeta(ctx context.Context, u User, cues cue.Set, dir oid.ID, n
 
 // lookup is Lookup within the caller's bound.
 func (f *FS) lookup(ctx context.Context, u User, cues cue.Set, dir oid.ID, name string, attempt int) (*wire.Meta, error) {
-	req := &wire.LookupRequest{Caller: u.caller(), Dir: uint64(dir), Name: name}
+	req := &wire.LookupRequest{Caller: u.caller(), Dir: uint64(dir), Name: name, AbsentOk: true}
 	resp, tok, err := readLeased(ctx, f, cues, dir, wire.StorageClient.Lookup, req, func(r *wire.LookupResponse) uint64 {
+		if r.Absent {
+			return 0 // as ENOENT was: any replica that has the name wins
+		}
 		return r.GetDir().GetVersion()
 	})
 	if err != nil && cues.EventualConsistency && unreachable(err) {
@@ -80,10 +84,20 @@ func (f *FS) lookup(ctx context.Context, u User, cues cue.Set, dir oid.ID, name 
 				c.entries = map[string]*wire.Entry{}
 			}
 			c.entries[name] = resp.Entry
+			delete(c.absent, name)
+		}
+		if resp.Absent {
+			delete(c.entries, name)
+			c.setAbsent(name)
 		}
 	})
+	if resp.Absent {
+		return nil, fmt.Errorf("lookup %q in %v: %w", name, dir, fserr.ErrNotExist)
+	}
 	if resp.Meta != nil {
-		f.leases.record(tok, resp.LeaseMs, oid.ID(resp.Meta.Id), func(c *cached) { c.meta = resp.Meta })
+		f.leases.record(tok, resp.LeaseMs, oid.ID(resp.Meta.Id), func(c *cached) {
+			c.meta, c.xattrs = resp.Meta, newXattrSet(resp.Xattrs)
+		})
 	}
 	if resp.Meta == nil && resp.Entry != nil {
 		// The child lives on another primary: ask it.
@@ -102,7 +116,9 @@ func (f *FS) lookup(ctx context.Context, u User, cues cue.Set, dir oid.ID, name 
 }
 
 // cachedLookup answers a lookup from the cache: ok is false when it cannot.
-// The caller's search permission is checked on the cached directory.
+// The caller's search permission is checked on the cached directory. A
+// missing name is answered (ENOENT) only under a valid lease on the
+// directory, never from stale state.
 func (f *FS) cachedLookup(u User, dir oid.ID, name string, stale bool) (*wire.Meta, error, bool) {
 	if name == ".." || name == "." {
 		return nil, nil, false
@@ -110,13 +126,18 @@ func (f *FS) cachedLookup(u User, dir oid.ID, name string, stale bool) (*wire.Me
 	var d *wire.Meta
 	var e *wire.Entry
 	if !f.leases.lookup(dir, stale, func(c *cached) bool {
-		d, e = c.meta, c.entries[name]
-		return d != nil && e != nil
+		var known bool
+		d = c.meta
+		e, known = c.find(name)
+		return d != nil && known && (e != nil || f.leases.validLocked(c, time.Now()))
 	}) {
 		return nil, nil, false
 	}
 	if err := perm.MayLookup(attrs.Cred(u.caller()), attrs.Of(d)); err != nil {
 		return nil, fmt.Errorf("lookup %q in %v: %w", name, dir, err), true
+	}
+	if e == nil {
+		return nil, fmt.Errorf("lookup %q in %v: %w", name, dir, fserr.ErrNotExist), true
 	}
 	m, ok := f.leases.meta(oid.ID(e.Id), stale)
 	if !ok {
@@ -192,7 +213,7 @@ func (f *FS) getAttr(ctx context.Context, u User, cues cue.Set, id oid.ID) (*wir
 	if err != nil {
 		return nil, fmt.Errorf("getattr %v: %w", id, err)
 	}
-	f.leases.record(tok, resp.LeaseMs, id, func(c *cached) { c.meta = resp.Meta })
+	f.leases.record(tok, resp.LeaseMs, id, func(c *cached) { c.meta, c.xattrs = resp.Meta, newXattrSet(resp.Xattrs) })
 	return proto.CloneOf(resp.Meta), nil
 }
 
@@ -223,6 +244,7 @@ func (f *FS) create(ctx context.Context, u User, cues cue.Set, dir oid.ID, name 
 		Rdev: a.Rdev, Target: a.Target, Cues: wireCues(cues, a.Type), Exclusive: a.Exclusive,
 		SyncLevel: syncLevel(cues), Origin: f.cfg.Origin, ClientSite: f.cfg.Site,
 	})
+	f.leases.forget(dir)
 	if err != nil {
 		return nil, fmt.Errorf("create %q in %v: %w", name, dir, err)
 	}
@@ -246,6 +268,7 @@ func (f *FS) Link(ctx context.Context, u User, cues cue.Set, dir oid.ID, name st
 	defer cancel()
 	resp, err := update(ctx, f, cues, dir, wire.StorageClient.Link,
 		&wire.LinkRequest{Caller: u.caller(), Dir: uint64(dir), Name: name, Id: uint64(id)})
+	f.leases.forget(dir, id)
 	if err != nil {
 		return nil, fmt.Errorf("link %q in %v to %v: %w", name, dir, id, err)
 	}
@@ -260,6 +283,7 @@ func (f *FS) Remove(ctx context.Context, u User, cues cue.Set, dir oid.ID, name 
 	resp, err := update(ctx, f, cues, dir, wire.StorageClient.Remove, &wire.RemoveRequest{
 		Caller: u.caller(), Dir: uint64(dir), Name: name, DirOnly: dirOnly, FileOnly: !dirOnly,
 		SyncLevel: syncLevel(cues)})
+	f.leases.forget(dir)
 	if err != nil {
 		return fmt.Errorf("remove %q in %v: %w", name, dir, err)
 	}
@@ -288,6 +312,7 @@ func (f *FS) Rename(ctx context.Context, u User, cues cue.Set, srcDir oid.ID, sr
 	resp, err := update(ctx, f, cues, srcDir, wire.StorageClient.Rename, &wire.RenameRequest{
 		Caller: u.caller(), SrcDir: uint64(srcDir), SrcName: srcName,
 		DstDir: uint64(dstDir), DstName: dstName, Flags: flags})
+	f.leases.forget(srcDir, dstDir)
 	if err != nil {
 		return fmt.Errorf("rename %q in %v to %q in %v: %w", srcName, srcDir, dstName, dstDir, err)
 	}
@@ -329,6 +354,7 @@ func (f *FS) setAttr(ctx context.Context, u User, cues cue.Set, id oid.ID, req *
 	req.Id = uint64(id)
 	req.SyncLevel = syncLevel(cues)
 	resp, err := update(ctx, f, cues, id, wire.StorageClient.SetAttr, req)
+	f.leases.forget(id)
 	if err != nil {
 		return nil, fmt.Errorf("setattr %v: %w", id, err)
 	}
@@ -364,6 +390,7 @@ func (f *FS) readDir(ctx context.Context, u User, cues cue.Set, dir oid.ID) ([]*
 	var d *wire.Meta
 	after := ""
 	var first leaseToken
+	var sum *wire.XattrSummary
 	lease := uint32(0)
 	for page := 0; ; page++ {
 		req := &wire.ReadDirRequest{Caller: u.caller(), Dir: uint64(dir), After: after, Limit: 1024, WithMeta: cues.WholeFile}
@@ -379,7 +406,7 @@ func (f *FS) readDir(ctx context.Context, u User, cues cue.Set, dir oid.ID) ([]*
 			return nil, nil, nil, fmt.Errorf("readdir %v: %w", dir, err)
 		}
 		if page == 0 {
-			first, lease = tok, resp.LeaseMs
+			first, lease, sum = tok, resp.LeaseMs, resp.DirXattrs
 		} else if tok.chanGen != first.chanGen || resp.LeaseMs == 0 {
 			lease = 0
 		}
@@ -391,8 +418,12 @@ func (f *FS) readDir(ctx context.Context, u User, cues cue.Set, dir oid.ID) ([]*
 		}
 		after = resp.Entries[len(resp.Entries)-1].Name
 	}
+	sorted := slices.IsSortedFunc(entries, func(a, b *wire.Entry) int { return strings.Compare(a.Name, b.Name) })
 	f.leases.record(first, lease, dir, func(c *cached) {
-		c.meta, c.list, c.listed = d, entries, true
+		c.meta, c.list, c.listed, c.sorted = d, entries, true, sorted
+		if x := newXattrSet(sum); x != nil && x.version == d.GetVersion() {
+			c.xattrs = x
+		}
 	})
 	return entries, metas, d, nil
 }
@@ -438,28 +469,112 @@ func (f *FS) StatFS(ctx context.Context, u User, cues cue.Set) (*StatFS, error) 
 		Ffree: resp.Ffree, Bsize: resp.Bsize, NameLen: resp.NameLen}, nil
 }
 
-// GetXattr returns an extended attribute's value.
+// GetXattr returns an extended attribute's value. While this client holds
+// a lease on the object's meta-data with the summary of its attributes,
+// the answer (ENODATA included) needs no server; a value too large for the
+// summary is asked for once and then kept under the lease too.
 func (f *FS) GetXattr(ctx context.Context, u User, cues cue.Set, id oid.ID, name string) ([]byte, error) {
+	if v, err, ok := f.cachedXattr(u, id, name, false); ok {
+		return v, err
+	}
 	ctx, cancel := f.bound(ctx, cues)
 	defer cancel()
-	resp, err := read(ctx, f, cues, id, wire.StorageClient.GetXattr,
-		&wire.XattrRequest{Caller: u.caller(), Id: uint64(id), Name: name})
+	req := &wire.XattrRequest{Caller: u.caller(), Id: uint64(id), Name: name, AbsentOk: true}
+	resp, tok, err := readLeased(ctx, f, cues, id, wire.StorageClient.GetXattr, req, xattrVersion)
+	if err != nil && cues.EventualConsistency && unreachable(err) {
+		if v, cerr, ok := f.cachedXattr(u, id, name, true); ok {
+			return v, cerr
+		}
+	}
 	if err != nil {
 		return nil, fmt.Errorf("getxattr %q of %v: %w", name, id, err)
+	}
+	f.recordXattrs(tok, id, resp, name)
+	if resp.Absent {
+		return nil, fmt.Errorf("getxattr %q of %v: %w", name, id, fserr.ErrNoAttr)
 	}
 	return resp.Value, nil
 }
 
-// ListXattr returns the names of an object's extended attributes.
+// xattrVersion orders replicas' answers to an xattr read; a missing
+// attribute counts as version 0, as ENODATA did.
+func xattrVersion(r *wire.XattrResponse) uint64 {
+	if r.Absent {
+		return 0
+	}
+	return r.GetMeta().GetVersion()
+}
+
+// recordXattrs keeps the meta-data and xattr summary an xattr read
+// brought, with the value of name when it was read (and not absent).
+func (f *FS) recordXattrs(tok leaseToken, id oid.ID, resp *wire.XattrResponse, name string) {
+	if resp.Meta == nil {
+		return
+	}
+	f.leases.record(tok, resp.LeaseMs, id, func(c *cached) {
+		c.meta, c.xattrs = resp.Meta, newXattrSet(resp.Xattrs)
+		if c.xattrs != nil && name != "" && !resp.Absent && c.xattrs.has(name) {
+			c.xattrs = c.xattrs.withValue(name, resp.Value)
+		}
+	})
+}
+
+// cachedXattr answers getxattr from the cache: ok is false when it
+// cannot. The caller's permission is checked first, as the server does.
+func (f *FS) cachedXattr(u User, id oid.ID, name string, stale bool) ([]byte, error, bool) {
+	m, x, ok := f.leases.xattrs(id, stale)
+	if !ok {
+		return nil, nil, false
+	}
+	if err := perm.MayGetXattr(attrs.Cred(u.caller()), attrs.Of(m), name); err != nil {
+		return nil, fmt.Errorf("getxattr %q of %v: %w", name, id, err), true
+	}
+	if !x.has(name) {
+		return nil, fmt.Errorf("getxattr %q of %v: %w", name, id, fserr.ErrNoAttr), true
+	}
+	v, known := x.values[name]
+	if !known {
+		return nil, nil, false
+	}
+	return slices.Clone(v), nil, true
+}
+
+// ListXattr returns the names of an object's extended attributes, from
+// the leased summary when there is one.
 func (f *FS) ListXattr(ctx context.Context, u User, cues cue.Set, id oid.ID) ([]string, error) {
+	if names, ok := f.cachedXattrNames(u, id, false); ok {
+		return names, nil
+	}
 	ctx, cancel := f.bound(ctx, cues)
 	defer cancel()
-	resp, err := read(ctx, f, cues, id, wire.StorageClient.ListXattr,
-		&wire.XattrRequest{Caller: u.caller(), Id: uint64(id)})
+	resp, tok, err := readLeased(ctx, f, cues, id, wire.StorageClient.ListXattr,
+		&wire.XattrRequest{Caller: u.caller(), Id: uint64(id)}, xattrVersion)
+	if err != nil && cues.EventualConsistency && unreachable(err) {
+		if names, ok := f.cachedXattrNames(u, id, true); ok {
+			return names, nil
+		}
+	}
 	if err != nil {
 		return nil, fmt.Errorf("listxattr %v: %w", id, err)
 	}
+	f.recordXattrs(tok, id, resp, "")
 	return resp.Names, nil
+}
+
+// cachedXattrNames lists the names the caller sees, from the cache.
+func (f *FS) cachedXattrNames(u User, id oid.ID, stale bool) ([]string, bool) {
+	_, x, ok := f.leases.xattrs(id, stale)
+	if !ok {
+		return nil, false
+	}
+	c := attrs.Cred(u.caller())
+	var names []string
+	for _, n := range x.names {
+		if perm.ListXattrVisible(c, n) {
+			names = append(names, n)
+		}
+	}
+	return names, true
 }
 
 // SetXattr sets an extended attribute. Flags are XATTR_CREATE/XATTR_REPLACE.
@@ -468,6 +583,7 @@ func (f *FS) SetXattr(ctx context.Context, u User, cues cue.Set, id oid.ID, name
 	defer cancel()
 	_, err := update(ctx, f, cues, id, wire.StorageClient.SetXattr,
 		&wire.XattrRequest{Caller: u.caller(), Id: uint64(id), Name: name, Value: value, Flags: flags})
+	f.leases.forget(id)
 	if err != nil {
 		return fmt.Errorf("setxattr %q of %v: %w", name, id, err)
 	}
@@ -480,6 +596,7 @@ func (f *FS) RemoveXattr(ctx context.Context, u User, cues cue.Set, id oid.ID, n
 	defer cancel()
 	_, err := update(ctx, f, cues, id, wire.StorageClient.RemoveXattr,
 		&wire.XattrRequest{Caller: u.caller(), Id: uint64(id), Name: name})
+	f.leases.forget(id)
 	if err != nil {
 		return fmt.Errorf("removexattr %q of %v: %w", name, id, err)
 	}

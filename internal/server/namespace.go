@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"syscall"
 	"time"
@@ -74,6 +75,12 @@ func (s *Server) Lookup(ctx context.Context, req *wire.LookupRequest) (*wire.Loo
 		}
 		e, err := tx.Entry(dir, req.Name)
 		if err != nil {
+			if req.AbsentOk && errors.Is(err, fserr.ErrNotExist) {
+				// An answer the client may keep under the directory's
+				// lease: any create, link or rename of the name revokes it.
+				resp.Absent = true
+				return nil
+			}
 			return err
 		}
 		resp.Entry = e
@@ -91,15 +98,13 @@ func (s *Server) Lookup(ctx context.Context, req *wire.LookupRequest) (*wire.Loo
 		// The child's lease is granted only now, so read its meta again:
 		// a change between the two reads would not have revoked it.
 		id := oid.ID(resp.Meta.Id)
-		if ms := s.leases.grant(req.Caller, id); ms > 0 {
-			if m, err := s.primaryMeta(id); err == nil {
-				resp.Meta = m
-				resp.LeaseMs = min(resp.LeaseMs, ms)
-			} else {
-				resp.LeaseMs = 0
+		dirMs := resp.LeaseMs
+		resp.LeaseMs = 0
+		if ms := s.leases.grant(req.Caller, id); ms > 0 && s.primary(id) == nil {
+			if m, sum, err := s.leasedMeta(req.Caller, id, ms); err == nil {
+				resp.Meta, resp.Xattrs = m, sum
+				resp.LeaseMs = min(dirMs, ms)
 			}
-		} else {
-			resp.LeaseMs = 0
 		}
 	}
 	return resp, nil
@@ -112,11 +117,11 @@ func (s *Server) GetAttr(ctx context.Context, req *wire.GetAttrRequest) (*wire.G
 		return nil, err
 	}
 	ms := s.leases.grant(req.Caller, id)
-	m, err := s.localMeta(id)
+	m, sum, err := s.leasedMeta(req.Caller, id, ms)
 	if err != nil {
 		return nil, err
 	}
-	return &wire.GetAttrResponse{Meta: m, LeaseMs: ms}, nil
+	return &wire.GetAttrResponse{Meta: m, LeaseMs: ms, Xattrs: sum}, nil
 }
 
 // primaryMeta returns the meta-data of an object this server is primary for.
@@ -553,6 +558,9 @@ func (s *Server) ReadDir(ctx context.Context, req *wire.ReadDirRequest) (*wire.R
 			return err
 		}
 		resp.Dir = d
+		if resp.LeaseMs > 0 && req.After == "" {
+			resp.DirXattrs = xattrSummary(tx, req.Caller, d)
+		}
 		if resp.Entries, err = tx.Entries(dir, req.After, limit); err != nil {
 			return err
 		}

@@ -3,6 +3,8 @@ package server
 import (
 	"context"
 	"errors"
+	"fmt"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -209,5 +211,87 @@ func TestMergeKeepsNewerAndConflicts(t *testing.T) {
 	}
 	if !newer(&wire.Meta{Version: 5}, &wire.Meta{Version: 4}) || newer(&wire.Meta{Version: 4}, &wire.Meta{Version: 5}) {
 		t.Fatal("newer does not prefer the higher version")
+	}
+}
+
+// TestXattrSummaryBounds checks what the summary leased with meta-data
+// carries: every visible name, small readable values, no hidden names,
+// and nothing at all when the names alone are too many.
+func TestXattrSummaryBounds(t *testing.T) {
+	s, ctx := newTestServer(t)
+	f := create(t, s, ctx, oid.Root, "f", wire.Type_TYPE_FILE)
+	set := func(id uint64, name string, v []byte) {
+		t.Helper()
+		if _, err := s.SetXattr(ctx, &wire.XattrRequest{Caller: rootCaller, Id: id, Name: name, Value: v}); err != nil {
+			t.Fatalf("setxattr %s: %v", name, err)
+		}
+	}
+	set(f.Id, "user.small", []byte("s"))
+	set(f.Id, "user.big", make([]byte, summaryValueMax+1))
+	set(f.Id, "trusted.t", []byte("t"))
+	// Values that together pass the total: the later ones are omitted.
+	for i := range summaryValuesMax / summaryValueMax {
+		set(f.Id, fmt.Sprintf("user.v%02d", i), make([]byte, summaryValueMax))
+	}
+	summary := func(c *wire.Caller, id uint64) *wire.XattrSummary {
+		var sum *wire.XattrSummary
+		err := s.store.View(func(tx *store.Tx) error {
+			m, err := tx.Meta(oid.ID(id))
+			if err == nil {
+				sum = xattrSummary(tx, c, m)
+			}
+			return err
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return sum
+	}
+	sum := summary(rootCaller, f.Id)
+	if sum == nil || sum.Version != meta(t, s, f.Id).Version {
+		t.Fatalf("summary %v, want one at version %d", sum, meta(t, s, f.Id).Version)
+	}
+	values, omitted := 0, map[string]bool{}
+	for _, x := range sum.Attrs {
+		if x.Omitted {
+			omitted[x.Name] = true
+		} else {
+			values += len(x.Value)
+		}
+	}
+	if len(sum.Attrs) != 3+summaryValuesMax/summaryValueMax || !omitted["user.big"] || omitted["user.small"] ||
+		omitted["trusted.t"] || values > summaryValuesMax || !omitted[fmt.Sprintf("user.v%02d", summaryValuesMax/summaryValueMax-1)] {
+		t.Errorf("root's summary: %d names, omitted %v, %d bytes of values", len(sum.Attrs), omitted, values)
+	}
+	// Another user: trusted.* is listed (the client hides it) but its
+	// value does not travel.
+	for _, x := range summary(&wire.Caller{Uid: 1000, Gid: 1000}, f.Id).Attrs {
+		if x.Name == "trusted.t" && !x.Omitted {
+			t.Error("a trusted.* value travelled in a summary for an unprivileged caller")
+		}
+	}
+	// A directory with removed entries has hidden tombstone attributes.
+	d := create(t, s, ctx, oid.Root, "d", wire.Type_TYPE_DIR)
+	create(t, s, ctx, oid.ID(d.Id), "gone", wire.Type_TYPE_FILE)
+	if _, err := s.Remove(ctx, &wire.RemoveRequest{Caller: rootCaller, Dir: d.Id, Name: "gone", FileOnly: true}); err != nil {
+		t.Fatal(err)
+	}
+	s.store.View(func(tx *store.Tx) error {
+		if names, _ := tx.Xattrs(oid.ID(d.Id)); len(names) == 0 {
+			t.Error("no tombstone after a remove: the check below checks nothing")
+		}
+		return nil
+	})
+	if sum := summary(rootCaller, d.Id); sum == nil || len(sum.Attrs) != 0 {
+		t.Errorf("summary of a directory with a tombstone: %v, want no names", sum)
+	}
+	// Names beyond the bound: no summary.
+	g := create(t, s, ctx, oid.Root, "g", wire.Type_TYPE_FILE)
+	n := 0
+	for ; n*200 <= summaryNamesMax; n++ { // names of 200 bytes
+		set(g.Id, fmt.Sprintf("user.%03d%s", n, strings.Repeat("n", 192)), nil)
+	}
+	if sum := summary(rootCaller, g.Id); sum != nil {
+		t.Errorf("summary of %d bytes of names: %d names, want none", n*200, len(sum.Attrs))
 	}
 }

@@ -1,7 +1,9 @@
 package server
 
 import (
+	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -18,14 +20,72 @@ const (
 	xattrReplace = 2
 )
 
-// GetXattr implements wire.StorageServer.
+// Bounds of the summary of an object's extended attributes that travels
+// with a lease on it: values of up to summaryValueMax bytes, and
+// summaryValuesMax in all, are included; a larger one the client asks for
+// once. An object whose names alone exceed summaryNamesMax gets no summary
+// (the client then asks every time).
+const (
+	summaryValueMax  = 256
+	summaryValuesMax = 4 << 10
+	summaryNamesMax  = 8 << 10
+)
+
+// xattrSummary describes m's extended attributes, read in the transaction
+// that read m, for a lease granted to c: every visible name, and the
+// values c may read that are small enough. Hidden names (tombstones) are
+// skipped without being read: they start with a NUL, which no name a
+// client gives can contain.
+func xattrSummary(tx *store.Tx, c *wire.Caller, m *wire.Meta) *wire.XattrSummary {
+	sum := &wire.XattrSummary{Version: m.Version}
+	cr, a := cred(c), attr(m)
+	names, values := 0, 0
+	whole := true
+	tx.EachXattr(oid.ID(m.Id), "\x01", func(n string, v []byte) bool {
+		if names += len(n); names > summaryNamesMax {
+			whole = false
+			return false
+		}
+		x := &wire.Xattr{Name: n, Omitted: true}
+		if len(v) <= summaryValueMax && values+len(v) <= summaryValuesMax && perm.MayGetXattr(cr, a, n) == nil {
+			x.Value, x.Omitted = bytes.Clone(v), false
+			values += len(v)
+		}
+		sum.Attrs = append(sum.Attrs, x)
+		return true
+	})
+	if !whole {
+		return nil
+	}
+	return sum
+}
+
+// leasedMeta reads id's meta-data and, when ms (a lease just granted to
+// c) is non-zero, the summary of its extended attributes with it.
+func (s *Server) leasedMeta(c *wire.Caller, id oid.ID, ms uint32) (m *wire.Meta, sum *wire.XattrSummary, err error) {
+	err = s.store.View(func(tx *store.Tx) error {
+		if m, err = tx.Meta(id); err != nil {
+			return err
+		}
+		if ms > 0 {
+			sum = xattrSummary(tx, c, m)
+		}
+		return nil
+	})
+	return m, sum, err
+}
+
+// GetXattr implements wire.StorageServer. Like GetAttr it leases the
+// object's meta-data, with its xattr summary, so that the client answers
+// the next questions itself; with absent_ok a missing attribute is an
+// answer (absent) rather than ENODATA, so that it comes with the lease.
 func (s *Server) GetXattr(ctx context.Context, req *wire.XattrRequest) (*wire.XattrResponse, error) {
 	id := oid.ID(req.Id)
 	ctx, aerr := s.admit(ctx, req.Caller, id)
 	if aerr != nil {
 		return nil, aerr
 	}
-	resp := &wire.XattrResponse{}
+	resp := &wire.XattrResponse{LeaseMs: s.leases.grant(req.Caller, id)}
 	err := s.store.View(func(tx *store.Tx) error {
 		m, err := tx.Meta(id)
 		if err != nil {
@@ -34,10 +94,18 @@ func (s *Server) GetXattr(ctx context.Context, req *wire.XattrRequest) (*wire.Xa
 		if err := perm.MayGetXattr(cred(req.Caller), attr(m), req.Name); err != nil {
 			return err
 		}
-		if hidden(req.Name) {
-			return fserr.ErrNoAttr
+		resp.Meta = m
+		if resp.LeaseMs > 0 {
+			resp.Xattrs = xattrSummary(tx, req.Caller, m)
 		}
-		resp.Value, err = tx.Xattr(id, req.Name)
+		if hidden(req.Name) {
+			err = fserr.ErrNoAttr
+		} else {
+			resp.Value, err = tx.Xattr(id, req.Name)
+		}
+		if errors.Is(err, fserr.ErrNoAttr) && req.AbsentOk {
+			resp.Absent, err = true, nil
+		}
 		return err
 	})
 	if err != nil {
@@ -46,18 +114,23 @@ func (s *Server) GetXattr(ctx context.Context, req *wire.XattrRequest) (*wire.Xa
 	return resp, nil
 }
 
-// ListXattr implements wire.StorageServer.
+// ListXattr implements wire.StorageServer; it leases as GetXattr does.
 func (s *Server) ListXattr(ctx context.Context, req *wire.XattrRequest) (*wire.XattrResponse, error) {
 	id := oid.ID(req.Id)
 	ctx, aerr := s.admit(ctx, req.Caller, id)
 	if aerr != nil {
 		return nil, aerr
 	}
-	resp := &wire.XattrResponse{}
+	resp := &wire.XattrResponse{LeaseMs: s.leases.grant(req.Caller, id)}
 	c := cred(req.Caller)
 	err := s.store.View(func(tx *store.Tx) error {
-		if _, err := tx.Meta(id); err != nil {
+		m, err := tx.Meta(id)
+		if err != nil {
 			return err
+		}
+		resp.Meta = m
+		if resp.LeaseMs > 0 {
+			resp.Xattrs = xattrSummary(tx, req.Caller, m)
 		}
 		names, err := tx.Xattrs(id)
 		for _, n := range names {

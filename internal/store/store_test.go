@@ -220,6 +220,14 @@ func TestMetaEntriesXattrs(t *testing.T) {
 		if !slices.Equal(names, []string{"user.a", "user.b", "user.empty"}) {
 			t.Errorf("Xattrs = %v", names)
 		}
+		var from []string
+		tx.EachXattr(fileID, "user.b", func(n string, v []byte) bool {
+			from = append(from, n+"="+string(v))
+			return true
+		})
+		if !slices.Equal(from, []string{"user.b=value-user.b", "user.empty="}) {
+			t.Errorf("EachXattr from user.b = %v", from)
+		}
 		return nil
 	})
 	update(t, s, func(tx *Tx) error {

@@ -784,6 +784,17 @@ func (t *Tx) Xattrs(id oid.ID) ([]string, error) {
 	return out, nil
 }
 
+// EachXattr calls fn with the attributes of object id whose names sort at
+// or after from, in name order, until fn returns false. v is valid only
+// during the call. (Starting at "\x01" skips the server's hidden names,
+// which begin with a NUL, without reading them.)
+func (t *Tx) EachXattr(id oid.ID, from string, fn func(name string, v []byte) bool) {
+	var buf [64]byte
+	t.scan(bXattrs, nameKey(buf[:0], id, from), 8, func(k, v []byte) bool {
+		return fn(string(k[8:]), v)
+	})
+}
+
 // --- Counters ---
 
 func counterKey(s oid.Slice) [4]byte {

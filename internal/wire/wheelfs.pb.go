@@ -629,11 +629,14 @@ func (x *Caller) GetEventual() bool {
 	return false
 }
 
+// absent_ok: a missing name is answered (absent) rather than an error, so
+// that the client may keep the answer under the directory's lease.
 type LookupRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Caller        *Caller                `protobuf:"bytes,1,opt,name=caller,proto3" json:"caller,omitempty"`
 	Dir           uint64                 `protobuf:"varint,2,opt,name=dir,proto3" json:"dir,omitempty"`
 	Name          string                 `protobuf:"bytes,3,opt,name=name,proto3" json:"name,omitempty"`
+	AbsentOk      bool                   `protobuf:"varint,4,opt,name=absent_ok,json=absentOk,proto3" json:"absent_ok,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -689,14 +692,24 @@ func (x *LookupRequest) GetName() string {
 	return ""
 }
 
+func (x *LookupRequest) GetAbsentOk() bool {
+	if x != nil {
+		return x.AbsentOk
+	}
+	return false
+}
+
 // lease_ms, when non-zero, is a lease on the directory's entries (and on
-// meta, when present) for the caller's session (paper §5.4).
+// meta, when present) for the caller's session (paper §5.4). xattrs comes
+// with a leased meta; absent answers a lookup of a missing name (absent_ok).
 type LookupResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Entry         *Entry                 `protobuf:"bytes,1,opt,name=entry,proto3" json:"entry,omitempty"`
 	Meta          *Meta                  `protobuf:"bytes,2,opt,name=meta,proto3" json:"meta,omitempty"`
 	LeaseMs       uint32                 `protobuf:"varint,3,opt,name=lease_ms,json=leaseMs,proto3" json:"lease_ms,omitempty"`
 	Dir           *Meta                  `protobuf:"bytes,4,opt,name=dir,proto3" json:"dir,omitempty"`
+	Xattrs        *XattrSummary          `protobuf:"bytes,5,opt,name=xattrs,proto3" json:"xattrs,omitempty"`
+	Absent        bool                   `protobuf:"varint,6,opt,name=absent,proto3" json:"absent,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -759,6 +772,20 @@ func (x *LookupResponse) GetDir() *Meta {
 	return nil
 }
 
+func (x *LookupResponse) GetXattrs() *XattrSummary {
+	if x != nil {
+		return x.Xattrs
+	}
+	return nil
+}
+
+func (x *LookupResponse) GetAbsent() bool {
+	if x != nil {
+		return x.Absent
+	}
+	return false
+}
+
 type GetAttrRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Caller        *Caller                `protobuf:"bytes,1,opt,name=caller,proto3" json:"caller,omitempty"`
@@ -815,6 +842,7 @@ type GetAttrResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Meta          *Meta                  `protobuf:"bytes,1,opt,name=meta,proto3" json:"meta,omitempty"`
 	LeaseMs       uint32                 `protobuf:"varint,2,opt,name=lease_ms,json=leaseMs,proto3" json:"lease_ms,omitempty"`
+	Xattrs        *XattrSummary          `protobuf:"bytes,3,opt,name=xattrs,proto3" json:"xattrs,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -861,6 +889,13 @@ func (x *GetAttrResponse) GetLeaseMs() uint32 {
 		return x.LeaseMs
 	}
 	return 0
+}
+
+func (x *GetAttrResponse) GetXattrs() *XattrSummary {
+	if x != nil {
+		return x.Xattrs
+	}
+	return nil
 }
 
 type CreateRequest struct {
@@ -1691,6 +1726,7 @@ func (x *ReadDirRequest) GetWithMeta() bool {
 	return false
 }
 
+// dir_xattrs: the directory's xattr summary, with a lease.
 type ReadDirResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Entries       []*Entry               `protobuf:"bytes,1,rep,name=entries,proto3" json:"entries,omitempty"`
@@ -1698,6 +1734,7 @@ type ReadDirResponse struct {
 	Eof           bool                   `protobuf:"varint,3,opt,name=eof,proto3" json:"eof,omitempty"`
 	Dir           *Meta                  `protobuf:"bytes,4,opt,name=dir,proto3" json:"dir,omitempty"`
 	LeaseMs       uint32                 `protobuf:"varint,5,opt,name=lease_ms,json=leaseMs,proto3" json:"lease_ms,omitempty"`
+	DirXattrs     *XattrSummary          `protobuf:"bytes,6,opt,name=dir_xattrs,json=dirXattrs,proto3" json:"dir_xattrs,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1765,6 +1802,13 @@ func (x *ReadDirResponse) GetLeaseMs() uint32 {
 		return x.LeaseMs
 	}
 	return 0
+}
+
+func (x *ReadDirResponse) GetDirXattrs() *XattrSummary {
+	if x != nil {
+		return x.DirXattrs
+	}
+	return nil
 }
 
 // BlockRef names a file block by index and content hash (SHA-256).
@@ -2296,6 +2340,8 @@ func (x *CommitResponse) GetMeta() *Meta {
 	return nil
 }
 
+// absent_ok (getxattr): a missing attribute is answered (absent) rather
+// than ENODATA, so the answer can come with a lease.
 type XattrRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Caller        *Caller                `protobuf:"bytes,1,opt,name=caller,proto3" json:"caller,omitempty"`
@@ -2303,6 +2349,7 @@ type XattrRequest struct {
 	Name          string                 `protobuf:"bytes,3,opt,name=name,proto3" json:"name,omitempty"`
 	Value         []byte                 `protobuf:"bytes,4,opt,name=value,proto3" json:"value,omitempty"`
 	Flags         uint32                 `protobuf:"varint,5,opt,name=flags,proto3" json:"flags,omitempty"`
+	AbsentOk      bool                   `protobuf:"varint,6,opt,name=absent_ok,json=absentOk,proto3" json:"absent_ok,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2372,10 +2419,23 @@ func (x *XattrRequest) GetFlags() uint32 {
 	return 0
 }
 
+func (x *XattrRequest) GetAbsentOk() bool {
+	if x != nil {
+		return x.AbsentOk
+	}
+	return false
+}
+
+// Reads (getxattr, listxattr) also return the object's meta-data, a lease
+// on it and its xattr summary, as GetAttr does.
 type XattrResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Value         []byte                 `protobuf:"bytes,1,opt,name=value,proto3" json:"value,omitempty"`
 	Names         []string               `protobuf:"bytes,2,rep,name=names,proto3" json:"names,omitempty"`
+	Meta          *Meta                  `protobuf:"bytes,3,opt,name=meta,proto3" json:"meta,omitempty"`
+	LeaseMs       uint32                 `protobuf:"varint,4,opt,name=lease_ms,json=leaseMs,proto3" json:"lease_ms,omitempty"`
+	Xattrs        *XattrSummary          `protobuf:"bytes,5,opt,name=xattrs,proto3" json:"xattrs,omitempty"`
+	Absent        bool                   `protobuf:"varint,6,opt,name=absent,proto3" json:"absent,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2422,6 +2482,34 @@ func (x *XattrResponse) GetNames() []string {
 		return x.Names
 	}
 	return nil
+}
+
+func (x *XattrResponse) GetMeta() *Meta {
+	if x != nil {
+		return x.Meta
+	}
+	return nil
+}
+
+func (x *XattrResponse) GetLeaseMs() uint32 {
+	if x != nil {
+		return x.LeaseMs
+	}
+	return 0
+}
+
+func (x *XattrResponse) GetXattrs() *XattrSummary {
+	if x != nil {
+		return x.Xattrs
+	}
+	return nil
+}
+
+func (x *XattrResponse) GetAbsent() bool {
+	if x != nil {
+		return x.Absent
+	}
+	return false
 }
 
 type StatFSRequest struct {
@@ -4377,6 +4465,122 @@ func (x *ReconcileResponse) GetStatus() ReplStatus {
 	return ReplStatus_REPL_OK
 }
 
+// XattrSummary is an object's extended attributes at one meta-data version,
+// sent with a lease on the object: while the lease lasts the client answers
+// getxattr (ENODATA included) and listxattr itself. Every name is listed;
+// values travel only when small and readable by the caller (omitted: ask).
+type XattrSummary struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Version       uint64                 `protobuf:"varint,1,opt,name=version,proto3" json:"version,omitempty"`
+	Attrs         []*Xattr               `protobuf:"bytes,2,rep,name=attrs,proto3" json:"attrs,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *XattrSummary) Reset() {
+	*x = XattrSummary{}
+	mi := &file_wheelfs_proto_msgTypes[64]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *XattrSummary) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*XattrSummary) ProtoMessage() {}
+
+func (x *XattrSummary) ProtoReflect() protoreflect.Message {
+	mi := &file_wheelfs_proto_msgTypes[64]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use XattrSummary.ProtoReflect.Descriptor instead.
+func (*XattrSummary) Descriptor() ([]byte, []int) {
+	return file_wheelfs_proto_rawDescGZIP(), []int{64}
+}
+
+func (x *XattrSummary) GetVersion() uint64 {
+	if x != nil {
+		return x.Version
+	}
+	return 0
+}
+
+func (x *XattrSummary) GetAttrs() []*Xattr {
+	if x != nil {
+		return x.Attrs
+	}
+	return nil
+}
+
+type Xattr struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Value         []byte                 `protobuf:"bytes,2,opt,name=value,proto3" json:"value,omitempty"`
+	Omitted       bool                   `protobuf:"varint,3,opt,name=omitted,proto3" json:"omitted,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Xattr) Reset() {
+	*x = Xattr{}
+	mi := &file_wheelfs_proto_msgTypes[65]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Xattr) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Xattr) ProtoMessage() {}
+
+func (x *Xattr) ProtoReflect() protoreflect.Message {
+	mi := &file_wheelfs_proto_msgTypes[65]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Xattr.ProtoReflect.Descriptor instead.
+func (*Xattr) Descriptor() ([]byte, []int) {
+	return file_wheelfs_proto_rawDescGZIP(), []int{65}
+}
+
+func (x *Xattr) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *Xattr) GetValue() []byte {
+	if x != nil {
+		return x.Value
+	}
+	return nil
+}
+
+func (x *Xattr) GetOmitted() bool {
+	if x != nil {
+		return x.Omitted
+	}
+	return false
+}
+
 var File_wheelfs_proto protoreflect.FileDescriptor
 
 const file_wheelfs_proto_rawDesc = "" +
@@ -4420,22 +4624,26 @@ const file_wheelfs_proto_rawDesc = "" +
 	"\x06groups\x18\x03 \x03(\rR\x06groups\x12\x10\n" +
 	"\x03pid\x18\x04 \x01(\rR\x03pid\x12\x18\n" +
 	"\asession\x18\x05 \x01(\x04R\asession\x12\x1a\n" +
-	"\beventual\x18\x06 \x01(\bR\beventual\"a\n" +
+	"\beventual\x18\x06 \x01(\bR\beventual\"~\n" +
 	"\rLookupRequest\x12*\n" +
 	"\x06caller\x18\x01 \x01(\v2\x12.wheelfs.v1.CallerR\x06caller\x12\x10\n" +
 	"\x03dir\x18\x02 \x01(\x04R\x03dir\x12\x12\n" +
-	"\x04name\x18\x03 \x01(\tR\x04name\"\x9e\x01\n" +
+	"\x04name\x18\x03 \x01(\tR\x04name\x12\x1b\n" +
+	"\tabsent_ok\x18\x04 \x01(\bR\babsentOk\"\xe8\x01\n" +
 	"\x0eLookupResponse\x12'\n" +
 	"\x05entry\x18\x01 \x01(\v2\x11.wheelfs.v1.EntryR\x05entry\x12$\n" +
 	"\x04meta\x18\x02 \x01(\v2\x10.wheelfs.v1.MetaR\x04meta\x12\x19\n" +
 	"\blease_ms\x18\x03 \x01(\rR\aleaseMs\x12\"\n" +
-	"\x03dir\x18\x04 \x01(\v2\x10.wheelfs.v1.MetaR\x03dir\"L\n" +
+	"\x03dir\x18\x04 \x01(\v2\x10.wheelfs.v1.MetaR\x03dir\x120\n" +
+	"\x06xattrs\x18\x05 \x01(\v2\x18.wheelfs.v1.XattrSummaryR\x06xattrs\x12\x16\n" +
+	"\x06absent\x18\x06 \x01(\bR\x06absent\"L\n" +
 	"\x0eGetAttrRequest\x12*\n" +
 	"\x06caller\x18\x01 \x01(\v2\x12.wheelfs.v1.CallerR\x06caller\x12\x0e\n" +
-	"\x02id\x18\x02 \x01(\x04R\x02id\"R\n" +
+	"\x02id\x18\x02 \x01(\x04R\x02id\"\x84\x01\n" +
 	"\x0fGetAttrResponse\x12$\n" +
 	"\x04meta\x18\x01 \x01(\v2\x10.wheelfs.v1.MetaR\x04meta\x12\x19\n" +
-	"\blease_ms\x18\x02 \x01(\rR\aleaseMs\"\xe3\x02\n" +
+	"\blease_ms\x18\x02 \x01(\rR\aleaseMs\x120\n" +
+	"\x06xattrs\x18\x03 \x01(\v2\x18.wheelfs.v1.XattrSummaryR\x06xattrs\"\xe3\x02\n" +
 	"\rCreateRequest\x12*\n" +
 	"\x06caller\x18\x01 \x01(\v2\x12.wheelfs.v1.CallerR\x06caller\x12\x10\n" +
 	"\x03dir\x18\x02 \x01(\x04R\x03dir\x12\x12\n" +
@@ -4507,13 +4715,15 @@ const file_wheelfs_proto_rawDesc = "" +
 	"\x03dir\x18\x02 \x01(\x04R\x03dir\x12\x14\n" +
 	"\x05after\x18\x03 \x01(\tR\x05after\x12\x14\n" +
 	"\x05limit\x18\x04 \x01(\rR\x05limit\x12\x1b\n" +
-	"\twith_meta\x18\x05 \x01(\bR\bwithMeta\"\xb7\x01\n" +
+	"\twith_meta\x18\x05 \x01(\bR\bwithMeta\"\xf0\x01\n" +
 	"\x0fReadDirResponse\x12+\n" +
 	"\aentries\x18\x01 \x03(\v2\x11.wheelfs.v1.EntryR\aentries\x12&\n" +
 	"\x05metas\x18\x02 \x03(\v2\x10.wheelfs.v1.MetaR\x05metas\x12\x10\n" +
 	"\x03eof\x18\x03 \x01(\bR\x03eof\x12\"\n" +
 	"\x03dir\x18\x04 \x01(\v2\x10.wheelfs.v1.MetaR\x03dir\x12\x19\n" +
-	"\blease_ms\x18\x05 \x01(\rR\aleaseMs\"F\n" +
+	"\blease_ms\x18\x05 \x01(\rR\aleaseMs\x127\n" +
+	"\n" +
+	"dir_xattrs\x18\x06 \x01(\v2\x18.wheelfs.v1.XattrSummaryR\tdirXattrs\"F\n" +
 	"\bBlockRef\x12\x14\n" +
 	"\x05index\x18\x01 \x01(\x04R\x05index\x12\x12\n" +
 	"\x04hash\x18\x02 \x01(\fR\x04hash\x12\x10\n" +
@@ -4548,16 +4758,21 @@ const file_wheelfs_proto_rawDesc = "" +
 	"sync_level\x18\x06 \x01(\rR\tsyncLevel\x120\n" +
 	"\x05attrs\x18\a \x03(\v2\x1a.wheelfs.v1.SetAttrRequestR\x05attrs\"6\n" +
 	"\x0eCommitResponse\x12$\n" +
-	"\x04meta\x18\x01 \x01(\v2\x10.wheelfs.v1.MetaR\x04meta\"\x8a\x01\n" +
+	"\x04meta\x18\x01 \x01(\v2\x10.wheelfs.v1.MetaR\x04meta\"\xa7\x01\n" +
 	"\fXattrRequest\x12*\n" +
 	"\x06caller\x18\x01 \x01(\v2\x12.wheelfs.v1.CallerR\x06caller\x12\x0e\n" +
 	"\x02id\x18\x02 \x01(\x04R\x02id\x12\x12\n" +
 	"\x04name\x18\x03 \x01(\tR\x04name\x12\x14\n" +
 	"\x05value\x18\x04 \x01(\fR\x05value\x12\x14\n" +
-	"\x05flags\x18\x05 \x01(\rR\x05flags\";\n" +
+	"\x05flags\x18\x05 \x01(\rR\x05flags\x12\x1b\n" +
+	"\tabsent_ok\x18\x06 \x01(\bR\babsentOk\"\xc6\x01\n" +
 	"\rXattrResponse\x12\x14\n" +
 	"\x05value\x18\x01 \x01(\fR\x05value\x12\x14\n" +
-	"\x05names\x18\x02 \x03(\tR\x05names\";\n" +
+	"\x05names\x18\x02 \x03(\tR\x05names\x12$\n" +
+	"\x04meta\x18\x03 \x01(\v2\x10.wheelfs.v1.MetaR\x04meta\x12\x19\n" +
+	"\blease_ms\x18\x04 \x01(\rR\aleaseMs\x120\n" +
+	"\x06xattrs\x18\x05 \x01(\v2\x18.wheelfs.v1.XattrSummaryR\x06xattrs\x12\x16\n" +
+	"\x06absent\x18\x06 \x01(\bR\x06absent\";\n" +
 	"\rStatFSRequest\x12*\n" +
 	"\x06caller\x18\x01 \x01(\v2\x12.wheelfs.v1.CallerR\x06caller\"\xb3\x01\n" +
 	"\x0eStatFSResponse\x12\x16\n" +
@@ -4686,7 +4901,14 @@ const file_wheelfs_proto_rawDesc = "" +
 	"\aobjects\x18\x03 \x03(\v2\x17.wheelfs.v1.ObjectStateR\aobjects\x121\n" +
 	"\aentries\x18\x04 \x03(\v2\x17.wheelfs.v1.EntryChangeR\aentries\"C\n" +
 	"\x11ReconcileResponse\x12.\n" +
-	"\x06status\x18\x01 \x01(\x0e2\x16.wheelfs.v1.ReplStatusR\x06status*\x8a\x01\n" +
+	"\x06status\x18\x01 \x01(\x0e2\x16.wheelfs.v1.ReplStatusR\x06status\"Q\n" +
+	"\fXattrSummary\x12\x18\n" +
+	"\aversion\x18\x01 \x01(\x04R\aversion\x12'\n" +
+	"\x05attrs\x18\x02 \x03(\v2\x11.wheelfs.v1.XattrR\x05attrs\"K\n" +
+	"\x05Xattr\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\fR\x05value\x12\x18\n" +
+	"\aomitted\x18\x03 \x01(\bR\aomitted*\x8a\x01\n" +
 	"\x04Type\x12\x14\n" +
 	"\x10TYPE_UNSPECIFIED\x10\x00\x12\r\n" +
 	"\tTYPE_FILE\x10\x01\x12\f\n" +
@@ -4766,7 +4988,7 @@ func file_wheelfs_proto_rawDescGZIP() []byte {
 }
 
 var file_wheelfs_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_wheelfs_proto_msgTypes = make([]protoimpl.MessageInfo, 64)
+var file_wheelfs_proto_msgTypes = make([]protoimpl.MessageInfo, 66)
 var file_wheelfs_proto_goTypes = []any{
 	(Type)(0),                    // 0: wheelfs.v1.Type
 	(MutationKind)(0),            // 1: wheelfs.v1.MutationKind
@@ -4835,140 +5057,148 @@ var file_wheelfs_proto_goTypes = []any{
 	(*EntryChange)(nil),          // 64: wheelfs.v1.EntryChange
 	(*ReconcileRequest)(nil),     // 65: wheelfs.v1.ReconcileRequest
 	(*ReconcileResponse)(nil),    // 66: wheelfs.v1.ReconcileResponse
+	(*XattrSummary)(nil),         // 67: wheelfs.v1.XattrSummary
+	(*Xattr)(nil),                // 68: wheelfs.v1.Xattr
 }
 var file_wheelfs_proto_depIdxs = []int32{
-	0,  // 0: wheelfs.v1.Meta.type:type_name -> wheelfs.v1.Type
-	3,  // 1: wheelfs.v1.Meta.cues:type_name -> wheelfs.v1.Cues
-	0,  // 2: wheelfs.v1.Entry.type:type_name -> wheelfs.v1.Type
-	6,  // 3: wheelfs.v1.LookupRequest.caller:type_name -> wheelfs.v1.Caller
-	5,  // 4: wheelfs.v1.LookupResponse.entry:type_name -> wheelfs.v1.Entry
-	4,  // 5: wheelfs.v1.LookupResponse.meta:type_name -> wheelfs.v1.Meta
-	4,  // 6: wheelfs.v1.LookupResponse.dir:type_name -> wheelfs.v1.Meta
-	6,  // 7: wheelfs.v1.GetAttrRequest.caller:type_name -> wheelfs.v1.Caller
-	4,  // 8: wheelfs.v1.GetAttrResponse.meta:type_name -> wheelfs.v1.Meta
-	6,  // 9: wheelfs.v1.CreateRequest.caller:type_name -> wheelfs.v1.Caller
-	0,  // 10: wheelfs.v1.CreateRequest.type:type_name -> wheelfs.v1.Type
-	3,  // 11: wheelfs.v1.CreateRequest.cues:type_name -> wheelfs.v1.Cues
-	5,  // 12: wheelfs.v1.CreateResponse.entry:type_name -> wheelfs.v1.Entry
-	4,  // 13: wheelfs.v1.CreateResponse.meta:type_name -> wheelfs.v1.Meta
-	4,  // 14: wheelfs.v1.CreateResponse.dir:type_name -> wheelfs.v1.Meta
-	6,  // 15: wheelfs.v1.LinkRequest.caller:type_name -> wheelfs.v1.Caller
-	4,  // 16: wheelfs.v1.LinkResponse.meta:type_name -> wheelfs.v1.Meta
-	6,  // 17: wheelfs.v1.RemoveRequest.caller:type_name -> wheelfs.v1.Caller
-	4,  // 18: wheelfs.v1.RemoveResponse.meta:type_name -> wheelfs.v1.Meta
-	6,  // 19: wheelfs.v1.RenameRequest.caller:type_name -> wheelfs.v1.Caller
-	4,  // 20: wheelfs.v1.RenameResponse.replaced:type_name -> wheelfs.v1.Meta
-	6,  // 21: wheelfs.v1.SetAttrRequest.caller:type_name -> wheelfs.v1.Caller
-	4,  // 22: wheelfs.v1.SetAttrResponse.meta:type_name -> wheelfs.v1.Meta
-	6,  // 23: wheelfs.v1.ReadDirRequest.caller:type_name -> wheelfs.v1.Caller
-	5,  // 24: wheelfs.v1.ReadDirResponse.entries:type_name -> wheelfs.v1.Entry
-	4,  // 25: wheelfs.v1.ReadDirResponse.metas:type_name -> wheelfs.v1.Meta
-	4,  // 26: wheelfs.v1.ReadDirResponse.dir:type_name -> wheelfs.v1.Meta
-	6,  // 27: wheelfs.v1.GetBlocksRequest.caller:type_name -> wheelfs.v1.Caller
-	4,  // 28: wheelfs.v1.GetBlocksResponse.meta:type_name -> wheelfs.v1.Meta
-	23, // 29: wheelfs.v1.GetBlocksResponse.blocks:type_name -> wheelfs.v1.BlockRef
-	6,  // 30: wheelfs.v1.ReadBlocksRequest.caller:type_name -> wheelfs.v1.Caller
-	6,  // 31: wheelfs.v1.PutBlocksRequest.caller:type_name -> wheelfs.v1.Caller
-	6,  // 32: wheelfs.v1.CommitRequest.caller:type_name -> wheelfs.v1.Caller
-	23, // 33: wheelfs.v1.CommitRequest.blocks:type_name -> wheelfs.v1.BlockRef
-	19, // 34: wheelfs.v1.CommitRequest.attrs:type_name -> wheelfs.v1.SetAttrRequest
-	4,  // 35: wheelfs.v1.CommitResponse.meta:type_name -> wheelfs.v1.Meta
-	6,  // 36: wheelfs.v1.XattrRequest.caller:type_name -> wheelfs.v1.Caller
-	6,  // 37: wheelfs.v1.StatFSRequest.caller:type_name -> wheelfs.v1.Caller
-	6,  // 38: wheelfs.v1.OpenRequest.caller:type_name -> wheelfs.v1.Caller
-	4,  // 39: wheelfs.v1.OpenResponse.meta:type_name -> wheelfs.v1.Meta
-	1,  // 40: wheelfs.v1.Mutation.kind:type_name -> wheelfs.v1.MutationKind
-	42, // 41: wheelfs.v1.Batch.mutations:type_name -> wheelfs.v1.Mutation
-	43, // 42: wheelfs.v1.ReplicateRequest.batches:type_name -> wheelfs.v1.Batch
-	2,  // 43: wheelfs.v1.ReplicateResponse.status:type_name -> wheelfs.v1.ReplStatus
-	4,  // 44: wheelfs.v1.ObjectState.meta:type_name -> wheelfs.v1.Meta
-	5,  // 45: wheelfs.v1.ObjectState.entries:type_name -> wheelfs.v1.Entry
-	23, // 46: wheelfs.v1.ObjectState.blocks:type_name -> wheelfs.v1.BlockRef
-	48, // 47: wheelfs.v1.InstallRequest.objects:type_name -> wheelfs.v1.ObjectState
-	2,  // 48: wheelfs.v1.InstallResponse.status:type_name -> wheelfs.v1.ReplStatus
-	47, // 49: wheelfs.v1.DiffRequest.digest:type_name -> wheelfs.v1.DigestResponse
-	4,  // 50: wheelfs.v1.CreateObjectRequest.meta:type_name -> wheelfs.v1.Meta
-	3,  // 51: wheelfs.v1.CreateObjectRequest.cues:type_name -> wheelfs.v1.Cues
-	3,  // 52: wheelfs.v1.CreateObjectRequest.policy:type_name -> wheelfs.v1.Cues
-	4,  // 53: wheelfs.v1.CreateObjectResponse.meta:type_name -> wheelfs.v1.Meta
-	6,  // 54: wheelfs.v1.DropLinkRequest.caller:type_name -> wheelfs.v1.Caller
-	4,  // 55: wheelfs.v1.DropLinkRequest.dir:type_name -> wheelfs.v1.Meta
-	4,  // 56: wheelfs.v1.DropLinkResponse.meta:type_name -> wheelfs.v1.Meta
-	4,  // 57: wheelfs.v1.StatResponse.meta:type_name -> wheelfs.v1.Meta
-	6,  // 58: wheelfs.v1.AddLinkRequest.caller:type_name -> wheelfs.v1.Caller
-	4,  // 59: wheelfs.v1.AddLinkRequest.object:type_name -> wheelfs.v1.Meta
-	4,  // 60: wheelfs.v1.AddLinkResponse.replaced:type_name -> wheelfs.v1.Meta
-	5,  // 61: wheelfs.v1.EntryChange.entry:type_name -> wheelfs.v1.Entry
-	48, // 62: wheelfs.v1.ReconcileRequest.objects:type_name -> wheelfs.v1.ObjectState
-	64, // 63: wheelfs.v1.ReconcileRequest.entries:type_name -> wheelfs.v1.EntryChange
-	2,  // 64: wheelfs.v1.ReconcileResponse.status:type_name -> wheelfs.v1.ReplStatus
-	7,  // 65: wheelfs.v1.Storage.Lookup:input_type -> wheelfs.v1.LookupRequest
-	9,  // 66: wheelfs.v1.Storage.GetAttr:input_type -> wheelfs.v1.GetAttrRequest
-	11, // 67: wheelfs.v1.Storage.Create:input_type -> wheelfs.v1.CreateRequest
-	13, // 68: wheelfs.v1.Storage.Link:input_type -> wheelfs.v1.LinkRequest
-	15, // 69: wheelfs.v1.Storage.Remove:input_type -> wheelfs.v1.RemoveRequest
-	17, // 70: wheelfs.v1.Storage.Rename:input_type -> wheelfs.v1.RenameRequest
-	19, // 71: wheelfs.v1.Storage.SetAttr:input_type -> wheelfs.v1.SetAttrRequest
-	21, // 72: wheelfs.v1.Storage.ReadDir:input_type -> wheelfs.v1.ReadDirRequest
-	24, // 73: wheelfs.v1.Storage.GetBlocks:input_type -> wheelfs.v1.GetBlocksRequest
-	26, // 74: wheelfs.v1.Storage.ReadBlocks:input_type -> wheelfs.v1.ReadBlocksRequest
-	28, // 75: wheelfs.v1.Storage.PutBlocks:input_type -> wheelfs.v1.PutBlocksRequest
-	30, // 76: wheelfs.v1.Storage.Commit:input_type -> wheelfs.v1.CommitRequest
-	32, // 77: wheelfs.v1.Storage.GetXattr:input_type -> wheelfs.v1.XattrRequest
-	32, // 78: wheelfs.v1.Storage.ListXattr:input_type -> wheelfs.v1.XattrRequest
-	32, // 79: wheelfs.v1.Storage.SetXattr:input_type -> wheelfs.v1.XattrRequest
-	32, // 80: wheelfs.v1.Storage.RemoveXattr:input_type -> wheelfs.v1.XattrRequest
-	34, // 81: wheelfs.v1.Storage.StatFS:input_type -> wheelfs.v1.StatFSRequest
-	36, // 82: wheelfs.v1.Storage.Open:input_type -> wheelfs.v1.OpenRequest
-	38, // 83: wheelfs.v1.Storage.Release:input_type -> wheelfs.v1.ReleaseRequest
-	41, // 84: wheelfs.v1.Storage.Callbacks:input_type -> wheelfs.v1.CallbackAck
-	44, // 85: wheelfs.v1.Peer.Replicate:input_type -> wheelfs.v1.ReplicateRequest
-	46, // 86: wheelfs.v1.Peer.Digest:input_type -> wheelfs.v1.DigestRequest
-	51, // 87: wheelfs.v1.Peer.Diff:input_type -> wheelfs.v1.DiffRequest
-	49, // 88: wheelfs.v1.Peer.Install:input_type -> wheelfs.v1.InstallRequest
-	52, // 89: wheelfs.v1.Peer.FetchBlocks:input_type -> wheelfs.v1.FetchBlocksRequest
-	54, // 90: wheelfs.v1.Peer.Ping:input_type -> wheelfs.v1.PingRequest
-	56, // 91: wheelfs.v1.Peer.CreateObject:input_type -> wheelfs.v1.CreateObjectRequest
-	58, // 92: wheelfs.v1.Peer.DropLink:input_type -> wheelfs.v1.DropLinkRequest
-	60, // 93: wheelfs.v1.Peer.Stat:input_type -> wheelfs.v1.StatRequest
-	62, // 94: wheelfs.v1.Peer.AddLink:input_type -> wheelfs.v1.AddLinkRequest
-	65, // 95: wheelfs.v1.Peer.Reconcile:input_type -> wheelfs.v1.ReconcileRequest
-	8,  // 96: wheelfs.v1.Storage.Lookup:output_type -> wheelfs.v1.LookupResponse
-	10, // 97: wheelfs.v1.Storage.GetAttr:output_type -> wheelfs.v1.GetAttrResponse
-	12, // 98: wheelfs.v1.Storage.Create:output_type -> wheelfs.v1.CreateResponse
-	14, // 99: wheelfs.v1.Storage.Link:output_type -> wheelfs.v1.LinkResponse
-	16, // 100: wheelfs.v1.Storage.Remove:output_type -> wheelfs.v1.RemoveResponse
-	18, // 101: wheelfs.v1.Storage.Rename:output_type -> wheelfs.v1.RenameResponse
-	20, // 102: wheelfs.v1.Storage.SetAttr:output_type -> wheelfs.v1.SetAttrResponse
-	22, // 103: wheelfs.v1.Storage.ReadDir:output_type -> wheelfs.v1.ReadDirResponse
-	25, // 104: wheelfs.v1.Storage.GetBlocks:output_type -> wheelfs.v1.GetBlocksResponse
-	27, // 105: wheelfs.v1.Storage.ReadBlocks:output_type -> wheelfs.v1.ReadBlocksResponse
-	29, // 106: wheelfs.v1.Storage.PutBlocks:output_type -> wheelfs.v1.PutBlocksResponse
-	31, // 107: wheelfs.v1.Storage.Commit:output_type -> wheelfs.v1.CommitResponse
-	33, // 108: wheelfs.v1.Storage.GetXattr:output_type -> wheelfs.v1.XattrResponse
-	33, // 109: wheelfs.v1.Storage.ListXattr:output_type -> wheelfs.v1.XattrResponse
-	33, // 110: wheelfs.v1.Storage.SetXattr:output_type -> wheelfs.v1.XattrResponse
-	33, // 111: wheelfs.v1.Storage.RemoveXattr:output_type -> wheelfs.v1.XattrResponse
-	35, // 112: wheelfs.v1.Storage.StatFS:output_type -> wheelfs.v1.StatFSResponse
-	37, // 113: wheelfs.v1.Storage.Open:output_type -> wheelfs.v1.OpenResponse
-	39, // 114: wheelfs.v1.Storage.Release:output_type -> wheelfs.v1.ReleaseResponse
-	40, // 115: wheelfs.v1.Storage.Callbacks:output_type -> wheelfs.v1.Revoke
-	45, // 116: wheelfs.v1.Peer.Replicate:output_type -> wheelfs.v1.ReplicateResponse
-	47, // 117: wheelfs.v1.Peer.Digest:output_type -> wheelfs.v1.DigestResponse
-	49, // 118: wheelfs.v1.Peer.Diff:output_type -> wheelfs.v1.InstallRequest
-	50, // 119: wheelfs.v1.Peer.Install:output_type -> wheelfs.v1.InstallResponse
-	53, // 120: wheelfs.v1.Peer.FetchBlocks:output_type -> wheelfs.v1.FetchBlocksResponse
-	55, // 121: wheelfs.v1.Peer.Ping:output_type -> wheelfs.v1.PingResponse
-	57, // 122: wheelfs.v1.Peer.CreateObject:output_type -> wheelfs.v1.CreateObjectResponse
-	59, // 123: wheelfs.v1.Peer.DropLink:output_type -> wheelfs.v1.DropLinkResponse
-	61, // 124: wheelfs.v1.Peer.Stat:output_type -> wheelfs.v1.StatResponse
-	63, // 125: wheelfs.v1.Peer.AddLink:output_type -> wheelfs.v1.AddLinkResponse
-	66, // 126: wheelfs.v1.Peer.Reconcile:output_type -> wheelfs.v1.ReconcileResponse
-	96, // [96:127] is the sub-list for method output_type
-	65, // [65:96] is the sub-list for method input_type
-	65, // [65:65] is the sub-list for extension type_name
-	65, // [65:65] is the sub-list for extension extendee
-	0,  // [0:65] is the sub-list for field type_name
+	0,   // 0: wheelfs.v1.Meta.type:type_name -> wheelfs.v1.Type
+	3,   // 1: wheelfs.v1.Meta.cues:type_name -> wheelfs.v1.Cues
+	0,   // 2: wheelfs.v1.Entry.type:type_name -> wheelfs.v1.Type
+	6,   // 3: wheelfs.v1.LookupRequest.caller:type_name -> wheelfs.v1.Caller
+	5,   // 4: wheelfs.v1.LookupResponse.entry:type_name -> wheelfs.v1.Entry
+	4,   // 5: wheelfs.v1.LookupResponse.meta:type_name -> wheelfs.v1.Meta
+	4,   // 6: wheelfs.v1.LookupResponse.dir:type_name -> wheelfs.v1.Meta
+	67,  // 7: wheelfs.v1.LookupResponse.xattrs:type_name -> wheelfs.v1.XattrSummary
+	6,   // 8: wheelfs.v1.GetAttrRequest.caller:type_name -> wheelfs.v1.Caller
+	4,   // 9: wheelfs.v1.GetAttrResponse.meta:type_name -> wheelfs.v1.Meta
+	67,  // 10: wheelfs.v1.GetAttrResponse.xattrs:type_name -> wheelfs.v1.XattrSummary
+	6,   // 11: wheelfs.v1.CreateRequest.caller:type_name -> wheelfs.v1.Caller
+	0,   // 12: wheelfs.v1.CreateRequest.type:type_name -> wheelfs.v1.Type
+	3,   // 13: wheelfs.v1.CreateRequest.cues:type_name -> wheelfs.v1.Cues
+	5,   // 14: wheelfs.v1.CreateResponse.entry:type_name -> wheelfs.v1.Entry
+	4,   // 15: wheelfs.v1.CreateResponse.meta:type_name -> wheelfs.v1.Meta
+	4,   // 16: wheelfs.v1.CreateResponse.dir:type_name -> wheelfs.v1.Meta
+	6,   // 17: wheelfs.v1.LinkRequest.caller:type_name -> wheelfs.v1.Caller
+	4,   // 18: wheelfs.v1.LinkResponse.meta:type_name -> wheelfs.v1.Meta
+	6,   // 19: wheelfs.v1.RemoveRequest.caller:type_name -> wheelfs.v1.Caller
+	4,   // 20: wheelfs.v1.RemoveResponse.meta:type_name -> wheelfs.v1.Meta
+	6,   // 21: wheelfs.v1.RenameRequest.caller:type_name -> wheelfs.v1.Caller
+	4,   // 22: wheelfs.v1.RenameResponse.replaced:type_name -> wheelfs.v1.Meta
+	6,   // 23: wheelfs.v1.SetAttrRequest.caller:type_name -> wheelfs.v1.Caller
+	4,   // 24: wheelfs.v1.SetAttrResponse.meta:type_name -> wheelfs.v1.Meta
+	6,   // 25: wheelfs.v1.ReadDirRequest.caller:type_name -> wheelfs.v1.Caller
+	5,   // 26: wheelfs.v1.ReadDirResponse.entries:type_name -> wheelfs.v1.Entry
+	4,   // 27: wheelfs.v1.ReadDirResponse.metas:type_name -> wheelfs.v1.Meta
+	4,   // 28: wheelfs.v1.ReadDirResponse.dir:type_name -> wheelfs.v1.Meta
+	67,  // 29: wheelfs.v1.ReadDirResponse.dir_xattrs:type_name -> wheelfs.v1.XattrSummary
+	6,   // 30: wheelfs.v1.GetBlocksRequest.caller:type_name -> wheelfs.v1.Caller
+	4,   // 31: wheelfs.v1.GetBlocksResponse.meta:type_name -> wheelfs.v1.Meta
+	23,  // 32: wheelfs.v1.GetBlocksResponse.blocks:type_name -> wheelfs.v1.BlockRef
+	6,   // 33: wheelfs.v1.ReadBlocksRequest.caller:type_name -> wheelfs.v1.Caller
+	6,   // 34: wheelfs.v1.PutBlocksRequest.caller:type_name -> wheelfs.v1.Caller
+	6,   // 35: wheelfs.v1.CommitRequest.caller:type_name -> wheelfs.v1.Caller
+	23,  // 36: wheelfs.v1.CommitRequest.blocks:type_name -> wheelfs.v1.BlockRef
+	19,  // 37: wheelfs.v1.CommitRequest.attrs:type_name -> wheelfs.v1.SetAttrRequest
+	4,   // 38: wheelfs.v1.CommitResponse.meta:type_name -> wheelfs.v1.Meta
+	6,   // 39: wheelfs.v1.XattrRequest.caller:type_name -> wheelfs.v1.Caller
+	4,   // 40: wheelfs.v1.XattrResponse.meta:type_name -> wheelfs.v1.Meta
+	67,  // 41: wheelfs.v1.XattrResponse.xattrs:type_name -> wheelfs.v1.XattrSummary
+	6,   // 42: wheelfs.v1.StatFSRequest.caller:type_name -> wheelfs.v1.Caller
+	6,   // 43: wheelfs.v1.OpenRequest.caller:type_name -> wheelfs.v1.Caller
+	4,   // 44: wheelfs.v1.OpenResponse.meta:type_name -> wheelfs.v1.Meta
+	1,   // 45: wheelfs.v1.Mutation.kind:type_name -> wheelfs.v1.MutationKind
+	42,  // 46: wheelfs.v1.Batch.mutations:type_name -> wheelfs.v1.Mutation
+	43,  // 47: wheelfs.v1.ReplicateRequest.batches:type_name -> wheelfs.v1.Batch
+	2,   // 48: wheelfs.v1.ReplicateResponse.status:type_name -> wheelfs.v1.ReplStatus
+	4,   // 49: wheelfs.v1.ObjectState.meta:type_name -> wheelfs.v1.Meta
+	5,   // 50: wheelfs.v1.ObjectState.entries:type_name -> wheelfs.v1.Entry
+	23,  // 51: wheelfs.v1.ObjectState.blocks:type_name -> wheelfs.v1.BlockRef
+	48,  // 52: wheelfs.v1.InstallRequest.objects:type_name -> wheelfs.v1.ObjectState
+	2,   // 53: wheelfs.v1.InstallResponse.status:type_name -> wheelfs.v1.ReplStatus
+	47,  // 54: wheelfs.v1.DiffRequest.digest:type_name -> wheelfs.v1.DigestResponse
+	4,   // 55: wheelfs.v1.CreateObjectRequest.meta:type_name -> wheelfs.v1.Meta
+	3,   // 56: wheelfs.v1.CreateObjectRequest.cues:type_name -> wheelfs.v1.Cues
+	3,   // 57: wheelfs.v1.CreateObjectRequest.policy:type_name -> wheelfs.v1.Cues
+	4,   // 58: wheelfs.v1.CreateObjectResponse.meta:type_name -> wheelfs.v1.Meta
+	6,   // 59: wheelfs.v1.DropLinkRequest.caller:type_name -> wheelfs.v1.Caller
+	4,   // 60: wheelfs.v1.DropLinkRequest.dir:type_name -> wheelfs.v1.Meta
+	4,   // 61: wheelfs.v1.DropLinkResponse.meta:type_name -> wheelfs.v1.Meta
+	4,   // 62: wheelfs.v1.StatResponse.meta:type_name -> wheelfs.v1.Meta
+	6,   // 63: wheelfs.v1.AddLinkRequest.caller:type_name -> wheelfs.v1.Caller
+	4,   // 64: wheelfs.v1.AddLinkRequest.object:type_name -> wheelfs.v1.Meta
+	4,   // 65: wheelfs.v1.AddLinkResponse.replaced:type_name -> wheelfs.v1.Meta
+	5,   // 66: wheelfs.v1.EntryChange.entry:type_name -> wheelfs.v1.Entry
+	48,  // 67: wheelfs.v1.ReconcileRequest.objects:type_name -> wheelfs.v1.ObjectState
+	64,  // 68: wheelfs.v1.ReconcileRequest.entries:type_name -> wheelfs.v1.EntryChange
+	2,   // 69: wheelfs.v1.ReconcileResponse.status:type_name -> wheelfs.v1.ReplStatus
+	68,  // 70: wheelfs.v1.XattrSummary.attrs:type_name -> wheelfs.v1.Xattr
+	7,   // 71: wheelfs.v1.Storage.Lookup:input_type -> wheelfs.v1.LookupRequest
+	9,   // 72: wheelfs.v1.Storage.GetAttr:input_type -> wheelfs.v1.GetAttrRequest
+	11,  // 73: wheelfs.v1.Storage.Create:input_type -> wheelfs.v1.CreateRequest
+	13,  // 74: wheelfs.v1.Storage.Link:input_type -> wheelfs.v1.LinkRequest
+	15,  // 75: wheelfs.v1.Storage.Remove:input_type -> wheelfs.v1.RemoveRequest
+	17,  // 76: wheelfs.v1.Storage.Rename:input_type -> wheelfs.v1.RenameRequest
+	19,  // 77: wheelfs.v1.Storage.SetAttr:input_type -> wheelfs.v1.SetAttrRequest
+	21,  // 78: wheelfs.v1.Storage.ReadDir:input_type -> wheelfs.v1.ReadDirRequest
+	24,  // 79: wheelfs.v1.Storage.GetBlocks:input_type -> wheelfs.v1.GetBlocksRequest
+	26,  // 80: wheelfs.v1.Storage.ReadBlocks:input_type -> wheelfs.v1.ReadBlocksRequest
+	28,  // 81: wheelfs.v1.Storage.PutBlocks:input_type -> wheelfs.v1.PutBlocksRequest
+	30,  // 82: wheelfs.v1.Storage.Commit:input_type -> wheelfs.v1.CommitRequest
+	32,  // 83: wheelfs.v1.Storage.GetXattr:input_type -> wheelfs.v1.XattrRequest
+	32,  // 84: wheelfs.v1.Storage.ListXattr:input_type -> wheelfs.v1.XattrRequest
+	32,  // 85: wheelfs.v1.Storage.SetXattr:input_type -> wheelfs.v1.XattrRequest
+	32,  // 86: wheelfs.v1.Storage.RemoveXattr:input_type -> wheelfs.v1.XattrRequest
+	34,  // 87: wheelfs.v1.Storage.StatFS:input_type -> wheelfs.v1.StatFSRequest
+	36,  // 88: wheelfs.v1.Storage.Open:input_type -> wheelfs.v1.OpenRequest
+	38,  // 89: wheelfs.v1.Storage.Release:input_type -> wheelfs.v1.ReleaseRequest
+	41,  // 90: wheelfs.v1.Storage.Callbacks:input_type -> wheelfs.v1.CallbackAck
+	44,  // 91: wheelfs.v1.Peer.Replicate:input_type -> wheelfs.v1.ReplicateRequest
+	46,  // 92: wheelfs.v1.Peer.Digest:input_type -> wheelfs.v1.DigestRequest
+	51,  // 93: wheelfs.v1.Peer.Diff:input_type -> wheelfs.v1.DiffRequest
+	49,  // 94: wheelfs.v1.Peer.Install:input_type -> wheelfs.v1.InstallRequest
+	52,  // 95: wheelfs.v1.Peer.FetchBlocks:input_type -> wheelfs.v1.FetchBlocksRequest
+	54,  // 96: wheelfs.v1.Peer.Ping:input_type -> wheelfs.v1.PingRequest
+	56,  // 97: wheelfs.v1.Peer.CreateObject:input_type -> wheelfs.v1.CreateObjectRequest
+	58,  // 98: wheelfs.v1.Peer.DropLink:input_type -> wheelfs.v1.DropLinkRequest
+	60,  // 99: wheelfs.v1.Peer.Stat:input_type -> wheelfs.v1.StatRequest
+	62,  // 100: wheelfs.v1.Peer.AddLink:input_type -> wheelfs.v1.AddLinkRequest
+	65,  // 101: wheelfs.v1.Peer.Reconcile:input_type -> wheelfs.v1.ReconcileRequest
+	8,   // 102: wheelfs.v1.Storage.Lookup:output_type -> wheelfs.v1.LookupResponse
+	10,  // 103: wheelfs.v1.Storage.GetAttr:output_type -> wheelfs.v1.GetAttrResponse
+	12,  // 104: wheelfs.v1.Storage.Create:output_type -> wheelfs.v1.CreateResponse
+	14,  // 105: wheelfs.v1.Storage.Link:output_type -> wheelfs.v1.LinkResponse
+	16,  // 106: wheelfs.v1.Storage.Remove:output_type -> wheelfs.v1.RemoveResponse
+	18,  // 107: wheelfs.v1.Storage.Rename:output_type -> wheelfs.v1.RenameResponse
+	20,  // 108: wheelfs.v1.Storage.SetAttr:output_type -> wheelfs.v1.SetAttrResponse
+	22,  // 109: wheelfs.v1.Storage.ReadDir:output_type -> wheelfs.v1.ReadDirResponse
+	25,  // 110: wheelfs.v1.Storage.GetBlocks:output_type -> wheelfs.v1.GetBlocksResponse
+	27,  // 111: wheelfs.v1.Storage.ReadBlocks:output_type -> wheelfs.v1.ReadBlocksResponse
+	29,  // 112: wheelfs.v1.Storage.PutBlocks:output_type -> wheelfs.v1.PutBlocksResponse
+	31,  // 113: wheelfs.v1.Storage.Commit:output_type -> wheelfs.v1.CommitResponse
+	33,  // 114: wheelfs.v1.Storage.GetXattr:output_type -> wheelfs.v1.XattrResponse
+	33,  // 115: wheelfs.v1.Storage.ListXattr:output_type -> wheelfs.v1.XattrResponse
+	33,  // 116: wheelfs.v1.Storage.SetXattr:output_type -> wheelfs.v1.XattrResponse
+	33,  // 117: wheelfs.v1.Storage.RemoveXattr:output_type -> wheelfs.v1.XattrResponse
+	35,  // 118: wheelfs.v1.Storage.StatFS:output_type -> wheelfs.v1.StatFSResponse
+	37,  // 119: wheelfs.v1.Storage.Open:output_type -> wheelfs.v1.OpenResponse
+	39,  // 120: wheelfs.v1.Storage.Release:output_type -> wheelfs.v1.ReleaseResponse
+	40,  // 121: wheelfs.v1.Storage.Callbacks:output_type -> wheelfs.v1.Revoke
+	45,  // 122: wheelfs.v1.Peer.Replicate:output_type -> wheelfs.v1.ReplicateResponse
+	47,  // 123: wheelfs.v1.Peer.Digest:output_type -> wheelfs.v1.DigestResponse
+	49,  // 124: wheelfs.v1.Peer.Diff:output_type -> wheelfs.v1.InstallRequest
+	50,  // 125: wheelfs.v1.Peer.Install:output_type -> wheelfs.v1.InstallResponse
+	53,  // 126: wheelfs.v1.Peer.FetchBlocks:output_type -> wheelfs.v1.FetchBlocksResponse
+	55,  // 127: wheelfs.v1.Peer.Ping:output_type -> wheelfs.v1.PingResponse
+	57,  // 128: wheelfs.v1.Peer.CreateObject:output_type -> wheelfs.v1.CreateObjectResponse
+	59,  // 129: wheelfs.v1.Peer.DropLink:output_type -> wheelfs.v1.DropLinkResponse
+	61,  // 130: wheelfs.v1.Peer.Stat:output_type -> wheelfs.v1.StatResponse
+	63,  // 131: wheelfs.v1.Peer.AddLink:output_type -> wheelfs.v1.AddLinkResponse
+	66,  // 132: wheelfs.v1.Peer.Reconcile:output_type -> wheelfs.v1.ReconcileResponse
+	102, // [102:133] is the sub-list for method output_type
+	71,  // [71:102] is the sub-list for method input_type
+	71,  // [71:71] is the sub-list for extension type_name
+	71,  // [71:71] is the sub-list for extension extendee
+	0,   // [0:71] is the sub-list for field type_name
 }
 
 func init() { file_wheelfs_proto_init() }
@@ -4982,7 +5212,7 @@ func file_wheelfs_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_wheelfs_proto_rawDesc), len(file_wheelfs_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   64,
+			NumMessages:   66,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

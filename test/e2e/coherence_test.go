@@ -137,6 +137,60 @@ func TestCrossMountCoherence(t *testing.T) {
 		}
 	})
 
+	t.Run("xattrs", func(t *testing.T) {
+		// B reads an attribute (from its lease, once it has one) before
+		// every change on A; A's setxattr or removexattr must revoke it.
+		s := &staleness{t: t, counts: map[string]int{}}
+		defer s.summary()
+		fa, fb := filepath.Join(da, "xf"), filepath.Join(db, "xf")
+		if err := os.WriteFile(fa, []byte("x"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		get := func(p, name string) (string, error) {
+			buf := make([]byte, 256)
+			n, err := syscall.Getxattr(p, name, buf)
+			if err != nil {
+				return "", err
+			}
+			return string(buf[:n]), nil
+		}
+		list := func(p string) ([]string, error) {
+			buf := make([]byte, 1024)
+			n, err := syscall.Listxattr(p, buf)
+			if err != nil {
+				return nil, err
+			}
+			return strings.FieldsFunc(string(buf[:n]), func(r rune) bool { return r == 0 }), nil
+		}
+		for i := range coherenceRounds {
+			if _, err := get(fb, "security.selinux"); !errors.Is(err, syscall.ENODATA) {
+				s.report("absent attribute on B", "round %d: %v, want ENODATA", i, err)
+			}
+			get(fb, "user.k")
+			want := fmt.Sprintf("value %d", i)
+			var err error
+			if i%3 == 2 {
+				want = ""
+				err = syscall.Removexattr(fa, "user.k")
+			} else {
+				err = syscall.Setxattr(fa, "user.k", []byte(want), 0)
+			}
+			if err != nil {
+				t.Fatalf("round %d: change on A: %v", i, err)
+			}
+			got, err := get(fb, "user.k")
+			names, lerr := list(fb)
+			switch {
+			case want == "" && !errors.Is(err, syscall.ENODATA):
+				s.report("removed attribute on B", "round %d: %q, %v; want ENODATA", i, got, err)
+			case want != "" && (err != nil || got != want):
+				s.report("stale attribute on B", "round %d: %q, %v; want %q", i, got, err, want)
+			case lerr != nil || slices.Contains(names, "user.k") != (want != ""):
+				s.report("stale attribute list on B", "round %d: %q, %v (attribute set: %v)", i, names, lerr, want != "")
+			}
+		}
+	})
+
 	t.Run("names", func(t *testing.T) {
 		s := &staleness{t: t, counts: map[string]int{}}
 		defer s.summary()
