@@ -552,7 +552,11 @@ type Caller struct {
 	Session uint64 `protobuf:"varint,5,opt,name=session,proto3" json:"session,omitempty"`
 	// eventual (.EventualConsistency): a backup of the object's slice may
 	// answer, and apply an update, when the primary cannot be reached.
-	Eventual      bool `protobuf:"varint,6,opt,name=eventual,proto3" json:"eventual,omitempty"`
+	Eventual bool `protobuf:"varint,6,opt,name=eventual,proto3" json:"eventual,omitempty"`
+	// handle is the open a data transfer, commit or ftruncate goes through:
+	// the object's primary checks what that open was granted instead of
+	// the file's mode (permission belongs to the open, as on Linux).
+	Handle        *HandleRef `protobuf:"bytes,7,opt,name=handle,proto3" json:"handle,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -629,6 +633,67 @@ func (x *Caller) GetEventual() bool {
 	return false
 }
 
+func (x *Caller) GetHandle() *HandleRef {
+	if x != nil {
+		return x.Handle
+	}
+	return nil
+}
+
+// HandleRef names one open of a file: the client core's random session
+// and a number the client chose for the handle.
+type HandleRef struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Session       uint64                 `protobuf:"varint,1,opt,name=session,proto3" json:"session,omitempty"`
+	Id            uint64                 `protobuf:"varint,2,opt,name=id,proto3" json:"id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HandleRef) Reset() {
+	*x = HandleRef{}
+	mi := &file_wheelfs_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HandleRef) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HandleRef) ProtoMessage() {}
+
+func (x *HandleRef) ProtoReflect() protoreflect.Message {
+	mi := &file_wheelfs_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HandleRef.ProtoReflect.Descriptor instead.
+func (*HandleRef) Descriptor() ([]byte, []int) {
+	return file_wheelfs_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *HandleRef) GetSession() uint64 {
+	if x != nil {
+		return x.Session
+	}
+	return 0
+}
+
+func (x *HandleRef) GetId() uint64 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
 type LookupRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Caller        *Caller                `protobuf:"bytes,1,opt,name=caller,proto3" json:"caller,omitempty"`
@@ -640,7 +705,7 @@ type LookupRequest struct {
 
 func (x *LookupRequest) Reset() {
 	*x = LookupRequest{}
-	mi := &file_wheelfs_proto_msgTypes[4]
+	mi := &file_wheelfs_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -652,7 +717,7 @@ func (x *LookupRequest) String() string {
 func (*LookupRequest) ProtoMessage() {}
 
 func (x *LookupRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[4]
+	mi := &file_wheelfs_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -665,7 +730,7 @@ func (x *LookupRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LookupRequest.ProtoReflect.Descriptor instead.
 func (*LookupRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{4}
+	return file_wheelfs_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *LookupRequest) GetCaller() *Caller {
@@ -703,7 +768,7 @@ type LookupResponse struct {
 
 func (x *LookupResponse) Reset() {
 	*x = LookupResponse{}
-	mi := &file_wheelfs_proto_msgTypes[5]
+	mi := &file_wheelfs_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -715,7 +780,7 @@ func (x *LookupResponse) String() string {
 func (*LookupResponse) ProtoMessage() {}
 
 func (x *LookupResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[5]
+	mi := &file_wheelfs_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -728,7 +793,7 @@ func (x *LookupResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LookupResponse.ProtoReflect.Descriptor instead.
 func (*LookupResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{5}
+	return file_wheelfs_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *LookupResponse) GetEntry() *Entry {
@@ -769,7 +834,7 @@ type GetAttrRequest struct {
 
 func (x *GetAttrRequest) Reset() {
 	*x = GetAttrRequest{}
-	mi := &file_wheelfs_proto_msgTypes[6]
+	mi := &file_wheelfs_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -781,7 +846,7 @@ func (x *GetAttrRequest) String() string {
 func (*GetAttrRequest) ProtoMessage() {}
 
 func (x *GetAttrRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[6]
+	mi := &file_wheelfs_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -794,7 +859,7 @@ func (x *GetAttrRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetAttrRequest.ProtoReflect.Descriptor instead.
 func (*GetAttrRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{6}
+	return file_wheelfs_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *GetAttrRequest) GetCaller() *Caller {
@@ -821,7 +886,7 @@ type GetAttrResponse struct {
 
 func (x *GetAttrResponse) Reset() {
 	*x = GetAttrResponse{}
-	mi := &file_wheelfs_proto_msgTypes[7]
+	mi := &file_wheelfs_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -833,7 +898,7 @@ func (x *GetAttrResponse) String() string {
 func (*GetAttrResponse) ProtoMessage() {}
 
 func (x *GetAttrResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[7]
+	mi := &file_wheelfs_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -846,7 +911,7 @@ func (x *GetAttrResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetAttrResponse.ProtoReflect.Descriptor instead.
 func (*GetAttrResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{7}
+	return file_wheelfs_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *GetAttrResponse) GetMeta() *Meta {
@@ -864,26 +929,29 @@ func (x *GetAttrResponse) GetLeaseMs() uint32 {
 }
 
 type CreateRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Caller        *Caller                `protobuf:"bytes,1,opt,name=caller,proto3" json:"caller,omitempty"`
-	Dir           uint64                 `protobuf:"varint,2,opt,name=dir,proto3" json:"dir,omitempty"`
-	Name          string                 `protobuf:"bytes,3,opt,name=name,proto3" json:"name,omitempty"`
-	Type          Type                   `protobuf:"varint,4,opt,name=type,proto3,enum=wheelfs.v1.Type" json:"type,omitempty"`
-	Mode          uint32                 `protobuf:"varint,5,opt,name=mode,proto3" json:"mode,omitempty"` // already umasked
-	Rdev          uint32                 `protobuf:"varint,6,opt,name=rdev,proto3" json:"rdev,omitempty"`
-	Target        string                 `protobuf:"bytes,7,opt,name=target,proto3" json:"target,omitempty"`        // symlink target
-	Cues          *Cues                  `protobuf:"bytes,8,opt,name=cues,proto3" json:"cues,omitempty"`            // persistent cues for the new object
-	Exclusive     bool                   `protobuf:"varint,9,opt,name=exclusive,proto3" json:"exclusive,omitempty"` // O_EXCL: fail with EEXIST instead of returning the existing file
-	SyncLevel     uint32                 `protobuf:"varint,10,opt,name=sync_level,json=syncLevel,proto3" json:"sync_level,omitempty"`
-	Origin        string                 `protobuf:"bytes,11,opt,name=origin,proto3" json:"origin,omitempty"`                           // the creating client's local server, if any (write-local placement)
-	ClientSite    string                 `protobuf:"bytes,12,opt,name=client_site,json=clientSite,proto3" json:"client_site,omitempty"` // the creating client's site (write-local without a local server)
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	Caller     *Caller                `protobuf:"bytes,1,opt,name=caller,proto3" json:"caller,omitempty"`
+	Dir        uint64                 `protobuf:"varint,2,opt,name=dir,proto3" json:"dir,omitempty"`
+	Name       string                 `protobuf:"bytes,3,opt,name=name,proto3" json:"name,omitempty"`
+	Type       Type                   `protobuf:"varint,4,opt,name=type,proto3,enum=wheelfs.v1.Type" json:"type,omitempty"`
+	Mode       uint32                 `protobuf:"varint,5,opt,name=mode,proto3" json:"mode,omitempty"` // already umasked
+	Rdev       uint32                 `protobuf:"varint,6,opt,name=rdev,proto3" json:"rdev,omitempty"`
+	Target     string                 `protobuf:"bytes,7,opt,name=target,proto3" json:"target,omitempty"`        // symlink target
+	Cues       *Cues                  `protobuf:"bytes,8,opt,name=cues,proto3" json:"cues,omitempty"`            // persistent cues for the new object
+	Exclusive  bool                   `protobuf:"varint,9,opt,name=exclusive,proto3" json:"exclusive,omitempty"` // O_EXCL: fail with EEXIST instead of returning the existing file
+	SyncLevel  uint32                 `protobuf:"varint,10,opt,name=sync_level,json=syncLevel,proto3" json:"sync_level,omitempty"`
+	Origin     string                 `protobuf:"bytes,11,opt,name=origin,proto3" json:"origin,omitempty"`                           // the creating client's local server, if any (write-local placement)
+	ClientSite string                 `protobuf:"bytes,12,opt,name=client_site,json=clientSite,proto3" json:"client_site,omitempty"` // the creating client's site (write-local without a local server)
+	// open_access, when not 0, also opens a new file through caller.handle
+	// with these access bits (4 read, 2 write), whatever its mode (O_CREAT).
+	OpenAccess    uint32 `protobuf:"varint,13,opt,name=open_access,json=openAccess,proto3" json:"open_access,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *CreateRequest) Reset() {
 	*x = CreateRequest{}
-	mi := &file_wheelfs_proto_msgTypes[8]
+	mi := &file_wheelfs_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -895,7 +963,7 @@ func (x *CreateRequest) String() string {
 func (*CreateRequest) ProtoMessage() {}
 
 func (x *CreateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[8]
+	mi := &file_wheelfs_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -908,7 +976,7 @@ func (x *CreateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateRequest.ProtoReflect.Descriptor instead.
 func (*CreateRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{8}
+	return file_wheelfs_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *CreateRequest) GetCaller() *Caller {
@@ -995,19 +1063,29 @@ func (x *CreateRequest) GetClientSite() string {
 	return ""
 }
 
+func (x *CreateRequest) GetOpenAccess() uint32 {
+	if x != nil {
+		return x.OpenAccess
+	}
+	return 0
+}
+
+// opened: the new file was opened as open_access asked (not when the
+// name existed: the client then opens it with the usual check).
 type CreateResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Entry         *Entry                 `protobuf:"bytes,1,opt,name=entry,proto3" json:"entry,omitempty"`
 	Meta          *Meta                  `protobuf:"bytes,2,opt,name=meta,proto3" json:"meta,omitempty"`
 	Dir           *Meta                  `protobuf:"bytes,3,opt,name=dir,proto3" json:"dir,omitempty"`
 	Existed       bool                   `protobuf:"varint,4,opt,name=existed,proto3" json:"existed,omitempty"`
+	Opened        bool                   `protobuf:"varint,5,opt,name=opened,proto3" json:"opened,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *CreateResponse) Reset() {
 	*x = CreateResponse{}
-	mi := &file_wheelfs_proto_msgTypes[9]
+	mi := &file_wheelfs_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1019,7 +1097,7 @@ func (x *CreateResponse) String() string {
 func (*CreateResponse) ProtoMessage() {}
 
 func (x *CreateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[9]
+	mi := &file_wheelfs_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1032,7 +1110,7 @@ func (x *CreateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateResponse.ProtoReflect.Descriptor instead.
 func (*CreateResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{9}
+	return file_wheelfs_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *CreateResponse) GetEntry() *Entry {
@@ -1063,6 +1141,13 @@ func (x *CreateResponse) GetExisted() bool {
 	return false
 }
 
+func (x *CreateResponse) GetOpened() bool {
+	if x != nil {
+		return x.Opened
+	}
+	return false
+}
+
 type LinkRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Caller        *Caller                `protobuf:"bytes,1,opt,name=caller,proto3" json:"caller,omitempty"`
@@ -1075,7 +1160,7 @@ type LinkRequest struct {
 
 func (x *LinkRequest) Reset() {
 	*x = LinkRequest{}
-	mi := &file_wheelfs_proto_msgTypes[10]
+	mi := &file_wheelfs_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1087,7 +1172,7 @@ func (x *LinkRequest) String() string {
 func (*LinkRequest) ProtoMessage() {}
 
 func (x *LinkRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[10]
+	mi := &file_wheelfs_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1100,7 +1185,7 @@ func (x *LinkRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LinkRequest.ProtoReflect.Descriptor instead.
 func (*LinkRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{10}
+	return file_wheelfs_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *LinkRequest) GetCaller() *Caller {
@@ -1140,7 +1225,7 @@ type LinkResponse struct {
 
 func (x *LinkResponse) Reset() {
 	*x = LinkResponse{}
-	mi := &file_wheelfs_proto_msgTypes[11]
+	mi := &file_wheelfs_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1152,7 +1237,7 @@ func (x *LinkResponse) String() string {
 func (*LinkResponse) ProtoMessage() {}
 
 func (x *LinkResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[11]
+	mi := &file_wheelfs_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1165,7 +1250,7 @@ func (x *LinkResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LinkResponse.ProtoReflect.Descriptor instead.
 func (*LinkResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{11}
+	return file_wheelfs_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *LinkResponse) GetMeta() *Meta {
@@ -1189,7 +1274,7 @@ type RemoveRequest struct {
 
 func (x *RemoveRequest) Reset() {
 	*x = RemoveRequest{}
-	mi := &file_wheelfs_proto_msgTypes[12]
+	mi := &file_wheelfs_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1201,7 +1286,7 @@ func (x *RemoveRequest) String() string {
 func (*RemoveRequest) ProtoMessage() {}
 
 func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[12]
+	mi := &file_wheelfs_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1214,7 +1299,7 @@ func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveRequest.ProtoReflect.Descriptor instead.
 func (*RemoveRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{12}
+	return file_wheelfs_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *RemoveRequest) GetCaller() *Caller {
@@ -1268,7 +1353,7 @@ type RemoveResponse struct {
 
 func (x *RemoveResponse) Reset() {
 	*x = RemoveResponse{}
-	mi := &file_wheelfs_proto_msgTypes[13]
+	mi := &file_wheelfs_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1280,7 +1365,7 @@ func (x *RemoveResponse) String() string {
 func (*RemoveResponse) ProtoMessage() {}
 
 func (x *RemoveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[13]
+	mi := &file_wheelfs_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1293,7 +1378,7 @@ func (x *RemoveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveResponse.ProtoReflect.Descriptor instead.
 func (*RemoveResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{13}
+	return file_wheelfs_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *RemoveResponse) GetMeta() *Meta {
@@ -1317,7 +1402,7 @@ type RenameRequest struct {
 
 func (x *RenameRequest) Reset() {
 	*x = RenameRequest{}
-	mi := &file_wheelfs_proto_msgTypes[14]
+	mi := &file_wheelfs_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1329,7 +1414,7 @@ func (x *RenameRequest) String() string {
 func (*RenameRequest) ProtoMessage() {}
 
 func (x *RenameRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[14]
+	mi := &file_wheelfs_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1342,7 +1427,7 @@ func (x *RenameRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenameRequest.ProtoReflect.Descriptor instead.
 func (*RenameRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{14}
+	return file_wheelfs_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *RenameRequest) GetCaller() *Caller {
@@ -1396,7 +1481,7 @@ type RenameResponse struct {
 
 func (x *RenameResponse) Reset() {
 	*x = RenameResponse{}
-	mi := &file_wheelfs_proto_msgTypes[15]
+	mi := &file_wheelfs_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1408,7 +1493,7 @@ func (x *RenameResponse) String() string {
 func (*RenameResponse) ProtoMessage() {}
 
 func (x *RenameResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[15]
+	mi := &file_wheelfs_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1421,7 +1506,7 @@ func (x *RenameResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenameResponse.ProtoReflect.Descriptor instead.
 func (*RenameResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{15}
+	return file_wheelfs_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *RenameResponse) GetReplaced() *Meta {
@@ -1452,7 +1537,7 @@ type SetAttrRequest struct {
 
 func (x *SetAttrRequest) Reset() {
 	*x = SetAttrRequest{}
-	mi := &file_wheelfs_proto_msgTypes[16]
+	mi := &file_wheelfs_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1464,7 +1549,7 @@ func (x *SetAttrRequest) String() string {
 func (*SetAttrRequest) ProtoMessage() {}
 
 func (x *SetAttrRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[16]
+	mi := &file_wheelfs_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1477,7 +1562,7 @@ func (x *SetAttrRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetAttrRequest.ProtoReflect.Descriptor instead.
 func (*SetAttrRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{16}
+	return file_wheelfs_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *SetAttrRequest) GetCaller() *Caller {
@@ -1580,7 +1665,7 @@ type SetAttrResponse struct {
 
 func (x *SetAttrResponse) Reset() {
 	*x = SetAttrResponse{}
-	mi := &file_wheelfs_proto_msgTypes[17]
+	mi := &file_wheelfs_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1592,7 +1677,7 @@ func (x *SetAttrResponse) String() string {
 func (*SetAttrResponse) ProtoMessage() {}
 
 func (x *SetAttrResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[17]
+	mi := &file_wheelfs_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1605,7 +1690,7 @@ func (x *SetAttrResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetAttrResponse.ProtoReflect.Descriptor instead.
 func (*SetAttrResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{17}
+	return file_wheelfs_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *SetAttrResponse) GetMeta() *Meta {
@@ -1628,7 +1713,7 @@ type ReadDirRequest struct {
 
 func (x *ReadDirRequest) Reset() {
 	*x = ReadDirRequest{}
-	mi := &file_wheelfs_proto_msgTypes[18]
+	mi := &file_wheelfs_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1640,7 +1725,7 @@ func (x *ReadDirRequest) String() string {
 func (*ReadDirRequest) ProtoMessage() {}
 
 func (x *ReadDirRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[18]
+	mi := &file_wheelfs_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1653,7 +1738,7 @@ func (x *ReadDirRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadDirRequest.ProtoReflect.Descriptor instead.
 func (*ReadDirRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{18}
+	return file_wheelfs_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ReadDirRequest) GetCaller() *Caller {
@@ -1704,7 +1789,7 @@ type ReadDirResponse struct {
 
 func (x *ReadDirResponse) Reset() {
 	*x = ReadDirResponse{}
-	mi := &file_wheelfs_proto_msgTypes[19]
+	mi := &file_wheelfs_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1716,7 +1801,7 @@ func (x *ReadDirResponse) String() string {
 func (*ReadDirResponse) ProtoMessage() {}
 
 func (x *ReadDirResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[19]
+	mi := &file_wheelfs_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1729,7 +1814,7 @@ func (x *ReadDirResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadDirResponse.ProtoReflect.Descriptor instead.
 func (*ReadDirResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{19}
+	return file_wheelfs_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ReadDirResponse) GetEntries() []*Entry {
@@ -1779,7 +1864,7 @@ type BlockRef struct {
 
 func (x *BlockRef) Reset() {
 	*x = BlockRef{}
-	mi := &file_wheelfs_proto_msgTypes[20]
+	mi := &file_wheelfs_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1791,7 +1876,7 @@ func (x *BlockRef) String() string {
 func (*BlockRef) ProtoMessage() {}
 
 func (x *BlockRef) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[20]
+	mi := &file_wheelfs_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1804,7 +1889,7 @@ func (x *BlockRef) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BlockRef.ProtoReflect.Descriptor instead.
 func (*BlockRef) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{20}
+	return file_wheelfs_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *BlockRef) GetIndex() uint64 {
@@ -1840,7 +1925,7 @@ type GetBlocksRequest struct {
 
 func (x *GetBlocksRequest) Reset() {
 	*x = GetBlocksRequest{}
-	mi := &file_wheelfs_proto_msgTypes[21]
+	mi := &file_wheelfs_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1852,7 +1937,7 @@ func (x *GetBlocksRequest) String() string {
 func (*GetBlocksRequest) ProtoMessage() {}
 
 func (x *GetBlocksRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[21]
+	mi := &file_wheelfs_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1865,7 +1950,7 @@ func (x *GetBlocksRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetBlocksRequest.ProtoReflect.Descriptor instead.
 func (*GetBlocksRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{21}
+	return file_wheelfs_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *GetBlocksRequest) GetCaller() *Caller {
@@ -1906,7 +1991,7 @@ type GetBlocksResponse struct {
 
 func (x *GetBlocksResponse) Reset() {
 	*x = GetBlocksResponse{}
-	mi := &file_wheelfs_proto_msgTypes[22]
+	mi := &file_wheelfs_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1918,7 +2003,7 @@ func (x *GetBlocksResponse) String() string {
 func (*GetBlocksResponse) ProtoMessage() {}
 
 func (x *GetBlocksResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[22]
+	mi := &file_wheelfs_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1931,7 +2016,7 @@ func (x *GetBlocksResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetBlocksResponse.ProtoReflect.Descriptor instead.
 func (*GetBlocksResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{22}
+	return file_wheelfs_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *GetBlocksResponse) GetMeta() *Meta {
@@ -1959,7 +2044,7 @@ type ReadBlocksRequest struct {
 
 func (x *ReadBlocksRequest) Reset() {
 	*x = ReadBlocksRequest{}
-	mi := &file_wheelfs_proto_msgTypes[23]
+	mi := &file_wheelfs_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1971,7 +2056,7 @@ func (x *ReadBlocksRequest) String() string {
 func (*ReadBlocksRequest) ProtoMessage() {}
 
 func (x *ReadBlocksRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[23]
+	mi := &file_wheelfs_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1984,7 +2069,7 @@ func (x *ReadBlocksRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadBlocksRequest.ProtoReflect.Descriptor instead.
 func (*ReadBlocksRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{23}
+	return file_wheelfs_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ReadBlocksRequest) GetCaller() *Caller {
@@ -2017,7 +2102,7 @@ type ReadBlocksResponse struct {
 
 func (x *ReadBlocksResponse) Reset() {
 	*x = ReadBlocksResponse{}
-	mi := &file_wheelfs_proto_msgTypes[24]
+	mi := &file_wheelfs_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2029,7 +2114,7 @@ func (x *ReadBlocksResponse) String() string {
 func (*ReadBlocksResponse) ProtoMessage() {}
 
 func (x *ReadBlocksResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[24]
+	mi := &file_wheelfs_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2042,7 +2127,7 @@ func (x *ReadBlocksResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadBlocksResponse.ProtoReflect.Descriptor instead.
 func (*ReadBlocksResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{24}
+	return file_wheelfs_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ReadBlocksResponse) GetData() [][]byte {
@@ -2063,7 +2148,7 @@ type PutBlocksRequest struct {
 
 func (x *PutBlocksRequest) Reset() {
 	*x = PutBlocksRequest{}
-	mi := &file_wheelfs_proto_msgTypes[25]
+	mi := &file_wheelfs_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2075,7 +2160,7 @@ func (x *PutBlocksRequest) String() string {
 func (*PutBlocksRequest) ProtoMessage() {}
 
 func (x *PutBlocksRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[25]
+	mi := &file_wheelfs_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2088,7 +2173,7 @@ func (x *PutBlocksRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutBlocksRequest.ProtoReflect.Descriptor instead.
 func (*PutBlocksRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{25}
+	return file_wheelfs_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *PutBlocksRequest) GetCaller() *Caller {
@@ -2121,7 +2206,7 @@ type PutBlocksResponse struct {
 
 func (x *PutBlocksResponse) Reset() {
 	*x = PutBlocksResponse{}
-	mi := &file_wheelfs_proto_msgTypes[26]
+	mi := &file_wheelfs_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2133,7 +2218,7 @@ func (x *PutBlocksResponse) String() string {
 func (*PutBlocksResponse) ProtoMessage() {}
 
 func (x *PutBlocksResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[26]
+	mi := &file_wheelfs_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2146,7 +2231,7 @@ func (x *PutBlocksResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutBlocksResponse.ProtoReflect.Descriptor instead.
 func (*PutBlocksResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{26}
+	return file_wheelfs_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *PutBlocksResponse) GetHashes() [][]byte {
@@ -2175,7 +2260,7 @@ type CommitRequest struct {
 
 func (x *CommitRequest) Reset() {
 	*x = CommitRequest{}
-	mi := &file_wheelfs_proto_msgTypes[27]
+	mi := &file_wheelfs_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2187,7 +2272,7 @@ func (x *CommitRequest) String() string {
 func (*CommitRequest) ProtoMessage() {}
 
 func (x *CommitRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[27]
+	mi := &file_wheelfs_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2200,7 +2285,7 @@ func (x *CommitRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitRequest.ProtoReflect.Descriptor instead.
 func (*CommitRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{27}
+	return file_wheelfs_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *CommitRequest) GetCaller() *Caller {
@@ -2261,7 +2346,7 @@ type CommitResponse struct {
 
 func (x *CommitResponse) Reset() {
 	*x = CommitResponse{}
-	mi := &file_wheelfs_proto_msgTypes[28]
+	mi := &file_wheelfs_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2273,7 +2358,7 @@ func (x *CommitResponse) String() string {
 func (*CommitResponse) ProtoMessage() {}
 
 func (x *CommitResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[28]
+	mi := &file_wheelfs_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2286,7 +2371,7 @@ func (x *CommitResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitResponse.ProtoReflect.Descriptor instead.
 func (*CommitResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{28}
+	return file_wheelfs_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *CommitResponse) GetMeta() *Meta {
@@ -2309,7 +2394,7 @@ type XattrRequest struct {
 
 func (x *XattrRequest) Reset() {
 	*x = XattrRequest{}
-	mi := &file_wheelfs_proto_msgTypes[29]
+	mi := &file_wheelfs_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2321,7 +2406,7 @@ func (x *XattrRequest) String() string {
 func (*XattrRequest) ProtoMessage() {}
 
 func (x *XattrRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[29]
+	mi := &file_wheelfs_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2334,7 +2419,7 @@ func (x *XattrRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use XattrRequest.ProtoReflect.Descriptor instead.
 func (*XattrRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{29}
+	return file_wheelfs_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *XattrRequest) GetCaller() *Caller {
@@ -2382,7 +2467,7 @@ type XattrResponse struct {
 
 func (x *XattrResponse) Reset() {
 	*x = XattrResponse{}
-	mi := &file_wheelfs_proto_msgTypes[30]
+	mi := &file_wheelfs_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2394,7 +2479,7 @@ func (x *XattrResponse) String() string {
 func (*XattrResponse) ProtoMessage() {}
 
 func (x *XattrResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[30]
+	mi := &file_wheelfs_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2407,7 +2492,7 @@ func (x *XattrResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use XattrResponse.ProtoReflect.Descriptor instead.
 func (*XattrResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{30}
+	return file_wheelfs_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *XattrResponse) GetValue() []byte {
@@ -2433,7 +2518,7 @@ type StatFSRequest struct {
 
 func (x *StatFSRequest) Reset() {
 	*x = StatFSRequest{}
-	mi := &file_wheelfs_proto_msgTypes[31]
+	mi := &file_wheelfs_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2445,7 +2530,7 @@ func (x *StatFSRequest) String() string {
 func (*StatFSRequest) ProtoMessage() {}
 
 func (x *StatFSRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[31]
+	mi := &file_wheelfs_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2458,7 +2543,7 @@ func (x *StatFSRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatFSRequest.ProtoReflect.Descriptor instead.
 func (*StatFSRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{31}
+	return file_wheelfs_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *StatFSRequest) GetCaller() *Caller {
@@ -2483,7 +2568,7 @@ type StatFSResponse struct {
 
 func (x *StatFSResponse) Reset() {
 	*x = StatFSResponse{}
-	mi := &file_wheelfs_proto_msgTypes[32]
+	mi := &file_wheelfs_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2495,7 +2580,7 @@ func (x *StatFSResponse) String() string {
 func (*StatFSResponse) ProtoMessage() {}
 
 func (x *StatFSResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[32]
+	mi := &file_wheelfs_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2508,7 +2593,7 @@ func (x *StatFSResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatFSResponse.ProtoReflect.Descriptor instead.
 func (*StatFSResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{32}
+	return file_wheelfs_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *StatFSResponse) GetBlocks() uint64 {
@@ -2571,7 +2656,7 @@ type OpenRequest struct {
 
 func (x *OpenRequest) Reset() {
 	*x = OpenRequest{}
-	mi := &file_wheelfs_proto_msgTypes[33]
+	mi := &file_wheelfs_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2583,7 +2668,7 @@ func (x *OpenRequest) String() string {
 func (*OpenRequest) ProtoMessage() {}
 
 func (x *OpenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[33]
+	mi := &file_wheelfs_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2596,7 +2681,7 @@ func (x *OpenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OpenRequest.ProtoReflect.Descriptor instead.
 func (*OpenRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{33}
+	return file_wheelfs_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *OpenRequest) GetCaller() *Caller {
@@ -2630,7 +2715,7 @@ type OpenResponse struct {
 
 func (x *OpenResponse) Reset() {
 	*x = OpenResponse{}
-	mi := &file_wheelfs_proto_msgTypes[34]
+	mi := &file_wheelfs_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2642,7 +2727,7 @@ func (x *OpenResponse) String() string {
 func (*OpenResponse) ProtoMessage() {}
 
 func (x *OpenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[34]
+	mi := &file_wheelfs_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2655,7 +2740,7 @@ func (x *OpenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OpenResponse.ProtoReflect.Descriptor instead.
 func (*OpenResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{34}
+	return file_wheelfs_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *OpenResponse) GetMeta() *Meta {
@@ -2675,13 +2760,14 @@ func (x *OpenResponse) GetLeaseMs() uint32 {
 type ReleaseRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Id            uint64                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
+	Handle        *HandleRef             `protobuf:"bytes,2,opt,name=handle,proto3" json:"handle,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ReleaseRequest) Reset() {
 	*x = ReleaseRequest{}
-	mi := &file_wheelfs_proto_msgTypes[35]
+	mi := &file_wheelfs_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2693,7 +2779,7 @@ func (x *ReleaseRequest) String() string {
 func (*ReleaseRequest) ProtoMessage() {}
 
 func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[35]
+	mi := &file_wheelfs_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2706,7 +2792,7 @@ func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{35}
+	return file_wheelfs_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *ReleaseRequest) GetId() uint64 {
@@ -2714,6 +2800,13 @@ func (x *ReleaseRequest) GetId() uint64 {
 		return x.Id
 	}
 	return 0
+}
+
+func (x *ReleaseRequest) GetHandle() *HandleRef {
+	if x != nil {
+		return x.Handle
+	}
+	return nil
 }
 
 type ReleaseResponse struct {
@@ -2724,7 +2817,7 @@ type ReleaseResponse struct {
 
 func (x *ReleaseResponse) Reset() {
 	*x = ReleaseResponse{}
-	mi := &file_wheelfs_proto_msgTypes[36]
+	mi := &file_wheelfs_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2736,7 +2829,7 @@ func (x *ReleaseResponse) String() string {
 func (*ReleaseResponse) ProtoMessage() {}
 
 func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[36]
+	mi := &file_wheelfs_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2749,7 +2842,7 @@ func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{36}
+	return file_wheelfs_proto_rawDescGZIP(), []int{37}
 }
 
 // Revoke withdraws the session's leases on ids.
@@ -2763,7 +2856,7 @@ type Revoke struct {
 
 func (x *Revoke) Reset() {
 	*x = Revoke{}
-	mi := &file_wheelfs_proto_msgTypes[37]
+	mi := &file_wheelfs_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2775,7 +2868,7 @@ func (x *Revoke) String() string {
 func (*Revoke) ProtoMessage() {}
 
 func (x *Revoke) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[37]
+	mi := &file_wheelfs_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2788,7 +2881,7 @@ func (x *Revoke) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Revoke.ProtoReflect.Descriptor instead.
 func (*Revoke) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{37}
+	return file_wheelfs_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *Revoke) GetSeq() uint64 {
@@ -2815,7 +2908,7 @@ type CallbackAck struct {
 
 func (x *CallbackAck) Reset() {
 	*x = CallbackAck{}
-	mi := &file_wheelfs_proto_msgTypes[38]
+	mi := &file_wheelfs_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2827,7 +2920,7 @@ func (x *CallbackAck) String() string {
 func (*CallbackAck) ProtoMessage() {}
 
 func (x *CallbackAck) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[38]
+	mi := &file_wheelfs_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2840,7 +2933,7 @@ func (x *CallbackAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CallbackAck.ProtoReflect.Descriptor instead.
 func (*CallbackAck) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{38}
+	return file_wheelfs_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *CallbackAck) GetSession() uint64 {
@@ -2870,7 +2963,7 @@ type Mutation struct {
 
 func (x *Mutation) Reset() {
 	*x = Mutation{}
-	mi := &file_wheelfs_proto_msgTypes[39]
+	mi := &file_wheelfs_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2882,7 +2975,7 @@ func (x *Mutation) String() string {
 func (*Mutation) ProtoMessage() {}
 
 func (x *Mutation) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[39]
+	mi := &file_wheelfs_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2895,7 +2988,7 @@ func (x *Mutation) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Mutation.ProtoReflect.Descriptor instead.
 func (*Mutation) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{39}
+	return file_wheelfs_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *Mutation) GetKind() MutationKind {
@@ -2944,7 +3037,7 @@ type Batch struct {
 
 func (x *Batch) Reset() {
 	*x = Batch{}
-	mi := &file_wheelfs_proto_msgTypes[40]
+	mi := &file_wheelfs_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2956,7 +3049,7 @@ func (x *Batch) String() string {
 func (*Batch) ProtoMessage() {}
 
 func (x *Batch) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[40]
+	mi := &file_wheelfs_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2969,7 +3062,7 @@ func (x *Batch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Batch.ProtoReflect.Descriptor instead.
 func (*Batch) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{40}
+	return file_wheelfs_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *Batch) GetSeq() uint64 {
@@ -3001,7 +3094,7 @@ type ReplicateRequest struct {
 
 func (x *ReplicateRequest) Reset() {
 	*x = ReplicateRequest{}
-	mi := &file_wheelfs_proto_msgTypes[41]
+	mi := &file_wheelfs_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3013,7 +3106,7 @@ func (x *ReplicateRequest) String() string {
 func (*ReplicateRequest) ProtoMessage() {}
 
 func (x *ReplicateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[41]
+	mi := &file_wheelfs_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3026,7 +3119,7 @@ func (x *ReplicateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicateRequest.ProtoReflect.Descriptor instead.
 func (*ReplicateRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{41}
+	return file_wheelfs_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *ReplicateRequest) GetSlice() uint32 {
@@ -3069,7 +3162,7 @@ type ReplicateResponse struct {
 
 func (x *ReplicateResponse) Reset() {
 	*x = ReplicateResponse{}
-	mi := &file_wheelfs_proto_msgTypes[42]
+	mi := &file_wheelfs_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3081,7 +3174,7 @@ func (x *ReplicateResponse) String() string {
 func (*ReplicateResponse) ProtoMessage() {}
 
 func (x *ReplicateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[42]
+	mi := &file_wheelfs_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3094,7 +3187,7 @@ func (x *ReplicateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicateResponse.ProtoReflect.Descriptor instead.
 func (*ReplicateResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{42}
+	return file_wheelfs_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *ReplicateResponse) GetStatus() ReplStatus {
@@ -3134,7 +3227,7 @@ type DigestRequest struct {
 
 func (x *DigestRequest) Reset() {
 	*x = DigestRequest{}
-	mi := &file_wheelfs_proto_msgTypes[43]
+	mi := &file_wheelfs_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3146,7 +3239,7 @@ func (x *DigestRequest) String() string {
 func (*DigestRequest) ProtoMessage() {}
 
 func (x *DigestRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[43]
+	mi := &file_wheelfs_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3159,7 +3252,7 @@ func (x *DigestRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DigestRequest.ProtoReflect.Descriptor instead.
 func (*DigestRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{43}
+	return file_wheelfs_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *DigestRequest) GetSlice() uint32 {
@@ -3184,7 +3277,7 @@ type DigestResponse struct {
 
 func (x *DigestResponse) Reset() {
 	*x = DigestResponse{}
-	mi := &file_wheelfs_proto_msgTypes[44]
+	mi := &file_wheelfs_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3196,7 +3289,7 @@ func (x *DigestResponse) String() string {
 func (*DigestResponse) ProtoMessage() {}
 
 func (x *DigestResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[44]
+	mi := &file_wheelfs_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3209,7 +3302,7 @@ func (x *DigestResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DigestResponse.ProtoReflect.Descriptor instead.
 func (*DigestResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{44}
+	return file_wheelfs_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *DigestResponse) GetEpoch() int64 {
@@ -3261,7 +3354,7 @@ type ObjectState struct {
 
 func (x *ObjectState) Reset() {
 	*x = ObjectState{}
-	mi := &file_wheelfs_proto_msgTypes[45]
+	mi := &file_wheelfs_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3273,7 +3366,7 @@ func (x *ObjectState) String() string {
 func (*ObjectState) ProtoMessage() {}
 
 func (x *ObjectState) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[45]
+	mi := &file_wheelfs_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3286,7 +3379,7 @@ func (x *ObjectState) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ObjectState.ProtoReflect.Descriptor instead.
 func (*ObjectState) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{45}
+	return file_wheelfs_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *ObjectState) GetMeta() *Meta {
@@ -3342,7 +3435,7 @@ type InstallRequest struct {
 
 func (x *InstallRequest) Reset() {
 	*x = InstallRequest{}
-	mi := &file_wheelfs_proto_msgTypes[46]
+	mi := &file_wheelfs_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3354,7 +3447,7 @@ func (x *InstallRequest) String() string {
 func (*InstallRequest) ProtoMessage() {}
 
 func (x *InstallRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[46]
+	mi := &file_wheelfs_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3367,7 +3460,7 @@ func (x *InstallRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InstallRequest.ProtoReflect.Descriptor instead.
 func (*InstallRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{46}
+	return file_wheelfs_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *InstallRequest) GetSlice() uint32 {
@@ -3436,7 +3529,7 @@ type InstallResponse struct {
 
 func (x *InstallResponse) Reset() {
 	*x = InstallResponse{}
-	mi := &file_wheelfs_proto_msgTypes[47]
+	mi := &file_wheelfs_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3448,7 +3541,7 @@ func (x *InstallResponse) String() string {
 func (*InstallResponse) ProtoMessage() {}
 
 func (x *InstallResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[47]
+	mi := &file_wheelfs_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3461,7 +3554,7 @@ func (x *InstallResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InstallResponse.ProtoReflect.Descriptor instead.
 func (*InstallResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{47}
+	return file_wheelfs_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *InstallResponse) GetStatus() ReplStatus {
@@ -3488,7 +3581,7 @@ type DiffRequest struct {
 
 func (x *DiffRequest) Reset() {
 	*x = DiffRequest{}
-	mi := &file_wheelfs_proto_msgTypes[48]
+	mi := &file_wheelfs_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3500,7 +3593,7 @@ func (x *DiffRequest) String() string {
 func (*DiffRequest) ProtoMessage() {}
 
 func (x *DiffRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[48]
+	mi := &file_wheelfs_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3513,7 +3606,7 @@ func (x *DiffRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DiffRequest.ProtoReflect.Descriptor instead.
 func (*DiffRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{48}
+	return file_wheelfs_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *DiffRequest) GetSlice() uint32 {
@@ -3539,7 +3632,7 @@ type FetchBlocksRequest struct {
 
 func (x *FetchBlocksRequest) Reset() {
 	*x = FetchBlocksRequest{}
-	mi := &file_wheelfs_proto_msgTypes[49]
+	mi := &file_wheelfs_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3551,7 +3644,7 @@ func (x *FetchBlocksRequest) String() string {
 func (*FetchBlocksRequest) ProtoMessage() {}
 
 func (x *FetchBlocksRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[49]
+	mi := &file_wheelfs_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3564,7 +3657,7 @@ func (x *FetchBlocksRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FetchBlocksRequest.ProtoReflect.Descriptor instead.
 func (*FetchBlocksRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{49}
+	return file_wheelfs_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *FetchBlocksRequest) GetHashes() [][]byte {
@@ -3583,7 +3676,7 @@ type FetchBlocksResponse struct {
 
 func (x *FetchBlocksResponse) Reset() {
 	*x = FetchBlocksResponse{}
-	mi := &file_wheelfs_proto_msgTypes[50]
+	mi := &file_wheelfs_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3595,7 +3688,7 @@ func (x *FetchBlocksResponse) String() string {
 func (*FetchBlocksResponse) ProtoMessage() {}
 
 func (x *FetchBlocksResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[50]
+	mi := &file_wheelfs_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3608,7 +3701,7 @@ func (x *FetchBlocksResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FetchBlocksResponse.ProtoReflect.Descriptor instead.
 func (*FetchBlocksResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{50}
+	return file_wheelfs_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *FetchBlocksResponse) GetData() [][]byte {
@@ -3626,7 +3719,7 @@ type PingRequest struct {
 
 func (x *PingRequest) Reset() {
 	*x = PingRequest{}
-	mi := &file_wheelfs_proto_msgTypes[51]
+	mi := &file_wheelfs_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3638,7 +3731,7 @@ func (x *PingRequest) String() string {
 func (*PingRequest) ProtoMessage() {}
 
 func (x *PingRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[51]
+	mi := &file_wheelfs_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3651,7 +3744,7 @@ func (x *PingRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PingRequest.ProtoReflect.Descriptor instead.
 func (*PingRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{51}
+	return file_wheelfs_proto_rawDescGZIP(), []int{52}
 }
 
 type PingResponse struct {
@@ -3663,7 +3756,7 @@ type PingResponse struct {
 
 func (x *PingResponse) Reset() {
 	*x = PingResponse{}
-	mi := &file_wheelfs_proto_msgTypes[52]
+	mi := &file_wheelfs_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3675,7 +3768,7 @@ func (x *PingResponse) String() string {
 func (*PingResponse) ProtoMessage() {}
 
 func (x *PingResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[52]
+	mi := &file_wheelfs_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3688,7 +3781,7 @@ func (x *PingResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PingResponse.ProtoReflect.Descriptor instead.
 func (*PingResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{52}
+	return file_wheelfs_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *PingResponse) GetId() string {
@@ -3701,18 +3794,22 @@ func (x *PingResponse) GetId() string {
 // CreateObjectRequest asks the server chosen by placement to create an
 // object that a directory on another server will name (two-step create).
 type CreateObjectRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Meta          *Meta                  `protobuf:"bytes,1,opt,name=meta,proto3" json:"meta,omitempty"` // everything but the id
-	Cues          *Cues                  `protobuf:"bytes,2,opt,name=cues,proto3" json:"cues,omitempty"`
-	Policy        *Cues                  `protobuf:"bytes,3,opt,name=policy,proto3" json:"policy,omitempty"` // the slice policy for the object, resolved by the directory's primary
-	SyncLevel     uint32                 `protobuf:"varint,4,opt,name=sync_level,json=syncLevel,proto3" json:"sync_level,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Meta      *Meta                  `protobuf:"bytes,1,opt,name=meta,proto3" json:"meta,omitempty"` // everything but the id
+	Cues      *Cues                  `protobuf:"bytes,2,opt,name=cues,proto3" json:"cues,omitempty"`
+	Policy    *Cues                  `protobuf:"bytes,3,opt,name=policy,proto3" json:"policy,omitempty"` // the slice policy for the object, resolved by the directory's primary
+	SyncLevel uint32                 `protobuf:"varint,4,opt,name=sync_level,json=syncLevel,proto3" json:"sync_level,omitempty"`
+	// handle and open_access: open the new object for the creating client
+	// (CreateRequest.open_access), in the same transaction.
+	Handle        *HandleRef `protobuf:"bytes,5,opt,name=handle,proto3" json:"handle,omitempty"`
+	OpenAccess    uint32     `protobuf:"varint,6,opt,name=open_access,json=openAccess,proto3" json:"open_access,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *CreateObjectRequest) Reset() {
 	*x = CreateObjectRequest{}
-	mi := &file_wheelfs_proto_msgTypes[53]
+	mi := &file_wheelfs_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3724,7 +3821,7 @@ func (x *CreateObjectRequest) String() string {
 func (*CreateObjectRequest) ProtoMessage() {}
 
 func (x *CreateObjectRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[53]
+	mi := &file_wheelfs_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3737,7 +3834,7 @@ func (x *CreateObjectRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateObjectRequest.ProtoReflect.Descriptor instead.
 func (*CreateObjectRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{53}
+	return file_wheelfs_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *CreateObjectRequest) GetMeta() *Meta {
@@ -3768,6 +3865,20 @@ func (x *CreateObjectRequest) GetSyncLevel() uint32 {
 	return 0
 }
 
+func (x *CreateObjectRequest) GetHandle() *HandleRef {
+	if x != nil {
+		return x.Handle
+	}
+	return nil
+}
+
+func (x *CreateObjectRequest) GetOpenAccess() uint32 {
+	if x != nil {
+		return x.OpenAccess
+	}
+	return 0
+}
+
 type CreateObjectResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Meta          *Meta                  `protobuf:"bytes,1,opt,name=meta,proto3" json:"meta,omitempty"`
@@ -3777,7 +3888,7 @@ type CreateObjectResponse struct {
 
 func (x *CreateObjectResponse) Reset() {
 	*x = CreateObjectResponse{}
-	mi := &file_wheelfs_proto_msgTypes[54]
+	mi := &file_wheelfs_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3789,7 +3900,7 @@ func (x *CreateObjectResponse) String() string {
 func (*CreateObjectResponse) ProtoMessage() {}
 
 func (x *CreateObjectResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[54]
+	mi := &file_wheelfs_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3802,7 +3913,7 @@ func (x *CreateObjectResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateObjectResponse.ProtoReflect.Descriptor instead.
 func (*CreateObjectResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{54}
+	return file_wheelfs_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *CreateObjectResponse) GetMeta() *Meta {
@@ -3822,13 +3933,14 @@ type DropLinkRequest struct {
 	SyncLevel     uint32                 `protobuf:"varint,4,opt,name=sync_level,json=syncLevel,proto3" json:"sync_level,omitempty"`
 	Caller        *Caller                `protobuf:"bytes,5,opt,name=caller,proto3" json:"caller,omitempty"` // checked against dir and the object (sticky directories); none: no check
 	Dir           *Meta                  `protobuf:"bytes,6,opt,name=dir,proto3" json:"dir,omitempty"`
+	Handle        *HandleRef             `protobuf:"bytes,7,opt,name=handle,proto3" json:"handle,omitempty"` // an open of the object to end first (a create+open whose name was not added)
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *DropLinkRequest) Reset() {
 	*x = DropLinkRequest{}
-	mi := &file_wheelfs_proto_msgTypes[55]
+	mi := &file_wheelfs_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3840,7 +3952,7 @@ func (x *DropLinkRequest) String() string {
 func (*DropLinkRequest) ProtoMessage() {}
 
 func (x *DropLinkRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[55]
+	mi := &file_wheelfs_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3853,7 +3965,7 @@ func (x *DropLinkRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DropLinkRequest.ProtoReflect.Descriptor instead.
 func (*DropLinkRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{55}
+	return file_wheelfs_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *DropLinkRequest) GetId() uint64 {
@@ -3898,6 +4010,13 @@ func (x *DropLinkRequest) GetDir() *Meta {
 	return nil
 }
 
+func (x *DropLinkRequest) GetHandle() *HandleRef {
+	if x != nil {
+		return x.Handle
+	}
+	return nil
+}
+
 type DropLinkResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Meta          *Meta                  `protobuf:"bytes,1,opt,name=meta,proto3" json:"meta,omitempty"`
@@ -3907,7 +4026,7 @@ type DropLinkResponse struct {
 
 func (x *DropLinkResponse) Reset() {
 	*x = DropLinkResponse{}
-	mi := &file_wheelfs_proto_msgTypes[56]
+	mi := &file_wheelfs_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3919,7 +4038,7 @@ func (x *DropLinkResponse) String() string {
 func (*DropLinkResponse) ProtoMessage() {}
 
 func (x *DropLinkResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[56]
+	mi := &file_wheelfs_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3932,7 +4051,7 @@ func (x *DropLinkResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DropLinkResponse.ProtoReflect.Descriptor instead.
 func (*DropLinkResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{56}
+	return file_wheelfs_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *DropLinkResponse) GetMeta() *Meta {
@@ -3951,7 +4070,7 @@ type StatRequest struct {
 
 func (x *StatRequest) Reset() {
 	*x = StatRequest{}
-	mi := &file_wheelfs_proto_msgTypes[57]
+	mi := &file_wheelfs_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3963,7 +4082,7 @@ func (x *StatRequest) String() string {
 func (*StatRequest) ProtoMessage() {}
 
 func (x *StatRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[57]
+	mi := &file_wheelfs_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3976,7 +4095,7 @@ func (x *StatRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatRequest.ProtoReflect.Descriptor instead.
 func (*StatRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{57}
+	return file_wheelfs_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *StatRequest) GetId() uint64 {
@@ -3995,7 +4114,7 @@ type StatResponse struct {
 
 func (x *StatResponse) Reset() {
 	*x = StatResponse{}
-	mi := &file_wheelfs_proto_msgTypes[58]
+	mi := &file_wheelfs_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4007,7 +4126,7 @@ func (x *StatResponse) String() string {
 func (*StatResponse) ProtoMessage() {}
 
 func (x *StatResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[58]
+	mi := &file_wheelfs_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4020,7 +4139,7 @@ func (x *StatResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatResponse.ProtoReflect.Descriptor instead.
 func (*StatResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{58}
+	return file_wheelfs_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *StatResponse) GetMeta() *Meta {
@@ -4052,7 +4171,7 @@ type AddLinkRequest struct {
 
 func (x *AddLinkRequest) Reset() {
 	*x = AddLinkRequest{}
-	mi := &file_wheelfs_proto_msgTypes[59]
+	mi := &file_wheelfs_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4064,7 +4183,7 @@ func (x *AddLinkRequest) String() string {
 func (*AddLinkRequest) ProtoMessage() {}
 
 func (x *AddLinkRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[59]
+	mi := &file_wheelfs_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4077,7 +4196,7 @@ func (x *AddLinkRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddLinkRequest.ProtoReflect.Descriptor instead.
 func (*AddLinkRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{59}
+	return file_wheelfs_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *AddLinkRequest) GetCaller() *Caller {
@@ -4148,7 +4267,7 @@ type AddLinkResponse struct {
 
 func (x *AddLinkResponse) Reset() {
 	*x = AddLinkResponse{}
-	mi := &file_wheelfs_proto_msgTypes[60]
+	mi := &file_wheelfs_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4160,7 +4279,7 @@ func (x *AddLinkResponse) String() string {
 func (*AddLinkResponse) ProtoMessage() {}
 
 func (x *AddLinkResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[60]
+	mi := &file_wheelfs_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4173,7 +4292,7 @@ func (x *AddLinkResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddLinkResponse.ProtoReflect.Descriptor instead.
 func (*AddLinkResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{60}
+	return file_wheelfs_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *AddLinkResponse) GetReplaced() *Meta {
@@ -4205,7 +4324,7 @@ type EntryChange struct {
 
 func (x *EntryChange) Reset() {
 	*x = EntryChange{}
-	mi := &file_wheelfs_proto_msgTypes[61]
+	mi := &file_wheelfs_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4217,7 +4336,7 @@ func (x *EntryChange) String() string {
 func (*EntryChange) ProtoMessage() {}
 
 func (x *EntryChange) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[61]
+	mi := &file_wheelfs_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4230,7 +4349,7 @@ func (x *EntryChange) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EntryChange.ProtoReflect.Descriptor instead.
 func (*EntryChange) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{61}
+	return file_wheelfs_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *EntryChange) GetDir() uint64 {
@@ -4277,7 +4396,7 @@ type ReconcileRequest struct {
 
 func (x *ReconcileRequest) Reset() {
 	*x = ReconcileRequest{}
-	mi := &file_wheelfs_proto_msgTypes[62]
+	mi := &file_wheelfs_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4289,7 +4408,7 @@ func (x *ReconcileRequest) String() string {
 func (*ReconcileRequest) ProtoMessage() {}
 
 func (x *ReconcileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[62]
+	mi := &file_wheelfs_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4302,7 +4421,7 @@ func (x *ReconcileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReconcileRequest.ProtoReflect.Descriptor instead.
 func (*ReconcileRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{62}
+	return file_wheelfs_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *ReconcileRequest) GetSlice() uint32 {
@@ -4342,7 +4461,7 @@ type ReconcileResponse struct {
 
 func (x *ReconcileResponse) Reset() {
 	*x = ReconcileResponse{}
-	mi := &file_wheelfs_proto_msgTypes[63]
+	mi := &file_wheelfs_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4354,7 +4473,7 @@ func (x *ReconcileResponse) String() string {
 func (*ReconcileResponse) ProtoMessage() {}
 
 func (x *ReconcileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[63]
+	mi := &file_wheelfs_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4367,7 +4486,7 @@ func (x *ReconcileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReconcileResponse.ProtoReflect.Descriptor instead.
 func (*ReconcileResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{63}
+	return file_wheelfs_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *ReconcileResponse) GetStatus() ReplStatus {
@@ -4413,14 +4532,18 @@ const file_wheelfs_proto_rawDesc = "" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x0e\n" +
 	"\x02id\x18\x02 \x01(\x04R\x02id\x12$\n" +
 	"\x04type\x18\x03 \x01(\x0e2\x10.wheelfs.v1.TypeR\x04type\x12\x18\n" +
-	"\aversion\x18\x04 \x01(\x04R\aversion\"\x8c\x01\n" +
+	"\aversion\x18\x04 \x01(\x04R\aversion\"\xbb\x01\n" +
 	"\x06Caller\x12\x10\n" +
 	"\x03uid\x18\x01 \x01(\rR\x03uid\x12\x10\n" +
 	"\x03gid\x18\x02 \x01(\rR\x03gid\x12\x16\n" +
 	"\x06groups\x18\x03 \x03(\rR\x06groups\x12\x10\n" +
 	"\x03pid\x18\x04 \x01(\rR\x03pid\x12\x18\n" +
 	"\asession\x18\x05 \x01(\x04R\asession\x12\x1a\n" +
-	"\beventual\x18\x06 \x01(\bR\beventual\"a\n" +
+	"\beventual\x18\x06 \x01(\bR\beventual\x12-\n" +
+	"\x06handle\x18\a \x01(\v2\x15.wheelfs.v1.HandleRefR\x06handle\"5\n" +
+	"\tHandleRef\x12\x18\n" +
+	"\asession\x18\x01 \x01(\x04R\asession\x12\x0e\n" +
+	"\x02id\x18\x02 \x01(\x04R\x02id\"a\n" +
 	"\rLookupRequest\x12*\n" +
 	"\x06caller\x18\x01 \x01(\v2\x12.wheelfs.v1.CallerR\x06caller\x12\x10\n" +
 	"\x03dir\x18\x02 \x01(\x04R\x03dir\x12\x12\n" +
@@ -4435,7 +4558,7 @@ const file_wheelfs_proto_rawDesc = "" +
 	"\x02id\x18\x02 \x01(\x04R\x02id\"R\n" +
 	"\x0fGetAttrResponse\x12$\n" +
 	"\x04meta\x18\x01 \x01(\v2\x10.wheelfs.v1.MetaR\x04meta\x12\x19\n" +
-	"\blease_ms\x18\x02 \x01(\rR\aleaseMs\"\xe3\x02\n" +
+	"\blease_ms\x18\x02 \x01(\rR\aleaseMs\"\x84\x03\n" +
 	"\rCreateRequest\x12*\n" +
 	"\x06caller\x18\x01 \x01(\v2\x12.wheelfs.v1.CallerR\x06caller\x12\x10\n" +
 	"\x03dir\x18\x02 \x01(\x04R\x03dir\x12\x12\n" +
@@ -4451,12 +4574,15 @@ const file_wheelfs_proto_rawDesc = "" +
 	" \x01(\rR\tsyncLevel\x12\x16\n" +
 	"\x06origin\x18\v \x01(\tR\x06origin\x12\x1f\n" +
 	"\vclient_site\x18\f \x01(\tR\n" +
-	"clientSite\"\x9d\x01\n" +
+	"clientSite\x12\x1f\n" +
+	"\vopen_access\x18\r \x01(\rR\n" +
+	"openAccess\"\xb5\x01\n" +
 	"\x0eCreateResponse\x12'\n" +
 	"\x05entry\x18\x01 \x01(\v2\x11.wheelfs.v1.EntryR\x05entry\x12$\n" +
 	"\x04meta\x18\x02 \x01(\v2\x10.wheelfs.v1.MetaR\x04meta\x12\"\n" +
 	"\x03dir\x18\x03 \x01(\v2\x10.wheelfs.v1.MetaR\x03dir\x12\x18\n" +
-	"\aexisted\x18\x04 \x01(\bR\aexisted\"o\n" +
+	"\aexisted\x18\x04 \x01(\bR\aexisted\x12\x16\n" +
+	"\x06opened\x18\x05 \x01(\bR\x06opened\"o\n" +
 	"\vLinkRequest\x12*\n" +
 	"\x06caller\x18\x01 \x01(\v2\x12.wheelfs.v1.CallerR\x06caller\x12\x10\n" +
 	"\x03dir\x18\x02 \x01(\x04R\x03dir\x12\x12\n" +
@@ -4574,9 +4700,10 @@ const file_wheelfs_proto_rawDesc = "" +
 	"\x05flags\x18\x03 \x01(\rR\x05flags\"O\n" +
 	"\fOpenResponse\x12$\n" +
 	"\x04meta\x18\x01 \x01(\v2\x10.wheelfs.v1.MetaR\x04meta\x12\x19\n" +
-	"\blease_ms\x18\x02 \x01(\rR\aleaseMs\" \n" +
+	"\blease_ms\x18\x02 \x01(\rR\aleaseMs\"O\n" +
 	"\x0eReleaseRequest\x12\x0e\n" +
-	"\x02id\x18\x01 \x01(\x04R\x02id\"\x11\n" +
+	"\x02id\x18\x01 \x01(\x04R\x02id\x12-\n" +
+	"\x06handle\x18\x02 \x01(\v2\x15.wheelfs.v1.HandleRefR\x06handle\"\x11\n" +
 	"\x0fReleaseResponse\",\n" +
 	"\x06Revoke\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\x12\x10\n" +
@@ -4639,15 +4766,18 @@ const file_wheelfs_proto_rawDesc = "" +
 	"\x04data\x18\x01 \x03(\fR\x04data\"\r\n" +
 	"\vPingRequest\"\x1e\n" +
 	"\fPingResponse\x12\x0e\n" +
-	"\x02id\x18\x01 \x01(\tR\x02id\"\xaa\x01\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\"\xfa\x01\n" +
 	"\x13CreateObjectRequest\x12$\n" +
 	"\x04meta\x18\x01 \x01(\v2\x10.wheelfs.v1.MetaR\x04meta\x12$\n" +
 	"\x04cues\x18\x02 \x01(\v2\x10.wheelfs.v1.CuesR\x04cues\x12(\n" +
 	"\x06policy\x18\x03 \x01(\v2\x10.wheelfs.v1.CuesR\x06policy\x12\x1d\n" +
 	"\n" +
-	"sync_level\x18\x04 \x01(\rR\tsyncLevel\"<\n" +
+	"sync_level\x18\x04 \x01(\rR\tsyncLevel\x12-\n" +
+	"\x06handle\x18\x05 \x01(\v2\x15.wheelfs.v1.HandleRefR\x06handle\x12\x1f\n" +
+	"\vopen_access\x18\x06 \x01(\rR\n" +
+	"openAccess\"<\n" +
 	"\x14CreateObjectResponse\x12$\n" +
-	"\x04meta\x18\x01 \x01(\v2\x10.wheelfs.v1.MetaR\x04meta\"\xc8\x01\n" +
+	"\x04meta\x18\x01 \x01(\v2\x10.wheelfs.v1.MetaR\x04meta\"\xf7\x01\n" +
 	"\x0fDropLinkRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x19\n" +
 	"\bdir_only\x18\x02 \x01(\bR\adirOnly\x12\x1b\n" +
@@ -4655,7 +4785,8 @@ const file_wheelfs_proto_rawDesc = "" +
 	"\n" +
 	"sync_level\x18\x04 \x01(\rR\tsyncLevel\x12*\n" +
 	"\x06caller\x18\x05 \x01(\v2\x12.wheelfs.v1.CallerR\x06caller\x12\"\n" +
-	"\x03dir\x18\x06 \x01(\v2\x10.wheelfs.v1.MetaR\x03dir\"8\n" +
+	"\x03dir\x18\x06 \x01(\v2\x10.wheelfs.v1.MetaR\x03dir\x12-\n" +
+	"\x06handle\x18\a \x01(\v2\x15.wheelfs.v1.HandleRefR\x06handle\"8\n" +
 	"\x10DropLinkResponse\x12$\n" +
 	"\x04meta\x18\x01 \x01(\v2\x10.wheelfs.v1.MetaR\x04meta\"\x1d\n" +
 	"\vStatRequest\x12\x0e\n" +
@@ -4766,7 +4897,7 @@ func file_wheelfs_proto_rawDescGZIP() []byte {
 }
 
 var file_wheelfs_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_wheelfs_proto_msgTypes = make([]protoimpl.MessageInfo, 64)
+var file_wheelfs_proto_msgTypes = make([]protoimpl.MessageInfo, 65)
 var file_wheelfs_proto_goTypes = []any{
 	(Type)(0),                    // 0: wheelfs.v1.Type
 	(MutationKind)(0),            // 1: wheelfs.v1.MutationKind
@@ -4775,200 +4906,205 @@ var file_wheelfs_proto_goTypes = []any{
 	(*Meta)(nil),                 // 4: wheelfs.v1.Meta
 	(*Entry)(nil),                // 5: wheelfs.v1.Entry
 	(*Caller)(nil),               // 6: wheelfs.v1.Caller
-	(*LookupRequest)(nil),        // 7: wheelfs.v1.LookupRequest
-	(*LookupResponse)(nil),       // 8: wheelfs.v1.LookupResponse
-	(*GetAttrRequest)(nil),       // 9: wheelfs.v1.GetAttrRequest
-	(*GetAttrResponse)(nil),      // 10: wheelfs.v1.GetAttrResponse
-	(*CreateRequest)(nil),        // 11: wheelfs.v1.CreateRequest
-	(*CreateResponse)(nil),       // 12: wheelfs.v1.CreateResponse
-	(*LinkRequest)(nil),          // 13: wheelfs.v1.LinkRequest
-	(*LinkResponse)(nil),         // 14: wheelfs.v1.LinkResponse
-	(*RemoveRequest)(nil),        // 15: wheelfs.v1.RemoveRequest
-	(*RemoveResponse)(nil),       // 16: wheelfs.v1.RemoveResponse
-	(*RenameRequest)(nil),        // 17: wheelfs.v1.RenameRequest
-	(*RenameResponse)(nil),       // 18: wheelfs.v1.RenameResponse
-	(*SetAttrRequest)(nil),       // 19: wheelfs.v1.SetAttrRequest
-	(*SetAttrResponse)(nil),      // 20: wheelfs.v1.SetAttrResponse
-	(*ReadDirRequest)(nil),       // 21: wheelfs.v1.ReadDirRequest
-	(*ReadDirResponse)(nil),      // 22: wheelfs.v1.ReadDirResponse
-	(*BlockRef)(nil),             // 23: wheelfs.v1.BlockRef
-	(*GetBlocksRequest)(nil),     // 24: wheelfs.v1.GetBlocksRequest
-	(*GetBlocksResponse)(nil),    // 25: wheelfs.v1.GetBlocksResponse
-	(*ReadBlocksRequest)(nil),    // 26: wheelfs.v1.ReadBlocksRequest
-	(*ReadBlocksResponse)(nil),   // 27: wheelfs.v1.ReadBlocksResponse
-	(*PutBlocksRequest)(nil),     // 28: wheelfs.v1.PutBlocksRequest
-	(*PutBlocksResponse)(nil),    // 29: wheelfs.v1.PutBlocksResponse
-	(*CommitRequest)(nil),        // 30: wheelfs.v1.CommitRequest
-	(*CommitResponse)(nil),       // 31: wheelfs.v1.CommitResponse
-	(*XattrRequest)(nil),         // 32: wheelfs.v1.XattrRequest
-	(*XattrResponse)(nil),        // 33: wheelfs.v1.XattrResponse
-	(*StatFSRequest)(nil),        // 34: wheelfs.v1.StatFSRequest
-	(*StatFSResponse)(nil),       // 35: wheelfs.v1.StatFSResponse
-	(*OpenRequest)(nil),          // 36: wheelfs.v1.OpenRequest
-	(*OpenResponse)(nil),         // 37: wheelfs.v1.OpenResponse
-	(*ReleaseRequest)(nil),       // 38: wheelfs.v1.ReleaseRequest
-	(*ReleaseResponse)(nil),      // 39: wheelfs.v1.ReleaseResponse
-	(*Revoke)(nil),               // 40: wheelfs.v1.Revoke
-	(*CallbackAck)(nil),          // 41: wheelfs.v1.CallbackAck
-	(*Mutation)(nil),             // 42: wheelfs.v1.Mutation
-	(*Batch)(nil),                // 43: wheelfs.v1.Batch
-	(*ReplicateRequest)(nil),     // 44: wheelfs.v1.ReplicateRequest
-	(*ReplicateResponse)(nil),    // 45: wheelfs.v1.ReplicateResponse
-	(*DigestRequest)(nil),        // 46: wheelfs.v1.DigestRequest
-	(*DigestResponse)(nil),       // 47: wheelfs.v1.DigestResponse
-	(*ObjectState)(nil),          // 48: wheelfs.v1.ObjectState
-	(*InstallRequest)(nil),       // 49: wheelfs.v1.InstallRequest
-	(*InstallResponse)(nil),      // 50: wheelfs.v1.InstallResponse
-	(*DiffRequest)(nil),          // 51: wheelfs.v1.DiffRequest
-	(*FetchBlocksRequest)(nil),   // 52: wheelfs.v1.FetchBlocksRequest
-	(*FetchBlocksResponse)(nil),  // 53: wheelfs.v1.FetchBlocksResponse
-	(*PingRequest)(nil),          // 54: wheelfs.v1.PingRequest
-	(*PingResponse)(nil),         // 55: wheelfs.v1.PingResponse
-	(*CreateObjectRequest)(nil),  // 56: wheelfs.v1.CreateObjectRequest
-	(*CreateObjectResponse)(nil), // 57: wheelfs.v1.CreateObjectResponse
-	(*DropLinkRequest)(nil),      // 58: wheelfs.v1.DropLinkRequest
-	(*DropLinkResponse)(nil),     // 59: wheelfs.v1.DropLinkResponse
-	(*StatRequest)(nil),          // 60: wheelfs.v1.StatRequest
-	(*StatResponse)(nil),         // 61: wheelfs.v1.StatResponse
-	(*AddLinkRequest)(nil),       // 62: wheelfs.v1.AddLinkRequest
-	(*AddLinkResponse)(nil),      // 63: wheelfs.v1.AddLinkResponse
-	(*EntryChange)(nil),          // 64: wheelfs.v1.EntryChange
-	(*ReconcileRequest)(nil),     // 65: wheelfs.v1.ReconcileRequest
-	(*ReconcileResponse)(nil),    // 66: wheelfs.v1.ReconcileResponse
+	(*HandleRef)(nil),            // 7: wheelfs.v1.HandleRef
+	(*LookupRequest)(nil),        // 8: wheelfs.v1.LookupRequest
+	(*LookupResponse)(nil),       // 9: wheelfs.v1.LookupResponse
+	(*GetAttrRequest)(nil),       // 10: wheelfs.v1.GetAttrRequest
+	(*GetAttrResponse)(nil),      // 11: wheelfs.v1.GetAttrResponse
+	(*CreateRequest)(nil),        // 12: wheelfs.v1.CreateRequest
+	(*CreateResponse)(nil),       // 13: wheelfs.v1.CreateResponse
+	(*LinkRequest)(nil),          // 14: wheelfs.v1.LinkRequest
+	(*LinkResponse)(nil),         // 15: wheelfs.v1.LinkResponse
+	(*RemoveRequest)(nil),        // 16: wheelfs.v1.RemoveRequest
+	(*RemoveResponse)(nil),       // 17: wheelfs.v1.RemoveResponse
+	(*RenameRequest)(nil),        // 18: wheelfs.v1.RenameRequest
+	(*RenameResponse)(nil),       // 19: wheelfs.v1.RenameResponse
+	(*SetAttrRequest)(nil),       // 20: wheelfs.v1.SetAttrRequest
+	(*SetAttrResponse)(nil),      // 21: wheelfs.v1.SetAttrResponse
+	(*ReadDirRequest)(nil),       // 22: wheelfs.v1.ReadDirRequest
+	(*ReadDirResponse)(nil),      // 23: wheelfs.v1.ReadDirResponse
+	(*BlockRef)(nil),             // 24: wheelfs.v1.BlockRef
+	(*GetBlocksRequest)(nil),     // 25: wheelfs.v1.GetBlocksRequest
+	(*GetBlocksResponse)(nil),    // 26: wheelfs.v1.GetBlocksResponse
+	(*ReadBlocksRequest)(nil),    // 27: wheelfs.v1.ReadBlocksRequest
+	(*ReadBlocksResponse)(nil),   // 28: wheelfs.v1.ReadBlocksResponse
+	(*PutBlocksRequest)(nil),     // 29: wheelfs.v1.PutBlocksRequest
+	(*PutBlocksResponse)(nil),    // 30: wheelfs.v1.PutBlocksResponse
+	(*CommitRequest)(nil),        // 31: wheelfs.v1.CommitRequest
+	(*CommitResponse)(nil),       // 32: wheelfs.v1.CommitResponse
+	(*XattrRequest)(nil),         // 33: wheelfs.v1.XattrRequest
+	(*XattrResponse)(nil),        // 34: wheelfs.v1.XattrResponse
+	(*StatFSRequest)(nil),        // 35: wheelfs.v1.StatFSRequest
+	(*StatFSResponse)(nil),       // 36: wheelfs.v1.StatFSResponse
+	(*OpenRequest)(nil),          // 37: wheelfs.v1.OpenRequest
+	(*OpenResponse)(nil),         // 38: wheelfs.v1.OpenResponse
+	(*ReleaseRequest)(nil),       // 39: wheelfs.v1.ReleaseRequest
+	(*ReleaseResponse)(nil),      // 40: wheelfs.v1.ReleaseResponse
+	(*Revoke)(nil),               // 41: wheelfs.v1.Revoke
+	(*CallbackAck)(nil),          // 42: wheelfs.v1.CallbackAck
+	(*Mutation)(nil),             // 43: wheelfs.v1.Mutation
+	(*Batch)(nil),                // 44: wheelfs.v1.Batch
+	(*ReplicateRequest)(nil),     // 45: wheelfs.v1.ReplicateRequest
+	(*ReplicateResponse)(nil),    // 46: wheelfs.v1.ReplicateResponse
+	(*DigestRequest)(nil),        // 47: wheelfs.v1.DigestRequest
+	(*DigestResponse)(nil),       // 48: wheelfs.v1.DigestResponse
+	(*ObjectState)(nil),          // 49: wheelfs.v1.ObjectState
+	(*InstallRequest)(nil),       // 50: wheelfs.v1.InstallRequest
+	(*InstallResponse)(nil),      // 51: wheelfs.v1.InstallResponse
+	(*DiffRequest)(nil),          // 52: wheelfs.v1.DiffRequest
+	(*FetchBlocksRequest)(nil),   // 53: wheelfs.v1.FetchBlocksRequest
+	(*FetchBlocksResponse)(nil),  // 54: wheelfs.v1.FetchBlocksResponse
+	(*PingRequest)(nil),          // 55: wheelfs.v1.PingRequest
+	(*PingResponse)(nil),         // 56: wheelfs.v1.PingResponse
+	(*CreateObjectRequest)(nil),  // 57: wheelfs.v1.CreateObjectRequest
+	(*CreateObjectResponse)(nil), // 58: wheelfs.v1.CreateObjectResponse
+	(*DropLinkRequest)(nil),      // 59: wheelfs.v1.DropLinkRequest
+	(*DropLinkResponse)(nil),     // 60: wheelfs.v1.DropLinkResponse
+	(*StatRequest)(nil),          // 61: wheelfs.v1.StatRequest
+	(*StatResponse)(nil),         // 62: wheelfs.v1.StatResponse
+	(*AddLinkRequest)(nil),       // 63: wheelfs.v1.AddLinkRequest
+	(*AddLinkResponse)(nil),      // 64: wheelfs.v1.AddLinkResponse
+	(*EntryChange)(nil),          // 65: wheelfs.v1.EntryChange
+	(*ReconcileRequest)(nil),     // 66: wheelfs.v1.ReconcileRequest
+	(*ReconcileResponse)(nil),    // 67: wheelfs.v1.ReconcileResponse
 }
 var file_wheelfs_proto_depIdxs = []int32{
-	0,  // 0: wheelfs.v1.Meta.type:type_name -> wheelfs.v1.Type
-	3,  // 1: wheelfs.v1.Meta.cues:type_name -> wheelfs.v1.Cues
-	0,  // 2: wheelfs.v1.Entry.type:type_name -> wheelfs.v1.Type
-	6,  // 3: wheelfs.v1.LookupRequest.caller:type_name -> wheelfs.v1.Caller
-	5,  // 4: wheelfs.v1.LookupResponse.entry:type_name -> wheelfs.v1.Entry
-	4,  // 5: wheelfs.v1.LookupResponse.meta:type_name -> wheelfs.v1.Meta
-	4,  // 6: wheelfs.v1.LookupResponse.dir:type_name -> wheelfs.v1.Meta
-	6,  // 7: wheelfs.v1.GetAttrRequest.caller:type_name -> wheelfs.v1.Caller
-	4,  // 8: wheelfs.v1.GetAttrResponse.meta:type_name -> wheelfs.v1.Meta
-	6,  // 9: wheelfs.v1.CreateRequest.caller:type_name -> wheelfs.v1.Caller
-	0,  // 10: wheelfs.v1.CreateRequest.type:type_name -> wheelfs.v1.Type
-	3,  // 11: wheelfs.v1.CreateRequest.cues:type_name -> wheelfs.v1.Cues
-	5,  // 12: wheelfs.v1.CreateResponse.entry:type_name -> wheelfs.v1.Entry
-	4,  // 13: wheelfs.v1.CreateResponse.meta:type_name -> wheelfs.v1.Meta
-	4,  // 14: wheelfs.v1.CreateResponse.dir:type_name -> wheelfs.v1.Meta
-	6,  // 15: wheelfs.v1.LinkRequest.caller:type_name -> wheelfs.v1.Caller
-	4,  // 16: wheelfs.v1.LinkResponse.meta:type_name -> wheelfs.v1.Meta
-	6,  // 17: wheelfs.v1.RemoveRequest.caller:type_name -> wheelfs.v1.Caller
-	4,  // 18: wheelfs.v1.RemoveResponse.meta:type_name -> wheelfs.v1.Meta
-	6,  // 19: wheelfs.v1.RenameRequest.caller:type_name -> wheelfs.v1.Caller
-	4,  // 20: wheelfs.v1.RenameResponse.replaced:type_name -> wheelfs.v1.Meta
-	6,  // 21: wheelfs.v1.SetAttrRequest.caller:type_name -> wheelfs.v1.Caller
-	4,  // 22: wheelfs.v1.SetAttrResponse.meta:type_name -> wheelfs.v1.Meta
-	6,  // 23: wheelfs.v1.ReadDirRequest.caller:type_name -> wheelfs.v1.Caller
-	5,  // 24: wheelfs.v1.ReadDirResponse.entries:type_name -> wheelfs.v1.Entry
-	4,  // 25: wheelfs.v1.ReadDirResponse.metas:type_name -> wheelfs.v1.Meta
-	4,  // 26: wheelfs.v1.ReadDirResponse.dir:type_name -> wheelfs.v1.Meta
-	6,  // 27: wheelfs.v1.GetBlocksRequest.caller:type_name -> wheelfs.v1.Caller
-	4,  // 28: wheelfs.v1.GetBlocksResponse.meta:type_name -> wheelfs.v1.Meta
-	23, // 29: wheelfs.v1.GetBlocksResponse.blocks:type_name -> wheelfs.v1.BlockRef
-	6,  // 30: wheelfs.v1.ReadBlocksRequest.caller:type_name -> wheelfs.v1.Caller
-	6,  // 31: wheelfs.v1.PutBlocksRequest.caller:type_name -> wheelfs.v1.Caller
-	6,  // 32: wheelfs.v1.CommitRequest.caller:type_name -> wheelfs.v1.Caller
-	23, // 33: wheelfs.v1.CommitRequest.blocks:type_name -> wheelfs.v1.BlockRef
-	19, // 34: wheelfs.v1.CommitRequest.attrs:type_name -> wheelfs.v1.SetAttrRequest
-	4,  // 35: wheelfs.v1.CommitResponse.meta:type_name -> wheelfs.v1.Meta
-	6,  // 36: wheelfs.v1.XattrRequest.caller:type_name -> wheelfs.v1.Caller
-	6,  // 37: wheelfs.v1.StatFSRequest.caller:type_name -> wheelfs.v1.Caller
-	6,  // 38: wheelfs.v1.OpenRequest.caller:type_name -> wheelfs.v1.Caller
-	4,  // 39: wheelfs.v1.OpenResponse.meta:type_name -> wheelfs.v1.Meta
-	1,  // 40: wheelfs.v1.Mutation.kind:type_name -> wheelfs.v1.MutationKind
-	42, // 41: wheelfs.v1.Batch.mutations:type_name -> wheelfs.v1.Mutation
-	43, // 42: wheelfs.v1.ReplicateRequest.batches:type_name -> wheelfs.v1.Batch
-	2,  // 43: wheelfs.v1.ReplicateResponse.status:type_name -> wheelfs.v1.ReplStatus
-	4,  // 44: wheelfs.v1.ObjectState.meta:type_name -> wheelfs.v1.Meta
-	5,  // 45: wheelfs.v1.ObjectState.entries:type_name -> wheelfs.v1.Entry
-	23, // 46: wheelfs.v1.ObjectState.blocks:type_name -> wheelfs.v1.BlockRef
-	48, // 47: wheelfs.v1.InstallRequest.objects:type_name -> wheelfs.v1.ObjectState
-	2,  // 48: wheelfs.v1.InstallResponse.status:type_name -> wheelfs.v1.ReplStatus
-	47, // 49: wheelfs.v1.DiffRequest.digest:type_name -> wheelfs.v1.DigestResponse
-	4,  // 50: wheelfs.v1.CreateObjectRequest.meta:type_name -> wheelfs.v1.Meta
-	3,  // 51: wheelfs.v1.CreateObjectRequest.cues:type_name -> wheelfs.v1.Cues
-	3,  // 52: wheelfs.v1.CreateObjectRequest.policy:type_name -> wheelfs.v1.Cues
-	4,  // 53: wheelfs.v1.CreateObjectResponse.meta:type_name -> wheelfs.v1.Meta
-	6,  // 54: wheelfs.v1.DropLinkRequest.caller:type_name -> wheelfs.v1.Caller
-	4,  // 55: wheelfs.v1.DropLinkRequest.dir:type_name -> wheelfs.v1.Meta
-	4,  // 56: wheelfs.v1.DropLinkResponse.meta:type_name -> wheelfs.v1.Meta
-	4,  // 57: wheelfs.v1.StatResponse.meta:type_name -> wheelfs.v1.Meta
-	6,  // 58: wheelfs.v1.AddLinkRequest.caller:type_name -> wheelfs.v1.Caller
-	4,  // 59: wheelfs.v1.AddLinkRequest.object:type_name -> wheelfs.v1.Meta
-	4,  // 60: wheelfs.v1.AddLinkResponse.replaced:type_name -> wheelfs.v1.Meta
-	5,  // 61: wheelfs.v1.EntryChange.entry:type_name -> wheelfs.v1.Entry
-	48, // 62: wheelfs.v1.ReconcileRequest.objects:type_name -> wheelfs.v1.ObjectState
-	64, // 63: wheelfs.v1.ReconcileRequest.entries:type_name -> wheelfs.v1.EntryChange
-	2,  // 64: wheelfs.v1.ReconcileResponse.status:type_name -> wheelfs.v1.ReplStatus
-	7,  // 65: wheelfs.v1.Storage.Lookup:input_type -> wheelfs.v1.LookupRequest
-	9,  // 66: wheelfs.v1.Storage.GetAttr:input_type -> wheelfs.v1.GetAttrRequest
-	11, // 67: wheelfs.v1.Storage.Create:input_type -> wheelfs.v1.CreateRequest
-	13, // 68: wheelfs.v1.Storage.Link:input_type -> wheelfs.v1.LinkRequest
-	15, // 69: wheelfs.v1.Storage.Remove:input_type -> wheelfs.v1.RemoveRequest
-	17, // 70: wheelfs.v1.Storage.Rename:input_type -> wheelfs.v1.RenameRequest
-	19, // 71: wheelfs.v1.Storage.SetAttr:input_type -> wheelfs.v1.SetAttrRequest
-	21, // 72: wheelfs.v1.Storage.ReadDir:input_type -> wheelfs.v1.ReadDirRequest
-	24, // 73: wheelfs.v1.Storage.GetBlocks:input_type -> wheelfs.v1.GetBlocksRequest
-	26, // 74: wheelfs.v1.Storage.ReadBlocks:input_type -> wheelfs.v1.ReadBlocksRequest
-	28, // 75: wheelfs.v1.Storage.PutBlocks:input_type -> wheelfs.v1.PutBlocksRequest
-	30, // 76: wheelfs.v1.Storage.Commit:input_type -> wheelfs.v1.CommitRequest
-	32, // 77: wheelfs.v1.Storage.GetXattr:input_type -> wheelfs.v1.XattrRequest
-	32, // 78: wheelfs.v1.Storage.ListXattr:input_type -> wheelfs.v1.XattrRequest
-	32, // 79: wheelfs.v1.Storage.SetXattr:input_type -> wheelfs.v1.XattrRequest
-	32, // 80: wheelfs.v1.Storage.RemoveXattr:input_type -> wheelfs.v1.XattrRequest
-	34, // 81: wheelfs.v1.Storage.StatFS:input_type -> wheelfs.v1.StatFSRequest
-	36, // 82: wheelfs.v1.Storage.Open:input_type -> wheelfs.v1.OpenRequest
-	38, // 83: wheelfs.v1.Storage.Release:input_type -> wheelfs.v1.ReleaseRequest
-	41, // 84: wheelfs.v1.Storage.Callbacks:input_type -> wheelfs.v1.CallbackAck
-	44, // 85: wheelfs.v1.Peer.Replicate:input_type -> wheelfs.v1.ReplicateRequest
-	46, // 86: wheelfs.v1.Peer.Digest:input_type -> wheelfs.v1.DigestRequest
-	51, // 87: wheelfs.v1.Peer.Diff:input_type -> wheelfs.v1.DiffRequest
-	49, // 88: wheelfs.v1.Peer.Install:input_type -> wheelfs.v1.InstallRequest
-	52, // 89: wheelfs.v1.Peer.FetchBlocks:input_type -> wheelfs.v1.FetchBlocksRequest
-	54, // 90: wheelfs.v1.Peer.Ping:input_type -> wheelfs.v1.PingRequest
-	56, // 91: wheelfs.v1.Peer.CreateObject:input_type -> wheelfs.v1.CreateObjectRequest
-	58, // 92: wheelfs.v1.Peer.DropLink:input_type -> wheelfs.v1.DropLinkRequest
-	60, // 93: wheelfs.v1.Peer.Stat:input_type -> wheelfs.v1.StatRequest
-	62, // 94: wheelfs.v1.Peer.AddLink:input_type -> wheelfs.v1.AddLinkRequest
-	65, // 95: wheelfs.v1.Peer.Reconcile:input_type -> wheelfs.v1.ReconcileRequest
-	8,  // 96: wheelfs.v1.Storage.Lookup:output_type -> wheelfs.v1.LookupResponse
-	10, // 97: wheelfs.v1.Storage.GetAttr:output_type -> wheelfs.v1.GetAttrResponse
-	12, // 98: wheelfs.v1.Storage.Create:output_type -> wheelfs.v1.CreateResponse
-	14, // 99: wheelfs.v1.Storage.Link:output_type -> wheelfs.v1.LinkResponse
-	16, // 100: wheelfs.v1.Storage.Remove:output_type -> wheelfs.v1.RemoveResponse
-	18, // 101: wheelfs.v1.Storage.Rename:output_type -> wheelfs.v1.RenameResponse
-	20, // 102: wheelfs.v1.Storage.SetAttr:output_type -> wheelfs.v1.SetAttrResponse
-	22, // 103: wheelfs.v1.Storage.ReadDir:output_type -> wheelfs.v1.ReadDirResponse
-	25, // 104: wheelfs.v1.Storage.GetBlocks:output_type -> wheelfs.v1.GetBlocksResponse
-	27, // 105: wheelfs.v1.Storage.ReadBlocks:output_type -> wheelfs.v1.ReadBlocksResponse
-	29, // 106: wheelfs.v1.Storage.PutBlocks:output_type -> wheelfs.v1.PutBlocksResponse
-	31, // 107: wheelfs.v1.Storage.Commit:output_type -> wheelfs.v1.CommitResponse
-	33, // 108: wheelfs.v1.Storage.GetXattr:output_type -> wheelfs.v1.XattrResponse
-	33, // 109: wheelfs.v1.Storage.ListXattr:output_type -> wheelfs.v1.XattrResponse
-	33, // 110: wheelfs.v1.Storage.SetXattr:output_type -> wheelfs.v1.XattrResponse
-	33, // 111: wheelfs.v1.Storage.RemoveXattr:output_type -> wheelfs.v1.XattrResponse
-	35, // 112: wheelfs.v1.Storage.StatFS:output_type -> wheelfs.v1.StatFSResponse
-	37, // 113: wheelfs.v1.Storage.Open:output_type -> wheelfs.v1.OpenResponse
-	39, // 114: wheelfs.v1.Storage.Release:output_type -> wheelfs.v1.ReleaseResponse
-	40, // 115: wheelfs.v1.Storage.Callbacks:output_type -> wheelfs.v1.Revoke
-	45, // 116: wheelfs.v1.Peer.Replicate:output_type -> wheelfs.v1.ReplicateResponse
-	47, // 117: wheelfs.v1.Peer.Digest:output_type -> wheelfs.v1.DigestResponse
-	49, // 118: wheelfs.v1.Peer.Diff:output_type -> wheelfs.v1.InstallRequest
-	50, // 119: wheelfs.v1.Peer.Install:output_type -> wheelfs.v1.InstallResponse
-	53, // 120: wheelfs.v1.Peer.FetchBlocks:output_type -> wheelfs.v1.FetchBlocksResponse
-	55, // 121: wheelfs.v1.Peer.Ping:output_type -> wheelfs.v1.PingResponse
-	57, // 122: wheelfs.v1.Peer.CreateObject:output_type -> wheelfs.v1.CreateObjectResponse
-	59, // 123: wheelfs.v1.Peer.DropLink:output_type -> wheelfs.v1.DropLinkResponse
-	61, // 124: wheelfs.v1.Peer.Stat:output_type -> wheelfs.v1.StatResponse
-	63, // 125: wheelfs.v1.Peer.AddLink:output_type -> wheelfs.v1.AddLinkResponse
-	66, // 126: wheelfs.v1.Peer.Reconcile:output_type -> wheelfs.v1.ReconcileResponse
-	96, // [96:127] is the sub-list for method output_type
-	65, // [65:96] is the sub-list for method input_type
-	65, // [65:65] is the sub-list for extension type_name
-	65, // [65:65] is the sub-list for extension extendee
-	0,  // [0:65] is the sub-list for field type_name
+	0,   // 0: wheelfs.v1.Meta.type:type_name -> wheelfs.v1.Type
+	3,   // 1: wheelfs.v1.Meta.cues:type_name -> wheelfs.v1.Cues
+	0,   // 2: wheelfs.v1.Entry.type:type_name -> wheelfs.v1.Type
+	7,   // 3: wheelfs.v1.Caller.handle:type_name -> wheelfs.v1.HandleRef
+	6,   // 4: wheelfs.v1.LookupRequest.caller:type_name -> wheelfs.v1.Caller
+	5,   // 5: wheelfs.v1.LookupResponse.entry:type_name -> wheelfs.v1.Entry
+	4,   // 6: wheelfs.v1.LookupResponse.meta:type_name -> wheelfs.v1.Meta
+	4,   // 7: wheelfs.v1.LookupResponse.dir:type_name -> wheelfs.v1.Meta
+	6,   // 8: wheelfs.v1.GetAttrRequest.caller:type_name -> wheelfs.v1.Caller
+	4,   // 9: wheelfs.v1.GetAttrResponse.meta:type_name -> wheelfs.v1.Meta
+	6,   // 10: wheelfs.v1.CreateRequest.caller:type_name -> wheelfs.v1.Caller
+	0,   // 11: wheelfs.v1.CreateRequest.type:type_name -> wheelfs.v1.Type
+	3,   // 12: wheelfs.v1.CreateRequest.cues:type_name -> wheelfs.v1.Cues
+	5,   // 13: wheelfs.v1.CreateResponse.entry:type_name -> wheelfs.v1.Entry
+	4,   // 14: wheelfs.v1.CreateResponse.meta:type_name -> wheelfs.v1.Meta
+	4,   // 15: wheelfs.v1.CreateResponse.dir:type_name -> wheelfs.v1.Meta
+	6,   // 16: wheelfs.v1.LinkRequest.caller:type_name -> wheelfs.v1.Caller
+	4,   // 17: wheelfs.v1.LinkResponse.meta:type_name -> wheelfs.v1.Meta
+	6,   // 18: wheelfs.v1.RemoveRequest.caller:type_name -> wheelfs.v1.Caller
+	4,   // 19: wheelfs.v1.RemoveResponse.meta:type_name -> wheelfs.v1.Meta
+	6,   // 20: wheelfs.v1.RenameRequest.caller:type_name -> wheelfs.v1.Caller
+	4,   // 21: wheelfs.v1.RenameResponse.replaced:type_name -> wheelfs.v1.Meta
+	6,   // 22: wheelfs.v1.SetAttrRequest.caller:type_name -> wheelfs.v1.Caller
+	4,   // 23: wheelfs.v1.SetAttrResponse.meta:type_name -> wheelfs.v1.Meta
+	6,   // 24: wheelfs.v1.ReadDirRequest.caller:type_name -> wheelfs.v1.Caller
+	5,   // 25: wheelfs.v1.ReadDirResponse.entries:type_name -> wheelfs.v1.Entry
+	4,   // 26: wheelfs.v1.ReadDirResponse.metas:type_name -> wheelfs.v1.Meta
+	4,   // 27: wheelfs.v1.ReadDirResponse.dir:type_name -> wheelfs.v1.Meta
+	6,   // 28: wheelfs.v1.GetBlocksRequest.caller:type_name -> wheelfs.v1.Caller
+	4,   // 29: wheelfs.v1.GetBlocksResponse.meta:type_name -> wheelfs.v1.Meta
+	24,  // 30: wheelfs.v1.GetBlocksResponse.blocks:type_name -> wheelfs.v1.BlockRef
+	6,   // 31: wheelfs.v1.ReadBlocksRequest.caller:type_name -> wheelfs.v1.Caller
+	6,   // 32: wheelfs.v1.PutBlocksRequest.caller:type_name -> wheelfs.v1.Caller
+	6,   // 33: wheelfs.v1.CommitRequest.caller:type_name -> wheelfs.v1.Caller
+	24,  // 34: wheelfs.v1.CommitRequest.blocks:type_name -> wheelfs.v1.BlockRef
+	20,  // 35: wheelfs.v1.CommitRequest.attrs:type_name -> wheelfs.v1.SetAttrRequest
+	4,   // 36: wheelfs.v1.CommitResponse.meta:type_name -> wheelfs.v1.Meta
+	6,   // 37: wheelfs.v1.XattrRequest.caller:type_name -> wheelfs.v1.Caller
+	6,   // 38: wheelfs.v1.StatFSRequest.caller:type_name -> wheelfs.v1.Caller
+	6,   // 39: wheelfs.v1.OpenRequest.caller:type_name -> wheelfs.v1.Caller
+	4,   // 40: wheelfs.v1.OpenResponse.meta:type_name -> wheelfs.v1.Meta
+	7,   // 41: wheelfs.v1.ReleaseRequest.handle:type_name -> wheelfs.v1.HandleRef
+	1,   // 42: wheelfs.v1.Mutation.kind:type_name -> wheelfs.v1.MutationKind
+	43,  // 43: wheelfs.v1.Batch.mutations:type_name -> wheelfs.v1.Mutation
+	44,  // 44: wheelfs.v1.ReplicateRequest.batches:type_name -> wheelfs.v1.Batch
+	2,   // 45: wheelfs.v1.ReplicateResponse.status:type_name -> wheelfs.v1.ReplStatus
+	4,   // 46: wheelfs.v1.ObjectState.meta:type_name -> wheelfs.v1.Meta
+	5,   // 47: wheelfs.v1.ObjectState.entries:type_name -> wheelfs.v1.Entry
+	24,  // 48: wheelfs.v1.ObjectState.blocks:type_name -> wheelfs.v1.BlockRef
+	49,  // 49: wheelfs.v1.InstallRequest.objects:type_name -> wheelfs.v1.ObjectState
+	2,   // 50: wheelfs.v1.InstallResponse.status:type_name -> wheelfs.v1.ReplStatus
+	48,  // 51: wheelfs.v1.DiffRequest.digest:type_name -> wheelfs.v1.DigestResponse
+	4,   // 52: wheelfs.v1.CreateObjectRequest.meta:type_name -> wheelfs.v1.Meta
+	3,   // 53: wheelfs.v1.CreateObjectRequest.cues:type_name -> wheelfs.v1.Cues
+	3,   // 54: wheelfs.v1.CreateObjectRequest.policy:type_name -> wheelfs.v1.Cues
+	7,   // 55: wheelfs.v1.CreateObjectRequest.handle:type_name -> wheelfs.v1.HandleRef
+	4,   // 56: wheelfs.v1.CreateObjectResponse.meta:type_name -> wheelfs.v1.Meta
+	6,   // 57: wheelfs.v1.DropLinkRequest.caller:type_name -> wheelfs.v1.Caller
+	4,   // 58: wheelfs.v1.DropLinkRequest.dir:type_name -> wheelfs.v1.Meta
+	7,   // 59: wheelfs.v1.DropLinkRequest.handle:type_name -> wheelfs.v1.HandleRef
+	4,   // 60: wheelfs.v1.DropLinkResponse.meta:type_name -> wheelfs.v1.Meta
+	4,   // 61: wheelfs.v1.StatResponse.meta:type_name -> wheelfs.v1.Meta
+	6,   // 62: wheelfs.v1.AddLinkRequest.caller:type_name -> wheelfs.v1.Caller
+	4,   // 63: wheelfs.v1.AddLinkRequest.object:type_name -> wheelfs.v1.Meta
+	4,   // 64: wheelfs.v1.AddLinkResponse.replaced:type_name -> wheelfs.v1.Meta
+	5,   // 65: wheelfs.v1.EntryChange.entry:type_name -> wheelfs.v1.Entry
+	49,  // 66: wheelfs.v1.ReconcileRequest.objects:type_name -> wheelfs.v1.ObjectState
+	65,  // 67: wheelfs.v1.ReconcileRequest.entries:type_name -> wheelfs.v1.EntryChange
+	2,   // 68: wheelfs.v1.ReconcileResponse.status:type_name -> wheelfs.v1.ReplStatus
+	8,   // 69: wheelfs.v1.Storage.Lookup:input_type -> wheelfs.v1.LookupRequest
+	10,  // 70: wheelfs.v1.Storage.GetAttr:input_type -> wheelfs.v1.GetAttrRequest
+	12,  // 71: wheelfs.v1.Storage.Create:input_type -> wheelfs.v1.CreateRequest
+	14,  // 72: wheelfs.v1.Storage.Link:input_type -> wheelfs.v1.LinkRequest
+	16,  // 73: wheelfs.v1.Storage.Remove:input_type -> wheelfs.v1.RemoveRequest
+	18,  // 74: wheelfs.v1.Storage.Rename:input_type -> wheelfs.v1.RenameRequest
+	20,  // 75: wheelfs.v1.Storage.SetAttr:input_type -> wheelfs.v1.SetAttrRequest
+	22,  // 76: wheelfs.v1.Storage.ReadDir:input_type -> wheelfs.v1.ReadDirRequest
+	25,  // 77: wheelfs.v1.Storage.GetBlocks:input_type -> wheelfs.v1.GetBlocksRequest
+	27,  // 78: wheelfs.v1.Storage.ReadBlocks:input_type -> wheelfs.v1.ReadBlocksRequest
+	29,  // 79: wheelfs.v1.Storage.PutBlocks:input_type -> wheelfs.v1.PutBlocksRequest
+	31,  // 80: wheelfs.v1.Storage.Commit:input_type -> wheelfs.v1.CommitRequest
+	33,  // 81: wheelfs.v1.Storage.GetXattr:input_type -> wheelfs.v1.XattrRequest
+	33,  // 82: wheelfs.v1.Storage.ListXattr:input_type -> wheelfs.v1.XattrRequest
+	33,  // 83: wheelfs.v1.Storage.SetXattr:input_type -> wheelfs.v1.XattrRequest
+	33,  // 84: wheelfs.v1.Storage.RemoveXattr:input_type -> wheelfs.v1.XattrRequest
+	35,  // 85: wheelfs.v1.Storage.StatFS:input_type -> wheelfs.v1.StatFSRequest
+	37,  // 86: wheelfs.v1.Storage.Open:input_type -> wheelfs.v1.OpenRequest
+	39,  // 87: wheelfs.v1.Storage.Release:input_type -> wheelfs.v1.ReleaseRequest
+	42,  // 88: wheelfs.v1.Storage.Callbacks:input_type -> wheelfs.v1.CallbackAck
+	45,  // 89: wheelfs.v1.Peer.Replicate:input_type -> wheelfs.v1.ReplicateRequest
+	47,  // 90: wheelfs.v1.Peer.Digest:input_type -> wheelfs.v1.DigestRequest
+	52,  // 91: wheelfs.v1.Peer.Diff:input_type -> wheelfs.v1.DiffRequest
+	50,  // 92: wheelfs.v1.Peer.Install:input_type -> wheelfs.v1.InstallRequest
+	53,  // 93: wheelfs.v1.Peer.FetchBlocks:input_type -> wheelfs.v1.FetchBlocksRequest
+	55,  // 94: wheelfs.v1.Peer.Ping:input_type -> wheelfs.v1.PingRequest
+	57,  // 95: wheelfs.v1.Peer.CreateObject:input_type -> wheelfs.v1.CreateObjectRequest
+	59,  // 96: wheelfs.v1.Peer.DropLink:input_type -> wheelfs.v1.DropLinkRequest
+	61,  // 97: wheelfs.v1.Peer.Stat:input_type -> wheelfs.v1.StatRequest
+	63,  // 98: wheelfs.v1.Peer.AddLink:input_type -> wheelfs.v1.AddLinkRequest
+	66,  // 99: wheelfs.v1.Peer.Reconcile:input_type -> wheelfs.v1.ReconcileRequest
+	9,   // 100: wheelfs.v1.Storage.Lookup:output_type -> wheelfs.v1.LookupResponse
+	11,  // 101: wheelfs.v1.Storage.GetAttr:output_type -> wheelfs.v1.GetAttrResponse
+	13,  // 102: wheelfs.v1.Storage.Create:output_type -> wheelfs.v1.CreateResponse
+	15,  // 103: wheelfs.v1.Storage.Link:output_type -> wheelfs.v1.LinkResponse
+	17,  // 104: wheelfs.v1.Storage.Remove:output_type -> wheelfs.v1.RemoveResponse
+	19,  // 105: wheelfs.v1.Storage.Rename:output_type -> wheelfs.v1.RenameResponse
+	21,  // 106: wheelfs.v1.Storage.SetAttr:output_type -> wheelfs.v1.SetAttrResponse
+	23,  // 107: wheelfs.v1.Storage.ReadDir:output_type -> wheelfs.v1.ReadDirResponse
+	26,  // 108: wheelfs.v1.Storage.GetBlocks:output_type -> wheelfs.v1.GetBlocksResponse
+	28,  // 109: wheelfs.v1.Storage.ReadBlocks:output_type -> wheelfs.v1.ReadBlocksResponse
+	30,  // 110: wheelfs.v1.Storage.PutBlocks:output_type -> wheelfs.v1.PutBlocksResponse
+	32,  // 111: wheelfs.v1.Storage.Commit:output_type -> wheelfs.v1.CommitResponse
+	34,  // 112: wheelfs.v1.Storage.GetXattr:output_type -> wheelfs.v1.XattrResponse
+	34,  // 113: wheelfs.v1.Storage.ListXattr:output_type -> wheelfs.v1.XattrResponse
+	34,  // 114: wheelfs.v1.Storage.SetXattr:output_type -> wheelfs.v1.XattrResponse
+	34,  // 115: wheelfs.v1.Storage.RemoveXattr:output_type -> wheelfs.v1.XattrResponse
+	36,  // 116: wheelfs.v1.Storage.StatFS:output_type -> wheelfs.v1.StatFSResponse
+	38,  // 117: wheelfs.v1.Storage.Open:output_type -> wheelfs.v1.OpenResponse
+	40,  // 118: wheelfs.v1.Storage.Release:output_type -> wheelfs.v1.ReleaseResponse
+	41,  // 119: wheelfs.v1.Storage.Callbacks:output_type -> wheelfs.v1.Revoke
+	46,  // 120: wheelfs.v1.Peer.Replicate:output_type -> wheelfs.v1.ReplicateResponse
+	48,  // 121: wheelfs.v1.Peer.Digest:output_type -> wheelfs.v1.DigestResponse
+	50,  // 122: wheelfs.v1.Peer.Diff:output_type -> wheelfs.v1.InstallRequest
+	51,  // 123: wheelfs.v1.Peer.Install:output_type -> wheelfs.v1.InstallResponse
+	54,  // 124: wheelfs.v1.Peer.FetchBlocks:output_type -> wheelfs.v1.FetchBlocksResponse
+	56,  // 125: wheelfs.v1.Peer.Ping:output_type -> wheelfs.v1.PingResponse
+	58,  // 126: wheelfs.v1.Peer.CreateObject:output_type -> wheelfs.v1.CreateObjectResponse
+	60,  // 127: wheelfs.v1.Peer.DropLink:output_type -> wheelfs.v1.DropLinkResponse
+	62,  // 128: wheelfs.v1.Peer.Stat:output_type -> wheelfs.v1.StatResponse
+	64,  // 129: wheelfs.v1.Peer.AddLink:output_type -> wheelfs.v1.AddLinkResponse
+	67,  // 130: wheelfs.v1.Peer.Reconcile:output_type -> wheelfs.v1.ReconcileResponse
+	100, // [100:131] is the sub-list for method output_type
+	69,  // [69:100] is the sub-list for method input_type
+	69,  // [69:69] is the sub-list for extension type_name
+	69,  // [69:69] is the sub-list for extension extendee
+	0,   // [0:69] is the sub-list for field type_name
 }
 
 func init() { file_wheelfs_proto_init() }
@@ -4982,7 +5118,7 @@ func file_wheelfs_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_wheelfs_proto_rawDesc), len(file_wheelfs_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   64,
+			NumMessages:   65,
 			NumExtensions: 0,
 			NumServices:   2,
 		},
