@@ -32,9 +32,17 @@ func (s *Server) Open(ctx context.Context, req *wire.OpenRequest) (*wire.OpenRes
 	// A backup (eventual open) counts nothing: releases go to the
 	// primary, and an unlink in backup mode deletes at once.
 	counted := s.primary(id) == nil
-	dying := s.files.open(id, counted)
+	h := req.Caller.GetHandle()
+	dying := s.files.open(id, counted, h)
+	// undo ends the count (and the grant of a retried open) of a failed one.
+	undo := func() {
+		if counted {
+			s.files.forget(h, id)
+			s.Release(ctx, &wire.ReleaseRequest{Id: req.Id})
+		}
+	}
 	if dying && counted {
-		s.Release(ctx, &wire.ReleaseRequest{Id: req.Id})
+		undo()
 		return nil, fmt.Errorf("open %v: being deleted: %w", id, fserr.ErrNotExist)
 	}
 	ms := s.leases.grant(req.Caller, id)
@@ -49,13 +57,11 @@ func (s *Server) Open(ctx context.Context, req *wire.OpenRequest) (*wire.OpenRes
 		return perm.Access(cred(req.Caller), attr(m), want)
 	})
 	if err != nil {
-		if counted {
-			s.Release(ctx, &wire.ReleaseRequest{Id: req.Id})
-		}
+		undo()
 		return nil, fmt.Errorf("open %v: %w", id, err)
 	}
 	if counted {
-		s.files.grant(req.Caller.GetHandle(), id, access)
+		s.files.grant(h, id, access)
 	}
 	return &wire.OpenResponse{Meta: m, LeaseMs: ms}, nil
 }
@@ -216,6 +222,16 @@ func (f *openFiles) openNew(h *wire.HandleRef, id oid.ID, access uint32) bool {
 	return true
 }
 
+// forget drops the grant of h on id, if any (not the count).
+func (f *openFiles) forget(h *wire.HandleRef, id oid.ID) {
+	k, ok := keyOf(h)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if ok && f.grants[k].obj == id {
+		delete(f.grants, k)
+	}
+}
+
 // unopen takes back an open of id by h that openNew counted (or that
 // the create made for a name it did not add); it never makes an orphan.
 func (f *openFiles) unopen(h *wire.HandleRef, id oid.ID) {
@@ -231,24 +247,29 @@ func (f *openFiles) unopen(h *wire.HandleRef, id oid.ID) {
 	}
 }
 
-// open counts a handle (when counted) and reports whether id is being
-// deleted.
-func (f *openFiles) open(id oid.ID, counted bool) (dying bool) {
+// open counts a handle (when counted; not again for a retried open of
+// handle h) and reports whether id is being deleted.
+func (f *openFiles) open(id oid.ID, counted bool, h *wire.HandleRef) (dying bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if counted {
+	k, named := keyOf(h)
+	if counted && !(named && f.grants[k].obj == id) {
 		f.opens[id]++
 	}
 	return f.dying[id] > 0
 }
 
-// release ends a handle (h, when known, also loses its grant) and
-// reports whether it was the last one of an orphan, which the caller
-// then deletes (it is marked dying meanwhile).
+// release ends a handle and reports whether it was the last one of an
+// orphan, which the caller then deletes (it is marked dying meanwhile).
+// A named handle this server did not count (opened at a previous
+// primary, or at a backup) is not subtracted from the opens counted here.
 func (f *openFiles) release(id oid.ID, h *wire.HandleRef) (orphan bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if k, ok := keyOf(h); ok && f.grants[k].obj == id {
+	if k, ok := keyOf(h); ok {
+		if f.grants[k].obj != id {
+			return false
+		}
 		delete(f.grants, k)
 	}
 	f.opens[id]--
