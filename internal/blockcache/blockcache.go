@@ -85,10 +85,34 @@ func (c *Cache) Contains(h Hash) bool {
 
 // Add caches data under h in memory and queues it for the disk tier. The
 // cache keeps the slice: callers must not modify it afterwards.
-func (c *Cache) Add(h Hash, data []byte) {
+func (c *Cache) Add(h Hash, data []byte) { c.AddOwned(0, h, data) }
+
+// AddOwned is Add on behalf of owner (a file's ID), whose blocks
+// ForgetOwner drops; 0 is no owner.
+func (c *Cache) AddOwned(owner uint64, h Hash, data []byte) {
 	c.addMem(h, data)
 	if c.disk != nil {
-		c.disk.Put(h, data)
+		c.disk.PutOwned(owner, h, data)
+	}
+}
+
+// ForgetOwner drops the blocks cached for owner from both tiers: its file
+// was deleted, so they will likely never be read again and should not
+// hold disk space until the bound or the age limit evicts them. Only the
+// disk tier remembers owners (the memory tier is small and turns over).
+func (c *Cache) ForgetOwner(owner uint64) {
+	if c.disk == nil || owner == 0 {
+		return
+	}
+	hs := c.disk.ForgetOwner(owner)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, h := range hs {
+		if e, ok := c.items[h]; ok {
+			c.ll.Remove(e)
+			delete(c.items, h)
+			c.used -= int64(len(e.Value.(*item).data))
+		}
 	}
 }
 

@@ -4,12 +4,15 @@ import (
 	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
+	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/wheelfs/wheelfs/internal/poll"
 )
 
 var quiet = slog.New(slog.DiscardHandler)
@@ -261,5 +264,124 @@ func TestCacheConcurrent(t *testing.T) {
 	}
 	if _, _, used := c.Stats(); used > 8*1024 {
 		t.Fatalf("memory used %d", used)
+	}
+}
+
+// dirBytes sums the sizes of the cached block files under dir.
+func dirBytes(t *testing.T, dir string) (n int64) {
+	t.Helper()
+	err := filepath.WalkDir(dir, func(p string, e os.DirEntry, err error) error {
+		if err != nil || e.IsDir() {
+			return err
+		}
+		info, err := e.Info()
+		if err == nil {
+			n += info.Size()
+		}
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// TestForgetOwner: the blocks cached for a deleted file leave both tiers
+// and the directory, including one still queued when its file went; other
+// files' blocks stay.
+func TestForgetOwner(t *testing.T) {
+	dir := t.TempDir()
+	c, err := Open(1<<20, dir, 1<<20, quiet)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	var gone, kept []Hash
+	for i := range 8 {
+		h, b := block(i, 4096)
+		owner := uint64(7)
+		if i%2 == 1 {
+			owner = 8
+			kept = append(kept, h)
+		} else {
+			gone = append(gone, h)
+		}
+		c.AddOwned(owner, h, b)
+	}
+	c.Flush()
+	if n := dirBytes(t, dir); n != 8*4096 {
+		t.Fatalf("%d bytes cached, want %d", n, 8*4096)
+	}
+	// One more block of file 7, forgotten while (possibly) still queued.
+	h, b := block(100, 4096)
+	c.AddOwned(7, h, b)
+	c.ForgetOwner(7)
+	c.Flush()
+	gone = append(gone, h)
+	for _, h := range gone {
+		if _, ok := c.Get(h); ok {
+			t.Fatalf("block of the deleted file still cached")
+		}
+	}
+	for _, h := range kept {
+		if _, ok := c.Get(h); !ok {
+			t.Fatalf("block of another file dropped")
+		}
+	}
+	if n := dirBytes(t, dir); n != 4*4096 {
+		t.Fatalf("%d bytes left on disk, want %d", n, 4*4096)
+	}
+	if st := c.DiskStats(); st.Forgotten != 5 || st.Used != 4*4096 {
+		t.Fatalf("stats: %+v", st)
+	}
+}
+
+// TestDiskMaxAge: blocks unused for longer than the age limit are dropped
+// by the sweeper; one read meanwhile keeps its block.
+func TestDiskMaxAge(t *testing.T) {
+	dir := t.TempDir()
+	const age = 2 * time.Second
+	d, err := OpenDiskAge(dir, 1<<20, age, quiet)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	var hs []Hash
+	for i := range 4 {
+		h, b := block(i, 1000)
+		d.Put(h, b)
+		hs = append(hs, h)
+	}
+	d.Flush()
+	// Block 0 is read on every poll (at most 500 ms apart): it stays.
+	poll.Until(t, 20*time.Second, "unused blocks expire", func() error {
+		if !has(d, hs[0]) {
+			t.Fatal("block in use expired")
+		}
+		if st := d.Stats(); st.Files > 1 {
+			return fmt.Errorf("%d files left", st.Files)
+		}
+		return nil
+	})
+	if n := dirBytes(t, dir); n != 1000 {
+		t.Fatalf("%d bytes left on disk, want 1000", n)
+	}
+}
+
+// TestDiskLimitWithinFreeSpace: the bound in force never exceeds half of
+// the space available to the cache.
+func TestDiskLimitWithinFreeSpace(t *testing.T) {
+	dir := t.TempDir()
+	free, ok := freeBytes(dir)
+	if !ok {
+		t.Skip("free space unknown on this platform")
+	}
+	d := openDisk(t, dir, 1<<62)
+	if got := d.Stats().Limit; got > free/2+free/100 || got <= 0 {
+		t.Fatalf("limit %d with %d bytes free", got, free)
+	}
+	d2 := openDisk(t, t.TempDir(), 1<<20)
+	if got := d2.Stats().Limit; got != 1<<20 {
+		t.Fatalf("a small configured limit changed: %d", got)
 	}
 }

@@ -261,13 +261,22 @@ func (f *FS) Link(ctx context.Context, u User, cues cue.Set, dir oid.ID, name st
 func (f *FS) Remove(ctx context.Context, u User, cues cue.Set, dir oid.ID, name string, dirOnly bool) error {
 	ctx, cancel := f.bound(ctx, cues)
 	defer cancel()
-	_, err := update(ctx, f, cues, dir, wire.StorageClient.Remove, &wire.RemoveRequest{
+	resp, err := update(ctx, f, cues, dir, wire.StorageClient.Remove, &wire.RemoveRequest{
 		Caller: u.caller(), Dir: uint64(dir), Name: name, DirOnly: dirOnly, FileOnly: !dirOnly,
 		SyncLevel: syncLevel(cues)})
 	if err != nil {
 		return fmt.Errorf("remove %q in %v: %w", name, dir, err)
 	}
+	f.forgetBlocks(resp.GetMeta())
 	return nil
+}
+
+// forgetBlocks drops the cached blocks of a file whose last name went away
+// (it may live on while open; its blocks are fetched again if needed).
+func (f *FS) forgetBlocks(m *wire.Meta) {
+	if m != nil && m.Type == wire.Type_TYPE_FILE && m.Nlink == 0 {
+		f.cache.ForgetOwner(m.Id)
+	}
 }
 
 // Rename moves srcName in srcDir to dstName in dstDir. Flags are
@@ -280,12 +289,13 @@ func (f *FS) Rename(ctx context.Context, u User, cues cue.Set, srcDir oid.ID, sr
 	// it is primary for the destination too; otherwise it answers EXDEV.
 	ctx, cancel := f.bound(ctx, cues)
 	defer cancel()
-	_, err := update(ctx, f, cues, srcDir, wire.StorageClient.Rename, &wire.RenameRequest{
+	resp, err := update(ctx, f, cues, srcDir, wire.StorageClient.Rename, &wire.RenameRequest{
 		Caller: u.caller(), SrcDir: uint64(srcDir), SrcName: srcName,
 		DstDir: uint64(dstDir), DstName: dstName, Flags: flags})
 	if err != nil {
 		return fmt.Errorf("rename %q in %v to %q in %v: %w", srcName, srcDir, dstName, dstDir, err)
 	}
+	f.forgetBlocks(resp.GetReplaced())
 	return nil
 }
 

@@ -206,7 +206,7 @@ func (f *FS) fetchClaimed(ctx context.Context, u User, id oid.ID, hashes [][32]b
 			return fmt.Errorf("server returned %d of %d blocks: %w", len(resp.Data), len(chunk), fserr.ErrIO)
 		}
 		for i, h := range chunk {
-			f.cache.Add(h, resp.Data[i])
+			f.cache.AddOwned(uint64(id), h, resp.Data[i])
 		}
 		release(chunk)
 	}

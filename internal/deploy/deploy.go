@@ -94,6 +94,10 @@ type Config struct {
 	// Server tunes the storage server (maintenance period, peer timeouts);
 	// identity fields are filled in by Start.
 	Server server.Config
+	// Store tunes the server's object store (segment size, background
+	// reclamation of freed blocks); zero values take defaults and the
+	// logger is filled in by Start.
+	Store store.Options
 }
 
 // MemberConfig configures an embedded configuration-service member.

@@ -28,7 +28,9 @@ type lateLocal struct{ wire.StorageClient }
 // membership lease.
 func (h *Host) startServer(ctx context.Context, local *lateLocal) (err error) {
 	cfg := h.cfg
-	st, err := store.Open(filepath.Join(cfg.DataDir, "store"), store.Options{Logger: cfg.Logger.With("component", "store")})
+	sopts := cfg.Store
+	sopts.Logger = cfg.Logger.With("component", "store")
+	st, err := store.Open(filepath.Join(cfg.DataDir, "store"), sopts)
 	if err != nil {
 		return fmt.Errorf("deploy: %w", err)
 	}

@@ -1,6 +1,7 @@
 package store
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"errors"
@@ -8,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"sync"
 	"time"
 
@@ -144,13 +146,25 @@ func (s *Store) lookup(h [32]byte) (loc, bool, error) {
 // appendLocked appends data to the active segment, rolling it when full
 // (appendMu held). Nothing is synced.
 func (s *Store) appendLocked(data []byte) (loc, error) {
-	seg := s.active
-	off := seg.size.Load()
-	if off > 0 && off+int64(len(data)) > s.segSize {
-		if err := s.newSegmentLocked(seg.id + 1); err != nil {
+	return s.appendTo(&s.active, data)
+}
+
+// appendTo appends data to *segp (the active segment or the compaction
+// target), replacing it with a new segment when full or not yet created
+// (appendMu held). Nothing is synced.
+func (s *Store) appendTo(segp **segment, data []byte) (loc, error) {
+	seg := *segp
+	var off int64
+	if seg != nil {
+		off = seg.size.Load()
+	}
+	if seg == nil || off > 0 && off+int64(len(data)) > s.segSize {
+		nseg, err := s.newSegmentLocked()
+		if err != nil {
 			return loc{}, err
 		}
-		seg, off = s.active, 0
+		*segp = nseg
+		seg, off = nseg, 0
 	}
 	if n, err := seg.f.WriteAt(data, off); err != nil {
 		if terr := seg.f.Truncate(off); terr != nil {
@@ -273,45 +287,166 @@ func (s *Store) readRun(hs [][32]byte, locs []loc, out [][]byte) error {
 	return nil
 }
 
-// Compact rewrites the live blocks of every segment whose bytes are more
-// than half dead into the active segment (rolling the active segment first
-// if it is at least a quarter full and more than half dead), makes
-// the copies durable, repoints the index in one Update and deletes the old
-// segment files. It runs safely alongside readers and writers.
+// activeMinDead is how many dead bytes the active segment must hold (as
+// well as being more than CompactDeadFraction dead) before Compact seals
+// it so that it can be compacted: small enough that an idle store gives
+// its space back, large enough that a busy one is not sealed every pass.
+// A segment size below 32 MiB lowers it to a quarter segment.
+const activeMinDead = 8 << 20
+
+// movePerPass bounds, in segments' worth of live bytes, what one Compact
+// pass copies; the deadest candidates go first and the rest wait for the
+// next pass, so that a pass, and its one index Update, stay bounded.
+const movePerPass = 4
+
+// reclaimer runs Compact every compactEvery until ctx ends (Close).
+func (s *Store) reclaimer(ctx context.Context) {
+	defer close(s.compactDone)
+	if s.compactEvery < 0 {
+		return
+	}
+	tk := time.NewTicker(s.compactEvery)
+	defer tk.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tk.C:
+		}
+		if err := s.Compact(ctx); err != nil && ctx.Err() == nil && !errors.Is(err, ErrClosed) {
+			s.log.Error("store: background compaction failed", "err", err)
+		}
+	}
+}
+
+// hook calls the test hook for a stage of Compact.
+func (s *Store) hook(stage string) {
+	if s.compactHook != nil {
+		s.compactHook(stage)
+	}
+}
+
+// pendingBytesLocked sums the pending blocks per segment (pendMu held).
+func (s *Store) pendingBytesLocked() map[uint32]int64 {
+	pend := make(map[uint32]int64)
+	for _, p := range s.pending {
+		pend[p.loc.seg] += int64(p.loc.n)
+	}
+	return pend
+}
+
+// deadLocked is how many bytes of seg are neither indexed nor pending
+// (segMu held). A block both indexed and pending counts twice, which only
+// underestimates.
+func (s *Store) deadLocked(seg *segment, pend map[uint32]int64) int64 {
+	return max(0, seg.size.Load()-s.live[seg.id]-pend[seg.id])
+}
+
+// Compact reclaims dead block space: the bytes of freed blocks and of
+// pending blocks that were never referenced. A segment other than the
+// active one and the compaction target is a candidate when more than
+// CompactDeadFraction of its bytes are dead (or it is empty); the active
+// segment is sealed first (a new one started) when it is that dead and
+// holds at least activeMinDead dead bytes, so it becomes a candidate too.
+// The deadest candidates go first, up to movePerPass segments of live
+// bytes per call. Background reclamation calls Compact every
+// CompactInterval; it may also be called directly.
+//
+// The live and pending blocks of the candidates are copied into the
+// compaction target, a segment of their own (so the update path's
+// fdatasyncs of the active segment never wait for them), in their old
+// order; the copies are fdatasynced; one Update repoints the index; only
+// then are the old files deleted. The copy holds no lock the update path
+// needs for longer than one block's append (appendMu, as PutBlock takes
+// it). A crash at any point loses no live block and leaves no reference to
+// a deleted segment:
+//   - before the Update is durable, the index names only the old segments,
+//     which are intact; the copies are unreferenced dead bytes (dropped on
+//     Open if the target was the last segment created, else reclaimed by a
+//     later pass);
+//   - once it is durable, the index names only the synced copies; the old
+//     segments hold nothing live and are deleted now or, after a crash, by
+//     the next pass (an all-dead segment is a candidate);
+//   - replaying a log record that carried a moved block inline leaves the
+//     block alone, since the replayed index places it elsewhere.
+//
+// It runs safely alongside readers and writers: a reader whose segment is
+// deleted under it looks the block up again, and a PutBlock of content
+// indexed in a segment being compacted writes a fresh copy.
 func (s *Store) Compact(ctx context.Context) error {
 	s.compactMu.Lock()
 	defer s.compactMu.Unlock()
 	if s.isClosed() {
 		return ErrClosed
 	}
+	start := time.Now()
 
-	// Candidates. A sizeable, mostly dead active segment is rolled first so
-	// that it can be compacted too.
+	// Seal a sizeable, mostly dead active segment so it can be compacted.
 	s.appendMu.Lock()
-	if act := s.active; act.size.Load() >= s.segSize/4 {
-		s.segMu.RLock()
-		live := s.live[act.id]
-		s.segMu.RUnlock()
-		if live*2 < act.size.Load() {
-			if err := s.newSegmentLocked(act.id + 1); err != nil {
-				s.appendMu.Unlock()
-				return err
-			}
-		}
-	}
-	activeID := s.active.id
-	s.appendMu.Unlock()
-	cands := map[uint32]*segment{}
+	act := s.active
+	s.pendMu.Lock()
+	pend := s.pendingBytesLocked()
 	s.segMu.RLock()
-	for id, seg := range s.segs {
-		if id >= activeID {
+	actDead := s.deadLocked(act, pend)
+	s.segMu.RUnlock()
+	s.pendMu.Unlock()
+	if actDead >= min(s.segSize/4, activeMinDead) && float64(actDead) > s.deadFrac*float64(act.size.Load()) {
+		seg, err := s.newSegmentLocked()
+		if err != nil {
+			s.appendMu.Unlock()
+			return err
+		}
+		s.active = seg
+	}
+
+	// Candidates. From the moment they are marked, no new pending reference
+	// into them can appear, so the pending blocks there plus the indexed
+	// ones are all that can ever be referenced from them.
+	type move struct {
+		h    [32]byte
+		from loc
+	}
+	var moves []move
+	seen := map[[32]byte]bool{}
+	cands := map[uint32]*segment{}
+	s.pendMu.Lock()
+	pend = s.pendingBytesLocked()
+	s.segMu.RLock()
+	type cand struct {
+		seg        *segment
+		size, dead int64
+	}
+	var cs []cand
+	for _, seg := range s.segs {
+		if seg == s.active || seg == s.target {
 			continue
 		}
-		if size := seg.size.Load(); s.live[id]*2 < size || size == 0 {
-			cands[id] = seg
+		size, dead := seg.size.Load(), s.deadLocked(seg, pend)
+		if size == 0 || float64(dead) > s.deadFrac*float64(size) {
+			cs = append(cs, cand{seg, size, dead})
 		}
 	}
 	s.segMu.RUnlock()
+	slices.SortFunc(cs, func(a, b cand) int { // deadest first
+		return cmp.Compare(float64(b.dead)/float64(max(b.size, 1)), float64(a.dead)/float64(max(a.size, 1)))
+	})
+	var budget int64
+	for _, c := range cs {
+		if len(cands) > 0 && budget+c.size-c.dead > movePerPass*s.segSize {
+			break
+		}
+		budget += c.size - c.dead
+		cands[c.seg.id] = c.seg
+		c.seg.compacting = true
+	}
+	for h, p := range s.pending {
+		if cands[p.loc.seg] != nil {
+			moves = append(moves, move{h, p.loc})
+			seen[h] = true
+		}
+	}
+	s.pendMu.Unlock()
+	s.appendMu.Unlock()
 	if len(cands) == 0 {
 		return nil
 	}
@@ -326,26 +461,6 @@ func (s *Store) Compact(ctx context.Context) error {
 	}
 	all := func(uint32) bool { return true }
 
-	// From now on no new pending reference into a candidate can appear, so
-	// the pending blocks there plus the indexed ones are all that can ever
-	// be referenced from it.
-	type move struct {
-		h    [32]byte
-		from loc
-	}
-	var moves []move
-	seen := map[[32]byte]bool{}
-	s.pendMu.Lock()
-	for _, seg := range cands {
-		seg.compacting = true
-	}
-	for h, p := range s.pending {
-		if cands[p.loc.seg] != nil {
-			moves = append(moves, move{h, p.loc})
-			seen[h] = true
-		}
-	}
-	s.pendMu.Unlock()
 	if err := s.View(func(t *Tx) error {
 		t.scan(bBlockidx, nil, 0, func(k, v []byte) bool {
 			l, _, ok := getIdx(v)
@@ -364,6 +479,10 @@ func (s *Store) Compact(ctx context.Context) error {
 		unmark(all)
 		return fmt.Errorf("store: compact: scan index: %w", err)
 	}
+	// In their old order: a file's blocks stay neighbours.
+	slices.SortFunc(moves, func(a, b move) int {
+		return cmp.Or(cmp.Compare(a.from.seg, b.from.seg), cmp.Compare(a.from.off, b.from.off))
+	})
 
 	// Copy.
 	reloc := make(map[[32]byte]loc, len(moves))
@@ -371,10 +490,13 @@ func (s *Store) Compact(ctx context.Context) error {
 	touched := map[uint32]int64{}
 	buf := make([]byte, MaxBlockSize)
 	var moved int64
-	for _, m := range moves {
+	for i, m := range moves {
 		if err := ctx.Err(); err != nil {
 			unmark(all)
 			return err
+		}
+		if i == len(moves)/2 {
+			s.hook("copying")
 		}
 		if bad[m.from.seg] {
 			continue
@@ -391,7 +513,7 @@ func (s *Store) Compact(ctx context.Context) error {
 			continue
 		}
 		s.appendMu.Lock()
-		nl, err := s.appendLocked(b)
+		nl, err := s.appendTo(&s.target, b)
 		s.appendMu.Unlock()
 		if err != nil {
 			unmark(all)
@@ -410,6 +532,11 @@ func (s *Store) Compact(ctx context.Context) error {
 			}
 		}
 	}
+	if err := ctx.Err(); err != nil {
+		unmark(all)
+		return err
+	}
+	s.hook("copied")
 	gone := func(id uint32) bool { return cands[id] != nil && !bad[id] }
 
 	// Repoint the index and the pending blocks.
@@ -443,9 +570,11 @@ func (s *Store) Compact(ctx context.Context) error {
 		unmark(all)
 		return fmt.Errorf("store: compact: %w", err)
 	}
+	s.hook("repointed")
 
 	// Delete the emptied segments.
 	var freed int64
+	deleted := 0
 	for id, seg := range cands {
 		if !gone(id) {
 			continue
@@ -468,10 +597,26 @@ func (s *Store) Compact(ctx context.Context) error {
 		if err := os.Remove(s.segPath(id)); err != nil {
 			s.log.Error("store: compact: remove segment", "segment", segName(id), "err", err)
 		}
+		if deleted++; deleted == 1 {
+			s.hook("removing")
+		}
 	}
 	if err := s.syncDir(filepath.Join(s.dir, blocksDir)); err != nil {
 		return err
 	}
-	s.log.Info("store: compacted", "segments", len(cands)-len(bad), "moved_bytes", moved, "freed_bytes", freed)
+	if deleted > 0 {
+		s.compactions.Add(1)
+		s.reclaimed.Add(freed - moved)
+	}
+	var segBytes, live int64
+	s.segMu.RLock()
+	for id, seg := range s.segs {
+		segBytes += seg.size.Load()
+		live += s.live[id]
+	}
+	s.segMu.RUnlock()
+	s.log.Info("store: reclaimed dead block space", "segments", deleted, "moved_bytes", moved,
+		"freed_bytes", freed, "reclaimed_bytes", freed-moved, "segment_bytes", segBytes, "live_bytes", live,
+		"took", time.Since(start).Round(time.Millisecond))
 	return nil
 }

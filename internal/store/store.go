@@ -54,14 +54,27 @@
 //
 // Pending blocks that nothing references are forgotten after PendingTTL or
 // on restart; their bytes are dead space that Compact reclaims. On Open,
-// after the log replay, the active segment is truncated to the largest
-// offset the index references, dropping data that was never acknowledged
-// (blocks restored from the log are indexed, so they stay).
+// after the log replay, the segment with the highest number (the active
+// one, or the compaction target) is truncated to the largest offset the
+// index references, dropping data that was never acknowledged (blocks
+// restored from the log are indexed, so they stay).
+//
+// Freed blocks are reclaimed in the background: every CompactInterval a
+// goroutine runs Compact, which copies the live (and pending) blocks of
+// every segment whose dead bytes exceed CompactDeadFraction of its size
+// into a separate compaction segment, syncs the copies, repoints the index
+// in one Update and deletes the old files (see Compact for why a crash at
+// any point loses nothing). After a pass the segment files hold at most
+// (live+pending)/(1−f) bytes plus activeMinDead (≤ 8 MiB) of dead bytes in
+// the active segment, f being CompactDeadFraction: with the default 0.5,
+// dead space is at most the live data plus 8 MiB, plus whatever was freed
+// since the last pass.
 //
 // Lock order: ckMu → commitMu; appendMu → pendMu → segMu → segment.mu.
 package store
 
 import (
+	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -90,6 +103,12 @@ const (
 	DefaultSegmentSize = 256 << 20
 	// PendingTTL is how long an unreferenced block stays referenceable.
 	PendingTTL = 10 * time.Minute
+	// DefaultCompactInterval is how often the background reclaimer looks
+	// for segments worth compacting.
+	DefaultCompactInterval = 30 * time.Second
+	// DefaultCompactDeadFraction is the share of a segment's bytes that may
+	// be dead before the segment is compacted.
+	DefaultCompactDeadFraction = 0.5
 
 	metaFile   = "meta.db"
 	blocksDir  = "blocks"
@@ -113,6 +132,15 @@ type Options struct {
 	SegmentSize int64
 	// NoSync disables every fsync. Tests only: nothing is durable.
 	NoSync bool
+	// CompactInterval is how often the background reclaimer runs Compact
+	// (default DefaultCompactInterval; negative turns it off).
+	CompactInterval time.Duration
+	// CompactDeadFraction is the share of a segment's bytes that may be
+	// dead (freed, or never referenced) before Compact rewrites it; it
+	// bounds the dead space to f/(1−f) of the live data (plus one active
+	// segment's activeMinDead). Zero means DefaultCompactDeadFraction;
+	// values outside (0, 1) are clamped to [0.05, 0.95].
+	CompactDeadFraction float64
 
 	// Checkpoint thresholds (tests; zero means the default).
 	ckBytes, ckOps int64
@@ -126,6 +154,11 @@ type Usage struct {
 	Segments      int   // number of segment files
 	Objects       int64 // number of objects
 	PendingBlocks int   // blocks written but not (yet) referenced
+	// Compactions and ReclaimedBytes count the Compact passes that deleted
+	// segments since Open and the segment bytes they deleted (net of the
+	// live bytes copied out: ReclaimedBytes = deleted − moved).
+	Compactions    int64
+	ReclaimedBytes int64
 }
 
 // Store is a storage server's local store. It is safe for concurrent use.
@@ -170,6 +203,8 @@ type Store struct {
 	// Segments.
 	appendMu sync.Mutex // serializes appends and rolls
 	active   *segment   // under appendMu
+	target   *segment   // under appendMu: where Compact copies to (nil until needed)
+	nextID   uint32     // under appendMu: the next segment number
 	segMu    sync.RWMutex
 	segs     map[uint32]*segment // live segment files
 	live     map[uint32]int64    // indexed bytes per segment (committer updates)
@@ -180,7 +215,16 @@ type Store struct {
 	lastSweep  int64
 	pendingTTL time.Duration
 
-	compactMu sync.Mutex
+	compactMu    sync.Mutex
+	deadFrac     float64
+	compactEvery time.Duration
+	compactStop  context.CancelFunc
+	compactDone  chan struct{}
+	compactions  atomic.Int64
+	reclaimed    atomic.Int64
+	// compactHook, when set (tests), is called at each stage of Compact.
+	compactHook func(stage string)
+
 	closeOnce sync.Once
 	closeErr  error
 }
@@ -271,6 +315,17 @@ func Open(dir string, o Options) (*Store, error) {
 	if o.ckEvery <= 0 {
 		o.ckEvery = defaultCkEvery
 	}
+	if o.CompactInterval == 0 {
+		o.CompactInterval = DefaultCompactInterval
+	}
+	switch f := o.CompactDeadFraction; {
+	case f == 0:
+		o.CompactDeadFraction = DefaultCompactDeadFraction
+	case f < 0.05:
+		o.CompactDeadFraction = 0.05
+	case f > 0.95:
+		o.CompactDeadFraction = 0.95
+	}
 	if err := os.MkdirAll(filepath.Join(dir, blocksDir), 0o755); err != nil {
 		return nil, fmt.Errorf("store: create %s: %w", dir, err)
 	}
@@ -297,7 +352,10 @@ func Open(dir string, o Options) (*Store, error) {
 		ckStop:   make(chan struct{}),
 		ckDone:   make(chan struct{}),
 
-		pendingTTL: PendingTTL,
+		pendingTTL:   PendingTTL,
+		deadFrac:     o.CompactDeadFraction,
+		compactEvery: o.CompactInterval,
+		compactDone:  make(chan struct{}),
 	}
 	s.wtx.s = s
 	s.wtx.writable = true
@@ -307,6 +365,9 @@ func Open(dir string, o Options) (*Store, error) {
 	}
 	go s.loop()
 	go s.checkpointer()
+	ctx, cancel := context.WithCancel(context.Background())
+	s.compactStop = cancel
+	go s.reclaimer(ctx)
 	return s, nil
 }
 
@@ -411,7 +472,12 @@ func (s *Store) open() error {
 	}
 
 	// Recovery: data past the largest referenced offset of the active
-	// segment was never acknowledged.
+	// segment (or of the compaction target, if it was created last) was
+	// never acknowledged.
+	s.nextID = maxSeg + 1
+	if top != nil {
+		s.nextID = max(s.nextID, top.id+1)
+	}
 	if top != nil && top.id >= maxSeg {
 		if end := maxEnd[top.id]; top.size.Load() > end {
 			s.log.Info("store: truncating unacknowledged segment tail", "segment", segName(top.id),
@@ -435,36 +501,36 @@ func (s *Store) open() error {
 		seg.kicked = seg.size.Load()
 	}
 	if s.active == nil {
-		next := maxSeg + 1
-		if top != nil {
-			next = max(next, top.id+1)
-		}
-		if err := s.newSegmentLocked(next); err != nil {
+		seg, err := s.newSegmentLocked()
+		if err != nil {
 			return err
 		}
+		s.active = seg
 	}
 	return nil
 }
 
-// newSegmentLocked creates segment id and makes it active (appendMu held or
-// during Open).
-func (s *Store) newSegmentLocked(id uint32) error {
+// newSegmentLocked creates the next segment file and registers it
+// (appendMu held or during Open). Numbers are never reused: a deleted
+// segment's number could still be named by a stale log record.
+func (s *Store) newSegmentLocked() (*segment, error) {
+	id := s.nextID
 	f, err := os.OpenFile(s.segPath(id), os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o644)
 	if err != nil {
-		return ioErr("create segment", err)
+		return nil, ioErr("create segment", err)
 	}
 	adviseSequential(f)
 	if err := s.syncDir(filepath.Join(s.dir, blocksDir)); err != nil {
 		f.Close()
 		os.Remove(s.segPath(id))
-		return err
+		return nil, err
 	}
+	s.nextID++
 	seg := &segment{id: id, f: f}
 	s.segMu.Lock()
 	s.segs[id] = seg
 	s.segMu.Unlock()
-	s.active = seg
-	return nil
+	return seg, nil
 }
 
 // syncDir makes the entries of directory dir durable.
@@ -537,6 +603,8 @@ func (s *Store) Dir() string { return s.dir }
 // closes every file. Updates issued after Close fail with ErrClosed.
 func (s *Store) Close() error {
 	s.closeOnce.Do(func() {
+		s.compactStop() // a running pass stops copying at the next block
+		<-s.compactDone
 		s.stop()
 		err := s.checkpoint(true)
 		s.compactMu.Lock() // let a running Compact finish with the files
@@ -609,6 +677,7 @@ func (s *Store) Usage() (Usage, error) {
 	}
 	s.segMu.RUnlock()
 	u.Objects = s.objects.Load()
+	u.Compactions, u.ReclaimedBytes = s.compactions.Load(), s.reclaimed.Load()
 	return u, nil
 }
 

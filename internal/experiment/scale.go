@@ -1,0 +1,223 @@
+package experiment
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	mrand "math/rand/v2"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/wheelfs/wheelfs/internal/testbed"
+)
+
+func scale() *Experiment {
+	return &Experiment{
+		Name: "scale",
+		Summary: "paper Fig. 3: N nodes each primary of a directory of 1 MB files; all read 10 files of others at once; " +
+			"read latency and config-service load (CPU, bytes) per N",
+		Params: map[string]string{"nodes": "5,10,20", "files": "10", "size": "1048576", "rtt": "100ms", "idle": "20s"},
+		Run:    runScale,
+	}
+}
+
+func runScale(ctx context.Context, env *Env) (*Result, error) {
+	var counts []int
+	for _, s := range strings.Split(env.Param("nodes", "5,10,20"), ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(s))
+		if err != nil || n < 5 || n%5 != 0 {
+			return nil, fmt.Errorf("nodes: %q: want multiples of 5 (nodes are spread over 5 sites)", s)
+		}
+		counts = append(counts, n)
+	}
+	files, err1 := strconv.Atoi(env.Param("files", "10"))
+	size, err2 := strconv.Atoi(env.Param("size", "1048576"))
+	if err := errors.Join(err1, err2); err != nil || files < 1 || size < 1 {
+		return nil, fmt.Errorf("files, size: want positive numbers (%v)", err)
+	}
+	rtt, err := env.Durations("rtt", "100ms")
+	if err != nil {
+		return nil, err
+	}
+	idle, err := env.Durations("idle", "20s")
+	if err != nil {
+		return nil, err
+	}
+	sites := []string{"west", "east", "eu", "asia", "aus"}
+	t := &Table{
+		Title: fmt.Sprintf("N nodes over 5 sites (%s RTT); each reads %d files of %d bytes written by others, all at once", rtt[0], files, size),
+		Columns: []string{"N", "read median ms", "read p90 ms", "limit ms", "median / limit",
+			"config CPU idle %", "config KB/s idle", "config CPU reading %", "config KB/s reading"},
+	}
+	type point struct {
+		n             int
+		idleCPU, idle float64
+	}
+	var pts []point
+	for _, n := range counts {
+		st, err := up(ctx, env, testbed.Options{Sites: sites, RTT: testbed.Uniform(sites, rtt[0]),
+			ServersPerSite: n / len(sites), TCPCongestion: "cubic"})
+		if err != nil {
+			return nil, err
+		}
+		row, idleCPU, idleKB, err := scaleRound(ctx, env, st, files, size, idle[0])
+		down(env)
+		if err != nil {
+			return nil, fmt.Errorf("N=%d: %w", n, err)
+		}
+		t.Add(fmt.Sprint(n), row[0], row[1], ms(rtt[0]), ratioStr(row[0], rtt[0]), row[2], row[3], row[4], row[5])
+		pts = append(pts, point{n, idleCPU, idleKB})
+	}
+	res := &Result{Tables: []*Table{t}, Notes: []string{
+		"Every node is a storage server and a mount (`wheelfs node`), primary of its own directory (write-local); readers never read their own or the same file twice, as in the paper.",
+		"Config service load: CPU time and bytes (in+out) of all config members' processes and interfaces, per second, over an idle period and over the read phase.",
+		"Limit: one RTT (a request to a primary at another site and the data back), the best a remote read can do.",
+	}}
+	if len(pts) >= 2 {
+		a, b := pts[0], pts[len(pts)-1]
+		perCPU := (b.idleCPU - a.idleCPU) / float64(b.n-a.n)
+		perKB := (b.idle - a.idle) / float64(b.n-a.n)
+		res.Notes = append(res.Notes, fmt.Sprintf(
+			"Idle config-service load grows by %.3f%% CPU and %.2f KB/s per node between N=%d and N=%d; at that rate 250 nodes cost %.1f%% CPU and %.0f KB/s.",
+			perCPU, perKB, a.n, b.n, b.idleCPU+perCPU*float64(250-b.n), b.idle+perKB*float64(250-b.n)))
+	}
+	return res, nil
+}
+
+func ratioStr(medianMS string, limit time.Duration) string {
+	v, err := strconv.ParseFloat(medianMS, 64)
+	if err != nil || limit <= 0 {
+		return "—"
+	}
+	return fmt.Sprintf("%.2f×", v/(float64(limit)/float64(time.Millisecond)))
+}
+
+// scaleRound runs one N: write, measure idle load, read all at once.
+func scaleRound(ctx context.Context, env *Env, st *testbed.State, files, size int, idle time.Duration) (row []string, idleCPU, idleKB float64, err error) {
+	var nodes []testbed.Host
+	var members []*testbed.Host
+	for i := range st.Hosts {
+		switch st.Hosts[i].Role {
+		case testbed.RoleNode:
+			nodes = append(nodes, st.Hosts[i])
+		case testbed.RoleConfig:
+			members = append(members, &st.Hosts[i])
+		}
+	}
+	data := make([]byte, size)
+	rand.Read(data)
+	var wg sync.WaitGroup
+	errs := make([]error, len(nodes))
+	for i, h := range nodes {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			dir := filepath.Join(h.Mount, "n-"+h.Name)
+			if errs[i] = os.Mkdir(dir, 0o755); errs[i] != nil {
+				return
+			}
+			for f := 0; f < files; f++ {
+				if _, _, err := writeFile(filepath.Join(dir, fmt.Sprintf("f%d", f)), data); err != nil {
+					errs[i] = err
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return nil, 0, 0, fmt.Errorf("writing: %w", err)
+	}
+	progress(env, "N=%d: %d files written; measuring %s idle", len(nodes), len(nodes)*files, idle)
+	load := func(d time.Duration, during func() error) (cpuPct, kbps float64, err error) {
+		before, err := sumCounters(members)
+		if err != nil {
+			return 0, 0, err
+		}
+		start := time.Now()
+		if err := during(); err != nil {
+			return 0, 0, err
+		}
+		if rest := d - time.Since(start); rest > 0 {
+			time.Sleep(rest)
+		}
+		el := time.Since(start)
+		after, err := sumCounters(members)
+		if err != nil {
+			return 0, 0, err
+		}
+		return 100 * float64(after.CPU-before.CPU) / float64(el),
+			float64(after.RxBytes+after.TxBytes-before.RxBytes-before.TxBytes) / 1024 / el.Seconds(), nil
+	}
+	idleCPU, idleKB, err = load(idle, func() error { return nil })
+	if err != nil {
+		return nil, 0, 0, err
+	}
+	var (
+		mu  sync.Mutex
+		lat []time.Duration
+	)
+	readAll := func() error {
+		errs := make([]error, len(nodes))
+		for i, h := range nodes {
+			// Files of other nodes, never the same twice.
+			var pool []string
+			for _, o := range nodes {
+				if o.Name != h.Name {
+					for f := 0; f < files; f++ {
+						pool = append(pool, filepath.Join(h.Mount, "n-"+o.Name, fmt.Sprintf("f%d", f)))
+					}
+				}
+			}
+			mrand.Shuffle(len(pool), func(a, b int) { pool[a], pool[b] = pool[b], pool[a] })
+			pool = pool[:min(files, len(pool))]
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for _, p := range pool {
+					d, err := readCheck(p, data)
+					if err != nil {
+						errs[i] = err
+						return
+					}
+					mu.Lock()
+					lat = append(lat, d)
+					mu.Unlock()
+				}
+			}()
+		}
+		wg.Wait()
+		return errors.Join(errs...)
+	}
+	readCPU, readKB, err := load(0, readAll)
+	if err != nil {
+		return nil, 0, 0, fmt.Errorf("reading: %w", err)
+	}
+	sort.Slice(lat, func(a, b int) bool { return lat[a] < lat[b] })
+	p90 := lat[min(len(lat)-1, len(lat)*9/10)]
+	row = []string{ms(stats(lat).Median), ms(p90), fmt.Sprintf("%.1f", idleCPU), fmt.Sprintf("%.1f", idleKB),
+		fmt.Sprintf("%.1f", readCPU), fmt.Sprintf("%.1f", readKB)}
+	progress(env, "N=%d: %d reads, median %s ms, p90 %s ms; config idle %.1f%% CPU %.1f KB/s, reading %.1f%% %.1f KB/s",
+		len(nodes), len(lat), row[0], row[1], idleCPU, idleKB, readCPU, readKB)
+	return row, idleCPU, idleKB, nil
+}
+
+func sumCounters(hosts []*testbed.Host) (testbed.Counters, error) {
+	var sum testbed.Counters
+	for _, h := range hosts {
+		c, err := h.Counters()
+		if err != nil {
+			return sum, err
+		}
+		sum.CPU += c.CPU
+		sum.RxBytes += c.RxBytes
+		sum.TxBytes += c.TxBytes
+	}
+	return sum, nil
+}
