@@ -8,6 +8,7 @@ import (
 	"context"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/wheelfs/wheelfs/internal/blockcache"
@@ -96,10 +97,24 @@ type User struct {
 	Uid, Gid uint32
 	Groups   []uint32
 	Pid      uint32
+	// handle is the open a handle's operations go through: the
+	// primary checks what that open was granted instead of the mode.
+	handle handleRef
 }
 
+// handleRef names one open of a file at the servers: this client's
+// session and a handle number; zero for none.
+type handleRef struct{ session, id uint64 }
+
 func (u User) caller() *wire.Caller {
-	return &wire.Caller{Uid: u.Uid, Gid: u.Gid, Groups: u.Groups, Pid: u.Pid}
+	return &wire.Caller{Uid: u.Uid, Gid: u.Gid, Groups: u.Groups, Pid: u.Pid, Handle: u.handle.wire()}
+}
+
+func (r handleRef) wire() *wire.HandleRef {
+	if r.id == 0 {
+		return nil
+	}
+	return &wire.HandleRef{Session: r.session, Id: r.id}
 }
 
 // FS is one client's view of a WheelFS deployment.
@@ -123,6 +138,8 @@ type FS struct {
 	// suspects are primaries that recently did not answer in time.
 	suspectMu sync.Mutex
 	suspects  map[string]time.Time
+
+	handles atomic.Uint64 // numbers this client's opens (handleRef.id)
 }
 
 // New returns a client core that reaches servers through router.

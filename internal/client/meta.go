@@ -239,11 +239,7 @@ func (f *FS) create(ctx context.Context, u User, cues cue.Set, dir oid.ID, name 
 	}
 	ctx, cancel := f.bound(ctx, cues)
 	defer cancel()
-	resp, err := update(ctx, f, cues, dir, wire.StorageClient.Create, &wire.CreateRequest{
-		Caller: u.caller(), Dir: uint64(dir), Name: name, Type: a.Type, Mode: a.Mode,
-		Rdev: a.Rdev, Target: a.Target, Cues: wireCues(cues, a.Type), Exclusive: a.Exclusive,
-		SyncLevel: syncLevel(cues), Origin: f.cfg.Origin, ClientSite: f.cfg.Site,
-	})
+	resp, err := update(ctx, f, cues, dir, wire.StorageClient.Create, f.createRequest(u, cues, dir, name, a))
 	f.leases.forget(dir)
 	if err != nil {
 		return nil, fmt.Errorf("create %q in %v: %w", name, dir, err)
@@ -257,6 +253,14 @@ func (f *FS) create(ctx context.Context, u User, cues cue.Set, dir oid.ID, name 
 		return m, nil
 	}
 	return resp.Meta, nil
+}
+
+func (f *FS) createRequest(u User, cues cue.Set, dir oid.ID, name string, a CreateArgs) *wire.CreateRequest {
+	return &wire.CreateRequest{
+		Caller: u.caller(), Dir: uint64(dir), Name: name, Type: a.Type, Mode: a.Mode,
+		Rdev: a.Rdev, Target: a.Target, Cues: wireCues(cues, a.Type), Exclusive: a.Exclusive,
+		SyncLevel: syncLevel(cues), Origin: f.cfg.Origin, ClientSite: f.cfg.Site,
+	}
 }
 
 // Link adds a hard link name in dir to the object id.
@@ -324,6 +328,9 @@ func (f *FS) Rename(ctx context.Context, u User, cues cue.Set, srcDir oid.ID, sr
 // first commits this client's buffered writes so the truncation orders
 // after them.
 func (f *FS) ChangeAttr(ctx context.Context, u User, cues cue.Set, id oid.ID, c AttrChange) (*Attr, error) {
+	if c.Handle != nil {
+		u.handle = c.Handle.user.handle // ftruncate: what the open granted decides
+	}
 	return attrResult(f.setAttr(ctx, u, cues, id, c.request()))
 }
 

@@ -58,6 +58,11 @@ type fileState struct {
 	// may come from backups, and written data stays in memory until a
 	// commit succeeds (it may have to go to a backup instead).
 	eventual bool
+
+	// writer is the handle of the last write: the commit of buffered
+	// writes goes through its open (and as its user), whichever call
+	// makes it (close, fsync, or a truncate that must order after them).
+	writer *Handle
 }
 
 func newFileState(id oid.ID, m *wire.Meta) *fileState {
@@ -127,8 +132,10 @@ func (st *fileState) snapshot() *wire.Meta {
 
 // Handle is an open file.
 type Handle struct {
-	fs   *FS
-	st   *fileState
+	fs *FS
+	st *fileState
+	// user carries the handle's number at the servers (User.handle):
+	// every request the handle makes goes through its open.
 	user User
 	cues cue.Set
 	// Writable reports whether the handle was opened for writing.
@@ -139,6 +146,12 @@ type Handle struct {
 	registered chan bool
 	counted    bool
 	obj        oid.ID
+}
+
+// newHandle returns a handle of u on id with a number of its own.
+func (f *FS) newHandle(u User, cues cue.Set, id oid.ID, writable bool) *Handle {
+	u.handle = handleRef{session: f.leases.session, id: f.handles.Add(1)}
+	return &Handle{fs: f, user: u, cues: cues, Writable: writable, obj: id}
 }
 
 func (f *FS) openState(id oid.ID) *fileState {
@@ -165,7 +178,9 @@ func (f *FS) overlay(m *wire.Meta) *wire.Meta {
 }
 
 // Open opens a file. flags are open(2) flags; the server checks the
-// caller's permission for them. Close-to-open: the version comes from the
+// caller's permission for them and records what it granted the handle,
+// which its reads, writes and ftruncate then use, whatever the mode
+// becomes. Close-to-open: the version comes from the
 // primary, or from meta-data cached under a valid lease (a read-only open
 // then needs no round trip: its permission is checked here, on the same
 // rules, and the primary counts the handle in the background). Cached
@@ -174,8 +189,8 @@ func (f *FS) Open(ctx context.Context, u User, cues cue.Set, id oid.ID, flags ui
 	ctx, cancel := f.bound(ctx, cues)
 	defer cancel()
 	writable := flags&syscall.O_ACCMODE != syscall.O_RDONLY
-	h := &Handle{fs: f, user: u, cues: cues, Writable: writable, obj: id}
-	req := &wire.OpenRequest{Caller: u.caller(), Id: uint64(id), Flags: flags}
+	h := f.newHandle(u, cues, id, writable)
+	req := &wire.OpenRequest{Caller: h.user.caller(), Id: uint64(id), Flags: flags}
 	m, ok := f.leases.meta(id, false)
 	if ok && !writable && flags&syscall.O_TRUNC == 0 {
 		if err := perm.Access(attrs.Cred(req.Caller), attrs.Of(m), perm.R); err != nil {
@@ -203,6 +218,53 @@ func (f *FS) Open(ctx context.Context, u User, cues cue.Set, id oid.ID, flags ui
 		h.releaseAt(ctx)
 		return nil, nil, fmt.Errorf("open %v for writing: %w", id, fserr.ErrIsDir)
 	}
+	f.attach(h, m)
+	if flags&syscall.O_TRUNC != 0 && h.Writable && m.Type == wire.Type_TYPE_FILE && m.Size > 0 {
+		var err error
+		m, err = f.setAttr(ctx, u, cues, id, &wire.SetAttrRequest{Valid: wire.SetSize, Size: 0})
+		if err != nil {
+			h.Release(ctx)
+			return nil, nil, err
+		}
+	}
+	return h, attrOf(f.overlay(m)), nil
+}
+
+// CreateOpen is open(2) with O_CREAT: it creates a file named name in
+// dir with mode (already umasked) and opens it with flags, in one
+// request. The open of a file it creates gets the access flags ask for
+// whatever the file's mode (creat() with mode 0444 returns a writable
+// descriptor, as on Linux); a name that exists is opened as Open does
+// (with O_EXCL it is ErrExist).
+func (f *FS) CreateOpen(ctx context.Context, u User, cues cue.Set, dir oid.ID, name string, mode, flags uint32) (*Handle, *Attr, error) {
+	if err := checkName(name); err != nil {
+		return nil, nil, err
+	}
+	ctx, cancel := f.bound(ctx, cues)
+	defer cancel()
+	h := f.newHandle(u, cues, 0, flags&syscall.O_ACCMODE != syscall.O_RDONLY)
+	req := f.createRequest(h.user, cues, dir, name, CreateArgs{Type: TypeFile, Mode: mode, Exclusive: flags&syscall.O_EXCL != 0})
+	req.OpenAccess = perm.OpenAccess(flags)
+	resp, err := update(ctx, f, cues, dir, wire.StorageClient.Create, req)
+	f.leases.forget(dir) // the listing changed (and a backup's change revokes nothing)
+	if err != nil {
+		return nil, nil, fmt.Errorf("create %q in %v: %w", name, dir, err)
+	}
+	if !resp.Opened {
+		return f.Open(ctx, u, cues, oid.ID(resp.Entry.GetId()), flags&^(syscall.O_CREAT|syscall.O_EXCL))
+	}
+	// The object's primary counted the open with the create (a backup
+	// under .EventualConsistency puts the file in a slice it is primary
+	// for), so the release goes there.
+	h.obj, h.counted = oid.ID(resp.Meta.Id), true
+	f.attach(h, resp.Meta)
+	return h, attrOf(f.overlay(resp.Meta)), nil
+}
+
+// attach joins h to the state its client shares for the file, which m
+// (from the primary or a lease) describes.
+func (f *FS) attach(h *Handle, m *wire.Meta) {
+	id := h.obj
 	f.mu.Lock()
 	st := f.files[id]
 	if st == nil {
@@ -220,17 +282,8 @@ func (f *FS) Open(ctx context.Context, u User, cues cue.Set, id oid.ID, flags ui
 	if !st.modified && m.Version != st.version {
 		st.reset(m)
 	}
-	st.eventual = st.eventual || cues.EventualConsistency
+	st.eventual = st.eventual || h.cues.EventualConsistency
 	st.mu.Unlock()
-	if flags&syscall.O_TRUNC != 0 && h.Writable && m.Type == wire.Type_TYPE_FILE && m.Size > 0 {
-		var err error
-		m, err = f.setAttr(ctx, u, cues, id, &wire.SetAttrRequest{Valid: wire.SetSize, Size: 0})
-		if err != nil {
-			h.Release(ctx)
-			return nil, nil, err
-		}
-	}
-	return h, attrOf(f.overlay(m)), nil
 }
 
 // registration counts the opens of one object being registered at its
@@ -324,13 +377,13 @@ func (h *Handle) releaseAt(ctx context.Context) {
 	} else if !h.counted {
 		return
 	}
-	h.fs.release(ctx, h.obj)
+	h.fs.release(ctx, h.obj, h.user.handle)
 }
 
-// release tells the primary one open of id is gone, so an unlinked file can
-// be reclaimed.
-func (f *FS) release(ctx context.Context, id oid.ID) {
-	if _, err := call(ctx, f, id, wire.StorageClient.Release, &wire.ReleaseRequest{Id: uint64(id)}); err != nil {
+// release tells the primary the open h of id is gone, so its grant ends
+// and an unlinked file can be reclaimed.
+func (f *FS) release(ctx context.Context, id oid.ID, h handleRef) {
+	if _, err := call(ctx, f, id, wire.StorageClient.Release, &wire.ReleaseRequest{Id: uint64(id), Handle: h.wire()}); err != nil {
 		f.log.Warn("release failed", slog.String("id", id.String()), slog.Any("err", err))
 	}
 }

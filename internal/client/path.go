@@ -82,17 +82,12 @@ func (f *FS) WriteFile(ctx context.Context, u User, path string, data []byte, mo
 	if err != nil {
 		return err
 	}
-	id := oid.ID(0)
+	var h *Handle
 	if r.Meta == nil {
-		m, err := f.Create(ctx, u, r.Cues, r.Parent, r.Name, CreateArgs{Type: wire.Type_TYPE_FILE, Mode: mode})
-		if err != nil {
-			return err
-		}
-		id = oid.ID(m.Id)
+		h, _, err = f.CreateOpen(ctx, u, r.Cues, r.Parent, r.Name, mode, syscall.O_CREAT|syscall.O_WRONLY|syscall.O_TRUNC)
 	} else {
-		id = oid.ID(r.Meta.Id)
+		h, _, err = f.Open(ctx, u, r.Cues, oid.ID(r.Meta.Id), syscall.O_WRONLY|syscall.O_TRUNC)
 	}
-	h, _, err := f.Open(ctx, u, r.Cues, id, syscall.O_WRONLY|syscall.O_TRUNC)
 	if err != nil {
 		return err
 	}

@@ -99,14 +99,15 @@ type AttrChange struct {
 	MtimeNs  int64
 	AtimeNow bool
 	MtimeNow bool
-	// ViaHandle: through a handle this client holds open (ftruncate,
-	// futimens), so permission was checked at open.
-	ViaHandle bool
+	// Handle, when not nil, is the open file the change goes through
+	// (ftruncate, futimens): a size change is checked against what its
+	// open was granted, not against the mode.
+	Handle *Handle
 }
 
 func (c AttrChange) request() *wire.SetAttrRequest {
 	return &wire.SetAttrRequest{Valid: c.Valid, Mode: c.Mode, Uid: c.Uid, Gid: c.Gid, Size: c.Size,
-		AtimeNs: c.AtimeNs, MtimeNs: c.MtimeNs, AtimeNow: c.AtimeNow, MtimeNow: c.MtimeNow, ViaHandle: c.ViaHandle}
+		AtimeNs: c.AtimeNs, MtimeNs: c.MtimeNs, AtimeNow: c.AtimeNow, MtimeNow: c.MtimeNow, ViaHandle: c.Handle != nil}
 }
 
 // StatFS is the file system's capacity, as statfs(2) reports it.

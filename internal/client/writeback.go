@@ -81,6 +81,7 @@ func (h *Handle) Write(ctx context.Context, p []byte, off int64) (int, error) {
 	}
 	st.size = max(st.size, off)
 	st.modified = true
+	st.writer = h
 	st.mtimeNs = time.Now().UnixNano()
 	for _, a := range st.pending {
 		a.Valid &^= wire.SetMtime // this write is newer than an earlier utimens
@@ -230,6 +231,8 @@ func (st *fileState) upload(ctx context.Context, f *FS, u User, onlyFull bool) e
 
 // flush commits buffered writes as a new version; close() and fsync()
 // return only after the primary has them durably at the cue's SyncLevel.
+// The commit goes through the open that wrote last, as its user (u only
+// when no handle wrote).
 func (st *fileState) flush(ctx context.Context, f *FS, u User, cues cue.Set) error {
 	st.mu.Lock()
 	defer st.mu.Unlock()
@@ -237,6 +240,9 @@ func (st *fileState) flush(ctx context.Context, f *FS, u User, cues cue.Set) err
 	st.upErr = nil // its blocks went back to dirty: upload them again now
 	if !st.modified {
 		return nil
+	}
+	if st.writer != nil {
+		u = st.writer.user
 	}
 	if st.eventual {
 		return st.flushEventual(ctx, f, u, cues)
@@ -315,6 +321,7 @@ func (st *fileState) committed(m *wire.Meta) {
 	}
 	clear(st.staged)
 	st.pending = nil
+	st.writer = nil
 	st.view = proto.CloneOf(m)
 	st.modified = false
 	st.mtimeNs = 0

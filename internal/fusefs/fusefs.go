@@ -70,6 +70,10 @@ func Mount(dir string, core *client.FS, o Options) (*fuse.Server, error) {
 			DisableXAttrs:        false,
 			IgnoreSecurityLabels: true,
 		},
+		// Mode 0 is a mode (open(O_CREAT, 0), chmod 0): without this
+		// go-fuse would show it to the kernel as 0644/0755 while the
+		// server checks 0, and the two would disagree.
+		NullPermissions: true,
 		EntryTimeout:    &zero,
 		AttrTimeout:     &o.AttrTimeout,
 		NegativeTimeout: &neg,

@@ -140,7 +140,7 @@ func (n *node) Getattr(ctx context.Context, f fs.FileHandle, out *fuse.AttrOut) 
 func (n *node) Setattr(ctx context.Context, f fs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
 	ctx, done := n.root.step(ctx, true)
 	defer done()
-	req := client.AttrChange{ViaHandle: f != nil}
+	req := client.AttrChange{Handle: coreHandle(f)}
 	if m, ok := in.GetMode(); ok {
 		req.Valid |= client.SetMode
 		req.Mode = m & 0o7777
@@ -184,19 +184,17 @@ func (n *node) create(ctx context.Context, name string, a client.CreateArgs, out
 	return n.child(ctx, m, n.cues, out), m, 0
 }
 
-// Create implements fs.NodeCreater.
+// Create implements fs.NodeCreater: open(2) with O_CREAT, one request
+// to the core, so that the open of a file it creates gets the access it
+// asks for whatever the new mode (client.FS.CreateOpen).
 func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint32, out *fuse.EntryOut) (*fs.Inode, fs.FileHandle, uint32, syscall.Errno) {
 	ctx, done := n.root.step(ctx, true)
 	defer done()
-	ino, m, errno := n.create(ctx, name, client.CreateArgs{
-		Type: client.TypeFile, Mode: mode & 0o7777, Exclusive: flags&syscall.O_EXCL != 0}, out)
-	if errno != 0 {
-		return nil, nil, 0, errno
-	}
-	h, _, err := n.root.core.Open(ctx, n.root.user(ctx), n.cues, oid.ID(m.Id), flags&^(syscall.O_CREAT|syscall.O_EXCL))
+	h, m, err := n.root.core.CreateOpen(ctx, n.root.user(ctx), n.cues, n.id, name, mode&0o7777, flags)
 	if err != nil {
 		return nil, nil, 0, n.root.errno("create", err)
 	}
+	ino := n.child(ctx, m, n.cues, out)
 	ino.Operations().(*node).version.Store(m.Version)
 	return ino, &handle{node: ino.Operations().(*node), h: h}, 0, 0
 }
@@ -411,7 +409,7 @@ func (n *node) Allocate(ctx context.Context, f fs.FileHandle, off uint64, size u
 	if off+size <= m.Size {
 		return 0
 	}
-	_, err = n.root.core.ChangeAttr(ctx, u, n.cues, n.id, client.AttrChange{Valid: client.SetSize, Size: off + size, ViaHandle: f != nil})
+	_, err = n.root.core.ChangeAttr(ctx, u, n.cues, n.id, client.AttrChange{Valid: client.SetSize, Size: off + size, Handle: coreHandle(f)})
 	return n.root.errno("fallocate", err)
 }
 
@@ -419,6 +417,14 @@ func (n *node) Allocate(ctx context.Context, f fs.FileHandle, off uint64, size u
 type handle struct {
 	node *node
 	h    *client.Handle
+}
+
+// coreHandle returns the core's handle of a FUSE file handle (nil for none).
+func coreHandle(f fs.FileHandle) *client.Handle {
+	if h, ok := f.(*handle); ok {
+		return h.h
+	}
+	return nil
 }
 
 var (

@@ -27,6 +27,20 @@ const (
 	X = 1
 )
 
+// OpenAccess returns the access an open(2) with flags gives its
+// descriptor: R, W or both. O_TRUNC needs write permission at open but
+// gives a read-only descriptor no write access.
+func OpenAccess(flags uint32) uint32 {
+	switch flags & syscall.O_ACCMODE {
+	case syscall.O_RDONLY:
+		return R
+	case syscall.O_WRONLY:
+		return W
+	default:
+		return R | W
+	}
+}
+
 // Unchanged is the uid/gid value (-1) that Chown treats as "leave as is".
 const Unchanged = ^uint32(0)
 

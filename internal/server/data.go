@@ -18,6 +18,7 @@ import (
 const blockSize = 64 << 10
 
 // truncate changes a file's size, trimming the block that holds the new end.
+// Through a handle (ftruncate) what its open granted decides (mayData).
 func (s *Server) truncate(tx *store.Tx, c perm.Cred, m *wire.Meta, req *wire.SetAttrRequest) error {
 	switch {
 	case isDir(m):
@@ -25,11 +26,7 @@ func (s *Server) truncate(tx *store.Tx, c perm.Cred, m *wire.Meta, req *wire.Set
 	case m.Type != wire.Type_TYPE_FILE:
 		return fserr.ErrInvalid
 	}
-	if req.ViaHandle {
-		if err := ownerOrAccess(c, m, perm.W); err != nil {
-			return err
-		}
-	} else if err := perm.Access(c, attr(m), perm.W); err != nil {
+	if err := s.mayData(req.Caller, m, perm.W); err != nil {
 		return err
 	}
 	size := req.Size
@@ -123,19 +120,19 @@ func (s *Server) ReadBlocks(ctx context.Context, req *wire.ReadBlocksRequest) (*
 	return &wire.ReadBlocksResponse{Data: data}, nil
 }
 
-// checkData allows block transfers for a file the caller may access.
+// checkData allows block transfers for a file the caller may access
+// (mayData).
 func (s *Server) checkData(ctx context.Context, caller *wire.Caller, id oid.ID, want uint32) error {
 	if _, err := s.admit(ctx, caller, id); err != nil {
 		return err
 	}
-	c := cred(caller)
 	return s.store.View(func(tx *store.Tx) error {
 		m, err := tx.Meta(id)
 		if err != nil {
 			return err
 		}
-		if ownerOrAccess(c, m, want) != nil && ownerOrAccess(c, m, perm.W) != nil {
-			return fmt.Errorf("data of %v: %w", id, fserr.ErrAccess)
+		if err := s.mayData(caller, m, want); err != nil {
+			return fmt.Errorf("data of %v: %w", id, err)
 		}
 		return nil
 	})
@@ -183,7 +180,7 @@ func (s *Server) Commit(ctx context.Context, req *wire.CommitRequest) (*wire.Com
 		if m.Type != wire.Type_TYPE_FILE {
 			return fserr.ErrInvalid
 		}
-		if err := ownerOrAccess(c, m, perm.W); err != nil {
+		if err := s.mayData(req.Caller, m, perm.W); err != nil {
 			return err
 		}
 		if req.Size < m.Size {

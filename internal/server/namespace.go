@@ -22,16 +22,6 @@ var (
 
 func isDir(m *wire.Meta) bool { return m.Type == wire.Type_TYPE_DIR }
 
-// ownerOrAccess allows operations on a file the caller has open: the
-// kernel checked permission at open, so the owner keeps access even
-// after a chmod, as with an open descriptor on a local file system.
-func ownerOrAccess(c perm.Cred, m *wire.Meta, want uint32) error {
-	if c.IsRoot() || c.Uid == m.Uid {
-		return nil
-	}
-	return perm.Access(c, attr(m), want)
-}
-
 // touch records a change to m: new ctime (and mtime), next version.
 func touch(m *wire.Meta, now int64, mtime bool) {
 	m.CtimeNs = now
@@ -148,6 +138,11 @@ func (s *Server) localMeta(id oid.ID) (m *wire.Meta, err error) {
 // .Site, which stores the object before this server adds the name. If
 // that server cannot be reached the object is created here and
 // maintenance moves its slice home later.
+//
+// With open_access (open(2) with O_CREAT) a new file is also opened
+// through the caller's handle, counted and granted by the object's
+// primary in the transaction that creates it: the open gets the access
+// it asked for whatever the new mode is, and no unlink can come between.
 func (s *Server) Create(ctx context.Context, req *wire.CreateRequest) (*wire.CreateResponse, error) {
 	dir := oid.ID(req.Dir)
 	ctx, aerr := s.admit(ctx, req.Caller, dir)
@@ -160,6 +155,9 @@ func (s *Server) Create(ctx context.Context, req *wire.CreateRequest) (*wire.Cre
 	}
 	c := cred(req.Caller)
 	now := time.Now().UnixNano()
+	hk := req.Caller.GetHandle()
+	_, named := keyOf(hk)
+	open := req.OpenAccess != 0 && req.Type == wire.Type_TYPE_FILE && named
 	pol, target := s.place(req, dir)
 	var remote *wire.Meta // the object, when another server stored it
 	exists := false       // the name existed when placement looked
@@ -185,7 +183,11 @@ func (s *Server) Create(ctx context.Context, req *wire.CreateRequest) (*wire.Cre
 		}
 		// Try the placement target, then (suspecting it) the next choice.
 		for attempt := 0; tmpl != nil && target != s.cfg.ID && attempt < 3; attempt++ {
-			remote, err = s.createAt(ctx, target, pol, tmpl, req.SyncLevel)
+			var access uint32
+			if open {
+				access = req.OpenAccess
+			}
+			remote, err = s.createAt(ctx, target, pol, tmpl, req.SyncLevel, hk, access)
 			if err == nil || ctx.Err() != nil {
 				break
 			}
@@ -205,7 +207,16 @@ func (s *Server) Create(ctx context.Context, req *wire.CreateRequest) (*wire.Cre
 		}
 	}
 	resp := &wire.CreateResponse{}
-	err := s.update(ctx, req.SyncLevel, func(tx *store.Tx) error {
+	var opened oid.ID // the new local object this attempt opened
+	unopen := func() {
+		if opened != 0 {
+			s.files.unopen(hk, opened)
+			opened = 0
+		}
+	}
+	err := s.updateUndo(ctx, req.SyncLevel, func(tx *store.Tx) error {
+		unopen()
+		*resp = wire.CreateResponse{}
 		d, err := s.dirMeta(tx, dir)
 		if err != nil {
 			return err
@@ -214,6 +225,12 @@ func (s *Server) Create(ctx context.Context, req *wire.CreateRequest) (*wire.Cre
 			return fmt.Errorf("directory removed: %w", fserr.ErrNotExist)
 		}
 		if e, err := tx.Entry(dir, req.Name); err == nil {
+			if _, ok := s.files.granted(hk, oid.ID(e.Id)); open && ok {
+				// A retry of this create+open whose answer was lost.
+				resp.Entry, resp.Opened = e, true
+				resp.Meta, err = tx.Meta(oid.ID(e.Id))
+				return err
+			}
 			if req.Exclusive || req.Type != wire.Type_TYPE_FILE || e.Type != wire.Type_TYPE_FILE {
 				return fmt.Errorf("%q: %w", req.Name, fserr.ErrExist)
 			}
@@ -244,7 +261,11 @@ func (s *Server) Create(ctx context.Context, req *wire.CreateRequest) (*wire.Cre
 			if err := tx.PutMeta(m); err != nil {
 				return err
 			}
+			if open && s.primary(oid.ID(m.Id)) == nil && s.files.openNew(hk, oid.ID(m.Id), req.OpenAccess) {
+				opened = oid.ID(m.Id)
+			}
 		}
+		resp.Opened = open && (remote != nil || opened != 0)
 		if m.Type == wire.Type_TYPE_DIR {
 			d.Nlink++
 		}
@@ -255,9 +276,17 @@ func (s *Server) Create(ctx context.Context, req *wire.CreateRequest) (*wire.Cre
 		touch(d, now, true)
 		resp.Entry, resp.Meta, resp.Dir = e, m, d
 		return tx.PutMeta(d)
-	})
-	if remote != nil && (err != nil || resp.Existed) {
-		s.dropRemote(target, oid.ID(remote.Id)) // the name went elsewhere: no link to it
+	}, unopen)
+	if err != nil {
+		unopen()
+	}
+	if remote != nil && (err != nil || resp.Entry.GetId() != remote.Id) {
+		// The name went elsewhere: no link to it, nor the open made with it.
+		var h *wire.HandleRef
+		if open {
+			h = hk
+		}
+		s.dropRemote(target, oid.ID(remote.Id), h)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("create %q: %w", req.Name, err)

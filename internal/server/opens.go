@@ -13,23 +13,17 @@ import (
 	"github.com/wheelfs/wheelfs/internal/wire"
 )
 
-// Open implements wire.StorageServer: it checks access for the open flags
-// and counts the handle, so that an unlinked open file stays readable.
+// Open implements wire.StorageServer: it checks access for the open flags,
+// counts the handle, so that an unlinked open file stays readable, and
+// records what the open granted for the caller's handle.
 func (s *Server) Open(ctx context.Context, req *wire.OpenRequest) (*wire.OpenResponse, error) {
 	id := oid.ID(req.Id)
 	ctx, aerr := s.admit(ctx, req.Caller, id)
 	if aerr != nil {
 		return nil, aerr
 	}
-	var want uint32
-	switch req.Flags & syscall.O_ACCMODE {
-	case syscall.O_RDONLY:
-		want = perm.R
-	case syscall.O_WRONLY:
-		want = perm.W
-	default:
-		want = perm.R | perm.W
-	}
+	access := perm.OpenAccess(req.Flags)
+	want := access
 	if req.Flags&syscall.O_TRUNC != 0 {
 		want |= perm.W
 	}
@@ -38,9 +32,17 @@ func (s *Server) Open(ctx context.Context, req *wire.OpenRequest) (*wire.OpenRes
 	// A backup (eventual open) counts nothing: releases go to the
 	// primary, and an unlink in backup mode deletes at once.
 	counted := s.primary(id) == nil
-	dying := s.files.open(id, counted)
+	h := req.Caller.GetHandle()
+	dying := s.files.open(id, counted, h)
+	// undo ends the count (and the grant of a retried open) of a failed one.
+	undo := func() {
+		if counted {
+			s.files.forget(h, id)
+			s.Release(ctx, &wire.ReleaseRequest{Id: req.Id})
+		}
+	}
 	if dying && counted {
-		s.Release(ctx, &wire.ReleaseRequest{Id: req.Id})
+		undo()
 		return nil, fmt.Errorf("open %v: being deleted: %w", id, fserr.ErrNotExist)
 	}
 	ms := s.leases.grant(req.Caller, id)
@@ -55,18 +57,44 @@ func (s *Server) Open(ctx context.Context, req *wire.OpenRequest) (*wire.OpenRes
 		return perm.Access(cred(req.Caller), attr(m), want)
 	})
 	if err != nil {
-		if counted {
-			s.Release(ctx, &wire.ReleaseRequest{Id: req.Id})
-		}
+		undo()
 		return nil, fmt.Errorf("open %v: %w", id, err)
 	}
+	if counted {
+		s.files.grant(h, id, access)
+	}
 	return &wire.OpenResponse{Meta: m, LeaseMs: ms}, nil
+}
+
+// mayData checks a data operation on m (a block transfer, a commit, an
+// ftruncate) by caller. Through an open this server recorded, what the
+// open granted decides, whatever the mode is now (as for a descriptor on
+// Linux: the open that created a file with mode 0 may still write it).
+// Otherwise — no handle, or an open this server does not know (made at
+// a previous primary, or at a backup under .EventualConsistency) — the
+// mode decides, as for a call by path. want is perm.W, or perm.R for
+// reading blocks, which an open for writing may do too (a partial block
+// write reads the rest of the block first).
+func (s *Server) mayData(caller *wire.Caller, m *wire.Meta, want uint32) error {
+	id := oid.ID(m.Id)
+	if access, ok := s.files.granted(caller.GetHandle(), id); ok {
+		if access&want == 0 && (want != perm.R || access&perm.W == 0) {
+			return fmt.Errorf("%v through a handle not open for it: %w", id, fserr.ErrBadFD)
+		}
+		return nil
+	}
+	c := cred(caller)
+	err := perm.Access(c, attr(m), want)
+	if err != nil && want == perm.R && perm.Access(c, attr(m), perm.W) == nil {
+		return nil
+	}
+	return err
 }
 
 // Release implements wire.StorageServer.
 func (s *Server) Release(ctx context.Context, req *wire.ReleaseRequest) (*wire.ReleaseResponse, error) {
 	id := oid.ID(req.Id)
-	orphan := s.files.release(id)
+	orphan := s.files.release(id, req.Handle)
 	if !orphan {
 		return &wire.ReleaseResponse{}, nil
 	}
@@ -118,24 +146,114 @@ func (s *Server) buried(ids []oid.ID) {
 }
 
 // openFiles counts open handles so that an object unlinked while open
-// lives on as an orphan until its last release.
+// lives on as an orphan until its last release, and remembers what each
+// open granted. Both are this server's soft state, like the orphans: a
+// new primary after a failover knows neither (see mayData).
 type openFiles struct {
 	mu      sync.Mutex
 	opens   map[oid.ID]int  // open handles
 	orphans map[oid.ID]bool // unlinked while open: delete on last release
 	dying   map[oid.ID]int  // deletions decided but not yet committed
+	grants  map[handleKey]grant
+}
+
+// handleKey names an open: the client core's session and its handle number.
+type handleKey struct{ session, id uint64 }
+
+// grant is what one open was allowed: its object and perm.R/perm.W bits.
+type grant struct {
+	obj    oid.ID
+	access uint32
+}
+
+func keyOf(h *wire.HandleRef) (handleKey, bool) {
+	if h.GetSession() == 0 || h.GetId() == 0 {
+		return handleKey{}, false
+	}
+	return handleKey{h.Session, h.Id}, true
 }
 
 func newOpenFiles() openFiles {
-	return openFiles{opens: map[oid.ID]int{}, orphans: map[oid.ID]bool{}, dying: map[oid.ID]int{}}
+	return openFiles{opens: map[oid.ID]int{}, orphans: map[oid.ID]bool{}, dying: map[oid.ID]int{},
+		grants: map[handleKey]grant{}}
 }
 
-// open counts a handle (when counted) and reports whether id is being
-// deleted.
-func (f *openFiles) open(id oid.ID, counted bool) (dying bool) {
+// grant records that the open h (counted by open) may use id with access.
+func (f *openFiles) grant(h *wire.HandleRef, id oid.ID, access uint32) {
+	k, ok := keyOf(h)
+	if !ok {
+		return
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if counted {
+	f.grants[k] = grant{obj: id, access: access}
+}
+
+// granted returns what the open h was granted on id; ok is false when
+// this server knows no such open of id.
+func (f *openFiles) granted(h *wire.HandleRef, id oid.ID) (access uint32, ok bool) {
+	k, ok := keyOf(h)
+	if !ok {
+		return 0, false
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	g, ok := f.grants[k]
+	if !ok || g.obj != id {
+		return 0, false
+	}
+	return g.access, true
+}
+
+// openNew counts an open of a new object, created in the transaction
+// being built, and records its grant; unopen takes both back if that
+// transaction does not commit. No one else can know the object yet, so
+// nothing races with either. It reports false (and does nothing) for a
+// request without a handle.
+func (f *openFiles) openNew(h *wire.HandleRef, id oid.ID, access uint32) bool {
+	k, ok := keyOf(h)
+	if !ok {
+		return false
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.opens[id]++
+	f.grants[k] = grant{obj: id, access: access}
+	return true
+}
+
+// forget drops the grant of h on id, if any (not the count).
+func (f *openFiles) forget(h *wire.HandleRef, id oid.ID) {
+	k, ok := keyOf(h)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if ok && f.grants[k].obj == id {
+		delete(f.grants, k)
+	}
+}
+
+// unopen takes back an open of id by h that openNew counted (or that
+// the create made for a name it did not add); it never makes an orphan.
+func (f *openFiles) unopen(h *wire.HandleRef, id oid.ID) {
+	k, ok := keyOf(h)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if !ok || f.grants[k].obj != id {
+		return
+	}
+	delete(f.grants, k)
+	if f.opens[id]--; f.opens[id] <= 0 {
+		delete(f.opens, id)
+	}
+}
+
+// open counts a handle (when counted; not again for a retried open of
+// handle h) and reports whether id is being deleted.
+func (f *openFiles) open(id oid.ID, counted bool, h *wire.HandleRef) (dying bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	k, named := keyOf(h)
+	if counted && !(named && f.grants[k].obj == id) {
 		f.opens[id]++
 	}
 	return f.dying[id] > 0
@@ -143,9 +261,17 @@ func (f *openFiles) open(id oid.ID, counted bool) (dying bool) {
 
 // release ends a handle and reports whether it was the last one of an
 // orphan, which the caller then deletes (it is marked dying meanwhile).
-func (f *openFiles) release(id oid.ID) (orphan bool) {
+// A named handle this server did not count (opened at a previous
+// primary, or at a backup) is not subtracted from the opens counted here.
+func (f *openFiles) release(id oid.ID, h *wire.HandleRef) (orphan bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if k, ok := keyOf(h); ok {
+		if f.grants[k].obj != id {
+			return false
+		}
+		delete(f.grants, k)
+	}
 	f.opens[id]--
 	last := f.opens[id] <= 0
 	if last {

@@ -43,14 +43,16 @@ func (s *Server) remoteMeta(ctx context.Context, id oid.ID) (*wire.Meta, string,
 }
 
 // createAt asks server target to store a new object.
-func (s *Server) createAt(ctx context.Context, target string, pol configsvc.Policy, tmpl *wire.Meta, sync uint32) (*wire.Meta, error) {
+// With access, the object is also opened for the creating client's handle h.
+func (s *Server) createAt(ctx context.Context, target string, pol configsvc.Policy, tmpl *wire.Meta, sync uint32, h *wire.HandleRef, access uint32) (*wire.Meta, error) {
 	p, err := s.peer(ctx, target)
 	if err != nil {
 		return nil, err
 	}
 	cctx, cancel := context.WithTimeout(ctx, s.cfg.PeerTimeout)
 	defer cancel()
-	resp, err := p.CreateObject(cctx, &wire.CreateObjectRequest{Meta: tmpl, Policy: cuesFromPolicy(pol), SyncLevel: sync})
+	resp, err := p.CreateObject(cctx, &wire.CreateObjectRequest{Meta: tmpl, Policy: cuesFromPolicy(pol), SyncLevel: sync,
+		Handle: h, OpenAccess: access})
 	if err != nil {
 		return nil, err
 	}
@@ -58,10 +60,18 @@ func (s *Server) createAt(ctx context.Context, target string, pol configsvc.Poli
 }
 
 // dropRemote deletes, in the background, an object another server
-// created for a name that was not added.
-func (s *Server) dropRemote(target string, id oid.ID) {
+// created for a name that was not added, ending first the open h that
+// the create made there (nil: none).
+func (s *Server) dropRemote(target string, id oid.ID, h *wire.HandleRef) {
 	go func() {
-		if err := s.dropLink(s.bg, target, id); err != nil {
+		ctx, cancel := context.WithTimeout(s.bg, s.cfg.PeerTimeout)
+		defer cancel()
+		p, err := s.peer(ctx, target)
+		if err == nil {
+			_, err = p.DropLink(ctx, &wire.DropLinkRequest{Id: uint64(id), Handle: h})
+			err = fserr.FromStatus(err)
+		}
+		if err != nil {
 			s.log.Warn("could not delete an object created for a name that was not added", "id", id, "server", target, "err", err)
 		}
 	}()

@@ -102,7 +102,7 @@ func (p *peerServer) CreateObject(ctx context.Context, req *wire.CreateObjectReq
 	if req.Meta == nil {
 		return nil, fmt.Errorf("create object without meta-data: %w", fserr.ErrInvalid)
 	}
-	m, err := s.createObject(ctx, policyFromCues(req.Policy), req.Meta, req.SyncLevel)
+	m, err := s.createObject(ctx, policyFromCues(req.Policy), req.Meta, req.SyncLevel, req.Handle, req.OpenAccess)
 	if err != nil {
 		return nil, err
 	}

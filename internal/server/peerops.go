@@ -14,22 +14,39 @@ import (
 	"google.golang.org/protobuf/proto"
 )
 
-// createObject stores a new object under policy pol.
-func (s *Server) createObject(ctx context.Context, pol configsvc.Policy, tmpl *wire.Meta, sync uint32) (*wire.Meta, error) {
+// createObject stores a new object under policy pol; with access, it
+// also opens it for handle h (see Create), counted and granted in the
+// same transaction.
+func (s *Server) createObject(ctx context.Context, pol configsvc.Policy, tmpl *wire.Meta, sync uint32, h *wire.HandleRef, access uint32) (*wire.Meta, error) {
 	slice, err := s.sliceFor(ctx, pol)
 	if err != nil {
 		return nil, err
 	}
 	m := proto.Clone(tmpl).(*wire.Meta)
-	err = s.update(ctx, sync, func(tx *store.Tx) error {
+	var opened oid.ID
+	unopen := func() {
+		if opened != 0 {
+			s.files.unopen(h, opened)
+			opened = 0
+		}
+	}
+	err = s.updateUndo(ctx, sync, func(tx *store.Tx) error {
+		unopen()
 		n, err := tx.NextCounter(slice)
 		if err != nil {
 			return err
 		}
 		m.Id = uint64(oid.Make(slice, n))
-		return tx.PutMeta(m)
-	})
+		if err := tx.PutMeta(m); err != nil {
+			return err
+		}
+		if access != 0 && s.files.openNew(h, oid.ID(m.Id), access) {
+			opened = oid.ID(m.Id)
+		}
+		return nil
+	}, unopen)
 	if err != nil {
+		unopen()
 		return nil, fmt.Errorf("create object: %w", err)
 	}
 	return m, nil
@@ -172,6 +189,9 @@ func (s *Server) dropLinkHere(ctx context.Context, req *wire.DropLinkRequest) (*
 	id := oid.ID(req.Id)
 	if err := s.primary(id); err != nil {
 		return nil, err
+	}
+	if req.Handle != nil {
+		s.files.unopen(req.Handle, id)
 	}
 	now := time.Now().UnixNano()
 	var out *wire.Meta

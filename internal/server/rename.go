@@ -25,6 +25,9 @@ import (
 // replaced, an exchange) is EXDEV.
 func (s *Server) Rename(ctx context.Context, req *wire.RenameRequest) (*wire.RenameResponse, error) {
 	src, dst := oid.ID(req.SrcDir), oid.ID(req.DstDir)
+	if err := checkRenameFlags(req.Flags); err != nil {
+		return nil, err
+	}
 	ctx, aerr := s.admit(ctx, req.Caller, src)
 	if aerr != nil {
 		return nil, aerr
@@ -198,6 +201,20 @@ func mayRename(c perm.Cred, sd, child, dd, target *wire.Meta, exchange bool) err
 		return err
 	}
 	return check(dd, target, sd, nil)
+}
+
+// checkRenameFlags refuses flags this server does not implement
+// (RENAME_WHITEOUT: there are no whiteouts) and invalid combinations, as
+// renameat2(2) does: accepting a flag without doing what it asks would
+// be a silent lie.
+func checkRenameFlags(flags uint32) error {
+	switch {
+	case flags&^(wire.RenameNoReplace|wire.RenameExchange) != 0:
+		return fmt.Errorf("rename flags %#x: %w", flags, fserr.ErrInvalid)
+	case flags&wire.RenameNoReplace != 0 && flags&wire.RenameExchange != 0:
+		return fmt.Errorf("rename flags %#x: NOREPLACE with EXCHANGE: %w", flags, fserr.ErrInvalid)
+	}
+	return nil
 }
 
 // exchange swaps two names atomically (RENAME_EXCHANGE).

@@ -18,4 +18,6 @@ const (
 const (
 	RenameNoReplace uint32 = 1
 	RenameExchange  uint32 = 2
+	// RenameWhiteout is refused (EINVAL): WheelFS has no whiteouts.
+	RenameWhiteout uint32 = 4
 )

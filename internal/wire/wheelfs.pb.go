@@ -552,7 +552,11 @@ type Caller struct {
 	Session uint64 `protobuf:"varint,5,opt,name=session,proto3" json:"session,omitempty"`
 	// eventual (.EventualConsistency): a backup of the object's slice may
 	// answer, and apply an update, when the primary cannot be reached.
-	Eventual      bool `protobuf:"varint,6,opt,name=eventual,proto3" json:"eventual,omitempty"`
+	Eventual bool `protobuf:"varint,6,opt,name=eventual,proto3" json:"eventual,omitempty"`
+	// handle is the open a data transfer, commit or ftruncate goes through:
+	// the object's primary checks what that open was granted instead of
+	// the file's mode (permission belongs to the open, as on Linux).
+	Handle        *HandleRef `protobuf:"bytes,7,opt,name=handle,proto3" json:"handle,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -629,6 +633,67 @@ func (x *Caller) GetEventual() bool {
 	return false
 }
 
+func (x *Caller) GetHandle() *HandleRef {
+	if x != nil {
+		return x.Handle
+	}
+	return nil
+}
+
+// HandleRef names one open of a file: the client core's random session
+// and a number the client chose for the handle.
+type HandleRef struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Session       uint64                 `protobuf:"varint,1,opt,name=session,proto3" json:"session,omitempty"`
+	Id            uint64                 `protobuf:"varint,2,opt,name=id,proto3" json:"id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HandleRef) Reset() {
+	*x = HandleRef{}
+	mi := &file_wheelfs_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HandleRef) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HandleRef) ProtoMessage() {}
+
+func (x *HandleRef) ProtoReflect() protoreflect.Message {
+	mi := &file_wheelfs_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HandleRef.ProtoReflect.Descriptor instead.
+func (*HandleRef) Descriptor() ([]byte, []int) {
+	return file_wheelfs_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *HandleRef) GetSession() uint64 {
+	if x != nil {
+		return x.Session
+	}
+	return 0
+}
+
+func (x *HandleRef) GetId() uint64 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
 // absent_ok: a missing name is answered (absent) rather than an error, so
 // that the client may keep the answer under the directory's lease.
 type LookupRequest struct {
@@ -643,7 +708,7 @@ type LookupRequest struct {
 
 func (x *LookupRequest) Reset() {
 	*x = LookupRequest{}
-	mi := &file_wheelfs_proto_msgTypes[4]
+	mi := &file_wheelfs_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -655,7 +720,7 @@ func (x *LookupRequest) String() string {
 func (*LookupRequest) ProtoMessage() {}
 
 func (x *LookupRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[4]
+	mi := &file_wheelfs_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -668,7 +733,7 @@ func (x *LookupRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LookupRequest.ProtoReflect.Descriptor instead.
 func (*LookupRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{4}
+	return file_wheelfs_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *LookupRequest) GetCaller() *Caller {
@@ -716,7 +781,7 @@ type LookupResponse struct {
 
 func (x *LookupResponse) Reset() {
 	*x = LookupResponse{}
-	mi := &file_wheelfs_proto_msgTypes[5]
+	mi := &file_wheelfs_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -728,7 +793,7 @@ func (x *LookupResponse) String() string {
 func (*LookupResponse) ProtoMessage() {}
 
 func (x *LookupResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[5]
+	mi := &file_wheelfs_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -741,7 +806,7 @@ func (x *LookupResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LookupResponse.ProtoReflect.Descriptor instead.
 func (*LookupResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{5}
+	return file_wheelfs_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *LookupResponse) GetEntry() *Entry {
@@ -796,7 +861,7 @@ type GetAttrRequest struct {
 
 func (x *GetAttrRequest) Reset() {
 	*x = GetAttrRequest{}
-	mi := &file_wheelfs_proto_msgTypes[6]
+	mi := &file_wheelfs_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -808,7 +873,7 @@ func (x *GetAttrRequest) String() string {
 func (*GetAttrRequest) ProtoMessage() {}
 
 func (x *GetAttrRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[6]
+	mi := &file_wheelfs_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -821,7 +886,7 @@ func (x *GetAttrRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetAttrRequest.ProtoReflect.Descriptor instead.
 func (*GetAttrRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{6}
+	return file_wheelfs_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *GetAttrRequest) GetCaller() *Caller {
@@ -849,7 +914,7 @@ type GetAttrResponse struct {
 
 func (x *GetAttrResponse) Reset() {
 	*x = GetAttrResponse{}
-	mi := &file_wheelfs_proto_msgTypes[7]
+	mi := &file_wheelfs_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -861,7 +926,7 @@ func (x *GetAttrResponse) String() string {
 func (*GetAttrResponse) ProtoMessage() {}
 
 func (x *GetAttrResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[7]
+	mi := &file_wheelfs_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -874,7 +939,7 @@ func (x *GetAttrResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetAttrResponse.ProtoReflect.Descriptor instead.
 func (*GetAttrResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{7}
+	return file_wheelfs_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *GetAttrResponse) GetMeta() *Meta {
@@ -899,26 +964,29 @@ func (x *GetAttrResponse) GetXattrs() *XattrSummary {
 }
 
 type CreateRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Caller        *Caller                `protobuf:"bytes,1,opt,name=caller,proto3" json:"caller,omitempty"`
-	Dir           uint64                 `protobuf:"varint,2,opt,name=dir,proto3" json:"dir,omitempty"`
-	Name          string                 `protobuf:"bytes,3,opt,name=name,proto3" json:"name,omitempty"`
-	Type          Type                   `protobuf:"varint,4,opt,name=type,proto3,enum=wheelfs.v1.Type" json:"type,omitempty"`
-	Mode          uint32                 `protobuf:"varint,5,opt,name=mode,proto3" json:"mode,omitempty"` // already umasked
-	Rdev          uint32                 `protobuf:"varint,6,opt,name=rdev,proto3" json:"rdev,omitempty"`
-	Target        string                 `protobuf:"bytes,7,opt,name=target,proto3" json:"target,omitempty"`        // symlink target
-	Cues          *Cues                  `protobuf:"bytes,8,opt,name=cues,proto3" json:"cues,omitempty"`            // persistent cues for the new object
-	Exclusive     bool                   `protobuf:"varint,9,opt,name=exclusive,proto3" json:"exclusive,omitempty"` // O_EXCL: fail with EEXIST instead of returning the existing file
-	SyncLevel     uint32                 `protobuf:"varint,10,opt,name=sync_level,json=syncLevel,proto3" json:"sync_level,omitempty"`
-	Origin        string                 `protobuf:"bytes,11,opt,name=origin,proto3" json:"origin,omitempty"`                           // the creating client's local server, if any (write-local placement)
-	ClientSite    string                 `protobuf:"bytes,12,opt,name=client_site,json=clientSite,proto3" json:"client_site,omitempty"` // the creating client's site (write-local without a local server)
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	Caller     *Caller                `protobuf:"bytes,1,opt,name=caller,proto3" json:"caller,omitempty"`
+	Dir        uint64                 `protobuf:"varint,2,opt,name=dir,proto3" json:"dir,omitempty"`
+	Name       string                 `protobuf:"bytes,3,opt,name=name,proto3" json:"name,omitempty"`
+	Type       Type                   `protobuf:"varint,4,opt,name=type,proto3,enum=wheelfs.v1.Type" json:"type,omitempty"`
+	Mode       uint32                 `protobuf:"varint,5,opt,name=mode,proto3" json:"mode,omitempty"` // already umasked
+	Rdev       uint32                 `protobuf:"varint,6,opt,name=rdev,proto3" json:"rdev,omitempty"`
+	Target     string                 `protobuf:"bytes,7,opt,name=target,proto3" json:"target,omitempty"`        // symlink target
+	Cues       *Cues                  `protobuf:"bytes,8,opt,name=cues,proto3" json:"cues,omitempty"`            // persistent cues for the new object
+	Exclusive  bool                   `protobuf:"varint,9,opt,name=exclusive,proto3" json:"exclusive,omitempty"` // O_EXCL: fail with EEXIST instead of returning the existing file
+	SyncLevel  uint32                 `protobuf:"varint,10,opt,name=sync_level,json=syncLevel,proto3" json:"sync_level,omitempty"`
+	Origin     string                 `protobuf:"bytes,11,opt,name=origin,proto3" json:"origin,omitempty"`                           // the creating client's local server, if any (write-local placement)
+	ClientSite string                 `protobuf:"bytes,12,opt,name=client_site,json=clientSite,proto3" json:"client_site,omitempty"` // the creating client's site (write-local without a local server)
+	// open_access, when not 0, also opens a new file through caller.handle
+	// with these access bits (4 read, 2 write), whatever its mode (O_CREAT).
+	OpenAccess    uint32 `protobuf:"varint,13,opt,name=open_access,json=openAccess,proto3" json:"open_access,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *CreateRequest) Reset() {
 	*x = CreateRequest{}
-	mi := &file_wheelfs_proto_msgTypes[8]
+	mi := &file_wheelfs_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -930,7 +998,7 @@ func (x *CreateRequest) String() string {
 func (*CreateRequest) ProtoMessage() {}
 
 func (x *CreateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[8]
+	mi := &file_wheelfs_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -943,7 +1011,7 @@ func (x *CreateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateRequest.ProtoReflect.Descriptor instead.
 func (*CreateRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{8}
+	return file_wheelfs_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *CreateRequest) GetCaller() *Caller {
@@ -1030,19 +1098,29 @@ func (x *CreateRequest) GetClientSite() string {
 	return ""
 }
 
+func (x *CreateRequest) GetOpenAccess() uint32 {
+	if x != nil {
+		return x.OpenAccess
+	}
+	return 0
+}
+
+// opened: the new file was opened as open_access asked (not when the
+// name existed: the client then opens it with the usual check).
 type CreateResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Entry         *Entry                 `protobuf:"bytes,1,opt,name=entry,proto3" json:"entry,omitempty"`
 	Meta          *Meta                  `protobuf:"bytes,2,opt,name=meta,proto3" json:"meta,omitempty"`
 	Dir           *Meta                  `protobuf:"bytes,3,opt,name=dir,proto3" json:"dir,omitempty"`
 	Existed       bool                   `protobuf:"varint,4,opt,name=existed,proto3" json:"existed,omitempty"`
+	Opened        bool                   `protobuf:"varint,5,opt,name=opened,proto3" json:"opened,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *CreateResponse) Reset() {
 	*x = CreateResponse{}
-	mi := &file_wheelfs_proto_msgTypes[9]
+	mi := &file_wheelfs_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1054,7 +1132,7 @@ func (x *CreateResponse) String() string {
 func (*CreateResponse) ProtoMessage() {}
 
 func (x *CreateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[9]
+	mi := &file_wheelfs_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1067,7 +1145,7 @@ func (x *CreateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateResponse.ProtoReflect.Descriptor instead.
 func (*CreateResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{9}
+	return file_wheelfs_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *CreateResponse) GetEntry() *Entry {
@@ -1098,6 +1176,13 @@ func (x *CreateResponse) GetExisted() bool {
 	return false
 }
 
+func (x *CreateResponse) GetOpened() bool {
+	if x != nil {
+		return x.Opened
+	}
+	return false
+}
+
 type LinkRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Caller        *Caller                `protobuf:"bytes,1,opt,name=caller,proto3" json:"caller,omitempty"`
@@ -1110,7 +1195,7 @@ type LinkRequest struct {
 
 func (x *LinkRequest) Reset() {
 	*x = LinkRequest{}
-	mi := &file_wheelfs_proto_msgTypes[10]
+	mi := &file_wheelfs_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1122,7 +1207,7 @@ func (x *LinkRequest) String() string {
 func (*LinkRequest) ProtoMessage() {}
 
 func (x *LinkRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[10]
+	mi := &file_wheelfs_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1135,7 +1220,7 @@ func (x *LinkRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LinkRequest.ProtoReflect.Descriptor instead.
 func (*LinkRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{10}
+	return file_wheelfs_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *LinkRequest) GetCaller() *Caller {
@@ -1175,7 +1260,7 @@ type LinkResponse struct {
 
 func (x *LinkResponse) Reset() {
 	*x = LinkResponse{}
-	mi := &file_wheelfs_proto_msgTypes[11]
+	mi := &file_wheelfs_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1187,7 +1272,7 @@ func (x *LinkResponse) String() string {
 func (*LinkResponse) ProtoMessage() {}
 
 func (x *LinkResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[11]
+	mi := &file_wheelfs_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1200,7 +1285,7 @@ func (x *LinkResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LinkResponse.ProtoReflect.Descriptor instead.
 func (*LinkResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{11}
+	return file_wheelfs_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *LinkResponse) GetMeta() *Meta {
@@ -1224,7 +1309,7 @@ type RemoveRequest struct {
 
 func (x *RemoveRequest) Reset() {
 	*x = RemoveRequest{}
-	mi := &file_wheelfs_proto_msgTypes[12]
+	mi := &file_wheelfs_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1236,7 +1321,7 @@ func (x *RemoveRequest) String() string {
 func (*RemoveRequest) ProtoMessage() {}
 
 func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[12]
+	mi := &file_wheelfs_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1249,7 +1334,7 @@ func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveRequest.ProtoReflect.Descriptor instead.
 func (*RemoveRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{12}
+	return file_wheelfs_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *RemoveRequest) GetCaller() *Caller {
@@ -1303,7 +1388,7 @@ type RemoveResponse struct {
 
 func (x *RemoveResponse) Reset() {
 	*x = RemoveResponse{}
-	mi := &file_wheelfs_proto_msgTypes[13]
+	mi := &file_wheelfs_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1315,7 +1400,7 @@ func (x *RemoveResponse) String() string {
 func (*RemoveResponse) ProtoMessage() {}
 
 func (x *RemoveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[13]
+	mi := &file_wheelfs_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1328,7 +1413,7 @@ func (x *RemoveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveResponse.ProtoReflect.Descriptor instead.
 func (*RemoveResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{13}
+	return file_wheelfs_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *RemoveResponse) GetMeta() *Meta {
@@ -1352,7 +1437,7 @@ type RenameRequest struct {
 
 func (x *RenameRequest) Reset() {
 	*x = RenameRequest{}
-	mi := &file_wheelfs_proto_msgTypes[14]
+	mi := &file_wheelfs_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1364,7 +1449,7 @@ func (x *RenameRequest) String() string {
 func (*RenameRequest) ProtoMessage() {}
 
 func (x *RenameRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[14]
+	mi := &file_wheelfs_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1377,7 +1462,7 @@ func (x *RenameRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenameRequest.ProtoReflect.Descriptor instead.
 func (*RenameRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{14}
+	return file_wheelfs_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *RenameRequest) GetCaller() *Caller {
@@ -1431,7 +1516,7 @@ type RenameResponse struct {
 
 func (x *RenameResponse) Reset() {
 	*x = RenameResponse{}
-	mi := &file_wheelfs_proto_msgTypes[15]
+	mi := &file_wheelfs_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1443,7 +1528,7 @@ func (x *RenameResponse) String() string {
 func (*RenameResponse) ProtoMessage() {}
 
 func (x *RenameResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[15]
+	mi := &file_wheelfs_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1456,7 +1541,7 @@ func (x *RenameResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenameResponse.ProtoReflect.Descriptor instead.
 func (*RenameResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{15}
+	return file_wheelfs_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *RenameResponse) GetReplaced() *Meta {
@@ -1487,7 +1572,7 @@ type SetAttrRequest struct {
 
 func (x *SetAttrRequest) Reset() {
 	*x = SetAttrRequest{}
-	mi := &file_wheelfs_proto_msgTypes[16]
+	mi := &file_wheelfs_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1499,7 +1584,7 @@ func (x *SetAttrRequest) String() string {
 func (*SetAttrRequest) ProtoMessage() {}
 
 func (x *SetAttrRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[16]
+	mi := &file_wheelfs_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1512,7 +1597,7 @@ func (x *SetAttrRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetAttrRequest.ProtoReflect.Descriptor instead.
 func (*SetAttrRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{16}
+	return file_wheelfs_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *SetAttrRequest) GetCaller() *Caller {
@@ -1615,7 +1700,7 @@ type SetAttrResponse struct {
 
 func (x *SetAttrResponse) Reset() {
 	*x = SetAttrResponse{}
-	mi := &file_wheelfs_proto_msgTypes[17]
+	mi := &file_wheelfs_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1627,7 +1712,7 @@ func (x *SetAttrResponse) String() string {
 func (*SetAttrResponse) ProtoMessage() {}
 
 func (x *SetAttrResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[17]
+	mi := &file_wheelfs_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1640,7 +1725,7 @@ func (x *SetAttrResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetAttrResponse.ProtoReflect.Descriptor instead.
 func (*SetAttrResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{17}
+	return file_wheelfs_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *SetAttrResponse) GetMeta() *Meta {
@@ -1663,7 +1748,7 @@ type ReadDirRequest struct {
 
 func (x *ReadDirRequest) Reset() {
 	*x = ReadDirRequest{}
-	mi := &file_wheelfs_proto_msgTypes[18]
+	mi := &file_wheelfs_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1675,7 +1760,7 @@ func (x *ReadDirRequest) String() string {
 func (*ReadDirRequest) ProtoMessage() {}
 
 func (x *ReadDirRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[18]
+	mi := &file_wheelfs_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1688,7 +1773,7 @@ func (x *ReadDirRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadDirRequest.ProtoReflect.Descriptor instead.
 func (*ReadDirRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{18}
+	return file_wheelfs_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ReadDirRequest) GetCaller() *Caller {
@@ -1741,7 +1826,7 @@ type ReadDirResponse struct {
 
 func (x *ReadDirResponse) Reset() {
 	*x = ReadDirResponse{}
-	mi := &file_wheelfs_proto_msgTypes[19]
+	mi := &file_wheelfs_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1753,7 +1838,7 @@ func (x *ReadDirResponse) String() string {
 func (*ReadDirResponse) ProtoMessage() {}
 
 func (x *ReadDirResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[19]
+	mi := &file_wheelfs_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1766,7 +1851,7 @@ func (x *ReadDirResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadDirResponse.ProtoReflect.Descriptor instead.
 func (*ReadDirResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{19}
+	return file_wheelfs_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ReadDirResponse) GetEntries() []*Entry {
@@ -1823,7 +1908,7 @@ type BlockRef struct {
 
 func (x *BlockRef) Reset() {
 	*x = BlockRef{}
-	mi := &file_wheelfs_proto_msgTypes[20]
+	mi := &file_wheelfs_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1835,7 +1920,7 @@ func (x *BlockRef) String() string {
 func (*BlockRef) ProtoMessage() {}
 
 func (x *BlockRef) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[20]
+	mi := &file_wheelfs_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1848,7 +1933,7 @@ func (x *BlockRef) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BlockRef.ProtoReflect.Descriptor instead.
 func (*BlockRef) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{20}
+	return file_wheelfs_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *BlockRef) GetIndex() uint64 {
@@ -1884,7 +1969,7 @@ type GetBlocksRequest struct {
 
 func (x *GetBlocksRequest) Reset() {
 	*x = GetBlocksRequest{}
-	mi := &file_wheelfs_proto_msgTypes[21]
+	mi := &file_wheelfs_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1896,7 +1981,7 @@ func (x *GetBlocksRequest) String() string {
 func (*GetBlocksRequest) ProtoMessage() {}
 
 func (x *GetBlocksRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[21]
+	mi := &file_wheelfs_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1909,7 +1994,7 @@ func (x *GetBlocksRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetBlocksRequest.ProtoReflect.Descriptor instead.
 func (*GetBlocksRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{21}
+	return file_wheelfs_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *GetBlocksRequest) GetCaller() *Caller {
@@ -1950,7 +2035,7 @@ type GetBlocksResponse struct {
 
 func (x *GetBlocksResponse) Reset() {
 	*x = GetBlocksResponse{}
-	mi := &file_wheelfs_proto_msgTypes[22]
+	mi := &file_wheelfs_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1962,7 +2047,7 @@ func (x *GetBlocksResponse) String() string {
 func (*GetBlocksResponse) ProtoMessage() {}
 
 func (x *GetBlocksResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[22]
+	mi := &file_wheelfs_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1975,7 +2060,7 @@ func (x *GetBlocksResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetBlocksResponse.ProtoReflect.Descriptor instead.
 func (*GetBlocksResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{22}
+	return file_wheelfs_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *GetBlocksResponse) GetMeta() *Meta {
@@ -2003,7 +2088,7 @@ type ReadBlocksRequest struct {
 
 func (x *ReadBlocksRequest) Reset() {
 	*x = ReadBlocksRequest{}
-	mi := &file_wheelfs_proto_msgTypes[23]
+	mi := &file_wheelfs_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2015,7 +2100,7 @@ func (x *ReadBlocksRequest) String() string {
 func (*ReadBlocksRequest) ProtoMessage() {}
 
 func (x *ReadBlocksRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[23]
+	mi := &file_wheelfs_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2028,7 +2113,7 @@ func (x *ReadBlocksRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadBlocksRequest.ProtoReflect.Descriptor instead.
 func (*ReadBlocksRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{23}
+	return file_wheelfs_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ReadBlocksRequest) GetCaller() *Caller {
@@ -2061,7 +2146,7 @@ type ReadBlocksResponse struct {
 
 func (x *ReadBlocksResponse) Reset() {
 	*x = ReadBlocksResponse{}
-	mi := &file_wheelfs_proto_msgTypes[24]
+	mi := &file_wheelfs_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2073,7 +2158,7 @@ func (x *ReadBlocksResponse) String() string {
 func (*ReadBlocksResponse) ProtoMessage() {}
 
 func (x *ReadBlocksResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[24]
+	mi := &file_wheelfs_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2086,7 +2171,7 @@ func (x *ReadBlocksResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadBlocksResponse.ProtoReflect.Descriptor instead.
 func (*ReadBlocksResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{24}
+	return file_wheelfs_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ReadBlocksResponse) GetData() [][]byte {
@@ -2107,7 +2192,7 @@ type PutBlocksRequest struct {
 
 func (x *PutBlocksRequest) Reset() {
 	*x = PutBlocksRequest{}
-	mi := &file_wheelfs_proto_msgTypes[25]
+	mi := &file_wheelfs_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2119,7 +2204,7 @@ func (x *PutBlocksRequest) String() string {
 func (*PutBlocksRequest) ProtoMessage() {}
 
 func (x *PutBlocksRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[25]
+	mi := &file_wheelfs_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2132,7 +2217,7 @@ func (x *PutBlocksRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutBlocksRequest.ProtoReflect.Descriptor instead.
 func (*PutBlocksRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{25}
+	return file_wheelfs_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *PutBlocksRequest) GetCaller() *Caller {
@@ -2165,7 +2250,7 @@ type PutBlocksResponse struct {
 
 func (x *PutBlocksResponse) Reset() {
 	*x = PutBlocksResponse{}
-	mi := &file_wheelfs_proto_msgTypes[26]
+	mi := &file_wheelfs_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2177,7 +2262,7 @@ func (x *PutBlocksResponse) String() string {
 func (*PutBlocksResponse) ProtoMessage() {}
 
 func (x *PutBlocksResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[26]
+	mi := &file_wheelfs_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2190,7 +2275,7 @@ func (x *PutBlocksResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutBlocksResponse.ProtoReflect.Descriptor instead.
 func (*PutBlocksResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{26}
+	return file_wheelfs_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *PutBlocksResponse) GetHashes() [][]byte {
@@ -2219,7 +2304,7 @@ type CommitRequest struct {
 
 func (x *CommitRequest) Reset() {
 	*x = CommitRequest{}
-	mi := &file_wheelfs_proto_msgTypes[27]
+	mi := &file_wheelfs_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2231,7 +2316,7 @@ func (x *CommitRequest) String() string {
 func (*CommitRequest) ProtoMessage() {}
 
 func (x *CommitRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[27]
+	mi := &file_wheelfs_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2244,7 +2329,7 @@ func (x *CommitRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitRequest.ProtoReflect.Descriptor instead.
 func (*CommitRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{27}
+	return file_wheelfs_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *CommitRequest) GetCaller() *Caller {
@@ -2305,7 +2390,7 @@ type CommitResponse struct {
 
 func (x *CommitResponse) Reset() {
 	*x = CommitResponse{}
-	mi := &file_wheelfs_proto_msgTypes[28]
+	mi := &file_wheelfs_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2317,7 +2402,7 @@ func (x *CommitResponse) String() string {
 func (*CommitResponse) ProtoMessage() {}
 
 func (x *CommitResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[28]
+	mi := &file_wheelfs_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2330,7 +2415,7 @@ func (x *CommitResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitResponse.ProtoReflect.Descriptor instead.
 func (*CommitResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{28}
+	return file_wheelfs_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *CommitResponse) GetMeta() *Meta {
@@ -2356,7 +2441,7 @@ type XattrRequest struct {
 
 func (x *XattrRequest) Reset() {
 	*x = XattrRequest{}
-	mi := &file_wheelfs_proto_msgTypes[29]
+	mi := &file_wheelfs_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2368,7 +2453,7 @@ func (x *XattrRequest) String() string {
 func (*XattrRequest) ProtoMessage() {}
 
 func (x *XattrRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[29]
+	mi := &file_wheelfs_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2381,7 +2466,7 @@ func (x *XattrRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use XattrRequest.ProtoReflect.Descriptor instead.
 func (*XattrRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{29}
+	return file_wheelfs_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *XattrRequest) GetCaller() *Caller {
@@ -2442,7 +2527,7 @@ type XattrResponse struct {
 
 func (x *XattrResponse) Reset() {
 	*x = XattrResponse{}
-	mi := &file_wheelfs_proto_msgTypes[30]
+	mi := &file_wheelfs_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2454,7 +2539,7 @@ func (x *XattrResponse) String() string {
 func (*XattrResponse) ProtoMessage() {}
 
 func (x *XattrResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[30]
+	mi := &file_wheelfs_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2467,7 +2552,7 @@ func (x *XattrResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use XattrResponse.ProtoReflect.Descriptor instead.
 func (*XattrResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{30}
+	return file_wheelfs_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *XattrResponse) GetValue() []byte {
@@ -2521,7 +2606,7 @@ type StatFSRequest struct {
 
 func (x *StatFSRequest) Reset() {
 	*x = StatFSRequest{}
-	mi := &file_wheelfs_proto_msgTypes[31]
+	mi := &file_wheelfs_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2533,7 +2618,7 @@ func (x *StatFSRequest) String() string {
 func (*StatFSRequest) ProtoMessage() {}
 
 func (x *StatFSRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[31]
+	mi := &file_wheelfs_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2546,7 +2631,7 @@ func (x *StatFSRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatFSRequest.ProtoReflect.Descriptor instead.
 func (*StatFSRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{31}
+	return file_wheelfs_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *StatFSRequest) GetCaller() *Caller {
@@ -2571,7 +2656,7 @@ type StatFSResponse struct {
 
 func (x *StatFSResponse) Reset() {
 	*x = StatFSResponse{}
-	mi := &file_wheelfs_proto_msgTypes[32]
+	mi := &file_wheelfs_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2583,7 +2668,7 @@ func (x *StatFSResponse) String() string {
 func (*StatFSResponse) ProtoMessage() {}
 
 func (x *StatFSResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[32]
+	mi := &file_wheelfs_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2596,7 +2681,7 @@ func (x *StatFSResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatFSResponse.ProtoReflect.Descriptor instead.
 func (*StatFSResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{32}
+	return file_wheelfs_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *StatFSResponse) GetBlocks() uint64 {
@@ -2659,7 +2744,7 @@ type OpenRequest struct {
 
 func (x *OpenRequest) Reset() {
 	*x = OpenRequest{}
-	mi := &file_wheelfs_proto_msgTypes[33]
+	mi := &file_wheelfs_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2671,7 +2756,7 @@ func (x *OpenRequest) String() string {
 func (*OpenRequest) ProtoMessage() {}
 
 func (x *OpenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[33]
+	mi := &file_wheelfs_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2684,7 +2769,7 @@ func (x *OpenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OpenRequest.ProtoReflect.Descriptor instead.
 func (*OpenRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{33}
+	return file_wheelfs_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *OpenRequest) GetCaller() *Caller {
@@ -2718,7 +2803,7 @@ type OpenResponse struct {
 
 func (x *OpenResponse) Reset() {
 	*x = OpenResponse{}
-	mi := &file_wheelfs_proto_msgTypes[34]
+	mi := &file_wheelfs_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2730,7 +2815,7 @@ func (x *OpenResponse) String() string {
 func (*OpenResponse) ProtoMessage() {}
 
 func (x *OpenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[34]
+	mi := &file_wheelfs_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2743,7 +2828,7 @@ func (x *OpenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OpenResponse.ProtoReflect.Descriptor instead.
 func (*OpenResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{34}
+	return file_wheelfs_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *OpenResponse) GetMeta() *Meta {
@@ -2763,13 +2848,14 @@ func (x *OpenResponse) GetLeaseMs() uint32 {
 type ReleaseRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Id            uint64                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
+	Handle        *HandleRef             `protobuf:"bytes,2,opt,name=handle,proto3" json:"handle,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ReleaseRequest) Reset() {
 	*x = ReleaseRequest{}
-	mi := &file_wheelfs_proto_msgTypes[35]
+	mi := &file_wheelfs_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2781,7 +2867,7 @@ func (x *ReleaseRequest) String() string {
 func (*ReleaseRequest) ProtoMessage() {}
 
 func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[35]
+	mi := &file_wheelfs_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2794,7 +2880,7 @@ func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{35}
+	return file_wheelfs_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *ReleaseRequest) GetId() uint64 {
@@ -2802,6 +2888,13 @@ func (x *ReleaseRequest) GetId() uint64 {
 		return x.Id
 	}
 	return 0
+}
+
+func (x *ReleaseRequest) GetHandle() *HandleRef {
+	if x != nil {
+		return x.Handle
+	}
+	return nil
 }
 
 type ReleaseResponse struct {
@@ -2812,7 +2905,7 @@ type ReleaseResponse struct {
 
 func (x *ReleaseResponse) Reset() {
 	*x = ReleaseResponse{}
-	mi := &file_wheelfs_proto_msgTypes[36]
+	mi := &file_wheelfs_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2824,7 +2917,7 @@ func (x *ReleaseResponse) String() string {
 func (*ReleaseResponse) ProtoMessage() {}
 
 func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[36]
+	mi := &file_wheelfs_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2837,7 +2930,7 @@ func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{36}
+	return file_wheelfs_proto_rawDescGZIP(), []int{37}
 }
 
 // Revoke withdraws the session's leases on ids.
@@ -2851,7 +2944,7 @@ type Revoke struct {
 
 func (x *Revoke) Reset() {
 	*x = Revoke{}
-	mi := &file_wheelfs_proto_msgTypes[37]
+	mi := &file_wheelfs_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2863,7 +2956,7 @@ func (x *Revoke) String() string {
 func (*Revoke) ProtoMessage() {}
 
 func (x *Revoke) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[37]
+	mi := &file_wheelfs_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2876,7 +2969,7 @@ func (x *Revoke) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Revoke.ProtoReflect.Descriptor instead.
 func (*Revoke) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{37}
+	return file_wheelfs_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *Revoke) GetSeq() uint64 {
@@ -2903,7 +2996,7 @@ type CallbackAck struct {
 
 func (x *CallbackAck) Reset() {
 	*x = CallbackAck{}
-	mi := &file_wheelfs_proto_msgTypes[38]
+	mi := &file_wheelfs_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2915,7 +3008,7 @@ func (x *CallbackAck) String() string {
 func (*CallbackAck) ProtoMessage() {}
 
 func (x *CallbackAck) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[38]
+	mi := &file_wheelfs_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2928,7 +3021,7 @@ func (x *CallbackAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CallbackAck.ProtoReflect.Descriptor instead.
 func (*CallbackAck) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{38}
+	return file_wheelfs_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *CallbackAck) GetSession() uint64 {
@@ -2958,7 +3051,7 @@ type Mutation struct {
 
 func (x *Mutation) Reset() {
 	*x = Mutation{}
-	mi := &file_wheelfs_proto_msgTypes[39]
+	mi := &file_wheelfs_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2970,7 +3063,7 @@ func (x *Mutation) String() string {
 func (*Mutation) ProtoMessage() {}
 
 func (x *Mutation) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[39]
+	mi := &file_wheelfs_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2983,7 +3076,7 @@ func (x *Mutation) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Mutation.ProtoReflect.Descriptor instead.
 func (*Mutation) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{39}
+	return file_wheelfs_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *Mutation) GetKind() MutationKind {
@@ -3032,7 +3125,7 @@ type Batch struct {
 
 func (x *Batch) Reset() {
 	*x = Batch{}
-	mi := &file_wheelfs_proto_msgTypes[40]
+	mi := &file_wheelfs_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3044,7 +3137,7 @@ func (x *Batch) String() string {
 func (*Batch) ProtoMessage() {}
 
 func (x *Batch) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[40]
+	mi := &file_wheelfs_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3057,7 +3150,7 @@ func (x *Batch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Batch.ProtoReflect.Descriptor instead.
 func (*Batch) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{40}
+	return file_wheelfs_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *Batch) GetSeq() uint64 {
@@ -3089,7 +3182,7 @@ type ReplicateRequest struct {
 
 func (x *ReplicateRequest) Reset() {
 	*x = ReplicateRequest{}
-	mi := &file_wheelfs_proto_msgTypes[41]
+	mi := &file_wheelfs_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3101,7 +3194,7 @@ func (x *ReplicateRequest) String() string {
 func (*ReplicateRequest) ProtoMessage() {}
 
 func (x *ReplicateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[41]
+	mi := &file_wheelfs_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3114,7 +3207,7 @@ func (x *ReplicateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicateRequest.ProtoReflect.Descriptor instead.
 func (*ReplicateRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{41}
+	return file_wheelfs_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *ReplicateRequest) GetSlice() uint32 {
@@ -3157,7 +3250,7 @@ type ReplicateResponse struct {
 
 func (x *ReplicateResponse) Reset() {
 	*x = ReplicateResponse{}
-	mi := &file_wheelfs_proto_msgTypes[42]
+	mi := &file_wheelfs_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3169,7 +3262,7 @@ func (x *ReplicateResponse) String() string {
 func (*ReplicateResponse) ProtoMessage() {}
 
 func (x *ReplicateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[42]
+	mi := &file_wheelfs_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3182,7 +3275,7 @@ func (x *ReplicateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicateResponse.ProtoReflect.Descriptor instead.
 func (*ReplicateResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{42}
+	return file_wheelfs_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *ReplicateResponse) GetStatus() ReplStatus {
@@ -3222,7 +3315,7 @@ type DigestRequest struct {
 
 func (x *DigestRequest) Reset() {
 	*x = DigestRequest{}
-	mi := &file_wheelfs_proto_msgTypes[43]
+	mi := &file_wheelfs_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3234,7 +3327,7 @@ func (x *DigestRequest) String() string {
 func (*DigestRequest) ProtoMessage() {}
 
 func (x *DigestRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[43]
+	mi := &file_wheelfs_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3247,7 +3340,7 @@ func (x *DigestRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DigestRequest.ProtoReflect.Descriptor instead.
 func (*DigestRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{43}
+	return file_wheelfs_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *DigestRequest) GetSlice() uint32 {
@@ -3272,7 +3365,7 @@ type DigestResponse struct {
 
 func (x *DigestResponse) Reset() {
 	*x = DigestResponse{}
-	mi := &file_wheelfs_proto_msgTypes[44]
+	mi := &file_wheelfs_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3284,7 +3377,7 @@ func (x *DigestResponse) String() string {
 func (*DigestResponse) ProtoMessage() {}
 
 func (x *DigestResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[44]
+	mi := &file_wheelfs_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3297,7 +3390,7 @@ func (x *DigestResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DigestResponse.ProtoReflect.Descriptor instead.
 func (*DigestResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{44}
+	return file_wheelfs_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *DigestResponse) GetEpoch() int64 {
@@ -3349,7 +3442,7 @@ type ObjectState struct {
 
 func (x *ObjectState) Reset() {
 	*x = ObjectState{}
-	mi := &file_wheelfs_proto_msgTypes[45]
+	mi := &file_wheelfs_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3361,7 +3454,7 @@ func (x *ObjectState) String() string {
 func (*ObjectState) ProtoMessage() {}
 
 func (x *ObjectState) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[45]
+	mi := &file_wheelfs_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3374,7 +3467,7 @@ func (x *ObjectState) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ObjectState.ProtoReflect.Descriptor instead.
 func (*ObjectState) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{45}
+	return file_wheelfs_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *ObjectState) GetMeta() *Meta {
@@ -3430,7 +3523,7 @@ type InstallRequest struct {
 
 func (x *InstallRequest) Reset() {
 	*x = InstallRequest{}
-	mi := &file_wheelfs_proto_msgTypes[46]
+	mi := &file_wheelfs_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3442,7 +3535,7 @@ func (x *InstallRequest) String() string {
 func (*InstallRequest) ProtoMessage() {}
 
 func (x *InstallRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[46]
+	mi := &file_wheelfs_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3455,7 +3548,7 @@ func (x *InstallRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InstallRequest.ProtoReflect.Descriptor instead.
 func (*InstallRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{46}
+	return file_wheelfs_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *InstallRequest) GetSlice() uint32 {
@@ -3524,7 +3617,7 @@ type InstallResponse struct {
 
 func (x *InstallResponse) Reset() {
 	*x = InstallResponse{}
-	mi := &file_wheelfs_proto_msgTypes[47]
+	mi := &file_wheelfs_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3536,7 +3629,7 @@ func (x *InstallResponse) String() string {
 func (*InstallResponse) ProtoMessage() {}
 
 func (x *InstallResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[47]
+	mi := &file_wheelfs_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3549,7 +3642,7 @@ func (x *InstallResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InstallResponse.ProtoReflect.Descriptor instead.
 func (*InstallResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{47}
+	return file_wheelfs_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *InstallResponse) GetStatus() ReplStatus {
@@ -3576,7 +3669,7 @@ type DiffRequest struct {
 
 func (x *DiffRequest) Reset() {
 	*x = DiffRequest{}
-	mi := &file_wheelfs_proto_msgTypes[48]
+	mi := &file_wheelfs_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3588,7 +3681,7 @@ func (x *DiffRequest) String() string {
 func (*DiffRequest) ProtoMessage() {}
 
 func (x *DiffRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[48]
+	mi := &file_wheelfs_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3601,7 +3694,7 @@ func (x *DiffRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DiffRequest.ProtoReflect.Descriptor instead.
 func (*DiffRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{48}
+	return file_wheelfs_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *DiffRequest) GetSlice() uint32 {
@@ -3627,7 +3720,7 @@ type FetchBlocksRequest struct {
 
 func (x *FetchBlocksRequest) Reset() {
 	*x = FetchBlocksRequest{}
-	mi := &file_wheelfs_proto_msgTypes[49]
+	mi := &file_wheelfs_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3639,7 +3732,7 @@ func (x *FetchBlocksRequest) String() string {
 func (*FetchBlocksRequest) ProtoMessage() {}
 
 func (x *FetchBlocksRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[49]
+	mi := &file_wheelfs_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3652,7 +3745,7 @@ func (x *FetchBlocksRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FetchBlocksRequest.ProtoReflect.Descriptor instead.
 func (*FetchBlocksRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{49}
+	return file_wheelfs_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *FetchBlocksRequest) GetHashes() [][]byte {
@@ -3671,7 +3764,7 @@ type FetchBlocksResponse struct {
 
 func (x *FetchBlocksResponse) Reset() {
 	*x = FetchBlocksResponse{}
-	mi := &file_wheelfs_proto_msgTypes[50]
+	mi := &file_wheelfs_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3683,7 +3776,7 @@ func (x *FetchBlocksResponse) String() string {
 func (*FetchBlocksResponse) ProtoMessage() {}
 
 func (x *FetchBlocksResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[50]
+	mi := &file_wheelfs_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3696,7 +3789,7 @@ func (x *FetchBlocksResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FetchBlocksResponse.ProtoReflect.Descriptor instead.
 func (*FetchBlocksResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{50}
+	return file_wheelfs_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *FetchBlocksResponse) GetData() [][]byte {
@@ -3714,7 +3807,7 @@ type PingRequest struct {
 
 func (x *PingRequest) Reset() {
 	*x = PingRequest{}
-	mi := &file_wheelfs_proto_msgTypes[51]
+	mi := &file_wheelfs_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3726,7 +3819,7 @@ func (x *PingRequest) String() string {
 func (*PingRequest) ProtoMessage() {}
 
 func (x *PingRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[51]
+	mi := &file_wheelfs_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3739,7 +3832,7 @@ func (x *PingRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PingRequest.ProtoReflect.Descriptor instead.
 func (*PingRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{51}
+	return file_wheelfs_proto_rawDescGZIP(), []int{52}
 }
 
 type PingResponse struct {
@@ -3751,7 +3844,7 @@ type PingResponse struct {
 
 func (x *PingResponse) Reset() {
 	*x = PingResponse{}
-	mi := &file_wheelfs_proto_msgTypes[52]
+	mi := &file_wheelfs_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3763,7 +3856,7 @@ func (x *PingResponse) String() string {
 func (*PingResponse) ProtoMessage() {}
 
 func (x *PingResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[52]
+	mi := &file_wheelfs_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3776,7 +3869,7 @@ func (x *PingResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PingResponse.ProtoReflect.Descriptor instead.
 func (*PingResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{52}
+	return file_wheelfs_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *PingResponse) GetId() string {
@@ -3789,18 +3882,22 @@ func (x *PingResponse) GetId() string {
 // CreateObjectRequest asks the server chosen by placement to create an
 // object that a directory on another server will name (two-step create).
 type CreateObjectRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Meta          *Meta                  `protobuf:"bytes,1,opt,name=meta,proto3" json:"meta,omitempty"` // everything but the id
-	Cues          *Cues                  `protobuf:"bytes,2,opt,name=cues,proto3" json:"cues,omitempty"`
-	Policy        *Cues                  `protobuf:"bytes,3,opt,name=policy,proto3" json:"policy,omitempty"` // the slice policy for the object, resolved by the directory's primary
-	SyncLevel     uint32                 `protobuf:"varint,4,opt,name=sync_level,json=syncLevel,proto3" json:"sync_level,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Meta      *Meta                  `protobuf:"bytes,1,opt,name=meta,proto3" json:"meta,omitempty"` // everything but the id
+	Cues      *Cues                  `protobuf:"bytes,2,opt,name=cues,proto3" json:"cues,omitempty"`
+	Policy    *Cues                  `protobuf:"bytes,3,opt,name=policy,proto3" json:"policy,omitempty"` // the slice policy for the object, resolved by the directory's primary
+	SyncLevel uint32                 `protobuf:"varint,4,opt,name=sync_level,json=syncLevel,proto3" json:"sync_level,omitempty"`
+	// handle and open_access: open the new object for the creating client
+	// (CreateRequest.open_access), in the same transaction.
+	Handle        *HandleRef `protobuf:"bytes,5,opt,name=handle,proto3" json:"handle,omitempty"`
+	OpenAccess    uint32     `protobuf:"varint,6,opt,name=open_access,json=openAccess,proto3" json:"open_access,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *CreateObjectRequest) Reset() {
 	*x = CreateObjectRequest{}
-	mi := &file_wheelfs_proto_msgTypes[53]
+	mi := &file_wheelfs_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3812,7 +3909,7 @@ func (x *CreateObjectRequest) String() string {
 func (*CreateObjectRequest) ProtoMessage() {}
 
 func (x *CreateObjectRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[53]
+	mi := &file_wheelfs_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3825,7 +3922,7 @@ func (x *CreateObjectRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateObjectRequest.ProtoReflect.Descriptor instead.
 func (*CreateObjectRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{53}
+	return file_wheelfs_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *CreateObjectRequest) GetMeta() *Meta {
@@ -3856,6 +3953,20 @@ func (x *CreateObjectRequest) GetSyncLevel() uint32 {
 	return 0
 }
 
+func (x *CreateObjectRequest) GetHandle() *HandleRef {
+	if x != nil {
+		return x.Handle
+	}
+	return nil
+}
+
+func (x *CreateObjectRequest) GetOpenAccess() uint32 {
+	if x != nil {
+		return x.OpenAccess
+	}
+	return 0
+}
+
 type CreateObjectResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Meta          *Meta                  `protobuf:"bytes,1,opt,name=meta,proto3" json:"meta,omitempty"`
@@ -3865,7 +3976,7 @@ type CreateObjectResponse struct {
 
 func (x *CreateObjectResponse) Reset() {
 	*x = CreateObjectResponse{}
-	mi := &file_wheelfs_proto_msgTypes[54]
+	mi := &file_wheelfs_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3877,7 +3988,7 @@ func (x *CreateObjectResponse) String() string {
 func (*CreateObjectResponse) ProtoMessage() {}
 
 func (x *CreateObjectResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[54]
+	mi := &file_wheelfs_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3890,7 +4001,7 @@ func (x *CreateObjectResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateObjectResponse.ProtoReflect.Descriptor instead.
 func (*CreateObjectResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{54}
+	return file_wheelfs_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *CreateObjectResponse) GetMeta() *Meta {
@@ -3910,13 +4021,14 @@ type DropLinkRequest struct {
 	SyncLevel     uint32                 `protobuf:"varint,4,opt,name=sync_level,json=syncLevel,proto3" json:"sync_level,omitempty"`
 	Caller        *Caller                `protobuf:"bytes,5,opt,name=caller,proto3" json:"caller,omitempty"` // checked against dir and the object (sticky directories); none: no check
 	Dir           *Meta                  `protobuf:"bytes,6,opt,name=dir,proto3" json:"dir,omitempty"`
+	Handle        *HandleRef             `protobuf:"bytes,7,opt,name=handle,proto3" json:"handle,omitempty"` // an open of the object to end first (a create+open whose name was not added)
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *DropLinkRequest) Reset() {
 	*x = DropLinkRequest{}
-	mi := &file_wheelfs_proto_msgTypes[55]
+	mi := &file_wheelfs_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3928,7 +4040,7 @@ func (x *DropLinkRequest) String() string {
 func (*DropLinkRequest) ProtoMessage() {}
 
 func (x *DropLinkRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[55]
+	mi := &file_wheelfs_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3941,7 +4053,7 @@ func (x *DropLinkRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DropLinkRequest.ProtoReflect.Descriptor instead.
 func (*DropLinkRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{55}
+	return file_wheelfs_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *DropLinkRequest) GetId() uint64 {
@@ -3986,6 +4098,13 @@ func (x *DropLinkRequest) GetDir() *Meta {
 	return nil
 }
 
+func (x *DropLinkRequest) GetHandle() *HandleRef {
+	if x != nil {
+		return x.Handle
+	}
+	return nil
+}
+
 type DropLinkResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Meta          *Meta                  `protobuf:"bytes,1,opt,name=meta,proto3" json:"meta,omitempty"`
@@ -3995,7 +4114,7 @@ type DropLinkResponse struct {
 
 func (x *DropLinkResponse) Reset() {
 	*x = DropLinkResponse{}
-	mi := &file_wheelfs_proto_msgTypes[56]
+	mi := &file_wheelfs_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4007,7 +4126,7 @@ func (x *DropLinkResponse) String() string {
 func (*DropLinkResponse) ProtoMessage() {}
 
 func (x *DropLinkResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[56]
+	mi := &file_wheelfs_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4020,7 +4139,7 @@ func (x *DropLinkResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DropLinkResponse.ProtoReflect.Descriptor instead.
 func (*DropLinkResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{56}
+	return file_wheelfs_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *DropLinkResponse) GetMeta() *Meta {
@@ -4039,7 +4158,7 @@ type StatRequest struct {
 
 func (x *StatRequest) Reset() {
 	*x = StatRequest{}
-	mi := &file_wheelfs_proto_msgTypes[57]
+	mi := &file_wheelfs_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4051,7 +4170,7 @@ func (x *StatRequest) String() string {
 func (*StatRequest) ProtoMessage() {}
 
 func (x *StatRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[57]
+	mi := &file_wheelfs_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4064,7 +4183,7 @@ func (x *StatRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatRequest.ProtoReflect.Descriptor instead.
 func (*StatRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{57}
+	return file_wheelfs_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *StatRequest) GetId() uint64 {
@@ -4083,7 +4202,7 @@ type StatResponse struct {
 
 func (x *StatResponse) Reset() {
 	*x = StatResponse{}
-	mi := &file_wheelfs_proto_msgTypes[58]
+	mi := &file_wheelfs_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4095,7 +4214,7 @@ func (x *StatResponse) String() string {
 func (*StatResponse) ProtoMessage() {}
 
 func (x *StatResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[58]
+	mi := &file_wheelfs_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4108,7 +4227,7 @@ func (x *StatResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatResponse.ProtoReflect.Descriptor instead.
 func (*StatResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{58}
+	return file_wheelfs_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *StatResponse) GetMeta() *Meta {
@@ -4140,7 +4259,7 @@ type AddLinkRequest struct {
 
 func (x *AddLinkRequest) Reset() {
 	*x = AddLinkRequest{}
-	mi := &file_wheelfs_proto_msgTypes[59]
+	mi := &file_wheelfs_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4152,7 +4271,7 @@ func (x *AddLinkRequest) String() string {
 func (*AddLinkRequest) ProtoMessage() {}
 
 func (x *AddLinkRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[59]
+	mi := &file_wheelfs_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4165,7 +4284,7 @@ func (x *AddLinkRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddLinkRequest.ProtoReflect.Descriptor instead.
 func (*AddLinkRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{59}
+	return file_wheelfs_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *AddLinkRequest) GetCaller() *Caller {
@@ -4236,7 +4355,7 @@ type AddLinkResponse struct {
 
 func (x *AddLinkResponse) Reset() {
 	*x = AddLinkResponse{}
-	mi := &file_wheelfs_proto_msgTypes[60]
+	mi := &file_wheelfs_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4248,7 +4367,7 @@ func (x *AddLinkResponse) String() string {
 func (*AddLinkResponse) ProtoMessage() {}
 
 func (x *AddLinkResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[60]
+	mi := &file_wheelfs_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4261,7 +4380,7 @@ func (x *AddLinkResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddLinkResponse.ProtoReflect.Descriptor instead.
 func (*AddLinkResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{60}
+	return file_wheelfs_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *AddLinkResponse) GetReplaced() *Meta {
@@ -4293,7 +4412,7 @@ type EntryChange struct {
 
 func (x *EntryChange) Reset() {
 	*x = EntryChange{}
-	mi := &file_wheelfs_proto_msgTypes[61]
+	mi := &file_wheelfs_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4305,7 +4424,7 @@ func (x *EntryChange) String() string {
 func (*EntryChange) ProtoMessage() {}
 
 func (x *EntryChange) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[61]
+	mi := &file_wheelfs_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4318,7 +4437,7 @@ func (x *EntryChange) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EntryChange.ProtoReflect.Descriptor instead.
 func (*EntryChange) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{61}
+	return file_wheelfs_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *EntryChange) GetDir() uint64 {
@@ -4365,7 +4484,7 @@ type ReconcileRequest struct {
 
 func (x *ReconcileRequest) Reset() {
 	*x = ReconcileRequest{}
-	mi := &file_wheelfs_proto_msgTypes[62]
+	mi := &file_wheelfs_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4377,7 +4496,7 @@ func (x *ReconcileRequest) String() string {
 func (*ReconcileRequest) ProtoMessage() {}
 
 func (x *ReconcileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[62]
+	mi := &file_wheelfs_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4390,7 +4509,7 @@ func (x *ReconcileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReconcileRequest.ProtoReflect.Descriptor instead.
 func (*ReconcileRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{62}
+	return file_wheelfs_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *ReconcileRequest) GetSlice() uint32 {
@@ -4430,7 +4549,7 @@ type ReconcileResponse struct {
 
 func (x *ReconcileResponse) Reset() {
 	*x = ReconcileResponse{}
-	mi := &file_wheelfs_proto_msgTypes[63]
+	mi := &file_wheelfs_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4442,7 +4561,7 @@ func (x *ReconcileResponse) String() string {
 func (*ReconcileResponse) ProtoMessage() {}
 
 func (x *ReconcileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[63]
+	mi := &file_wheelfs_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4455,7 +4574,7 @@ func (x *ReconcileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReconcileResponse.ProtoReflect.Descriptor instead.
 func (*ReconcileResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{63}
+	return file_wheelfs_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *ReconcileResponse) GetStatus() ReplStatus {
@@ -4479,7 +4598,7 @@ type XattrSummary struct {
 
 func (x *XattrSummary) Reset() {
 	*x = XattrSummary{}
-	mi := &file_wheelfs_proto_msgTypes[64]
+	mi := &file_wheelfs_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4491,7 +4610,7 @@ func (x *XattrSummary) String() string {
 func (*XattrSummary) ProtoMessage() {}
 
 func (x *XattrSummary) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[64]
+	mi := &file_wheelfs_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4504,7 +4623,7 @@ func (x *XattrSummary) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use XattrSummary.ProtoReflect.Descriptor instead.
 func (*XattrSummary) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{64}
+	return file_wheelfs_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *XattrSummary) GetVersion() uint64 {
@@ -4532,7 +4651,7 @@ type Xattr struct {
 
 func (x *Xattr) Reset() {
 	*x = Xattr{}
-	mi := &file_wheelfs_proto_msgTypes[65]
+	mi := &file_wheelfs_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4544,7 +4663,7 @@ func (x *Xattr) String() string {
 func (*Xattr) ProtoMessage() {}
 
 func (x *Xattr) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[65]
+	mi := &file_wheelfs_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4557,7 +4676,7 @@ func (x *Xattr) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Xattr.ProtoReflect.Descriptor instead.
 func (*Xattr) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{65}
+	return file_wheelfs_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *Xattr) GetName() string {
@@ -4617,14 +4736,18 @@ const file_wheelfs_proto_rawDesc = "" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x0e\n" +
 	"\x02id\x18\x02 \x01(\x04R\x02id\x12$\n" +
 	"\x04type\x18\x03 \x01(\x0e2\x10.wheelfs.v1.TypeR\x04type\x12\x18\n" +
-	"\aversion\x18\x04 \x01(\x04R\aversion\"\x8c\x01\n" +
+	"\aversion\x18\x04 \x01(\x04R\aversion\"\xbb\x01\n" +
 	"\x06Caller\x12\x10\n" +
 	"\x03uid\x18\x01 \x01(\rR\x03uid\x12\x10\n" +
 	"\x03gid\x18\x02 \x01(\rR\x03gid\x12\x16\n" +
 	"\x06groups\x18\x03 \x03(\rR\x06groups\x12\x10\n" +
 	"\x03pid\x18\x04 \x01(\rR\x03pid\x12\x18\n" +
 	"\asession\x18\x05 \x01(\x04R\asession\x12\x1a\n" +
-	"\beventual\x18\x06 \x01(\bR\beventual\"~\n" +
+	"\beventual\x18\x06 \x01(\bR\beventual\x12-\n" +
+	"\x06handle\x18\a \x01(\v2\x15.wheelfs.v1.HandleRefR\x06handle\"5\n" +
+	"\tHandleRef\x12\x18\n" +
+	"\asession\x18\x01 \x01(\x04R\asession\x12\x0e\n" +
+	"\x02id\x18\x02 \x01(\x04R\x02id\"~\n" +
 	"\rLookupRequest\x12*\n" +
 	"\x06caller\x18\x01 \x01(\v2\x12.wheelfs.v1.CallerR\x06caller\x12\x10\n" +
 	"\x03dir\x18\x02 \x01(\x04R\x03dir\x12\x12\n" +
@@ -4643,7 +4766,7 @@ const file_wheelfs_proto_rawDesc = "" +
 	"\x0fGetAttrResponse\x12$\n" +
 	"\x04meta\x18\x01 \x01(\v2\x10.wheelfs.v1.MetaR\x04meta\x12\x19\n" +
 	"\blease_ms\x18\x02 \x01(\rR\aleaseMs\x120\n" +
-	"\x06xattrs\x18\x03 \x01(\v2\x18.wheelfs.v1.XattrSummaryR\x06xattrs\"\xe3\x02\n" +
+	"\x06xattrs\x18\x03 \x01(\v2\x18.wheelfs.v1.XattrSummaryR\x06xattrs\"\x84\x03\n" +
 	"\rCreateRequest\x12*\n" +
 	"\x06caller\x18\x01 \x01(\v2\x12.wheelfs.v1.CallerR\x06caller\x12\x10\n" +
 	"\x03dir\x18\x02 \x01(\x04R\x03dir\x12\x12\n" +
@@ -4659,12 +4782,15 @@ const file_wheelfs_proto_rawDesc = "" +
 	" \x01(\rR\tsyncLevel\x12\x16\n" +
 	"\x06origin\x18\v \x01(\tR\x06origin\x12\x1f\n" +
 	"\vclient_site\x18\f \x01(\tR\n" +
-	"clientSite\"\x9d\x01\n" +
+	"clientSite\x12\x1f\n" +
+	"\vopen_access\x18\r \x01(\rR\n" +
+	"openAccess\"\xb5\x01\n" +
 	"\x0eCreateResponse\x12'\n" +
 	"\x05entry\x18\x01 \x01(\v2\x11.wheelfs.v1.EntryR\x05entry\x12$\n" +
 	"\x04meta\x18\x02 \x01(\v2\x10.wheelfs.v1.MetaR\x04meta\x12\"\n" +
 	"\x03dir\x18\x03 \x01(\v2\x10.wheelfs.v1.MetaR\x03dir\x12\x18\n" +
-	"\aexisted\x18\x04 \x01(\bR\aexisted\"o\n" +
+	"\aexisted\x18\x04 \x01(\bR\aexisted\x12\x16\n" +
+	"\x06opened\x18\x05 \x01(\bR\x06opened\"o\n" +
 	"\vLinkRequest\x12*\n" +
 	"\x06caller\x18\x01 \x01(\v2\x12.wheelfs.v1.CallerR\x06caller\x12\x10\n" +
 	"\x03dir\x18\x02 \x01(\x04R\x03dir\x12\x12\n" +
@@ -4789,9 +4915,10 @@ const file_wheelfs_proto_rawDesc = "" +
 	"\x05flags\x18\x03 \x01(\rR\x05flags\"O\n" +
 	"\fOpenResponse\x12$\n" +
 	"\x04meta\x18\x01 \x01(\v2\x10.wheelfs.v1.MetaR\x04meta\x12\x19\n" +
-	"\blease_ms\x18\x02 \x01(\rR\aleaseMs\" \n" +
+	"\blease_ms\x18\x02 \x01(\rR\aleaseMs\"O\n" +
 	"\x0eReleaseRequest\x12\x0e\n" +
-	"\x02id\x18\x01 \x01(\x04R\x02id\"\x11\n" +
+	"\x02id\x18\x01 \x01(\x04R\x02id\x12-\n" +
+	"\x06handle\x18\x02 \x01(\v2\x15.wheelfs.v1.HandleRefR\x06handle\"\x11\n" +
 	"\x0fReleaseResponse\",\n" +
 	"\x06Revoke\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\x12\x10\n" +
@@ -4854,15 +4981,18 @@ const file_wheelfs_proto_rawDesc = "" +
 	"\x04data\x18\x01 \x03(\fR\x04data\"\r\n" +
 	"\vPingRequest\"\x1e\n" +
 	"\fPingResponse\x12\x0e\n" +
-	"\x02id\x18\x01 \x01(\tR\x02id\"\xaa\x01\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\"\xfa\x01\n" +
 	"\x13CreateObjectRequest\x12$\n" +
 	"\x04meta\x18\x01 \x01(\v2\x10.wheelfs.v1.MetaR\x04meta\x12$\n" +
 	"\x04cues\x18\x02 \x01(\v2\x10.wheelfs.v1.CuesR\x04cues\x12(\n" +
 	"\x06policy\x18\x03 \x01(\v2\x10.wheelfs.v1.CuesR\x06policy\x12\x1d\n" +
 	"\n" +
-	"sync_level\x18\x04 \x01(\rR\tsyncLevel\"<\n" +
+	"sync_level\x18\x04 \x01(\rR\tsyncLevel\x12-\n" +
+	"\x06handle\x18\x05 \x01(\v2\x15.wheelfs.v1.HandleRefR\x06handle\x12\x1f\n" +
+	"\vopen_access\x18\x06 \x01(\rR\n" +
+	"openAccess\"<\n" +
 	"\x14CreateObjectResponse\x12$\n" +
-	"\x04meta\x18\x01 \x01(\v2\x10.wheelfs.v1.MetaR\x04meta\"\xc8\x01\n" +
+	"\x04meta\x18\x01 \x01(\v2\x10.wheelfs.v1.MetaR\x04meta\"\xf7\x01\n" +
 	"\x0fDropLinkRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x19\n" +
 	"\bdir_only\x18\x02 \x01(\bR\adirOnly\x12\x1b\n" +
@@ -4870,7 +5000,8 @@ const file_wheelfs_proto_rawDesc = "" +
 	"\n" +
 	"sync_level\x18\x04 \x01(\rR\tsyncLevel\x12*\n" +
 	"\x06caller\x18\x05 \x01(\v2\x12.wheelfs.v1.CallerR\x06caller\x12\"\n" +
-	"\x03dir\x18\x06 \x01(\v2\x10.wheelfs.v1.MetaR\x03dir\"8\n" +
+	"\x03dir\x18\x06 \x01(\v2\x10.wheelfs.v1.MetaR\x03dir\x12-\n" +
+	"\x06handle\x18\a \x01(\v2\x15.wheelfs.v1.HandleRefR\x06handle\"8\n" +
 	"\x10DropLinkResponse\x12$\n" +
 	"\x04meta\x18\x01 \x01(\v2\x10.wheelfs.v1.MetaR\x04meta\"\x1d\n" +
 	"\vStatRequest\x12\x0e\n" +
@@ -4988,7 +5119,7 @@ func file_wheelfs_proto_rawDescGZIP() []byte {
 }
 
 var file_wheelfs_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_wheelfs_proto_msgTypes = make([]protoimpl.MessageInfo, 66)
+var file_wheelfs_proto_msgTypes = make([]protoimpl.MessageInfo, 67)
 var file_wheelfs_proto_goTypes = []any{
 	(Type)(0),                    // 0: wheelfs.v1.Type
 	(MutationKind)(0),            // 1: wheelfs.v1.MutationKind
@@ -4997,208 +5128,213 @@ var file_wheelfs_proto_goTypes = []any{
 	(*Meta)(nil),                 // 4: wheelfs.v1.Meta
 	(*Entry)(nil),                // 5: wheelfs.v1.Entry
 	(*Caller)(nil),               // 6: wheelfs.v1.Caller
-	(*LookupRequest)(nil),        // 7: wheelfs.v1.LookupRequest
-	(*LookupResponse)(nil),       // 8: wheelfs.v1.LookupResponse
-	(*GetAttrRequest)(nil),       // 9: wheelfs.v1.GetAttrRequest
-	(*GetAttrResponse)(nil),      // 10: wheelfs.v1.GetAttrResponse
-	(*CreateRequest)(nil),        // 11: wheelfs.v1.CreateRequest
-	(*CreateResponse)(nil),       // 12: wheelfs.v1.CreateResponse
-	(*LinkRequest)(nil),          // 13: wheelfs.v1.LinkRequest
-	(*LinkResponse)(nil),         // 14: wheelfs.v1.LinkResponse
-	(*RemoveRequest)(nil),        // 15: wheelfs.v1.RemoveRequest
-	(*RemoveResponse)(nil),       // 16: wheelfs.v1.RemoveResponse
-	(*RenameRequest)(nil),        // 17: wheelfs.v1.RenameRequest
-	(*RenameResponse)(nil),       // 18: wheelfs.v1.RenameResponse
-	(*SetAttrRequest)(nil),       // 19: wheelfs.v1.SetAttrRequest
-	(*SetAttrResponse)(nil),      // 20: wheelfs.v1.SetAttrResponse
-	(*ReadDirRequest)(nil),       // 21: wheelfs.v1.ReadDirRequest
-	(*ReadDirResponse)(nil),      // 22: wheelfs.v1.ReadDirResponse
-	(*BlockRef)(nil),             // 23: wheelfs.v1.BlockRef
-	(*GetBlocksRequest)(nil),     // 24: wheelfs.v1.GetBlocksRequest
-	(*GetBlocksResponse)(nil),    // 25: wheelfs.v1.GetBlocksResponse
-	(*ReadBlocksRequest)(nil),    // 26: wheelfs.v1.ReadBlocksRequest
-	(*ReadBlocksResponse)(nil),   // 27: wheelfs.v1.ReadBlocksResponse
-	(*PutBlocksRequest)(nil),     // 28: wheelfs.v1.PutBlocksRequest
-	(*PutBlocksResponse)(nil),    // 29: wheelfs.v1.PutBlocksResponse
-	(*CommitRequest)(nil),        // 30: wheelfs.v1.CommitRequest
-	(*CommitResponse)(nil),       // 31: wheelfs.v1.CommitResponse
-	(*XattrRequest)(nil),         // 32: wheelfs.v1.XattrRequest
-	(*XattrResponse)(nil),        // 33: wheelfs.v1.XattrResponse
-	(*StatFSRequest)(nil),        // 34: wheelfs.v1.StatFSRequest
-	(*StatFSResponse)(nil),       // 35: wheelfs.v1.StatFSResponse
-	(*OpenRequest)(nil),          // 36: wheelfs.v1.OpenRequest
-	(*OpenResponse)(nil),         // 37: wheelfs.v1.OpenResponse
-	(*ReleaseRequest)(nil),       // 38: wheelfs.v1.ReleaseRequest
-	(*ReleaseResponse)(nil),      // 39: wheelfs.v1.ReleaseResponse
-	(*Revoke)(nil),               // 40: wheelfs.v1.Revoke
-	(*CallbackAck)(nil),          // 41: wheelfs.v1.CallbackAck
-	(*Mutation)(nil),             // 42: wheelfs.v1.Mutation
-	(*Batch)(nil),                // 43: wheelfs.v1.Batch
-	(*ReplicateRequest)(nil),     // 44: wheelfs.v1.ReplicateRequest
-	(*ReplicateResponse)(nil),    // 45: wheelfs.v1.ReplicateResponse
-	(*DigestRequest)(nil),        // 46: wheelfs.v1.DigestRequest
-	(*DigestResponse)(nil),       // 47: wheelfs.v1.DigestResponse
-	(*ObjectState)(nil),          // 48: wheelfs.v1.ObjectState
-	(*InstallRequest)(nil),       // 49: wheelfs.v1.InstallRequest
-	(*InstallResponse)(nil),      // 50: wheelfs.v1.InstallResponse
-	(*DiffRequest)(nil),          // 51: wheelfs.v1.DiffRequest
-	(*FetchBlocksRequest)(nil),   // 52: wheelfs.v1.FetchBlocksRequest
-	(*FetchBlocksResponse)(nil),  // 53: wheelfs.v1.FetchBlocksResponse
-	(*PingRequest)(nil),          // 54: wheelfs.v1.PingRequest
-	(*PingResponse)(nil),         // 55: wheelfs.v1.PingResponse
-	(*CreateObjectRequest)(nil),  // 56: wheelfs.v1.CreateObjectRequest
-	(*CreateObjectResponse)(nil), // 57: wheelfs.v1.CreateObjectResponse
-	(*DropLinkRequest)(nil),      // 58: wheelfs.v1.DropLinkRequest
-	(*DropLinkResponse)(nil),     // 59: wheelfs.v1.DropLinkResponse
-	(*StatRequest)(nil),          // 60: wheelfs.v1.StatRequest
-	(*StatResponse)(nil),         // 61: wheelfs.v1.StatResponse
-	(*AddLinkRequest)(nil),       // 62: wheelfs.v1.AddLinkRequest
-	(*AddLinkResponse)(nil),      // 63: wheelfs.v1.AddLinkResponse
-	(*EntryChange)(nil),          // 64: wheelfs.v1.EntryChange
-	(*ReconcileRequest)(nil),     // 65: wheelfs.v1.ReconcileRequest
-	(*ReconcileResponse)(nil),    // 66: wheelfs.v1.ReconcileResponse
-	(*XattrSummary)(nil),         // 67: wheelfs.v1.XattrSummary
-	(*Xattr)(nil),                // 68: wheelfs.v1.Xattr
+	(*HandleRef)(nil),            // 7: wheelfs.v1.HandleRef
+	(*LookupRequest)(nil),        // 8: wheelfs.v1.LookupRequest
+	(*LookupResponse)(nil),       // 9: wheelfs.v1.LookupResponse
+	(*GetAttrRequest)(nil),       // 10: wheelfs.v1.GetAttrRequest
+	(*GetAttrResponse)(nil),      // 11: wheelfs.v1.GetAttrResponse
+	(*CreateRequest)(nil),        // 12: wheelfs.v1.CreateRequest
+	(*CreateResponse)(nil),       // 13: wheelfs.v1.CreateResponse
+	(*LinkRequest)(nil),          // 14: wheelfs.v1.LinkRequest
+	(*LinkResponse)(nil),         // 15: wheelfs.v1.LinkResponse
+	(*RemoveRequest)(nil),        // 16: wheelfs.v1.RemoveRequest
+	(*RemoveResponse)(nil),       // 17: wheelfs.v1.RemoveResponse
+	(*RenameRequest)(nil),        // 18: wheelfs.v1.RenameRequest
+	(*RenameResponse)(nil),       // 19: wheelfs.v1.RenameResponse
+	(*SetAttrRequest)(nil),       // 20: wheelfs.v1.SetAttrRequest
+	(*SetAttrResponse)(nil),      // 21: wheelfs.v1.SetAttrResponse
+	(*ReadDirRequest)(nil),       // 22: wheelfs.v1.ReadDirRequest
+	(*ReadDirResponse)(nil),      // 23: wheelfs.v1.ReadDirResponse
+	(*BlockRef)(nil),             // 24: wheelfs.v1.BlockRef
+	(*GetBlocksRequest)(nil),     // 25: wheelfs.v1.GetBlocksRequest
+	(*GetBlocksResponse)(nil),    // 26: wheelfs.v1.GetBlocksResponse
+	(*ReadBlocksRequest)(nil),    // 27: wheelfs.v1.ReadBlocksRequest
+	(*ReadBlocksResponse)(nil),   // 28: wheelfs.v1.ReadBlocksResponse
+	(*PutBlocksRequest)(nil),     // 29: wheelfs.v1.PutBlocksRequest
+	(*PutBlocksResponse)(nil),    // 30: wheelfs.v1.PutBlocksResponse
+	(*CommitRequest)(nil),        // 31: wheelfs.v1.CommitRequest
+	(*CommitResponse)(nil),       // 32: wheelfs.v1.CommitResponse
+	(*XattrRequest)(nil),         // 33: wheelfs.v1.XattrRequest
+	(*XattrResponse)(nil),        // 34: wheelfs.v1.XattrResponse
+	(*StatFSRequest)(nil),        // 35: wheelfs.v1.StatFSRequest
+	(*StatFSResponse)(nil),       // 36: wheelfs.v1.StatFSResponse
+	(*OpenRequest)(nil),          // 37: wheelfs.v1.OpenRequest
+	(*OpenResponse)(nil),         // 38: wheelfs.v1.OpenResponse
+	(*ReleaseRequest)(nil),       // 39: wheelfs.v1.ReleaseRequest
+	(*ReleaseResponse)(nil),      // 40: wheelfs.v1.ReleaseResponse
+	(*Revoke)(nil),               // 41: wheelfs.v1.Revoke
+	(*CallbackAck)(nil),          // 42: wheelfs.v1.CallbackAck
+	(*Mutation)(nil),             // 43: wheelfs.v1.Mutation
+	(*Batch)(nil),                // 44: wheelfs.v1.Batch
+	(*ReplicateRequest)(nil),     // 45: wheelfs.v1.ReplicateRequest
+	(*ReplicateResponse)(nil),    // 46: wheelfs.v1.ReplicateResponse
+	(*DigestRequest)(nil),        // 47: wheelfs.v1.DigestRequest
+	(*DigestResponse)(nil),       // 48: wheelfs.v1.DigestResponse
+	(*ObjectState)(nil),          // 49: wheelfs.v1.ObjectState
+	(*InstallRequest)(nil),       // 50: wheelfs.v1.InstallRequest
+	(*InstallResponse)(nil),      // 51: wheelfs.v1.InstallResponse
+	(*DiffRequest)(nil),          // 52: wheelfs.v1.DiffRequest
+	(*FetchBlocksRequest)(nil),   // 53: wheelfs.v1.FetchBlocksRequest
+	(*FetchBlocksResponse)(nil),  // 54: wheelfs.v1.FetchBlocksResponse
+	(*PingRequest)(nil),          // 55: wheelfs.v1.PingRequest
+	(*PingResponse)(nil),         // 56: wheelfs.v1.PingResponse
+	(*CreateObjectRequest)(nil),  // 57: wheelfs.v1.CreateObjectRequest
+	(*CreateObjectResponse)(nil), // 58: wheelfs.v1.CreateObjectResponse
+	(*DropLinkRequest)(nil),      // 59: wheelfs.v1.DropLinkRequest
+	(*DropLinkResponse)(nil),     // 60: wheelfs.v1.DropLinkResponse
+	(*StatRequest)(nil),          // 61: wheelfs.v1.StatRequest
+	(*StatResponse)(nil),         // 62: wheelfs.v1.StatResponse
+	(*AddLinkRequest)(nil),       // 63: wheelfs.v1.AddLinkRequest
+	(*AddLinkResponse)(nil),      // 64: wheelfs.v1.AddLinkResponse
+	(*EntryChange)(nil),          // 65: wheelfs.v1.EntryChange
+	(*ReconcileRequest)(nil),     // 66: wheelfs.v1.ReconcileRequest
+	(*ReconcileResponse)(nil),    // 67: wheelfs.v1.ReconcileResponse
+	(*XattrSummary)(nil),         // 68: wheelfs.v1.XattrSummary
+	(*Xattr)(nil),                // 69: wheelfs.v1.Xattr
 }
 var file_wheelfs_proto_depIdxs = []int32{
 	0,   // 0: wheelfs.v1.Meta.type:type_name -> wheelfs.v1.Type
 	3,   // 1: wheelfs.v1.Meta.cues:type_name -> wheelfs.v1.Cues
 	0,   // 2: wheelfs.v1.Entry.type:type_name -> wheelfs.v1.Type
-	6,   // 3: wheelfs.v1.LookupRequest.caller:type_name -> wheelfs.v1.Caller
-	5,   // 4: wheelfs.v1.LookupResponse.entry:type_name -> wheelfs.v1.Entry
-	4,   // 5: wheelfs.v1.LookupResponse.meta:type_name -> wheelfs.v1.Meta
-	4,   // 6: wheelfs.v1.LookupResponse.dir:type_name -> wheelfs.v1.Meta
-	67,  // 7: wheelfs.v1.LookupResponse.xattrs:type_name -> wheelfs.v1.XattrSummary
-	6,   // 8: wheelfs.v1.GetAttrRequest.caller:type_name -> wheelfs.v1.Caller
-	4,   // 9: wheelfs.v1.GetAttrResponse.meta:type_name -> wheelfs.v1.Meta
-	67,  // 10: wheelfs.v1.GetAttrResponse.xattrs:type_name -> wheelfs.v1.XattrSummary
-	6,   // 11: wheelfs.v1.CreateRequest.caller:type_name -> wheelfs.v1.Caller
-	0,   // 12: wheelfs.v1.CreateRequest.type:type_name -> wheelfs.v1.Type
-	3,   // 13: wheelfs.v1.CreateRequest.cues:type_name -> wheelfs.v1.Cues
-	5,   // 14: wheelfs.v1.CreateResponse.entry:type_name -> wheelfs.v1.Entry
-	4,   // 15: wheelfs.v1.CreateResponse.meta:type_name -> wheelfs.v1.Meta
-	4,   // 16: wheelfs.v1.CreateResponse.dir:type_name -> wheelfs.v1.Meta
-	6,   // 17: wheelfs.v1.LinkRequest.caller:type_name -> wheelfs.v1.Caller
-	4,   // 18: wheelfs.v1.LinkResponse.meta:type_name -> wheelfs.v1.Meta
-	6,   // 19: wheelfs.v1.RemoveRequest.caller:type_name -> wheelfs.v1.Caller
-	4,   // 20: wheelfs.v1.RemoveResponse.meta:type_name -> wheelfs.v1.Meta
-	6,   // 21: wheelfs.v1.RenameRequest.caller:type_name -> wheelfs.v1.Caller
-	4,   // 22: wheelfs.v1.RenameResponse.replaced:type_name -> wheelfs.v1.Meta
-	6,   // 23: wheelfs.v1.SetAttrRequest.caller:type_name -> wheelfs.v1.Caller
-	4,   // 24: wheelfs.v1.SetAttrResponse.meta:type_name -> wheelfs.v1.Meta
-	6,   // 25: wheelfs.v1.ReadDirRequest.caller:type_name -> wheelfs.v1.Caller
-	5,   // 26: wheelfs.v1.ReadDirResponse.entries:type_name -> wheelfs.v1.Entry
-	4,   // 27: wheelfs.v1.ReadDirResponse.metas:type_name -> wheelfs.v1.Meta
-	4,   // 28: wheelfs.v1.ReadDirResponse.dir:type_name -> wheelfs.v1.Meta
-	67,  // 29: wheelfs.v1.ReadDirResponse.dir_xattrs:type_name -> wheelfs.v1.XattrSummary
-	6,   // 30: wheelfs.v1.GetBlocksRequest.caller:type_name -> wheelfs.v1.Caller
-	4,   // 31: wheelfs.v1.GetBlocksResponse.meta:type_name -> wheelfs.v1.Meta
-	23,  // 32: wheelfs.v1.GetBlocksResponse.blocks:type_name -> wheelfs.v1.BlockRef
-	6,   // 33: wheelfs.v1.ReadBlocksRequest.caller:type_name -> wheelfs.v1.Caller
-	6,   // 34: wheelfs.v1.PutBlocksRequest.caller:type_name -> wheelfs.v1.Caller
-	6,   // 35: wheelfs.v1.CommitRequest.caller:type_name -> wheelfs.v1.Caller
-	23,  // 36: wheelfs.v1.CommitRequest.blocks:type_name -> wheelfs.v1.BlockRef
-	19,  // 37: wheelfs.v1.CommitRequest.attrs:type_name -> wheelfs.v1.SetAttrRequest
-	4,   // 38: wheelfs.v1.CommitResponse.meta:type_name -> wheelfs.v1.Meta
-	6,   // 39: wheelfs.v1.XattrRequest.caller:type_name -> wheelfs.v1.Caller
-	4,   // 40: wheelfs.v1.XattrResponse.meta:type_name -> wheelfs.v1.Meta
-	67,  // 41: wheelfs.v1.XattrResponse.xattrs:type_name -> wheelfs.v1.XattrSummary
-	6,   // 42: wheelfs.v1.StatFSRequest.caller:type_name -> wheelfs.v1.Caller
-	6,   // 43: wheelfs.v1.OpenRequest.caller:type_name -> wheelfs.v1.Caller
-	4,   // 44: wheelfs.v1.OpenResponse.meta:type_name -> wheelfs.v1.Meta
-	1,   // 45: wheelfs.v1.Mutation.kind:type_name -> wheelfs.v1.MutationKind
-	42,  // 46: wheelfs.v1.Batch.mutations:type_name -> wheelfs.v1.Mutation
-	43,  // 47: wheelfs.v1.ReplicateRequest.batches:type_name -> wheelfs.v1.Batch
-	2,   // 48: wheelfs.v1.ReplicateResponse.status:type_name -> wheelfs.v1.ReplStatus
-	4,   // 49: wheelfs.v1.ObjectState.meta:type_name -> wheelfs.v1.Meta
-	5,   // 50: wheelfs.v1.ObjectState.entries:type_name -> wheelfs.v1.Entry
-	23,  // 51: wheelfs.v1.ObjectState.blocks:type_name -> wheelfs.v1.BlockRef
-	48,  // 52: wheelfs.v1.InstallRequest.objects:type_name -> wheelfs.v1.ObjectState
-	2,   // 53: wheelfs.v1.InstallResponse.status:type_name -> wheelfs.v1.ReplStatus
-	47,  // 54: wheelfs.v1.DiffRequest.digest:type_name -> wheelfs.v1.DigestResponse
-	4,   // 55: wheelfs.v1.CreateObjectRequest.meta:type_name -> wheelfs.v1.Meta
-	3,   // 56: wheelfs.v1.CreateObjectRequest.cues:type_name -> wheelfs.v1.Cues
-	3,   // 57: wheelfs.v1.CreateObjectRequest.policy:type_name -> wheelfs.v1.Cues
-	4,   // 58: wheelfs.v1.CreateObjectResponse.meta:type_name -> wheelfs.v1.Meta
-	6,   // 59: wheelfs.v1.DropLinkRequest.caller:type_name -> wheelfs.v1.Caller
-	4,   // 60: wheelfs.v1.DropLinkRequest.dir:type_name -> wheelfs.v1.Meta
-	4,   // 61: wheelfs.v1.DropLinkResponse.meta:type_name -> wheelfs.v1.Meta
-	4,   // 62: wheelfs.v1.StatResponse.meta:type_name -> wheelfs.v1.Meta
-	6,   // 63: wheelfs.v1.AddLinkRequest.caller:type_name -> wheelfs.v1.Caller
-	4,   // 64: wheelfs.v1.AddLinkRequest.object:type_name -> wheelfs.v1.Meta
-	4,   // 65: wheelfs.v1.AddLinkResponse.replaced:type_name -> wheelfs.v1.Meta
-	5,   // 66: wheelfs.v1.EntryChange.entry:type_name -> wheelfs.v1.Entry
-	48,  // 67: wheelfs.v1.ReconcileRequest.objects:type_name -> wheelfs.v1.ObjectState
-	64,  // 68: wheelfs.v1.ReconcileRequest.entries:type_name -> wheelfs.v1.EntryChange
-	2,   // 69: wheelfs.v1.ReconcileResponse.status:type_name -> wheelfs.v1.ReplStatus
-	68,  // 70: wheelfs.v1.XattrSummary.attrs:type_name -> wheelfs.v1.Xattr
-	7,   // 71: wheelfs.v1.Storage.Lookup:input_type -> wheelfs.v1.LookupRequest
-	9,   // 72: wheelfs.v1.Storage.GetAttr:input_type -> wheelfs.v1.GetAttrRequest
-	11,  // 73: wheelfs.v1.Storage.Create:input_type -> wheelfs.v1.CreateRequest
-	13,  // 74: wheelfs.v1.Storage.Link:input_type -> wheelfs.v1.LinkRequest
-	15,  // 75: wheelfs.v1.Storage.Remove:input_type -> wheelfs.v1.RemoveRequest
-	17,  // 76: wheelfs.v1.Storage.Rename:input_type -> wheelfs.v1.RenameRequest
-	19,  // 77: wheelfs.v1.Storage.SetAttr:input_type -> wheelfs.v1.SetAttrRequest
-	21,  // 78: wheelfs.v1.Storage.ReadDir:input_type -> wheelfs.v1.ReadDirRequest
-	24,  // 79: wheelfs.v1.Storage.GetBlocks:input_type -> wheelfs.v1.GetBlocksRequest
-	26,  // 80: wheelfs.v1.Storage.ReadBlocks:input_type -> wheelfs.v1.ReadBlocksRequest
-	28,  // 81: wheelfs.v1.Storage.PutBlocks:input_type -> wheelfs.v1.PutBlocksRequest
-	30,  // 82: wheelfs.v1.Storage.Commit:input_type -> wheelfs.v1.CommitRequest
-	32,  // 83: wheelfs.v1.Storage.GetXattr:input_type -> wheelfs.v1.XattrRequest
-	32,  // 84: wheelfs.v1.Storage.ListXattr:input_type -> wheelfs.v1.XattrRequest
-	32,  // 85: wheelfs.v1.Storage.SetXattr:input_type -> wheelfs.v1.XattrRequest
-	32,  // 86: wheelfs.v1.Storage.RemoveXattr:input_type -> wheelfs.v1.XattrRequest
-	34,  // 87: wheelfs.v1.Storage.StatFS:input_type -> wheelfs.v1.StatFSRequest
-	36,  // 88: wheelfs.v1.Storage.Open:input_type -> wheelfs.v1.OpenRequest
-	38,  // 89: wheelfs.v1.Storage.Release:input_type -> wheelfs.v1.ReleaseRequest
-	41,  // 90: wheelfs.v1.Storage.Callbacks:input_type -> wheelfs.v1.CallbackAck
-	44,  // 91: wheelfs.v1.Peer.Replicate:input_type -> wheelfs.v1.ReplicateRequest
-	46,  // 92: wheelfs.v1.Peer.Digest:input_type -> wheelfs.v1.DigestRequest
-	51,  // 93: wheelfs.v1.Peer.Diff:input_type -> wheelfs.v1.DiffRequest
-	49,  // 94: wheelfs.v1.Peer.Install:input_type -> wheelfs.v1.InstallRequest
-	52,  // 95: wheelfs.v1.Peer.FetchBlocks:input_type -> wheelfs.v1.FetchBlocksRequest
-	54,  // 96: wheelfs.v1.Peer.Ping:input_type -> wheelfs.v1.PingRequest
-	56,  // 97: wheelfs.v1.Peer.CreateObject:input_type -> wheelfs.v1.CreateObjectRequest
-	58,  // 98: wheelfs.v1.Peer.DropLink:input_type -> wheelfs.v1.DropLinkRequest
-	60,  // 99: wheelfs.v1.Peer.Stat:input_type -> wheelfs.v1.StatRequest
-	62,  // 100: wheelfs.v1.Peer.AddLink:input_type -> wheelfs.v1.AddLinkRequest
-	65,  // 101: wheelfs.v1.Peer.Reconcile:input_type -> wheelfs.v1.ReconcileRequest
-	8,   // 102: wheelfs.v1.Storage.Lookup:output_type -> wheelfs.v1.LookupResponse
-	10,  // 103: wheelfs.v1.Storage.GetAttr:output_type -> wheelfs.v1.GetAttrResponse
-	12,  // 104: wheelfs.v1.Storage.Create:output_type -> wheelfs.v1.CreateResponse
-	14,  // 105: wheelfs.v1.Storage.Link:output_type -> wheelfs.v1.LinkResponse
-	16,  // 106: wheelfs.v1.Storage.Remove:output_type -> wheelfs.v1.RemoveResponse
-	18,  // 107: wheelfs.v1.Storage.Rename:output_type -> wheelfs.v1.RenameResponse
-	20,  // 108: wheelfs.v1.Storage.SetAttr:output_type -> wheelfs.v1.SetAttrResponse
-	22,  // 109: wheelfs.v1.Storage.ReadDir:output_type -> wheelfs.v1.ReadDirResponse
-	25,  // 110: wheelfs.v1.Storage.GetBlocks:output_type -> wheelfs.v1.GetBlocksResponse
-	27,  // 111: wheelfs.v1.Storage.ReadBlocks:output_type -> wheelfs.v1.ReadBlocksResponse
-	29,  // 112: wheelfs.v1.Storage.PutBlocks:output_type -> wheelfs.v1.PutBlocksResponse
-	31,  // 113: wheelfs.v1.Storage.Commit:output_type -> wheelfs.v1.CommitResponse
-	33,  // 114: wheelfs.v1.Storage.GetXattr:output_type -> wheelfs.v1.XattrResponse
-	33,  // 115: wheelfs.v1.Storage.ListXattr:output_type -> wheelfs.v1.XattrResponse
-	33,  // 116: wheelfs.v1.Storage.SetXattr:output_type -> wheelfs.v1.XattrResponse
-	33,  // 117: wheelfs.v1.Storage.RemoveXattr:output_type -> wheelfs.v1.XattrResponse
-	35,  // 118: wheelfs.v1.Storage.StatFS:output_type -> wheelfs.v1.StatFSResponse
-	37,  // 119: wheelfs.v1.Storage.Open:output_type -> wheelfs.v1.OpenResponse
-	39,  // 120: wheelfs.v1.Storage.Release:output_type -> wheelfs.v1.ReleaseResponse
-	40,  // 121: wheelfs.v1.Storage.Callbacks:output_type -> wheelfs.v1.Revoke
-	45,  // 122: wheelfs.v1.Peer.Replicate:output_type -> wheelfs.v1.ReplicateResponse
-	47,  // 123: wheelfs.v1.Peer.Digest:output_type -> wheelfs.v1.DigestResponse
-	49,  // 124: wheelfs.v1.Peer.Diff:output_type -> wheelfs.v1.InstallRequest
-	50,  // 125: wheelfs.v1.Peer.Install:output_type -> wheelfs.v1.InstallResponse
-	53,  // 126: wheelfs.v1.Peer.FetchBlocks:output_type -> wheelfs.v1.FetchBlocksResponse
-	55,  // 127: wheelfs.v1.Peer.Ping:output_type -> wheelfs.v1.PingResponse
-	57,  // 128: wheelfs.v1.Peer.CreateObject:output_type -> wheelfs.v1.CreateObjectResponse
-	59,  // 129: wheelfs.v1.Peer.DropLink:output_type -> wheelfs.v1.DropLinkResponse
-	61,  // 130: wheelfs.v1.Peer.Stat:output_type -> wheelfs.v1.StatResponse
-	63,  // 131: wheelfs.v1.Peer.AddLink:output_type -> wheelfs.v1.AddLinkResponse
-	66,  // 132: wheelfs.v1.Peer.Reconcile:output_type -> wheelfs.v1.ReconcileResponse
-	102, // [102:133] is the sub-list for method output_type
-	71,  // [71:102] is the sub-list for method input_type
-	71,  // [71:71] is the sub-list for extension type_name
-	71,  // [71:71] is the sub-list for extension extendee
-	0,   // [0:71] is the sub-list for field type_name
+	7,   // 3: wheelfs.v1.Caller.handle:type_name -> wheelfs.v1.HandleRef
+	6,   // 4: wheelfs.v1.LookupRequest.caller:type_name -> wheelfs.v1.Caller
+	5,   // 5: wheelfs.v1.LookupResponse.entry:type_name -> wheelfs.v1.Entry
+	4,   // 6: wheelfs.v1.LookupResponse.meta:type_name -> wheelfs.v1.Meta
+	4,   // 7: wheelfs.v1.LookupResponse.dir:type_name -> wheelfs.v1.Meta
+	68,  // 8: wheelfs.v1.LookupResponse.xattrs:type_name -> wheelfs.v1.XattrSummary
+	6,   // 9: wheelfs.v1.GetAttrRequest.caller:type_name -> wheelfs.v1.Caller
+	4,   // 10: wheelfs.v1.GetAttrResponse.meta:type_name -> wheelfs.v1.Meta
+	68,  // 11: wheelfs.v1.GetAttrResponse.xattrs:type_name -> wheelfs.v1.XattrSummary
+	6,   // 12: wheelfs.v1.CreateRequest.caller:type_name -> wheelfs.v1.Caller
+	0,   // 13: wheelfs.v1.CreateRequest.type:type_name -> wheelfs.v1.Type
+	3,   // 14: wheelfs.v1.CreateRequest.cues:type_name -> wheelfs.v1.Cues
+	5,   // 15: wheelfs.v1.CreateResponse.entry:type_name -> wheelfs.v1.Entry
+	4,   // 16: wheelfs.v1.CreateResponse.meta:type_name -> wheelfs.v1.Meta
+	4,   // 17: wheelfs.v1.CreateResponse.dir:type_name -> wheelfs.v1.Meta
+	6,   // 18: wheelfs.v1.LinkRequest.caller:type_name -> wheelfs.v1.Caller
+	4,   // 19: wheelfs.v1.LinkResponse.meta:type_name -> wheelfs.v1.Meta
+	6,   // 20: wheelfs.v1.RemoveRequest.caller:type_name -> wheelfs.v1.Caller
+	4,   // 21: wheelfs.v1.RemoveResponse.meta:type_name -> wheelfs.v1.Meta
+	6,   // 22: wheelfs.v1.RenameRequest.caller:type_name -> wheelfs.v1.Caller
+	4,   // 23: wheelfs.v1.RenameResponse.replaced:type_name -> wheelfs.v1.Meta
+	6,   // 24: wheelfs.v1.SetAttrRequest.caller:type_name -> wheelfs.v1.Caller
+	4,   // 25: wheelfs.v1.SetAttrResponse.meta:type_name -> wheelfs.v1.Meta
+	6,   // 26: wheelfs.v1.ReadDirRequest.caller:type_name -> wheelfs.v1.Caller
+	5,   // 27: wheelfs.v1.ReadDirResponse.entries:type_name -> wheelfs.v1.Entry
+	4,   // 28: wheelfs.v1.ReadDirResponse.metas:type_name -> wheelfs.v1.Meta
+	4,   // 29: wheelfs.v1.ReadDirResponse.dir:type_name -> wheelfs.v1.Meta
+	68,  // 30: wheelfs.v1.ReadDirResponse.dir_xattrs:type_name -> wheelfs.v1.XattrSummary
+	6,   // 31: wheelfs.v1.GetBlocksRequest.caller:type_name -> wheelfs.v1.Caller
+	4,   // 32: wheelfs.v1.GetBlocksResponse.meta:type_name -> wheelfs.v1.Meta
+	24,  // 33: wheelfs.v1.GetBlocksResponse.blocks:type_name -> wheelfs.v1.BlockRef
+	6,   // 34: wheelfs.v1.ReadBlocksRequest.caller:type_name -> wheelfs.v1.Caller
+	6,   // 35: wheelfs.v1.PutBlocksRequest.caller:type_name -> wheelfs.v1.Caller
+	6,   // 36: wheelfs.v1.CommitRequest.caller:type_name -> wheelfs.v1.Caller
+	24,  // 37: wheelfs.v1.CommitRequest.blocks:type_name -> wheelfs.v1.BlockRef
+	20,  // 38: wheelfs.v1.CommitRequest.attrs:type_name -> wheelfs.v1.SetAttrRequest
+	4,   // 39: wheelfs.v1.CommitResponse.meta:type_name -> wheelfs.v1.Meta
+	6,   // 40: wheelfs.v1.XattrRequest.caller:type_name -> wheelfs.v1.Caller
+	4,   // 41: wheelfs.v1.XattrResponse.meta:type_name -> wheelfs.v1.Meta
+	68,  // 42: wheelfs.v1.XattrResponse.xattrs:type_name -> wheelfs.v1.XattrSummary
+	6,   // 43: wheelfs.v1.StatFSRequest.caller:type_name -> wheelfs.v1.Caller
+	6,   // 44: wheelfs.v1.OpenRequest.caller:type_name -> wheelfs.v1.Caller
+	4,   // 45: wheelfs.v1.OpenResponse.meta:type_name -> wheelfs.v1.Meta
+	7,   // 46: wheelfs.v1.ReleaseRequest.handle:type_name -> wheelfs.v1.HandleRef
+	1,   // 47: wheelfs.v1.Mutation.kind:type_name -> wheelfs.v1.MutationKind
+	43,  // 48: wheelfs.v1.Batch.mutations:type_name -> wheelfs.v1.Mutation
+	44,  // 49: wheelfs.v1.ReplicateRequest.batches:type_name -> wheelfs.v1.Batch
+	2,   // 50: wheelfs.v1.ReplicateResponse.status:type_name -> wheelfs.v1.ReplStatus
+	4,   // 51: wheelfs.v1.ObjectState.meta:type_name -> wheelfs.v1.Meta
+	5,   // 52: wheelfs.v1.ObjectState.entries:type_name -> wheelfs.v1.Entry
+	24,  // 53: wheelfs.v1.ObjectState.blocks:type_name -> wheelfs.v1.BlockRef
+	49,  // 54: wheelfs.v1.InstallRequest.objects:type_name -> wheelfs.v1.ObjectState
+	2,   // 55: wheelfs.v1.InstallResponse.status:type_name -> wheelfs.v1.ReplStatus
+	48,  // 56: wheelfs.v1.DiffRequest.digest:type_name -> wheelfs.v1.DigestResponse
+	4,   // 57: wheelfs.v1.CreateObjectRequest.meta:type_name -> wheelfs.v1.Meta
+	3,   // 58: wheelfs.v1.CreateObjectRequest.cues:type_name -> wheelfs.v1.Cues
+	3,   // 59: wheelfs.v1.CreateObjectRequest.policy:type_name -> wheelfs.v1.Cues
+	7,   // 60: wheelfs.v1.CreateObjectRequest.handle:type_name -> wheelfs.v1.HandleRef
+	4,   // 61: wheelfs.v1.CreateObjectResponse.meta:type_name -> wheelfs.v1.Meta
+	6,   // 62: wheelfs.v1.DropLinkRequest.caller:type_name -> wheelfs.v1.Caller
+	4,   // 63: wheelfs.v1.DropLinkRequest.dir:type_name -> wheelfs.v1.Meta
+	7,   // 64: wheelfs.v1.DropLinkRequest.handle:type_name -> wheelfs.v1.HandleRef
+	4,   // 65: wheelfs.v1.DropLinkResponse.meta:type_name -> wheelfs.v1.Meta
+	4,   // 66: wheelfs.v1.StatResponse.meta:type_name -> wheelfs.v1.Meta
+	6,   // 67: wheelfs.v1.AddLinkRequest.caller:type_name -> wheelfs.v1.Caller
+	4,   // 68: wheelfs.v1.AddLinkRequest.object:type_name -> wheelfs.v1.Meta
+	4,   // 69: wheelfs.v1.AddLinkResponse.replaced:type_name -> wheelfs.v1.Meta
+	5,   // 70: wheelfs.v1.EntryChange.entry:type_name -> wheelfs.v1.Entry
+	49,  // 71: wheelfs.v1.ReconcileRequest.objects:type_name -> wheelfs.v1.ObjectState
+	65,  // 72: wheelfs.v1.ReconcileRequest.entries:type_name -> wheelfs.v1.EntryChange
+	2,   // 73: wheelfs.v1.ReconcileResponse.status:type_name -> wheelfs.v1.ReplStatus
+	69,  // 74: wheelfs.v1.XattrSummary.attrs:type_name -> wheelfs.v1.Xattr
+	8,   // 75: wheelfs.v1.Storage.Lookup:input_type -> wheelfs.v1.LookupRequest
+	10,  // 76: wheelfs.v1.Storage.GetAttr:input_type -> wheelfs.v1.GetAttrRequest
+	12,  // 77: wheelfs.v1.Storage.Create:input_type -> wheelfs.v1.CreateRequest
+	14,  // 78: wheelfs.v1.Storage.Link:input_type -> wheelfs.v1.LinkRequest
+	16,  // 79: wheelfs.v1.Storage.Remove:input_type -> wheelfs.v1.RemoveRequest
+	18,  // 80: wheelfs.v1.Storage.Rename:input_type -> wheelfs.v1.RenameRequest
+	20,  // 81: wheelfs.v1.Storage.SetAttr:input_type -> wheelfs.v1.SetAttrRequest
+	22,  // 82: wheelfs.v1.Storage.ReadDir:input_type -> wheelfs.v1.ReadDirRequest
+	25,  // 83: wheelfs.v1.Storage.GetBlocks:input_type -> wheelfs.v1.GetBlocksRequest
+	27,  // 84: wheelfs.v1.Storage.ReadBlocks:input_type -> wheelfs.v1.ReadBlocksRequest
+	29,  // 85: wheelfs.v1.Storage.PutBlocks:input_type -> wheelfs.v1.PutBlocksRequest
+	31,  // 86: wheelfs.v1.Storage.Commit:input_type -> wheelfs.v1.CommitRequest
+	33,  // 87: wheelfs.v1.Storage.GetXattr:input_type -> wheelfs.v1.XattrRequest
+	33,  // 88: wheelfs.v1.Storage.ListXattr:input_type -> wheelfs.v1.XattrRequest
+	33,  // 89: wheelfs.v1.Storage.SetXattr:input_type -> wheelfs.v1.XattrRequest
+	33,  // 90: wheelfs.v1.Storage.RemoveXattr:input_type -> wheelfs.v1.XattrRequest
+	35,  // 91: wheelfs.v1.Storage.StatFS:input_type -> wheelfs.v1.StatFSRequest
+	37,  // 92: wheelfs.v1.Storage.Open:input_type -> wheelfs.v1.OpenRequest
+	39,  // 93: wheelfs.v1.Storage.Release:input_type -> wheelfs.v1.ReleaseRequest
+	42,  // 94: wheelfs.v1.Storage.Callbacks:input_type -> wheelfs.v1.CallbackAck
+	45,  // 95: wheelfs.v1.Peer.Replicate:input_type -> wheelfs.v1.ReplicateRequest
+	47,  // 96: wheelfs.v1.Peer.Digest:input_type -> wheelfs.v1.DigestRequest
+	52,  // 97: wheelfs.v1.Peer.Diff:input_type -> wheelfs.v1.DiffRequest
+	50,  // 98: wheelfs.v1.Peer.Install:input_type -> wheelfs.v1.InstallRequest
+	53,  // 99: wheelfs.v1.Peer.FetchBlocks:input_type -> wheelfs.v1.FetchBlocksRequest
+	55,  // 100: wheelfs.v1.Peer.Ping:input_type -> wheelfs.v1.PingRequest
+	57,  // 101: wheelfs.v1.Peer.CreateObject:input_type -> wheelfs.v1.CreateObjectRequest
+	59,  // 102: wheelfs.v1.Peer.DropLink:input_type -> wheelfs.v1.DropLinkRequest
+	61,  // 103: wheelfs.v1.Peer.Stat:input_type -> wheelfs.v1.StatRequest
+	63,  // 104: wheelfs.v1.Peer.AddLink:input_type -> wheelfs.v1.AddLinkRequest
+	66,  // 105: wheelfs.v1.Peer.Reconcile:input_type -> wheelfs.v1.ReconcileRequest
+	9,   // 106: wheelfs.v1.Storage.Lookup:output_type -> wheelfs.v1.LookupResponse
+	11,  // 107: wheelfs.v1.Storage.GetAttr:output_type -> wheelfs.v1.GetAttrResponse
+	13,  // 108: wheelfs.v1.Storage.Create:output_type -> wheelfs.v1.CreateResponse
+	15,  // 109: wheelfs.v1.Storage.Link:output_type -> wheelfs.v1.LinkResponse
+	17,  // 110: wheelfs.v1.Storage.Remove:output_type -> wheelfs.v1.RemoveResponse
+	19,  // 111: wheelfs.v1.Storage.Rename:output_type -> wheelfs.v1.RenameResponse
+	21,  // 112: wheelfs.v1.Storage.SetAttr:output_type -> wheelfs.v1.SetAttrResponse
+	23,  // 113: wheelfs.v1.Storage.ReadDir:output_type -> wheelfs.v1.ReadDirResponse
+	26,  // 114: wheelfs.v1.Storage.GetBlocks:output_type -> wheelfs.v1.GetBlocksResponse
+	28,  // 115: wheelfs.v1.Storage.ReadBlocks:output_type -> wheelfs.v1.ReadBlocksResponse
+	30,  // 116: wheelfs.v1.Storage.PutBlocks:output_type -> wheelfs.v1.PutBlocksResponse
+	32,  // 117: wheelfs.v1.Storage.Commit:output_type -> wheelfs.v1.CommitResponse
+	34,  // 118: wheelfs.v1.Storage.GetXattr:output_type -> wheelfs.v1.XattrResponse
+	34,  // 119: wheelfs.v1.Storage.ListXattr:output_type -> wheelfs.v1.XattrResponse
+	34,  // 120: wheelfs.v1.Storage.SetXattr:output_type -> wheelfs.v1.XattrResponse
+	34,  // 121: wheelfs.v1.Storage.RemoveXattr:output_type -> wheelfs.v1.XattrResponse
+	36,  // 122: wheelfs.v1.Storage.StatFS:output_type -> wheelfs.v1.StatFSResponse
+	38,  // 123: wheelfs.v1.Storage.Open:output_type -> wheelfs.v1.OpenResponse
+	40,  // 124: wheelfs.v1.Storage.Release:output_type -> wheelfs.v1.ReleaseResponse
+	41,  // 125: wheelfs.v1.Storage.Callbacks:output_type -> wheelfs.v1.Revoke
+	46,  // 126: wheelfs.v1.Peer.Replicate:output_type -> wheelfs.v1.ReplicateResponse
+	48,  // 127: wheelfs.v1.Peer.Digest:output_type -> wheelfs.v1.DigestResponse
+	50,  // 128: wheelfs.v1.Peer.Diff:output_type -> wheelfs.v1.InstallRequest
+	51,  // 129: wheelfs.v1.Peer.Install:output_type -> wheelfs.v1.InstallResponse
+	54,  // 130: wheelfs.v1.Peer.FetchBlocks:output_type -> wheelfs.v1.FetchBlocksResponse
+	56,  // 131: wheelfs.v1.Peer.Ping:output_type -> wheelfs.v1.PingResponse
+	58,  // 132: wheelfs.v1.Peer.CreateObject:output_type -> wheelfs.v1.CreateObjectResponse
+	60,  // 133: wheelfs.v1.Peer.DropLink:output_type -> wheelfs.v1.DropLinkResponse
+	62,  // 134: wheelfs.v1.Peer.Stat:output_type -> wheelfs.v1.StatResponse
+	64,  // 135: wheelfs.v1.Peer.AddLink:output_type -> wheelfs.v1.AddLinkResponse
+	67,  // 136: wheelfs.v1.Peer.Reconcile:output_type -> wheelfs.v1.ReconcileResponse
+	106, // [106:137] is the sub-list for method output_type
+	75,  // [75:106] is the sub-list for method input_type
+	75,  // [75:75] is the sub-list for extension type_name
+	75,  // [75:75] is the sub-list for extension extendee
+	0,   // [0:75] is the sub-list for field type_name
 }
 
 func init() { file_wheelfs_proto_init() }
@@ -5212,7 +5348,7 @@ func file_wheelfs_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_wheelfs_proto_rawDesc), len(file_wheelfs_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   66,
+			NumMessages:   67,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

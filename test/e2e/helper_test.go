@@ -41,7 +41,8 @@ func copyHelper(dst string) error {
 }
 
 // helperMain runs one operation: read PATH | create PATH | append PATH DATA |
-// unlink PATH | rename OLD NEW | chmod PATH OCTAL | mkdir PATH | readdir PATH.
+// unlink PATH | rename OLD NEW | chmod PATH OCTAL | mkdir PATH | readdir PATH |
+// creatrw PATH OCTAL DATA | openrw PATH.
 // It prints "errno=N" (0 on success) and exits 0; usage errors exit 2.
 func helperMain(args []string) int {
 	if len(args) < 2 {
@@ -85,6 +86,17 @@ func helperMain(args []string) int {
 		}
 	case "mkdir":
 		err = syscall.Mkdir(path, 0o755)
+	case "creatrw":
+		var mode uint64
+		if mode, err = strconv.ParseUint(arg(2), 8, 32); err == nil {
+			err = creatRW(path, uint32(mode), []byte(arg(3)))
+		}
+	case "openrw":
+		var fd int
+		fd, err = syscall.Open(path, syscall.O_RDWR, 0)
+		if err == nil {
+			err = syscall.Close(fd)
+		}
 	case "readdir":
 		_, err = os.ReadDir(path)
 	case "churn":
@@ -106,6 +118,44 @@ func helperMain(args []string) int {
 	}
 	fmt.Printf("errno=%d\n", int(errno))
 	return 0
+}
+
+// creatRW does what a program creating a private file does:
+// open(O_CREAT|O_EXCL|O_RDWR, mode), then writes data, reads it back,
+// truncates and extends it through the descriptor and closes it. On
+// Linux all of it succeeds whatever mode is: the open that creates a
+// file gets the access it asked for.
+func creatRW(path string, mode uint32, data []byte) error {
+	fd, err := syscall.Open(path, syscall.O_CREAT|syscall.O_EXCL|syscall.O_RDWR, mode)
+	if err != nil {
+		return fmt.Errorf("open: %w", err)
+	}
+	fail := func(op string, err error) error {
+		syscall.Close(fd)
+		return fmt.Errorf("%s: %w", op, err)
+	}
+	if _, err := syscall.Write(fd, append(data, "tail"...)); err != nil {
+		return fail("write", err)
+	}
+	if err := syscall.Ftruncate(fd, int64(len(data))); err != nil {
+		return fail("ftruncate", err)
+	}
+	if err := syscall.Fsync(fd); err != nil {
+		return fail("fsync", err)
+	}
+	buf := make([]byte, len(data)+8)
+	n, err := syscall.Pread(fd, buf, 0)
+	if err != nil {
+		return fail("pread", err)
+	}
+	if string(buf[:n]) != string(data) {
+		syscall.Close(fd)
+		return fmt.Errorf("read back %q, want %q: %w", buf[:n], data, syscall.EIO)
+	}
+	if err := syscall.Close(fd); err != nil {
+		return fmt.Errorf("close: %w", err)
+	}
+	return nil
 }
 
 // churn creates, writes, closes, renames over and stats a file in dir n
