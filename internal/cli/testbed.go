@@ -326,7 +326,7 @@ func newTestbedRun(g *globalFlags, dirOf func() string) *cobra.Command {
 	}
 	fl := cmd.Flags()
 	fl.IntVar(&env.Runs, "runs", 5, "repetitions of each measured step")
-	fl.StringSliceVar(&set, "set", nil, "experiment parameter `KEY=VALUE` (repeatable)")
+	fl.StringArrayVar(&set, "set", nil, "experiment parameter `KEY=VALUE` (repeatable)")
 	fl.StringVar(&jsonOut, "json", "", "write the result as JSON to `FILE` (default DIR/EXPERIMENT.json)")
 	fl.BoolVar(&env.Keep, "keep", false, "leave the testbed up afterwards")
 	return cmd
