@@ -401,6 +401,103 @@ func TestPartition(t *testing.T) {
 	pingPong(t, dial(t, n, "c", addr))
 }
 
+// TestDrop: a dropped site's connections go silent instead of failing
+// (writes are lost, reads wait for their deadline), dials wait for their
+// context or for the site to rejoin, and Rejoin resets what went silent.
+func TestDrop(t *testing.T) {
+	n := NewNetwork()
+	var waitMu sync.Mutex
+	waiting := map[net.Conn]bool{}
+	n.readWaits = func(c net.Conn) {
+		waitMu.Lock()
+		waiting[c] = true
+		waitMu.Unlock()
+	}
+	n.SetRTT("a", "b", 10*time.Millisecond)
+	addr := server(t, n, "b", echo)
+	addrC := server(t, n, "c", echo)
+	shaped := dial(t, n, "a", addr)
+	pingPong(t, shaped)
+	direct := dial(t, n, "c", addr) // unshaped: direct socket I/O
+	pingPong(t, direct)
+	same := dial(t, n, "b", addr) // within the dropped site
+
+	const wait = 300 * time.Millisecond
+	readErr := make(chan error, 2)
+	for _, c := range []net.Conn{shaped, direct} {
+		c.SetReadDeadline(time.Now().Add(time.Minute))
+		go func() {
+			_, err := c.Read(make([]byte, 1))
+			readErr <- err
+		}()
+	}
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+		waitMu.Lock()
+		blocked := waiting[shaped] && waiting[direct]
+		waitMu.Unlock()
+		if blocked {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the reads never started waiting")
+		}
+	}
+	n.Drop("b")
+	for _, c := range []net.Conn{shaped, direct} {
+		if k, err := c.Write([]byte("lost")); k != 4 || err != nil {
+			t.Errorf("write across a dropped path: %d, %v; want it accepted", k, err)
+		}
+		c.SetReadDeadline(time.Now().Add(wait))
+	}
+	for range 2 {
+		select {
+		case err := <-readErr:
+			var ne net.Error
+			if !errors.As(err, &ne) || !ne.Timeout() {
+				t.Errorf("read across a dropped path: %v, want its deadline", err)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatal("read across a dropped path ignored its deadline")
+		}
+	}
+	pingPong(t, same)
+	pingPong(t, dial(t, n, "a", addrC))
+
+	ctx, cancel := context.WithTimeout(t.Context(), wait)
+	began := time.Now()
+	_, err := n.Dialer("a")(ctx, addr)
+	cancel()
+	if took := time.Since(began); !errors.Is(err, context.DeadlineExceeded) || took < wait {
+		t.Errorf("dial across a dropped path: %v after %v, want its context's end after %v", err, took, wait)
+	}
+	// A dial waiting when the site rejoins connects.
+	dialed := make(chan net.Conn, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+		defer cancel()
+		c, err := n.Dialer("a")(ctx, addr)
+		if err != nil {
+			t.Errorf("dial waiting across a dropped path, then rejoined: %v", err)
+		}
+		dialed <- c
+	}()
+	select {
+	case c := <-dialed:
+		t.Fatalf("a dial across a dropped path returned before the site rejoined: %v", c)
+	case <-time.After(50 * time.Millisecond):
+	}
+	n.Rejoin("b")
+	if c := <-dialed; c != nil {
+		t.Cleanup(func() { c.Close() })
+		pingPong(t, c)
+	}
+	for _, c := range []net.Conn{shaped, direct} {
+		if _, err := c.Read(make([]byte, 1)); !errors.Is(err, syscall.ECONNRESET) {
+			t.Errorf("a connection silenced by Drop, after Rejoin: %v, want ECONNRESET", err)
+		}
+	}
+}
+
 func TestDeadlineAndClose(t *testing.T) {
 	n := NewNetwork()
 	n.SetRTT("a", "b", 20*time.Millisecond)
