@@ -3,8 +3,9 @@
 // servers, a configuration service of 1, 3 or 5 embedded etcd members
 // spread over the sites, and a client at every site, all talking over one
 // shaped transport.Network with a per-site-pair RTT matrix and per-site
-// uplink bandwidth. Tests partition a site or a single link, crash and
-// restart servers and configuration members, and pause servers; Start
+// uplink bandwidth. Tests partition a site (its connections refused, or
+// with DropSite silently dropped as on a dark link) or a single link, crash
+// and restart servers and configuration members, and pause servers; Start
 // registers everything to stop when the test ends.
 //
 //	c := cluster.Start(t, cluster.Options{Sites: []string{"west", "east", "eu"},

@@ -38,9 +38,11 @@
 // nothing fails, everything waits. Its dialed connections go silent (Write
 // succeeds and the data is lost, Read waits for its deadline or Close),
 // and dials wait for their context (or for Rejoin). Rejoin resets the
-// silent connections, as TCP gives up on a connection that lost data, so
-// that their owners dial again. Only the dialing end is shaped: the
-// accepting end of a silenced connection sees a reset at once.
+// silent connections so that their owners dial again — kinder than TCP,
+// which would resume them only at its next retransmission (backed off to
+// up to two minutes) or give up after many minutes. Only the dialing end
+// is shaped: the accepting end of a silenced connection sees a reset at
+// once.
 package transport
 
 import (
