@@ -296,15 +296,38 @@ func checkWithin(t *testing.T, got, want time.Duration, frac float64) {
 	}
 }
 
+// watchReads records the conns of n with a Read waiting for data, and
+// returns a function that waits until each of conns has one.
+func watchReads(n *Network) func(t *testing.T, conns ...net.Conn) {
+	var mu sync.Mutex
+	waiting := map[net.Conn]bool{}
+	n.readWaits = func(c net.Conn) {
+		mu.Lock()
+		waiting[c] = true
+		mu.Unlock()
+	}
+	return func(t *testing.T, conns ...net.Conn) {
+		t.Helper()
+		for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+			mu.Lock()
+			all := true
+			for _, c := range conns {
+				all = all && waiting[c]
+			}
+			mu.Unlock()
+			if all {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("the reads never started waiting")
+			}
+		}
+	}
+}
+
 func TestPartition(t *testing.T) {
 	n := NewNetwork()
-	var waitMu sync.Mutex
-	waiting := map[net.Conn]bool{} // conns with a Read waiting for data
-	n.readWaits = func(c net.Conn) {
-		waitMu.Lock()
-		waiting[c] = true
-		waitMu.Unlock()
-	}
+	blocked := watchReads(n)
 	n.SetRTT("a", "b", 10*time.Millisecond)
 	serverErr := make(chan error, 4)
 	addr := server(t, n, "b", func(c net.Conn) {
@@ -334,17 +357,7 @@ func TestPartition(t *testing.T) {
 		}()
 	}
 	// The partition must wake reads already waiting, not just refuse new ones.
-	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
-		waitMu.Lock()
-		blocked := waiting[shaped] && waiting[direct]
-		waitMu.Unlock()
-		if blocked {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the reads never started waiting")
-		}
-	}
+	blocked(t, shaped, direct)
 
 	start := time.Now()
 	n.Partition("b", "a")
@@ -406,13 +419,7 @@ func TestPartition(t *testing.T) {
 // context or for the site to rejoin, and Rejoin resets what went silent.
 func TestDrop(t *testing.T) {
 	n := NewNetwork()
-	var waitMu sync.Mutex
-	waiting := map[net.Conn]bool{}
-	n.readWaits = func(c net.Conn) {
-		waitMu.Lock()
-		waiting[c] = true
-		waitMu.Unlock()
-	}
+	blocked := watchReads(n)
 	n.SetRTT("a", "b", 10*time.Millisecond)
 	addr := server(t, n, "b", echo)
 	addrC := server(t, n, "c", echo)
@@ -431,17 +438,7 @@ func TestDrop(t *testing.T) {
 			readErr <- err
 		}()
 	}
-	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
-		waitMu.Lock()
-		blocked := waiting[shaped] && waiting[direct]
-		waitMu.Unlock()
-		if blocked {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the reads never started waiting")
-		}
-	}
+	blocked(t, shaped, direct)
 	n.Drop("b")
 	for _, c := range []net.Conn{shaped, direct} {
 		if k, err := c.Write([]byte("lost")); k != 4 || err != nil {
