@@ -14,8 +14,10 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/wheelfs/wheelfs/internal/bench"
+	"github.com/wheelfs/wheelfs/internal/client"
 	"github.com/wheelfs/wheelfs/internal/deploy"
 	"github.com/wheelfs/wheelfs/internal/fusefs"
+	"github.com/wheelfs/wheelfs/internal/server"
 )
 
 // hostFlags are the flags shared by the commands that run a host (up,
@@ -55,7 +57,7 @@ func (f *hostFlags) register(cmd *cobra.Command, roles deploy.Roles) {
 		fl.StringVar(&f.listen, "listen", "127.0.0.1:0", "storage server gRPC listen address HOST:PORT")
 		fl.DurationVar(&f.lockTTL, "lock-ttl", 2*time.Minute, "slice lock lease length L")
 		fl.DurationVar(&f.maintain, "maintain-period", time.Second, "how often replicas ping each other and repair their slices")
-		fl.DurationVar(&f.lease, "lease", time.Minute, "length of the meta-data leases a primary grants clients (capped by --lock-ttl)")
+		fl.DurationVar(&f.lease, "lease", server.DefaultLeaseTTL, fmt.Sprintf("length of the meta-data leases a primary grants clients (capped by --lock-ttl; shorter than the clients' %v call bound, within which a write may wait one out)", client.DefaultTimeout))
 	}
 	if roles&deploy.RoleClient != 0 {
 		fl.BoolVar(&f.debug, "debug", false, "log every FUSE request")

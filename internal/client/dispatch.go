@@ -43,12 +43,24 @@ func (f *FS) server(ctx context.Context, id oid.ID) (Conn, error) {
 // applied twice; every RPC is idempotent except an exclusive create,
 // which may then report EEXIST for a file it made itself.
 func call[Req, Resp any](ctx context.Context, f *FS, id oid.ID, rpc rpcFunc[Req, Resp], req Req) (Resp, error) {
-	return callVia(ctx, f, id, rpc, req, nil)
+	return callVia(ctx, f, id, rpc, req, callOpts{})
 }
 
-// callVia is call with prep run before each attempt on the server about
-// to be asked (to ask for a lease from that server).
-func callVia[Req, Resp any](ctx context.Context, f *FS, id oid.ID, rpc rpcFunc[Req, Resp], req Req, prep func(Conn)) (Resp, error) {
+// callOpts adjust callVia.
+type callOpts struct {
+	// prep runs before each attempt on the server about to be asked (to
+	// ask for a lease from that server).
+	prep func(Conn)
+	// refusalEnds ends the call at the first refusal by a server that is
+	// not the primary (ErrNotPrimary) instead of waiting for the slice's
+	// next primary: an .EventualConsistency operation asks the replicas
+	// then, the refusing one included (it may keep a copy: a primary cut
+	// off from the configuration service refuses once its lock lapsed).
+	refusalEnds bool
+}
+
+// callVia is call with options.
+func callVia[Req, Resp any](ctx context.Context, f *FS, id oid.ID, rpc rpcFunc[Req, Resp], req Req, o callOpts) (Resp, error) {
 	var zero Resp
 	backoff := 20 * time.Millisecond
 	for {
@@ -61,8 +73,8 @@ func callVia[Req, Resp any](ctx context.Context, f *FS, id oid.ID, rpc rpcFunc[R
 		var resp Resp
 		c, err := f.server(ctx, id)
 		if err == nil {
-			if prep != nil {
-				prep(c)
+			if o.prep != nil {
+				o.prep(c)
 			}
 			resp, err = rpc(c, ctx, req)
 			if err == nil {
@@ -76,6 +88,9 @@ func callVia[Req, Resp any](ctx context.Context, f *FS, id oid.ID, rpc rpcFunc[R
 			}
 			if !retryable(err) {
 				return resp, fserr.FromStatus(err)
+			}
+			if err := fserr.FromStatus(err); o.refusalEnds && errors.Is(err, fserr.ErrNotPrimary) {
+				return resp, err
 			}
 		}
 		t := time.NewTimer(backoff)
@@ -101,13 +116,14 @@ func retryable(err error) bool {
 
 // callLeased is call for a read that may bring a lease: it sends this
 // client's session when the answering server's back channel is up.
-func callLeased[Req request, Resp any](ctx context.Context, f *FS, id oid.ID, rpc rpcFunc[Req, Resp], req Req) (Resp, leaseToken, error) {
+// refusalEnds is callOpts.refusalEnds.
+func callLeased[Req request, Resp any](ctx context.Context, f *FS, id oid.ID, rpc rpcFunc[Req, Resp], req Req, refusalEnds bool) (Resp, leaseToken, error) {
 	var tok leaseToken
-	resp, err := callVia(ctx, f, id, rpc, req, func(c Conn) {
+	resp, err := callVia(ctx, f, id, rpc, req, callOpts{refusalEnds: refusalEnds, prep: func(c Conn) {
 		var sess uint64
 		sess, tok = f.leases.begin(c)
 		req.GetCaller().Session = sess
-	})
+	}})
 	return resp, tok, err
 }
 
@@ -117,7 +133,7 @@ func readLeased[Req request, Resp any](ctx context.Context, f *FS, cues cue.Set,
 	if cues.EventualConsistency {
 		return readEventual(ctx, f, id, rpc, req, version)
 	}
-	return callLeased(ctx, f, id, rpc, req)
+	return callLeased(ctx, f, id, rpc, req, false)
 }
 
 // read runs a read RPC on id's primary, or with .EventualConsistency on

@@ -18,7 +18,7 @@ import (
 const EventualTimeout = time.Second
 
 // suspectFor is how long a primary that did not answer in time is skipped
-// by .EventualConsistency operations, which go straight to its backups:
+// by .EventualConsistency operations, which go straight to the fallbacks:
 // the several steps of one system call then pay for it once.
 const suspectFor = 5 * time.Second
 
@@ -79,25 +79,31 @@ func half(ctx context.Context) time.Duration {
 	return time.Until(dl) / 2
 }
 
-// backups returns the replicas of id's slice other than its primary, the
-// ones at this client's site first.
-func (f *FS) backups(ctx context.Context, id oid.ID) ([]Conn, error) {
+// fallbacks returns the servers an .EventualConsistency operation asks
+// when id's primary did not answer in time: every replica of the slice,
+// those at this client's site first, and the primary last among its own
+// site's. The primary is asked again because the request they get carries
+// the eventual flag, under which a server that keeps a copy answers from
+// it even if it is no longer primary: a primary cut off from the
+// configuration service refuses ordinary requests once its slice lock
+// lapsed, and at the cut-off site it may be the only copy in reach.
+func (f *FS) fallbacks(ctx context.Context, id oid.ID) ([]Conn, error) {
 	all, err := f.router.Replicas(ctx, id.Slice())
-	if err != nil {
+	if err != nil || len(all) == 0 {
 		return nil, fserr.FromStatus(err)
 	}
-	if len(all) > 0 {
-		all = all[1:]
-	}
-	slices.SortStableFunc(all, func(a, b Conn) int {
-		switch {
-		case a.Site == f.cfg.Site && b.Site != f.cfg.Site:
-			return -1
-		case b.Site == f.cfg.Site && a.Site != f.cfg.Site:
-			return 1
+	primary := all[0].ID
+	key := func(c Conn) int {
+		k := 0
+		if c.Site != f.cfg.Site {
+			k += 2
 		}
-		return 0
-	})
+		if c.ID == primary {
+			k++
+		}
+		return k
+	}
+	slices.SortStableFunc(all, func(a, b Conn) int { return key(a) - key(b) })
 	return all, nil
 }
 
@@ -110,42 +116,43 @@ func eventually[Req request](req Req) Req {
 }
 
 // readEventual runs a read under .EventualConsistency (paper §4.5): the
-// primary first, with half the time limit; then every backup at once, and
-// the answer with the highest version wins. Answers from backups carry no
-// lease. An error that is an answer (ENOENT) counts as version 0.
+// primary first, with half the time limit (a refusal as not primary ends
+// that at once); then every replica at once (fallbacks), and the answer
+// with the highest version wins. Those answers carry no lease. An error
+// that is an answer (ENOENT) counts as version 0.
 func readEventual[Req request, Resp any](ctx context.Context, f *FS, id oid.ID, rpc rpcFunc[Req, Resp], req Req, version func(Resp) uint64) (Resp, leaseToken, error) {
 	var tok leaseToken
 	resp, err, done := primaryFirst(ctx, f, id, func(ctx context.Context) (Resp, error) {
 		var r Resp
 		var err error
-		r, tok, err = callLeased(ctx, f, id, rpc, req)
+		r, tok, err = callLeased(ctx, f, id, rpc, req, true)
 		return r, err
 	})
 	if done {
 		return resp, tok, err
 	}
 	firstErr := err
-	backups, err := f.backups(ctx, id)
-	if err != nil || len(backups) == 0 {
+	copies, err := f.fallbacks(ctx, id)
+	if err != nil || len(copies) == 0 {
 		return resp, leaseToken{}, firstErr
 	}
 	type answer struct {
 		resp Resp
 		err  error
 	}
-	answers := make(chan answer, len(backups))
+	answers := make(chan answer, len(copies))
 	breq := eventually(req)
-	for _, b := range backups {
+	for _, b := range copies {
 		go func() {
 			r, err := rpc(b.StorageClient, ctx, breq)
 			answers <- answer{r, fserr.FromStatus(err)}
 		}()
 	}
 	// Take every answer that comes within the time limit, but do not wait
-	// for silent backups once one answered and a short grace passed.
+	// for silent replicas once one answered and a short grace passed.
 	var best *answer
 	var grace <-chan time.Time
-	for range backups {
+	for range copies {
 		select {
 		case a := <-answers:
 			if a.err != nil && unreachable(a.err) {
@@ -170,26 +177,27 @@ func readEventual[Req request, Resp any](ctx context.Context, f *FS, id oid.ID, 
 }
 
 // writeEventual runs an update under .EventualConsistency: the primary
-// first, with half the time limit; then the backups one after the other,
-// the ones at this client's site first (paper §4.5: "writes to a backup if
-// the primary is not available"). Maintenance reconciles them later.
+// first, with half the time limit (a refusal as not primary ends that at
+// once); then the replicas one after the other (fallbacks), the ones at
+// this client's site first (paper §4.5: "writes to a backup if the primary
+// is not available"). Maintenance reconciles them later.
 func writeEventual[Req request, Resp any](ctx context.Context, f *FS, id oid.ID, rpc rpcFunc[Req, Resp], req Req) (Resp, error) {
 	// The cue travels to the primary too: it then acknowledges once its
 	// own copy is durable, even when its backups are cut off.
 	req.GetCaller().Eventual = true
 	resp, err, done := primaryFirst(ctx, f, id, func(ctx context.Context) (Resp, error) {
-		return call(ctx, f, id, rpc, req)
+		return callVia(ctx, f, id, rpc, req, callOpts{refusalEnds: true})
 	})
 	if done {
 		return resp, err
 	}
 	firstErr := err
-	backups, err := f.backups(ctx, id)
+	copies, err := f.fallbacks(ctx, id)
 	if err != nil {
 		return resp, firstErr
 	}
 	breq := eventually(req)
-	for _, b := range backups {
+	for _, b := range copies {
 		r, err := rpc(b.StorageClient, ctx, breq)
 		if err == nil {
 			return r, nil

@@ -3,8 +3,9 @@
 // servers, a configuration service of 1, 3 or 5 embedded etcd members
 // spread over the sites, and a client at every site, all talking over one
 // shaped transport.Network with a per-site-pair RTT matrix and per-site
-// uplink bandwidth. Tests partition a site or a single link, crash and
-// restart servers and configuration members, and pause servers; Start
+// uplink bandwidth. Tests partition a site (its connections refused, or
+// with DropSite silently dropped as on a dark link) or a single link, crash
+// and restart servers and configuration members, and pause servers; Start
 // registers everything to stop when the test ends.
 //
 //	c := cluster.Start(t, cluster.Options{Sites: []string{"west", "east", "eu"},
@@ -554,10 +555,23 @@ func (c *Cluster) Resume(n *Node) {
 // configuration members at site (see the package comment).
 func (c *Cluster) PartitionSite(site string) {
 	c.t.Helper()
+	c.cutSite(site, c.Network.Isolate)
+}
+
+// DropSite is PartitionSite on a path that loses every packet instead of
+// refusing (transport.Network.Drop): calls between the site and the others
+// wait for their deadlines rather than fail at once, as on a real wide-area
+// link that goes dark. HealSite undoes it.
+func (c *Cluster) DropSite(site string) {
+	c.t.Helper()
+	c.cutSite(site, c.Network.Drop)
+}
+
+func (c *Cluster) cutSite(site string, cut func(site string)) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.isolated[site] = true
-	c.Network.Isolate(site)
+	cut(site)
 	for _, m := range c.members {
 		if m.site == site && !m.cut {
 			m.cut = true
@@ -569,7 +583,7 @@ func (c *Cluster) PartitionSite(site string) {
 	c.log.Info("site partitioned", "site", site)
 }
 
-// HealSite undoes PartitionSite; it returns when the site's configuration
+// HealSite undoes PartitionSite and DropSite; it returns when the site's configuration
 // members (unless crashed) have rejoined.
 func (c *Cluster) HealSite(site string) {
 	c.t.Helper()

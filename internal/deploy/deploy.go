@@ -177,6 +177,12 @@ func (c *Config) withDefaults() {
 	if c.ConfigWait <= 0 {
 		c.ConfigWait = 30 * time.Second
 	}
+	if c.Client.Timeout <= 0 {
+		c.Client.Timeout = client.DefaultTimeout
+	}
+	if c.Server.LeaseTTL == 0 {
+		c.Server.LeaseTTL = min(server.DefaultLeaseTTL, c.Client.Timeout/3)
+	}
 }
 
 // Validate reports configuration errors that need no I/O.
@@ -189,6 +195,13 @@ func (c *Config) Validate() error {
 	}
 	if c.Roles&RolesUp == 0 {
 		return errors.New("deploy: no role selected")
+	}
+	if bound := c.Client.Timeout; bound > 0 && c.Server.LeaseTTL >= bound {
+		// Every node's clients use the same bound (client.DefaultTimeout
+		// unless a test sets another).
+		return fmt.Errorf("deploy: lease %v must be shorter than the clients' call bound %v "+
+			"(a write waits out the lease of a client it cannot call back, within its own call; "+
+			"default a third of the bound)", c.Server.LeaseTTL, bound)
 	}
 	return nil
 }

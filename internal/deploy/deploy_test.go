@@ -17,6 +17,7 @@ import (
 	"github.com/wheelfs/wheelfs/internal/oid"
 	"github.com/wheelfs/wheelfs/internal/pki"
 	"github.com/wheelfs/wheelfs/internal/route"
+	"github.com/wheelfs/wheelfs/internal/server"
 	"github.com/wheelfs/wheelfs/internal/wire"
 )
 
@@ -398,5 +399,45 @@ func TestWrongCARecovers(t *testing.T) {
 	if !errors.Is(err, ErrForeignData) || !strings.Contains(err.Error(), "--ca "+other) ||
 		!strings.Contains(err.Error(), `"WheelFS CA other"`) || !strings.Contains(err.Error(), "drop --ca") {
 		t.Fatalf("wrong --ca on accepted credentials: %v", err)
+	}
+}
+
+// TestLeaseUnderCallBound: a lease must be shorter than the clients' call
+// bound, because a write may wait one out inside its call (issue 16 item
+// 13). The default is a third of the bound; a longer one is refused.
+func TestLeaseUnderCallBound(t *testing.T) {
+	for _, tc := range []struct {
+		name           string
+		timeout, lease time.Duration
+		want           time.Duration // 0: refused
+	}{
+		{"defaults", 0, 0, server.DefaultLeaseTTL},
+		{"default fits the default bound", client.DefaultTimeout, 0, server.DefaultLeaseTTL},
+		{"default under a short bound", 3 * time.Second, 0, time.Second},
+		{"set, under the bound", 0, 20 * time.Second, 20 * time.Second},
+		{"set, equal to the bound", 0, client.DefaultTimeout, 0},
+		{"set, the paper's minute", 0, time.Minute, 0},
+		{"no leases", 0, -1, -1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := NewConfig(t.TempDir())
+			cfg.Client.Timeout, cfg.Server.LeaseTTL = tc.timeout, tc.lease
+			cfg.withDefaults()
+			err := cfg.Validate()
+			switch {
+			case tc.want == 0 && err == nil:
+				t.Errorf("lease %v with bound %v accepted", cfg.Server.LeaseTTL, cfg.Client.Timeout)
+			case tc.want != 0 && err != nil:
+				t.Errorf("refused: %v", err)
+			case tc.want != 0 && cfg.Server.LeaseTTL != tc.want:
+				t.Errorf("lease %v, want %v", cfg.Server.LeaseTTL, tc.want)
+			}
+			if tc.want == 0 {
+				t.Log(err)
+			}
+		})
+	}
+	if 3*server.DefaultLeaseTTL > client.DefaultTimeout {
+		t.Errorf("the default lease %v is more than a third of the default bound %v", server.DefaultLeaseTTL, client.DefaultTimeout)
 	}
 }

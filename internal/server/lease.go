@@ -1,6 +1,7 @@
 package server
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -17,8 +18,15 @@ import (
 )
 
 // DefaultLeaseTTL is how long a client may use cached meta-data without
-// asking the primary (paper §8: one minute).
-const DefaultLeaseTTL = time.Minute
+// asking the primary. The paper (§8) used one minute; here it is a third
+// of the clients' default call bound (client.DefaultTimeout, 30 s),
+// because a write whose primary must wait out the lease of a holder it
+// cannot call back (a site cut off) waits inside the writer's call: the
+// wait then fits with room for the replication round after it. Shorter
+// leases cost more renewals across the wide area; longer ones make
+// writers wait longer for a holder that is away (docs/ARCHITECTURE.md,
+// "Leases"). deploy checks a configured lease against the bound.
+const DefaultLeaseTTL = 10 * time.Second
 
 // leases is a primary's table of meta-data leases (paper §5.4): which
 // client sessions may use cached meta-data of which objects, until when.
@@ -39,6 +47,10 @@ type leases struct {
 type holder struct {
 	until  time.Time
 	stream *callbackStream
+	// abandoned: an eventual update went on without this holder's
+	// acknowledgement (see revoke). Eventual updates no longer wait for
+	// it; others still do, until the lease ends.
+	abandoned bool
 }
 
 // callbackStream is one attached Callbacks stream of a client session.
@@ -98,39 +110,47 @@ func (l *leases) grant(c *wire.Caller, ids ...oid.ID) uint32 {
 }
 
 // claim marks ids busy for an update and reports those that still have
-// live leases to revoke. It runs inside the store's commit, so it only
-// looks at maps.
-func (l *leases) claim(ids []oid.ID) (leased []oid.ID) {
+// live leases to revoke (for an eventual update, leases other eventual
+// updates abandoned do not count). It runs inside the store's commit, so
+// it only looks at maps.
+func (l *leases) claim(ids []oid.ID, eventual bool) (leased []oid.ID) {
 	now := time.Now()
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for _, id := range ids {
 		l.busy[id]++
-		for sess, h := range l.holders[id] {
-			if h.until.After(now) {
-				leased = append(leased, id)
-				break
-			}
-			delete(l.holders[id], sess)
-		}
-		if len(l.holders[id]) == 0 {
-			delete(l.holders, id)
+		if l.liveLocked(id, now, eventual) {
+			leased = append(leased, id)
 		}
 	}
 	return leased
 }
 
-// leased reports whether a client holds a live lease on id.
-func (l *leases) leased(id oid.ID) bool {
-	now := time.Now()
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	for _, h := range l.holders[id] {
-		if h.until.After(now) {
-			return true
+// liveLocked reports whether a client holds a live lease on id that an
+// update must revoke (skipping abandoned ones if skipAbandoned), and
+// forgets expired leases.
+func (l *leases) liveLocked(id oid.ID, now time.Time, skipAbandoned bool) bool {
+	live := false
+	for sess, h := range l.holders[id] {
+		switch {
+		case !h.until.After(now):
+			delete(l.holders[id], sess)
+		case !h.abandoned || !skipAbandoned:
+			live = true
 		}
 	}
-	return false
+	if len(l.holders[id]) == 0 {
+		delete(l.holders, id)
+	}
+	return live
+}
+
+// leased reports whether a client holds a live lease on id that it may
+// still act on (abandoned holders cannot be reached: they do not count).
+func (l *leases) leased(id oid.ID) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.liveLocked(id, time.Now(), true)
 }
 
 // unclaim ends an update's claim on ids.
@@ -149,19 +169,35 @@ func (l *leases) unclaim(ids []oid.ID) {
 
 // revoke withdraws every lease on ids: holders are called back and their
 // acknowledgements awaited; a holder that cannot be reached is waited out
-// until its lease expires. ctx bounds the wait (the update then fails).
-func (l *leases) revoke(ctx context.Context, ids []oid.ID) error {
+// until its lease expires. ctx bounds the wait: the update then fails with
+// ErrTimeout, and the leases not withdrawn stay recorded, so that the next
+// update waits for them too.
+//
+// An update with .EventualConsistency (eventual) waits for
+// acknowledgements only during half of what is left of ctx, then goes on
+// without the holders that did not answer, marking their leases
+// abandoned (paper §4.5: an eventual write may reach other clients late).
+// A holder cut off from this server thus uses what it cached until its
+// lease ends; every holder that answers, the writer's own client
+// included, has dropped it before the update applies, so the writer reads
+// its own write. Later eventual updates skip abandoned leases; other
+// updates still wait for them.
+func (l *leases) revoke(ctx context.Context, ids []oid.ID, eventual bool) error {
 	type call struct {
 		stream *callbackStream
 		ids    []uint64
 		until  time.Time
+		err    error
 	}
 	now := time.Now()
 	calls := map[uint64]*call{}
 	l.mu.Lock()
 	for _, id := range ids {
+		if !l.liveLocked(id, now, eventual) {
+			continue
+		}
 		for sess, h := range l.holders[id] {
-			if !h.until.After(now) {
+			if h.abandoned && eventual {
 				continue
 			}
 			c := calls[sess]
@@ -174,23 +210,63 @@ func (l *leases) revoke(ctx context.Context, ids []oid.ID) error {
 				c.until = h.until
 			}
 		}
-		delete(l.holders, id)
 	}
 	l.mu.Unlock()
 	if len(calls) == 0 {
 		return nil
 	}
-	errs := make(chan error, len(calls))
-	for _, c := range calls {
-		go func() { errs <- l.callBack(ctx, c.stream, c.ids, c.until) }()
+	wctx := ctx
+	if eventual {
+		var cancel context.CancelFunc
+		wctx, cancel = context.WithTimeout(ctx, halfLeft(ctx))
+		defer cancel()
 	}
-	var first error
-	for range calls {
-		if err := <-errs; err != nil && first == nil {
-			first = err
+	var wg sync.WaitGroup
+	for _, c := range calls {
+		wg.Go(func() { c.err = l.callBack(wctx, c.stream, c.ids, c.until) })
+	}
+	wg.Wait()
+	// Forget the leases withdrawn, keep the others: no lease on ids was
+	// granted meanwhile (the update claimed them).
+	var err error
+	goOn := eventual && ctx.Err() == nil
+	l.mu.Lock()
+	for sess, c := range calls {
+		if c.err != nil {
+			err = cmp.Or(err, c.err)
+		}
+		for _, v := range c.ids {
+			h, ok := l.holders[oid.ID(v)][sess]
+			switch {
+			case !ok || h.until.After(c.until):
+			case c.err == nil:
+				delete(l.holders[oid.ID(v)], sess)
+			case goOn:
+				h.abandoned = true
+				l.holders[oid.ID(v)][sess] = h
+			}
 		}
 	}
-	return first
+	for _, id := range ids {
+		if len(l.holders[id]) == 0 {
+			delete(l.holders, id)
+		}
+	}
+	l.mu.Unlock()
+	if goOn {
+		return nil
+	}
+	return err
+}
+
+// halfLeft is half the time left before ctx's deadline (a second when it
+// has none).
+func halfLeft(ctx context.Context) time.Duration {
+	dl, ok := ctx.Deadline()
+	if !ok {
+		return time.Second
+	}
+	return time.Until(dl) / 2
 }
 
 // callBack revokes ids from one session and waits for its
@@ -198,7 +274,7 @@ func (l *leases) revoke(ctx context.Context, ids []oid.ID) error {
 // reconnects has dropped everything it cached from this server), or for
 // the lease to expire.
 func (l *leases) callBack(ctx context.Context, st *callbackStream, ids []uint64, until time.Time) error {
-	ack := st.send(ids)
+	ack := st.send(ctx, ids)
 	dead := st.dead
 	expiry := time.NewTimer(time.Until(until))
 	defer expiry.Stop()
@@ -214,7 +290,8 @@ func (l *leases) callBack(ctx context.Context, st *callbackStream, ids []uint64,
 			}
 			dead, ack = nil, nil // wait for the expiry
 		case <-ctx.Done():
-			return fmt.Errorf("revoking leases of client session %x: %w", st.session, fserr.ErrTimeout)
+			return fmt.Errorf("revoking leases of client session %x (lease left %v): %w",
+				st.session, time.Until(until).Round(time.Millisecond), fserr.ErrTimeout)
 		}
 	}
 }
@@ -228,8 +305,9 @@ func (l *leases) replaced(st *callbackStream) bool {
 }
 
 // send queues a revocation and returns the channel closed on its ack
-// (nil when the stream is gone).
-func (st *callbackStream) send(ids []uint64) chan struct{} {
+// (nil when the stream is gone, or its queue stayed full until ctx ended:
+// a holder cut off stops reading it).
+func (st *callbackStream) send(ctx context.Context, ids []uint64) chan struct{} {
 	st.mu.Lock()
 	st.seq++
 	seq := st.seq
@@ -240,8 +318,12 @@ func (st *callbackStream) send(ids []uint64) chan struct{} {
 	case st.out <- &wire.Revoke{Seq: seq, Ids: ids}:
 		return ch
 	case <-st.dead:
-		return nil
+	case <-ctx.Done():
 	}
+	st.mu.Lock()
+	delete(st.acks, seq)
+	st.mu.Unlock()
+	return nil
 }
 
 func (st *callbackStream) acked(seq uint64) {
@@ -290,7 +372,7 @@ func (l *leases) revokeSlice(ctx context.Context, sl oid.Slice) error {
 		}
 	}
 	l.mu.Unlock()
-	return l.revoke(ctx, ids)
+	return l.revoke(ctx, ids, false)
 }
 
 // Callbacks implements wire.StorageServer: the lease back channel.

@@ -56,7 +56,9 @@ type Config struct {
 	// slice table (default 1 s).
 	MaintainPeriod time.Duration
 	// LeaseTTL is the length of meta-data leases granted to clients
-	// (default DefaultLeaseTTL; negative: no leases).
+	// (default DefaultLeaseTTL; negative: no leases). It must be shorter
+	// than the clients' call bound (deploy checks it): a write may have to
+	// wait a lease out.
 	LeaseTTL time.Duration
 	// DeadAfter is how long a backup may fail before it is replaced
 	// (default 5 × MaintainPeriod). A backup whose membership lease

@@ -44,7 +44,7 @@ func (s *Server) updateUndo(ctx context.Context, sync uint32, fn func(tx *store.
 		err := s.updateOnce(ctx, sync, fn, func(muts []*wire.Mutation) error {
 			ids := mutatedObjects(muts)
 			claimed = append(claimed, ids...)
-			if leased := s.leases.claim(ids); len(leased) > 0 {
+			if leased := s.leases.claim(ids, isEventual(ctx)); len(leased) > 0 {
 				return &leasedError{ids: leased}
 			}
 			return nil
@@ -59,9 +59,9 @@ func (s *Server) updateUndo(ctx context.Context, sync uint32, fn func(tx *store.
 		if le.early {
 			// Found by fn itself: no grants on them until we are done.
 			claimed = append(claimed, le.ids...)
-			s.leases.claim(le.ids)
+			s.leases.claim(le.ids, isEventual(ctx))
 		}
-		if err := s.leases.revoke(ctx, le.ids); err != nil {
+		if err := s.leases.revoke(ctx, le.ids, isEventual(ctx)); err != nil {
 			return err
 		}
 	}

@@ -37,8 +37,9 @@ type conn struct {
 	local    string // site of the dialer (this end)
 	remote   string // site of the listener
 
-	rmu, wmu sync.Mutex // serialize Read and Write
-	kill     chan struct{}
+	rmu, wmu sync.Mutex    // serialize Read and Write
+	kill     chan struct{} // closed when the pumps must stop
+	killOnce sync.Once
 	rawOnce  sync.Once
 
 	mu       sync.Mutex
@@ -46,6 +47,7 @@ type conn struct {
 	wakeOut  chan struct{} // closed and replaced when write-side state changes
 	err      error         // sticky failure: the cause (partition) or the socket error
 	closed   bool
+	silent   bool      // dropped (Network.Drop): writes are lost, reads wait
 	rdl, wdl time.Time // deadlines
 	outPump  bool
 	out      []chunk
@@ -153,13 +155,61 @@ func (c *conn) fail(cause error) {
 	c.mu.Lock()
 	if c.err == nil {
 		c.err = cause
-		close(c.kill)
 	}
 	c.wakeInLocked()
 	c.wakeOutLocked()
 	c.mu.Unlock()
+	c.stopPumps()
 	c.n.forget(c)
 	c.closeRaw(true)
+}
+
+// sockFail is fail for an error of the socket itself, which a silent
+// connection does not show: its socket was closed on purpose.
+func (c *conn) sockFail(err error) {
+	if !c.isSilent() {
+		c.fail(err)
+	}
+}
+
+func (c *conn) stopPumps() { c.killOnce.Do(func() { close(c.kill) }) }
+
+// silence makes the connection lose everything from now on (Network.Drop):
+// data in flight is dropped, the socket is reset, writes succeed and are
+// lost, reads wait for their deadline or Close.
+func (c *conn) silence() {
+	c.mu.Lock()
+	if c.silent || c.err != nil || c.closed {
+		c.mu.Unlock()
+		return
+	}
+	c.silent = true
+	c.out, c.outBytes, c.in, c.inBytes = nil, 0, nil, 0
+	c.wakeInLocked()
+	c.wakeOutLocked()
+	c.mu.Unlock()
+	c.stopPumps()
+	c.closeRaw(true)
+}
+
+func (c *conn) isSilent() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.silent
+}
+
+// silentReadLocked is Read on a silent connection: nothing arrives.
+func (c *conn) silentReadLocked() (int, error) {
+	for {
+		if err := c.stateErrLocked("read"); err != nil {
+			return 0, err
+		}
+		if expired(c.rdl) {
+			return 0, c.opErr("read", os.ErrDeadlineExceeded)
+		}
+		c.readWaits()
+		c.sleepLocked(c.wakeIn, c.rdl)
+	}
 }
 
 // Close closes the connection. Data already written is still delivered
@@ -206,10 +256,17 @@ func (c *conn) Write(p []byte) (int, error) {
 		c.mu.Unlock()
 		return 0, err
 	}
+	if c.silent {
+		c.mu.Unlock()
+		return len(p), nil
+	}
 	if !c.outPump {
 		if delay == 0 && up == nil {
 			c.mu.Unlock()
 			n, err := c.Conn.Write(p)
+			if err != nil && c.isSilent() {
+				return len(p), nil
+			}
 			return n, c.sockErr("write", err)
 		}
 		c.outPump = true
@@ -231,6 +288,10 @@ func (c *conn) Write(p []byte) (int, error) {
 			if err := c.stateErrLocked("write"); err != nil {
 				c.mu.Unlock()
 				return written, err
+			}
+			if c.silent {
+				c.mu.Unlock()
+				return written + len(p), nil
 			}
 			if expired(c.wdl) {
 				c.mu.Unlock()
@@ -288,13 +349,17 @@ func (c *conn) writeLoop() {
 		_, err := c.Conn.Write(ch.b)
 
 		c.mu.Lock()
+		if c.silent {
+			c.mu.Unlock()
+			return
+		}
 		c.out[0] = chunk{}
 		c.out = c.out[1:]
 		c.outBytes -= len(ch.b)
 		c.wakeOutLocked()
 		c.mu.Unlock()
 		if err != nil {
-			c.fail(err)
+			c.sockFail(err)
 			return
 		}
 	}
@@ -313,11 +378,20 @@ func (c *conn) Read(p []byte) (int, error) {
 		c.mu.Unlock()
 		return 0, err
 	}
+	if c.silent {
+		defer c.mu.Unlock()
+		return c.silentReadLocked()
+	}
 	if !c.inPump {
 		if delay == 0 && up == nil {
 			c.mu.Unlock()
 			c.readWaits()
 			n, err := c.Conn.Read(p)
+			if err != nil && c.isSilent() {
+				c.mu.Lock()
+				defer c.mu.Unlock()
+				return c.silentReadLocked()
+			}
 			return n, c.sockErr("read", err)
 		}
 		c.inPump = true
@@ -332,6 +406,9 @@ func (c *conn) Read(p []byte) (int, error) {
 	for {
 		if err := c.stateErrLocked("read"); err != nil {
 			return 0, err
+		}
+		if c.silent {
+			return c.silentReadLocked()
 		}
 		now := time.Now()
 		if len(c.in) > 0 && !c.in[0].due.After(now) {
@@ -410,6 +487,10 @@ func (c *conn) readLoop() {
 		}
 		if err != nil {
 			c.mu.Lock()
+			if c.silent {
+				c.mu.Unlock()
+				return
+			}
 			if errors.Is(err, io.EOF) {
 				c.inErr = io.EOF
 			} else {

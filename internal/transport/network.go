@@ -33,6 +33,16 @@
 // between the separated sites fail (Read and Write return a net.Error
 // wrapping syscall.ENETUNREACH, the accepting end sees a reset), queued data
 // is lost, and new dials fail with an error wrapping syscall.ECONNREFUSED.
+//
+// Drop cuts a site off as a wide-area path that loses every packet does:
+// nothing fails, everything waits. Its dialed connections go silent (Write
+// succeeds and the data is lost, Read waits for its deadline or Close),
+// and dials wait for their context (or for Rejoin). Rejoin resets the
+// silent connections so that their owners dial again — kinder than TCP,
+// which would resume them only at its next retransmission (backed off to
+// up to two minutes) or give up after many minutes. Only the dialing end
+// is shaped: the accepting end of a silenced connection sees a reset at
+// once.
 package transport
 
 import (
@@ -55,10 +65,11 @@ type Network struct {
 	log *slog.Logger           // nil means discard
 	cfg atomic.Pointer[config] // current shaping (nil: none), replaced on every change
 
-	mu    sync.Mutex        // serializes config changes; guards the fields below
-	addrs map[string]string // listener address "ip:port" → site
-	ports map[string]string // port of a wildcard listener → site
-	conns map[*conn]struct{}
+	mu      sync.Mutex        // serializes config changes; guards the fields below
+	addrs   map[string]string // listener address "ip:port" → site
+	ports   map[string]string // port of a wildcard listener → site
+	conns   map[*conn]struct{}
+	changed chan struct{} // closed and replaced by every config change
 
 	// readWaits, when set (tests), is told each time a Read has passed its
 	// checks and is about to wait for data, so a test can act on a reader
@@ -116,6 +127,9 @@ func (n *Network) initLocked() {
 		n.ports = make(map[string]string)
 		n.conns = make(map[*conn]struct{})
 	}
+	if n.changed == nil {
+		n.changed = make(chan struct{})
+	}
 }
 
 // pair is an unordered pair of sites.
@@ -135,6 +149,7 @@ type config struct {
 	uplink   map[string]*bucket
 	cut      map[pair]bool
 	isolated map[string]bool
+	dropped  map[string]bool // isolated by Drop: silent rather than refused
 }
 
 func (c *config) clone() *config {
@@ -143,6 +158,7 @@ func (c *config) clone() *config {
 		uplink:   make(map[string]*bucket, len(c.uplink)),
 		cut:      make(map[pair]bool, len(c.cut)),
 		isolated: make(map[string]bool, len(c.isolated)),
+		dropped:  make(map[string]bool, len(c.dropped)),
 	}
 	for k, v := range c.rtt {
 		d.rtt[k] = v
@@ -156,6 +172,9 @@ func (c *config) clone() *config {
 	for k, v := range c.isolated {
 		d.isolated[k] = v
 	}
+	for k, v := range c.dropped {
+		d.dropped[k] = v
+	}
 	return d
 }
 
@@ -165,7 +184,13 @@ func (c *config) blocked(a, b string) bool {
 	if a == b {
 		return false
 	}
-	return c.isolated[a] || c.isolated[b] || c.cut[mkpair(a, b)]
+	return c.isolated[a] || c.isolated[b] || c.cut[mkpair(a, b)] || c.dropping(a, b)
+}
+
+// dropping reports whether traffic between sites a and b is lost silently
+// (Drop).
+func (c *config) dropping(a, b string) bool {
+	return a != b && (c.dropped[a] || c.dropped[b])
 }
 
 // oneWay is the delay of data travelling between a and b.
@@ -181,16 +206,26 @@ func (c *config) uplinkFor(from, to string) *bucket {
 }
 
 // update applies f to a copy of the configuration, installs it, and fails
-// the connections it cuts.
+// or silences the connections it cuts; connections silenced earlier that
+// it no longer cuts silently are reset.
 func (n *Network) update(f func(c *config)) (broken int) {
 	n.mu.Lock()
+	n.initLocked()
 	c := n.config().clone()
 	f(c)
 	n.cfg.Store(c)
-	var victims []*conn
+	close(n.changed)
+	n.changed = make(chan struct{})
+	var victims, silenced, reset []*conn
 	for cn := range n.conns {
-		if c.blocked(cn.local, cn.remote) {
+		switch {
+		case c.dropping(cn.local, cn.remote):
+			silenced = append(silenced, cn) // stays registered until it heals
+		case c.blocked(cn.local, cn.remote):
 			victims = append(victims, cn)
+			delete(n.conns, cn)
+		case cn.isSilent():
+			reset = append(reset, cn)
 			delete(n.conns, cn)
 		}
 	}
@@ -198,7 +233,13 @@ func (n *Network) update(f func(c *config)) (broken int) {
 	for _, cn := range victims {
 		cn.fail(syscall.ENETUNREACH)
 	}
-	return len(victims)
+	for _, cn := range silenced {
+		cn.silence()
+	}
+	for _, cn := range reset {
+		cn.fail(syscall.ECONNRESET)
+	}
+	return len(victims) + len(silenced)
 }
 
 // SetRTT sets the round-trip time between siteA and siteB (symmetric; siteA
@@ -253,9 +294,20 @@ func (n *Network) Isolate(site string) {
 	n.logger().Info("isolate", "site", site, "broken_conns", broken)
 }
 
-// Rejoin undoes Isolate(site). Partitions set with Partition remain.
+// Drop cuts site from every other site as a path that loses every packet
+// (see the package comment): connections go silent, dials wait.
+func (n *Network) Drop(site string) {
+	silenced := n.update(func(c *config) { c.dropped[site] = true })
+	n.logger().Info("drop", "site", site, "silenced_conns", silenced)
+}
+
+// Rejoin undoes Isolate(site) and Drop(site). Partitions set with
+// Partition remain.
 func (n *Network) Rejoin(site string) {
-	n.update(func(c *config) { delete(c.isolated, site) })
+	n.update(func(c *config) {
+		delete(c.isolated, site)
+		delete(c.dropped, site)
+	})
 	n.logger().Info("rejoin", "site", site)
 }
 
@@ -406,6 +458,11 @@ func (n *Network) Dialer(fromSite string) func(ctx context.Context, addr string)
 
 func (n *Network) dial(ctx context.Context, from, addr string) (net.Conn, error) {
 	to, known := n.siteOf(addr)
+	if known {
+		if err := n.waitDropped(ctx, from, to); err != nil {
+			return nil, &net.OpError{Op: "dial", Net: "tcp", Addr: strAddr(addr), Err: err}
+		}
+	}
 	if known && n.config().blocked(from, to) {
 		return nil, refused(addr)
 	}
@@ -435,7 +492,8 @@ func (n *Network) dial(ctx context.Context, from, addr string) (net.Conn, error)
 	}
 	c := newConn(n, raw, from, to)
 	n.mu.Lock()
-	if n.config().blocked(from, to) { // partitioned meanwhile
+	cfg = n.config()
+	if cfg.blocked(from, to) && !cfg.dropping(from, to) { // partitioned meanwhile
 		n.mu.Unlock()
 		abort(raw)
 		return nil, refused(addr)
@@ -443,7 +501,29 @@ func (n *Network) dial(ctx context.Context, from, addr string) (net.Conn, error)
 	n.initLocked()
 	n.conns[c] = struct{}{}
 	n.mu.Unlock()
+	if cfg.dropping(from, to) { // dropped meanwhile
+		c.silence()
+	}
 	return c, nil
+}
+
+// waitDropped waits while traffic between from and to is dropped, as a
+// SYN that gets no answer: until the path heals or ctx ends.
+func (n *Network) waitDropped(ctx context.Context, from, to string) error {
+	for {
+		n.mu.Lock()
+		n.initLocked()
+		changed := n.changed
+		n.mu.Unlock()
+		if !n.config().dropping(from, to) {
+			return nil
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
 }
 
 func (n *Network) forget(c *conn) {

@@ -296,15 +296,38 @@ func checkWithin(t *testing.T, got, want time.Duration, frac float64) {
 	}
 }
 
+// watchReads records the conns of n with a Read waiting for data, and
+// returns a function that waits until each of conns has one.
+func watchReads(n *Network) func(t *testing.T, conns ...net.Conn) {
+	var mu sync.Mutex
+	waiting := map[net.Conn]bool{}
+	n.readWaits = func(c net.Conn) {
+		mu.Lock()
+		waiting[c] = true
+		mu.Unlock()
+	}
+	return func(t *testing.T, conns ...net.Conn) {
+		t.Helper()
+		for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+			mu.Lock()
+			all := true
+			for _, c := range conns {
+				all = all && waiting[c]
+			}
+			mu.Unlock()
+			if all {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("the reads never started waiting")
+			}
+		}
+	}
+}
+
 func TestPartition(t *testing.T) {
 	n := NewNetwork()
-	var waitMu sync.Mutex
-	waiting := map[net.Conn]bool{} // conns with a Read waiting for data
-	n.readWaits = func(c net.Conn) {
-		waitMu.Lock()
-		waiting[c] = true
-		waitMu.Unlock()
-	}
+	blocked := watchReads(n)
 	n.SetRTT("a", "b", 10*time.Millisecond)
 	serverErr := make(chan error, 4)
 	addr := server(t, n, "b", func(c net.Conn) {
@@ -334,17 +357,7 @@ func TestPartition(t *testing.T) {
 		}()
 	}
 	// The partition must wake reads already waiting, not just refuse new ones.
-	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
-		waitMu.Lock()
-		blocked := waiting[shaped] && waiting[direct]
-		waitMu.Unlock()
-		if blocked {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the reads never started waiting")
-		}
-	}
+	blocked(t, shaped, direct)
 
 	start := time.Now()
 	n.Partition("b", "a")
@@ -399,6 +412,87 @@ func TestPartition(t *testing.T) {
 	n.Rejoin("c")
 	pingPong(t, dial(t, n, "a", addrC))
 	pingPong(t, dial(t, n, "c", addr))
+}
+
+// TestDrop: a dropped site's connections go silent instead of failing
+// (writes are lost, reads wait for their deadline), dials wait for their
+// context or for the site to rejoin, and Rejoin resets what went silent.
+func TestDrop(t *testing.T) {
+	n := NewNetwork()
+	blocked := watchReads(n)
+	n.SetRTT("a", "b", 10*time.Millisecond)
+	addr := server(t, n, "b", echo)
+	addrC := server(t, n, "c", echo)
+	shaped := dial(t, n, "a", addr)
+	pingPong(t, shaped)
+	direct := dial(t, n, "c", addr) // unshaped: direct socket I/O
+	pingPong(t, direct)
+	same := dial(t, n, "b", addr) // within the dropped site
+
+	const wait = 300 * time.Millisecond
+	readErr := make(chan error, 2)
+	for _, c := range []net.Conn{shaped, direct} {
+		c.SetReadDeadline(time.Now().Add(time.Minute))
+		go func() {
+			_, err := c.Read(make([]byte, 1))
+			readErr <- err
+		}()
+	}
+	blocked(t, shaped, direct)
+	n.Drop("b")
+	for _, c := range []net.Conn{shaped, direct} {
+		if k, err := c.Write([]byte("lost")); k != 4 || err != nil {
+			t.Errorf("write across a dropped path: %d, %v; want it accepted", k, err)
+		}
+		c.SetReadDeadline(time.Now().Add(wait))
+	}
+	for range 2 {
+		select {
+		case err := <-readErr:
+			var ne net.Error
+			if !errors.As(err, &ne) || !ne.Timeout() {
+				t.Errorf("read across a dropped path: %v, want its deadline", err)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatal("read across a dropped path ignored its deadline")
+		}
+	}
+	pingPong(t, same)
+	pingPong(t, dial(t, n, "a", addrC))
+
+	ctx, cancel := context.WithTimeout(t.Context(), wait)
+	began := time.Now()
+	_, err := n.Dialer("a")(ctx, addr)
+	cancel()
+	if took := time.Since(began); !errors.Is(err, context.DeadlineExceeded) || took < wait {
+		t.Errorf("dial across a dropped path: %v after %v, want its context's end after %v", err, took, wait)
+	}
+	// A dial waiting when the site rejoins connects.
+	dialed := make(chan net.Conn, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+		defer cancel()
+		c, err := n.Dialer("a")(ctx, addr)
+		if err != nil {
+			t.Errorf("dial waiting across a dropped path, then rejoined: %v", err)
+		}
+		dialed <- c
+	}()
+	select {
+	case c := <-dialed:
+		t.Fatalf("a dial across a dropped path returned before the site rejoined: %v", c)
+	case <-time.After(50 * time.Millisecond):
+	}
+	n.Rejoin("b")
+	if c := <-dialed; c != nil {
+		t.Cleanup(func() { c.Close() })
+		pingPong(t, c)
+	}
+	for _, c := range []net.Conn{shaped, direct} {
+		if _, err := c.Read(make([]byte, 1)); !errors.Is(err, syscall.ECONNRESET) {
+			t.Errorf("a connection silenced by Drop, after Rejoin: %v, want ECONNRESET", err)
+		}
+	}
 }
 
 func TestDeadlineAndClose(t *testing.T) {

@@ -1,0 +1,89 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/wheelfs/wheelfs/internal/fserr"
+	"github.com/wheelfs/wheelfs/internal/oid"
+	"github.com/wheelfs/wheelfs/internal/wire"
+)
+
+// silentHolder grants session sess a lease of ttl on id through a stream
+// that nobody reads: a client cut off from the server.
+func silentHolder(t *testing.T, l *leases, sess uint64, id oid.ID) {
+	t.Helper()
+	l.attach(sess)
+	if ms := l.grant(&wire.Caller{Session: sess}, id); ms == 0 {
+		t.Fatal("no lease granted")
+	}
+}
+
+func farValidity(oid.Slice) time.Time { return time.Now().Add(time.Hour) }
+
+// TestRevokeBoundedByCaller: waiting out the lease of a holder that does
+// not answer ends with the caller's deadline (ErrTimeout), even once the
+// holder's stream queue is full; the lease is still recorded afterwards,
+// so the next update waits for it too.
+func TestRevokeBoundedByCaller(t *testing.T) {
+	l := newLeases(time.Minute, farValidity)
+	id := oid.Make(5, 1)
+	silentHolder(t, l, 7, id)
+	st := l.sessions[7]
+	for range cap(st.out) { // a holder cut off reads nothing
+		st.out <- &wire.Revoke{}
+	}
+	for range 2 {
+		ctx, cancel := context.WithTimeout(t.Context(), 100*time.Millisecond)
+		began := time.Now()
+		l.claim([]oid.ID{id}, false)
+		err := l.revoke(ctx, []oid.ID{id}, false)
+		l.unclaim([]oid.ID{id})
+		cancel()
+		if took := time.Since(began); !errors.Is(err, fserr.ErrTimeout) || took > time.Second {
+			t.Fatalf("revoke: %v after %v, want ErrTimeout at the deadline", err, took)
+		}
+		if !l.leased(id) {
+			t.Fatal("a lease that could not be revoked was forgotten")
+		}
+	}
+}
+
+// TestEventualRevokeGoesOn: an eventual update waits for a silent holder
+// during half of its time, then goes on; the lease is abandoned — later
+// eventual updates skip it, others still wait for it.
+func TestEventualRevokeGoesOn(t *testing.T) {
+	l := newLeases(time.Minute, farValidity)
+	id := oid.Make(5, 1)
+	silentHolder(t, l, 7, id)
+	ctx, cancel := context.WithTimeout(t.Context(), 400*time.Millisecond)
+	defer cancel()
+	if leased := l.claim([]oid.ID{id}, true); len(leased) != 1 {
+		t.Fatalf("claim reports %v leased, want %v", leased, id)
+	}
+	began := time.Now()
+	err := l.revoke(ctx, []oid.ID{id}, true)
+	took := time.Since(began)
+	l.unclaim([]oid.ID{id})
+	if err != nil || took < 150*time.Millisecond || took > 350*time.Millisecond {
+		t.Fatalf("eventual revoke: %v after %v, want success after about half of 400ms", err, took)
+	}
+	if leased := l.claim([]oid.ID{id}, true); len(leased) != 0 {
+		t.Errorf("an eventual update waits again for an abandoned lease: %v", leased)
+	}
+	l.unclaim([]oid.ID{id})
+	if l.leased(id) {
+		t.Error("an abandoned lease still counts as one its holder may act on")
+	}
+	if leased := l.claim([]oid.ID{id}, false); len(leased) != 1 {
+		t.Errorf("an abandoned lease does not hold up a strict update: %v", leased)
+	}
+	l.unclaim([]oid.ID{id})
+	sctx, scancel := context.WithTimeout(t.Context(), 50*time.Millisecond)
+	defer scancel()
+	if err := l.revoke(sctx, []oid.ID{id}, false); !errors.Is(err, fserr.ErrTimeout) {
+		t.Errorf("strict revoke of an abandoned lease: %v, want ErrTimeout (it waits for it)", err)
+	}
+}
