@@ -175,11 +175,11 @@ func (m *endpointMonitor) report(p *probe, err error) {
 		return
 	}
 	if p.probed || !healthy {
-		lvl := m.s.log.Info
-		if !healthy {
-			lvl = m.s.log.Warn
+		if healthy {
+			m.s.log.Info("config member serves again", "endpoint", p.ep)
+		} else {
+			m.s.log.Warn("config member does not serve", "endpoint", p.ep, "err", err)
 		}
-		lvl("config member "+map[bool]string{true: "serves again", false: "does not serve"}[healthy], "endpoint", p.ep, "err", err)
 	}
 	p.healthy, p.probed = healthy, true
 	m.applyLocked()

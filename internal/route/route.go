@@ -11,8 +11,10 @@ import (
 	"net"
 	"slices"
 	"sync"
+	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/credentials"
 
 	"github.com/wheelfs/wheelfs/internal/client"
@@ -70,9 +72,25 @@ func (r *Router) follow(ctx context.Context) {
 	for t := range r.conf.Watch(ctx) {
 		r.mu.Lock()
 		if t.Revision >= r.table.Revision {
+			r.rejoined(r.table, t)
 			r.table = t
 		}
 		r.mu.Unlock()
+	}
+}
+
+// rejoined lets connections to servers that registered again (after a
+// partition or a restart) reconnect at once: gRPC backs off between
+// failed attempts, and a server unreachable for a minute would otherwise
+// wait for the rest of its back-off. r.mu is held.
+func (r *Router) rejoined(old, cur *configsvc.Table) {
+	for id, info := range cur.Servers {
+		if _, ok := old.Servers[id]; ok {
+			continue
+		}
+		if c, ok := r.conns[id]; ok && c.Target() == info.Addr {
+			c.ResetConnectBackoff()
+		}
 	}
 }
 
@@ -205,6 +223,13 @@ func (r *Router) conn(info configsvc.ServerInfo) (*grpc.ClientConn, error) {
 	}
 	dopts := []grpc.DialOption{
 		grpc.WithTransportCredentials(credentials.NewTLS(r.opts.TLS(info.ID))),
+		// Not gRPC's default back-off of up to two minutes: a server back
+		// from a partition is in use again within a few seconds even if
+		// its re-registration went unnoticed (rejoined covers the rest).
+		grpc.WithConnectParams(grpc.ConnectParams{
+			Backoff:           backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 2 * time.Second},
+			MinConnectTimeout: 3 * time.Second,
+		}),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(64<<20), grpc.MaxCallSendMsgSize(64<<20)),
 	}
 	if r.opts.Dial != nil {
