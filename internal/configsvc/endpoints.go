@@ -33,6 +33,7 @@ type endpointMonitor struct {
 	mu      sync.Mutex
 	all     []string // every member's endpoint, in the order given or listed
 	probes  map[string]*probe
+	serving []string // endpoints that answered their last probe (or have none yet)
 	applied []string // endpoints last given to the main client
 	wake    []chan struct{}
 }
@@ -186,25 +187,28 @@ func (m *endpointMonitor) report(p *probe, err error) {
 }
 
 // applyLocked gives the main client the endpoints that serve, in the order
-// of m.all; all of them while none (or none yet) is known to serve, since
-// nothing is gained then by excluding any.
+// of m.all; all of them while none is known to serve, since nothing is
+// gained then by excluding any.
 func (m *endpointMonitor) applyLocked() {
-	var eps []string
+	var serving []string
 	for _, ep := range m.all {
-		if p := m.probes[ep]; p != nil && p.healthy {
-			eps = append(eps, ep)
+		// Not probed yet: given the benefit of the doubt, so that the
+		// first probe to answer does not take the others out.
+		if p := m.probes[ep]; p != nil && (p.healthy || !p.probed) {
+			serving = append(serving, ep)
 		}
 	}
+	gained := slices.ContainsFunc(serving, func(ep string) bool { return !slices.Contains(m.serving, ep) })
+	m.serving = serving
+	eps := serving
 	if len(eps) == 0 {
 		eps = m.all
 	}
-	if slices.Equal(eps, m.applied) {
-		return
+	if !slices.Equal(eps, m.applied) {
+		m.applied = slices.Clone(eps)
+		m.s.cli.SetEndpoints(eps...)
+		m.s.log.Debug("config endpoints", "endpoints", eps)
 	}
-	gained := slices.ContainsFunc(eps, func(ep string) bool { return !slices.Contains(m.applied, ep) })
-	m.applied = slices.Clone(eps)
-	m.s.cli.SetEndpoints(eps...)
-	m.s.log.Debug("config endpoints", "endpoints", eps)
 	if gained {
 		// Connections to members that were unreachable may sit in gRPC's
 		// reconnect back-off; and a registration that lost its lease
@@ -236,14 +240,15 @@ func (m *endpointMonitor) subscribe() (<-chan struct{}, func()) {
 	}
 }
 
-// Serving returns the endpoints the client currently sends requests to and
-// every member endpoint it knows (tests and status).
-func (s *EtcdService) Serving() (using, all []string) {
+// Serving returns the members' endpoints that answered their last probe
+// (or are not probed yet) and all the members' endpoints. The client sends
+// requests to the first list, or to all while the first is empty.
+func (s *EtcdService) Serving() (serving, all []string) {
 	if s.mon == nil {
 		eps := s.cli.Endpoints()
 		return eps, eps
 	}
 	s.mon.mu.Lock()
 	defer s.mon.mu.Unlock()
-	return slices.Clone(s.mon.applied), slices.Clone(s.mon.all)
+	return slices.Clone(s.mon.serving), slices.Clone(s.mon.all)
 }

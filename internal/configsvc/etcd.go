@@ -24,7 +24,6 @@ import (
 	"google.golang.org/grpc/backoff"
 
 	"github.com/wheelfs/wheelfs/internal/configsvc/internal/zapslog"
-	"github.com/wheelfs/wheelfs/internal/every"
 	"github.com/wheelfs/wheelfs/internal/oid"
 )
 
@@ -408,69 +407,93 @@ func (s *EtcdService) revoke(lease clientv3.LeaseID) {
 
 // keepMember keeps the membership lease alive with deadline-bounded
 // KeepAliveOnce calls every MemberTTL/3 until ctx ends, re-registering if
-// the lease is lost, and revokes the lease on exit. A member that starts
-// serving again (the endpoint monitor) triggers a check at once, and a
-// failed re-registration is retried after ProbePeriod, so a server cut off
-// for longer than MemberTTL is back in the table about a probe period
-// after its site reaches the configuration majority again.
+// the lease is lost, and revokes the lease on exit.
+//
+// After a partition: a member that starts serving again (the endpoint
+// monitor) triggers a round at once and abandons a round in flight, whose
+// calls may be waiting on a member that is not serving yet; a failed
+// re-registration is retried after ProbePeriod. So a server cut off for
+// longer than MemberTTL is back in the table about a probe period after its
+// site reaches the configuration majority again.
 func (s *EtcdService) keepMember(ctx context.Context, id string, val []byte, lease clientv3.LeaseID) {
 	defer func() { s.revoke(lease) }()
 	interval := time.Duration(s.memberTTL) * time.Second / 3
-	wake := make(chan struct{}, 1)
-	retry := func() {
-		time.AfterFunc(min(interval, s.opts.ProbePeriod), func() {
-			select {
-			case wake <- struct{}{}:
-			default:
-			}
-		})
-	}
+	var served <-chan struct{} // nil without a monitor: never ready
 	if s.mon != nil {
-		served, unsubscribe := s.mon.subscribe()
+		var unsubscribe func()
+		served, unsubscribe = s.mon.subscribe()
 		defer unsubscribe()
-		go func() { // forward without blocking the monitor
-			for {
-				select {
-				case <-ctx.Done():
-					return
-				case <-served:
-				}
-				select {
-				case wake <- struct{}{}:
-				default:
-				}
-			}
-		}()
 	}
-	every.Do(ctx, interval, wake, func() {
-		if lease != clientv3.NoLease {
-			cctx, cancel := s.rpcCtx(ctx)
-			resp, err := s.cli.KeepAliveOnce(cctx, lease)
-			cancel()
-			switch {
-			case err == nil && resp.TTL > 0:
-				return
-			case err == nil || errors.Is(err, rpctypes.ErrLeaseNotFound):
-				s.log.Warn("membership lease lost; re-registering", "server", id)
-				lease = clientv3.NoLease
-			default:
-				if ctx.Err() == nil {
-					s.log.Warn("membership keep-alive failed", "server", id, "err", err)
-				}
-				return
-			}
-		}
-		l, err := s.putServer(ctx, id, val)
-		if err != nil {
-			if ctx.Err() == nil {
-				s.log.Warn("re-register failed", "server", id, "err", err)
-				retry()
-			}
+	tick := time.NewTicker(interval)
+	defer tick.Stop()
+	var retry <-chan time.Time
+	for {
+		select {
+		case <-ctx.Done():
 			return
+		case <-tick.C:
+		case <-served:
+		case <-retry:
 		}
-		lease = l
-		s.log.Info("server re-registered", "server", id)
-	})
+		retry = nil
+		for ctx.Err() == nil {
+			rctx, cancel := context.WithCancel(ctx)
+			done, exited := make(chan struct{}), make(chan struct{})
+			interrupted := false
+			go func() {
+				defer close(exited)
+				select {
+				case <-served:
+					interrupted = true
+					cancel()
+				case <-done:
+				}
+			}()
+			ok := s.memberRound(rctx, id, val, &lease)
+			close(done)
+			<-exited
+			cancel()
+			if interrupted {
+				continue // a member serves again: start over through it
+			}
+			if !ok && ctx.Err() == nil {
+				retry = time.After(min(interval, s.opts.ProbePeriod))
+			}
+			break
+		}
+	}
+}
+
+// memberRound renews *lease, or registers anew if it was lost; ok is false
+// if a re-registration failed.
+func (s *EtcdService) memberRound(ctx context.Context, id string, val []byte, lease *clientv3.LeaseID) (ok bool) {
+	if *lease != clientv3.NoLease {
+		cctx, cancel := s.rpcCtx(ctx)
+		resp, err := s.cli.KeepAliveOnce(cctx, *lease)
+		cancel()
+		switch {
+		case err == nil && resp.TTL > 0:
+			return true
+		case err == nil || errors.Is(err, rpctypes.ErrLeaseNotFound):
+			s.log.Warn("membership lease lost; re-registering", "server", id)
+			*lease = clientv3.NoLease
+		default:
+			if ctx.Err() == nil {
+				s.log.Warn("membership keep-alive failed", "server", id, "err", err)
+			}
+			return true // the lease may still be alive: renew it next tick
+		}
+	}
+	l, err := s.putServer(ctx, id, val)
+	if err != nil {
+		if ctx.Err() == nil {
+			s.log.Warn("re-register failed", "server", id, "err", err)
+		}
+		return false
+	}
+	*lease = l
+	s.log.Info("server re-registered", "server", id)
+	return true
 }
 
 // ---- table ----
