@@ -65,6 +65,7 @@ func (m *endpointMonitor) start(ctx context.Context, endpoints []string) {
 	m.s.wg.Go(func() {
 		t := time.NewTicker(memberSyncEvery)
 		defer t.Stop()
+		m.sync(ctx)
 		for {
 			select {
 			case <-ctx.Done():

@@ -11,10 +11,8 @@ import (
 	"net"
 	"slices"
 	"sync"
-	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/credentials"
 
 	"github.com/wheelfs/wheelfs/internal/client"
@@ -223,13 +221,6 @@ func (r *Router) conn(info configsvc.ServerInfo) (*grpc.ClientConn, error) {
 	}
 	dopts := []grpc.DialOption{
 		grpc.WithTransportCredentials(credentials.NewTLS(r.opts.TLS(info.ID))),
-		// Not gRPC's default back-off of up to two minutes: a server back
-		// from a partition is in use again within a few seconds even if
-		// its re-registration went unnoticed (rejoined covers the rest).
-		grpc.WithConnectParams(grpc.ConnectParams{
-			Backoff:           backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 2 * time.Second},
-			MinConnectTimeout: 3 * time.Second,
-		}),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(64<<20), grpc.MaxCallSendMsgSize(64<<20)),
 	}
 	if r.opts.Dial != nil {
