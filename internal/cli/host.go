@@ -27,6 +27,7 @@ type hostFlags struct {
 	config, etcd           string
 	ca, nodeDir            string
 	lockTTL, configWait    time.Duration
+	memberTTL              time.Duration
 	maintain               time.Duration
 	lease                  time.Duration
 	debug                  bool
@@ -57,6 +58,8 @@ func (f *hostFlags) register(cmd *cobra.Command, roles deploy.Roles) {
 		fl.StringVar(&f.listen, "listen", "127.0.0.1:0", "storage server gRPC listen address HOST:PORT")
 		fl.DurationVar(&f.lockTTL, "lock-ttl", 2*time.Minute, "slice lock lease length L")
 		fl.DurationVar(&f.maintain, "maintain-period", time.Second, "how often replicas ping each other and repair their slices")
+		fl.DurationVar(&f.memberTTL, "member-ttl", 0, "membership lease: a server cut off from the config majority for longer drops out of the table "+
+			"and its replicas are repaired elsewhere (default 10s; at least 3s and 3 maintenance periods, at most --lock-ttl)")
 		fl.DurationVar(&f.lease, "lease", server.DefaultLeaseTTL, fmt.Sprintf("length of the meta-data leases a primary grants clients (capped by --lock-ttl; shorter than the clients' %v call bound, within which a write may wait one out)", client.DefaultTimeout))
 	}
 	if roles&deploy.RoleClient != 0 {
@@ -95,6 +98,7 @@ func (f *hostFlags) deployConfig(g *globalFlags, roles deploy.Roles) (deploy.Con
 	cfg.Roles, cfg.Logger, cfg.InitCA = roles, g.logger(), false
 	cfg.Site, cfg.Listen, cfg.LockTTL, cfg.ConfigWait = f.site, f.listen, f.lockTTL, f.configWait
 	cfg.Server.MaintainPeriod = f.maintain
+	cfg.MemberTTL = f.memberTTL
 	cfg.Server.LeaseTTL = f.lease
 	if f.ca != "" && f.nodeDir != "" {
 		return cfg, errors.New("give either --ca or --node-dir, not both")

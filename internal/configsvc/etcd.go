@@ -21,9 +21,9 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap/zapcore"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 
 	"github.com/wheelfs/wheelfs/internal/configsvc/internal/zapslog"
-	"github.com/wheelfs/wheelfs/internal/every"
 	"github.com/wheelfs/wheelfs/internal/oid"
 )
 
@@ -38,8 +38,15 @@ type Options struct {
 	// minimum (1.5 × election timeout).
 	LockTTL time.Duration
 	// MemberTTL is the server membership lease length (default 10 s),
-	// rounded up like LockTTL. Keep-alives are sent every MemberTTL/3.
+	// rounded up like LockTTL. Keep-alives are sent every MemberTTL/3. A
+	// server cut off for longer drops out of the table (its replicas count
+	// as down and are repaired elsewhere) until it reaches a serving
+	// member again, when it re-registers at once.
 	MemberTTL time.Duration
+	// ProbePeriod is how often a client made by Dial checks that each
+	// member serves a linearizable read, to send requests only to those
+	// that do (default 1 s; see endpointMonitor).
+	ProbePeriod time.Duration
 	// RPCTimeout bounds every etcd call (default 5 s); a shorter deadline on
 	// the caller's context wins.
 	RPCTimeout time.Duration
@@ -66,6 +73,9 @@ func (o Options) withDefaults() Options {
 	}
 	if o.RPCTimeout <= 0 {
 		o.RPCTimeout = 5 * time.Second
+	}
+	if o.ProbePeriod <= 0 {
+		o.ProbePeriod = time.Second
 	}
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
@@ -98,6 +108,7 @@ type EtcdService struct {
 	closed    bool
 	abandoned atomic.Bool // Abandon: leases are left to expire
 	regs      map[string]*registration
+	mon       *endpointMonitor // nil unless made by Dial
 	// sessions holds, per lock holder, the one lease all its slice locks
 	// are attached to (a Chubby session): renewing a server's locks costs
 	// one keep-alive however many slices it holds, and they all expire
@@ -153,20 +164,35 @@ func Dial(ctx context.Context, endpoints []string, tlsConfig *tls.Config, opts O
 	// reports what fails through its errors.
 	clientLog, quiet := zapslog.NewQuietable(opts.Logger.With("component", "etcd-client"), zapcore.DebugLevel)
 	quiet()
-	var dialOpts []grpc.DialOption
+	dialOpts := []grpc.DialOption{
+		// gRPC's defaults (back-off to 2 minutes, 20 s per attempt) kept
+		// a member unused for many seconds after a partition healed: an
+		// attempt begun during the cut waits for the kernel's next SYN
+		// retransmission (1, 3, 7, 15 s...). Short attempts, retried
+		// within a second, reconnect about a second after the heal.
+		grpc.WithConnectParams(grpc.ConnectParams{
+			Backoff:           backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: time.Second},
+			MinConnectTimeout: connectTimeout,
+		}),
+	}
 	if opts.Dial != nil {
 		dialOpts = append(dialOpts, grpc.WithContextDialer(opts.Dial))
 	}
-	cli, err := clientv3.New(clientv3.Config{
-		DialOptions:          dialOpts,
-		Endpoints:            endpoints,
-		TLS:                  tlsConfig,
-		DialTimeout:          opts.RPCTimeout,
-		DialKeepAliveTime:    10 * time.Second,
-		DialKeepAliveTimeout: opts.RPCTimeout,
-		AutoSyncInterval:     time.Minute, // learn the full member list
+	cfg := clientv3.Config{
+		DialOptions: dialOpts,
+		Endpoints:   endpoints,
+		TLS:         tlsConfig,
+		DialTimeout: opts.RPCTimeout,
+		// A ping unanswered for 3 s closes a connection that a cut left
+		// hanging. Not more often than every 6 s: etcd's servers refuse
+		// pings closer than 5 s apart (GRPCKeepAliveMinTime).
+		DialKeepAliveTime:    6 * time.Second,
+		DialKeepAliveTimeout: 3 * time.Second,
 		Logger:               clientLog,
-	})
+		// No AutoSyncInterval: the endpoint monitor learns the members
+		// and owns the endpoint list.
+	}
+	cli, err := clientv3.New(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("configsvc: etcd client for %v: %w", endpoints, err)
 	}
@@ -182,8 +208,15 @@ func Dial(ctx context.Context, endpoints []string, tlsConfig *tls.Config, opts O
 		return nil, err
 	}
 	s.ownsClient = true
+	cfg.DialTimeout = 0 // probe clients connect in the background
+	s.mon = newEndpointMonitor(s, cfg, opts.ProbePeriod)
+	s.mon.start(s.ctx, endpoints)
 	return s, nil
 }
+
+// connectTimeout bounds one connection attempt to a member (TCP and TLS
+// handshakes: three round trips).
+const connectTimeout = 2 * time.Second
 
 // Client returns the underlying etcd client.
 func (s *EtcdService) Client() *clientv3.Client { return s.cli }
@@ -300,7 +333,16 @@ func (s *EtcdService) Register(ctx context.Context, info ServerInfo) error {
 	return nil
 }
 
+// errRegistrationRaced means the server's key changed between granting a
+// lease and writing the key under it.
+var errRegistrationRaced = errors.New("server key changed during registration")
+
 // putServer grants a membership lease and writes the server's key under it.
+//
+// The write only succeeds if the key has not changed since the grant: an
+// earlier attempt whose write timed out here may still be applied later
+// (it waited in a member that had lost touch with the leader), and it must
+// not replace a newer registration with a lease that nobody renews.
 func (s *EtcdService) putServer(ctx context.Context, id string, val []byte) (clientv3.LeaseID, error) {
 	cctx, cancel := s.rpcCtx(ctx)
 	defer cancel()
@@ -308,11 +350,18 @@ func (s *EtcdService) putServer(ctx context.Context, id string, val []byte) (cli
 	if err != nil {
 		return 0, err
 	}
-	if _, err := s.cli.Txn(cctx).Then(
-		clientv3.OpPut(s.serversPfx+id, string(val), clientv3.WithLease(g.ID)),
-		clientv3.OpPut(s.knownKey(id), string(val)), // outlives the lease: status shows the server as down
-	).Commit(); err != nil {
-		s.revoke(g.ID)
+	key := s.serversPfx + id
+	resp, err := s.cli.Txn(cctx).
+		If(clientv3.Compare(clientv3.ModRevision(key), "<", g.ResponseHeader.GetRevision()+1)).
+		Then(
+			clientv3.OpPut(key, string(val), clientv3.WithLease(g.ID)),
+			clientv3.OpPut(s.knownKey(id), string(val)), // outlives the lease: status shows the server as down
+		).Commit()
+	if err == nil && !resp.Succeeded {
+		err = errRegistrationRaced
+	}
+	if err != nil {
+		go s.revoke(g.ID) // its own deadline; the caller retries meanwhile
 		return 0, err
 	}
 	return g.ID, nil
@@ -359,37 +408,92 @@ func (s *EtcdService) revoke(lease clientv3.LeaseID) {
 // keepMember keeps the membership lease alive with deadline-bounded
 // KeepAliveOnce calls every MemberTTL/3 until ctx ends, re-registering if
 // the lease is lost, and revokes the lease on exit.
+//
+// After a partition: a member that starts serving again (the endpoint
+// monitor) triggers a round at once and abandons a round in flight, whose
+// calls may be waiting on a member that is not serving yet; a failed
+// re-registration is retried after ProbePeriod. So a server cut off for
+// longer than MemberTTL is back in the table about a probe period after its
+// site reaches the configuration majority again.
 func (s *EtcdService) keepMember(ctx context.Context, id string, val []byte, lease clientv3.LeaseID) {
 	defer func() { s.revoke(lease) }()
 	interval := time.Duration(s.memberTTL) * time.Second / 3
-	every.Do(ctx, interval, nil, func() {
-		if lease != clientv3.NoLease {
-			cctx, cancel := s.rpcCtx(ctx)
-			resp, err := s.cli.KeepAliveOnce(cctx, lease)
-			cancel()
-			switch {
-			case err == nil && resp.TTL > 0:
-				return
-			case err == nil || errors.Is(err, rpctypes.ErrLeaseNotFound):
-				s.log.Warn("membership lease lost; re-registering", "server", id)
-				lease = clientv3.NoLease
-			default:
-				if ctx.Err() == nil {
-					s.log.Warn("membership keep-alive failed", "server", id, "err", err)
-				}
-				return
-			}
-		}
-		l, err := s.putServer(ctx, id, val)
-		if err != nil {
-			if ctx.Err() == nil {
-				s.log.Warn("re-register failed", "server", id, "err", err)
-			}
+	var served <-chan struct{} // nil without a monitor: never ready
+	if s.mon != nil {
+		var unsubscribe func()
+		served, unsubscribe = s.mon.subscribe()
+		defer unsubscribe()
+	}
+	tick := time.NewTicker(interval)
+	defer tick.Stop()
+	var retry <-chan time.Time
+	for {
+		select {
+		case <-ctx.Done():
 			return
+		case <-tick.C:
+		case <-served:
+		case <-retry:
 		}
-		lease = l
-		s.log.Info("server re-registered", "server", id)
-	})
+		retry = nil
+		for ctx.Err() == nil {
+			rctx, cancel := context.WithCancel(ctx)
+			done, exited := make(chan struct{}), make(chan struct{})
+			interrupted := false
+			go func() {
+				defer close(exited)
+				select {
+				case <-served:
+					interrupted = true
+					cancel()
+				case <-done:
+				}
+			}()
+			ok := s.memberRound(rctx, id, val, &lease)
+			close(done)
+			<-exited
+			cancel()
+			if interrupted {
+				continue // a member serves again: start over through it
+			}
+			if !ok && ctx.Err() == nil {
+				retry = time.After(min(interval, s.opts.ProbePeriod))
+			}
+			break
+		}
+	}
+}
+
+// memberRound renews *lease, or registers anew if it was lost; ok is false
+// if a re-registration failed.
+func (s *EtcdService) memberRound(ctx context.Context, id string, val []byte, lease *clientv3.LeaseID) (ok bool) {
+	if *lease != clientv3.NoLease {
+		cctx, cancel := s.rpcCtx(ctx)
+		resp, err := s.cli.KeepAliveOnce(cctx, *lease)
+		cancel()
+		switch {
+		case err == nil && resp.TTL > 0:
+			return true
+		case err == nil || errors.Is(err, rpctypes.ErrLeaseNotFound):
+			s.log.Warn("membership lease lost; re-registering", "server", id)
+			*lease = clientv3.NoLease
+		default:
+			if ctx.Err() == nil {
+				s.log.Warn("membership keep-alive failed", "server", id, "err", err)
+			}
+			return true // the lease may still be alive: renew it next tick
+		}
+	}
+	l, err := s.putServer(ctx, id, val)
+	if err != nil {
+		if ctx.Err() == nil {
+			s.log.Warn("re-register failed", "server", id, "err", err)
+		}
+		return false
+	}
+	*lease = l
+	s.log.Info("server re-registered", "server", id)
+	return true
 }
 
 // ---- table ----

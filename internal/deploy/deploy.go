@@ -85,6 +85,16 @@ type Config struct {
 	Network *transport.Network
 	// LockTTL is the slice lock length L.
 	LockTTL time.Duration
+	// MemberTTL is the server's membership lease (0: configsvc's default,
+	// 10 s). A server cut off from the configuration majority for longer
+	// drops out of the server table: its replicas count as down and the
+	// maintenance loop replaces them at once, and clients stop routing to
+	// it; it re-registers as soon as it reaches the majority again. Shorter
+	// detects dead servers sooner but turns shorter outages into repairs.
+	// When set it must be at least 3 s and 3 maintenance periods (keep-
+	// alives go every MemberTTL/3), and at most LockTTL (a server that
+	// still holds its slices should not look gone).
+	MemberTTL time.Duration
 	// ConfigWait bounds the wait for the configuration service to answer
 	// at start (default 30 s; a shorter ctx deadline wins).
 	ConfigWait time.Duration
@@ -203,8 +213,26 @@ func (c *Config) Validate() error {
 			"(a write waits out the lease of a client it cannot call back, within its own call; "+
 			"default a third of the bound)", c.Server.LeaseTTL, bound)
 	}
+	if t := c.MemberTTL; t != 0 {
+		maint := c.Server.MaintainPeriod
+		if maint <= 0 {
+			maint = time.Second // the server's default
+		}
+		switch {
+		case t < minMemberTTL:
+			return fmt.Errorf("deploy: member TTL %s is below %s", t, minMemberTTL)
+		case t < 3*maint:
+			return fmt.Errorf("deploy: member TTL %s is below 3 maintenance periods (%s)", t, 3*maint)
+		case c.LockTTL > 0 && t > c.LockTTL:
+			return fmt.Errorf("deploy: member TTL %s exceeds the lock TTL %s", t, c.LockTTL)
+		}
+	}
 	return nil
 }
+
+// minMemberTTL is the shortest membership lease: keep-alives every second,
+// and above etcd's own minimum lease (1.5 election timeouts, rounded up).
+const minMemberTTL = 3 * time.Second
 
 // Start brings a host up. It returns when every role is ready (the client
 // can be used).
@@ -333,7 +361,12 @@ func (h *Host) dialer() func(ctx context.Context, addr string) (net.Conn, error)
 func (h *Host) dialConfig(ctx context.Context, endpoints []string) error {
 	wctx, cancel := context.WithTimeout(ctx, h.cfg.ConfigWait)
 	defer cancel()
-	opts := configsvc.Options{LockTTL: h.cfg.LockTTL, Logger: h.cfg.Logger, Dial: h.dialer()}
+	opts := configsvc.Options{LockTTL: h.cfg.LockTTL, MemberTTL: h.cfg.MemberTTL, Logger: h.cfg.Logger, Dial: h.dialer(),
+		// Members are probed every maintenance period, so that a site
+		// back from a partition re-registers and is routed to within
+		// about one (not more often than twice a second: probes are reads
+		// through the leader).
+		ProbePeriod: max(h.cfg.Server.MaintainPeriod, 500*time.Millisecond)}
 	// Members started at the same moment as this host may not listen yet;
 	// if nothing listens for refusedGrace, nothing is coming.
 	var refusedSince time.Time

@@ -70,9 +70,25 @@ func (r *Router) follow(ctx context.Context) {
 	for t := range r.conf.Watch(ctx) {
 		r.mu.Lock()
 		if t.Revision >= r.table.Revision {
+			r.rejoined(r.table, t)
 			r.table = t
 		}
 		r.mu.Unlock()
+	}
+}
+
+// rejoined lets connections to servers that registered again (after a
+// partition or a restart) reconnect at once: gRPC backs off between
+// failed attempts, and a server unreachable for a minute would otherwise
+// wait for the rest of its back-off. r.mu is held.
+func (r *Router) rejoined(old, cur *configsvc.Table) {
+	for id, info := range cur.Servers {
+		if _, ok := old.Servers[id]; ok {
+			continue
+		}
+		if c, ok := r.conns[id]; ok && c.Target() == info.Addr {
+			c.ResetConnectBackoff()
+		}
 	}
 }
 
