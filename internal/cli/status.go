@@ -55,7 +55,7 @@ the config member in --data are used.`,
 			ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
 			defer cancel()
 			conf, err := configsvc.Dial(ctx, endpoints, creds.ClientTLS(""),
-				configsvc.Options{Logger: g.logger(), RPCTimeout: timeout})
+				configsvc.Options{Logger: g.logger(), RPCTimeout: timeout, OneShot: true})
 			if err != nil {
 				return err
 			}

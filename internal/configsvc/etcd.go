@@ -47,6 +47,10 @@ type Options struct {
 	// member serves a linearizable read, to send requests only to those
 	// that do (default 1 s; see endpointMonitor).
 	ProbePeriod time.Duration
+	// OneShot marks a short-lived client (wheelfs status): it keeps the
+	// endpoints it was given and runs no endpoint monitor, whose probes
+	// and warnings only serve long-running hosts.
+	OneShot bool
 	// RPCTimeout bounds every etcd call (default 5 s); a shorter deadline on
 	// the caller's context wins.
 	RPCTimeout time.Duration
@@ -208,6 +212,9 @@ func Dial(ctx context.Context, endpoints []string, tlsConfig *tls.Config, opts O
 		return nil, err
 	}
 	s.ownsClient = true
+	if opts.OneShot {
+		return s, nil
+	}
 	cfg.DialTimeout = 0 // probe clients connect in the background
 	s.mon = newEndpointMonitor(s, cfg, opts.ProbePeriod)
 	s.mon.start(s.ctx, endpoints)

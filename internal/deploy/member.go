@@ -108,7 +108,7 @@ func (h *Host) joinCluster(ctx context.Context, endpoints []string, name, peerUR
 	defer cancel()
 	h.log.Info("joining configuration service", "endpoints", endpoints, "member", name, "peer", peerURL)
 	for {
-		conf, err := configsvc.Dial(wctx, endpoints, h.Creds.ClientTLS(""), configsvc.Options{Logger: h.cfg.Logger, Dial: h.dialer()})
+		conf, err := configsvc.Dial(wctx, endpoints, h.Creds.ClientTLS(""), configsvc.Options{Logger: h.cfg.Logger, Dial: h.dialer(), OneShot: true})
 		if err == nil {
 			var initial string
 			initial, err = conf.AddMember(wctx, name, peerURL)
