@@ -12,8 +12,10 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/keepalive"
 
 	"github.com/wheelfs/wheelfs/internal/configsvc"
+	"github.com/wheelfs/wheelfs/internal/route"
 	"github.com/wheelfs/wheelfs/internal/server"
 	"github.com/wheelfs/wheelfs/internal/store"
 	"github.com/wheelfs/wheelfs/internal/wire"
@@ -57,6 +59,8 @@ func (h *Host) startServer(ctx context.Context, local *lateLocal) (err error) {
 	local.StorageClient = server.LocalClient(h.Server)
 	h.grpc = grpc.NewServer(grpc.Creds(credentials.NewTLS(h.Creds.ServerTLS())),
 		grpc.MaxRecvMsgSize(64<<20), grpc.MaxSendMsgSize(64<<20),
+		// Clients and peers ping idle connections (route.KeepaliveTime).
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: route.KeepaliveTime / 2, PermitWithoutStream: true}),
 		grpc.ChainUnaryInterceptor(h.gate.unary, h.Server.UnaryInterceptor()), grpc.ChainStreamInterceptor(h.gate.stream))
 	wire.RegisterStorageServer(h.grpc, h.Server)
 	wire.RegisterPeerServer(h.grpc, h.Server.PeerService())
