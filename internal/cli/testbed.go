@@ -4,7 +4,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
@@ -277,8 +279,8 @@ func newTestbedRun(g *globalFlags, dirOf func() string) *cobra.Command {
 	var list strings.Builder
 	for _, e := range experiment.All() {
 		fmt.Fprintf(&list, "  %-14s %s\n", e.Name, e.Summary)
-		for k, v := range e.Params {
-			fmt.Fprintf(&list, "  %-14s   --set %s=%s\n", "", k, v)
+		for _, k := range slices.Sorted(maps.Keys(e.Params)) { // stable help
+			fmt.Fprintf(&list, "  %-14s   --set %s=%s\n", "", k, e.Params[k])
 		}
 	}
 	cmd := &cobra.Command{

@@ -125,11 +125,11 @@ func (p *plot) writePNG(path string) error {
 		prevOK := false
 		var lx, ly int
 		for i := range s.xs {
-			if p.logY && s.ys[i] <= 0 {
-				prevOK = false
-				continue
+			v := s.ys[i]
+			if p.logY && v < y0 {
+				v = y0 // zero sits on the bottom axis
 			}
-			x, y := px(s.xs[i]), py(s.ys[i])
+			x, y := px(s.xs[i]), py(v)
 			if prevOK {
 				line(img, lx, ly, x, y, s.color)
 			} else {

@@ -33,7 +33,7 @@ func webCache() *Experiment {
 		Summary: "cooperative web cache (§8.3, Figs. 6–8): Apache mod_cache_disk at every site over one WheelFS " +
 			"cache directory, Zipf clients, a slow origin; one site cut off for 30 s of every minute",
 		Params: map[string]string{
-			"sites": "west,east,eu,asia", "rtt": "100ms", "duration": "2m", "fail-every": "1m", "fail-for": "30s",
+			"sites": "west,east,eu,asia", "rtt": "100ms", "duration": "3m", "warmup": "1m", "fail-every": "1m", "fail-for": "30s",
 			"clients": "5", "pages": "100", "page-size": "41000", "zipf": "1.1",
 			"origin-rate": "400kbit", "origin-delay": "75ms", "lock-ttl": "2m",
 			"cues": ".EventualConsistency/.MaxTime=1000/.Hotspot", "stdev": "native,shim",
@@ -52,7 +52,8 @@ const (
 type webCacheConfig struct {
 	sites                []string
 	rtt, lockTTL         time.Duration
-	duration, every, cut time.Duration
+	duration, warmup     time.Duration
+	every, cut           time.Duration
 	clients, pages, size int
 	zipf                 float64
 	originBPS            uint64
@@ -66,7 +67,7 @@ func runWebCache(ctx context.Context, env *Env) (*Result, error) {
 	if len(c.sites) < 2 {
 		return nil, errors.New("sites: want at least two (the origin's site is never cut off)")
 	}
-	ds := map[string]*time.Duration{"rtt": &c.rtt, "lock-ttl": &c.lockTTL, "duration": &c.duration,
+	ds := map[string]*time.Duration{"rtt": &c.rtt, "lock-ttl": &c.lockTTL, "duration": &c.duration, "warmup": &c.warmup,
 		"fail-every": &c.every, "fail-for": &c.cut, "origin-delay": &c.originDelay}
 	for k, p := range ds {
 		v, err := env.Durations(k, webCache().Params[k])
@@ -108,8 +109,8 @@ func runWebCache(ctx context.Context, env *Env) (*Result, error) {
 			len(c.sites), c.rtt, apacheVersion(), c.cues),
 		fmt.Sprintf("origin at %s-1: %d pages of %d bytes, Cache-Control max-age=86400, %s after each request, all responses sharing %s; %d clients per site, each a closed loop over Zipf(s=%.2f) pages",
 			c.sites[0], c.pages, c.size, c.originDelay, formatBPS(c.originBPS), c.clients, c.zipf),
-		fmt.Sprintf("every %s, from %s into the minute, one site (in turn %s) is cut off from all others for %s; slice lock TTL %s",
-			c.every, c.every-c.cut, strings.Join(c.sites[1:], ", "), c.cut, c.lockTTL),
+		fmt.Sprintf("after a warm-up of %s without failures, in every %s one site (in turn %s) is cut off from all others for the last %s; slice lock TTL %s",
+			c.warmup, c.every, strings.Join(c.sites[1:], ", "), c.cut, c.lockTTL),
 		".Hotspot is accepted by the cue parser and ignored (not implemented yet): reads go to the primary, a backup or the local cache",
 	}}
 	for _, mode := range modes {
@@ -295,7 +296,7 @@ func webCacheRun(ctx context.Context, env *Env, c webCacheConfig, mode string) (
 	// The failure schedule.
 	var cuts []wcCut
 	for k := 0; ; k++ {
-		start := time.Duration(k)*c.every + c.every - c.cut
+		start := c.warmup + time.Duration(k)*c.every + c.every - c.cut
 		if start >= c.duration {
 			break
 		}
@@ -784,9 +785,9 @@ func webCacheTables(c webCacheConfig, mode string, cuts []wcCut, events []wcEven
 		keep func(time.Duration) bool
 	}{
 		{"whole run", func(time.Duration) bool { return true }},
-		{"first " + c.every.String(), func(at time.Duration) bool { return at < c.every }},
-		{"after it, link up", func(at time.Duration) bool { return at >= c.every && !inCut(at) }},
-		{"after it, a site cut off", func(at time.Duration) bool { return at >= c.every && inCut(at) }},
+		{"warm-up (first " + c.warmup.String() + ")", func(at time.Duration) bool { return at < c.warmup }},
+		{"after it, links up", func(at time.Duration) bool { return at >= c.warmup && !inCut(at) }},
+		{"after it, a site cut off", func(at time.Duration) bool { return at >= c.warmup && inCut(at) }},
 	}
 	for _, p := range periods {
 		var a agg
