@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"maps"
 	"math/rand/v2"
 	"net"
 	"net/http"
@@ -380,9 +381,9 @@ func webCacheRun(ctx context.Context, env *Env, c webCacheConfig, mode string) (
 	// What the kernel reports for one cached body at two sites.
 	notes = append(notes, stdevFacts(st, c, cacheRel, mode)...)
 	for _, s := range c.sites {
-		recalled, mismatched := countLog(filepath.Join(work, s, "error.log"))
-		notes = append(notes, fmt.Sprintf("stdev=%s, %s: Apache recalled %d cached entries and ignored %d whose header did not match the body (AH00709 / AH00710)",
-			mode, s, recalled, mismatched))
+		l := readApacheLog(filepath.Join(work, s, "error.log"))
+		notes = append(notes, fmt.Sprintf("stdev=%s, %s: Apache stored %d entries (AH00737), failed to store %d (AH00699 rename of a temporary file: %s), recalled %d (AH00709) and ignored %d whose header did not match the body (AH00710)",
+			mode, s, l.stored, l.renameFailed, l.renameErrs, l.recalled, l.mismatched))
 	}
 	for _, b := range badEx {
 		notes = append(notes, fmt.Sprintf("stdev=%s: WRONG BODY %s", mode, b))
@@ -701,14 +702,36 @@ func stdevFacts(st *testbed.State, c webCacheConfig, cacheRel, mode string) []st
 		mode, rel, a.Site, unix.Major(sa.Dev), unix.Minor(sa.Dev), sa.Ino, b.Site, unix.Major(sb.Dev), unix.Minor(sb.Dev), sb.Ino))
 }
 
-// countLog counts mod_cache_disk's "recalled" and "didn't match body"
-// debug lines.
-func countLog(path string) (recalled, mismatched int) {
+// apacheLog is what mod_cache_disk's log says about the cache.
+type apacheLog struct {
+	stored, renameFailed, recalled, mismatched int
+	renameErrs                                 string // by errno
+}
+
+// renameErr picks the APR error of an AH00699 line: "(2)No such file or directory".
+var renameErr = regexp.MustCompile(`\((\d+)\)([^:]+): \[client [^]]*\] AH00699`)
+
+func readApacheLog(path string) apacheLog {
 	b, err := os.ReadFile(path)
 	if err != nil {
-		return 0, 0
+		return apacheLog{}
 	}
-	return bytes.Count(b, []byte("AH00709")), bytes.Count(b, []byte("AH00710"))
+	l := apacheLog{stored: bytes.Count(b, []byte("AH00737")), recalled: bytes.Count(b, []byte("AH00709")),
+		mismatched: bytes.Count(b, []byte("AH00710"))}
+	errs := map[string]int{}
+	for _, m := range renameErr.FindAllSubmatch(b, -1) {
+		l.renameFailed++
+		errs[string(m[2])]++
+	}
+	var parts []string
+	for _, k := range slices.Sorted(maps.Keys(errs)) {
+		parts = append(parts, fmt.Sprintf("%d %s", errs[k], k))
+	}
+	l.renameErrs = strings.Join(parts, ", ")
+	if l.renameErrs == "" {
+		l.renameErrs = "none"
+	}
+	return l
 }
 
 // webCacheTables buckets the events by 10 s.
