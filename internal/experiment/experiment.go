@@ -87,7 +87,7 @@ func (t *Table) Add(cells ...string) { t.Rows = append(t.Rows, cells) }
 
 // All lists the experiments by name.
 func All() []*Experiment {
-	list := []*Experiment{closeToOpen(), failover(), partition(), dice(), scale()}
+	list := []*Experiment{closeToOpen(), failover(), partition(), dice(), scale(), webCache(), fileDist()}
 	slices.SortFunc(list, func(a, b *Experiment) int { return cmp.Compare(a.Name, b.Name) })
 	return list
 }

@@ -597,6 +597,23 @@ func Exec(dir, name string, argv []string) error {
 	return cmd.Wait()
 }
 
+// InHost runs fn on an OS thread moved into a host's network namespace
+// (the router's for "router"), so that an experiment can act as that host
+// without a child process: a socket fn creates (net.Listen, a dial) stays
+// in the namespace for its life, and a process fn starts (exec.Cmd.Start)
+// runs there. Goroutines fn starts do not run in the namespace.
+func (st *State) InHost(name string, fn func() error) error {
+	ns := st.Prefix + "wan"
+	if name != "router" {
+		h, err := st.Host(name)
+		if err != nil {
+			return err
+		}
+		ns = h.NS
+	}
+	return withNS(ns, fn)
+}
+
 // WriteStatus prints the hosts and links of the testbed.
 func WriteStatus(w io.Writer, st *State) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
