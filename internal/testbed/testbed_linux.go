@@ -355,22 +355,20 @@ func (st *State) waitRouter(ctx context.Context) error {
 // namespace (and with them links and qdiscs) of the testbed in dir, also
 // when up was interrupted or the state file is gone. Data and logs stay.
 func Down(dir string, out io.Writer) error {
-	dir, err := absDir(dir)
-	if err != nil {
-		return err
-	}
-	release, err := lockDir(dir)
-	if err != nil {
-		return err
-	}
-	defer release()
-	st, err := Load(dir)
-	if err != nil {
-		st = &State{Dir: dir, Prefix: prefixFor(dir)}
-	}
-	if err := teardown(st, out); err != nil {
-		return err
-	}
+	return withDirLock(dir, func(dir string) error {
+		st, err := Load(dir)
+		if err != nil {
+			st = &State{Dir: dir, Prefix: prefixFor(dir)}
+		}
+		if err := teardown(st, out); err != nil {
+			return err
+		}
+		return removeState(dir, out)
+	})
+}
+
+// removeState removes the state file once everything it names is gone.
+func removeState(dir string, out io.Writer) error {
 	if err := os.Remove(filepath.Join(dir, stateFile)); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return err
 	}
@@ -525,6 +523,17 @@ func modify(dir string, change func(*State) error) error {
 
 // locked runs fn on the testbed's state with the directory locked.
 func locked(dir string, fn func(*State) error) error {
+	return withDirLock(dir, func(dir string) error {
+		st, err := Load(dir)
+		if err != nil {
+			return err
+		}
+		return fn(st)
+	})
+}
+
+// withDirLock runs fn on the absolute directory with it locked.
+func withDirLock(dir string, fn func(abs string) error) error {
 	dir, err := absDir(dir)
 	if err != nil {
 		return err
@@ -534,11 +543,7 @@ func locked(dir string, fn func(*State) error) error {
 		return err
 	}
 	defer release()
-	st, err := Load(dir)
-	if err != nil {
-		return err
-	}
-	return fn(st)
+	return fn(dir)
 }
 
 // Kill stops a host's process: SIGTERM (a clean stop that hands slice
