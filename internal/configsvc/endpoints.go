@@ -211,12 +211,10 @@ func (m *endpointMonitor) applyLocked() {
 		m.s.log.Debug("config endpoints", "endpoints", eps)
 	}
 	if gained {
-		// Connections to members that were unreachable may sit in gRPC's
-		// reconnect back-off; and a registration that lost its lease
-		// should not wait for its next keep-alive tick.
-		if cc := m.s.cli.ActiveConnection(); cc != nil {
-			cc.ResetConnectBackoff()
-		}
+		// A registration that lost its lease should not wait for its next
+		// keep-alive tick. (Connections to members that were unreachable
+		// retry at most 1 s apart; ClientConn.ResetConnectBackoff would
+		// race inside grpc-go 1.85 with the sub-conns SetEndpoints makes.)
 		for _, w := range m.wake {
 			select {
 			case w <- struct{}{}:

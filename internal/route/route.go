@@ -42,7 +42,11 @@ type Options struct {
 const KeepaliveTime = 5 * time.Second
 
 // reconnectMax is the longest wait between attempts to connect to a
-// server that does not answer.
+// server that does not answer, so a server that comes back after a
+// partition or a restart is reached within it. (Resetting the back-off
+// when the server registers again, with ClientConn.ResetConnectBackoff,
+// races inside grpc-go 1.85: it ranges over the connection's sub-conns
+// outside the lock that guards them.)
 const reconnectMax = 2 * time.Second
 
 // Router implements client.Router over the configuration service.
@@ -81,25 +85,9 @@ func (r *Router) follow(ctx context.Context) {
 	for t := range r.conf.Watch(ctx) {
 		r.mu.Lock()
 		if t.Revision >= r.table.Revision {
-			r.rejoined(r.table, t)
 			r.table = t
 		}
 		r.mu.Unlock()
-	}
-}
-
-// rejoined lets connections to servers that registered again (after a
-// partition or a restart) reconnect at once: gRPC backs off between
-// failed attempts, and a server unreachable for a minute would otherwise
-// wait for the rest of its back-off. r.mu is held.
-func (r *Router) rejoined(old, cur *configsvc.Table) {
-	for id, info := range cur.Servers {
-		if _, ok := old.Servers[id]; ok {
-			continue
-		}
-		if c, ok := r.conns[id]; ok && c.Target() == info.Addr {
-			c.ResetConnectBackoff()
-		}
 	}
 }
 
