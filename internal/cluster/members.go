@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/wheelfs/wheelfs/internal/configsvc/embedded"
@@ -99,12 +100,25 @@ func (m *member) start(ctx context.Context) error {
 	if m.m != nil {
 		return nil
 	}
-	em, err := embedded.Start(ctx, m.config())
-	if err != nil {
-		return err
+	for {
+		em, err := embedded.Start(ctx, m.config())
+		if err == nil {
+			m.m = em
+			return nil
+		}
+		// The remembered port may still be held for a moment (by the
+		// member's own closing listener, or by another test binary's
+		// harness picking from the same range): retry within ctx.
+		inUse := errors.Is(err, syscall.EADDRINUSE) || strings.Contains(err.Error(), "address already in use")
+		if !inUse || ctx.Err() != nil {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(200 * time.Millisecond):
+		}
 	}
-	m.m = em
-	return nil
 }
 
 // stop stops a running member (gracefully: embed offers no harder stop).
