@@ -175,17 +175,19 @@ func TestTestbedDownAfterCrash(t *testing.T) {
 	dir := t.TempDir()
 	t.Cleanup(func() { testbedRun(dir, 2*time.Minute, "down") })
 	cmd := exec.Command(wheelfsBin, "testbed", "up", dir, "--sites", "west,east,eu", "--rtt", "20ms")
-	var out bytes.Buffer
+	var out syncBuffer // read while the command writes it
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	// Kill it once the first process runs (the namespaces exist by then).
-	deadline := time.Now().Add(time.Minute)
-	for !strings.Contains(out.String(), "processes") && time.Now().Before(deadline) {
-		time.Sleep(20 * time.Millisecond)
-	}
-	time.Sleep(500 * time.Millisecond)
+	// Kill it once it starts processes: the namespaces and the router
+	// exist by then, and a config member is starting.
+	poll.Until(t, time.Minute, "testbed up reaches its processes", func() error {
+		if !strings.Contains(out.String(), "processes") {
+			return errors.New("not yet")
+		}
+		return nil
+	})
 	cmd.Process.Signal(syscall.SIGKILL)
 	cmd.Wait()
 	t.Logf("up killed after:\n%s", out.String())
