@@ -11,6 +11,7 @@ import (
 
 	"github.com/wheelfs/wheelfs/internal/fserr"
 	"github.com/wheelfs/wheelfs/internal/oid"
+	"github.com/wheelfs/wheelfs/internal/wire"
 )
 
 // EventualTimeout is the time limit of an .EventualConsistency operation
@@ -197,7 +198,10 @@ func writeEventual[Req request, Resp any](ctx context.Context, f *FS, id oid.ID,
 		return resp, firstErr
 	}
 	breq := eventually(req)
-	for _, b := range copies {
+	for i, b := range copies {
+		if c, ok := any(breq).(*wire.CreateRequest); ok {
+			c.Attempt = uint32(i + 1) // which copy made it, should several
+		}
 		r, err := rpc(b.StorageClient, ctx, breq)
 		if err == nil {
 			return r, nil

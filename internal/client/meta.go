@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"slices"
 	"strings"
 	"time"
@@ -260,6 +261,7 @@ func (f *FS) createRequest(u User, cues cue.Set, dir oid.ID, name string, a Crea
 		Caller: u.caller(), Dir: uint64(dir), Name: name, Type: a.Type, Mode: a.Mode,
 		Rdev: a.Rdev, Target: a.Target, Cues: wireCues(cues, a.Type), Exclusive: a.Exclusive,
 		SyncLevel: syncLevel(cues), Origin: f.cfg.Origin, ClientSite: f.cfg.Site,
+		Op: rand.Uint64() | 1,
 	}
 }
 

@@ -11,6 +11,7 @@ import (
 	"github.com/wheelfs/wheelfs/internal/configsvc"
 	"github.com/wheelfs/wheelfs/internal/fserr"
 	"github.com/wheelfs/wheelfs/internal/oid"
+	"github.com/wheelfs/wheelfs/internal/store"
 	"github.com/wheelfs/wheelfs/internal/wire"
 )
 
@@ -34,7 +35,16 @@ func (s *Server) backs(sl oid.Slice) bool {
 		return false
 	}
 	e, ok := t.Slices[sl]
-	return ok && slices.Contains(e.Replicas, s.cfg.ID)
+	return ok && slices.Contains(e.Replicas, s.cfg.ID) && s.hasCopy(sl)
+}
+
+// hasCopy reports whether this server has received a copy of slice sl:
+// a backup just recruited has nothing to answer from yet, and must send
+// the client on to another replica rather than answer ENOENT.
+func (s *Server) hasCopy(sl oid.Slice) bool {
+	var p pos
+	_ = s.store.View(func(tx *store.Tx) error { p = readPos(tx, sl); return nil })
+	return p != pos{}
 }
 
 // admit checks that this server may serve a request about ids: as

@@ -139,6 +139,11 @@ func (s *Server) pendingPush(sl oid.Slice) (*push, error) {
 		if err != nil {
 			return err
 		}
+		keys = objectsFirst(keys, pre)
+		chosen := map[string]bool{}
+		for _, k := range keys[:min(len(keys), installChunk)] {
+			chosen[k] = true
+		}
 		for _, k := range keys[:min(len(keys), installChunk)] {
 			v, err := tx.Sys(k)
 			if err != nil {
@@ -171,6 +176,12 @@ func (s *Server) pendingPush(sl oid.Slice) (*push, error) {
 				ch := &wire.EntryChange{Dir: dir, Name: rest[19:]}
 				if e, err := tx.Entry(oid.ID(dir), ch.Name); err == nil {
 					ch.Entry = e
+					// The object goes before its name: a primary that
+					// has no such object takes the name for deleted.
+					if ok := chosen[divObjectKey(oid.ID(e.Id))]; !ok && hasSys(tx, divObjectKey(oid.ID(e.Id))) {
+						delete(p.stamps, k) // next time
+						continue
+					}
 				}
 				gone, err := tombstoned(tx, oid.ID(dir), ch.Name)
 				if err != nil {
@@ -187,6 +198,29 @@ func (s *Server) pendingPush(sl oid.Slice) (*push, error) {
 		return nil
 	})
 	return p, err
+}
+
+// objectsFirst orders a slice's divergence record keys (under prefix
+// pre) with the objects' before the entries', so that a chunk carries
+// an object before the names that lead to it.
+func objectsFirst(keys []string, pre string) []string {
+	out := make([]string, 0, len(keys))
+	for _, k := range keys {
+		if strings.HasPrefix(k[len(pre):], "o/") {
+			out = append(out, k)
+		}
+	}
+	for _, k := range keys {
+		if !strings.HasPrefix(k[len(pre):], "o/") {
+			out = append(out, k)
+		}
+	}
+	return out
+}
+
+func hasSys(tx *store.Tx, key string) bool {
+	_, err := tx.Sys(key)
+	return err == nil
 }
 
 // clearPushed deletes the divergence records of p that did not change

@@ -173,6 +173,12 @@ func (s *Server) takeOver(ctx context.Context, sl configsvc.Slice) error {
 		return fmt.Errorf("take over slice %d: %w", sl.ID, err)
 	}
 	if err := s.store.Update(ctx, func(tx *store.Tx) error {
+		// IDs start in a fresh block: the old primary may have handed
+		// out IDs after the ones its backups saw (eventual creates do
+		// not wait for backups), and its changes are merged later.
+		if err := tx.SetCounterFloor(sl.ID, tailFloor(tx.Counter(sl.ID))); err != nil {
+			return err
+		}
 		return writePos(tx, sl.ID, pos{l.Epoch, seq})
 	}); err != nil {
 		return err

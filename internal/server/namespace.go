@@ -225,6 +225,16 @@ func (s *Server) Create(ctx context.Context, req *wire.CreateRequest) (*wire.Cre
 			return fmt.Errorf("directory removed: %w", fserr.ErrNotExist)
 		}
 		if e, err := tx.Entry(dir, req.Name); err == nil {
+			if sameCreate(e, req) {
+				// This create, made here before (a retry whose answer was
+				// lost, or a merged copy of its eventual fallback).
+				resp.Entry = e
+				resp.Meta, err = tx.Meta(oid.ID(e.Id))
+				if errors.Is(err, fserr.ErrNotExist) {
+					resp.Meta, err = nil, nil // at another server: the client asks it
+				}
+				return err
+			}
 			if _, ok := s.files.granted(hk, oid.ID(e.Id)); open && ok {
 				// A retry of this create+open whose answer was lost.
 				resp.Entry, resp.Opened = e, true
@@ -270,6 +280,10 @@ func (s *Server) Create(ctx context.Context, req *wire.CreateRequest) (*wire.Cre
 			d.Nlink++
 		}
 		e := &wire.Entry{Name: req.Name, Id: m.Id, Type: m.Type, Version: 1}
+		if req.Caller.GetEventual() {
+			// Only an eventual create may be made at two replicas.
+			e.Op, e.Attempt = req.Op, req.Attempt
+		}
 		if err := tx.PutEntry(dir, e); err != nil {
 			return err
 		}
@@ -292,6 +306,11 @@ func (s *Server) Create(ctx context.Context, req *wire.CreateRequest) (*wire.Cre
 		return nil, fmt.Errorf("create %q: %w", req.Name, err)
 	}
 	return resp, nil
+}
+
+// sameCreate reports whether entry e was made by create request req.
+func sameCreate(e *wire.Entry, req *wire.CreateRequest) bool {
+	return e.Op != 0 && e.Op == req.Op
 }
 
 // newMeta returns the meta-data of a new object (without its ID) that c

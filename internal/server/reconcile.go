@@ -64,6 +64,7 @@ type entryOutcome struct {
 	moved    *wire.Entry // the loser, kept under another name (union merge)
 	movedTo  string
 	unlinked *wire.Entry // the loser, dropped (last writer wins)
+	twin     bool        // moved is a copy of put's create
 }
 
 // resolveEntry applies the name-clash rules. In a directory created with
@@ -77,6 +78,15 @@ func resolveEntry(union bool, cur, in *wire.Entry) entryOutcome {
 		return entryOutcome{put: in}
 	case cur.Id == in.Id:
 		return entryOutcome{}
+	case cur.Op != 0 && cur.Op == in.Op:
+		// One create made at two replicas (an eventual fallback after
+		// the primary's answer was late): the later attempt is the one
+		// its client heard of and keeps the name. The other is kept
+		// under another name, unless it is known to be empty.
+		if in.Attempt > cur.Attempt || in.Attempt == cur.Attempt && in.Id < cur.Id {
+			return entryOutcome{put: in, moved: cur, movedTo: conflictName(cur.Name, oid.ID(cur.Id)), twin: true}
+		}
+		return entryOutcome{moved: in, movedTo: conflictName(in.Name, oid.ID(in.Id)), twin: true}
 	case union && in.Id < cur.Id:
 		return entryOutcome{put: in, moved: cur, movedTo: conflictName(cur.Name, oid.ID(cur.Id))}
 	case union:
@@ -86,6 +96,24 @@ func resolveEntry(union bool, cur, in *wire.Entry) entryOutcome {
 	default:
 		return entryOutcome{unlinked: in}
 	}
+}
+
+// IDs and takeovers. A primary that takes a slice over starts its IDs
+// in a fresh block of 1<<tailBlockBits, so that those its predecessor
+// handed out without its backups knowing (eventual creates) stay
+// unique. An ID below the counter in the current block was issued by
+// this line of primaries; one from an earlier block may be such a lost
+// tail.
+const tailBlockBits = 22
+
+// tailFloor is the first ID counter of the block after counter's.
+func tailFloor(counter uint64) uint64 { return (counter>>tailBlockBits + 1) << tailBlockBits }
+
+// issuedHere reports whether id was handed out in its slice's current
+// block, whose next counter is next: if such an object is missing, it
+// was deleted.
+func issuedHere(id oid.ID, next uint64) bool {
+	return id.Counter() < next && id.Counter() >= next>>tailBlockBits<<tailBlockBits
 }
 
 // Merging (primary side).
@@ -127,10 +155,11 @@ func (s *Server) mergeObject(tx *store.Tx, sl oid.Slice, st *wire.ObjectState) e
 	}
 	cur, err := tx.Meta(id)
 	if errors.Is(err, fserr.ErrNotExist) {
-		if id.Counter() < tx.Counter(sl) {
+		if issuedHere(id, tx.Counter(sl)) {
 			return nil // deleted here: ids are never reused
 		}
-		// Created by a primary whose batch was lost in a failover.
+		// Created by a primary whose batch was lost in a failover (or,
+		// from an earlier block, deleted here: then it stays unlinked).
 		if err := tx.InstallObject(st); err != nil {
 			return err
 		}
@@ -213,7 +242,7 @@ func (s *Server) mergeEntry(tx *store.Tx, sl oid.Slice, ch *wire.EntryChange, no
 	if in != nil && in.Name == ch.Name && !hasTombstone(tx, dir, in.Name, oid.ID(in.Id)) {
 		child := oid.ID(in.Id)
 		if s.primary(child) == nil {
-			if _, err := tx.Meta(child); errors.Is(err, fserr.ErrNotExist) {
+			if _, err := tx.Meta(child); errors.Is(err, fserr.ErrNotExist) && issuedHere(child, tx.Counter(child.Slice())) {
 				in = nil // the object was deleted here
 			}
 		}
@@ -226,6 +255,9 @@ func (s *Server) mergeEntry(tx *store.Tx, sl oid.Slice, ch *wire.EntryChange, no
 				cur = nil
 			}
 			o := resolveEntry(d.GetCues().GetEventual(), cur, in)
+			if o.twin && o.moved == cur && s.emptyHere(tx, oid.ID(cur.Id)) {
+				o.moved, o.unlinked = nil, cur // nothing to keep
+			}
 			if o.moved != nil && o.moved == cur {
 				if err := tx.DeleteEntry(dir, cur.Name); err != nil {
 					return err
@@ -261,6 +293,23 @@ func (s *Server) mergeEntry(tx *store.Tx, sl oid.Slice, ch *wire.EntryChange, no
 	}
 	touch(d, now, true)
 	return tx.PutMeta(d)
+}
+
+// emptyHere reports whether object id, which this server is primary
+// for, is an empty directory or an empty file with one link.
+func (s *Server) emptyHere(tx *store.Tx, id oid.ID) bool {
+	if s.primary(id) != nil {
+		return false
+	}
+	m, err := tx.Meta(id)
+	if err != nil {
+		return false
+	}
+	if isDir(m) {
+		has, err := tx.HasEntries(id)
+		return err == nil && !has
+	}
+	return m.Size == 0 && m.Nlink <= 1
 }
 
 // reconciled merges what a backup changed without the primary

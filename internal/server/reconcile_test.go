@@ -1,6 +1,7 @@
 package server
 
 import (
+	"slices"
 	"testing"
 
 	"github.com/wheelfs/wheelfs/internal/oid"
@@ -70,6 +71,10 @@ func TestResolveEntry(t *testing.T) {
 	e := func(id, version uint64) *wire.Entry {
 		return &wire.Entry{Name: "n", Id: id, Type: wire.Type_TYPE_FILE, Version: version}
 	}
+	op := func(e *wire.Entry, op uint64, attempt uint32) *wire.Entry {
+		e.Op, e.Attempt = op, attempt
+		return e
+	}
 	for _, tc := range []struct {
 		name               string
 		union              bool
@@ -83,6 +88,13 @@ func TestResolveEntry(t *testing.T) {
 		{"union: current smaller keeps the name", true, e(5, 1), e(9, 1), 0, 9, 0, conflictName("n", 9)},
 		{"last writer: newer entry wins", false, e(5, 1), e(9, 2), 9, 0, 5, ""},
 		{"last writer: tie keeps the primary's", false, e(9, 2), e(5, 2), 0, 0, 5, ""},
+		// One eventual create made at the primary (attempt 0) and at a
+		// fallback (attempt 1): the fallback's, which the client heard
+		// of, keeps the name whatever the ids and versions say.
+		{"twin: later attempt keeps the name", false, op(e(5, 2), 7, 0), op(e(9, 1), 7, 1), 9, 5, 0, conflictName("n", 5)},
+		{"twin: earlier attempt pushed late", true, op(e(9, 1), 7, 2), op(e(5, 1), 7, 1), 0, 5, 0, conflictName("n", 5)},
+		{"twin: same attempt, smaller id", false, op(e(9, 1), 7, 0), op(e(5, 1), 7, 0), 5, 9, 0, conflictName("n", 9)},
+		{"different ops: the usual rules", false, op(e(5, 1), 7, 0), op(e(9, 2), 8, 1), 9, 0, 5, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			o := resolveEntry(tc.union, tc.cur, tc.in)
@@ -117,5 +129,41 @@ func TestTombstoneKeys(t *testing.T) {
 	}
 	if _, _, ok := parseTomb([]byte{1}); ok {
 		t.Errorf("short tombstone value accepted")
+	}
+}
+
+func TestIDBlocksAfterTakeover(t *testing.T) {
+	const block = 1 << tailBlockBits
+	for _, tc := range []struct{ counter, want uint64 }{{0, block}, {1, block}, {block - 1, block}, {block, 2 * block}, {block + 7, 2 * block}} {
+		if got := tailFloor(tc.counter); got != tc.want {
+			t.Errorf("tailFloor(%d) = %d, want %d", tc.counter, got, tc.want)
+		}
+	}
+	id := func(n uint64) oid.ID { return oid.Make(9, n) }
+	// The new primary's counter after a takeover from a copy whose next ID
+	// was 3, then two creates of its own.
+	next := tailFloor(3) + 2
+	for _, tc := range []struct {
+		n    uint64
+		want bool
+	}{
+		{1, false},         // seen by the backups, deleted since or not: an earlier block
+		{3, false},         // the old primary's tail, unseen here
+		{block, true},      // this primary's first
+		{block + 1, true},  // its second
+		{block + 2, false}, // not handed out yet
+	} {
+		if got := issuedHere(id(tc.n), next); got != tc.want {
+			t.Errorf("issuedHere(%d, next %d) = %v, want %v", tc.n, next, got, tc.want)
+		}
+	}
+}
+
+func TestObjectsFirst(t *testing.T) {
+	pre := divSlicePrefix(3)
+	keys := []string{pre + "e/0000000000000001/a", pre + "e/0000000000000001/b", pre + "o/0000000000000002", pre + "o/0000000000000003"}
+	want := []string{keys[2], keys[3], keys[0], keys[1]}
+	if got := objectsFirst(keys, pre); !slices.Equal(got, want) {
+		t.Errorf("objectsFirst = %v, want %v", got, want)
 	}
 }

@@ -472,11 +472,16 @@ func (x *Meta) GetBlockSize() uint32 {
 
 // Entry is one name in a directory.
 type Entry struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
-	Id            uint64                 `protobuf:"varint,2,opt,name=id,proto3" json:"id,omitempty"`
-	Type          Type                   `protobuf:"varint,3,opt,name=type,proto3,enum=wheelfs.v1.Type" json:"type,omitempty"`
-	Version       uint64                 `protobuf:"varint,4,opt,name=version,proto3" json:"version,omitempty"` // per-entry version: bumped when this name changes
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Name    string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Id      uint64                 `protobuf:"varint,2,opt,name=id,proto3" json:"id,omitempty"`
+	Type    Type                   `protobuf:"varint,3,opt,name=type,proto3,enum=wheelfs.v1.Type" json:"type,omitempty"`
+	Version uint64                 `protobuf:"varint,4,opt,name=version,proto3" json:"version,omitempty"` // per-entry version: bumped when this name changes
+	// op and attempt, set by an .EventualConsistency create, name the
+	// client's operation and which replica it asked (0 the primary, i the
+	// i-th fallback): reconciliation recognises one create made twice.
+	Op            uint64 `protobuf:"varint,5,opt,name=op,proto3" json:"op,omitempty"`
+	Attempt       uint32 `protobuf:"varint,6,opt,name=attempt,proto3" json:"attempt,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -535,6 +540,20 @@ func (x *Entry) GetType() Type {
 func (x *Entry) GetVersion() uint64 {
 	if x != nil {
 		return x.Version
+	}
+	return 0
+}
+
+func (x *Entry) GetOp() uint64 {
+	if x != nil {
+		return x.Op
+	}
+	return 0
+}
+
+func (x *Entry) GetAttempt() uint32 {
+	if x != nil {
+		return x.Attempt
 	}
 	return 0
 }
@@ -979,7 +998,12 @@ type CreateRequest struct {
 	ClientSite string                 `protobuf:"bytes,12,opt,name=client_site,json=clientSite,proto3" json:"client_site,omitempty"` // the creating client's site (write-local without a local server)
 	// open_access, when not 0, also opens a new file through caller.handle
 	// with these access bits (4 read, 2 write), whatever its mode (O_CREAT).
-	OpenAccess    uint32 `protobuf:"varint,13,opt,name=open_access,json=openAccess,proto3" json:"open_access,omitempty"`
+	OpenAccess uint32 `protobuf:"varint,13,opt,name=open_access,json=openAccess,proto3" json:"open_access,omitempty"`
+	// op names this create (random, the same at every replica asked) and
+	// attempt which replica this is (Entry.op, Entry.attempt): a retry of
+	// the same op finds its own entry instead of a clash.
+	Op            uint64 `protobuf:"varint,14,opt,name=op,proto3" json:"op,omitempty"`
+	Attempt       uint32 `protobuf:"varint,15,opt,name=attempt,proto3" json:"attempt,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1101,6 +1125,20 @@ func (x *CreateRequest) GetClientSite() string {
 func (x *CreateRequest) GetOpenAccess() uint32 {
 	if x != nil {
 		return x.OpenAccess
+	}
+	return 0
+}
+
+func (x *CreateRequest) GetOp() uint64 {
+	if x != nil {
+		return x.Op
+	}
+	return 0
+}
+
+func (x *CreateRequest) GetAttempt() uint32 {
+	if x != nil {
+		return x.Attempt
 	}
 	return 0
 }
@@ -4731,12 +4769,14 @@ const file_wheelfs_proto_rawDesc = "" +
 	"\x04cues\x18\x0f \x01(\v2\x10.wheelfs.v1.CuesR\x04cues\x12\x16\n" +
 	"\x06parent\x18\x10 \x01(\x04R\x06parent\x12\x1d\n" +
 	"\n" +
-	"block_size\x18\x11 \x01(\rR\tblockSize\"k\n" +
+	"block_size\x18\x11 \x01(\rR\tblockSize\"\x95\x01\n" +
 	"\x05Entry\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x0e\n" +
 	"\x02id\x18\x02 \x01(\x04R\x02id\x12$\n" +
 	"\x04type\x18\x03 \x01(\x0e2\x10.wheelfs.v1.TypeR\x04type\x12\x18\n" +
-	"\aversion\x18\x04 \x01(\x04R\aversion\"\xbb\x01\n" +
+	"\aversion\x18\x04 \x01(\x04R\aversion\x12\x0e\n" +
+	"\x02op\x18\x05 \x01(\x04R\x02op\x12\x18\n" +
+	"\aattempt\x18\x06 \x01(\rR\aattempt\"\xbb\x01\n" +
 	"\x06Caller\x12\x10\n" +
 	"\x03uid\x18\x01 \x01(\rR\x03uid\x12\x10\n" +
 	"\x03gid\x18\x02 \x01(\rR\x03gid\x12\x16\n" +
@@ -4766,7 +4806,7 @@ const file_wheelfs_proto_rawDesc = "" +
 	"\x0fGetAttrResponse\x12$\n" +
 	"\x04meta\x18\x01 \x01(\v2\x10.wheelfs.v1.MetaR\x04meta\x12\x19\n" +
 	"\blease_ms\x18\x02 \x01(\rR\aleaseMs\x120\n" +
-	"\x06xattrs\x18\x03 \x01(\v2\x18.wheelfs.v1.XattrSummaryR\x06xattrs\"\x84\x03\n" +
+	"\x06xattrs\x18\x03 \x01(\v2\x18.wheelfs.v1.XattrSummaryR\x06xattrs\"\xae\x03\n" +
 	"\rCreateRequest\x12*\n" +
 	"\x06caller\x18\x01 \x01(\v2\x12.wheelfs.v1.CallerR\x06caller\x12\x10\n" +
 	"\x03dir\x18\x02 \x01(\x04R\x03dir\x12\x12\n" +
@@ -4784,7 +4824,9 @@ const file_wheelfs_proto_rawDesc = "" +
 	"\vclient_site\x18\f \x01(\tR\n" +
 	"clientSite\x12\x1f\n" +
 	"\vopen_access\x18\r \x01(\rR\n" +
-	"openAccess\"\xb5\x01\n" +
+	"openAccess\x12\x0e\n" +
+	"\x02op\x18\x0e \x01(\x04R\x02op\x12\x18\n" +
+	"\aattempt\x18\x0f \x01(\rR\aattempt\"\xb5\x01\n" +
 	"\x0eCreateResponse\x12'\n" +
 	"\x05entry\x18\x01 \x01(\v2\x11.wheelfs.v1.EntryR\x05entry\x12$\n" +
 	"\x04meta\x18\x02 \x01(\v2\x10.wheelfs.v1.MetaR\x04meta\x12\"\n" +
