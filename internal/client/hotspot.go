@@ -38,6 +38,7 @@ type holdReports struct {
 	running bool
 	stop    chan struct{}
 	done    chan struct{}
+	closed  sync.Once
 }
 
 type heldFile struct {
@@ -186,14 +187,16 @@ func (r *holdReports) markSent(ids []oid.ID, pending map[oid.ID]*heldFile) {
 
 // close stops the reporter.
 func (r *holdReports) close() {
-	r.mu.Lock()
-	running := r.running
-	r.running = true // no start after close
-	r.mu.Unlock()
-	close(r.stop)
-	if running {
-		<-r.done
-	}
+	r.closed.Do(func() {
+		r.mu.Lock()
+		running := r.running
+		r.running = true // no start after close
+		r.mu.Unlock()
+		close(r.stop)
+		if running {
+			<-r.done
+		}
+	})
 }
 
 // BlockHolder is a client that recently cached blocks of a file.
