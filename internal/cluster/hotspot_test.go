@@ -32,7 +32,7 @@ func fastCoords(_ *Node, cfg *deploy.Config) {
 
 // TestCoordinatesConverge checks that the coordinates the nodes publish
 // estimate the configured RTT between every pair of sites (median over
-// node pairs) within a quarter (+5 ms), and keep doing so for two
+// node pairs) within a third (+5 ms), and keep doing so for two
 // seconds. (Vivaldi's own error estimates stay high, 0.5–1.5: they are
 // relative errors, dominated by the sub-millisecond pairs within a site.)
 func TestCoordinatesConverge(t *testing.T) {
@@ -92,7 +92,7 @@ func estimatesClose(ctx context.Context, c *Cluster, nodes int, report *string) 
 		slices.Sort(ds)
 		med := ds[len(ds)/2]
 		*report += fmt.Sprintf(" %v: %v (configured %v);", key, med.Round(time.Millisecond/10), real)
-		if d := med - real; d > real/4+5*time.Millisecond || -d > real/4+5*time.Millisecond {
+		if d := med - real; d > real/3+5*time.Millisecond || -d > real/3+5*time.Millisecond {
 			return fmt.Errorf("%v: median estimate %v, configured %v", key, med, real)
 		}
 	}
