@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -18,6 +19,7 @@ import (
 
 	"github.com/wheelfs/wheelfs/internal/configsvc"
 	"github.com/wheelfs/wheelfs/internal/deploy"
+	"github.com/wheelfs/wheelfs/internal/netcoord"
 	"github.com/wheelfs/wheelfs/internal/pki"
 )
 
@@ -63,6 +65,7 @@ the config member in --data are used.`,
 			var t *configsvc.Table
 			var members []configsvc.Member
 			var known map[string]configsvc.ServerInfo
+			var coords map[string]configsvc.NodeCoord
 			// A leader election (members joining) fails reads for a moment.
 			if err := retryUntil(ctx, func() (err error) {
 				if t, err = conf.Table(ctx); err != nil {
@@ -71,12 +74,16 @@ the config member in --data are used.`,
 				if members, err = conf.Members(ctx); err != nil {
 					return err
 				}
-				known, err = conf.KnownServers(ctx)
+				if known, err = conf.KnownServers(ctx); err != nil {
+					return err
+				}
+				coords, err = conf.Coords(ctx)
 				return err
 			}); err != nil {
 				return err
 			}
 			st := buildStatus(t, members, known)
+			addCoords(&st, coords)
 			if asJSON {
 				enc := json.NewEncoder(os.Stdout)
 				enc.SetIndent("", "  ")
@@ -153,6 +160,27 @@ type status struct {
 	Servers  []serverStatus     `json:"servers"`
 	Members  []configsvc.Member `json:"members"`
 	Slices   []sliceStatus      `json:"slices"`
+	// Coords are the published network coordinates of servers and
+	// clients; RTT is the estimated round trip between sites from them.
+	Coords []coordStatus `json:"coords,omitempty"`
+	RTT    []siteRTT     `json:"rtt,omitempty"`
+}
+
+type coordStatus struct {
+	ID      string  `json:"id"`
+	Site    string  `json:"site"`
+	Role    string  `json:"role"`  // "server" or "client"
+	Error   float64 `json:"error"` // Vivaldi's relative error estimate
+	Samples uint64  `json:"samples"`
+}
+
+// siteRTT is the median estimated RTT over every pair of nodes at sites
+// A and B (A ≤ B; A = B: between distinct nodes of one site).
+type siteRTT struct {
+	A        string  `json:"a"`
+	B        string  `json:"b"`
+	MedianMs float64 `json:"median_ms"`
+	Pairs    int     `json:"pairs"`
 }
 
 type siteStatus struct {
@@ -266,6 +294,41 @@ func buildStatus(t *configsvc.Table, members []configsvc.Member, known map[strin
 	return out
 }
 
+// addCoords adds the published coordinates and the site RTT matrix.
+func addCoords(st *status, coords map[string]configsvc.NodeCoord) {
+	st.Coords, st.RTT = []coordStatus{}, []siteRTT{}
+	ids := slices.Sorted(maps.Keys(coords))
+	for _, id := range ids {
+		c := coords[id]
+		role := "client"
+		if c.Server {
+			role = "server"
+		}
+		st.Coords = append(st.Coords, coordStatus{ID: id, Site: c.Site, Role: role, Error: c.Coord.Error, Samples: c.Samples})
+	}
+	pairs := map[[2]string][]float64{}
+	for i, a := range ids {
+		for _, b := range ids[i+1:] {
+			ca, cb := coords[a], coords[b]
+			d := netcoord.Estimate(ca.Coord, cb.Coord)
+			if d == netcoord.Unknown {
+				continue
+			}
+			key := [2]string{min(ca.Site, cb.Site), max(ca.Site, cb.Site)}
+			pairs[key] = append(pairs[key], float64(d)/float64(time.Millisecond))
+		}
+	}
+	for key, ms := range pairs {
+		slices.Sort(ms)
+		med := ms[len(ms)/2]
+		if len(ms)%2 == 0 {
+			med = (ms[len(ms)/2-1] + ms[len(ms)/2]) / 2
+		}
+		st.RTT = append(st.RTT, siteRTT{A: key[0], B: key[1], MedianMs: med, Pairs: len(ms)})
+	}
+	slices.SortFunc(st.RTT, func(x, y siteRTT) int { return cmp.Or(strings.Compare(x.A, y.A), strings.Compare(x.B, y.B)) })
+}
+
 // registeredSites counts the sites with a registered server.
 func registeredSites(t *configsvc.Table) int {
 	sites := map[string]bool{}
@@ -312,6 +375,15 @@ func renderStatus(w io.Writer, s status) error {
 			sl.Policy.RepSites, dash(strings.Join(sl.Replicas, ",")), sl.Health.Live, len(sl.Replicas),
 			dash(sl.Holder), sl.Epoch, strings.Join(sl.State, ","))
 	}
+	if len(s.Coords) > 0 {
+		fmt.Fprintln(tw, "\nNODE\tSITE\tROLE\tCOORD ERROR\tSAMPLES")
+		for _, c := range s.Coords {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%.2f\t%d\n", c.ID, dash(c.Site), c.Role, c.Error, c.Samples)
+		}
+	}
+	if len(s.RTT) > 0 {
+		renderRTT(tw, s.RTT)
+	}
 	return errors.Join(tw.Flush())
 }
 
@@ -320,4 +392,28 @@ func dash(s string) string {
 		return "-"
 	}
 	return s
+}
+
+// renderRTT prints the site RTT matrix (estimated, milliseconds).
+func renderRTT(w io.Writer, rtts []siteRTT) {
+	var sites []string
+	ms := map[[2]string]float64{}
+	for _, r := range rtts {
+		sites = append(sites, r.A, r.B)
+		ms[[2]string{r.A, r.B}], ms[[2]string{r.B, r.A}] = r.MedianMs, r.MedianMs
+	}
+	slices.Sort(sites)
+	sites = slices.Compact(sites)
+	fmt.Fprintln(w, "\nEST. RTT ms\t"+strings.Join(sites, "\t"))
+	for _, a := range sites {
+		fmt.Fprint(w, a)
+		for _, b := range sites {
+			if v, ok := ms[[2]string{a, b}]; ok {
+				fmt.Fprintf(w, "\t%.1f", v)
+			} else {
+				fmt.Fprint(w, "\t-")
+			}
+		}
+		fmt.Fprintln(w)
+	}
 }

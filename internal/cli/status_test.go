@@ -3,8 +3,11 @@ package cli
 import (
 	"bytes"
 	"encoding/json"
+	"math"
 	"strings"
 	"testing"
+
+	"github.com/hashicorp/serf/coordinate"
 
 	"github.com/wheelfs/wheelfs/internal/configsvc"
 	"github.com/wheelfs/wheelfs/internal/oid"
@@ -161,5 +164,44 @@ func TestStatusKnownServerDown(t *testing.T) {
 	var buf bytes.Buffer
 	if err := renderStatus(&buf, s); err != nil || !strings.Contains(buf.String(), "srv-stop") {
 		t.Errorf("table: %v\n%s", err, buf.String())
+	}
+}
+
+func TestStatusCoords(t *testing.T) {
+	at := func(site string, server bool, ms float64) configsvc.NodeCoord {
+		c := coordinate.NewCoordinate(coordinate.DefaultConfig())
+		c.Vec[0], c.Height, c.Error = ms/1000, 0, 0.2
+		return configsvc.NodeCoord{Site: site, Server: server, Coord: c, Samples: 5}
+	}
+	coords := map[string]configsvc.NodeCoord{
+		"w1": at("west", true, 0), "w2": at("west", false, 2),
+		"e1": at("east", true, 100), "e2": at("east", false, 104),
+	}
+	tbl, members := statusTable()
+	s := buildStatus(tbl, members, nil)
+	addCoords(&s, coords)
+	if len(s.Coords) != 4 || s.Coords[0].ID != "e1" || s.Coords[0].Role != "server" || s.Coords[1].Role != "client" || s.Coords[0].Error != 0.2 {
+		t.Errorf("coords %+v", s.Coords)
+	}
+	// east-west pairs: 100, 104, 98, 102 ms: median 101.
+	want := []siteRTT{{A: "east", B: "east", MedianMs: 4, Pairs: 1}, {A: "east", B: "west", MedianMs: 101, Pairs: 4},
+		{A: "west", B: "west", MedianMs: 2, Pairs: 1}}
+	if len(s.RTT) != len(want) {
+		t.Fatalf("rtt %+v", s.RTT)
+	}
+	for i := range want {
+		if got := s.RTT[i]; got.A != want[i].A || got.B != want[i].B || got.Pairs != want[i].Pairs || math.Abs(got.MedianMs-want[i].MedianMs) > 0.01 {
+			t.Errorf("rtt[%d] = %+v, want %+v", i, got, want[i])
+		}
+	}
+	var b bytes.Buffer
+	if err := renderStatus(&b, s); err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range []string{"NODE  SITE  ROLE    COORD ERROR  SAMPLES", "w2    west  client  0.20         5",
+		"EST. RTT ms  east   west", "east         4.0    101.0", "west         101.0  2.0"} {
+		if !strings.Contains(b.String(), line) {
+			t.Errorf("output lacks %q:\n%s", line, b.String())
+		}
 	}
 }

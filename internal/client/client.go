@@ -13,6 +13,7 @@ import (
 
 	"github.com/wheelfs/wheelfs/internal/blockcache"
 	"github.com/wheelfs/wheelfs/internal/cue"
+	"github.com/wheelfs/wheelfs/internal/netcoord"
 	"github.com/wheelfs/wheelfs/internal/oid"
 	"github.com/wheelfs/wheelfs/internal/wire"
 )
@@ -79,6 +80,15 @@ type Config struct {
 	// NoLeases turns the meta-data cache off: every operation asks the
 	// primary (benchmarks compare against it).
 	NoLeases bool
+	// Node is this host's ID: it names this client as a holder of cached
+	// blocks (.Hotspot).
+	Node string
+	// Coord is this host's network coordinate (nil: none; holders are
+	// then not ranked for this client).
+	Coord *netcoord.Node
+	// ReportEvery is how often blocks cached by .Hotspot reads are
+	// reported to their files' primaries (default DefaultReportEvery).
+	ReportEvery time.Duration
 }
 
 // NewConfig returns a Config with defaults filled in.
@@ -130,8 +140,9 @@ type FS struct {
 	fetchMu  sync.Mutex
 	inflight map[[32]byte]chan struct{} // blocks being fetched
 
-	leases *leases
-	rpcs   *rpcCounts // requests sent, by method (Stats)
+	leases  *leases
+	rpcs    *rpcCounts // requests sent, by method (Stats)
+	reports *holdReports
 
 	regMu sync.Mutex
 	regs  map[oid.ID]*registration // opens served from the cache, being registered at the primary
@@ -160,6 +171,9 @@ func New(cfg Config, router Router) *FS {
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = def.Timeout
 	}
+	if cfg.ReportEvery <= 0 {
+		cfg.ReportEvery = DefaultReportEvery
+	}
 	log := cfg.Logger.With("component", "client")
 	cache := blockcache.New(cfg.CacheBytes)
 	if cfg.CacheDir != "" {
@@ -181,6 +195,7 @@ func New(cfg Config, router Router) *FS {
 		files:    make(map[oid.ID]*fileState),
 		inflight: make(map[[32]byte]chan struct{}),
 		regs:     map[oid.ID]*registration{},
+		reports:  newHoldReports(),
 	}
 	f.leases = newLeases(f)
 	return f
@@ -189,6 +204,7 @@ func New(cfg Config, router Router) *FS {
 // Close stops the lease back channels and writes the blocks queued for
 // the on-disk cache. The FS must not be used afterwards.
 func (f *FS) Close() error {
+	f.reports.close()
 	f.leases.stop()
 	return f.cache.Close()
 }

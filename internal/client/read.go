@@ -6,6 +6,7 @@ import (
 	"slices"
 
 	"github.com/wheelfs/wheelfs/internal/fserr"
+	"github.com/wheelfs/wheelfs/internal/holders"
 	"github.com/wheelfs/wheelfs/internal/oid"
 	"github.com/wheelfs/wheelfs/internal/wire"
 )
@@ -45,10 +46,13 @@ func (h *Handle) Read(ctx context.Context, p []byte, off int64) (int, error) {
 		if h.cues.WholeFile {
 			ahead = maxIdx
 		}
-		st.prefetch(ctx, h.fs, h.user, max(last+1, st.prefetched+1), ahead)
+		st.prefetch(ctx, h.fs, h.user, max(last+1, st.prefetched+1), ahead, h.cues.Hotspot)
 		st.prefetched = ahead
 	}
 	st.nextRead = off + int64(len(p))
+	if h.cues.Hotspot {
+		h.fs.noteHeld(ctx, h.user, st, first, last)
+	}
 	n := 0
 	for idx := first; idx <= last; idx++ {
 		b := blocks[idx-first]
@@ -117,8 +121,9 @@ func (st *fileState) blocks(ctx context.Context, f *FS, u User, first, last uint
 }
 
 // prefetch starts fetching blocks from..to in the background, so that a
-// sequential reader finds them cached (paper §5.5, .WholeFile).
-func (st *fileState) prefetch(ctx context.Context, f *FS, u User, from, to uint64) {
+// sequential reader finds them cached (paper §5.5, .WholeFile); with hot
+// (.Hotspot) the fetched blocks are reported as held.
+func (st *fileState) prefetch(ctx context.Context, f *FS, u User, from, to uint64, hot bool) {
 	if err := st.loadRefs(ctx, f, u, from, to); err != nil {
 		return // the read itself will report it
 	}
@@ -133,6 +138,24 @@ func (st *fileState) prefetch(ctx context.Context, f *FS, u User, from, to uint6
 	}
 	mine, _ := f.claim(needed)
 	id, ev := st.id, st.eventual
+	var note func(chunk [][32]byte)
+	if hot && !st.modified && len(st.dirty) == 0 && len(st.staged) == 0 {
+		version, byHash := st.version, map[[32]byte][]uint64{}
+		for idx := from; idx <= to; idx++ {
+			if ref, ok := st.hashes[idx]; ok {
+				byHash[ref.hash] = append(byHash[ref.hash], idx)
+			}
+		}
+		note = func(chunk [][32]byte) {
+			var rs []holders.Range
+			for _, h := range chunk {
+				for _, idx := range byHash[h] {
+					rs = holders.Add(rs, holders.Range{First: idx, Count: 1})
+				}
+			}
+			f.reports.add(ctx, f, u, id, version, rs)
+		}
+	}
 	// One goroutine per RPC's worth: the reads of the window overlap, so
 	// the primary's disk sees several requests at once.
 	for chunk := range slices.Chunk(mine, blocksPerRPC) {
@@ -141,6 +164,8 @@ func (st *fileState) prefetch(ctx context.Context, f *FS, u User, from, to uint6
 			defer cancel()
 			if err := f.fetchClaimed(ctx, u, id, chunk, ev); err != nil {
 				f.log.Debug("prefetch failed", "id", id.String(), "err", err)
+			} else if note != nil {
+				note(chunk)
 			}
 		}()
 	}

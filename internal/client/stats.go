@@ -207,3 +207,18 @@ func (c countingClient) Callbacks(ctx context.Context, opts ...grpc.CallOption) 
 	c.counts.add("Callbacks")
 	return c.c.Callbacks(ctx, opts...)
 }
+
+func (c countingClient) Probe(ctx context.Context, in *wire.ProbeRequest, opts ...grpc.CallOption) (*wire.ProbeResponse, error) {
+	c.counts.add("Probe")
+	return c.c.Probe(ctx, in, opts...)
+}
+
+func (c countingClient) ReportHolding(ctx context.Context, in *wire.ReportHoldingRequest, opts ...grpc.CallOption) (*wire.ReportHoldingResponse, error) {
+	c.counts.add("ReportHolding")
+	return c.c.ReportHolding(ctx, in, opts...)
+}
+
+func (c countingClient) Holders(ctx context.Context, in *wire.HoldersRequest, opts ...grpc.CallOption) (*wire.HoldersResponse, error) {
+	c.counts.add("Holders")
+	return c.c.Holders(ctx, in, opts...)
+}

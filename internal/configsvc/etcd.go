@@ -118,6 +118,9 @@ type EtcdService struct {
 	// one keep-alive however many slices it holds, and they all expire
 	// together when it stops.
 	sessions map[string]clientv3.LeaseID
+	// coordLeases holds, per node, the lease its published coordinate is
+	// attached to (PublishCoord).
+	coordLeases map[string]clientv3.LeaseID
 }
 
 type registration struct {
@@ -1023,6 +1026,7 @@ func (s *EtcdService) Close() error {
 	// until L runs out, so a quick restart keeps its slices and epochs.
 	s.cancel() // stops registrations (which revoke their leases) and watches
 	s.wg.Wait()
+	s.withdrawCoords()
 	if s.ownsClient {
 		return s.cli.Close()
 	}

@@ -53,6 +53,7 @@ type memSpace struct {
 	sessions   map[string]*memSession // by holder
 	deployment string
 	watchers   map[chan struct{}]bool
+	coords     map[string]memCoord // PublishCoord
 }
 
 type memServer struct {
@@ -120,6 +121,8 @@ type memClient struct {
 	opts Options
 	once sync.Once
 	done chan struct{}
+	// published: the coordinates this client published (guarded by sp.mu).
+	published map[string]bool
 }
 
 func (c *memClient) closed() bool {
@@ -305,6 +308,13 @@ func (c *memClient) Members(ctx context.Context) ([]Member, error) {
 }
 
 func (c *memClient) Close() error {
-	c.once.Do(func() { close(c.done) })
+	c.once.Do(func() {
+		close(c.done)
+		c.sp.mu.Lock()
+		for id := range c.published {
+			delete(c.sp.coords, id)
+		}
+		c.sp.mu.Unlock()
+	})
 	return nil
 }

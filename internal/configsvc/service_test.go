@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hashicorp/serf/coordinate"
+
 	"github.com/wheelfs/wheelfs/internal/configsvc"
 	"github.com/wheelfs/wheelfs/internal/oid"
 )
@@ -32,6 +34,7 @@ func testService(t *testing.T, newDeployment func(t *testing.T) connector) {
 		{"WatchEndsOnClose", testWatchEndsOnClose},
 		{"DeploymentIdempotent", testDeploymentIdempotent},
 		{"RenewAllSession", testRenewAllSession},
+		{"Coords", testCoords},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -420,5 +423,45 @@ func testRenewAllSession(t *testing.T, connect connector) {
 	}
 	if lost, err := a.RenewAll(ctx, []configsvc.Lock{l}); err != nil || len(lost) != 0 {
 		t.Fatalf("new session: lost %v, %v", lost, err)
+	}
+}
+
+// coordStore is what EtcdService and Memory clients offer beside Service.
+type coordStore interface {
+	PublishCoord(ctx context.Context, c configsvc.NodeCoord, ttl time.Duration) error
+	Coords(ctx context.Context) (map[string]configsvc.NodeCoord, error)
+}
+
+func testCoords(t *testing.T, connect connector) {
+	a := connect(configsvc.Options{}).(coordStore)
+	b := connect(configsvc.Options{}).(coordStore)
+	ctx := tctx(t)
+	c := coordinate.NewCoordinate(coordinate.DefaultConfig())
+	c.Vec[0] = 0.05
+	if err := a.PublishCoord(ctx, configsvc.NodeCoord{ID: "n1", Site: "west", Coord: c, Samples: 7}, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	c.Vec[0] = 0.06 // a second publish replaces the first (and renews its lease)
+	if err := a.PublishCoord(ctx, configsvc.NodeCoord{ID: "n1", Site: "west", Coord: c, Samples: 9}, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.PublishCoord(ctx, configsvc.NodeCoord{ID: "n2", Site: "east", Server: true, Coord: c}, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	got, err := b.Coords(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 2 || got["n1"].Site != "west" || got["n1"].Samples != 9 || got["n1"].Coord.Vec[0] != 0.06 || !got["n2"].Server {
+		t.Fatalf("coords %+v", got)
+	}
+	// Close withdraws what a client published.
+	a.(configsvc.Service).Close()
+	got, err = b.Coords(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := got["n1"]; ok || len(got) != 1 {
+		t.Errorf("after close: %+v, want only n2", got)
 	}
 }

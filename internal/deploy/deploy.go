@@ -28,6 +28,7 @@ import (
 	"github.com/wheelfs/wheelfs/internal/configsvc"
 	"github.com/wheelfs/wheelfs/internal/configsvc/embedded"
 	"github.com/wheelfs/wheelfs/internal/dirlock"
+	"github.com/wheelfs/wheelfs/internal/netcoord"
 	"github.com/wheelfs/wheelfs/internal/pki"
 	"github.com/wheelfs/wheelfs/internal/route"
 	"github.com/wheelfs/wheelfs/internal/server"
@@ -108,6 +109,9 @@ type Config struct {
 	// reclamation of freed blocks); zero values take defaults and the
 	// logger is filled in by Start.
 	Store store.Options
+	// Coord tunes the host's network coordinate; zero values take
+	// defaults.
+	Coord CoordConfig
 }
 
 // MemberConfig configures an embedded configuration-service member.
@@ -155,7 +159,9 @@ type Host struct {
 	Router   *route.Router
 	Client   *client.FS
 	Creds    *pki.Credentials
-	closers  []closer
+	// Coord is the host's network coordinate (server and client roles).
+	Coord   *netcoord.Node
+	closers []closer
 }
 
 // closer stops one piece; crash, when set, replaces close in Crash.
@@ -294,7 +300,9 @@ func Start(ctx context.Context, cfg Config) (h *Host, err error) {
 	// The router comes first: it only needs the configuration service,
 	// and the server may use it to reach its peers.
 	var local *lateLocal
-	ropts := route.Options{Logger: cfg.Logger, TLS: h.Creds.ClientTLS, Dial: h.dialer()}
+	h.Coord = netcoord.New(h.id.Server, netcoord.Options{SampleEvery: cfg.Coord.SampleEvery})
+	ropts := route.Options{Logger: cfg.Logger, TLS: h.Creds.ClientTLS, Dial: h.dialer(),
+		Coord: h.Coord, ProbeEvery: cfg.Coord.ProbeEvery}
 	if cfg.Roles&RoleServer != 0 {
 		local = &lateLocal{}
 		ropts.LocalID, ropts.Local = h.id.Server, local
@@ -318,9 +326,11 @@ func Start(ctx context.Context, cfg Config) (h *Host, err error) {
 		if cfg.Roles&RoleServer != 0 {
 			ccfg.Origin = h.id.Server // write-local placement
 		}
+		ccfg.Node, ccfg.Coord = h.id.Server, h.Coord
 		h.Client = client.New(ccfg, h.Router)
 		h.onClose(h.Client.Close, h.Client.Close)
 	}
+	h.publishCoord(ctx)
 	return h, nil
 }
 

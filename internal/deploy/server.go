@@ -61,7 +61,7 @@ func (h *Host) startServer(ctx context.Context, local *lateLocal) (err error) {
 		grpc.MaxRecvMsgSize(64<<20), grpc.MaxSendMsgSize(64<<20),
 		// Clients and peers ping idle connections (route.KeepaliveTime).
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: route.KeepaliveTime / 2, PermitWithoutStream: true}),
-		grpc.ChainUnaryInterceptor(h.gate.unary, h.Server.UnaryInterceptor()), grpc.ChainStreamInterceptor(h.gate.stream))
+		grpc.ChainUnaryInterceptor(h.Coord.UnaryServerInterceptor(), h.gate.unary, h.Server.UnaryInterceptor()), grpc.ChainStreamInterceptor(h.gate.stream))
 	wire.RegisterStorageServer(h.grpc, h.Server)
 	wire.RegisterPeerServer(h.grpc, h.Server.PeerService())
 	go h.grpc.Serve(h.listener)

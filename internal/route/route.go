@@ -8,6 +8,7 @@ import (
 	"crypto/tls"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"net"
 	"slices"
 	"sync"
@@ -21,6 +22,7 @@ import (
 	"github.com/wheelfs/wheelfs/internal/client"
 	"github.com/wheelfs/wheelfs/internal/configsvc"
 	"github.com/wheelfs/wheelfs/internal/fserr"
+	"github.com/wheelfs/wheelfs/internal/netcoord"
 	"github.com/wheelfs/wheelfs/internal/oid"
 	"github.com/wheelfs/wheelfs/internal/wire"
 )
@@ -35,7 +37,24 @@ type Options struct {
 	// LocalID and Local short-circuit calls to a server in this process.
 	LocalID string
 	Local   wire.StorageClient
+	// Coord, when set, is this host's network coordinate: calls to servers
+	// sample their round trips (netcoord), and a server not sampled
+	// within ProbeEvery may be probed.
+	Coord *netcoord.Node
+	// ProbeEvery is how often one server is probed for a coordinate
+	// sample (default DefaultProbeEvery; negative: never).
+	ProbeEvery time.Duration
 }
+
+// DefaultProbeEvery is how often a host probes one server whose round
+// trip its other calls did not sample lately: one empty call every 10 s
+// at most.
+const DefaultProbeEvery = 10 * time.Second
+
+// probeNeighbors is how many servers a host keeps probing once it is
+// connected to that many: Vivaldi needs a few neighbours, not all, and
+// each probed server costs an open connection.
+const probeNeighbors = 8
 
 // KeepaliveTime is how often an idle connection to a server is pinged
 // (servers must permit pings this often).
@@ -60,6 +79,8 @@ type Router struct {
 	mu    sync.Mutex
 	table *configsvc.Table
 	conns map[string]*grpc.ClientConn // by server ID
+
+	probing sync.WaitGroup
 }
 
 var _ client.Router = (*Router)(nil)
@@ -74,9 +95,16 @@ func New(ctx context.Context, conf configsvc.Service, o Options) (*Router, error
 		return nil, fmt.Errorf("route: read slice table: %w", err)
 	}
 	wctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	if o.ProbeEvery == 0 {
+		o.ProbeEvery = DefaultProbeEvery
+	}
 	r := &Router{conf: conf, opts: o, log: o.Logger.With("component", "route"), table: t,
 		conns: map[string]*grpc.ClientConn{}, stop: cancel, done: make(chan struct{})}
 	go r.follow(wctx)
+	if o.Coord != nil && o.ProbeEvery > 0 {
+		r.probing.Add(1)
+		go r.probe(wctx)
+	}
 	return r, nil
 }
 
@@ -95,6 +123,7 @@ func (r *Router) follow(ctx context.Context) {
 func (r *Router) Close() error {
 	r.stop()
 	<-r.done
+	r.probing.Wait()
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for id, c := range r.conns {
@@ -240,6 +269,10 @@ func (r *Router) conn(info configsvc.ServerInfo) (*grpc.ClientConn, error) {
 	if r.opts.Dial != nil {
 		dopts = append(dopts, grpc.WithContextDialer(r.opts.Dial))
 	}
+	if r.opts.Coord != nil {
+		// The peer's name is the one TLS checks (TLS(info.ID)).
+		dopts = append(dopts, grpc.WithUnaryInterceptor(r.opts.Coord.UnaryClientInterceptor(info.ID)))
+	}
 	// gRPC's default back-off grows to 2 minutes between connection
 	// attempts: a site cut off for three minutes then reached a server
 	// again 98 s after the heal (testbed, partition experiment). A server
@@ -277,4 +310,60 @@ func (r *Router) Describe(ctx context.Context, s oid.Slice) (client.SliceInfo, e
 		out.Replicas = append(out.Replicas, ref(id))
 	}
 	return out, nil
+}
+
+// probe calls one server every ProbeEvery whose round trip no other call
+// sampled lately, so that an idle host's coordinate keeps up. Once the
+// host is connected to probeNeighbors servers it probes only those.
+func (r *Router) probe(ctx context.Context) {
+	defer r.probing.Done()
+	t := time.NewTicker(r.opts.ProbeEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		info, ok := r.probeTarget()
+		if !ok {
+			continue
+		}
+		conn, err := r.conn(info)
+		if err != nil {
+			continue
+		}
+		pctx, cancel := context.WithTimeout(ctx, probeTimeout)
+		if _, err := wire.NewStorageClient(conn).Probe(pctx, &wire.ProbeRequest{}); err != nil {
+			r.log.Debug("coordinate probe failed", "server", info.ID, "err", err)
+		}
+		cancel()
+	}
+}
+
+// probeTimeout bounds one probe.
+const probeTimeout = 3 * time.Second
+
+// probeTarget picks a random registered server (not this host's) that is
+// due for a sample, among the connected ones when there are enough.
+func (r *Router) probeTarget() (configsvc.ServerInfo, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var all, connected []configsvc.ServerInfo
+	for id, info := range r.table.Servers {
+		if id == r.opts.LocalID || !r.opts.Coord.Due(id) {
+			continue
+		}
+		all = append(all, info)
+		if _, ok := r.conns[id]; ok {
+			connected = append(connected, info)
+		}
+	}
+	if len(r.conns) >= probeNeighbors {
+		all = connected
+	}
+	if len(all) == 0 {
+		return configsvc.ServerInfo{}, false
+	}
+	return all[rand.IntN(len(all))], true
 }

@@ -196,3 +196,15 @@ func (s pipeServer) RecvMsg(m any) error {
 	}
 	return err
 }
+
+func (l localClient) Probe(ctx context.Context, in *wire.ProbeRequest, _ ...grpc.CallOption) (*wire.ProbeResponse, error) {
+	return callUnary(ctx, l.edge, l.s, wire.Storage_Probe_FullMethodName, in, l.s.Probe)
+}
+
+func (l localClient) ReportHolding(ctx context.Context, in *wire.ReportHoldingRequest, _ ...grpc.CallOption) (*wire.ReportHoldingResponse, error) {
+	return callUnary(ctx, l.edge, l.s, wire.Storage_ReportHolding_FullMethodName, in, l.s.ReportHolding)
+}
+
+func (l localClient) Holders(ctx context.Context, in *wire.HoldersRequest, _ ...grpc.CallOption) (*wire.HoldersResponse, error) {
+	return callUnary(ctx, l.edge, l.s, wire.Storage_Holders_FullMethodName, in, l.s.Holders)
+}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/wheelfs/wheelfs/internal/configsvc"
+	"github.com/wheelfs/wheelfs/internal/holders"
 	"github.com/wheelfs/wheelfs/internal/oid"
 	"github.com/wheelfs/wheelfs/internal/store"
 	"github.com/wheelfs/wheelfs/internal/wire"
@@ -68,6 +69,9 @@ type Config struct {
 	// after the destination added the name and before the source removes
 	// it; an error stops the rename there.
 	AfterRenameLink func(ctx context.Context) error
+	// Holders bounds the soft state of which clients cache which blocks
+	// (.Hotspot); zero values take holders' defaults.
+	Holders holders.Options
 }
 
 // Server implements wire.StorageServer.
@@ -101,6 +105,8 @@ type Server struct {
 
 	leases *leases
 	names  nameLocks
+	// holders: which clients cache which blocks of this primary's files.
+	holders *holders.Table
 }
 
 // New returns a server over st that coordinates through conf.
@@ -144,6 +150,7 @@ func New(cfg Config, st *store.Store, conf ConfigService, lockTTL time.Duration)
 		maintSem: make(chan struct{}, 8),
 	}
 	s.leases = newLeases(cfg.LeaseTTL, s.lockValidity)
+	s.holders = holders.New(cfg.Holders)
 	return s
 }
 

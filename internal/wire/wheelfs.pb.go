@@ -4738,6 +4738,644 @@ func (x *Xattr) GetOmitted() bool {
 	return false
 }
 
+// Coord is a Vivaldi network coordinate (hashicorp/serf/coordinate):
+// seconds in a Euclidean space plus a height.
+type Coord struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Vec           []float64              `protobuf:"fixed64,1,rep,packed,name=vec,proto3" json:"vec,omitempty"`
+	Error         float64                `protobuf:"fixed64,2,opt,name=error,proto3" json:"error,omitempty"`
+	Adjustment    float64                `protobuf:"fixed64,3,opt,name=adjustment,proto3" json:"adjustment,omitempty"`
+	Height        float64                `protobuf:"fixed64,4,opt,name=height,proto3" json:"height,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Coord) Reset() {
+	*x = Coord{}
+	mi := &file_wheelfs_proto_msgTypes[67]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Coord) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Coord) ProtoMessage() {}
+
+func (x *Coord) ProtoReflect() protoreflect.Message {
+	mi := &file_wheelfs_proto_msgTypes[67]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Coord.ProtoReflect.Descriptor instead.
+func (*Coord) Descriptor() ([]byte, []int) {
+	return file_wheelfs_proto_rawDescGZIP(), []int{67}
+}
+
+func (x *Coord) GetVec() []float64 {
+	if x != nil {
+		return x.Vec
+	}
+	return nil
+}
+
+func (x *Coord) GetError() float64 {
+	if x != nil {
+		return x.Error
+	}
+	return 0
+}
+
+func (x *Coord) GetAdjustment() float64 {
+	if x != nil {
+		return x.Adjustment
+	}
+	return 0
+}
+
+func (x *Coord) GetHeight() float64 {
+	if x != nil {
+		return x.Height
+	}
+	return 0
+}
+
+// CoordSample is what a server returns (in the "wfs-coord-bin" response
+// header) to a call that asked for it: its coordinate and how long it spent
+// on the call, which the caller subtracts from the round trip it measured.
+type CoordSample struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Coord         *Coord                 `protobuf:"bytes,1,opt,name=coord,proto3" json:"coord,omitempty"`
+	ServerUs      uint64                 `protobuf:"varint,2,opt,name=server_us,json=serverUs,proto3" json:"server_us,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CoordSample) Reset() {
+	*x = CoordSample{}
+	mi := &file_wheelfs_proto_msgTypes[68]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CoordSample) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CoordSample) ProtoMessage() {}
+
+func (x *CoordSample) ProtoReflect() protoreflect.Message {
+	mi := &file_wheelfs_proto_msgTypes[68]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CoordSample.ProtoReflect.Descriptor instead.
+func (*CoordSample) Descriptor() ([]byte, []int) {
+	return file_wheelfs_proto_rawDescGZIP(), []int{68}
+}
+
+func (x *CoordSample) GetCoord() *Coord {
+	if x != nil {
+		return x.Coord
+	}
+	return nil
+}
+
+func (x *CoordSample) GetServerUs() uint64 {
+	if x != nil {
+		return x.ServerUs
+	}
+	return 0
+}
+
+type ProbeRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ProbeRequest) Reset() {
+	*x = ProbeRequest{}
+	mi := &file_wheelfs_proto_msgTypes[69]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ProbeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ProbeRequest) ProtoMessage() {}
+
+func (x *ProbeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_wheelfs_proto_msgTypes[69]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ProbeRequest.ProtoReflect.Descriptor instead.
+func (*ProbeRequest) Descriptor() ([]byte, []int) {
+	return file_wheelfs_proto_rawDescGZIP(), []int{69}
+}
+
+type ProbeResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ProbeResponse) Reset() {
+	*x = ProbeResponse{}
+	mi := &file_wheelfs_proto_msgTypes[70]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ProbeResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ProbeResponse) ProtoMessage() {}
+
+func (x *ProbeResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_wheelfs_proto_msgTypes[70]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ProbeResponse.ProtoReflect.Descriptor instead.
+func (*ProbeResponse) Descriptor() ([]byte, []int) {
+	return file_wheelfs_proto_rawDescGZIP(), []int{70}
+}
+
+// BlockRange is blocks first .. first+count-1 of a file.
+type BlockRange struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	First         uint64                 `protobuf:"varint,1,opt,name=first,proto3" json:"first,omitempty"`
+	Count         uint64                 `protobuf:"varint,2,opt,name=count,proto3" json:"count,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BlockRange) Reset() {
+	*x = BlockRange{}
+	mi := &file_wheelfs_proto_msgTypes[71]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BlockRange) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BlockRange) ProtoMessage() {}
+
+func (x *BlockRange) ProtoReflect() protoreflect.Message {
+	mi := &file_wheelfs_proto_msgTypes[71]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BlockRange.ProtoReflect.Descriptor instead.
+func (*BlockRange) Descriptor() ([]byte, []int) {
+	return file_wheelfs_proto_rawDescGZIP(), []int{71}
+}
+
+func (x *BlockRange) GetFirst() uint64 {
+	if x != nil {
+		return x.First
+	}
+	return 0
+}
+
+func (x *BlockRange) GetCount() uint64 {
+	if x != nil {
+		return x.Count
+	}
+	return 0
+}
+
+// HeldBlocks is what one client caches of one file version.
+type HeldBlocks struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Caller        *Caller                `protobuf:"bytes,1,opt,name=caller,proto3" json:"caller,omitempty"`
+	Id            uint64                 `protobuf:"varint,2,opt,name=id,proto3" json:"id,omitempty"`
+	Version       uint64                 `protobuf:"varint,3,opt,name=version,proto3" json:"version,omitempty"`
+	Blocks        []*BlockRange          `protobuf:"bytes,4,rep,name=blocks,proto3" json:"blocks,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HeldBlocks) Reset() {
+	*x = HeldBlocks{}
+	mi := &file_wheelfs_proto_msgTypes[72]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HeldBlocks) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HeldBlocks) ProtoMessage() {}
+
+func (x *HeldBlocks) ProtoReflect() protoreflect.Message {
+	mi := &file_wheelfs_proto_msgTypes[72]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HeldBlocks.ProtoReflect.Descriptor instead.
+func (*HeldBlocks) Descriptor() ([]byte, []int) {
+	return file_wheelfs_proto_rawDescGZIP(), []int{72}
+}
+
+func (x *HeldBlocks) GetCaller() *Caller {
+	if x != nil {
+		return x.Caller
+	}
+	return nil
+}
+
+func (x *HeldBlocks) GetId() uint64 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+func (x *HeldBlocks) GetVersion() uint64 {
+	if x != nil {
+		return x.Version
+	}
+	return 0
+}
+
+func (x *HeldBlocks) GetBlocks() []*BlockRange {
+	if x != nil {
+		return x.Blocks
+	}
+	return nil
+}
+
+type ReportHoldingRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Node          string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"` // the client's node ID (the TLS peer name wins when there is one)
+	Site          string                 `protobuf:"bytes,2,opt,name=site,proto3" json:"site,omitempty"`
+	Coord         *Coord                 `protobuf:"bytes,3,opt,name=coord,proto3" json:"coord,omitempty"`
+	Held          []*HeldBlocks          `protobuf:"bytes,4,rep,name=held,proto3" json:"held,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReportHoldingRequest) Reset() {
+	*x = ReportHoldingRequest{}
+	mi := &file_wheelfs_proto_msgTypes[73]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReportHoldingRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReportHoldingRequest) ProtoMessage() {}
+
+func (x *ReportHoldingRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_wheelfs_proto_msgTypes[73]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReportHoldingRequest.ProtoReflect.Descriptor instead.
+func (*ReportHoldingRequest) Descriptor() ([]byte, []int) {
+	return file_wheelfs_proto_rawDescGZIP(), []int{73}
+}
+
+func (x *ReportHoldingRequest) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *ReportHoldingRequest) GetSite() string {
+	if x != nil {
+		return x.Site
+	}
+	return ""
+}
+
+func (x *ReportHoldingRequest) GetCoord() *Coord {
+	if x != nil {
+		return x.Coord
+	}
+	return nil
+}
+
+func (x *ReportHoldingRequest) GetHeld() []*HeldBlocks {
+	if x != nil {
+		return x.Held
+	}
+	return nil
+}
+
+type ReportHoldingResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReportHoldingResponse) Reset() {
+	*x = ReportHoldingResponse{}
+	mi := &file_wheelfs_proto_msgTypes[74]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReportHoldingResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReportHoldingResponse) ProtoMessage() {}
+
+func (x *ReportHoldingResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_wheelfs_proto_msgTypes[74]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReportHoldingResponse.ProtoReflect.Descriptor instead.
+func (*ReportHoldingResponse) Descriptor() ([]byte, []int) {
+	return file_wheelfs_proto_rawDescGZIP(), []int{74}
+}
+
+type HoldersRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Caller        *Caller                `protobuf:"bytes,1,opt,name=caller,proto3" json:"caller,omitempty"`
+	Id            uint64                 `protobuf:"varint,2,opt,name=id,proto3" json:"id,omitempty"`
+	Version       uint64                 `protobuf:"varint,3,opt,name=version,proto3" json:"version,omitempty"` // the version the asker reads
+	Blocks        []*BlockRange          `protobuf:"bytes,4,rep,name=blocks,proto3" json:"blocks,omitempty"`
+	Coord         *Coord                 `protobuf:"bytes,5,opt,name=coord,proto3" json:"coord,omitempty"` // the asker's coordinate
+	Node          string                 `protobuf:"bytes,6,opt,name=node,proto3" json:"node,omitempty"`   // the asker's node ID (left out of the answer)
+	Max           uint32                 `protobuf:"varint,7,opt,name=max,proto3" json:"max,omitempty"`    // at most this many holders (0: the server's default)
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HoldersRequest) Reset() {
+	*x = HoldersRequest{}
+	mi := &file_wheelfs_proto_msgTypes[75]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HoldersRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HoldersRequest) ProtoMessage() {}
+
+func (x *HoldersRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_wheelfs_proto_msgTypes[75]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HoldersRequest.ProtoReflect.Descriptor instead.
+func (*HoldersRequest) Descriptor() ([]byte, []int) {
+	return file_wheelfs_proto_rawDescGZIP(), []int{75}
+}
+
+func (x *HoldersRequest) GetCaller() *Caller {
+	if x != nil {
+		return x.Caller
+	}
+	return nil
+}
+
+func (x *HoldersRequest) GetId() uint64 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+func (x *HoldersRequest) GetVersion() uint64 {
+	if x != nil {
+		return x.Version
+	}
+	return 0
+}
+
+func (x *HoldersRequest) GetBlocks() []*BlockRange {
+	if x != nil {
+		return x.Blocks
+	}
+	return nil
+}
+
+func (x *HoldersRequest) GetCoord() *Coord {
+	if x != nil {
+		return x.Coord
+	}
+	return nil
+}
+
+func (x *HoldersRequest) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *HoldersRequest) GetMax() uint32 {
+	if x != nil {
+		return x.Max
+	}
+	return 0
+}
+
+type Holder struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Node          string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	Site          string                 `protobuf:"bytes,2,opt,name=site,proto3" json:"site,omitempty"`
+	RttMs         float64                `protobuf:"fixed64,3,opt,name=rtt_ms,json=rttMs,proto3" json:"rtt_ms,omitempty"`
+	Blocks        []*BlockRange          `protobuf:"bytes,4,rep,name=blocks,proto3" json:"blocks,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Holder) Reset() {
+	*x = Holder{}
+	mi := &file_wheelfs_proto_msgTypes[76]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Holder) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Holder) ProtoMessage() {}
+
+func (x *Holder) ProtoReflect() protoreflect.Message {
+	mi := &file_wheelfs_proto_msgTypes[76]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Holder.ProtoReflect.Descriptor instead.
+func (*Holder) Descriptor() ([]byte, []int) {
+	return file_wheelfs_proto_rawDescGZIP(), []int{76}
+}
+
+func (x *Holder) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *Holder) GetSite() string {
+	if x != nil {
+		return x.Site
+	}
+	return ""
+}
+
+func (x *Holder) GetRttMs() float64 {
+	if x != nil {
+		return x.RttMs
+	}
+	return 0
+}
+
+func (x *Holder) GetBlocks() []*BlockRange {
+	if x != nil {
+		return x.Blocks
+	}
+	return nil
+}
+
+// HoldersResponse ranks holders by estimated RTT to the asker, nearest
+// first; version is the file's current version (no holders when it is not
+// the one asked for).
+type HoldersResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Version       uint64                 `protobuf:"varint,1,opt,name=version,proto3" json:"version,omitempty"`
+	Holders       []*Holder              `protobuf:"bytes,2,rep,name=holders,proto3" json:"holders,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HoldersResponse) Reset() {
+	*x = HoldersResponse{}
+	mi := &file_wheelfs_proto_msgTypes[77]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HoldersResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HoldersResponse) ProtoMessage() {}
+
+func (x *HoldersResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_wheelfs_proto_msgTypes[77]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HoldersResponse.ProtoReflect.Descriptor instead.
+func (*HoldersResponse) Descriptor() ([]byte, []int) {
+	return file_wheelfs_proto_rawDescGZIP(), []int{77}
+}
+
+func (x *HoldersResponse) GetVersion() uint64 {
+	if x != nil {
+		return x.Version
+	}
+	return 0
+}
+
+func (x *HoldersResponse) GetHolders() []*Holder {
+	if x != nil {
+		return x.Holders
+	}
+	return nil
+}
+
 var File_wheelfs_proto protoreflect.FileDescriptor
 
 const file_wheelfs_proto_rawDesc = "" +
@@ -5081,7 +5719,51 @@ const file_wheelfs_proto_rawDesc = "" +
 	"\x05Xattr\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\fR\x05value\x12\x18\n" +
-	"\aomitted\x18\x03 \x01(\bR\aomitted*\x8a\x01\n" +
+	"\aomitted\x18\x03 \x01(\bR\aomitted\"g\n" +
+	"\x05Coord\x12\x10\n" +
+	"\x03vec\x18\x01 \x03(\x01R\x03vec\x12\x14\n" +
+	"\x05error\x18\x02 \x01(\x01R\x05error\x12\x1e\n" +
+	"\n" +
+	"adjustment\x18\x03 \x01(\x01R\n" +
+	"adjustment\x12\x16\n" +
+	"\x06height\x18\x04 \x01(\x01R\x06height\"S\n" +
+	"\vCoordSample\x12'\n" +
+	"\x05coord\x18\x01 \x01(\v2\x11.wheelfs.v1.CoordR\x05coord\x12\x1b\n" +
+	"\tserver_us\x18\x02 \x01(\x04R\bserverUs\"\x0e\n" +
+	"\fProbeRequest\"\x0f\n" +
+	"\rProbeResponse\"8\n" +
+	"\n" +
+	"BlockRange\x12\x14\n" +
+	"\x05first\x18\x01 \x01(\x04R\x05first\x12\x14\n" +
+	"\x05count\x18\x02 \x01(\x04R\x05count\"\x92\x01\n" +
+	"\n" +
+	"HeldBlocks\x12*\n" +
+	"\x06caller\x18\x01 \x01(\v2\x12.wheelfs.v1.CallerR\x06caller\x12\x0e\n" +
+	"\x02id\x18\x02 \x01(\x04R\x02id\x12\x18\n" +
+	"\aversion\x18\x03 \x01(\x04R\aversion\x12.\n" +
+	"\x06blocks\x18\x04 \x03(\v2\x16.wheelfs.v1.BlockRangeR\x06blocks\"\x93\x01\n" +
+	"\x14ReportHoldingRequest\x12\x12\n" +
+	"\x04node\x18\x01 \x01(\tR\x04node\x12\x12\n" +
+	"\x04site\x18\x02 \x01(\tR\x04site\x12'\n" +
+	"\x05coord\x18\x03 \x01(\v2\x11.wheelfs.v1.CoordR\x05coord\x12*\n" +
+	"\x04held\x18\x04 \x03(\v2\x16.wheelfs.v1.HeldBlocksR\x04held\"\x17\n" +
+	"\x15ReportHoldingResponse\"\xe5\x01\n" +
+	"\x0eHoldersRequest\x12*\n" +
+	"\x06caller\x18\x01 \x01(\v2\x12.wheelfs.v1.CallerR\x06caller\x12\x0e\n" +
+	"\x02id\x18\x02 \x01(\x04R\x02id\x12\x18\n" +
+	"\aversion\x18\x03 \x01(\x04R\aversion\x12.\n" +
+	"\x06blocks\x18\x04 \x03(\v2\x16.wheelfs.v1.BlockRangeR\x06blocks\x12'\n" +
+	"\x05coord\x18\x05 \x01(\v2\x11.wheelfs.v1.CoordR\x05coord\x12\x12\n" +
+	"\x04node\x18\x06 \x01(\tR\x04node\x12\x10\n" +
+	"\x03max\x18\a \x01(\rR\x03max\"w\n" +
+	"\x06Holder\x12\x12\n" +
+	"\x04node\x18\x01 \x01(\tR\x04node\x12\x12\n" +
+	"\x04site\x18\x02 \x01(\tR\x04site\x12\x15\n" +
+	"\x06rtt_ms\x18\x03 \x01(\x01R\x05rttMs\x12.\n" +
+	"\x06blocks\x18\x04 \x03(\v2\x16.wheelfs.v1.BlockRangeR\x06blocks\"Y\n" +
+	"\x0fHoldersResponse\x12\x18\n" +
+	"\aversion\x18\x01 \x01(\x04R\aversion\x12,\n" +
+	"\aholders\x18\x02 \x03(\v2\x12.wheelfs.v1.HolderR\aholders*\x8a\x01\n" +
 	"\x04Type\x12\x14\n" +
 	"\x10TYPE_UNSPECIFIED\x10\x00\x12\r\n" +
 	"\tTYPE_FILE\x10\x01\x12\f\n" +
@@ -5111,8 +5793,7 @@ const file_wheelfs_proto_rawDesc = "" +
 	"\x0eREPL_NEED_SYNC\x10\x01\x12\x14\n" +
 	"\x10REPL_STALE_EPOCH\x10\x02\x12\x17\n" +
 	"\x13REPL_MISSING_BLOCKS\x10\x03\x12\r\n" +
-	"\tREPL_BUSY\x10\x042\xbc\n" +
-	"\n" +
+	"\tREPL_BUSY\x10\x042\x94\f\n" +
 	"\aStorage\x12?\n" +
 	"\x06Lookup\x12\x19.wheelfs.v1.LookupRequest\x1a\x1a.wheelfs.v1.LookupResponse\x12B\n" +
 	"\aGetAttr\x12\x1a.wheelfs.v1.GetAttrRequest\x1a\x1b.wheelfs.v1.GetAttrResponse\x12?\n" +
@@ -5134,7 +5815,10 @@ const file_wheelfs_proto_rawDesc = "" +
 	"\x06StatFS\x12\x19.wheelfs.v1.StatFSRequest\x1a\x1a.wheelfs.v1.StatFSResponse\x129\n" +
 	"\x04Open\x12\x17.wheelfs.v1.OpenRequest\x1a\x18.wheelfs.v1.OpenResponse\x12B\n" +
 	"\aRelease\x12\x1a.wheelfs.v1.ReleaseRequest\x1a\x1b.wheelfs.v1.ReleaseResponse\x12<\n" +
-	"\tCallbacks\x12\x17.wheelfs.v1.CallbackAck\x1a\x12.wheelfs.v1.Revoke(\x010\x012\x80\x06\n" +
+	"\tCallbacks\x12\x17.wheelfs.v1.CallbackAck\x1a\x12.wheelfs.v1.Revoke(\x010\x01\x12<\n" +
+	"\x05Probe\x12\x18.wheelfs.v1.ProbeRequest\x1a\x19.wheelfs.v1.ProbeResponse\x12T\n" +
+	"\rReportHolding\x12 .wheelfs.v1.ReportHoldingRequest\x1a!.wheelfs.v1.ReportHoldingResponse\x12B\n" +
+	"\aHolders\x12\x1a.wheelfs.v1.HoldersRequest\x1a\x1b.wheelfs.v1.HoldersResponse2\x80\x06\n" +
 	"\x04Peer\x12H\n" +
 	"\tReplicate\x12\x1c.wheelfs.v1.ReplicateRequest\x1a\x1d.wheelfs.v1.ReplicateResponse\x12?\n" +
 	"\x06Digest\x12\x19.wheelfs.v1.DigestRequest\x1a\x1a.wheelfs.v1.DigestResponse\x12;\n" +
@@ -5161,78 +5845,89 @@ func file_wheelfs_proto_rawDescGZIP() []byte {
 }
 
 var file_wheelfs_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_wheelfs_proto_msgTypes = make([]protoimpl.MessageInfo, 67)
+var file_wheelfs_proto_msgTypes = make([]protoimpl.MessageInfo, 78)
 var file_wheelfs_proto_goTypes = []any{
-	(Type)(0),                    // 0: wheelfs.v1.Type
-	(MutationKind)(0),            // 1: wheelfs.v1.MutationKind
-	(ReplStatus)(0),              // 2: wheelfs.v1.ReplStatus
-	(*Cues)(nil),                 // 3: wheelfs.v1.Cues
-	(*Meta)(nil),                 // 4: wheelfs.v1.Meta
-	(*Entry)(nil),                // 5: wheelfs.v1.Entry
-	(*Caller)(nil),               // 6: wheelfs.v1.Caller
-	(*HandleRef)(nil),            // 7: wheelfs.v1.HandleRef
-	(*LookupRequest)(nil),        // 8: wheelfs.v1.LookupRequest
-	(*LookupResponse)(nil),       // 9: wheelfs.v1.LookupResponse
-	(*GetAttrRequest)(nil),       // 10: wheelfs.v1.GetAttrRequest
-	(*GetAttrResponse)(nil),      // 11: wheelfs.v1.GetAttrResponse
-	(*CreateRequest)(nil),        // 12: wheelfs.v1.CreateRequest
-	(*CreateResponse)(nil),       // 13: wheelfs.v1.CreateResponse
-	(*LinkRequest)(nil),          // 14: wheelfs.v1.LinkRequest
-	(*LinkResponse)(nil),         // 15: wheelfs.v1.LinkResponse
-	(*RemoveRequest)(nil),        // 16: wheelfs.v1.RemoveRequest
-	(*RemoveResponse)(nil),       // 17: wheelfs.v1.RemoveResponse
-	(*RenameRequest)(nil),        // 18: wheelfs.v1.RenameRequest
-	(*RenameResponse)(nil),       // 19: wheelfs.v1.RenameResponse
-	(*SetAttrRequest)(nil),       // 20: wheelfs.v1.SetAttrRequest
-	(*SetAttrResponse)(nil),      // 21: wheelfs.v1.SetAttrResponse
-	(*ReadDirRequest)(nil),       // 22: wheelfs.v1.ReadDirRequest
-	(*ReadDirResponse)(nil),      // 23: wheelfs.v1.ReadDirResponse
-	(*BlockRef)(nil),             // 24: wheelfs.v1.BlockRef
-	(*GetBlocksRequest)(nil),     // 25: wheelfs.v1.GetBlocksRequest
-	(*GetBlocksResponse)(nil),    // 26: wheelfs.v1.GetBlocksResponse
-	(*ReadBlocksRequest)(nil),    // 27: wheelfs.v1.ReadBlocksRequest
-	(*ReadBlocksResponse)(nil),   // 28: wheelfs.v1.ReadBlocksResponse
-	(*PutBlocksRequest)(nil),     // 29: wheelfs.v1.PutBlocksRequest
-	(*PutBlocksResponse)(nil),    // 30: wheelfs.v1.PutBlocksResponse
-	(*CommitRequest)(nil),        // 31: wheelfs.v1.CommitRequest
-	(*CommitResponse)(nil),       // 32: wheelfs.v1.CommitResponse
-	(*XattrRequest)(nil),         // 33: wheelfs.v1.XattrRequest
-	(*XattrResponse)(nil),        // 34: wheelfs.v1.XattrResponse
-	(*StatFSRequest)(nil),        // 35: wheelfs.v1.StatFSRequest
-	(*StatFSResponse)(nil),       // 36: wheelfs.v1.StatFSResponse
-	(*OpenRequest)(nil),          // 37: wheelfs.v1.OpenRequest
-	(*OpenResponse)(nil),         // 38: wheelfs.v1.OpenResponse
-	(*ReleaseRequest)(nil),       // 39: wheelfs.v1.ReleaseRequest
-	(*ReleaseResponse)(nil),      // 40: wheelfs.v1.ReleaseResponse
-	(*Revoke)(nil),               // 41: wheelfs.v1.Revoke
-	(*CallbackAck)(nil),          // 42: wheelfs.v1.CallbackAck
-	(*Mutation)(nil),             // 43: wheelfs.v1.Mutation
-	(*Batch)(nil),                // 44: wheelfs.v1.Batch
-	(*ReplicateRequest)(nil),     // 45: wheelfs.v1.ReplicateRequest
-	(*ReplicateResponse)(nil),    // 46: wheelfs.v1.ReplicateResponse
-	(*DigestRequest)(nil),        // 47: wheelfs.v1.DigestRequest
-	(*DigestResponse)(nil),       // 48: wheelfs.v1.DigestResponse
-	(*ObjectState)(nil),          // 49: wheelfs.v1.ObjectState
-	(*InstallRequest)(nil),       // 50: wheelfs.v1.InstallRequest
-	(*InstallResponse)(nil),      // 51: wheelfs.v1.InstallResponse
-	(*DiffRequest)(nil),          // 52: wheelfs.v1.DiffRequest
-	(*FetchBlocksRequest)(nil),   // 53: wheelfs.v1.FetchBlocksRequest
-	(*FetchBlocksResponse)(nil),  // 54: wheelfs.v1.FetchBlocksResponse
-	(*PingRequest)(nil),          // 55: wheelfs.v1.PingRequest
-	(*PingResponse)(nil),         // 56: wheelfs.v1.PingResponse
-	(*CreateObjectRequest)(nil),  // 57: wheelfs.v1.CreateObjectRequest
-	(*CreateObjectResponse)(nil), // 58: wheelfs.v1.CreateObjectResponse
-	(*DropLinkRequest)(nil),      // 59: wheelfs.v1.DropLinkRequest
-	(*DropLinkResponse)(nil),     // 60: wheelfs.v1.DropLinkResponse
-	(*StatRequest)(nil),          // 61: wheelfs.v1.StatRequest
-	(*StatResponse)(nil),         // 62: wheelfs.v1.StatResponse
-	(*AddLinkRequest)(nil),       // 63: wheelfs.v1.AddLinkRequest
-	(*AddLinkResponse)(nil),      // 64: wheelfs.v1.AddLinkResponse
-	(*EntryChange)(nil),          // 65: wheelfs.v1.EntryChange
-	(*ReconcileRequest)(nil),     // 66: wheelfs.v1.ReconcileRequest
-	(*ReconcileResponse)(nil),    // 67: wheelfs.v1.ReconcileResponse
-	(*XattrSummary)(nil),         // 68: wheelfs.v1.XattrSummary
-	(*Xattr)(nil),                // 69: wheelfs.v1.Xattr
+	(Type)(0),                     // 0: wheelfs.v1.Type
+	(MutationKind)(0),             // 1: wheelfs.v1.MutationKind
+	(ReplStatus)(0),               // 2: wheelfs.v1.ReplStatus
+	(*Cues)(nil),                  // 3: wheelfs.v1.Cues
+	(*Meta)(nil),                  // 4: wheelfs.v1.Meta
+	(*Entry)(nil),                 // 5: wheelfs.v1.Entry
+	(*Caller)(nil),                // 6: wheelfs.v1.Caller
+	(*HandleRef)(nil),             // 7: wheelfs.v1.HandleRef
+	(*LookupRequest)(nil),         // 8: wheelfs.v1.LookupRequest
+	(*LookupResponse)(nil),        // 9: wheelfs.v1.LookupResponse
+	(*GetAttrRequest)(nil),        // 10: wheelfs.v1.GetAttrRequest
+	(*GetAttrResponse)(nil),       // 11: wheelfs.v1.GetAttrResponse
+	(*CreateRequest)(nil),         // 12: wheelfs.v1.CreateRequest
+	(*CreateResponse)(nil),        // 13: wheelfs.v1.CreateResponse
+	(*LinkRequest)(nil),           // 14: wheelfs.v1.LinkRequest
+	(*LinkResponse)(nil),          // 15: wheelfs.v1.LinkResponse
+	(*RemoveRequest)(nil),         // 16: wheelfs.v1.RemoveRequest
+	(*RemoveResponse)(nil),        // 17: wheelfs.v1.RemoveResponse
+	(*RenameRequest)(nil),         // 18: wheelfs.v1.RenameRequest
+	(*RenameResponse)(nil),        // 19: wheelfs.v1.RenameResponse
+	(*SetAttrRequest)(nil),        // 20: wheelfs.v1.SetAttrRequest
+	(*SetAttrResponse)(nil),       // 21: wheelfs.v1.SetAttrResponse
+	(*ReadDirRequest)(nil),        // 22: wheelfs.v1.ReadDirRequest
+	(*ReadDirResponse)(nil),       // 23: wheelfs.v1.ReadDirResponse
+	(*BlockRef)(nil),              // 24: wheelfs.v1.BlockRef
+	(*GetBlocksRequest)(nil),      // 25: wheelfs.v1.GetBlocksRequest
+	(*GetBlocksResponse)(nil),     // 26: wheelfs.v1.GetBlocksResponse
+	(*ReadBlocksRequest)(nil),     // 27: wheelfs.v1.ReadBlocksRequest
+	(*ReadBlocksResponse)(nil),    // 28: wheelfs.v1.ReadBlocksResponse
+	(*PutBlocksRequest)(nil),      // 29: wheelfs.v1.PutBlocksRequest
+	(*PutBlocksResponse)(nil),     // 30: wheelfs.v1.PutBlocksResponse
+	(*CommitRequest)(nil),         // 31: wheelfs.v1.CommitRequest
+	(*CommitResponse)(nil),        // 32: wheelfs.v1.CommitResponse
+	(*XattrRequest)(nil),          // 33: wheelfs.v1.XattrRequest
+	(*XattrResponse)(nil),         // 34: wheelfs.v1.XattrResponse
+	(*StatFSRequest)(nil),         // 35: wheelfs.v1.StatFSRequest
+	(*StatFSResponse)(nil),        // 36: wheelfs.v1.StatFSResponse
+	(*OpenRequest)(nil),           // 37: wheelfs.v1.OpenRequest
+	(*OpenResponse)(nil),          // 38: wheelfs.v1.OpenResponse
+	(*ReleaseRequest)(nil),        // 39: wheelfs.v1.ReleaseRequest
+	(*ReleaseResponse)(nil),       // 40: wheelfs.v1.ReleaseResponse
+	(*Revoke)(nil),                // 41: wheelfs.v1.Revoke
+	(*CallbackAck)(nil),           // 42: wheelfs.v1.CallbackAck
+	(*Mutation)(nil),              // 43: wheelfs.v1.Mutation
+	(*Batch)(nil),                 // 44: wheelfs.v1.Batch
+	(*ReplicateRequest)(nil),      // 45: wheelfs.v1.ReplicateRequest
+	(*ReplicateResponse)(nil),     // 46: wheelfs.v1.ReplicateResponse
+	(*DigestRequest)(nil),         // 47: wheelfs.v1.DigestRequest
+	(*DigestResponse)(nil),        // 48: wheelfs.v1.DigestResponse
+	(*ObjectState)(nil),           // 49: wheelfs.v1.ObjectState
+	(*InstallRequest)(nil),        // 50: wheelfs.v1.InstallRequest
+	(*InstallResponse)(nil),       // 51: wheelfs.v1.InstallResponse
+	(*DiffRequest)(nil),           // 52: wheelfs.v1.DiffRequest
+	(*FetchBlocksRequest)(nil),    // 53: wheelfs.v1.FetchBlocksRequest
+	(*FetchBlocksResponse)(nil),   // 54: wheelfs.v1.FetchBlocksResponse
+	(*PingRequest)(nil),           // 55: wheelfs.v1.PingRequest
+	(*PingResponse)(nil),          // 56: wheelfs.v1.PingResponse
+	(*CreateObjectRequest)(nil),   // 57: wheelfs.v1.CreateObjectRequest
+	(*CreateObjectResponse)(nil),  // 58: wheelfs.v1.CreateObjectResponse
+	(*DropLinkRequest)(nil),       // 59: wheelfs.v1.DropLinkRequest
+	(*DropLinkResponse)(nil),      // 60: wheelfs.v1.DropLinkResponse
+	(*StatRequest)(nil),           // 61: wheelfs.v1.StatRequest
+	(*StatResponse)(nil),          // 62: wheelfs.v1.StatResponse
+	(*AddLinkRequest)(nil),        // 63: wheelfs.v1.AddLinkRequest
+	(*AddLinkResponse)(nil),       // 64: wheelfs.v1.AddLinkResponse
+	(*EntryChange)(nil),           // 65: wheelfs.v1.EntryChange
+	(*ReconcileRequest)(nil),      // 66: wheelfs.v1.ReconcileRequest
+	(*ReconcileResponse)(nil),     // 67: wheelfs.v1.ReconcileResponse
+	(*XattrSummary)(nil),          // 68: wheelfs.v1.XattrSummary
+	(*Xattr)(nil),                 // 69: wheelfs.v1.Xattr
+	(*Coord)(nil),                 // 70: wheelfs.v1.Coord
+	(*CoordSample)(nil),           // 71: wheelfs.v1.CoordSample
+	(*ProbeRequest)(nil),          // 72: wheelfs.v1.ProbeRequest
+	(*ProbeResponse)(nil),         // 73: wheelfs.v1.ProbeResponse
+	(*BlockRange)(nil),            // 74: wheelfs.v1.BlockRange
+	(*HeldBlocks)(nil),            // 75: wheelfs.v1.HeldBlocks
+	(*ReportHoldingRequest)(nil),  // 76: wheelfs.v1.ReportHoldingRequest
+	(*ReportHoldingResponse)(nil), // 77: wheelfs.v1.ReportHoldingResponse
+	(*HoldersRequest)(nil),        // 78: wheelfs.v1.HoldersRequest
+	(*Holder)(nil),                // 79: wheelfs.v1.Holder
+	(*HoldersResponse)(nil),       // 80: wheelfs.v1.HoldersResponse
 }
 var file_wheelfs_proto_depIdxs = []int32{
 	0,   // 0: wheelfs.v1.Meta.type:type_name -> wheelfs.v1.Type
@@ -5310,73 +6005,89 @@ var file_wheelfs_proto_depIdxs = []int32{
 	65,  // 72: wheelfs.v1.ReconcileRequest.entries:type_name -> wheelfs.v1.EntryChange
 	2,   // 73: wheelfs.v1.ReconcileResponse.status:type_name -> wheelfs.v1.ReplStatus
 	69,  // 74: wheelfs.v1.XattrSummary.attrs:type_name -> wheelfs.v1.Xattr
-	8,   // 75: wheelfs.v1.Storage.Lookup:input_type -> wheelfs.v1.LookupRequest
-	10,  // 76: wheelfs.v1.Storage.GetAttr:input_type -> wheelfs.v1.GetAttrRequest
-	12,  // 77: wheelfs.v1.Storage.Create:input_type -> wheelfs.v1.CreateRequest
-	14,  // 78: wheelfs.v1.Storage.Link:input_type -> wheelfs.v1.LinkRequest
-	16,  // 79: wheelfs.v1.Storage.Remove:input_type -> wheelfs.v1.RemoveRequest
-	18,  // 80: wheelfs.v1.Storage.Rename:input_type -> wheelfs.v1.RenameRequest
-	20,  // 81: wheelfs.v1.Storage.SetAttr:input_type -> wheelfs.v1.SetAttrRequest
-	22,  // 82: wheelfs.v1.Storage.ReadDir:input_type -> wheelfs.v1.ReadDirRequest
-	25,  // 83: wheelfs.v1.Storage.GetBlocks:input_type -> wheelfs.v1.GetBlocksRequest
-	27,  // 84: wheelfs.v1.Storage.ReadBlocks:input_type -> wheelfs.v1.ReadBlocksRequest
-	29,  // 85: wheelfs.v1.Storage.PutBlocks:input_type -> wheelfs.v1.PutBlocksRequest
-	31,  // 86: wheelfs.v1.Storage.Commit:input_type -> wheelfs.v1.CommitRequest
-	33,  // 87: wheelfs.v1.Storage.GetXattr:input_type -> wheelfs.v1.XattrRequest
-	33,  // 88: wheelfs.v1.Storage.ListXattr:input_type -> wheelfs.v1.XattrRequest
-	33,  // 89: wheelfs.v1.Storage.SetXattr:input_type -> wheelfs.v1.XattrRequest
-	33,  // 90: wheelfs.v1.Storage.RemoveXattr:input_type -> wheelfs.v1.XattrRequest
-	35,  // 91: wheelfs.v1.Storage.StatFS:input_type -> wheelfs.v1.StatFSRequest
-	37,  // 92: wheelfs.v1.Storage.Open:input_type -> wheelfs.v1.OpenRequest
-	39,  // 93: wheelfs.v1.Storage.Release:input_type -> wheelfs.v1.ReleaseRequest
-	42,  // 94: wheelfs.v1.Storage.Callbacks:input_type -> wheelfs.v1.CallbackAck
-	45,  // 95: wheelfs.v1.Peer.Replicate:input_type -> wheelfs.v1.ReplicateRequest
-	47,  // 96: wheelfs.v1.Peer.Digest:input_type -> wheelfs.v1.DigestRequest
-	52,  // 97: wheelfs.v1.Peer.Diff:input_type -> wheelfs.v1.DiffRequest
-	50,  // 98: wheelfs.v1.Peer.Install:input_type -> wheelfs.v1.InstallRequest
-	53,  // 99: wheelfs.v1.Peer.FetchBlocks:input_type -> wheelfs.v1.FetchBlocksRequest
-	55,  // 100: wheelfs.v1.Peer.Ping:input_type -> wheelfs.v1.PingRequest
-	57,  // 101: wheelfs.v1.Peer.CreateObject:input_type -> wheelfs.v1.CreateObjectRequest
-	59,  // 102: wheelfs.v1.Peer.DropLink:input_type -> wheelfs.v1.DropLinkRequest
-	61,  // 103: wheelfs.v1.Peer.Stat:input_type -> wheelfs.v1.StatRequest
-	63,  // 104: wheelfs.v1.Peer.AddLink:input_type -> wheelfs.v1.AddLinkRequest
-	66,  // 105: wheelfs.v1.Peer.Reconcile:input_type -> wheelfs.v1.ReconcileRequest
-	9,   // 106: wheelfs.v1.Storage.Lookup:output_type -> wheelfs.v1.LookupResponse
-	11,  // 107: wheelfs.v1.Storage.GetAttr:output_type -> wheelfs.v1.GetAttrResponse
-	13,  // 108: wheelfs.v1.Storage.Create:output_type -> wheelfs.v1.CreateResponse
-	15,  // 109: wheelfs.v1.Storage.Link:output_type -> wheelfs.v1.LinkResponse
-	17,  // 110: wheelfs.v1.Storage.Remove:output_type -> wheelfs.v1.RemoveResponse
-	19,  // 111: wheelfs.v1.Storage.Rename:output_type -> wheelfs.v1.RenameResponse
-	21,  // 112: wheelfs.v1.Storage.SetAttr:output_type -> wheelfs.v1.SetAttrResponse
-	23,  // 113: wheelfs.v1.Storage.ReadDir:output_type -> wheelfs.v1.ReadDirResponse
-	26,  // 114: wheelfs.v1.Storage.GetBlocks:output_type -> wheelfs.v1.GetBlocksResponse
-	28,  // 115: wheelfs.v1.Storage.ReadBlocks:output_type -> wheelfs.v1.ReadBlocksResponse
-	30,  // 116: wheelfs.v1.Storage.PutBlocks:output_type -> wheelfs.v1.PutBlocksResponse
-	32,  // 117: wheelfs.v1.Storage.Commit:output_type -> wheelfs.v1.CommitResponse
-	34,  // 118: wheelfs.v1.Storage.GetXattr:output_type -> wheelfs.v1.XattrResponse
-	34,  // 119: wheelfs.v1.Storage.ListXattr:output_type -> wheelfs.v1.XattrResponse
-	34,  // 120: wheelfs.v1.Storage.SetXattr:output_type -> wheelfs.v1.XattrResponse
-	34,  // 121: wheelfs.v1.Storage.RemoveXattr:output_type -> wheelfs.v1.XattrResponse
-	36,  // 122: wheelfs.v1.Storage.StatFS:output_type -> wheelfs.v1.StatFSResponse
-	38,  // 123: wheelfs.v1.Storage.Open:output_type -> wheelfs.v1.OpenResponse
-	40,  // 124: wheelfs.v1.Storage.Release:output_type -> wheelfs.v1.ReleaseResponse
-	41,  // 125: wheelfs.v1.Storage.Callbacks:output_type -> wheelfs.v1.Revoke
-	46,  // 126: wheelfs.v1.Peer.Replicate:output_type -> wheelfs.v1.ReplicateResponse
-	48,  // 127: wheelfs.v1.Peer.Digest:output_type -> wheelfs.v1.DigestResponse
-	50,  // 128: wheelfs.v1.Peer.Diff:output_type -> wheelfs.v1.InstallRequest
-	51,  // 129: wheelfs.v1.Peer.Install:output_type -> wheelfs.v1.InstallResponse
-	54,  // 130: wheelfs.v1.Peer.FetchBlocks:output_type -> wheelfs.v1.FetchBlocksResponse
-	56,  // 131: wheelfs.v1.Peer.Ping:output_type -> wheelfs.v1.PingResponse
-	58,  // 132: wheelfs.v1.Peer.CreateObject:output_type -> wheelfs.v1.CreateObjectResponse
-	60,  // 133: wheelfs.v1.Peer.DropLink:output_type -> wheelfs.v1.DropLinkResponse
-	62,  // 134: wheelfs.v1.Peer.Stat:output_type -> wheelfs.v1.StatResponse
-	64,  // 135: wheelfs.v1.Peer.AddLink:output_type -> wheelfs.v1.AddLinkResponse
-	67,  // 136: wheelfs.v1.Peer.Reconcile:output_type -> wheelfs.v1.ReconcileResponse
-	106, // [106:137] is the sub-list for method output_type
-	75,  // [75:106] is the sub-list for method input_type
-	75,  // [75:75] is the sub-list for extension type_name
-	75,  // [75:75] is the sub-list for extension extendee
-	0,   // [0:75] is the sub-list for field type_name
+	70,  // 75: wheelfs.v1.CoordSample.coord:type_name -> wheelfs.v1.Coord
+	6,   // 76: wheelfs.v1.HeldBlocks.caller:type_name -> wheelfs.v1.Caller
+	74,  // 77: wheelfs.v1.HeldBlocks.blocks:type_name -> wheelfs.v1.BlockRange
+	70,  // 78: wheelfs.v1.ReportHoldingRequest.coord:type_name -> wheelfs.v1.Coord
+	75,  // 79: wheelfs.v1.ReportHoldingRequest.held:type_name -> wheelfs.v1.HeldBlocks
+	6,   // 80: wheelfs.v1.HoldersRequest.caller:type_name -> wheelfs.v1.Caller
+	74,  // 81: wheelfs.v1.HoldersRequest.blocks:type_name -> wheelfs.v1.BlockRange
+	70,  // 82: wheelfs.v1.HoldersRequest.coord:type_name -> wheelfs.v1.Coord
+	74,  // 83: wheelfs.v1.Holder.blocks:type_name -> wheelfs.v1.BlockRange
+	79,  // 84: wheelfs.v1.HoldersResponse.holders:type_name -> wheelfs.v1.Holder
+	8,   // 85: wheelfs.v1.Storage.Lookup:input_type -> wheelfs.v1.LookupRequest
+	10,  // 86: wheelfs.v1.Storage.GetAttr:input_type -> wheelfs.v1.GetAttrRequest
+	12,  // 87: wheelfs.v1.Storage.Create:input_type -> wheelfs.v1.CreateRequest
+	14,  // 88: wheelfs.v1.Storage.Link:input_type -> wheelfs.v1.LinkRequest
+	16,  // 89: wheelfs.v1.Storage.Remove:input_type -> wheelfs.v1.RemoveRequest
+	18,  // 90: wheelfs.v1.Storage.Rename:input_type -> wheelfs.v1.RenameRequest
+	20,  // 91: wheelfs.v1.Storage.SetAttr:input_type -> wheelfs.v1.SetAttrRequest
+	22,  // 92: wheelfs.v1.Storage.ReadDir:input_type -> wheelfs.v1.ReadDirRequest
+	25,  // 93: wheelfs.v1.Storage.GetBlocks:input_type -> wheelfs.v1.GetBlocksRequest
+	27,  // 94: wheelfs.v1.Storage.ReadBlocks:input_type -> wheelfs.v1.ReadBlocksRequest
+	29,  // 95: wheelfs.v1.Storage.PutBlocks:input_type -> wheelfs.v1.PutBlocksRequest
+	31,  // 96: wheelfs.v1.Storage.Commit:input_type -> wheelfs.v1.CommitRequest
+	33,  // 97: wheelfs.v1.Storage.GetXattr:input_type -> wheelfs.v1.XattrRequest
+	33,  // 98: wheelfs.v1.Storage.ListXattr:input_type -> wheelfs.v1.XattrRequest
+	33,  // 99: wheelfs.v1.Storage.SetXattr:input_type -> wheelfs.v1.XattrRequest
+	33,  // 100: wheelfs.v1.Storage.RemoveXattr:input_type -> wheelfs.v1.XattrRequest
+	35,  // 101: wheelfs.v1.Storage.StatFS:input_type -> wheelfs.v1.StatFSRequest
+	37,  // 102: wheelfs.v1.Storage.Open:input_type -> wheelfs.v1.OpenRequest
+	39,  // 103: wheelfs.v1.Storage.Release:input_type -> wheelfs.v1.ReleaseRequest
+	42,  // 104: wheelfs.v1.Storage.Callbacks:input_type -> wheelfs.v1.CallbackAck
+	72,  // 105: wheelfs.v1.Storage.Probe:input_type -> wheelfs.v1.ProbeRequest
+	76,  // 106: wheelfs.v1.Storage.ReportHolding:input_type -> wheelfs.v1.ReportHoldingRequest
+	78,  // 107: wheelfs.v1.Storage.Holders:input_type -> wheelfs.v1.HoldersRequest
+	45,  // 108: wheelfs.v1.Peer.Replicate:input_type -> wheelfs.v1.ReplicateRequest
+	47,  // 109: wheelfs.v1.Peer.Digest:input_type -> wheelfs.v1.DigestRequest
+	52,  // 110: wheelfs.v1.Peer.Diff:input_type -> wheelfs.v1.DiffRequest
+	50,  // 111: wheelfs.v1.Peer.Install:input_type -> wheelfs.v1.InstallRequest
+	53,  // 112: wheelfs.v1.Peer.FetchBlocks:input_type -> wheelfs.v1.FetchBlocksRequest
+	55,  // 113: wheelfs.v1.Peer.Ping:input_type -> wheelfs.v1.PingRequest
+	57,  // 114: wheelfs.v1.Peer.CreateObject:input_type -> wheelfs.v1.CreateObjectRequest
+	59,  // 115: wheelfs.v1.Peer.DropLink:input_type -> wheelfs.v1.DropLinkRequest
+	61,  // 116: wheelfs.v1.Peer.Stat:input_type -> wheelfs.v1.StatRequest
+	63,  // 117: wheelfs.v1.Peer.AddLink:input_type -> wheelfs.v1.AddLinkRequest
+	66,  // 118: wheelfs.v1.Peer.Reconcile:input_type -> wheelfs.v1.ReconcileRequest
+	9,   // 119: wheelfs.v1.Storage.Lookup:output_type -> wheelfs.v1.LookupResponse
+	11,  // 120: wheelfs.v1.Storage.GetAttr:output_type -> wheelfs.v1.GetAttrResponse
+	13,  // 121: wheelfs.v1.Storage.Create:output_type -> wheelfs.v1.CreateResponse
+	15,  // 122: wheelfs.v1.Storage.Link:output_type -> wheelfs.v1.LinkResponse
+	17,  // 123: wheelfs.v1.Storage.Remove:output_type -> wheelfs.v1.RemoveResponse
+	19,  // 124: wheelfs.v1.Storage.Rename:output_type -> wheelfs.v1.RenameResponse
+	21,  // 125: wheelfs.v1.Storage.SetAttr:output_type -> wheelfs.v1.SetAttrResponse
+	23,  // 126: wheelfs.v1.Storage.ReadDir:output_type -> wheelfs.v1.ReadDirResponse
+	26,  // 127: wheelfs.v1.Storage.GetBlocks:output_type -> wheelfs.v1.GetBlocksResponse
+	28,  // 128: wheelfs.v1.Storage.ReadBlocks:output_type -> wheelfs.v1.ReadBlocksResponse
+	30,  // 129: wheelfs.v1.Storage.PutBlocks:output_type -> wheelfs.v1.PutBlocksResponse
+	32,  // 130: wheelfs.v1.Storage.Commit:output_type -> wheelfs.v1.CommitResponse
+	34,  // 131: wheelfs.v1.Storage.GetXattr:output_type -> wheelfs.v1.XattrResponse
+	34,  // 132: wheelfs.v1.Storage.ListXattr:output_type -> wheelfs.v1.XattrResponse
+	34,  // 133: wheelfs.v1.Storage.SetXattr:output_type -> wheelfs.v1.XattrResponse
+	34,  // 134: wheelfs.v1.Storage.RemoveXattr:output_type -> wheelfs.v1.XattrResponse
+	36,  // 135: wheelfs.v1.Storage.StatFS:output_type -> wheelfs.v1.StatFSResponse
+	38,  // 136: wheelfs.v1.Storage.Open:output_type -> wheelfs.v1.OpenResponse
+	40,  // 137: wheelfs.v1.Storage.Release:output_type -> wheelfs.v1.ReleaseResponse
+	41,  // 138: wheelfs.v1.Storage.Callbacks:output_type -> wheelfs.v1.Revoke
+	73,  // 139: wheelfs.v1.Storage.Probe:output_type -> wheelfs.v1.ProbeResponse
+	77,  // 140: wheelfs.v1.Storage.ReportHolding:output_type -> wheelfs.v1.ReportHoldingResponse
+	80,  // 141: wheelfs.v1.Storage.Holders:output_type -> wheelfs.v1.HoldersResponse
+	46,  // 142: wheelfs.v1.Peer.Replicate:output_type -> wheelfs.v1.ReplicateResponse
+	48,  // 143: wheelfs.v1.Peer.Digest:output_type -> wheelfs.v1.DigestResponse
+	50,  // 144: wheelfs.v1.Peer.Diff:output_type -> wheelfs.v1.InstallRequest
+	51,  // 145: wheelfs.v1.Peer.Install:output_type -> wheelfs.v1.InstallResponse
+	54,  // 146: wheelfs.v1.Peer.FetchBlocks:output_type -> wheelfs.v1.FetchBlocksResponse
+	56,  // 147: wheelfs.v1.Peer.Ping:output_type -> wheelfs.v1.PingResponse
+	58,  // 148: wheelfs.v1.Peer.CreateObject:output_type -> wheelfs.v1.CreateObjectResponse
+	60,  // 149: wheelfs.v1.Peer.DropLink:output_type -> wheelfs.v1.DropLinkResponse
+	62,  // 150: wheelfs.v1.Peer.Stat:output_type -> wheelfs.v1.StatResponse
+	64,  // 151: wheelfs.v1.Peer.AddLink:output_type -> wheelfs.v1.AddLinkResponse
+	67,  // 152: wheelfs.v1.Peer.Reconcile:output_type -> wheelfs.v1.ReconcileResponse
+	119, // [119:153] is the sub-list for method output_type
+	85,  // [85:119] is the sub-list for method input_type
+	85,  // [85:85] is the sub-list for extension type_name
+	85,  // [85:85] is the sub-list for extension extendee
+	0,   // [0:85] is the sub-list for field type_name
 }
 
 func init() { file_wheelfs_proto_init() }
@@ -5390,7 +6101,7 @@ func file_wheelfs_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_wheelfs_proto_rawDesc), len(file_wheelfs_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   67,
+			NumMessages:   78,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

@@ -21,26 +21,29 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	Storage_Lookup_FullMethodName      = "/wheelfs.v1.Storage/Lookup"
-	Storage_GetAttr_FullMethodName     = "/wheelfs.v1.Storage/GetAttr"
-	Storage_Create_FullMethodName      = "/wheelfs.v1.Storage/Create"
-	Storage_Link_FullMethodName        = "/wheelfs.v1.Storage/Link"
-	Storage_Remove_FullMethodName      = "/wheelfs.v1.Storage/Remove"
-	Storage_Rename_FullMethodName      = "/wheelfs.v1.Storage/Rename"
-	Storage_SetAttr_FullMethodName     = "/wheelfs.v1.Storage/SetAttr"
-	Storage_ReadDir_FullMethodName     = "/wheelfs.v1.Storage/ReadDir"
-	Storage_GetBlocks_FullMethodName   = "/wheelfs.v1.Storage/GetBlocks"
-	Storage_ReadBlocks_FullMethodName  = "/wheelfs.v1.Storage/ReadBlocks"
-	Storage_PutBlocks_FullMethodName   = "/wheelfs.v1.Storage/PutBlocks"
-	Storage_Commit_FullMethodName      = "/wheelfs.v1.Storage/Commit"
-	Storage_GetXattr_FullMethodName    = "/wheelfs.v1.Storage/GetXattr"
-	Storage_ListXattr_FullMethodName   = "/wheelfs.v1.Storage/ListXattr"
-	Storage_SetXattr_FullMethodName    = "/wheelfs.v1.Storage/SetXattr"
-	Storage_RemoveXattr_FullMethodName = "/wheelfs.v1.Storage/RemoveXattr"
-	Storage_StatFS_FullMethodName      = "/wheelfs.v1.Storage/StatFS"
-	Storage_Open_FullMethodName        = "/wheelfs.v1.Storage/Open"
-	Storage_Release_FullMethodName     = "/wheelfs.v1.Storage/Release"
-	Storage_Callbacks_FullMethodName   = "/wheelfs.v1.Storage/Callbacks"
+	Storage_Lookup_FullMethodName        = "/wheelfs.v1.Storage/Lookup"
+	Storage_GetAttr_FullMethodName       = "/wheelfs.v1.Storage/GetAttr"
+	Storage_Create_FullMethodName        = "/wheelfs.v1.Storage/Create"
+	Storage_Link_FullMethodName          = "/wheelfs.v1.Storage/Link"
+	Storage_Remove_FullMethodName        = "/wheelfs.v1.Storage/Remove"
+	Storage_Rename_FullMethodName        = "/wheelfs.v1.Storage/Rename"
+	Storage_SetAttr_FullMethodName       = "/wheelfs.v1.Storage/SetAttr"
+	Storage_ReadDir_FullMethodName       = "/wheelfs.v1.Storage/ReadDir"
+	Storage_GetBlocks_FullMethodName     = "/wheelfs.v1.Storage/GetBlocks"
+	Storage_ReadBlocks_FullMethodName    = "/wheelfs.v1.Storage/ReadBlocks"
+	Storage_PutBlocks_FullMethodName     = "/wheelfs.v1.Storage/PutBlocks"
+	Storage_Commit_FullMethodName        = "/wheelfs.v1.Storage/Commit"
+	Storage_GetXattr_FullMethodName      = "/wheelfs.v1.Storage/GetXattr"
+	Storage_ListXattr_FullMethodName     = "/wheelfs.v1.Storage/ListXattr"
+	Storage_SetXattr_FullMethodName      = "/wheelfs.v1.Storage/SetXattr"
+	Storage_RemoveXattr_FullMethodName   = "/wheelfs.v1.Storage/RemoveXattr"
+	Storage_StatFS_FullMethodName        = "/wheelfs.v1.Storage/StatFS"
+	Storage_Open_FullMethodName          = "/wheelfs.v1.Storage/Open"
+	Storage_Release_FullMethodName       = "/wheelfs.v1.Storage/Release"
+	Storage_Callbacks_FullMethodName     = "/wheelfs.v1.Storage/Callbacks"
+	Storage_Probe_FullMethodName         = "/wheelfs.v1.Storage/Probe"
+	Storage_ReportHolding_FullMethodName = "/wheelfs.v1.Storage/ReportHolding"
+	Storage_Holders_FullMethodName       = "/wheelfs.v1.Storage/Holders"
 )
 
 // StorageClient is the client API for Storage service.
@@ -72,6 +75,16 @@ type StorageClient interface {
 	// message: its session), the server sends revocations on it, the client
 	// acknowledges each once it dropped what the revoked leases covered.
 	Callbacks(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[CallbackAck, Revoke], error)
+	// Probe does nothing: a node's network coordinate samples the RTT of
+	// calls it makes anyway, and probes an idle server at a small bounded
+	// rate (the server's coordinate comes back in a response header).
+	Probe(ctx context.Context, in *ProbeRequest, opts ...grpc.CallOption) (*ProbeResponse, error)
+	// ReportHolding tells a file's primary which blocks of which version the
+	// calling client has cached (.Hotspot, paper §5.5); soft state.
+	ReportHolding(ctx context.Context, in *ReportHoldingRequest, opts ...grpc.CallOption) (*ReportHoldingResponse, error)
+	// Holders asks a file's primary for the clients that recently cached
+	// given blocks, nearest to the asker (by network coordinates) first.
+	Holders(ctx context.Context, in *HoldersRequest, opts ...grpc.CallOption) (*HoldersResponse, error)
 }
 
 type storageClient struct {
@@ -285,6 +298,36 @@ func (c *storageClient) Callbacks(ctx context.Context, opts ...grpc.CallOption) 
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Storage_CallbacksClient = grpc.BidiStreamingClient[CallbackAck, Revoke]
 
+func (c *storageClient) Probe(ctx context.Context, in *ProbeRequest, opts ...grpc.CallOption) (*ProbeResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ProbeResponse)
+	err := c.cc.Invoke(ctx, Storage_Probe_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *storageClient) ReportHolding(ctx context.Context, in *ReportHoldingRequest, opts ...grpc.CallOption) (*ReportHoldingResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ReportHoldingResponse)
+	err := c.cc.Invoke(ctx, Storage_ReportHolding_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *storageClient) Holders(ctx context.Context, in *HoldersRequest, opts ...grpc.CallOption) (*HoldersResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(HoldersResponse)
+	err := c.cc.Invoke(ctx, Storage_Holders_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // StorageServer is the server API for Storage service.
 // All implementations must embed UnimplementedStorageServer
 // for forward compatibility.
@@ -314,6 +357,16 @@ type StorageServer interface {
 	// message: its session), the server sends revocations on it, the client
 	// acknowledges each once it dropped what the revoked leases covered.
 	Callbacks(grpc.BidiStreamingServer[CallbackAck, Revoke]) error
+	// Probe does nothing: a node's network coordinate samples the RTT of
+	// calls it makes anyway, and probes an idle server at a small bounded
+	// rate (the server's coordinate comes back in a response header).
+	Probe(context.Context, *ProbeRequest) (*ProbeResponse, error)
+	// ReportHolding tells a file's primary which blocks of which version the
+	// calling client has cached (.Hotspot, paper §5.5); soft state.
+	ReportHolding(context.Context, *ReportHoldingRequest) (*ReportHoldingResponse, error)
+	// Holders asks a file's primary for the clients that recently cached
+	// given blocks, nearest to the asker (by network coordinates) first.
+	Holders(context.Context, *HoldersRequest) (*HoldersResponse, error)
 	mustEmbedUnimplementedStorageServer()
 }
 
@@ -383,6 +436,15 @@ func (UnimplementedStorageServer) Release(context.Context, *ReleaseRequest) (*Re
 }
 func (UnimplementedStorageServer) Callbacks(grpc.BidiStreamingServer[CallbackAck, Revoke]) error {
 	return status.Error(codes.Unimplemented, "method Callbacks not implemented")
+}
+func (UnimplementedStorageServer) Probe(context.Context, *ProbeRequest) (*ProbeResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Probe not implemented")
+}
+func (UnimplementedStorageServer) ReportHolding(context.Context, *ReportHoldingRequest) (*ReportHoldingResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ReportHolding not implemented")
+}
+func (UnimplementedStorageServer) Holders(context.Context, *HoldersRequest) (*HoldersResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Holders not implemented")
 }
 func (UnimplementedStorageServer) mustEmbedUnimplementedStorageServer() {}
 func (UnimplementedStorageServer) testEmbeddedByValue()                 {}
@@ -754,6 +816,60 @@ func _Storage_Callbacks_Handler(srv interface{}, stream grpc.ServerStream) error
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Storage_CallbacksServer = grpc.BidiStreamingServer[CallbackAck, Revoke]
 
+func _Storage_Probe_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ProbeRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(StorageServer).Probe(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Storage_Probe_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(StorageServer).Probe(ctx, req.(*ProbeRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Storage_ReportHolding_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ReportHoldingRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(StorageServer).ReportHolding(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Storage_ReportHolding_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(StorageServer).ReportHolding(ctx, req.(*ReportHoldingRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Storage_Holders_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(HoldersRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(StorageServer).Holders(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Storage_Holders_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(StorageServer).Holders(ctx, req.(*HoldersRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Storage_ServiceDesc is the grpc.ServiceDesc for Storage service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -836,6 +952,18 @@ var Storage_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Release",
 			Handler:    _Storage_Release_Handler,
+		},
+		{
+			MethodName: "Probe",
+			Handler:    _Storage_Probe_Handler,
+		},
+		{
+			MethodName: "ReportHolding",
+			Handler:    _Storage_ReportHolding_Handler,
+		},
+		{
+			MethodName: "Holders",
+			Handler:    _Storage_Holders_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

@@ -1,0 +1,123 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/wheelfs/wheelfs/internal/holders"
+	"github.com/wheelfs/wheelfs/internal/netcoord"
+	"github.com/wheelfs/wheelfs/internal/oid"
+	"github.com/wheelfs/wheelfs/internal/perm"
+	"github.com/wheelfs/wheelfs/internal/pki"
+	"github.com/wheelfs/wheelfs/internal/store"
+	"github.com/wheelfs/wheelfs/internal/wire"
+)
+
+// Holder lists: how many holders one answer names at most, and how many
+// per block are enough (more only add fallbacks a reader never reaches).
+const (
+	defaultMaxHolders = 16
+	holdersPerBlock   = 3
+)
+
+// Probe implements wire.StorageServer: an empty call whose round trip the
+// caller's network coordinate samples (netcoord).
+func (s *Server) Probe(context.Context, *wire.ProbeRequest) (*wire.ProbeResponse, error) {
+	return &wire.ProbeResponse{}, nil
+}
+
+// ReportHolding implements wire.StorageServer: it records what the client
+// caches of files this server is primary for. Entries for other files,
+// other versions than the current one, or files the reporting user may not
+// read are skipped: the report is soft state and a hint.
+func (s *Server) ReportHolding(ctx context.Context, req *wire.ReportHoldingRequest) (*wire.ReportHoldingResponse, error) {
+	node := req.Node
+	if name, err := pki.PeerName(ctx); err == nil {
+		node = name // authenticated: a client cannot report for another
+	}
+	if node == "" {
+		return &wire.ReportHoldingResponse{}, nil
+	}
+	h := holders.Holder{Node: node, Site: req.Site, Coord: netcoord.FromWire(req.Coord)}
+	now := time.Now()
+	for _, held := range req.Held {
+		id := oid.ID(held.Id)
+		if !s.readable(ctx, held.Caller, id, held.Version) {
+			continue
+		}
+		s.holders.Report(now, held.Id, held.Version, h, ranges(held.Blocks))
+	}
+	return &wire.ReportHoldingResponse{}, nil
+}
+
+// readable reports whether this server is id's primary, id is a file at
+// version, and caller may read it.
+func (s *Server) readable(ctx context.Context, caller *wire.Caller, id oid.ID, version uint64) bool {
+	if s.primary(id) != nil {
+		return false
+	}
+	err := s.store.View(func(tx *store.Tx) error {
+		m, err := tx.Meta(id)
+		if err != nil {
+			return err
+		}
+		if m.Type != wire.Type_TYPE_FILE || m.Version != version {
+			return errSkip
+		}
+		return s.mayData(caller, m, perm.R)
+	})
+	return err == nil
+}
+
+// errSkip ends a store view whose answer is no.
+var errSkip = errors.New("skip")
+
+// Holders implements wire.StorageServer: the clients that recently cached
+// the asked blocks of the file's current version, nearest to the asker
+// first (paper §5.5).
+func (s *Server) Holders(ctx context.Context, req *wire.HoldersRequest) (*wire.HoldersResponse, error) {
+	id := oid.ID(req.Id)
+	if err := s.checkData(ctx, req.Caller, id, perm.R); err != nil {
+		return nil, err
+	}
+	var version uint64
+	if err := s.store.View(func(tx *store.Tx) error {
+		m, err := tx.Meta(id)
+		version = m.GetVersion()
+		return err
+	}); err != nil {
+		return nil, err
+	}
+	resp := &wire.HoldersResponse{Version: version}
+	if req.Version != version {
+		return resp, nil // the asker reads another version: it asks again
+	}
+	limit := int(req.Max)
+	if limit <= 0 || limit > defaultMaxHolders {
+		limit = defaultMaxHolders
+	}
+	exclude := req.Node
+	if name, err := pki.PeerName(ctx); err == nil {
+		exclude = name
+	}
+	for _, r := range s.holders.Lookup(time.Now(), req.Id, version, ranges(req.Blocks), netcoord.FromWire(req.Coord), exclude, holdersPerBlock, limit) {
+		h := &wire.Holder{Node: r.Node, Site: r.Site, RttMs: -1}
+		if r.RTT != netcoord.Unknown {
+			h.RttMs = float64(r.RTT) / float64(time.Millisecond)
+		}
+		for _, b := range r.Blocks {
+			h.Blocks = append(h.Blocks, &wire.BlockRange{First: b.First, Count: b.Count})
+		}
+		resp.Holders = append(resp.Holders, h)
+	}
+	return resp, nil
+}
+
+func ranges(bs []*wire.BlockRange) []holders.Range {
+	out := make([]holders.Range, 0, len(bs))
+	for _, b := range bs {
+		out = append(out, holders.Range{First: b.First, Count: b.Count})
+	}
+	return out
+}
