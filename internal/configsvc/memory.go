@@ -53,6 +53,7 @@ type memSpace struct {
 	sessions   map[string]*memSession // by holder
 	deployment string
 	watchers   map[chan struct{}]bool
+	logins     map[string]Login // user sessions (Logins), by key
 }
 
 type memServer struct {
