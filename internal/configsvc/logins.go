@@ -29,6 +29,8 @@ type Logins interface {
 	PutLogin(ctx context.Context, l Login) error
 	// DeleteLogin removes the session of (node, uid), if any.
 	DeleteLogin(ctx context.Context, node string, uid uint32) error
+	// GetLogin reads the session of (node, uid) (linearizable).
+	GetLogin(ctx context.Context, node string, uid uint32) (Login, bool, error)
 	// WatchLogins delivers every session after each change (first value
 	// immediately), coalesced like Watch, until ctx ends or Close.
 	WatchLogins(ctx context.Context) <-chan []Login
@@ -88,6 +90,27 @@ func (s *EtcdService) DeleteLogin(ctx context.Context, node string, uid uint32) 
 		return fmt.Errorf("configsvc: delete session: %w", err)
 	}
 	return nil
+}
+
+// GetLogin implements Logins.
+func (s *EtcdService) GetLogin(ctx context.Context, node string, uid uint32) (Login, bool, error) {
+	if s.isClosed() {
+		return Login{}, false, ErrClosed
+	}
+	ctx, cancel := s.rpcCtx(ctx)
+	defer cancel()
+	resp, err := s.cli.Get(ctx, loginKey(s.opts.Prefix, node, uid))
+	if err != nil {
+		return Login{}, false, fmt.Errorf("configsvc: get session: %w", err)
+	}
+	if len(resp.Kvs) == 0 {
+		return Login{}, false, nil
+	}
+	var l Login
+	if err := json.Unmarshal(resp.Kvs[0].Value, &l); err != nil {
+		return Login{}, false, fmt.Errorf("configsvc: session record: %w", err)
+	}
+	return l, true, nil
 }
 
 // readLogins returns every session and the revision it was read at.
@@ -220,6 +243,17 @@ func (c *memClient) DeleteLogin(ctx context.Context, node string, uid uint32) er
 	delete(c.sp.logins, loginKey("", node, uid))
 	c.sp.changedLocked()
 	return nil
+}
+
+// GetLogin implements Logins.
+func (c *memClient) GetLogin(ctx context.Context, node string, uid uint32) (Login, bool, error) {
+	if c.closed() {
+		return Login{}, false, ErrClosed
+	}
+	c.sp.mu.Lock()
+	defer c.sp.mu.Unlock()
+	l, ok := c.sp.logins[loginKey("", node, uid)]
+	return l, ok, nil
 }
 
 // WatchLogins implements Logins; it sends the whole set after every change

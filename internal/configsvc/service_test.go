@@ -466,5 +466,11 @@ func testLogins(t *testing.T, connect connector) {
 	if err := a.DeleteLogin(ctx, "cli-1", 1001); err != nil {
 		t.Fatal(err)
 	}
+	if _, ok, err := b.GetLogin(ctx, "cli-1", 1001); err != nil || ok {
+		t.Fatalf("GetLogin of a deleted session: ok %v, err %v", ok, err)
+	}
+	if got, ok, err := b.GetLogin(ctx, "cli-2", 1001); err != nil || !ok || got.User != "alice" {
+		t.Fatalf("GetLogin(cli-2) = %+v, %v, %v", got, ok, err)
+	}
 	recv("only cli-2", func(ls []configsvc.Login) bool { return len(ls) == 1 && ls[0].Node == "cli-2" })
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/wheelfs/wheelfs/internal/auth"
 	"log/slog"
 	"sync"
 	"sync/atomic"
@@ -68,6 +69,11 @@ type Config struct {
 	// after the destination added the name and before the source removes
 	// it; an error stops the rename there.
 	AfterRenameLink func(ctx context.Context) error
+	// Users, when set, admits a client's request only for a uid with a
+	// valid session at that client (issue 13); nil trusts the uids every
+	// client sends (NFS-style, --trust-client-uids). Servers and this
+	// process are trusted either way (see clientNode).
+	Users *auth.Guard
 }
 
 // Server implements wire.StorageServer.
