@@ -140,6 +140,8 @@ type FS struct {
 	suspects  map[string]time.Time
 
 	handles atomic.Uint64 // numbers this client's opens (handleRef.id)
+
+	logins *logins // users' sessions at this client (login.go)
 }
 
 // New returns a client core that reaches servers through router.
@@ -181,6 +183,7 @@ func New(cfg Config, router Router) *FS {
 		files:    make(map[oid.ID]*fileState),
 		inflight: make(map[[32]byte]chan struct{}),
 		regs:     map[oid.ID]*registration{},
+		logins:   newLogins(),
 	}
 	f.leases = newLeases(f)
 	return f
@@ -190,6 +193,7 @@ func New(cfg Config, router Router) *FS {
 // the on-disk cache. The FS must not be used afterwards.
 func (f *FS) Close() error {
 	f.leases.stop()
+	f.logins.close()
 	return f.cache.Close()
 }
 
