@@ -454,7 +454,9 @@ func testLogins(t *testing.T, connect connector) {
 	if err := a.PutLogin(ctx, l); err != nil {
 		t.Fatal(err)
 	}
-	recv("alice", func(ls []configsvc.Login) bool { return len(ls) == 1 && ls[0].User == "alice" && ls[0].Expires.Equal(exp) })
+	recv("alice", func(ls []configsvc.Login) bool {
+		return len(ls) == 1 && ls[0].User == "alice" && ls[0].Expires.Equal(exp)
+	})
 	l.Expires = exp.Add(time.Hour)
 	if err := a.PutLogin(ctx, l); err != nil {
 		t.Fatal(err)

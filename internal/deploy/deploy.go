@@ -12,10 +12,10 @@
 package deploy
 
 import (
-	"github.com/wheelfs/wheelfs/internal/auth"
 	"context"
 	"errors"
 	"fmt"
+	"github.com/wheelfs/wheelfs/internal/auth"
 	"log/slog"
 	"net"
 	"os"
