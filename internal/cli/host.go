@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"github.com/wheelfs/wheelfs/internal/auth"
 	"os"
 	"path/filepath"
 	"strings"
@@ -37,6 +38,8 @@ type hostFlags struct {
 	cacheMem, cacheDisk    string
 	cacheDir               string
 	readyFile              string
+	trustUIDs              bool
+	sessionTTL             time.Duration
 }
 
 // roleFlags registers the flags a role needs.
@@ -60,6 +63,8 @@ func (f *hostFlags) register(cmd *cobra.Command, roles deploy.Roles) {
 		fl.DurationVar(&f.maintain, "maintain-period", time.Second, "how often replicas ping each other and repair their slices")
 		fl.DurationVar(&f.memberTTL, "member-ttl", 0, "membership lease: a server cut off from the config majority for longer drops out of the table "+
 			"and its replicas are repaired elsewhere (default 10s; at least 3s and 3 maintenance periods, at most --lock-ttl)")
+		fl.BoolVar(&f.trustUIDs, "trust-client-uids", false, "act for whatever uid a client host sends, as NFS AUTH_SYS does (default: a client host that runs no server needs 'wheelfs login' per uid)")
+		fl.DurationVar(&f.sessionTTL, "session-ttl", auth.DefaultSessionTTL, "how long a login lasts unless its mount renews it")
 		fl.DurationVar(&f.lease, "lease", server.DefaultLeaseTTL, fmt.Sprintf("length of the meta-data leases a primary grants clients (capped by --lock-ttl; shorter than the clients' %v call bound, within which a write may wait one out)", client.DefaultTimeout))
 	}
 	if roles&deploy.RoleClient != 0 {
@@ -100,6 +105,7 @@ func (f *hostFlags) deployConfig(g *globalFlags, roles deploy.Roles) (deploy.Con
 	cfg.Server.MaintainPeriod = f.maintain
 	cfg.MemberTTL = f.memberTTL
 	cfg.Server.LeaseTTL = f.lease
+	cfg.TrustClientUIDs, cfg.SessionTTL = f.trustUIDs, f.sessionTTL
 	if f.ca != "" && f.nodeDir != "" {
 		return cfg, errors.New("give either --ca or --node-dir, not both")
 	}
@@ -212,6 +218,11 @@ func runHost(ctx context.Context, g *globalFlags, f *hostFlags, cfg deploy.Confi
 		}
 		exited := make(chan struct{})
 		go func() { srv.Wait(); close(exited) }()
+		if stop, err := serveLogins(ctx, mnt, host.Client, log); err != nil {
+			log.Warn("wheelfs login will not reach this mount", "err", err)
+		} else {
+			defer stop()
+		}
 		// fusefs.Mount returns once the kernel has sent its first request.
 		if err := markReady(f.readyFile); err != nil {
 			unmount(mnt, srv.Unmount, log.Warn)

@@ -151,6 +151,8 @@ type FS struct {
 	suspects  map[string]time.Time
 
 	handles atomic.Uint64 // numbers this client's opens (handleRef.id)
+
+	logins *logins // users' sessions at this client (login.go)
 }
 
 // New returns a client core that reaches servers through router.
@@ -196,6 +198,7 @@ func New(cfg Config, router Router) *FS {
 		inflight: make(map[[32]byte]chan struct{}),
 		regs:     map[oid.ID]*registration{},
 		reports:  newHoldReports(),
+		logins:   newLogins(),
 	}
 	f.leases = newLeases(f)
 	return f
@@ -206,6 +209,7 @@ func New(cfg Config, router Router) *FS {
 func (f *FS) Close() error {
 	f.reports.close()
 	f.leases.stop()
+	f.logins.close()
 	return f.cache.Close()
 }
 

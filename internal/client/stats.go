@@ -108,6 +108,26 @@ type countingClient struct {
 
 var _ wire.StorageClient = countingClient{}
 
+func (c countingClient) LoginChallenge(ctx context.Context, in *wire.LoginChallengeRequest, opts ...grpc.CallOption) (*wire.LoginChallengeResponse, error) {
+	c.counts.add("LoginChallenge")
+	return c.c.LoginChallenge(ctx, in, opts...)
+}
+
+func (c countingClient) Login(ctx context.Context, in *wire.LoginRequest, opts ...grpc.CallOption) (*wire.LoginResponse, error) {
+	c.counts.add("Login")
+	return c.c.Login(ctx, in, opts...)
+}
+
+func (c countingClient) RenewSession(ctx context.Context, in *wire.SessionRequest, opts ...grpc.CallOption) (*wire.LoginResponse, error) {
+	c.counts.add("RenewSession")
+	return c.c.RenewSession(ctx, in, opts...)
+}
+
+func (c countingClient) Logout(ctx context.Context, in *wire.SessionRequest, opts ...grpc.CallOption) (*wire.LogoutResponse, error) {
+	c.counts.add("Logout")
+	return c.c.Logout(ctx, in, opts...)
+}
+
 func (c countingClient) Lookup(ctx context.Context, in *wire.LookupRequest, opts ...grpc.CallOption) (*wire.LookupResponse, error) {
 	c.counts.add("Lookup")
 	return c.c.Lookup(ctx, in, opts...)

@@ -90,6 +90,12 @@ type Options struct {
 	Logger *slog.Logger
 	// Adjust, if set, changes a node's host configuration before each start.
 	Adjust func(n *Node, cfg *deploy.Config)
+	// Logins makes the servers refuse a client host's uids without a
+	// session (wheelfs login, issue 13); by default they trust them
+	// (--trust-client-uids), as the tests that predate logins expect.
+	Logins bool
+	// UsersPeriod is how often servers check the users file (default 1 s).
+	UsersPeriod time.Duration
 }
 
 // RTT returns the round-trip time between sites a and b (a may equal b).
@@ -358,6 +364,8 @@ func (c *Cluster) hostConfig(n *Node) deploy.Config {
 	cfg.LockTTL = c.opts.LockTTL
 	cfg.Logger = c.opts.Logger.With("node", n.Name)
 	cfg.Client.Timeout = c.opts.ClientTimeout
+	cfg.TrustClientUIDs = !c.opts.Logins
+	cfg.UsersPeriod = c.opts.UsersPeriod
 	applyHooks(c, n, &cfg)
 	if c.opts.Adjust != nil {
 		c.opts.Adjust(n, &cfg)

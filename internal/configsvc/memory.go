@@ -54,6 +54,7 @@ type memSpace struct {
 	deployment string
 	watchers   map[chan struct{}]bool
 	coords     map[string]memCoord // PublishCoord
+	logins     map[string]Login    // user sessions (Logins), by key
 }
 
 type memServer struct {

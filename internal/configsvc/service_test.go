@@ -35,6 +35,7 @@ func testService(t *testing.T, newDeployment func(t *testing.T) connector) {
 		{"DeploymentIdempotent", testDeploymentIdempotent},
 		{"RenewAllSession", testRenewAllSession},
 		{"Coords", testCoords},
+		{"Logins", testLogins},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -464,4 +465,57 @@ func testCoords(t *testing.T, connect connector) {
 	if _, ok := got["n1"]; ok || len(got) != 1 {
 		t.Errorf("after close: %+v, want only n2", got)
 	}
+}
+
+// testLogins: a session put by one client is seen by another's watch,
+// replaced in place, and gone after delete.
+func testLogins(t *testing.T, connect connector) {
+	a := connect(configsvc.Options{}).(configsvc.Logins)
+	b := connect(configsvc.Options{}).(configsvc.Logins)
+	ctx := tctx(t)
+	ch := b.WatchLogins(ctx)
+	recv := func(what string, cond func([]configsvc.Login) bool) {
+		t.Helper()
+		timeout := time.After(5 * time.Second)
+		for {
+			select {
+			case ls, ok := <-ch:
+				if !ok {
+					t.Fatalf("watch closed while waiting for %s", what)
+				}
+				if cond(ls) {
+					return
+				}
+			case <-timeout:
+				t.Fatalf("no session list with %s", what)
+			}
+		}
+	}
+	recv("the empty list", func(ls []configsvc.Login) bool { return len(ls) == 0 })
+	exp := time.Now().Add(time.Hour).Truncate(time.Millisecond)
+	l := configsvc.Login{Node: "cli-1", UID: 1001, User: "alice", Key: "SHA256:x", Expires: exp}
+	if err := a.PutLogin(ctx, l); err != nil {
+		t.Fatal(err)
+	}
+	recv("alice", func(ls []configsvc.Login) bool {
+		return len(ls) == 1 && ls[0].User == "alice" && ls[0].Expires.Equal(exp)
+	})
+	l.Expires = exp.Add(time.Hour)
+	if err := a.PutLogin(ctx, l); err != nil {
+		t.Fatal(err)
+	}
+	recv("the renewed session", func(ls []configsvc.Login) bool { return len(ls) == 1 && ls[0].Expires.Equal(l.Expires) })
+	if err := a.PutLogin(ctx, configsvc.Login{Node: "cli-2", UID: 1001, User: "alice", Expires: exp}); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.DeleteLogin(ctx, "cli-1", 1001); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok, err := b.GetLogin(ctx, "cli-1", 1001); err != nil || ok {
+		t.Fatalf("GetLogin of a deleted session: ok %v, err %v", ok, err)
+	}
+	if got, ok, err := b.GetLogin(ctx, "cli-2", 1001); err != nil || !ok || got.User != "alice" {
+		t.Fatalf("GetLogin(cli-2) = %+v, %v, %v", got, ok, err)
+	}
+	recv("only cli-2", func(ls []configsvc.Login) bool { return len(ls) == 1 && ls[0].Node == "cli-2" })
 }

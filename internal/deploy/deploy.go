@@ -15,6 +15,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/wheelfs/wheelfs/internal/auth"
 	"log/slog"
 	"net"
 	"os"
@@ -105,6 +106,16 @@ type Config struct {
 	// Server tunes the storage server (maintenance period, peer timeouts);
 	// identity fields are filled in by Start.
 	Server server.Config
+	// TrustClientUIDs makes the server act for whatever uid a client
+	// sends (NFS AUTH_SYS style). Without it, a client node that runs no
+	// server needs a session per uid (`wheelfs login`, issue 13).
+	TrustClientUIDs bool
+	// SessionTTL is how long a login lasts unless renewed (default
+	// auth.DefaultSessionTTL).
+	SessionTTL time.Duration
+	// UsersPeriod is how often the server checks the users file's version
+	// (default 1 s; a check is answered from the lease cache).
+	UsersPeriod time.Duration
 	// Store tunes the server's object store (segment size, background
 	// reclamation of freed blocks); zero values take defaults and the
 	// logger is filled in by Start.
@@ -162,6 +173,7 @@ type Host struct {
 	// Coord is the host's network coordinate (server and client roles).
 	Coord   *netcoord.Node
 	closers []closer
+	guard   *auth.Guard // users and sessions (nil: client uids trusted)
 }
 
 // closer stops one piece; crash, when set, replaces close in Crash.
@@ -314,6 +326,9 @@ func Start(ctx context.Context, cfg Config) (h *Host, err error) {
 		return nil, err
 	}
 	h.onClose(h.Router.Close, nil)
+	if cfg.Roles&RoleServer != 0 && !cfg.TrustClientUIDs {
+		h.newGuard()
+	}
 	if cfg.Roles&RoleServer != 0 {
 		if err := h.startServer(ctx, local); err != nil {
 			return nil, err
@@ -331,6 +346,9 @@ func Start(ctx context.Context, cfg Config) (h *Host, err error) {
 		h.onClose(h.Client.Close, h.Client.Close)
 	}
 	h.publishCoord(ctx)
+	if h.guard != nil {
+		h.followUsers()
+	}
 	return h, nil
 }
 

@@ -61,7 +61,8 @@ func TestServerOnlyAndClientOnlyHosts(t *testing.T) {
 	}
 	net := transport.NewNetwork()
 	withNet := func(c *Config) { c.Network = net }
-	srv := startRole(t, ctx, member, RoleServer, "west", withNet)
+	// The client-only host acts for the test's uid without a login.
+	srv := startRole(t, ctx, member, RoleServer, "west", func(c *Config) { c.Network, c.TrustClientUIDs = net, true })
 	if srv.Client != nil || srv.Server == nil || srv.Router == nil {
 		t.Fatal("server-only host: wrong pieces")
 	}

@@ -50,6 +50,7 @@ func (h *Host) startServer(ctx context.Context, local *lateLocal) (err error) {
 	scfg := cfg.Server
 	scfg.ID, scfg.Site, scfg.Addr, scfg.Logger = h.id.Server, cfg.Site, h.listener.Addr().String(), cfg.Logger
 	scfg.RootUID, scfg.RootGID = uint32(os.Getuid()), uint32(os.Getgid())
+	scfg.Users = h.guard // nil: client uids are trusted
 	scfg.Peers = func(ctx context.Context, id string) (wire.PeerClient, error) { return h.Router.Peer(ctx, id) }
 	// Registration retries within ConfigWait: right after the config
 	// members start, they may still be joining each other and lose their

@@ -24,6 +24,8 @@ func (s *Server) UnaryInterceptor() grpc.UnaryServerInterceptor {
 			if err := s.authPeer(ctx); err != nil {
 				return nil, fserr.ToStatus(err)
 			}
+		} else if err := s.checkUser(ctx, req); err != nil {
+			return nil, fserr.ToStatus(err)
 		}
 		resp, err := handler(ctx, req)
 		if err != nil {
@@ -64,4 +66,40 @@ func (s *Server) authPeer(ctx context.Context) error {
 		}
 	}
 	return fmt.Errorf("peer call from %q, which is not a registered server: %w", name, fserr.ErrPerm)
+}
+
+// clientNode names the client node that sent a Storage request, and
+// whether its uids are trusted without a session: this process (the
+// in-process client has no TLS peer), or a registered server — root there
+// holds a server's key and store, so a session would not stop it.
+func (s *Server) clientNode(ctx context.Context) (string, bool) {
+	name, err := pki.PeerName(ctx)
+	if err != nil {
+		return "", true // in-process
+	}
+	if name == s.cfg.ID {
+		return name, true
+	}
+	if t := s.table.Load(); t != nil {
+		if _, ok := t.Servers[name]; ok {
+			return name, true
+		}
+	}
+	return name, false
+}
+
+// checkUser admits a Storage request's uid (Config.Users).
+func (s *Server) checkUser(ctx context.Context, req any) error {
+	if s.cfg.Users == nil {
+		return nil
+	}
+	r, ok := req.(interface{ GetCaller() *wire.Caller })
+	if !ok {
+		return nil // logins, releases of handles: no uid to act as
+	}
+	node, trusted := s.clientNode(ctx)
+	if trusted {
+		return nil
+	}
+	return s.cfg.Users.Check(ctx, node, r.GetCaller())
 }

@@ -99,6 +99,22 @@ func (l localClient) Release(ctx context.Context, in *wire.ReleaseRequest, _ ...
 	return callUnary(ctx, l.edge, l.s, wire.Storage_Release_FullMethodName, in, l.s.Release)
 }
 
+func (l localClient) LoginChallenge(ctx context.Context, in *wire.LoginChallengeRequest, _ ...grpc.CallOption) (*wire.LoginChallengeResponse, error) {
+	return callUnary(ctx, l.edge, l.s, wire.Storage_LoginChallenge_FullMethodName, in, l.s.LoginChallenge)
+}
+
+func (l localClient) Login(ctx context.Context, in *wire.LoginRequest, _ ...grpc.CallOption) (*wire.LoginResponse, error) {
+	return callUnary(ctx, l.edge, l.s, wire.Storage_Login_FullMethodName, in, l.s.Login)
+}
+
+func (l localClient) RenewSession(ctx context.Context, in *wire.SessionRequest, _ ...grpc.CallOption) (*wire.LoginResponse, error) {
+	return callUnary(ctx, l.edge, l.s, wire.Storage_RenewSession_FullMethodName, in, l.s.RenewSession)
+}
+
+func (l localClient) Logout(ctx context.Context, in *wire.SessionRequest, _ ...grpc.CallOption) (*wire.LogoutResponse, error) {
+	return callUnary(ctx, l.edge, l.s, wire.Storage_Logout_FullMethodName, in, l.s.Logout)
+}
+
 // Callbacks connects an in-process client's lease back channel through a
 // pair of channels.
 func (l localClient) Callbacks(ctx context.Context, _ ...grpc.CallOption) (grpc.BidiStreamingClient[wire.CallbackAck, wire.Revoke], error) {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/wheelfs/wheelfs/internal/auth"
 	"log/slog"
 	"sync"
 	"sync/atomic"
@@ -72,6 +73,11 @@ type Config struct {
 	// Holders bounds the soft state of which clients cache which blocks
 	// (.Hotspot); zero values take holders' defaults.
 	Holders holders.Options
+	// Users, when set, admits a client's request only for a uid with a
+	// valid session at that client (issue 13); nil trusts the uids every
+	// client sends (NFS-style, --trust-client-uids). Servers and this
+	// process are trusted either way (see clientNode).
+	Users *auth.Guard
 }
 
 // Server implements wire.StorageServer.

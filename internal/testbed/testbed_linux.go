@@ -157,7 +157,9 @@ func plan(dir string, o Options) *State {
 		case RoleNode:
 			h.Mount = filepath.Join(dir, name)
 			h.Args = append([]string{"node", "--config", st.Config, "--site", site,
-				"--listen", net.JoinHostPort(h.Addr, fmt.Sprint(serverPort)), "--config-wait", "2m"}, common...)
+				"--listen", net.JoinHostPort(h.Addr, fmt.Sprint(serverPort)), "--config-wait", "2m",
+				// Client-only hosts act for the experiments' uids without logins.
+				"--trust-client-uids"}, common...)
 			if o.LockTTL > 0 {
 				h.Args = append(h.Args, "--lock-ttl", o.LockTTL.String())
 			}

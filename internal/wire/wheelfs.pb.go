@@ -5376,6 +5376,343 @@ func (x *HoldersResponse) GetHolders() []*Holder {
 	return nil
 }
 
+// LoginChallengeRequest asks for a nonce for uid (the local uid at the
+// calling client) to log in as user.
+type LoginChallengeRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Uid           uint32                 `protobuf:"varint,1,opt,name=uid,proto3" json:"uid,omitempty"`
+	User          string                 `protobuf:"bytes,2,opt,name=user,proto3" json:"user,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LoginChallengeRequest) Reset() {
+	*x = LoginChallengeRequest{}
+	mi := &file_wheelfs_proto_msgTypes[78]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LoginChallengeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LoginChallengeRequest) ProtoMessage() {}
+
+func (x *LoginChallengeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_wheelfs_proto_msgTypes[78]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LoginChallengeRequest.ProtoReflect.Descriptor instead.
+func (*LoginChallengeRequest) Descriptor() ([]byte, []int) {
+	return file_wheelfs_proto_rawDescGZIP(), []int{78}
+}
+
+func (x *LoginChallengeRequest) GetUid() uint32 {
+	if x != nil {
+		return x.Uid
+	}
+	return 0
+}
+
+func (x *LoginChallengeRequest) GetUser() string {
+	if x != nil {
+		return x.User
+	}
+	return ""
+}
+
+// LoginChallengeResponse: node is the client as the server knows it (its
+// certificate's name); keys are the SHA256 fingerprints of the user's keys
+// (the users file is world-readable), so the client picks which key signs.
+type LoginChallengeResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Nonce         []byte                 `protobuf:"bytes,1,opt,name=nonce,proto3" json:"nonce,omitempty"`
+	Node          string                 `protobuf:"bytes,2,opt,name=node,proto3" json:"node,omitempty"`
+	Keys          []string               `protobuf:"bytes,3,rep,name=keys,proto3" json:"keys,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LoginChallengeResponse) Reset() {
+	*x = LoginChallengeResponse{}
+	mi := &file_wheelfs_proto_msgTypes[79]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LoginChallengeResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LoginChallengeResponse) ProtoMessage() {}
+
+func (x *LoginChallengeResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_wheelfs_proto_msgTypes[79]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LoginChallengeResponse.ProtoReflect.Descriptor instead.
+func (*LoginChallengeResponse) Descriptor() ([]byte, []int) {
+	return file_wheelfs_proto_rawDescGZIP(), []int{79}
+}
+
+func (x *LoginChallengeResponse) GetNonce() []byte {
+	if x != nil {
+		return x.Nonce
+	}
+	return nil
+}
+
+func (x *LoginChallengeResponse) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *LoginChallengeResponse) GetKeys() []string {
+	if x != nil {
+		return x.Keys
+	}
+	return nil
+}
+
+// LoginRequest answers a challenge: an SSH signature (wire format) by
+// public_key (wire format) over auth.Payload(node, uid, user, nonce).
+type LoginRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Uid           uint32                 `protobuf:"varint,1,opt,name=uid,proto3" json:"uid,omitempty"`
+	User          string                 `protobuf:"bytes,2,opt,name=user,proto3" json:"user,omitempty"`
+	Nonce         []byte                 `protobuf:"bytes,3,opt,name=nonce,proto3" json:"nonce,omitempty"`
+	PublicKey     []byte                 `protobuf:"bytes,4,opt,name=public_key,json=publicKey,proto3" json:"public_key,omitempty"`
+	Signature     []byte                 `protobuf:"bytes,5,opt,name=signature,proto3" json:"signature,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LoginRequest) Reset() {
+	*x = LoginRequest{}
+	mi := &file_wheelfs_proto_msgTypes[80]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LoginRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LoginRequest) ProtoMessage() {}
+
+func (x *LoginRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_wheelfs_proto_msgTypes[80]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LoginRequest.ProtoReflect.Descriptor instead.
+func (*LoginRequest) Descriptor() ([]byte, []int) {
+	return file_wheelfs_proto_rawDescGZIP(), []int{80}
+}
+
+func (x *LoginRequest) GetUid() uint32 {
+	if x != nil {
+		return x.Uid
+	}
+	return 0
+}
+
+func (x *LoginRequest) GetUser() string {
+	if x != nil {
+		return x.User
+	}
+	return ""
+}
+
+func (x *LoginRequest) GetNonce() []byte {
+	if x != nil {
+		return x.Nonce
+	}
+	return nil
+}
+
+func (x *LoginRequest) GetPublicKey() []byte {
+	if x != nil {
+		return x.PublicKey
+	}
+	return nil
+}
+
+func (x *LoginRequest) GetSignature() []byte {
+	if x != nil {
+		return x.Signature
+	}
+	return nil
+}
+
+// LoginResponse: uid is the user's uid, the one the session covers.
+type LoginResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Uid           uint32                 `protobuf:"varint,1,opt,name=uid,proto3" json:"uid,omitempty"`
+	User          string                 `protobuf:"bytes,2,opt,name=user,proto3" json:"user,omitempty"`
+	ExpiresUnixMs int64                  `protobuf:"varint,3,opt,name=expires_unix_ms,json=expiresUnixMs,proto3" json:"expires_unix_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LoginResponse) Reset() {
+	*x = LoginResponse{}
+	mi := &file_wheelfs_proto_msgTypes[81]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LoginResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LoginResponse) ProtoMessage() {}
+
+func (x *LoginResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_wheelfs_proto_msgTypes[81]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LoginResponse.ProtoReflect.Descriptor instead.
+func (*LoginResponse) Descriptor() ([]byte, []int) {
+	return file_wheelfs_proto_rawDescGZIP(), []int{81}
+}
+
+func (x *LoginResponse) GetUid() uint32 {
+	if x != nil {
+		return x.Uid
+	}
+	return 0
+}
+
+func (x *LoginResponse) GetUser() string {
+	if x != nil {
+		return x.User
+	}
+	return ""
+}
+
+func (x *LoginResponse) GetExpiresUnixMs() int64 {
+	if x != nil {
+		return x.ExpiresUnixMs
+	}
+	return 0
+}
+
+// SessionRequest names the session of uid at the calling client.
+type SessionRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Uid           uint32                 `protobuf:"varint,1,opt,name=uid,proto3" json:"uid,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SessionRequest) Reset() {
+	*x = SessionRequest{}
+	mi := &file_wheelfs_proto_msgTypes[82]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SessionRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SessionRequest) ProtoMessage() {}
+
+func (x *SessionRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_wheelfs_proto_msgTypes[82]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SessionRequest.ProtoReflect.Descriptor instead.
+func (*SessionRequest) Descriptor() ([]byte, []int) {
+	return file_wheelfs_proto_rawDescGZIP(), []int{82}
+}
+
+func (x *SessionRequest) GetUid() uint32 {
+	if x != nil {
+		return x.Uid
+	}
+	return 0
+}
+
+type LogoutResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LogoutResponse) Reset() {
+	*x = LogoutResponse{}
+	mi := &file_wheelfs_proto_msgTypes[83]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LogoutResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LogoutResponse) ProtoMessage() {}
+
+func (x *LogoutResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_wheelfs_proto_msgTypes[83]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LogoutResponse.ProtoReflect.Descriptor instead.
+func (*LogoutResponse) Descriptor() ([]byte, []int) {
+	return file_wheelfs_proto_rawDescGZIP(), []int{83}
+}
+
 var File_wheelfs_proto protoreflect.FileDescriptor
 
 const file_wheelfs_proto_rawDesc = "" +
@@ -5763,7 +6100,28 @@ const file_wheelfs_proto_rawDesc = "" +
 	"\x06blocks\x18\x04 \x03(\v2\x16.wheelfs.v1.BlockRangeR\x06blocks\"Y\n" +
 	"\x0fHoldersResponse\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\x04R\aversion\x12,\n" +
-	"\aholders\x18\x02 \x03(\v2\x12.wheelfs.v1.HolderR\aholders*\x8a\x01\n" +
+	"\aholders\x18\x02 \x03(\v2\x12.wheelfs.v1.HolderR\aholders\"=\n" +
+	"\x15LoginChallengeRequest\x12\x10\n" +
+	"\x03uid\x18\x01 \x01(\rR\x03uid\x12\x12\n" +
+	"\x04user\x18\x02 \x01(\tR\x04user\"V\n" +
+	"\x16LoginChallengeResponse\x12\x14\n" +
+	"\x05nonce\x18\x01 \x01(\fR\x05nonce\x12\x12\n" +
+	"\x04node\x18\x02 \x01(\tR\x04node\x12\x12\n" +
+	"\x04keys\x18\x03 \x03(\tR\x04keys\"\x87\x01\n" +
+	"\fLoginRequest\x12\x10\n" +
+	"\x03uid\x18\x01 \x01(\rR\x03uid\x12\x12\n" +
+	"\x04user\x18\x02 \x01(\tR\x04user\x12\x14\n" +
+	"\x05nonce\x18\x03 \x01(\fR\x05nonce\x12\x1d\n" +
+	"\n" +
+	"public_key\x18\x04 \x01(\fR\tpublicKey\x12\x1c\n" +
+	"\tsignature\x18\x05 \x01(\fR\tsignature\"]\n" +
+	"\rLoginResponse\x12\x10\n" +
+	"\x03uid\x18\x01 \x01(\rR\x03uid\x12\x12\n" +
+	"\x04user\x18\x02 \x01(\tR\x04user\x12&\n" +
+	"\x0fexpires_unix_ms\x18\x03 \x01(\x03R\rexpiresUnixMs\"\"\n" +
+	"\x0eSessionRequest\x12\x10\n" +
+	"\x03uid\x18\x01 \x01(\rR\x03uid\"\x10\n" +
+	"\x0eLogoutResponse*\x8a\x01\n" +
 	"\x04Type\x12\x14\n" +
 	"\x10TYPE_UNSPECIFIED\x10\x00\x12\r\n" +
 	"\tTYPE_FILE\x10\x01\x12\f\n" +
@@ -5793,7 +6151,7 @@ const file_wheelfs_proto_rawDesc = "" +
 	"\x0eREPL_NEED_SYNC\x10\x01\x12\x14\n" +
 	"\x10REPL_STALE_EPOCH\x10\x02\x12\x17\n" +
 	"\x13REPL_MISSING_BLOCKS\x10\x03\x12\r\n" +
-	"\tREPL_BUSY\x10\x042\x94\f\n" +
+	"\tREPL_BUSY\x10\x042\xb4\x0e\n" +
 	"\aStorage\x12?\n" +
 	"\x06Lookup\x12\x19.wheelfs.v1.LookupRequest\x1a\x1a.wheelfs.v1.LookupResponse\x12B\n" +
 	"\aGetAttr\x12\x1a.wheelfs.v1.GetAttrRequest\x1a\x1b.wheelfs.v1.GetAttrResponse\x12?\n" +
@@ -5818,7 +6176,11 @@ const file_wheelfs_proto_rawDesc = "" +
 	"\tCallbacks\x12\x17.wheelfs.v1.CallbackAck\x1a\x12.wheelfs.v1.Revoke(\x010\x01\x12<\n" +
 	"\x05Probe\x12\x18.wheelfs.v1.ProbeRequest\x1a\x19.wheelfs.v1.ProbeResponse\x12T\n" +
 	"\rReportHolding\x12 .wheelfs.v1.ReportHoldingRequest\x1a!.wheelfs.v1.ReportHoldingResponse\x12B\n" +
-	"\aHolders\x12\x1a.wheelfs.v1.HoldersRequest\x1a\x1b.wheelfs.v1.HoldersResponse2\x80\x06\n" +
+	"\aHolders\x12\x1a.wheelfs.v1.HoldersRequest\x1a\x1b.wheelfs.v1.HoldersResponse\x12W\n" +
+	"\x0eLoginChallenge\x12!.wheelfs.v1.LoginChallengeRequest\x1a\".wheelfs.v1.LoginChallengeResponse\x12<\n" +
+	"\x05Login\x12\x18.wheelfs.v1.LoginRequest\x1a\x19.wheelfs.v1.LoginResponse\x12E\n" +
+	"\fRenewSession\x12\x1a.wheelfs.v1.SessionRequest\x1a\x19.wheelfs.v1.LoginResponse\x12@\n" +
+	"\x06Logout\x12\x1a.wheelfs.v1.SessionRequest\x1a\x1a.wheelfs.v1.LogoutResponse2\x80\x06\n" +
 	"\x04Peer\x12H\n" +
 	"\tReplicate\x12\x1c.wheelfs.v1.ReplicateRequest\x1a\x1d.wheelfs.v1.ReplicateResponse\x12?\n" +
 	"\x06Digest\x12\x19.wheelfs.v1.DigestRequest\x1a\x1a.wheelfs.v1.DigestResponse\x12;\n" +
@@ -5845,89 +6207,95 @@ func file_wheelfs_proto_rawDescGZIP() []byte {
 }
 
 var file_wheelfs_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_wheelfs_proto_msgTypes = make([]protoimpl.MessageInfo, 78)
+var file_wheelfs_proto_msgTypes = make([]protoimpl.MessageInfo, 84)
 var file_wheelfs_proto_goTypes = []any{
-	(Type)(0),                     // 0: wheelfs.v1.Type
-	(MutationKind)(0),             // 1: wheelfs.v1.MutationKind
-	(ReplStatus)(0),               // 2: wheelfs.v1.ReplStatus
-	(*Cues)(nil),                  // 3: wheelfs.v1.Cues
-	(*Meta)(nil),                  // 4: wheelfs.v1.Meta
-	(*Entry)(nil),                 // 5: wheelfs.v1.Entry
-	(*Caller)(nil),                // 6: wheelfs.v1.Caller
-	(*HandleRef)(nil),             // 7: wheelfs.v1.HandleRef
-	(*LookupRequest)(nil),         // 8: wheelfs.v1.LookupRequest
-	(*LookupResponse)(nil),        // 9: wheelfs.v1.LookupResponse
-	(*GetAttrRequest)(nil),        // 10: wheelfs.v1.GetAttrRequest
-	(*GetAttrResponse)(nil),       // 11: wheelfs.v1.GetAttrResponse
-	(*CreateRequest)(nil),         // 12: wheelfs.v1.CreateRequest
-	(*CreateResponse)(nil),        // 13: wheelfs.v1.CreateResponse
-	(*LinkRequest)(nil),           // 14: wheelfs.v1.LinkRequest
-	(*LinkResponse)(nil),          // 15: wheelfs.v1.LinkResponse
-	(*RemoveRequest)(nil),         // 16: wheelfs.v1.RemoveRequest
-	(*RemoveResponse)(nil),        // 17: wheelfs.v1.RemoveResponse
-	(*RenameRequest)(nil),         // 18: wheelfs.v1.RenameRequest
-	(*RenameResponse)(nil),        // 19: wheelfs.v1.RenameResponse
-	(*SetAttrRequest)(nil),        // 20: wheelfs.v1.SetAttrRequest
-	(*SetAttrResponse)(nil),       // 21: wheelfs.v1.SetAttrResponse
-	(*ReadDirRequest)(nil),        // 22: wheelfs.v1.ReadDirRequest
-	(*ReadDirResponse)(nil),       // 23: wheelfs.v1.ReadDirResponse
-	(*BlockRef)(nil),              // 24: wheelfs.v1.BlockRef
-	(*GetBlocksRequest)(nil),      // 25: wheelfs.v1.GetBlocksRequest
-	(*GetBlocksResponse)(nil),     // 26: wheelfs.v1.GetBlocksResponse
-	(*ReadBlocksRequest)(nil),     // 27: wheelfs.v1.ReadBlocksRequest
-	(*ReadBlocksResponse)(nil),    // 28: wheelfs.v1.ReadBlocksResponse
-	(*PutBlocksRequest)(nil),      // 29: wheelfs.v1.PutBlocksRequest
-	(*PutBlocksResponse)(nil),     // 30: wheelfs.v1.PutBlocksResponse
-	(*CommitRequest)(nil),         // 31: wheelfs.v1.CommitRequest
-	(*CommitResponse)(nil),        // 32: wheelfs.v1.CommitResponse
-	(*XattrRequest)(nil),          // 33: wheelfs.v1.XattrRequest
-	(*XattrResponse)(nil),         // 34: wheelfs.v1.XattrResponse
-	(*StatFSRequest)(nil),         // 35: wheelfs.v1.StatFSRequest
-	(*StatFSResponse)(nil),        // 36: wheelfs.v1.StatFSResponse
-	(*OpenRequest)(nil),           // 37: wheelfs.v1.OpenRequest
-	(*OpenResponse)(nil),          // 38: wheelfs.v1.OpenResponse
-	(*ReleaseRequest)(nil),        // 39: wheelfs.v1.ReleaseRequest
-	(*ReleaseResponse)(nil),       // 40: wheelfs.v1.ReleaseResponse
-	(*Revoke)(nil),                // 41: wheelfs.v1.Revoke
-	(*CallbackAck)(nil),           // 42: wheelfs.v1.CallbackAck
-	(*Mutation)(nil),              // 43: wheelfs.v1.Mutation
-	(*Batch)(nil),                 // 44: wheelfs.v1.Batch
-	(*ReplicateRequest)(nil),      // 45: wheelfs.v1.ReplicateRequest
-	(*ReplicateResponse)(nil),     // 46: wheelfs.v1.ReplicateResponse
-	(*DigestRequest)(nil),         // 47: wheelfs.v1.DigestRequest
-	(*DigestResponse)(nil),        // 48: wheelfs.v1.DigestResponse
-	(*ObjectState)(nil),           // 49: wheelfs.v1.ObjectState
-	(*InstallRequest)(nil),        // 50: wheelfs.v1.InstallRequest
-	(*InstallResponse)(nil),       // 51: wheelfs.v1.InstallResponse
-	(*DiffRequest)(nil),           // 52: wheelfs.v1.DiffRequest
-	(*FetchBlocksRequest)(nil),    // 53: wheelfs.v1.FetchBlocksRequest
-	(*FetchBlocksResponse)(nil),   // 54: wheelfs.v1.FetchBlocksResponse
-	(*PingRequest)(nil),           // 55: wheelfs.v1.PingRequest
-	(*PingResponse)(nil),          // 56: wheelfs.v1.PingResponse
-	(*CreateObjectRequest)(nil),   // 57: wheelfs.v1.CreateObjectRequest
-	(*CreateObjectResponse)(nil),  // 58: wheelfs.v1.CreateObjectResponse
-	(*DropLinkRequest)(nil),       // 59: wheelfs.v1.DropLinkRequest
-	(*DropLinkResponse)(nil),      // 60: wheelfs.v1.DropLinkResponse
-	(*StatRequest)(nil),           // 61: wheelfs.v1.StatRequest
-	(*StatResponse)(nil),          // 62: wheelfs.v1.StatResponse
-	(*AddLinkRequest)(nil),        // 63: wheelfs.v1.AddLinkRequest
-	(*AddLinkResponse)(nil),       // 64: wheelfs.v1.AddLinkResponse
-	(*EntryChange)(nil),           // 65: wheelfs.v1.EntryChange
-	(*ReconcileRequest)(nil),      // 66: wheelfs.v1.ReconcileRequest
-	(*ReconcileResponse)(nil),     // 67: wheelfs.v1.ReconcileResponse
-	(*XattrSummary)(nil),          // 68: wheelfs.v1.XattrSummary
-	(*Xattr)(nil),                 // 69: wheelfs.v1.Xattr
-	(*Coord)(nil),                 // 70: wheelfs.v1.Coord
-	(*CoordSample)(nil),           // 71: wheelfs.v1.CoordSample
-	(*ProbeRequest)(nil),          // 72: wheelfs.v1.ProbeRequest
-	(*ProbeResponse)(nil),         // 73: wheelfs.v1.ProbeResponse
-	(*BlockRange)(nil),            // 74: wheelfs.v1.BlockRange
-	(*HeldBlocks)(nil),            // 75: wheelfs.v1.HeldBlocks
-	(*ReportHoldingRequest)(nil),  // 76: wheelfs.v1.ReportHoldingRequest
-	(*ReportHoldingResponse)(nil), // 77: wheelfs.v1.ReportHoldingResponse
-	(*HoldersRequest)(nil),        // 78: wheelfs.v1.HoldersRequest
-	(*Holder)(nil),                // 79: wheelfs.v1.Holder
-	(*HoldersResponse)(nil),       // 80: wheelfs.v1.HoldersResponse
+	(Type)(0),                      // 0: wheelfs.v1.Type
+	(MutationKind)(0),              // 1: wheelfs.v1.MutationKind
+	(ReplStatus)(0),                // 2: wheelfs.v1.ReplStatus
+	(*Cues)(nil),                   // 3: wheelfs.v1.Cues
+	(*Meta)(nil),                   // 4: wheelfs.v1.Meta
+	(*Entry)(nil),                  // 5: wheelfs.v1.Entry
+	(*Caller)(nil),                 // 6: wheelfs.v1.Caller
+	(*HandleRef)(nil),              // 7: wheelfs.v1.HandleRef
+	(*LookupRequest)(nil),          // 8: wheelfs.v1.LookupRequest
+	(*LookupResponse)(nil),         // 9: wheelfs.v1.LookupResponse
+	(*GetAttrRequest)(nil),         // 10: wheelfs.v1.GetAttrRequest
+	(*GetAttrResponse)(nil),        // 11: wheelfs.v1.GetAttrResponse
+	(*CreateRequest)(nil),          // 12: wheelfs.v1.CreateRequest
+	(*CreateResponse)(nil),         // 13: wheelfs.v1.CreateResponse
+	(*LinkRequest)(nil),            // 14: wheelfs.v1.LinkRequest
+	(*LinkResponse)(nil),           // 15: wheelfs.v1.LinkResponse
+	(*RemoveRequest)(nil),          // 16: wheelfs.v1.RemoveRequest
+	(*RemoveResponse)(nil),         // 17: wheelfs.v1.RemoveResponse
+	(*RenameRequest)(nil),          // 18: wheelfs.v1.RenameRequest
+	(*RenameResponse)(nil),         // 19: wheelfs.v1.RenameResponse
+	(*SetAttrRequest)(nil),         // 20: wheelfs.v1.SetAttrRequest
+	(*SetAttrResponse)(nil),        // 21: wheelfs.v1.SetAttrResponse
+	(*ReadDirRequest)(nil),         // 22: wheelfs.v1.ReadDirRequest
+	(*ReadDirResponse)(nil),        // 23: wheelfs.v1.ReadDirResponse
+	(*BlockRef)(nil),               // 24: wheelfs.v1.BlockRef
+	(*GetBlocksRequest)(nil),       // 25: wheelfs.v1.GetBlocksRequest
+	(*GetBlocksResponse)(nil),      // 26: wheelfs.v1.GetBlocksResponse
+	(*ReadBlocksRequest)(nil),      // 27: wheelfs.v1.ReadBlocksRequest
+	(*ReadBlocksResponse)(nil),     // 28: wheelfs.v1.ReadBlocksResponse
+	(*PutBlocksRequest)(nil),       // 29: wheelfs.v1.PutBlocksRequest
+	(*PutBlocksResponse)(nil),      // 30: wheelfs.v1.PutBlocksResponse
+	(*CommitRequest)(nil),          // 31: wheelfs.v1.CommitRequest
+	(*CommitResponse)(nil),         // 32: wheelfs.v1.CommitResponse
+	(*XattrRequest)(nil),           // 33: wheelfs.v1.XattrRequest
+	(*XattrResponse)(nil),          // 34: wheelfs.v1.XattrResponse
+	(*StatFSRequest)(nil),          // 35: wheelfs.v1.StatFSRequest
+	(*StatFSResponse)(nil),         // 36: wheelfs.v1.StatFSResponse
+	(*OpenRequest)(nil),            // 37: wheelfs.v1.OpenRequest
+	(*OpenResponse)(nil),           // 38: wheelfs.v1.OpenResponse
+	(*ReleaseRequest)(nil),         // 39: wheelfs.v1.ReleaseRequest
+	(*ReleaseResponse)(nil),        // 40: wheelfs.v1.ReleaseResponse
+	(*Revoke)(nil),                 // 41: wheelfs.v1.Revoke
+	(*CallbackAck)(nil),            // 42: wheelfs.v1.CallbackAck
+	(*Mutation)(nil),               // 43: wheelfs.v1.Mutation
+	(*Batch)(nil),                  // 44: wheelfs.v1.Batch
+	(*ReplicateRequest)(nil),       // 45: wheelfs.v1.ReplicateRequest
+	(*ReplicateResponse)(nil),      // 46: wheelfs.v1.ReplicateResponse
+	(*DigestRequest)(nil),          // 47: wheelfs.v1.DigestRequest
+	(*DigestResponse)(nil),         // 48: wheelfs.v1.DigestResponse
+	(*ObjectState)(nil),            // 49: wheelfs.v1.ObjectState
+	(*InstallRequest)(nil),         // 50: wheelfs.v1.InstallRequest
+	(*InstallResponse)(nil),        // 51: wheelfs.v1.InstallResponse
+	(*DiffRequest)(nil),            // 52: wheelfs.v1.DiffRequest
+	(*FetchBlocksRequest)(nil),     // 53: wheelfs.v1.FetchBlocksRequest
+	(*FetchBlocksResponse)(nil),    // 54: wheelfs.v1.FetchBlocksResponse
+	(*PingRequest)(nil),            // 55: wheelfs.v1.PingRequest
+	(*PingResponse)(nil),           // 56: wheelfs.v1.PingResponse
+	(*CreateObjectRequest)(nil),    // 57: wheelfs.v1.CreateObjectRequest
+	(*CreateObjectResponse)(nil),   // 58: wheelfs.v1.CreateObjectResponse
+	(*DropLinkRequest)(nil),        // 59: wheelfs.v1.DropLinkRequest
+	(*DropLinkResponse)(nil),       // 60: wheelfs.v1.DropLinkResponse
+	(*StatRequest)(nil),            // 61: wheelfs.v1.StatRequest
+	(*StatResponse)(nil),           // 62: wheelfs.v1.StatResponse
+	(*AddLinkRequest)(nil),         // 63: wheelfs.v1.AddLinkRequest
+	(*AddLinkResponse)(nil),        // 64: wheelfs.v1.AddLinkResponse
+	(*EntryChange)(nil),            // 65: wheelfs.v1.EntryChange
+	(*ReconcileRequest)(nil),       // 66: wheelfs.v1.ReconcileRequest
+	(*ReconcileResponse)(nil),      // 67: wheelfs.v1.ReconcileResponse
+	(*XattrSummary)(nil),           // 68: wheelfs.v1.XattrSummary
+	(*Xattr)(nil),                  // 69: wheelfs.v1.Xattr
+	(*Coord)(nil),                  // 70: wheelfs.v1.Coord
+	(*CoordSample)(nil),            // 71: wheelfs.v1.CoordSample
+	(*ProbeRequest)(nil),           // 72: wheelfs.v1.ProbeRequest
+	(*ProbeResponse)(nil),          // 73: wheelfs.v1.ProbeResponse
+	(*BlockRange)(nil),             // 74: wheelfs.v1.BlockRange
+	(*HeldBlocks)(nil),             // 75: wheelfs.v1.HeldBlocks
+	(*ReportHoldingRequest)(nil),   // 76: wheelfs.v1.ReportHoldingRequest
+	(*ReportHoldingResponse)(nil),  // 77: wheelfs.v1.ReportHoldingResponse
+	(*HoldersRequest)(nil),         // 78: wheelfs.v1.HoldersRequest
+	(*Holder)(nil),                 // 79: wheelfs.v1.Holder
+	(*HoldersResponse)(nil),        // 80: wheelfs.v1.HoldersResponse
+	(*LoginChallengeRequest)(nil),  // 81: wheelfs.v1.LoginChallengeRequest
+	(*LoginChallengeResponse)(nil), // 82: wheelfs.v1.LoginChallengeResponse
+	(*LoginRequest)(nil),           // 83: wheelfs.v1.LoginRequest
+	(*LoginResponse)(nil),          // 84: wheelfs.v1.LoginResponse
+	(*SessionRequest)(nil),         // 85: wheelfs.v1.SessionRequest
+	(*LogoutResponse)(nil),         // 86: wheelfs.v1.LogoutResponse
 }
 var file_wheelfs_proto_depIdxs = []int32{
 	0,   // 0: wheelfs.v1.Meta.type:type_name -> wheelfs.v1.Type
@@ -6038,53 +6406,61 @@ var file_wheelfs_proto_depIdxs = []int32{
 	72,  // 105: wheelfs.v1.Storage.Probe:input_type -> wheelfs.v1.ProbeRequest
 	76,  // 106: wheelfs.v1.Storage.ReportHolding:input_type -> wheelfs.v1.ReportHoldingRequest
 	78,  // 107: wheelfs.v1.Storage.Holders:input_type -> wheelfs.v1.HoldersRequest
-	45,  // 108: wheelfs.v1.Peer.Replicate:input_type -> wheelfs.v1.ReplicateRequest
-	47,  // 109: wheelfs.v1.Peer.Digest:input_type -> wheelfs.v1.DigestRequest
-	52,  // 110: wheelfs.v1.Peer.Diff:input_type -> wheelfs.v1.DiffRequest
-	50,  // 111: wheelfs.v1.Peer.Install:input_type -> wheelfs.v1.InstallRequest
-	53,  // 112: wheelfs.v1.Peer.FetchBlocks:input_type -> wheelfs.v1.FetchBlocksRequest
-	55,  // 113: wheelfs.v1.Peer.Ping:input_type -> wheelfs.v1.PingRequest
-	57,  // 114: wheelfs.v1.Peer.CreateObject:input_type -> wheelfs.v1.CreateObjectRequest
-	59,  // 115: wheelfs.v1.Peer.DropLink:input_type -> wheelfs.v1.DropLinkRequest
-	61,  // 116: wheelfs.v1.Peer.Stat:input_type -> wheelfs.v1.StatRequest
-	63,  // 117: wheelfs.v1.Peer.AddLink:input_type -> wheelfs.v1.AddLinkRequest
-	66,  // 118: wheelfs.v1.Peer.Reconcile:input_type -> wheelfs.v1.ReconcileRequest
-	9,   // 119: wheelfs.v1.Storage.Lookup:output_type -> wheelfs.v1.LookupResponse
-	11,  // 120: wheelfs.v1.Storage.GetAttr:output_type -> wheelfs.v1.GetAttrResponse
-	13,  // 121: wheelfs.v1.Storage.Create:output_type -> wheelfs.v1.CreateResponse
-	15,  // 122: wheelfs.v1.Storage.Link:output_type -> wheelfs.v1.LinkResponse
-	17,  // 123: wheelfs.v1.Storage.Remove:output_type -> wheelfs.v1.RemoveResponse
-	19,  // 124: wheelfs.v1.Storage.Rename:output_type -> wheelfs.v1.RenameResponse
-	21,  // 125: wheelfs.v1.Storage.SetAttr:output_type -> wheelfs.v1.SetAttrResponse
-	23,  // 126: wheelfs.v1.Storage.ReadDir:output_type -> wheelfs.v1.ReadDirResponse
-	26,  // 127: wheelfs.v1.Storage.GetBlocks:output_type -> wheelfs.v1.GetBlocksResponse
-	28,  // 128: wheelfs.v1.Storage.ReadBlocks:output_type -> wheelfs.v1.ReadBlocksResponse
-	30,  // 129: wheelfs.v1.Storage.PutBlocks:output_type -> wheelfs.v1.PutBlocksResponse
-	32,  // 130: wheelfs.v1.Storage.Commit:output_type -> wheelfs.v1.CommitResponse
-	34,  // 131: wheelfs.v1.Storage.GetXattr:output_type -> wheelfs.v1.XattrResponse
-	34,  // 132: wheelfs.v1.Storage.ListXattr:output_type -> wheelfs.v1.XattrResponse
-	34,  // 133: wheelfs.v1.Storage.SetXattr:output_type -> wheelfs.v1.XattrResponse
-	34,  // 134: wheelfs.v1.Storage.RemoveXattr:output_type -> wheelfs.v1.XattrResponse
-	36,  // 135: wheelfs.v1.Storage.StatFS:output_type -> wheelfs.v1.StatFSResponse
-	38,  // 136: wheelfs.v1.Storage.Open:output_type -> wheelfs.v1.OpenResponse
-	40,  // 137: wheelfs.v1.Storage.Release:output_type -> wheelfs.v1.ReleaseResponse
-	41,  // 138: wheelfs.v1.Storage.Callbacks:output_type -> wheelfs.v1.Revoke
-	73,  // 139: wheelfs.v1.Storage.Probe:output_type -> wheelfs.v1.ProbeResponse
-	77,  // 140: wheelfs.v1.Storage.ReportHolding:output_type -> wheelfs.v1.ReportHoldingResponse
-	80,  // 141: wheelfs.v1.Storage.Holders:output_type -> wheelfs.v1.HoldersResponse
-	46,  // 142: wheelfs.v1.Peer.Replicate:output_type -> wheelfs.v1.ReplicateResponse
-	48,  // 143: wheelfs.v1.Peer.Digest:output_type -> wheelfs.v1.DigestResponse
-	50,  // 144: wheelfs.v1.Peer.Diff:output_type -> wheelfs.v1.InstallRequest
-	51,  // 145: wheelfs.v1.Peer.Install:output_type -> wheelfs.v1.InstallResponse
-	54,  // 146: wheelfs.v1.Peer.FetchBlocks:output_type -> wheelfs.v1.FetchBlocksResponse
-	56,  // 147: wheelfs.v1.Peer.Ping:output_type -> wheelfs.v1.PingResponse
-	58,  // 148: wheelfs.v1.Peer.CreateObject:output_type -> wheelfs.v1.CreateObjectResponse
-	60,  // 149: wheelfs.v1.Peer.DropLink:output_type -> wheelfs.v1.DropLinkResponse
-	62,  // 150: wheelfs.v1.Peer.Stat:output_type -> wheelfs.v1.StatResponse
-	64,  // 151: wheelfs.v1.Peer.AddLink:output_type -> wheelfs.v1.AddLinkResponse
-	67,  // 152: wheelfs.v1.Peer.Reconcile:output_type -> wheelfs.v1.ReconcileResponse
-	119, // [119:153] is the sub-list for method output_type
-	85,  // [85:119] is the sub-list for method input_type
+	81,  // 108: wheelfs.v1.Storage.LoginChallenge:input_type -> wheelfs.v1.LoginChallengeRequest
+	83,  // 109: wheelfs.v1.Storage.Login:input_type -> wheelfs.v1.LoginRequest
+	85,  // 110: wheelfs.v1.Storage.RenewSession:input_type -> wheelfs.v1.SessionRequest
+	85,  // 111: wheelfs.v1.Storage.Logout:input_type -> wheelfs.v1.SessionRequest
+	45,  // 112: wheelfs.v1.Peer.Replicate:input_type -> wheelfs.v1.ReplicateRequest
+	47,  // 113: wheelfs.v1.Peer.Digest:input_type -> wheelfs.v1.DigestRequest
+	52,  // 114: wheelfs.v1.Peer.Diff:input_type -> wheelfs.v1.DiffRequest
+	50,  // 115: wheelfs.v1.Peer.Install:input_type -> wheelfs.v1.InstallRequest
+	53,  // 116: wheelfs.v1.Peer.FetchBlocks:input_type -> wheelfs.v1.FetchBlocksRequest
+	55,  // 117: wheelfs.v1.Peer.Ping:input_type -> wheelfs.v1.PingRequest
+	57,  // 118: wheelfs.v1.Peer.CreateObject:input_type -> wheelfs.v1.CreateObjectRequest
+	59,  // 119: wheelfs.v1.Peer.DropLink:input_type -> wheelfs.v1.DropLinkRequest
+	61,  // 120: wheelfs.v1.Peer.Stat:input_type -> wheelfs.v1.StatRequest
+	63,  // 121: wheelfs.v1.Peer.AddLink:input_type -> wheelfs.v1.AddLinkRequest
+	66,  // 122: wheelfs.v1.Peer.Reconcile:input_type -> wheelfs.v1.ReconcileRequest
+	9,   // 123: wheelfs.v1.Storage.Lookup:output_type -> wheelfs.v1.LookupResponse
+	11,  // 124: wheelfs.v1.Storage.GetAttr:output_type -> wheelfs.v1.GetAttrResponse
+	13,  // 125: wheelfs.v1.Storage.Create:output_type -> wheelfs.v1.CreateResponse
+	15,  // 126: wheelfs.v1.Storage.Link:output_type -> wheelfs.v1.LinkResponse
+	17,  // 127: wheelfs.v1.Storage.Remove:output_type -> wheelfs.v1.RemoveResponse
+	19,  // 128: wheelfs.v1.Storage.Rename:output_type -> wheelfs.v1.RenameResponse
+	21,  // 129: wheelfs.v1.Storage.SetAttr:output_type -> wheelfs.v1.SetAttrResponse
+	23,  // 130: wheelfs.v1.Storage.ReadDir:output_type -> wheelfs.v1.ReadDirResponse
+	26,  // 131: wheelfs.v1.Storage.GetBlocks:output_type -> wheelfs.v1.GetBlocksResponse
+	28,  // 132: wheelfs.v1.Storage.ReadBlocks:output_type -> wheelfs.v1.ReadBlocksResponse
+	30,  // 133: wheelfs.v1.Storage.PutBlocks:output_type -> wheelfs.v1.PutBlocksResponse
+	32,  // 134: wheelfs.v1.Storage.Commit:output_type -> wheelfs.v1.CommitResponse
+	34,  // 135: wheelfs.v1.Storage.GetXattr:output_type -> wheelfs.v1.XattrResponse
+	34,  // 136: wheelfs.v1.Storage.ListXattr:output_type -> wheelfs.v1.XattrResponse
+	34,  // 137: wheelfs.v1.Storage.SetXattr:output_type -> wheelfs.v1.XattrResponse
+	34,  // 138: wheelfs.v1.Storage.RemoveXattr:output_type -> wheelfs.v1.XattrResponse
+	36,  // 139: wheelfs.v1.Storage.StatFS:output_type -> wheelfs.v1.StatFSResponse
+	38,  // 140: wheelfs.v1.Storage.Open:output_type -> wheelfs.v1.OpenResponse
+	40,  // 141: wheelfs.v1.Storage.Release:output_type -> wheelfs.v1.ReleaseResponse
+	41,  // 142: wheelfs.v1.Storage.Callbacks:output_type -> wheelfs.v1.Revoke
+	73,  // 143: wheelfs.v1.Storage.Probe:output_type -> wheelfs.v1.ProbeResponse
+	77,  // 144: wheelfs.v1.Storage.ReportHolding:output_type -> wheelfs.v1.ReportHoldingResponse
+	80,  // 145: wheelfs.v1.Storage.Holders:output_type -> wheelfs.v1.HoldersResponse
+	82,  // 146: wheelfs.v1.Storage.LoginChallenge:output_type -> wheelfs.v1.LoginChallengeResponse
+	84,  // 147: wheelfs.v1.Storage.Login:output_type -> wheelfs.v1.LoginResponse
+	84,  // 148: wheelfs.v1.Storage.RenewSession:output_type -> wheelfs.v1.LoginResponse
+	86,  // 149: wheelfs.v1.Storage.Logout:output_type -> wheelfs.v1.LogoutResponse
+	46,  // 150: wheelfs.v1.Peer.Replicate:output_type -> wheelfs.v1.ReplicateResponse
+	48,  // 151: wheelfs.v1.Peer.Digest:output_type -> wheelfs.v1.DigestResponse
+	50,  // 152: wheelfs.v1.Peer.Diff:output_type -> wheelfs.v1.InstallRequest
+	51,  // 153: wheelfs.v1.Peer.Install:output_type -> wheelfs.v1.InstallResponse
+	54,  // 154: wheelfs.v1.Peer.FetchBlocks:output_type -> wheelfs.v1.FetchBlocksResponse
+	56,  // 155: wheelfs.v1.Peer.Ping:output_type -> wheelfs.v1.PingResponse
+	58,  // 156: wheelfs.v1.Peer.CreateObject:output_type -> wheelfs.v1.CreateObjectResponse
+	60,  // 157: wheelfs.v1.Peer.DropLink:output_type -> wheelfs.v1.DropLinkResponse
+	62,  // 158: wheelfs.v1.Peer.Stat:output_type -> wheelfs.v1.StatResponse
+	64,  // 159: wheelfs.v1.Peer.AddLink:output_type -> wheelfs.v1.AddLinkResponse
+	67,  // 160: wheelfs.v1.Peer.Reconcile:output_type -> wheelfs.v1.ReconcileResponse
+	123, // [123:161] is the sub-list for method output_type
+	85,  // [85:123] is the sub-list for method input_type
 	85,  // [85:85] is the sub-list for extension type_name
 	85,  // [85:85] is the sub-list for extension extendee
 	0,   // [0:85] is the sub-list for field type_name
@@ -6101,7 +6477,7 @@ func file_wheelfs_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_wheelfs_proto_rawDesc), len(file_wheelfs_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   78,
+			NumMessages:   84,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

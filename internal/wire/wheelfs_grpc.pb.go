@@ -21,29 +21,33 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	Storage_Lookup_FullMethodName        = "/wheelfs.v1.Storage/Lookup"
-	Storage_GetAttr_FullMethodName       = "/wheelfs.v1.Storage/GetAttr"
-	Storage_Create_FullMethodName        = "/wheelfs.v1.Storage/Create"
-	Storage_Link_FullMethodName          = "/wheelfs.v1.Storage/Link"
-	Storage_Remove_FullMethodName        = "/wheelfs.v1.Storage/Remove"
-	Storage_Rename_FullMethodName        = "/wheelfs.v1.Storage/Rename"
-	Storage_SetAttr_FullMethodName       = "/wheelfs.v1.Storage/SetAttr"
-	Storage_ReadDir_FullMethodName       = "/wheelfs.v1.Storage/ReadDir"
-	Storage_GetBlocks_FullMethodName     = "/wheelfs.v1.Storage/GetBlocks"
-	Storage_ReadBlocks_FullMethodName    = "/wheelfs.v1.Storage/ReadBlocks"
-	Storage_PutBlocks_FullMethodName     = "/wheelfs.v1.Storage/PutBlocks"
-	Storage_Commit_FullMethodName        = "/wheelfs.v1.Storage/Commit"
-	Storage_GetXattr_FullMethodName      = "/wheelfs.v1.Storage/GetXattr"
-	Storage_ListXattr_FullMethodName     = "/wheelfs.v1.Storage/ListXattr"
-	Storage_SetXattr_FullMethodName      = "/wheelfs.v1.Storage/SetXattr"
-	Storage_RemoveXattr_FullMethodName   = "/wheelfs.v1.Storage/RemoveXattr"
-	Storage_StatFS_FullMethodName        = "/wheelfs.v1.Storage/StatFS"
-	Storage_Open_FullMethodName          = "/wheelfs.v1.Storage/Open"
-	Storage_Release_FullMethodName       = "/wheelfs.v1.Storage/Release"
-	Storage_Callbacks_FullMethodName     = "/wheelfs.v1.Storage/Callbacks"
-	Storage_Probe_FullMethodName         = "/wheelfs.v1.Storage/Probe"
-	Storage_ReportHolding_FullMethodName = "/wheelfs.v1.Storage/ReportHolding"
-	Storage_Holders_FullMethodName       = "/wheelfs.v1.Storage/Holders"
+	Storage_Lookup_FullMethodName         = "/wheelfs.v1.Storage/Lookup"
+	Storage_GetAttr_FullMethodName        = "/wheelfs.v1.Storage/GetAttr"
+	Storage_Create_FullMethodName         = "/wheelfs.v1.Storage/Create"
+	Storage_Link_FullMethodName           = "/wheelfs.v1.Storage/Link"
+	Storage_Remove_FullMethodName         = "/wheelfs.v1.Storage/Remove"
+	Storage_Rename_FullMethodName         = "/wheelfs.v1.Storage/Rename"
+	Storage_SetAttr_FullMethodName        = "/wheelfs.v1.Storage/SetAttr"
+	Storage_ReadDir_FullMethodName        = "/wheelfs.v1.Storage/ReadDir"
+	Storage_GetBlocks_FullMethodName      = "/wheelfs.v1.Storage/GetBlocks"
+	Storage_ReadBlocks_FullMethodName     = "/wheelfs.v1.Storage/ReadBlocks"
+	Storage_PutBlocks_FullMethodName      = "/wheelfs.v1.Storage/PutBlocks"
+	Storage_Commit_FullMethodName         = "/wheelfs.v1.Storage/Commit"
+	Storage_GetXattr_FullMethodName       = "/wheelfs.v1.Storage/GetXattr"
+	Storage_ListXattr_FullMethodName      = "/wheelfs.v1.Storage/ListXattr"
+	Storage_SetXattr_FullMethodName       = "/wheelfs.v1.Storage/SetXattr"
+	Storage_RemoveXattr_FullMethodName    = "/wheelfs.v1.Storage/RemoveXattr"
+	Storage_StatFS_FullMethodName         = "/wheelfs.v1.Storage/StatFS"
+	Storage_Open_FullMethodName           = "/wheelfs.v1.Storage/Open"
+	Storage_Release_FullMethodName        = "/wheelfs.v1.Storage/Release"
+	Storage_Callbacks_FullMethodName      = "/wheelfs.v1.Storage/Callbacks"
+	Storage_Probe_FullMethodName          = "/wheelfs.v1.Storage/Probe"
+	Storage_ReportHolding_FullMethodName  = "/wheelfs.v1.Storage/ReportHolding"
+	Storage_Holders_FullMethodName        = "/wheelfs.v1.Storage/Holders"
+	Storage_LoginChallenge_FullMethodName = "/wheelfs.v1.Storage/LoginChallenge"
+	Storage_Login_FullMethodName          = "/wheelfs.v1.Storage/Login"
+	Storage_RenewSession_FullMethodName   = "/wheelfs.v1.Storage/RenewSession"
+	Storage_Logout_FullMethodName         = "/wheelfs.v1.Storage/Logout"
 )
 
 // StorageClient is the client API for Storage service.
@@ -85,6 +89,12 @@ type StorageClient interface {
 	// Holders asks a file's primary for the clients that recently cached
 	// given blocks, nearest to the asker (by network coordinates) first.
 	Holders(ctx context.Context, in *HoldersRequest, opts ...grpc.CallOption) (*HoldersResponse, error)
+	// Login (issue 13): a client proves with a user's SSH key that one of
+	// its uids acts for that user; the session is then valid at every server.
+	LoginChallenge(ctx context.Context, in *LoginChallengeRequest, opts ...grpc.CallOption) (*LoginChallengeResponse, error)
+	Login(ctx context.Context, in *LoginRequest, opts ...grpc.CallOption) (*LoginResponse, error)
+	RenewSession(ctx context.Context, in *SessionRequest, opts ...grpc.CallOption) (*LoginResponse, error)
+	Logout(ctx context.Context, in *SessionRequest, opts ...grpc.CallOption) (*LogoutResponse, error)
 }
 
 type storageClient struct {
@@ -328,6 +338,46 @@ func (c *storageClient) Holders(ctx context.Context, in *HoldersRequest, opts ..
 	return out, nil
 }
 
+func (c *storageClient) LoginChallenge(ctx context.Context, in *LoginChallengeRequest, opts ...grpc.CallOption) (*LoginChallengeResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(LoginChallengeResponse)
+	err := c.cc.Invoke(ctx, Storage_LoginChallenge_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *storageClient) Login(ctx context.Context, in *LoginRequest, opts ...grpc.CallOption) (*LoginResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(LoginResponse)
+	err := c.cc.Invoke(ctx, Storage_Login_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *storageClient) RenewSession(ctx context.Context, in *SessionRequest, opts ...grpc.CallOption) (*LoginResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(LoginResponse)
+	err := c.cc.Invoke(ctx, Storage_RenewSession_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *storageClient) Logout(ctx context.Context, in *SessionRequest, opts ...grpc.CallOption) (*LogoutResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(LogoutResponse)
+	err := c.cc.Invoke(ctx, Storage_Logout_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // StorageServer is the server API for Storage service.
 // All implementations must embed UnimplementedStorageServer
 // for forward compatibility.
@@ -367,6 +417,12 @@ type StorageServer interface {
 	// Holders asks a file's primary for the clients that recently cached
 	// given blocks, nearest to the asker (by network coordinates) first.
 	Holders(context.Context, *HoldersRequest) (*HoldersResponse, error)
+	// Login (issue 13): a client proves with a user's SSH key that one of
+	// its uids acts for that user; the session is then valid at every server.
+	LoginChallenge(context.Context, *LoginChallengeRequest) (*LoginChallengeResponse, error)
+	Login(context.Context, *LoginRequest) (*LoginResponse, error)
+	RenewSession(context.Context, *SessionRequest) (*LoginResponse, error)
+	Logout(context.Context, *SessionRequest) (*LogoutResponse, error)
 	mustEmbedUnimplementedStorageServer()
 }
 
@@ -445,6 +501,18 @@ func (UnimplementedStorageServer) ReportHolding(context.Context, *ReportHoldingR
 }
 func (UnimplementedStorageServer) Holders(context.Context, *HoldersRequest) (*HoldersResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Holders not implemented")
+}
+func (UnimplementedStorageServer) LoginChallenge(context.Context, *LoginChallengeRequest) (*LoginChallengeResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method LoginChallenge not implemented")
+}
+func (UnimplementedStorageServer) Login(context.Context, *LoginRequest) (*LoginResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Login not implemented")
+}
+func (UnimplementedStorageServer) RenewSession(context.Context, *SessionRequest) (*LoginResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method RenewSession not implemented")
+}
+func (UnimplementedStorageServer) Logout(context.Context, *SessionRequest) (*LogoutResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Logout not implemented")
 }
 func (UnimplementedStorageServer) mustEmbedUnimplementedStorageServer() {}
 func (UnimplementedStorageServer) testEmbeddedByValue()                 {}
@@ -870,6 +938,78 @@ func _Storage_Holders_Handler(srv interface{}, ctx context.Context, dec func(int
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Storage_LoginChallenge_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(LoginChallengeRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(StorageServer).LoginChallenge(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Storage_LoginChallenge_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(StorageServer).LoginChallenge(ctx, req.(*LoginChallengeRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Storage_Login_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(LoginRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(StorageServer).Login(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Storage_Login_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(StorageServer).Login(ctx, req.(*LoginRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Storage_RenewSession_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SessionRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(StorageServer).RenewSession(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Storage_RenewSession_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(StorageServer).RenewSession(ctx, req.(*SessionRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Storage_Logout_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SessionRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(StorageServer).Logout(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Storage_Logout_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(StorageServer).Logout(ctx, req.(*SessionRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Storage_ServiceDesc is the grpc.ServiceDesc for Storage service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -964,6 +1104,22 @@ var Storage_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Holders",
 			Handler:    _Storage_Holders_Handler,
+		},
+		{
+			MethodName: "LoginChallenge",
+			Handler:    _Storage_LoginChallenge_Handler,
+		},
+		{
+			MethodName: "Login",
+			Handler:    _Storage_Login_Handler,
+		},
+		{
+			MethodName: "RenewSession",
+			Handler:    _Storage_RenewSession_Handler,
+		},
+		{
+			MethodName: "Logout",
+			Handler:    _Storage_Logout_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

@@ -47,8 +47,10 @@ func startConfigService(t *testing.T, tmp string) (ca string, members []string) 
 func startNode(t *testing.T, tmp, config, ca, site string) *upProc {
 	t.Helper()
 	data, mnt := filepath.Join(tmp, "node-"+site), t.TempDir()
+	// The client-only mount acts for the test's uids without a login
+	// (NFS-style, as before logins existed).
 	return startWheelfs(t, data, mnt, "node", "--config", config, "--site", site, "--listen", "127.0.0.1:0",
-		"--data", data, "--ca", ca, mnt)
+		"--data", data, "--ca", ca, "--trust-client-uids", mnt)
 }
 
 // TestMultiNode runs a deployment of separate processes, as the README's
