@@ -169,16 +169,17 @@ func (s *Server) fetchBlocks(ctx context.Context, src string, hs [][32]byte) err
 	if err != nil {
 		return err
 	}
-	per := maxInlineBlocks / blockSize
 	for len(hs) > 0 {
-		n := min(per, len(hs))
+		n := min(s.xfer.blocks(src), len(hs))
 		req := &wire.FetchBlocksRequest{}
 		for _, h := range hs[:n] {
 			req.Hashes = append(req.Hashes, h[:])
 		}
 		hs = hs[n:]
 		fctx, cancel := context.WithTimeout(ctx, s.cfg.PeerTimeout)
+		start := time.Now()
 		resp, err := p.FetchBlocks(fctx, req)
+		s.xfer.done(src, blockBytes(resp.GetData()), time.Since(start), err != nil && fctx.Err() != nil && ctx.Err() == nil)
 		cancel()
 		if err != nil {
 			return fmt.Errorf("fetch blocks from %s: %w", src, err)

@@ -371,8 +371,8 @@ func (r *sliceRepl) step(ctx context.Context, f *follower) (more bool, err error
 	for _, b := range batches {
 		hs = append(hs, store.MutationBlocks(b.Mutations)...)
 	}
-	if len(hs) > 0 && len(hs)*blockSize <= maxInlineBlocks {
-		req.Blocks = r.s.readBlocks(hs)
+	if len(hs) > 0 && len(hs) <= r.s.xfer.blocks(f.id) {
+		req.Blocks = r.s.readBlocks(hs) // else the backup asks for what it lacks
 	}
 	resp, err := r.replicate(ctx, f.id, req)
 	if err != nil {
@@ -449,14 +449,25 @@ func (r *sliceRepl) replicate(ctx context.Context, id string, req *wire.Replicat
 	}
 	cctx, cancel := context.WithTimeout(ctx, r.s.cfg.PeerTimeout)
 	defer cancel()
-	return p.Replicate(cctx, req)
+	start := time.Now()
+	resp, err := p.Replicate(cctx, req)
+	if n := blockBytes(req.Blocks); n > 0 {
+		r.s.xfer.done(id, n, time.Since(start), err != nil && cctx.Err() != nil && ctx.Err() == nil)
+	}
+	return resp, err
 }
 
-// pushBlocks sends blocks a backup lacks, in bounded messages.
+func blockBytes(blocks [][]byte) (n int) {
+	for _, b := range blocks {
+		n += len(b)
+	}
+	return n
+}
+
+// pushBlocks sends blocks a backup lacks, in calls sized for the link.
 func (r *sliceRepl) pushBlocks(ctx context.Context, id string, missing [][]byte) error {
-	per := maxInlineBlocks / blockSize
 	for len(missing) > 0 {
-		n := min(per, len(missing))
+		n := min(r.s.xfer.blocks(id), len(missing))
 		hs := make([][32]byte, 0, n)
 		for _, h := range missing[:n] {
 			if len(h) == 32 {

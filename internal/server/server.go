@@ -113,6 +113,8 @@ type Server struct {
 	names  nameLocks
 	// holders: which clients cache which blocks of this primary's files.
 	holders *holders.Table
+	// xfer sizes block-carrying calls to each peer by its link's rate.
+	xfer *transfers
 }
 
 // New returns a server over st that coordinates through conf.
@@ -157,6 +159,7 @@ func New(cfg Config, st *store.Store, conf ConfigService, lockTTL time.Duration)
 	}
 	s.leases = newLeases(cfg.LeaseTTL, s.lockValidity)
 	s.holders = holders.New(cfg.Holders)
+	s.xfer = newTransfers(cfg.PeerTimeout)
 	return s
 }
 
