@@ -149,6 +149,9 @@ type FS struct {
 	// suspects are primaries that recently did not answer in time.
 	suspectMu sync.Mutex
 	suspects  map[string]time.Time
+	// silent are slices whose primary did not answer a whole call
+	// (primarySilence).
+	silent silence
 
 	handles atomic.Uint64 // numbers this client's opens (handleRef.id)
 

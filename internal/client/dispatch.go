@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
@@ -63,6 +65,16 @@ type callOpts struct {
 func callVia[Req, Resp any](ctx context.Context, f *FS, id oid.ID, rpc rpcFunc[Req, Resp], req Req, o callOpts) (Resp, error) {
 	var zero Resp
 	backoff := 20 * time.Millisecond
+	began := time.Now()
+	var last string    // the server asked last
+	var unreached bool // and it could not be reached (not: it was slow)
+	defer func() {
+		// Not for an eventual operation's first try at the primary: that
+		// has half a short bound, and the answer is then sought elsewhere.
+		if ctx.Err() == context.DeadlineExceeded && unreached && !o.refusalEnds {
+			f.silent.mark(id.Slice(), last, time.Since(began))
+		}
+	}()
 	for {
 		switch ctx.Err() {
 		case context.DeadlineExceeded:
@@ -72,14 +84,28 @@ func callVia[Req, Resp any](ctx context.Context, f *FS, id oid.ID, rpc rpcFunc[R
 		}
 		var resp Resp
 		c, err := f.server(ctx, id)
+		if err == nil && f.silent.silent(id.Slice(), c.ID) {
+			// One system call is several FUSE requests, each with the
+			// whole bound: a primary that just let one run out fails
+			// the next at once rather than multiply the wait.
+			return zero, fmt.Errorf("primary %s of %v did not answer moments ago: %w", c.ID, id, fserr.ErrTimeout)
+		}
 		if err == nil {
+			last = c.ID
 			if o.prep != nil {
 				o.prep(c)
 			}
+			// A call still unanswered at half its time is joined by a
+			// probe: one that stays unanswered too means the server is
+			// away, not busy (waiting out a lease, say).
+			var away atomic.Bool
+			probe := time.AfterFunc(half(ctx), func() { away.Store(!alive(ctx, c)) })
 			resp, err = rpc(c, ctx, req)
+			probe.Stop()
 			if err == nil {
 				return resp, nil
 			}
+			unreached = retryable(err) || away.Load()
 			switch ctx.Err() {
 			case context.DeadlineExceeded:
 				return resp, fmt.Errorf("%v: %w", err, fserr.ErrTimeout)
@@ -159,4 +185,51 @@ func update[Req request, Resp any](ctx context.Context, f *FS, cues cue.Set, id 
 		return writeEventual(ctx, f, id, rpc, req)
 	}
 	return call(ctx, f, id, rpc, req)
+}
+
+// alive reports whether server c answers an empty call before ctx ends.
+func alive(ctx context.Context, c Conn) bool {
+	_, err := c.Probe(ctx, &wire.ProbeRequest{})
+	return err == nil
+}
+
+// silence remembers, per slice, a primary that could not be reached for
+// a whole call (its connection broken, or no answer to a probe within the
+// call): for as long as that call waited, at most maxSilence, calls to it
+// fail at once. A new primary of the slice ends it.
+type silence struct {
+	mu sync.Mutex
+	m  map[oid.Slice]silentPrimary
+}
+
+type silentPrimary struct {
+	id    string
+	until time.Time
+}
+
+// maxSilence is short: it only has to span the requests of one system
+// call, which follow each other within milliseconds.
+const maxSilence = time.Second
+
+func (s *silence) mark(sl oid.Slice, id string, waited time.Duration) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.m == nil {
+		s.m = map[oid.Slice]silentPrimary{}
+	}
+	s.m[sl] = silentPrimary{id, time.Now().Add(min(waited, maxSilence))}
+}
+
+func (s *silence) silent(sl oid.Slice, id string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	p, ok := s.m[sl]
+	if !ok {
+		return false
+	}
+	if p.id != id || time.Now().After(p.until) {
+		delete(s.m, sl)
+		return false
+	}
+	return true
 }

@@ -196,3 +196,49 @@ func TestCutOffSiteAfterLocksLapse(t *testing.T) {
 		return readIs(ctx, west, "/ev/old", []byte("v2"))
 	})
 }
+
+// TestBoundPerSystemCall: at a cut-off site a plain stat and read of a
+// file whose primary is away is several FUSE requests (lookup, getattr,
+// open, read), each with the whole call bound. Once one has run out, the
+// next to the same silent primary fails at once, so the system call
+// takes about one bound, not one per request (it took 90–180 s with a
+// 30 s bound on the testbed). A primary that is reachable but slow (a
+// lease to wait out) is not taken for silent: TestWriteWaitsOutCutOffLeaseHolder.
+func TestBoundPerSystemCall(t *testing.T) {
+	t.Parallel()
+	const bound = 3 * time.Second
+	c := Start(t, Options{Sites: []string{"west", "east", "eu"}, ClientTimeout: bound,
+		RTT: UniformRTT(20 * time.Millisecond)})
+	ctx := opCtx(t)
+	west, east := c.Servers("west")[0].Client(), c.Servers("east")[0].Client()
+	if err := west.WriteFile(ctx, Owner(), "/f", []byte("data"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if p, err := c.PrimaryOf(ctx, west, "/f"); err != nil || p.Site == "east" {
+		t.Fatalf("primary of /f: %v, %v; want one away from east", p, err)
+	}
+	// IDs from west: east has nothing of /f under a lease.
+	root, f := mustID(t, west, "/"), mustID(t, west, "/f")
+	c.DropSite("east")
+	began := time.Now()
+	var errs []error
+	for _, req := range []func() error{
+		func() error { _, err := east.Lookup(ctx, Owner(), client.NoCues, root, "f"); return err },
+		func() error { _, err := east.GetAttr(ctx, Owner(), client.NoCues, f); return err },
+		func() error { _, _, err := east.Open(ctx, Owner(), client.NoCues, f, 0); return err },
+	} {
+		errs = append(errs, req())
+	}
+	took := time.Since(began)
+	t.Logf("lookup, getattr, open at the cut-off site: %v in %v", errs, took)
+	for _, err := range errs {
+		if fserr.Errno(err) != syscall.ETIMEDOUT {
+			t.Errorf("a request at the cut-off site: %v, want ETIMEDOUT", err)
+		}
+	}
+	if took > bound+boundMargin {
+		t.Errorf("three requests took %v, want about one bound (%v)", took, bound)
+	}
+	c.HealSite("east")
+	c.WaitFor(30*time.Second, "east reads /f after the heal", func() error { return readIs(ctx, east, "/f", []byte("data")) })
+}
