@@ -40,8 +40,9 @@ type PeerConfig struct {
 	// DefaultUploadConcurrency); as many more may wait, the rest are
 	// turned away so that their readers try another holder.
 	UploadConcurrency int
-	// Corrupt, for fault tests, alters every block this client serves.
-	Corrupt func(b []byte) []byte
+	// ServeHook, for fault tests, alters (or holds up) every block this
+	// client serves.
+	ServeHook func(b []byte) []byte
 }
 
 // DefaultUploadConcurrency is how many peer requests a client serves at
@@ -139,8 +140,8 @@ func (s peerService) FetchCached(ctx context.Context, req *wire.FetchCachedReque
 				return resp, nil // what is sent so far; the reader asks elsewhere for the rest
 			}
 		}
-		if p.cfg.Corrupt != nil {
-			b = p.cfg.Corrupt(slices.Clone(b))
+		if p.cfg.ServeHook != nil {
+			b = p.cfg.ServeHook(slices.Clone(b))
 		}
 		resp.Data[i] = b
 		p.served.Add(int64(len(b)))

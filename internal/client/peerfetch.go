@@ -42,16 +42,23 @@ type hotFile struct {
 	ev      bool
 	index   map[[32]byte][]uint64 // hash → its block indices in version
 	note    bool                  // report fetched blocks as held
+	// attempt bounds one try at one holder or replica (a third of the
+	// read's time limit, at most maxAttempt), also in the prefetches the
+	// read waits on.
+	attempt time.Duration
 }
 
 // hotFile describes the blocks hashes of st for fetchHot. Called under st.mu.
-func (st *fileState) hotFile(hashes [][32]byte) hotFile {
+func (st *fileState) hotFile(ctx context.Context, hashes [][32]byte) hotFile {
 	want := make(map[[32]byte]bool, len(hashes))
 	for _, h := range hashes {
 		want[h] = true
 	}
 	hf := hotFile{id: st.id, version: st.version, ev: st.eventual, index: map[[32]byte][]uint64{},
-		note: !st.modified && len(st.dirty) == 0 && len(st.staged) == 0}
+		note: !st.modified && len(st.dirty) == 0 && len(st.staged) == 0, attempt: maxAttempt}
+	if dl, ok := ctx.Deadline(); ok {
+		hf.attempt = min(hf.attempt, time.Until(dl)/3)
+	}
 	for idx, r := range st.hashes {
 		if want[r.hash] {
 			hf.index[r.hash] = append(hf.index[r.hash], idx)
@@ -129,10 +136,10 @@ func (f *FS) fetchHot(ctx context.Context, u User, hf hotFile, hashes [][32]byte
 	return nil
 }
 
-// attempt bounds one try at one source: a third of what is left, at most
-// maxAttempt.
-func attempt(ctx context.Context) (context.Context, context.CancelFunc) {
-	d := maxAttempt
+// try bounds one try at one source: a third of what is left, at most
+// hf.attempt.
+func (hf hotFile) try(ctx context.Context) (context.Context, context.CancelFunc) {
+	d := hf.attempt
 	if dl, ok := ctx.Deadline(); ok {
 		d = min(d, time.Until(dl)/3)
 	}
@@ -159,7 +166,7 @@ func (f *FS) fetchHotChunk(ctx context.Context, u User, hf hotFile, chunk [][32]
 	if f.cfg.Coord != nil {
 		req.Coord = f.cfg.Coord.Wire()
 	}
-	actx, cancel := attempt(ctx)
+	actx, cancel := hf.try(ctx)
 	began := time.Now()
 	resp, err := call(actx, f, hf.id, wire.StorageClient.Holders, req)
 	cancel()
@@ -225,7 +232,7 @@ func (f *FS) fromHolders(ctx context.Context, hf hotFile, resp *wire.HoldersResp
 		var wg sync.WaitGroup
 		for x, hs := range ask {
 			wg.Go(func() {
-				for h, b := range f.fromPeer(ctx, x, resp.Grant, hs) {
+				for h, b := range f.fromPeer(ctx, hf, x, resp.Grant, hs) {
 					mu.Lock()
 					got(h, b)
 					mu.Unlock()
@@ -239,8 +246,8 @@ func (f *FS) fromHolders(ctx context.Context, hf hotFile, resp *wire.HoldersResp
 // fromPeer asks one holder for blocks and returns those that match their
 // hash; a holder that sends wrong data is logged, counted and skipped for
 // a while.
-func (f *FS) fromPeer(ctx context.Context, x *wire.Holder, g *wire.Grant, hs [][32]byte) map[[32]byte][]byte {
-	actx, cancel := attempt(ctx)
+func (f *FS) fromPeer(ctx context.Context, hf hotFile, x *wire.Holder, g *wire.Grant, hs [][32]byte) map[[32]byte][]byte {
+	actx, cancel := hf.try(ctx)
 	defer cancel()
 	pc, err := f.peer.cfg.Dial(actx, x.Node, x.Addr)
 	if err != nil {
@@ -304,7 +311,7 @@ func (f *FS) fromReplicas(ctx context.Context, u User, hf hotFile, g *wire.Grant
 		for i := range hs {
 			req.Hashes[i] = hs[i][:]
 		}
-		actx, cancel := attempt(ctx)
+		actx, cancel := hf.try(ctx)
 		resp, err := c.ReadBlocks(actx, req)
 		cancel()
 		if err != nil || len(resp.Data) != len(hs) {

@@ -108,7 +108,7 @@ func (st *fileState) blocks(ctx context.Context, f *FS, u User, first, last uint
 		mine, wait := f.claim(needed)
 		fetch := func() error { return f.fetchClaimed(ctx, u, st.id, mine, st.eventual) }
 		if hot {
-			fetch = func() error { return f.fetchHot(ctx, u, st.hotFile(mine), mine) }
+			fetch = func() error { return f.fetchHot(ctx, u, st.hotFile(ctx, mine), mine) }
 		}
 		if err := fetch(); err != nil {
 			return nil, err
@@ -141,7 +141,7 @@ func (st *fileState) prefetch(ctx context.Context, f *FS, u User, from, to uint6
 	}
 	mine, _ := f.claim(needed)
 	if hot {
-		f.prefetchHot(ctx, u, st.hotFile(mine), mine)
+		f.prefetchHot(ctx, u, st.hotFile(ctx, mine), mine)
 		return
 	}
 	id, ev := st.id, st.eventual
