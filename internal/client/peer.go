@@ -195,17 +195,23 @@ func (p *peerState) skipPeer(node string, now time.Time) bool {
 	return ok
 }
 
-// badPeerFor is how long a peer that sent corrupt data is not asked again.
-const badPeerFor = time.Minute
+// A peer that sent corrupt data is not asked again for badPeerFor, one
+// that did not answer in time (or could not be reached) for slowPeerFor.
+const (
+	badPeerFor  = time.Minute
+	slowPeerFor = 10 * time.Second
+)
 
 // maxBadPeers bounds the list of peers being skipped.
 const maxBadPeers = 1024
 
-func (p *peerState) markBad(node string, now time.Time) {
+func (p *peerState) markBad(node string, now time.Time, d time.Duration) {
 	p.badMu.Lock()
 	defer p.badMu.Unlock()
 	if len(p.bad) >= maxBadPeers {
 		clear(p.bad)
 	}
-	p.bad[node] = now.Add(badPeerFor)
+	if until := now.Add(d); until.After(p.bad[node]) {
+		p.bad[node] = until
+	}
 }

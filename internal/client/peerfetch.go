@@ -1,12 +1,16 @@
 package client
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"math/rand/v2"
 	"slices"
 	"sync"
 	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/wheelfs/wheelfs/internal/holders"
 	"github.com/wheelfs/wheelfs/internal/oid"
@@ -42,7 +46,7 @@ type hotFile struct {
 	ev      bool
 	index   map[[32]byte][]uint64 // hash → its block indices in version
 	note    bool                  // report fetched blocks as held
-	// attempt bounds one try at one holder or replica (a third of the
+	// attempt bounds one try at one holder or replica (a fifth of the
 	// read's time limit, at most maxAttempt), also in the prefetches the
 	// read waits on.
 	attempt time.Duration
@@ -57,7 +61,7 @@ func (st *fileState) hotFile(ctx context.Context, hashes [][32]byte) hotFile {
 	hf := hotFile{id: st.id, version: st.version, ev: st.eventual, index: map[[32]byte][]uint64{},
 		note: !st.modified && len(st.dirty) == 0 && len(st.staged) == 0, attempt: maxAttempt}
 	if dl, ok := ctx.Deadline(); ok {
-		hf.attempt = min(hf.attempt, time.Until(dl)/3)
+		hf.attempt = min(hf.attempt, time.Until(dl)/5)
 	}
 	for idx, r := range st.hashes {
 		if want[r.hash] {
@@ -128,20 +132,33 @@ func (f *FS) fetchHot(ctx context.Context, u User, hf hotFile, hashes [][32]byte
 			remote = append(remote, h)
 		}
 	}
+	// Chunks in parallel, a window at a time: one slow holder holds up
+	// only its own blocks.
+	sem := make(chan struct{}, f.hotWindow())
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var first error
 	for chunk := range slices.Chunk(remote, hotChunk) {
-		if err := f.fetchHotChunk(ctx, u, hf, chunk); err != nil {
-			return err
-		}
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			if err := f.fetchHotChunk(ctx, u, hf, chunk); err != nil {
+				mu.Lock()
+				first = cmp.Or(first, err)
+				mu.Unlock()
+			}
+		})
 	}
-	return nil
+	wg.Wait()
+	return first
 }
 
-// try bounds one try at one source: a third of what is left, at most
+// try bounds one try at one source: a fifth of what is left, at most
 // hf.attempt.
 func (hf hotFile) try(ctx context.Context) (context.Context, context.CancelFunc) {
 	d := hf.attempt
 	if dl, ok := ctx.Deadline(); ok {
-		d = min(d, time.Until(dl)/3)
+		d = min(d, time.Until(dl)/5)
 	}
 	return context.WithTimeout(ctx, d)
 }
@@ -251,6 +268,7 @@ func (f *FS) fromPeer(ctx context.Context, hf hotFile, x *wire.Holder, g *wire.G
 	defer cancel()
 	pc, err := f.peer.cfg.Dial(actx, x.Node, x.Addr)
 	if err != nil {
+		f.peer.markBad(x.Node, time.Now(), slowPeerFor)
 		f.log.Debug("peer unreachable", "peer", x.Node, "err", err)
 		return nil
 	}
@@ -260,6 +278,9 @@ func (f *FS) fromPeer(ctx context.Context, hf hotFile, x *wire.Holder, g *wire.G
 	}
 	resp, err := pc.FetchCached(actx, req)
 	if err != nil {
+		if status.Code(err) != codes.ResourceExhausted { // busy is fine; silent or gone is not
+			f.peer.markBad(x.Node, time.Now(), slowPeerFor)
+		}
 		f.log.Debug("peer fetch failed", "peer", x.Node, "blocks", len(hs), "err", err)
 		return nil
 	}
@@ -270,7 +291,7 @@ func (f *FS) fromPeer(ctx context.Context, hf hotFile, x *wire.Holder, g *wire.G
 		}
 		if sha256.Sum256(b) != hs[i] {
 			f.peer.corrupt.Add(1)
-			f.peer.markBad(x.Node, time.Now())
+			f.peer.markBad(x.Node, time.Now(), badPeerFor)
 			f.log.Warn("peer sent a block that does not match its hash; skipping the peer", "peer", x.Node, "addr", x.Addr)
 			return out
 		}
