@@ -40,6 +40,8 @@ type hostFlags struct {
 	readyFile              string
 	trustUIDs              bool
 	sessionTTL             time.Duration
+	peerListen, peerRate   string
+	peerConc               int
 }
 
 // roleFlags registers the flags a role needs.
@@ -72,6 +74,9 @@ func (f *hostFlags) register(cmd *cobra.Command, roles deploy.Roles) {
 		fl.StringVar(&f.cacheMem, "cache-mem", "100MiB", "in-memory block cache size")
 		fl.StringVar(&f.cacheDisk, "cache-disk", "4GiB", "on-disk block cache size (0 turns it off)")
 		fl.StringVar(&f.cacheDir, "cache-dir", "", "on-disk block cache directory (default DATA/cache)")
+		fl.StringVar(&f.peerListen, "peer-listen", "127.0.0.1:0", "serve cached blocks to other clients' .Hotspot reads on HOST:PORT (mutual TLS; empty: do not serve)")
+		fl.StringVar(&f.peerRate, "peer-upload-rate", "0", "bound the bytes per second served to other clients, e.g. 2MiB (0: unlimited)")
+		fl.IntVar(&f.peerConc, "peer-upload-concurrency", client.DefaultUploadConcurrency, "peer requests served at once")
 	}
 }
 
@@ -153,6 +158,11 @@ func (f *hostFlags) cacheConfig(cfg *deploy.Config) error {
 		return fmt.Errorf("--cache-disk %q: want a size such as 4GiB, or 0 (%v)", f.cacheDisk, err)
 	}
 	cfg.Client.CacheBytes, cfg.Client.DiskCacheBytes = mem, disk
+	up, err := bench.ParseSize(f.peerRate)
+	if err != nil || up < 0 {
+		return fmt.Errorf("--peer-upload-rate %q: want a size per second such as 2MiB, or 0 (%v)", f.peerRate, err)
+	}
+	cfg.Peer = deploy.PeerConfig{Listen: f.peerListen, UploadRate: up, UploadConcurrency: f.peerConc}
 	if disk > 0 {
 		cfg.Client.CacheDir = f.cacheDir
 		if cfg.Client.CacheDir == "" {

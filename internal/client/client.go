@@ -89,6 +89,9 @@ type Config struct {
 	// ReportEvery is how often blocks cached by .Hotspot reads are
 	// reported to their files' primaries (default DefaultReportEvery).
 	ReportEvery time.Duration
+	// Peers configures serving this client's cache to other clients and
+	// fetching from theirs (.Hotspot); see PeerConfig.
+	Peers PeerConfig
 }
 
 // NewConfig returns a Config with defaults filled in.
@@ -156,6 +159,8 @@ type FS struct {
 	handles atomic.Uint64 // numbers this client's opens (handleRef.id)
 
 	logins *logins // users' sessions at this client (login.go)
+
+	peer peerState // .Hotspot peer serving and fetching (peer.go)
 }
 
 // New returns a client core that reaches servers through router.
@@ -204,6 +209,7 @@ func New(cfg Config, router Router) *FS {
 		logins:   newLogins(),
 	}
 	f.leases = newLeases(f)
+	f.peer.init(cfg.Peers)
 	return f
 }
 

@@ -138,7 +138,7 @@ func (r *holdReports) flush(ctx context.Context, f *FS) {
 		bySlice[id.Slice()] = append(bySlice[id.Slice()], id)
 	}
 	for _, ids := range bySlice {
-		req := &wire.ReportHoldingRequest{Node: f.cfg.Node, Site: f.cfg.Site}
+		req := &wire.ReportHoldingRequest{Node: f.cfg.Node, Site: f.cfg.Site, PeerAddr: f.peer.cfg.Addr}
 		if f.cfg.Coord != nil {
 			req.Coord = f.cfg.Coord.Wire()
 		}

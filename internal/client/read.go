@@ -6,7 +6,6 @@ import (
 	"slices"
 
 	"github.com/wheelfs/wheelfs/internal/fserr"
-	"github.com/wheelfs/wheelfs/internal/holders"
 	"github.com/wheelfs/wheelfs/internal/oid"
 	"github.com/wheelfs/wheelfs/internal/wire"
 )
@@ -32,7 +31,7 @@ func (h *Handle) Read(ctx context.Context, p []byte, off int64) (int, error) {
 	}
 	first := uint64(off / BlockSize)
 	last := uint64((off + int64(len(p)) - 1) / BlockSize)
-	blocks, err := st.blocks(ctx, h.fs, h.user, first, last)
+	blocks, err := st.blocks(ctx, h.fs, h.user, first, last, h.cues.Hotspot)
 	if err != nil {
 		return 0, fmt.Errorf("read %v at %d: %w", st.id, off, err)
 	}
@@ -75,7 +74,7 @@ func (h *Handle) Read(ctx context.Context, p []byte, off int64) (int, error) {
 // blocks returns the contents of blocks first..last (nil for holes),
 // fetching what the cache lacks; blocks a prefetch is already bringing are
 // waited for, not fetched twice.
-func (st *fileState) blocks(ctx context.Context, f *FS, u User, first, last uint64) ([][]byte, error) {
+func (st *fileState) blocks(ctx context.Context, f *FS, u User, first, last uint64, hot bool) ([][]byte, error) {
 	if err := st.loadRefs(ctx, f, u, first, last); err != nil {
 		return nil, err
 	}
@@ -107,7 +106,11 @@ func (st *fileState) blocks(ctx context.Context, f *FS, u User, first, last uint
 			return nil, fmt.Errorf("blocks of %v evicted while reading: %w", st.id, fserr.ErrIO)
 		}
 		mine, wait := f.claim(needed)
-		if err := f.fetchClaimed(ctx, u, st.id, mine, st.eventual); err != nil {
+		fetch := func() error { return f.fetchClaimed(ctx, u, st.id, mine, st.eventual) }
+		if hot {
+			fetch = func() error { return f.fetchHot(ctx, u, st.hotFile(ctx, mine), mine) }
+		}
+		if err := fetch(); err != nil {
 			return nil, err
 		}
 		for _, ch := range wait {
@@ -122,7 +125,7 @@ func (st *fileState) blocks(ctx context.Context, f *FS, u User, first, last uint
 
 // prefetch starts fetching blocks from..to in the background, so that a
 // sequential reader finds them cached (paper §5.5, .WholeFile); with hot
-// (.Hotspot) the fetched blocks are reported as held.
+// (.Hotspot) they come from holders first (prefetchHot).
 func (st *fileState) prefetch(ctx context.Context, f *FS, u User, from, to uint64, hot bool) {
 	if err := st.loadRefs(ctx, f, u, from, to); err != nil {
 		return // the read itself will report it
@@ -137,25 +140,11 @@ func (st *fileState) prefetch(ctx context.Context, f *FS, u User, from, to uint6
 		}
 	}
 	mine, _ := f.claim(needed)
-	id, ev := st.id, st.eventual
-	var note func(chunk [][32]byte)
-	if hot && !st.modified && len(st.dirty) == 0 && len(st.staged) == 0 {
-		version, byHash := st.version, map[[32]byte][]uint64{}
-		for idx := from; idx <= to; idx++ {
-			if ref, ok := st.hashes[idx]; ok {
-				byHash[ref.hash] = append(byHash[ref.hash], idx)
-			}
-		}
-		note = func(chunk [][32]byte) {
-			var rs []holders.Range
-			for _, h := range chunk {
-				for _, idx := range byHash[h] {
-					rs = holders.Add(rs, holders.Range{First: idx, Count: 1})
-				}
-			}
-			f.reports.add(ctx, f, u, id, version, rs)
-		}
+	if hot {
+		f.prefetchHot(ctx, u, st.hotFile(ctx, mine), mine)
+		return
 	}
+	id, ev := st.id, st.eventual
 	// One goroutine per RPC's worth: the reads of the window overlap, so
 	// the primary's disk sees several requests at once.
 	for chunk := range slices.Chunk(mine, blocksPerRPC) {
@@ -164,8 +153,6 @@ func (st *fileState) prefetch(ctx context.Context, f *FS, u User, from, to uint6
 			defer cancel()
 			if err := f.fetchClaimed(ctx, u, id, chunk, ev); err != nil {
 				f.log.Debug("prefetch failed", "id", id.String(), "err", err)
-			} else if note != nil {
-				note(chunk)
 			}
 		}()
 	}
@@ -194,17 +181,7 @@ func (f *FS) claim(hashes [][32]byte) (mine [][32]byte, wait []chan struct{}) {
 // cache or else from the file's primary, releasing each RPC's claims as
 // soon as its blocks are cached, and every claim whatever happens.
 func (f *FS) fetchClaimed(ctx context.Context, u User, id oid.ID, hashes [][32]byte, ev bool) error {
-	release := func(hs [][32]byte) {
-		f.fetchMu.Lock()
-		for _, h := range hs {
-			if ch, ok := f.inflight[h]; ok {
-				close(ch)
-				delete(f.inflight, h)
-			}
-		}
-		f.fetchMu.Unlock()
-	}
-	defer release(hashes)
+	defer f.unclaim(hashes)
 	var local, remote [][32]byte
 	for _, h := range hashes {
 		if _, ok := f.cache.Get(h); ok {
@@ -213,7 +190,27 @@ func (f *FS) fetchClaimed(ctx context.Context, u User, id oid.ID, hashes [][32]b
 			remote = append(remote, h)
 		}
 	}
-	release(local)
+	f.unclaim(local)
+	_, err := f.readRemote(ctx, u, id, ev, remote)
+	return err
+}
+
+// unclaim ends the claims on hs (fetched, or given up).
+func (f *FS) unclaim(hs [][32]byte) {
+	f.fetchMu.Lock()
+	for _, h := range hs {
+		if ch, ok := f.inflight[h]; ok {
+			close(ch)
+			delete(f.inflight, h)
+		}
+	}
+	f.fetchMu.Unlock()
+}
+
+// readRemote reads claimed blocks from id's primary (or a replica under
+// .EventualConsistency) into the cache, releasing each RPC's claims as
+// its blocks arrive; n is the bytes read.
+func (f *FS) readRemote(ctx context.Context, u User, id oid.ID, ev bool, remote [][32]byte) (n int64, err error) {
 	for chunk := range slices.Chunk(remote, blocksPerRPC) {
 		req := &wire.ReadBlocksRequest{Caller: u.caller(), Id: uint64(id), Hashes: make([][]byte, len(chunk))}
 		for i := range chunk {
@@ -225,17 +222,18 @@ func (f *FS) fetchClaimed(ctx context.Context, u User, id oid.ID, hashes [][32]b
 			return uint64(len(r.GetData()))
 		})
 		if err != nil {
-			return err
+			return n, err
 		}
 		if len(resp.Data) != len(chunk) {
-			return fmt.Errorf("server returned %d of %d blocks: %w", len(resp.Data), len(chunk), fserr.ErrIO)
+			return n, fmt.Errorf("server returned %d of %d blocks: %w", len(resp.Data), len(chunk), fserr.ErrIO)
 		}
 		for i, h := range chunk {
 			f.cache.AddOwned(uint64(id), h, resp.Data[i])
+			n += int64(len(resp.Data[i]))
 		}
-		release(chunk)
+		f.unclaim(chunk)
 	}
-	return nil
+	return n, nil
 }
 
 // buffered returns block idx's contents if this client holds them

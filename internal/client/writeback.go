@@ -108,7 +108,7 @@ func (st *fileState) startBlock(ctx context.Context, f *FS, u User, idx uint64, 
 	if existing == 0 || (boff == 0 && n >= existing) {
 		return buf, nil
 	}
-	old, err := st.blocks(ctx, f, u, idx, idx)
+	old, err := st.blocks(ctx, f, u, idx, idx, false)
 	if err != nil {
 		return nil, err
 	}

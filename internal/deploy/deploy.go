@@ -123,6 +123,9 @@ type Config struct {
 	// Coord tunes the host's network coordinate; zero values take
 	// defaults.
 	Coord CoordConfig
+	// Peer configures serving the client's cache to other clients
+	// (.Hotspot); NewConfig listens on 127.0.0.1:0.
+	Peer PeerConfig
 }
 
 // MemberConfig configures an embedded configuration-service member.
@@ -143,7 +146,7 @@ type MemberConfig struct {
 // NewConfig returns defaults for a one-host deployment in dataDir.
 func NewConfig(dataDir string) Config {
 	return Config{DataDir: dataDir, Site: "local", Listen: "127.0.0.1:0", LockTTL: 2 * time.Minute, InitCA: true,
-		Logger: slog.Default(), Client: client.NewConfig()}
+		Logger: slog.Default(), Client: client.NewConfig(), Peer: PeerConfig{Listen: "127.0.0.1:0"}}
 }
 
 var (
@@ -173,7 +176,8 @@ type Host struct {
 	// Coord is the host's network coordinate (server and client roles).
 	Coord   *netcoord.Node
 	closers []closer
-	guard   *auth.Guard // users and sessions (nil: client uids trusted)
+	guard   *auth.Guard  // users and sessions (nil: client uids trusted)
+	peerLn  net.Listener // the client's PeerCache service (nil: none)
 }
 
 // closer stops one piece; crash, when set, replaces close in Crash.
@@ -330,6 +334,9 @@ func Start(ctx context.Context, cfg Config) (h *Host, err error) {
 		h.newGuard()
 	}
 	if cfg.Roles&RoleServer != 0 {
+		if err := h.grantKeys(); err != nil {
+			return nil, err
+		}
 		if err := h.startServer(ctx, local); err != nil {
 			return nil, err
 		}
@@ -342,8 +349,12 @@ func Start(ctx context.Context, cfg Config) (h *Host, err error) {
 			ccfg.Origin = h.id.Server // write-local placement
 		}
 		ccfg.Node, ccfg.Coord = h.id.Server, h.Coord
+		if err := h.peerSide(&ccfg); err != nil {
+			return nil, err
+		}
 		h.Client = client.New(ccfg, h.Router)
 		h.onClose(h.Client.Close, h.Client.Close)
+		h.servePeer()
 	}
 	h.publishCoord(ctx)
 	if h.guard != nil {

@@ -59,6 +59,7 @@ type Holder struct {
 	Node  string
 	Site  string
 	Coord *coordinate.Coordinate // nil when unknown: ranked last
+	Addr  string                 // where it serves its cache ("": nowhere)
 }
 
 // Result is one holder of some asked-for blocks.

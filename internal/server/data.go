@@ -103,7 +103,11 @@ func (s *Server) GetBlocks(ctx context.Context, req *wire.GetBlocksRequest) (*wi
 // ReadBlocks implements wire.StorageServer.
 func (s *Server) ReadBlocks(ctx context.Context, req *wire.ReadBlocksRequest) (*wire.ReadBlocksResponse, error) {
 	id := oid.ID(req.Id)
-	if err := s.checkData(ctx, req.Caller, id, perm.R); err != nil {
+	if req.Grant != nil && s.primary(id) != nil {
+		if err := s.checkGrant(ctx, req); err != nil { // a replica serving a .Hotspot reader
+			return nil, err
+		}
+	} else if err := s.checkData(ctx, req.Caller, id, perm.R); err != nil {
 		return nil, err
 	}
 	hs := make([][32]byte, len(req.Hashes))
@@ -116,6 +120,9 @@ func (s *Server) ReadBlocks(ctx context.Context, req *wire.ReadBlocksRequest) (*
 	data, err := s.store.ReadBlocks(hs)
 	if err != nil {
 		return nil, fmt.Errorf("read blocks of %v: %w", id, err)
+	}
+	for _, d := range data {
+		s.blockBytes.Add(int64(len(d)))
 	}
 	return &wire.ReadBlocksResponse{Data: data}, nil
 }

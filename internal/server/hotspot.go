@@ -39,7 +39,7 @@ func (s *Server) ReportHolding(ctx context.Context, req *wire.ReportHoldingReque
 	if node == "" {
 		return &wire.ReportHoldingResponse{}, nil
 	}
-	h := holders.Holder{Node: node, Site: req.Site, Coord: netcoord.FromWire(req.Coord)}
+	h := holders.Holder{Node: node, Site: req.Site, Coord: netcoord.FromWire(req.Coord), Addr: req.PeerAddr}
 	now := time.Now()
 	for _, held := range req.Held {
 		id := oid.ID(held.Id)
@@ -102,7 +102,7 @@ func (s *Server) Holders(ctx context.Context, req *wire.HoldersRequest) (*wire.H
 		exclude = name
 	}
 	for _, r := range s.holders.Lookup(time.Now(), req.Id, version, ranges(req.Blocks), netcoord.FromWire(req.Coord), exclude, holdersPerBlock, limit) {
-		h := &wire.Holder{Node: r.Node, Site: r.Site, RttMs: -1}
+		h := &wire.Holder{Node: r.Node, Site: r.Site, RttMs: -1, Addr: r.Addr}
 		if r.RTT != netcoord.Unknown {
 			h.RttMs = float64(r.RTT) / float64(time.Millisecond)
 		}
@@ -110,6 +110,13 @@ func (s *Server) Holders(ctx context.Context, req *wire.HoldersRequest) (*wire.H
 			h.Blocks = append(h.Blocks, &wire.BlockRange{First: b.First, Count: b.Count})
 		}
 		resp.Holders = append(resp.Holders, h)
+	}
+	if req.WantGrant {
+		g, err := s.signGrant(ctx, req, exclude, resp.Holders)
+		if err != nil {
+			return nil, err
+		}
+		resp.Grant = g
 	}
 	return resp, nil
 }

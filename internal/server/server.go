@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/wheelfs/wheelfs/internal/blockgrant"
 	"github.com/wheelfs/wheelfs/internal/configsvc"
 	"github.com/wheelfs/wheelfs/internal/holders"
 	"github.com/wheelfs/wheelfs/internal/oid"
@@ -78,6 +79,11 @@ type Config struct {
 	// client sends (NFS-style, --trust-client-uids). Servers and this
 	// process are trusted either way (see clientNode).
 	Users *auth.Guard
+	// Grants signs the grants .Hotspot readers show holders and replicas
+	// (nil: no grants are issued); GrantCheck verifies them when a reader
+	// asks this server as a replica that is not the primary.
+	Grants     *blockgrant.Signer
+	GrantCheck *blockgrant.Verifier
 }
 
 // Server implements wire.StorageServer.
@@ -108,6 +114,8 @@ type Server struct {
 	// maintSem bounds how many slices' maintenance runs at once.
 	maintSem chan struct{}
 	tendWG   sync.WaitGroup
+	// blockBytes counts block bytes sent to clients (ReadBlocks).
+	blockBytes atomic.Int64
 
 	leases *leases
 	names  nameLocks

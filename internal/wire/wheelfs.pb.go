@@ -2116,10 +2116,13 @@ func (x *GetBlocksResponse) GetBlocks() []*BlockRef {
 }
 
 type ReadBlocksRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Caller        *Caller                `protobuf:"bytes,1,opt,name=caller,proto3" json:"caller,omitempty"`
-	Id            uint64                 `protobuf:"varint,2,opt,name=id,proto3" json:"id,omitempty"`
-	Hashes        [][]byte               `protobuf:"bytes,3,rep,name=hashes,proto3" json:"hashes,omitempty"`
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Caller *Caller                `protobuf:"bytes,1,opt,name=caller,proto3" json:"caller,omitempty"`
+	Id     uint64                 `protobuf:"varint,2,opt,name=id,proto3" json:"id,omitempty"`
+	Hashes [][]byte               `protobuf:"bytes,3,rep,name=hashes,proto3" json:"hashes,omitempty"`
+	// grant lets a replica that is not the primary serve the blocks it
+	// names to the asker it names (.Hotspot falling back to a replica).
+	Grant         *Grant `protobuf:"bytes,4,opt,name=grant,proto3" json:"grant,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2171,6 +2174,13 @@ func (x *ReadBlocksRequest) GetId() uint64 {
 func (x *ReadBlocksRequest) GetHashes() [][]byte {
 	if x != nil {
 		return x.Hashes
+	}
+	return nil
+}
+
+func (x *ReadBlocksRequest) GetGrant() *Grant {
+	if x != nil {
+		return x.Grant
 	}
 	return nil
 }
@@ -5063,6 +5073,7 @@ type ReportHoldingRequest struct {
 	Site          string                 `protobuf:"bytes,2,opt,name=site,proto3" json:"site,omitempty"`
 	Coord         *Coord                 `protobuf:"bytes,3,opt,name=coord,proto3" json:"coord,omitempty"`
 	Held          []*HeldBlocks          `protobuf:"bytes,4,rep,name=held,proto3" json:"held,omitempty"`
+	PeerAddr      string                 `protobuf:"bytes,5,opt,name=peer_addr,json=peerAddr,proto3" json:"peer_addr,omitempty"` // where the client serves its cache (PeerCache); empty: it does not
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -5125,6 +5136,13 @@ func (x *ReportHoldingRequest) GetHeld() []*HeldBlocks {
 	return nil
 }
 
+func (x *ReportHoldingRequest) GetPeerAddr() string {
+	if x != nil {
+		return x.PeerAddr
+	}
+	return ""
+}
+
 type ReportHoldingResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -5167,9 +5185,10 @@ type HoldersRequest struct {
 	Id            uint64                 `protobuf:"varint,2,opt,name=id,proto3" json:"id,omitempty"`
 	Version       uint64                 `protobuf:"varint,3,opt,name=version,proto3" json:"version,omitempty"` // the version the asker reads
 	Blocks        []*BlockRange          `protobuf:"bytes,4,rep,name=blocks,proto3" json:"blocks,omitempty"`
-	Coord         *Coord                 `protobuf:"bytes,5,opt,name=coord,proto3" json:"coord,omitempty"` // the asker's coordinate
-	Node          string                 `protobuf:"bytes,6,opt,name=node,proto3" json:"node,omitempty"`   // the asker's node ID (left out of the answer)
-	Max           uint32                 `protobuf:"varint,7,opt,name=max,proto3" json:"max,omitempty"`    // at most this many holders (0: the server's default)
+	Coord         *Coord                 `protobuf:"bytes,5,opt,name=coord,proto3" json:"coord,omitempty"`                           // the asker's coordinate
+	Node          string                 `protobuf:"bytes,6,opt,name=node,proto3" json:"node,omitempty"`                             // the asker's node ID (left out of the answer)
+	Max           uint32                 `protobuf:"varint,7,opt,name=max,proto3" json:"max,omitempty"`                              // at most this many holders (0: the server's default)
+	WantGrant     bool                   `protobuf:"varint,8,opt,name=want_grant,json=wantGrant,proto3" json:"want_grant,omitempty"` // sign a Grant for the asked blocks
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -5253,12 +5272,20 @@ func (x *HoldersRequest) GetMax() uint32 {
 	return 0
 }
 
+func (x *HoldersRequest) GetWantGrant() bool {
+	if x != nil {
+		return x.WantGrant
+	}
+	return false
+}
+
 type Holder struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Node          string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
 	Site          string                 `protobuf:"bytes,2,opt,name=site,proto3" json:"site,omitempty"`
 	RttMs         float64                `protobuf:"fixed64,3,opt,name=rtt_ms,json=rttMs,proto3" json:"rtt_ms,omitempty"`
 	Blocks        []*BlockRange          `protobuf:"bytes,4,rep,name=blocks,proto3" json:"blocks,omitempty"`
+	Addr          string                 `protobuf:"bytes,5,opt,name=addr,proto3" json:"addr,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -5321,6 +5348,13 @@ func (x *Holder) GetBlocks() []*BlockRange {
 	return nil
 }
 
+func (x *Holder) GetAddr() string {
+	if x != nil {
+		return x.Addr
+	}
+	return ""
+}
+
 // HoldersResponse ranks holders by estimated RTT to the asker, nearest
 // first; version is the file's current version (no holders when it is not
 // the one asked for).
@@ -5328,6 +5362,7 @@ type HoldersResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Version       uint64                 `protobuf:"varint,1,opt,name=version,proto3" json:"version,omitempty"`
 	Holders       []*Holder              `protobuf:"bytes,2,rep,name=holders,proto3" json:"holders,omitempty"`
+	Grant         *Grant                 `protobuf:"bytes,3,opt,name=grant,proto3" json:"grant,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -5372,6 +5407,13 @@ func (x *HoldersResponse) GetVersion() uint64 {
 func (x *HoldersResponse) GetHolders() []*Holder {
 	if x != nil {
 		return x.Holders
+	}
+	return nil
+}
+
+func (x *HoldersResponse) GetGrant() *Grant {
+	if x != nil {
+		return x.Grant
 	}
 	return nil
 }
@@ -5713,6 +5755,268 @@ func (*LogoutResponse) Descriptor() ([]byte, []int) {
 	return file_wheelfs_proto_rawDescGZIP(), []int{83}
 }
 
+// Grant is a primary's short-lived permission for one client (asker) to
+// fetch the listed blocks of a file it may read from the listed holders'
+// caches or from the slice's replicas (paper §5.6). body is a marshalled
+// GrantBody, sig an ECDSA signature over its SHA-256 by the key of cert,
+// the signing server's certificate (DER), which chains to the deployment CA.
+type Grant struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Body          []byte                 `protobuf:"bytes,1,opt,name=body,proto3" json:"body,omitempty"`
+	Sig           []byte                 `protobuf:"bytes,2,opt,name=sig,proto3" json:"sig,omitempty"`
+	Cert          []byte                 `protobuf:"bytes,3,opt,name=cert,proto3" json:"cert,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Grant) Reset() {
+	*x = Grant{}
+	mi := &file_wheelfs_proto_msgTypes[84]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Grant) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Grant) ProtoMessage() {}
+
+func (x *Grant) ProtoReflect() protoreflect.Message {
+	mi := &file_wheelfs_proto_msgTypes[84]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Grant.ProtoReflect.Descriptor instead.
+func (*Grant) Descriptor() ([]byte, []int) {
+	return file_wheelfs_proto_rawDescGZIP(), []int{84}
+}
+
+func (x *Grant) GetBody() []byte {
+	if x != nil {
+		return x.Body
+	}
+	return nil
+}
+
+func (x *Grant) GetSig() []byte {
+	if x != nil {
+		return x.Sig
+	}
+	return nil
+}
+
+func (x *Grant) GetCert() []byte {
+	if x != nil {
+		return x.Cert
+	}
+	return nil
+}
+
+type GrantBody struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            uint64                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
+	Version       uint64                 `protobuf:"varint,2,opt,name=version,proto3" json:"version,omitempty"`
+	Asker         string                 `protobuf:"bytes,3,opt,name=asker,proto3" json:"asker,omitempty"`     // the asker's node ID (its TLS name)
+	Uid           uint32                 `protobuf:"varint,4,opt,name=uid,proto3" json:"uid,omitempty"`        // the user it acts for
+	Holders       []string               `protobuf:"bytes,5,rep,name=holders,proto3" json:"holders,omitempty"` // node IDs that may serve
+	Hashes        [][]byte               `protobuf:"bytes,6,rep,name=hashes,proto3" json:"hashes,omitempty"`   // the blocks it may fetch (SHA-256)
+	ExpiresUnixMs int64                  `protobuf:"varint,7,opt,name=expires_unix_ms,json=expiresUnixMs,proto3" json:"expires_unix_ms,omitempty"`
+	Signer        string                 `protobuf:"bytes,8,opt,name=signer,proto3" json:"signer,omitempty"` // the signing server's ID
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GrantBody) Reset() {
+	*x = GrantBody{}
+	mi := &file_wheelfs_proto_msgTypes[85]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GrantBody) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GrantBody) ProtoMessage() {}
+
+func (x *GrantBody) ProtoReflect() protoreflect.Message {
+	mi := &file_wheelfs_proto_msgTypes[85]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GrantBody.ProtoReflect.Descriptor instead.
+func (*GrantBody) Descriptor() ([]byte, []int) {
+	return file_wheelfs_proto_rawDescGZIP(), []int{85}
+}
+
+func (x *GrantBody) GetId() uint64 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+func (x *GrantBody) GetVersion() uint64 {
+	if x != nil {
+		return x.Version
+	}
+	return 0
+}
+
+func (x *GrantBody) GetAsker() string {
+	if x != nil {
+		return x.Asker
+	}
+	return ""
+}
+
+func (x *GrantBody) GetUid() uint32 {
+	if x != nil {
+		return x.Uid
+	}
+	return 0
+}
+
+func (x *GrantBody) GetHolders() []string {
+	if x != nil {
+		return x.Holders
+	}
+	return nil
+}
+
+func (x *GrantBody) GetHashes() [][]byte {
+	if x != nil {
+		return x.Hashes
+	}
+	return nil
+}
+
+func (x *GrantBody) GetExpiresUnixMs() int64 {
+	if x != nil {
+		return x.ExpiresUnixMs
+	}
+	return 0
+}
+
+func (x *GrantBody) GetSigner() string {
+	if x != nil {
+		return x.Signer
+	}
+	return ""
+}
+
+type FetchCachedRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Grant         *Grant                 `protobuf:"bytes,1,opt,name=grant,proto3" json:"grant,omitempty"`
+	Hashes        [][]byte               `protobuf:"bytes,2,rep,name=hashes,proto3" json:"hashes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FetchCachedRequest) Reset() {
+	*x = FetchCachedRequest{}
+	mi := &file_wheelfs_proto_msgTypes[86]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FetchCachedRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FetchCachedRequest) ProtoMessage() {}
+
+func (x *FetchCachedRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_wheelfs_proto_msgTypes[86]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FetchCachedRequest.ProtoReflect.Descriptor instead.
+func (*FetchCachedRequest) Descriptor() ([]byte, []int) {
+	return file_wheelfs_proto_rawDescGZIP(), []int{86}
+}
+
+func (x *FetchCachedRequest) GetGrant() *Grant {
+	if x != nil {
+		return x.Grant
+	}
+	return nil
+}
+
+func (x *FetchCachedRequest) GetHashes() [][]byte {
+	if x != nil {
+		return x.Hashes
+	}
+	return nil
+}
+
+// FetchCachedResponse: data[i] is hashes[i]'s block, empty when not cached.
+type FetchCachedResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Data          [][]byte               `protobuf:"bytes,1,rep,name=data,proto3" json:"data,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FetchCachedResponse) Reset() {
+	*x = FetchCachedResponse{}
+	mi := &file_wheelfs_proto_msgTypes[87]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FetchCachedResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FetchCachedResponse) ProtoMessage() {}
+
+func (x *FetchCachedResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_wheelfs_proto_msgTypes[87]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FetchCachedResponse.ProtoReflect.Descriptor instead.
+func (*FetchCachedResponse) Descriptor() ([]byte, []int) {
+	return file_wheelfs_proto_rawDescGZIP(), []int{87}
+}
+
+func (x *FetchCachedResponse) GetData() [][]byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
 var File_wheelfs_proto protoreflect.FileDescriptor
 
 const file_wheelfs_proto_rawDesc = "" +
@@ -5878,11 +6182,12 @@ const file_wheelfs_proto_rawDesc = "" +
 	"\x05count\x18\x04 \x01(\x04R\x05count\"g\n" +
 	"\x11GetBlocksResponse\x12$\n" +
 	"\x04meta\x18\x01 \x01(\v2\x10.wheelfs.v1.MetaR\x04meta\x12,\n" +
-	"\x06blocks\x18\x02 \x03(\v2\x14.wheelfs.v1.BlockRefR\x06blocks\"g\n" +
+	"\x06blocks\x18\x02 \x03(\v2\x14.wheelfs.v1.BlockRefR\x06blocks\"\x90\x01\n" +
 	"\x11ReadBlocksRequest\x12*\n" +
 	"\x06caller\x18\x01 \x01(\v2\x12.wheelfs.v1.CallerR\x06caller\x12\x0e\n" +
 	"\x02id\x18\x02 \x01(\x04R\x02id\x12\x16\n" +
-	"\x06hashes\x18\x03 \x03(\fR\x06hashes\"(\n" +
+	"\x06hashes\x18\x03 \x03(\fR\x06hashes\x12'\n" +
+	"\x05grant\x18\x04 \x01(\v2\x11.wheelfs.v1.GrantR\x05grant\"(\n" +
 	"\x12ReadBlocksResponse\x12\x12\n" +
 	"\x04data\x18\x01 \x03(\fR\x04data\"b\n" +
 	"\x10PutBlocksRequest\x12*\n" +
@@ -6078,13 +6383,14 @@ const file_wheelfs_proto_rawDesc = "" +
 	"\x06caller\x18\x01 \x01(\v2\x12.wheelfs.v1.CallerR\x06caller\x12\x0e\n" +
 	"\x02id\x18\x02 \x01(\x04R\x02id\x12\x18\n" +
 	"\aversion\x18\x03 \x01(\x04R\aversion\x12.\n" +
-	"\x06blocks\x18\x04 \x03(\v2\x16.wheelfs.v1.BlockRangeR\x06blocks\"\x93\x01\n" +
+	"\x06blocks\x18\x04 \x03(\v2\x16.wheelfs.v1.BlockRangeR\x06blocks\"\xb0\x01\n" +
 	"\x14ReportHoldingRequest\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x12\n" +
 	"\x04site\x18\x02 \x01(\tR\x04site\x12'\n" +
 	"\x05coord\x18\x03 \x01(\v2\x11.wheelfs.v1.CoordR\x05coord\x12*\n" +
-	"\x04held\x18\x04 \x03(\v2\x16.wheelfs.v1.HeldBlocksR\x04held\"\x17\n" +
-	"\x15ReportHoldingResponse\"\xe5\x01\n" +
+	"\x04held\x18\x04 \x03(\v2\x16.wheelfs.v1.HeldBlocksR\x04held\x12\x1b\n" +
+	"\tpeer_addr\x18\x05 \x01(\tR\bpeerAddr\"\x17\n" +
+	"\x15ReportHoldingResponse\"\x84\x02\n" +
 	"\x0eHoldersRequest\x12*\n" +
 	"\x06caller\x18\x01 \x01(\v2\x12.wheelfs.v1.CallerR\x06caller\x12\x0e\n" +
 	"\x02id\x18\x02 \x01(\x04R\x02id\x12\x18\n" +
@@ -6092,15 +6398,19 @@ const file_wheelfs_proto_rawDesc = "" +
 	"\x06blocks\x18\x04 \x03(\v2\x16.wheelfs.v1.BlockRangeR\x06blocks\x12'\n" +
 	"\x05coord\x18\x05 \x01(\v2\x11.wheelfs.v1.CoordR\x05coord\x12\x12\n" +
 	"\x04node\x18\x06 \x01(\tR\x04node\x12\x10\n" +
-	"\x03max\x18\a \x01(\rR\x03max\"w\n" +
+	"\x03max\x18\a \x01(\rR\x03max\x12\x1d\n" +
+	"\n" +
+	"want_grant\x18\b \x01(\bR\twantGrant\"\x8b\x01\n" +
 	"\x06Holder\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x12\n" +
 	"\x04site\x18\x02 \x01(\tR\x04site\x12\x15\n" +
 	"\x06rtt_ms\x18\x03 \x01(\x01R\x05rttMs\x12.\n" +
-	"\x06blocks\x18\x04 \x03(\v2\x16.wheelfs.v1.BlockRangeR\x06blocks\"Y\n" +
+	"\x06blocks\x18\x04 \x03(\v2\x16.wheelfs.v1.BlockRangeR\x06blocks\x12\x12\n" +
+	"\x04addr\x18\x05 \x01(\tR\x04addr\"\x82\x01\n" +
 	"\x0fHoldersResponse\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\x04R\aversion\x12,\n" +
-	"\aholders\x18\x02 \x03(\v2\x12.wheelfs.v1.HolderR\aholders\"=\n" +
+	"\aholders\x18\x02 \x03(\v2\x12.wheelfs.v1.HolderR\aholders\x12'\n" +
+	"\x05grant\x18\x03 \x01(\v2\x11.wheelfs.v1.GrantR\x05grant\"=\n" +
 	"\x15LoginChallengeRequest\x12\x10\n" +
 	"\x03uid\x18\x01 \x01(\rR\x03uid\x12\x12\n" +
 	"\x04user\x18\x02 \x01(\tR\x04user\"V\n" +
@@ -6121,7 +6431,25 @@ const file_wheelfs_proto_rawDesc = "" +
 	"\x0fexpires_unix_ms\x18\x03 \x01(\x03R\rexpiresUnixMs\"\"\n" +
 	"\x0eSessionRequest\x12\x10\n" +
 	"\x03uid\x18\x01 \x01(\rR\x03uid\"\x10\n" +
-	"\x0eLogoutResponse*\x8a\x01\n" +
+	"\x0eLogoutResponse\"A\n" +
+	"\x05Grant\x12\x12\n" +
+	"\x04body\x18\x01 \x01(\fR\x04body\x12\x10\n" +
+	"\x03sig\x18\x02 \x01(\fR\x03sig\x12\x12\n" +
+	"\x04cert\x18\x03 \x01(\fR\x04cert\"\xcf\x01\n" +
+	"\tGrantBody\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x18\n" +
+	"\aversion\x18\x02 \x01(\x04R\aversion\x12\x14\n" +
+	"\x05asker\x18\x03 \x01(\tR\x05asker\x12\x10\n" +
+	"\x03uid\x18\x04 \x01(\rR\x03uid\x12\x18\n" +
+	"\aholders\x18\x05 \x03(\tR\aholders\x12\x16\n" +
+	"\x06hashes\x18\x06 \x03(\fR\x06hashes\x12&\n" +
+	"\x0fexpires_unix_ms\x18\a \x01(\x03R\rexpiresUnixMs\x12\x16\n" +
+	"\x06signer\x18\b \x01(\tR\x06signer\"U\n" +
+	"\x12FetchCachedRequest\x12'\n" +
+	"\x05grant\x18\x01 \x01(\v2\x11.wheelfs.v1.GrantR\x05grant\x12\x16\n" +
+	"\x06hashes\x18\x02 \x03(\fR\x06hashes\")\n" +
+	"\x13FetchCachedResponse\x12\x12\n" +
+	"\x04data\x18\x01 \x03(\fR\x04data*\x8a\x01\n" +
 	"\x04Type\x12\x14\n" +
 	"\x10TYPE_UNSPECIFIED\x10\x00\x12\r\n" +
 	"\tTYPE_FILE\x10\x01\x12\f\n" +
@@ -6192,7 +6520,9 @@ const file_wheelfs_proto_rawDesc = "" +
 	"\bDropLink\x12\x1b.wheelfs.v1.DropLinkRequest\x1a\x1c.wheelfs.v1.DropLinkResponse\x129\n" +
 	"\x04Stat\x12\x17.wheelfs.v1.StatRequest\x1a\x18.wheelfs.v1.StatResponse\x12B\n" +
 	"\aAddLink\x12\x1a.wheelfs.v1.AddLinkRequest\x1a\x1b.wheelfs.v1.AddLinkResponse\x12H\n" +
-	"\tReconcile\x12\x1c.wheelfs.v1.ReconcileRequest\x1a\x1d.wheelfs.v1.ReconcileResponseB*Z(github.com/wheelfs/wheelfs/internal/wireb\x06proto3"
+	"\tReconcile\x12\x1c.wheelfs.v1.ReconcileRequest\x1a\x1d.wheelfs.v1.ReconcileResponse2[\n" +
+	"\tPeerCache\x12N\n" +
+	"\vFetchCached\x12\x1e.wheelfs.v1.FetchCachedRequest\x1a\x1f.wheelfs.v1.FetchCachedResponseB*Z(github.com/wheelfs/wheelfs/internal/wireb\x06proto3"
 
 var (
 	file_wheelfs_proto_rawDescOnce sync.Once
@@ -6207,7 +6537,7 @@ func file_wheelfs_proto_rawDescGZIP() []byte {
 }
 
 var file_wheelfs_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_wheelfs_proto_msgTypes = make([]protoimpl.MessageInfo, 84)
+var file_wheelfs_proto_msgTypes = make([]protoimpl.MessageInfo, 88)
 var file_wheelfs_proto_goTypes = []any{
 	(Type)(0),                      // 0: wheelfs.v1.Type
 	(MutationKind)(0),              // 1: wheelfs.v1.MutationKind
@@ -6296,6 +6626,10 @@ var file_wheelfs_proto_goTypes = []any{
 	(*LoginResponse)(nil),          // 84: wheelfs.v1.LoginResponse
 	(*SessionRequest)(nil),         // 85: wheelfs.v1.SessionRequest
 	(*LogoutResponse)(nil),         // 86: wheelfs.v1.LogoutResponse
+	(*Grant)(nil),                  // 87: wheelfs.v1.Grant
+	(*GrantBody)(nil),              // 88: wheelfs.v1.GrantBody
+	(*FetchCachedRequest)(nil),     // 89: wheelfs.v1.FetchCachedRequest
+	(*FetchCachedResponse)(nil),    // 90: wheelfs.v1.FetchCachedResponse
 }
 var file_wheelfs_proto_depIdxs = []int32{
 	0,   // 0: wheelfs.v1.Meta.type:type_name -> wheelfs.v1.Type
@@ -6333,137 +6667,142 @@ var file_wheelfs_proto_depIdxs = []int32{
 	4,   // 32: wheelfs.v1.GetBlocksResponse.meta:type_name -> wheelfs.v1.Meta
 	24,  // 33: wheelfs.v1.GetBlocksResponse.blocks:type_name -> wheelfs.v1.BlockRef
 	6,   // 34: wheelfs.v1.ReadBlocksRequest.caller:type_name -> wheelfs.v1.Caller
-	6,   // 35: wheelfs.v1.PutBlocksRequest.caller:type_name -> wheelfs.v1.Caller
-	6,   // 36: wheelfs.v1.CommitRequest.caller:type_name -> wheelfs.v1.Caller
-	24,  // 37: wheelfs.v1.CommitRequest.blocks:type_name -> wheelfs.v1.BlockRef
-	20,  // 38: wheelfs.v1.CommitRequest.attrs:type_name -> wheelfs.v1.SetAttrRequest
-	4,   // 39: wheelfs.v1.CommitResponse.meta:type_name -> wheelfs.v1.Meta
-	6,   // 40: wheelfs.v1.XattrRequest.caller:type_name -> wheelfs.v1.Caller
-	4,   // 41: wheelfs.v1.XattrResponse.meta:type_name -> wheelfs.v1.Meta
-	68,  // 42: wheelfs.v1.XattrResponse.xattrs:type_name -> wheelfs.v1.XattrSummary
-	6,   // 43: wheelfs.v1.StatFSRequest.caller:type_name -> wheelfs.v1.Caller
-	6,   // 44: wheelfs.v1.OpenRequest.caller:type_name -> wheelfs.v1.Caller
-	4,   // 45: wheelfs.v1.OpenResponse.meta:type_name -> wheelfs.v1.Meta
-	7,   // 46: wheelfs.v1.ReleaseRequest.handle:type_name -> wheelfs.v1.HandleRef
-	1,   // 47: wheelfs.v1.Mutation.kind:type_name -> wheelfs.v1.MutationKind
-	43,  // 48: wheelfs.v1.Batch.mutations:type_name -> wheelfs.v1.Mutation
-	44,  // 49: wheelfs.v1.ReplicateRequest.batches:type_name -> wheelfs.v1.Batch
-	2,   // 50: wheelfs.v1.ReplicateResponse.status:type_name -> wheelfs.v1.ReplStatus
-	4,   // 51: wheelfs.v1.ObjectState.meta:type_name -> wheelfs.v1.Meta
-	5,   // 52: wheelfs.v1.ObjectState.entries:type_name -> wheelfs.v1.Entry
-	24,  // 53: wheelfs.v1.ObjectState.blocks:type_name -> wheelfs.v1.BlockRef
-	49,  // 54: wheelfs.v1.InstallRequest.objects:type_name -> wheelfs.v1.ObjectState
-	2,   // 55: wheelfs.v1.InstallResponse.status:type_name -> wheelfs.v1.ReplStatus
-	48,  // 56: wheelfs.v1.DiffRequest.digest:type_name -> wheelfs.v1.DigestResponse
-	4,   // 57: wheelfs.v1.CreateObjectRequest.meta:type_name -> wheelfs.v1.Meta
-	3,   // 58: wheelfs.v1.CreateObjectRequest.cues:type_name -> wheelfs.v1.Cues
-	3,   // 59: wheelfs.v1.CreateObjectRequest.policy:type_name -> wheelfs.v1.Cues
-	7,   // 60: wheelfs.v1.CreateObjectRequest.handle:type_name -> wheelfs.v1.HandleRef
-	4,   // 61: wheelfs.v1.CreateObjectResponse.meta:type_name -> wheelfs.v1.Meta
-	6,   // 62: wheelfs.v1.DropLinkRequest.caller:type_name -> wheelfs.v1.Caller
-	4,   // 63: wheelfs.v1.DropLinkRequest.dir:type_name -> wheelfs.v1.Meta
-	7,   // 64: wheelfs.v1.DropLinkRequest.handle:type_name -> wheelfs.v1.HandleRef
-	4,   // 65: wheelfs.v1.DropLinkResponse.meta:type_name -> wheelfs.v1.Meta
-	4,   // 66: wheelfs.v1.StatResponse.meta:type_name -> wheelfs.v1.Meta
-	6,   // 67: wheelfs.v1.AddLinkRequest.caller:type_name -> wheelfs.v1.Caller
-	4,   // 68: wheelfs.v1.AddLinkRequest.object:type_name -> wheelfs.v1.Meta
-	4,   // 69: wheelfs.v1.AddLinkResponse.replaced:type_name -> wheelfs.v1.Meta
-	5,   // 70: wheelfs.v1.EntryChange.entry:type_name -> wheelfs.v1.Entry
-	49,  // 71: wheelfs.v1.ReconcileRequest.objects:type_name -> wheelfs.v1.ObjectState
-	65,  // 72: wheelfs.v1.ReconcileRequest.entries:type_name -> wheelfs.v1.EntryChange
-	2,   // 73: wheelfs.v1.ReconcileResponse.status:type_name -> wheelfs.v1.ReplStatus
-	69,  // 74: wheelfs.v1.XattrSummary.attrs:type_name -> wheelfs.v1.Xattr
-	70,  // 75: wheelfs.v1.CoordSample.coord:type_name -> wheelfs.v1.Coord
-	6,   // 76: wheelfs.v1.HeldBlocks.caller:type_name -> wheelfs.v1.Caller
-	74,  // 77: wheelfs.v1.HeldBlocks.blocks:type_name -> wheelfs.v1.BlockRange
-	70,  // 78: wheelfs.v1.ReportHoldingRequest.coord:type_name -> wheelfs.v1.Coord
-	75,  // 79: wheelfs.v1.ReportHoldingRequest.held:type_name -> wheelfs.v1.HeldBlocks
-	6,   // 80: wheelfs.v1.HoldersRequest.caller:type_name -> wheelfs.v1.Caller
-	74,  // 81: wheelfs.v1.HoldersRequest.blocks:type_name -> wheelfs.v1.BlockRange
-	70,  // 82: wheelfs.v1.HoldersRequest.coord:type_name -> wheelfs.v1.Coord
-	74,  // 83: wheelfs.v1.Holder.blocks:type_name -> wheelfs.v1.BlockRange
-	79,  // 84: wheelfs.v1.HoldersResponse.holders:type_name -> wheelfs.v1.Holder
-	8,   // 85: wheelfs.v1.Storage.Lookup:input_type -> wheelfs.v1.LookupRequest
-	10,  // 86: wheelfs.v1.Storage.GetAttr:input_type -> wheelfs.v1.GetAttrRequest
-	12,  // 87: wheelfs.v1.Storage.Create:input_type -> wheelfs.v1.CreateRequest
-	14,  // 88: wheelfs.v1.Storage.Link:input_type -> wheelfs.v1.LinkRequest
-	16,  // 89: wheelfs.v1.Storage.Remove:input_type -> wheelfs.v1.RemoveRequest
-	18,  // 90: wheelfs.v1.Storage.Rename:input_type -> wheelfs.v1.RenameRequest
-	20,  // 91: wheelfs.v1.Storage.SetAttr:input_type -> wheelfs.v1.SetAttrRequest
-	22,  // 92: wheelfs.v1.Storage.ReadDir:input_type -> wheelfs.v1.ReadDirRequest
-	25,  // 93: wheelfs.v1.Storage.GetBlocks:input_type -> wheelfs.v1.GetBlocksRequest
-	27,  // 94: wheelfs.v1.Storage.ReadBlocks:input_type -> wheelfs.v1.ReadBlocksRequest
-	29,  // 95: wheelfs.v1.Storage.PutBlocks:input_type -> wheelfs.v1.PutBlocksRequest
-	31,  // 96: wheelfs.v1.Storage.Commit:input_type -> wheelfs.v1.CommitRequest
-	33,  // 97: wheelfs.v1.Storage.GetXattr:input_type -> wheelfs.v1.XattrRequest
-	33,  // 98: wheelfs.v1.Storage.ListXattr:input_type -> wheelfs.v1.XattrRequest
-	33,  // 99: wheelfs.v1.Storage.SetXattr:input_type -> wheelfs.v1.XattrRequest
-	33,  // 100: wheelfs.v1.Storage.RemoveXattr:input_type -> wheelfs.v1.XattrRequest
-	35,  // 101: wheelfs.v1.Storage.StatFS:input_type -> wheelfs.v1.StatFSRequest
-	37,  // 102: wheelfs.v1.Storage.Open:input_type -> wheelfs.v1.OpenRequest
-	39,  // 103: wheelfs.v1.Storage.Release:input_type -> wheelfs.v1.ReleaseRequest
-	42,  // 104: wheelfs.v1.Storage.Callbacks:input_type -> wheelfs.v1.CallbackAck
-	72,  // 105: wheelfs.v1.Storage.Probe:input_type -> wheelfs.v1.ProbeRequest
-	76,  // 106: wheelfs.v1.Storage.ReportHolding:input_type -> wheelfs.v1.ReportHoldingRequest
-	78,  // 107: wheelfs.v1.Storage.Holders:input_type -> wheelfs.v1.HoldersRequest
-	81,  // 108: wheelfs.v1.Storage.LoginChallenge:input_type -> wheelfs.v1.LoginChallengeRequest
-	83,  // 109: wheelfs.v1.Storage.Login:input_type -> wheelfs.v1.LoginRequest
-	85,  // 110: wheelfs.v1.Storage.RenewSession:input_type -> wheelfs.v1.SessionRequest
-	85,  // 111: wheelfs.v1.Storage.Logout:input_type -> wheelfs.v1.SessionRequest
-	45,  // 112: wheelfs.v1.Peer.Replicate:input_type -> wheelfs.v1.ReplicateRequest
-	47,  // 113: wheelfs.v1.Peer.Digest:input_type -> wheelfs.v1.DigestRequest
-	52,  // 114: wheelfs.v1.Peer.Diff:input_type -> wheelfs.v1.DiffRequest
-	50,  // 115: wheelfs.v1.Peer.Install:input_type -> wheelfs.v1.InstallRequest
-	53,  // 116: wheelfs.v1.Peer.FetchBlocks:input_type -> wheelfs.v1.FetchBlocksRequest
-	55,  // 117: wheelfs.v1.Peer.Ping:input_type -> wheelfs.v1.PingRequest
-	57,  // 118: wheelfs.v1.Peer.CreateObject:input_type -> wheelfs.v1.CreateObjectRequest
-	59,  // 119: wheelfs.v1.Peer.DropLink:input_type -> wheelfs.v1.DropLinkRequest
-	61,  // 120: wheelfs.v1.Peer.Stat:input_type -> wheelfs.v1.StatRequest
-	63,  // 121: wheelfs.v1.Peer.AddLink:input_type -> wheelfs.v1.AddLinkRequest
-	66,  // 122: wheelfs.v1.Peer.Reconcile:input_type -> wheelfs.v1.ReconcileRequest
-	9,   // 123: wheelfs.v1.Storage.Lookup:output_type -> wheelfs.v1.LookupResponse
-	11,  // 124: wheelfs.v1.Storage.GetAttr:output_type -> wheelfs.v1.GetAttrResponse
-	13,  // 125: wheelfs.v1.Storage.Create:output_type -> wheelfs.v1.CreateResponse
-	15,  // 126: wheelfs.v1.Storage.Link:output_type -> wheelfs.v1.LinkResponse
-	17,  // 127: wheelfs.v1.Storage.Remove:output_type -> wheelfs.v1.RemoveResponse
-	19,  // 128: wheelfs.v1.Storage.Rename:output_type -> wheelfs.v1.RenameResponse
-	21,  // 129: wheelfs.v1.Storage.SetAttr:output_type -> wheelfs.v1.SetAttrResponse
-	23,  // 130: wheelfs.v1.Storage.ReadDir:output_type -> wheelfs.v1.ReadDirResponse
-	26,  // 131: wheelfs.v1.Storage.GetBlocks:output_type -> wheelfs.v1.GetBlocksResponse
-	28,  // 132: wheelfs.v1.Storage.ReadBlocks:output_type -> wheelfs.v1.ReadBlocksResponse
-	30,  // 133: wheelfs.v1.Storage.PutBlocks:output_type -> wheelfs.v1.PutBlocksResponse
-	32,  // 134: wheelfs.v1.Storage.Commit:output_type -> wheelfs.v1.CommitResponse
-	34,  // 135: wheelfs.v1.Storage.GetXattr:output_type -> wheelfs.v1.XattrResponse
-	34,  // 136: wheelfs.v1.Storage.ListXattr:output_type -> wheelfs.v1.XattrResponse
-	34,  // 137: wheelfs.v1.Storage.SetXattr:output_type -> wheelfs.v1.XattrResponse
-	34,  // 138: wheelfs.v1.Storage.RemoveXattr:output_type -> wheelfs.v1.XattrResponse
-	36,  // 139: wheelfs.v1.Storage.StatFS:output_type -> wheelfs.v1.StatFSResponse
-	38,  // 140: wheelfs.v1.Storage.Open:output_type -> wheelfs.v1.OpenResponse
-	40,  // 141: wheelfs.v1.Storage.Release:output_type -> wheelfs.v1.ReleaseResponse
-	41,  // 142: wheelfs.v1.Storage.Callbacks:output_type -> wheelfs.v1.Revoke
-	73,  // 143: wheelfs.v1.Storage.Probe:output_type -> wheelfs.v1.ProbeResponse
-	77,  // 144: wheelfs.v1.Storage.ReportHolding:output_type -> wheelfs.v1.ReportHoldingResponse
-	80,  // 145: wheelfs.v1.Storage.Holders:output_type -> wheelfs.v1.HoldersResponse
-	82,  // 146: wheelfs.v1.Storage.LoginChallenge:output_type -> wheelfs.v1.LoginChallengeResponse
-	84,  // 147: wheelfs.v1.Storage.Login:output_type -> wheelfs.v1.LoginResponse
-	84,  // 148: wheelfs.v1.Storage.RenewSession:output_type -> wheelfs.v1.LoginResponse
-	86,  // 149: wheelfs.v1.Storage.Logout:output_type -> wheelfs.v1.LogoutResponse
-	46,  // 150: wheelfs.v1.Peer.Replicate:output_type -> wheelfs.v1.ReplicateResponse
-	48,  // 151: wheelfs.v1.Peer.Digest:output_type -> wheelfs.v1.DigestResponse
-	50,  // 152: wheelfs.v1.Peer.Diff:output_type -> wheelfs.v1.InstallRequest
-	51,  // 153: wheelfs.v1.Peer.Install:output_type -> wheelfs.v1.InstallResponse
-	54,  // 154: wheelfs.v1.Peer.FetchBlocks:output_type -> wheelfs.v1.FetchBlocksResponse
-	56,  // 155: wheelfs.v1.Peer.Ping:output_type -> wheelfs.v1.PingResponse
-	58,  // 156: wheelfs.v1.Peer.CreateObject:output_type -> wheelfs.v1.CreateObjectResponse
-	60,  // 157: wheelfs.v1.Peer.DropLink:output_type -> wheelfs.v1.DropLinkResponse
-	62,  // 158: wheelfs.v1.Peer.Stat:output_type -> wheelfs.v1.StatResponse
-	64,  // 159: wheelfs.v1.Peer.AddLink:output_type -> wheelfs.v1.AddLinkResponse
-	67,  // 160: wheelfs.v1.Peer.Reconcile:output_type -> wheelfs.v1.ReconcileResponse
-	123, // [123:161] is the sub-list for method output_type
-	85,  // [85:123] is the sub-list for method input_type
-	85,  // [85:85] is the sub-list for extension type_name
-	85,  // [85:85] is the sub-list for extension extendee
-	0,   // [0:85] is the sub-list for field type_name
+	87,  // 35: wheelfs.v1.ReadBlocksRequest.grant:type_name -> wheelfs.v1.Grant
+	6,   // 36: wheelfs.v1.PutBlocksRequest.caller:type_name -> wheelfs.v1.Caller
+	6,   // 37: wheelfs.v1.CommitRequest.caller:type_name -> wheelfs.v1.Caller
+	24,  // 38: wheelfs.v1.CommitRequest.blocks:type_name -> wheelfs.v1.BlockRef
+	20,  // 39: wheelfs.v1.CommitRequest.attrs:type_name -> wheelfs.v1.SetAttrRequest
+	4,   // 40: wheelfs.v1.CommitResponse.meta:type_name -> wheelfs.v1.Meta
+	6,   // 41: wheelfs.v1.XattrRequest.caller:type_name -> wheelfs.v1.Caller
+	4,   // 42: wheelfs.v1.XattrResponse.meta:type_name -> wheelfs.v1.Meta
+	68,  // 43: wheelfs.v1.XattrResponse.xattrs:type_name -> wheelfs.v1.XattrSummary
+	6,   // 44: wheelfs.v1.StatFSRequest.caller:type_name -> wheelfs.v1.Caller
+	6,   // 45: wheelfs.v1.OpenRequest.caller:type_name -> wheelfs.v1.Caller
+	4,   // 46: wheelfs.v1.OpenResponse.meta:type_name -> wheelfs.v1.Meta
+	7,   // 47: wheelfs.v1.ReleaseRequest.handle:type_name -> wheelfs.v1.HandleRef
+	1,   // 48: wheelfs.v1.Mutation.kind:type_name -> wheelfs.v1.MutationKind
+	43,  // 49: wheelfs.v1.Batch.mutations:type_name -> wheelfs.v1.Mutation
+	44,  // 50: wheelfs.v1.ReplicateRequest.batches:type_name -> wheelfs.v1.Batch
+	2,   // 51: wheelfs.v1.ReplicateResponse.status:type_name -> wheelfs.v1.ReplStatus
+	4,   // 52: wheelfs.v1.ObjectState.meta:type_name -> wheelfs.v1.Meta
+	5,   // 53: wheelfs.v1.ObjectState.entries:type_name -> wheelfs.v1.Entry
+	24,  // 54: wheelfs.v1.ObjectState.blocks:type_name -> wheelfs.v1.BlockRef
+	49,  // 55: wheelfs.v1.InstallRequest.objects:type_name -> wheelfs.v1.ObjectState
+	2,   // 56: wheelfs.v1.InstallResponse.status:type_name -> wheelfs.v1.ReplStatus
+	48,  // 57: wheelfs.v1.DiffRequest.digest:type_name -> wheelfs.v1.DigestResponse
+	4,   // 58: wheelfs.v1.CreateObjectRequest.meta:type_name -> wheelfs.v1.Meta
+	3,   // 59: wheelfs.v1.CreateObjectRequest.cues:type_name -> wheelfs.v1.Cues
+	3,   // 60: wheelfs.v1.CreateObjectRequest.policy:type_name -> wheelfs.v1.Cues
+	7,   // 61: wheelfs.v1.CreateObjectRequest.handle:type_name -> wheelfs.v1.HandleRef
+	4,   // 62: wheelfs.v1.CreateObjectResponse.meta:type_name -> wheelfs.v1.Meta
+	6,   // 63: wheelfs.v1.DropLinkRequest.caller:type_name -> wheelfs.v1.Caller
+	4,   // 64: wheelfs.v1.DropLinkRequest.dir:type_name -> wheelfs.v1.Meta
+	7,   // 65: wheelfs.v1.DropLinkRequest.handle:type_name -> wheelfs.v1.HandleRef
+	4,   // 66: wheelfs.v1.DropLinkResponse.meta:type_name -> wheelfs.v1.Meta
+	4,   // 67: wheelfs.v1.StatResponse.meta:type_name -> wheelfs.v1.Meta
+	6,   // 68: wheelfs.v1.AddLinkRequest.caller:type_name -> wheelfs.v1.Caller
+	4,   // 69: wheelfs.v1.AddLinkRequest.object:type_name -> wheelfs.v1.Meta
+	4,   // 70: wheelfs.v1.AddLinkResponse.replaced:type_name -> wheelfs.v1.Meta
+	5,   // 71: wheelfs.v1.EntryChange.entry:type_name -> wheelfs.v1.Entry
+	49,  // 72: wheelfs.v1.ReconcileRequest.objects:type_name -> wheelfs.v1.ObjectState
+	65,  // 73: wheelfs.v1.ReconcileRequest.entries:type_name -> wheelfs.v1.EntryChange
+	2,   // 74: wheelfs.v1.ReconcileResponse.status:type_name -> wheelfs.v1.ReplStatus
+	69,  // 75: wheelfs.v1.XattrSummary.attrs:type_name -> wheelfs.v1.Xattr
+	70,  // 76: wheelfs.v1.CoordSample.coord:type_name -> wheelfs.v1.Coord
+	6,   // 77: wheelfs.v1.HeldBlocks.caller:type_name -> wheelfs.v1.Caller
+	74,  // 78: wheelfs.v1.HeldBlocks.blocks:type_name -> wheelfs.v1.BlockRange
+	70,  // 79: wheelfs.v1.ReportHoldingRequest.coord:type_name -> wheelfs.v1.Coord
+	75,  // 80: wheelfs.v1.ReportHoldingRequest.held:type_name -> wheelfs.v1.HeldBlocks
+	6,   // 81: wheelfs.v1.HoldersRequest.caller:type_name -> wheelfs.v1.Caller
+	74,  // 82: wheelfs.v1.HoldersRequest.blocks:type_name -> wheelfs.v1.BlockRange
+	70,  // 83: wheelfs.v1.HoldersRequest.coord:type_name -> wheelfs.v1.Coord
+	74,  // 84: wheelfs.v1.Holder.blocks:type_name -> wheelfs.v1.BlockRange
+	79,  // 85: wheelfs.v1.HoldersResponse.holders:type_name -> wheelfs.v1.Holder
+	87,  // 86: wheelfs.v1.HoldersResponse.grant:type_name -> wheelfs.v1.Grant
+	87,  // 87: wheelfs.v1.FetchCachedRequest.grant:type_name -> wheelfs.v1.Grant
+	8,   // 88: wheelfs.v1.Storage.Lookup:input_type -> wheelfs.v1.LookupRequest
+	10,  // 89: wheelfs.v1.Storage.GetAttr:input_type -> wheelfs.v1.GetAttrRequest
+	12,  // 90: wheelfs.v1.Storage.Create:input_type -> wheelfs.v1.CreateRequest
+	14,  // 91: wheelfs.v1.Storage.Link:input_type -> wheelfs.v1.LinkRequest
+	16,  // 92: wheelfs.v1.Storage.Remove:input_type -> wheelfs.v1.RemoveRequest
+	18,  // 93: wheelfs.v1.Storage.Rename:input_type -> wheelfs.v1.RenameRequest
+	20,  // 94: wheelfs.v1.Storage.SetAttr:input_type -> wheelfs.v1.SetAttrRequest
+	22,  // 95: wheelfs.v1.Storage.ReadDir:input_type -> wheelfs.v1.ReadDirRequest
+	25,  // 96: wheelfs.v1.Storage.GetBlocks:input_type -> wheelfs.v1.GetBlocksRequest
+	27,  // 97: wheelfs.v1.Storage.ReadBlocks:input_type -> wheelfs.v1.ReadBlocksRequest
+	29,  // 98: wheelfs.v1.Storage.PutBlocks:input_type -> wheelfs.v1.PutBlocksRequest
+	31,  // 99: wheelfs.v1.Storage.Commit:input_type -> wheelfs.v1.CommitRequest
+	33,  // 100: wheelfs.v1.Storage.GetXattr:input_type -> wheelfs.v1.XattrRequest
+	33,  // 101: wheelfs.v1.Storage.ListXattr:input_type -> wheelfs.v1.XattrRequest
+	33,  // 102: wheelfs.v1.Storage.SetXattr:input_type -> wheelfs.v1.XattrRequest
+	33,  // 103: wheelfs.v1.Storage.RemoveXattr:input_type -> wheelfs.v1.XattrRequest
+	35,  // 104: wheelfs.v1.Storage.StatFS:input_type -> wheelfs.v1.StatFSRequest
+	37,  // 105: wheelfs.v1.Storage.Open:input_type -> wheelfs.v1.OpenRequest
+	39,  // 106: wheelfs.v1.Storage.Release:input_type -> wheelfs.v1.ReleaseRequest
+	42,  // 107: wheelfs.v1.Storage.Callbacks:input_type -> wheelfs.v1.CallbackAck
+	72,  // 108: wheelfs.v1.Storage.Probe:input_type -> wheelfs.v1.ProbeRequest
+	76,  // 109: wheelfs.v1.Storage.ReportHolding:input_type -> wheelfs.v1.ReportHoldingRequest
+	78,  // 110: wheelfs.v1.Storage.Holders:input_type -> wheelfs.v1.HoldersRequest
+	81,  // 111: wheelfs.v1.Storage.LoginChallenge:input_type -> wheelfs.v1.LoginChallengeRequest
+	83,  // 112: wheelfs.v1.Storage.Login:input_type -> wheelfs.v1.LoginRequest
+	85,  // 113: wheelfs.v1.Storage.RenewSession:input_type -> wheelfs.v1.SessionRequest
+	85,  // 114: wheelfs.v1.Storage.Logout:input_type -> wheelfs.v1.SessionRequest
+	45,  // 115: wheelfs.v1.Peer.Replicate:input_type -> wheelfs.v1.ReplicateRequest
+	47,  // 116: wheelfs.v1.Peer.Digest:input_type -> wheelfs.v1.DigestRequest
+	52,  // 117: wheelfs.v1.Peer.Diff:input_type -> wheelfs.v1.DiffRequest
+	50,  // 118: wheelfs.v1.Peer.Install:input_type -> wheelfs.v1.InstallRequest
+	53,  // 119: wheelfs.v1.Peer.FetchBlocks:input_type -> wheelfs.v1.FetchBlocksRequest
+	55,  // 120: wheelfs.v1.Peer.Ping:input_type -> wheelfs.v1.PingRequest
+	57,  // 121: wheelfs.v1.Peer.CreateObject:input_type -> wheelfs.v1.CreateObjectRequest
+	59,  // 122: wheelfs.v1.Peer.DropLink:input_type -> wheelfs.v1.DropLinkRequest
+	61,  // 123: wheelfs.v1.Peer.Stat:input_type -> wheelfs.v1.StatRequest
+	63,  // 124: wheelfs.v1.Peer.AddLink:input_type -> wheelfs.v1.AddLinkRequest
+	66,  // 125: wheelfs.v1.Peer.Reconcile:input_type -> wheelfs.v1.ReconcileRequest
+	89,  // 126: wheelfs.v1.PeerCache.FetchCached:input_type -> wheelfs.v1.FetchCachedRequest
+	9,   // 127: wheelfs.v1.Storage.Lookup:output_type -> wheelfs.v1.LookupResponse
+	11,  // 128: wheelfs.v1.Storage.GetAttr:output_type -> wheelfs.v1.GetAttrResponse
+	13,  // 129: wheelfs.v1.Storage.Create:output_type -> wheelfs.v1.CreateResponse
+	15,  // 130: wheelfs.v1.Storage.Link:output_type -> wheelfs.v1.LinkResponse
+	17,  // 131: wheelfs.v1.Storage.Remove:output_type -> wheelfs.v1.RemoveResponse
+	19,  // 132: wheelfs.v1.Storage.Rename:output_type -> wheelfs.v1.RenameResponse
+	21,  // 133: wheelfs.v1.Storage.SetAttr:output_type -> wheelfs.v1.SetAttrResponse
+	23,  // 134: wheelfs.v1.Storage.ReadDir:output_type -> wheelfs.v1.ReadDirResponse
+	26,  // 135: wheelfs.v1.Storage.GetBlocks:output_type -> wheelfs.v1.GetBlocksResponse
+	28,  // 136: wheelfs.v1.Storage.ReadBlocks:output_type -> wheelfs.v1.ReadBlocksResponse
+	30,  // 137: wheelfs.v1.Storage.PutBlocks:output_type -> wheelfs.v1.PutBlocksResponse
+	32,  // 138: wheelfs.v1.Storage.Commit:output_type -> wheelfs.v1.CommitResponse
+	34,  // 139: wheelfs.v1.Storage.GetXattr:output_type -> wheelfs.v1.XattrResponse
+	34,  // 140: wheelfs.v1.Storage.ListXattr:output_type -> wheelfs.v1.XattrResponse
+	34,  // 141: wheelfs.v1.Storage.SetXattr:output_type -> wheelfs.v1.XattrResponse
+	34,  // 142: wheelfs.v1.Storage.RemoveXattr:output_type -> wheelfs.v1.XattrResponse
+	36,  // 143: wheelfs.v1.Storage.StatFS:output_type -> wheelfs.v1.StatFSResponse
+	38,  // 144: wheelfs.v1.Storage.Open:output_type -> wheelfs.v1.OpenResponse
+	40,  // 145: wheelfs.v1.Storage.Release:output_type -> wheelfs.v1.ReleaseResponse
+	41,  // 146: wheelfs.v1.Storage.Callbacks:output_type -> wheelfs.v1.Revoke
+	73,  // 147: wheelfs.v1.Storage.Probe:output_type -> wheelfs.v1.ProbeResponse
+	77,  // 148: wheelfs.v1.Storage.ReportHolding:output_type -> wheelfs.v1.ReportHoldingResponse
+	80,  // 149: wheelfs.v1.Storage.Holders:output_type -> wheelfs.v1.HoldersResponse
+	82,  // 150: wheelfs.v1.Storage.LoginChallenge:output_type -> wheelfs.v1.LoginChallengeResponse
+	84,  // 151: wheelfs.v1.Storage.Login:output_type -> wheelfs.v1.LoginResponse
+	84,  // 152: wheelfs.v1.Storage.RenewSession:output_type -> wheelfs.v1.LoginResponse
+	86,  // 153: wheelfs.v1.Storage.Logout:output_type -> wheelfs.v1.LogoutResponse
+	46,  // 154: wheelfs.v1.Peer.Replicate:output_type -> wheelfs.v1.ReplicateResponse
+	48,  // 155: wheelfs.v1.Peer.Digest:output_type -> wheelfs.v1.DigestResponse
+	50,  // 156: wheelfs.v1.Peer.Diff:output_type -> wheelfs.v1.InstallRequest
+	51,  // 157: wheelfs.v1.Peer.Install:output_type -> wheelfs.v1.InstallResponse
+	54,  // 158: wheelfs.v1.Peer.FetchBlocks:output_type -> wheelfs.v1.FetchBlocksResponse
+	56,  // 159: wheelfs.v1.Peer.Ping:output_type -> wheelfs.v1.PingResponse
+	58,  // 160: wheelfs.v1.Peer.CreateObject:output_type -> wheelfs.v1.CreateObjectResponse
+	60,  // 161: wheelfs.v1.Peer.DropLink:output_type -> wheelfs.v1.DropLinkResponse
+	62,  // 162: wheelfs.v1.Peer.Stat:output_type -> wheelfs.v1.StatResponse
+	64,  // 163: wheelfs.v1.Peer.AddLink:output_type -> wheelfs.v1.AddLinkResponse
+	67,  // 164: wheelfs.v1.Peer.Reconcile:output_type -> wheelfs.v1.ReconcileResponse
+	90,  // 165: wheelfs.v1.PeerCache.FetchCached:output_type -> wheelfs.v1.FetchCachedResponse
+	127, // [127:166] is the sub-list for method output_type
+	88,  // [88:127] is the sub-list for method input_type
+	88,  // [88:88] is the sub-list for extension type_name
+	88,  // [88:88] is the sub-list for extension extendee
+	0,   // [0:88] is the sub-list for field type_name
 }
 
 func init() { file_wheelfs_proto_init() }
@@ -6477,9 +6816,9 @@ func file_wheelfs_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_wheelfs_proto_rawDesc), len(file_wheelfs_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   84,
+			NumMessages:   88,
 			NumExtensions: 0,
-			NumServices:   2,
+			NumServices:   3,
 		},
 		GoTypes:           file_wheelfs_proto_goTypes,
 		DependencyIndexes: file_wheelfs_proto_depIdxs,

@@ -1620,3 +1620,111 @@ var Peer_ServiceDesc = grpc.ServiceDesc{
 	Streams:  []grpc.StreamDesc{},
 	Metadata: "wheelfs.proto",
 }
+
+const (
+	PeerCache_FetchCached_FullMethodName = "/wheelfs.v1.PeerCache/FetchCached"
+)
+
+// PeerCacheClient is the client API for PeerCache service.
+//
+// For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
+//
+// PeerCache is served by clients (--peer-listen): cached blocks for other
+// clients holding a grant (.Hotspot).
+type PeerCacheClient interface {
+	FetchCached(ctx context.Context, in *FetchCachedRequest, opts ...grpc.CallOption) (*FetchCachedResponse, error)
+}
+
+type peerCacheClient struct {
+	cc grpc.ClientConnInterface
+}
+
+func NewPeerCacheClient(cc grpc.ClientConnInterface) PeerCacheClient {
+	return &peerCacheClient{cc}
+}
+
+func (c *peerCacheClient) FetchCached(ctx context.Context, in *FetchCachedRequest, opts ...grpc.CallOption) (*FetchCachedResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(FetchCachedResponse)
+	err := c.cc.Invoke(ctx, PeerCache_FetchCached_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// PeerCacheServer is the server API for PeerCache service.
+// All implementations must embed UnimplementedPeerCacheServer
+// for forward compatibility.
+//
+// PeerCache is served by clients (--peer-listen): cached blocks for other
+// clients holding a grant (.Hotspot).
+type PeerCacheServer interface {
+	FetchCached(context.Context, *FetchCachedRequest) (*FetchCachedResponse, error)
+	mustEmbedUnimplementedPeerCacheServer()
+}
+
+// UnimplementedPeerCacheServer must be embedded to have
+// forward compatible implementations.
+//
+// NOTE: this should be embedded by value instead of pointer to avoid a nil
+// pointer dereference when methods are called.
+type UnimplementedPeerCacheServer struct{}
+
+func (UnimplementedPeerCacheServer) FetchCached(context.Context, *FetchCachedRequest) (*FetchCachedResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method FetchCached not implemented")
+}
+func (UnimplementedPeerCacheServer) mustEmbedUnimplementedPeerCacheServer() {}
+func (UnimplementedPeerCacheServer) testEmbeddedByValue()                   {}
+
+// UnsafePeerCacheServer may be embedded to opt out of forward compatibility for this service.
+// Use of this interface is not recommended, as added methods to PeerCacheServer will
+// result in compilation errors.
+type UnsafePeerCacheServer interface {
+	mustEmbedUnimplementedPeerCacheServer()
+}
+
+func RegisterPeerCacheServer(s grpc.ServiceRegistrar, srv PeerCacheServer) {
+	// If the following call panics, it indicates UnimplementedPeerCacheServer was
+	// embedded by pointer and is nil.  This will cause panics if an
+	// unimplemented method is ever invoked, so we test this at initialization
+	// time to prevent it from happening at runtime later due to I/O.
+	if t, ok := srv.(interface{ testEmbeddedByValue() }); ok {
+		t.testEmbeddedByValue()
+	}
+	s.RegisterService(&PeerCache_ServiceDesc, srv)
+}
+
+func _PeerCache_FetchCached_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(FetchCachedRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(PeerCacheServer).FetchCached(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: PeerCache_FetchCached_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(PeerCacheServer).FetchCached(ctx, req.(*FetchCachedRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+// PeerCache_ServiceDesc is the grpc.ServiceDesc for PeerCache service.
+// It's only intended for direct use with grpc.RegisterService,
+// and not to be introspected or modified (even as a copy)
+var PeerCache_ServiceDesc = grpc.ServiceDesc{
+	ServiceName: "wheelfs.v1.PeerCache",
+	HandlerType: (*PeerCacheServer)(nil),
+	Methods: []grpc.MethodDesc{
+		{
+			MethodName: "FetchCached",
+			Handler:    _PeerCache_FetchCached_Handler,
+		},
+	},
+	Streams:  []grpc.StreamDesc{},
+	Metadata: "wheelfs.proto",
+}

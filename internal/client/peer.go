@@ -1,0 +1,217 @@
+package client
+
+import (
+	"context"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/time/rate"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/wheelfs/wheelfs/internal/blockgrant"
+	"github.com/wheelfs/wheelfs/internal/oid"
+	"github.com/wheelfs/wheelfs/internal/pki"
+	"github.com/wheelfs/wheelfs/internal/wire"
+)
+
+// Clients serve their caches to each other (.Hotspot, paper §5.5–5.6): a
+// client reading with the cue shows a holder the grant its file's primary
+// signed, and the holder sends the named blocks it has cached, no faster
+// than its upload limit.
+
+// PeerConfig configures the peer side of a client.
+type PeerConfig struct {
+	// Addr is where this client serves its cache (reported to primaries
+	// with the blocks it holds); empty: it does not serve.
+	Addr string
+	// Dial returns a client of the PeerCache service of node at addr,
+	// authenticated as node (mutual TLS). Nil: no fetching from peers.
+	Dial func(ctx context.Context, node, addr string) (wire.PeerCacheClient, error)
+	// Grants checks the grants shown to this client (nil: it serves
+	// nobody).
+	Grants *blockgrant.Verifier
+	// UploadRate bounds the bytes per second served to peers (0:
+	// unlimited).
+	UploadRate int64
+	// UploadConcurrency bounds the requests served at once (default
+	// DefaultUploadConcurrency); as many more may wait, the rest are
+	// turned away so that their readers try another holder.
+	UploadConcurrency int
+	// ServeHook, for fault tests, alters (or holds up) every block this
+	// client serves.
+	ServeHook func(b []byte) []byte
+}
+
+// DefaultUploadConcurrency is how many peer requests a client serves at
+// once by default.
+const DefaultUploadConcurrency = 4
+
+// PeerStats counts the .Hotspot traffic of a client.
+type PeerStats struct {
+	// FromPeers, FromReplicas and FromPrimary are block bytes this client
+	// fetched for .Hotspot reads from other clients' caches, from replicas
+	// that are not the primary, and from the primary.
+	FromPeers, FromReplicas, FromPrimary int64
+	// Served is block bytes this client sent to other clients.
+	Served int64
+	// Corrupt counts blocks a peer sent that did not match their hash.
+	Corrupt int64
+	// Refused counts peer requests this client refused (bad grant, or
+	// too many waiting).
+	Refused int64
+}
+
+type peerState struct {
+	cfg   PeerConfig
+	sem   chan struct{} // requests being served
+	queue chan struct{} // requests being served or waiting
+	limit *rate.Limiter // nil: unlimited
+	fromPeers, fromReplicas, fromPrimary,
+	served, corrupt, refused atomic.Int64
+	rtt atomic.Int64 // the last holders query's round trip (ns)
+
+	badMu sync.Mutex
+	bad   map[string]time.Time // peers that sent corrupt data, until when skipped
+}
+
+func (p *peerState) init(cfg PeerConfig) {
+	if cfg.UploadConcurrency <= 0 {
+		cfg.UploadConcurrency = DefaultUploadConcurrency
+	}
+	p.cfg = cfg
+	p.sem = make(chan struct{}, cfg.UploadConcurrency)
+	p.queue = make(chan struct{}, 2*cfg.UploadConcurrency)
+	if cfg.UploadRate > 0 {
+		p.limit = rate.NewLimiter(rate.Limit(cfg.UploadRate), max(int(cfg.UploadRate/10), BlockSize))
+	}
+	p.bad = map[string]time.Time{}
+}
+
+// PeerStats returns the counts of .Hotspot traffic so far.
+func (f *FS) PeerStats() PeerStats {
+	p := &f.peer
+	return PeerStats{FromPeers: p.fromPeers.Load(), FromReplicas: p.fromReplicas.Load(), FromPrimary: p.fromPrimary.Load(),
+		Served: p.served.Load(), Corrupt: p.corrupt.Load(), Refused: p.refused.Load()}
+}
+
+// PeerService returns this client's PeerCache service (deploy serves it
+// on the --peer-listen address).
+func (f *FS) PeerService() wire.PeerCacheServer { return peerService{f: f} }
+
+type peerService struct {
+	wire.UnimplementedPeerCacheServer
+	f *FS
+}
+
+// FetchCached implements wire.PeerCacheServer: the asked blocks this
+// client has cached, for a caller holding a grant that names it, this
+// client, and every asked block, signed by a server of the file's slice.
+func (s peerService) FetchCached(ctx context.Context, req *wire.FetchCachedRequest) (*wire.FetchCachedResponse, error) {
+	f, p := s.f, &s.f.peer
+	if err := s.admit(ctx, req); err != nil {
+		p.refused.Add(1)
+		f.log.Info("peer request refused", "err", err)
+		return nil, err
+	}
+	select {
+	case p.queue <- struct{}{}:
+		defer func() { <-p.queue }()
+	default:
+		p.refused.Add(1)
+		return nil, status.Error(codes.ResourceExhausted, "too many peer requests")
+	}
+	select {
+	case p.sem <- struct{}{}:
+		defer func() { <-p.sem }()
+	case <-ctx.Done():
+		return nil, status.FromContextError(ctx.Err()).Err()
+	}
+	resp := &wire.FetchCachedResponse{Data: make([][]byte, len(req.Hashes))}
+	for i, h := range req.Hashes {
+		b, ok := f.cache.Get([32]byte(h))
+		if !ok {
+			continue
+		}
+		if p.limit != nil {
+			if err := p.limit.WaitN(ctx, len(b)); err != nil {
+				return resp, nil // what is sent so far; the reader asks elsewhere for the rest
+			}
+		}
+		if p.cfg.ServeHook != nil {
+			b = p.cfg.ServeHook(slices.Clone(b))
+		}
+		resp.Data[i] = b
+		p.served.Add(int64(len(b)))
+	}
+	return resp, nil
+}
+
+// admit checks req's grant for the calling node.
+func (s peerService) admit(ctx context.Context, req *wire.FetchCachedRequest) error {
+	f := s.f
+	if f.peer.cfg.Grants == nil {
+		return status.Error(codes.Unavailable, "this client serves no peers")
+	}
+	asker, err := pki.PeerName(ctx)
+	if err != nil {
+		return status.Error(codes.Unauthenticated, err.Error())
+	}
+	b, err := f.peer.cfg.Grants.Check(req.Grant, time.Now())
+	if err != nil {
+		return status.Error(codes.PermissionDenied, err.Error())
+	}
+	if b.Asker != asker || !slices.Contains(b.Holders, f.cfg.Node) {
+		return status.Errorf(codes.PermissionDenied, "grant for %s from %v, asked by %s of %s", b.Asker, b.Holders, asker, f.cfg.Node)
+	}
+	info, err := f.router.Describe(ctx, oid.ID(b.Id).Slice())
+	if err != nil {
+		return status.Errorf(codes.Unavailable, "slice of %v: %v", oid.ID(b.Id), err)
+	}
+	signer := info.Primary.Server == b.Signer || slices.ContainsFunc(info.Replicas, func(r ServerRef) bool { return r.Server == b.Signer })
+	if !signer {
+		return status.Errorf(codes.PermissionDenied, "grant for %v signed by %s, no server of its slice", oid.ID(b.Id), b.Signer)
+	}
+	ok := blockgrant.Hashes(b)
+	for _, h := range req.Hashes {
+		if len(h) != 32 || !ok[[32]byte(h)] {
+			return status.Error(codes.PermissionDenied, "a block the grant does not name")
+		}
+	}
+	return nil
+}
+
+// skipPeer reports whether node recently sent corrupt data.
+func (p *peerState) skipPeer(node string, now time.Time) bool {
+	p.badMu.Lock()
+	defer p.badMu.Unlock()
+	until, ok := p.bad[node]
+	if ok && now.After(until) {
+		delete(p.bad, node)
+		return false
+	}
+	return ok
+}
+
+// A peer that sent corrupt data is not asked again for badPeerFor, one
+// that did not answer in time (or could not be reached) for slowPeerFor.
+const (
+	badPeerFor  = time.Minute
+	slowPeerFor = 10 * time.Second
+)
+
+// maxBadPeers bounds the list of peers being skipped.
+const maxBadPeers = 1024
+
+func (p *peerState) markBad(node string, now time.Time, d time.Duration) {
+	p.badMu.Lock()
+	defer p.badMu.Unlock()
+	if len(p.bad) >= maxBadPeers {
+		clear(p.bad)
+	}
+	if until := now.Add(d); until.After(p.bad[node]) {
+		p.bad[node] = until
+	}
+}

@@ -1,0 +1,365 @@
+package client
+
+import (
+	"cmp"
+	"context"
+	"crypto/sha256"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/wheelfs/wheelfs/internal/holders"
+	"github.com/wheelfs/wheelfs/internal/oid"
+	"github.com/wheelfs/wheelfs/internal/wire"
+)
+
+// A .Hotspot read fetches each block it lacks from the nearest client
+// that holds it (the file's primary names them, with a grant), falling
+// back to the next holder, then to the replicas (own site first), then to
+// the primary, all within the call's deadline. Every block is checked
+// against its SHA-256 before use; a peer that sends wrong data is skipped.
+
+const (
+	// hotChunk is how many blocks one holders query and its fetches
+	// cover: small enough that the blocks of one file spread over many
+	// holders, large enough that the query's round trip is shared.
+	hotChunk = 8
+	// maxAttempt bounds one try at one holder or replica, so that a
+	// holder that vanished leaves time for the next.
+	maxAttempt = 5 * time.Second
+	// assumedBandwidth is the per-reader bandwidth the prefetch window
+	// is sized for (bytes per second) when nothing better is known.
+	assumedBandwidth = 4 << 20
+	// minWindow and maxWindow bound the chunks a .WholeFile+.Hotspot
+	// read has in flight.
+	minWindow, maxWindow = 2, 16
+)
+
+// hotFile is what a .Hotspot fetch needs of an open file.
+type hotFile struct {
+	id      oid.ID
+	version uint64
+	ev      bool
+	index   map[[32]byte][]uint64 // hash → its block indices in version
+	note    bool                  // report fetched blocks as held
+	// attempt bounds one try at one holder or replica (a fifth of the
+	// read's time limit, at most maxAttempt), also in the prefetches the
+	// read waits on.
+	attempt time.Duration
+}
+
+// hotFile describes the blocks hashes of st for fetchHot. Called under st.mu.
+func (st *fileState) hotFile(ctx context.Context, hashes [][32]byte) hotFile {
+	want := make(map[[32]byte]bool, len(hashes))
+	for _, h := range hashes {
+		want[h] = true
+	}
+	hf := hotFile{id: st.id, version: st.version, ev: st.eventual, index: map[[32]byte][]uint64{},
+		note: !st.modified && len(st.dirty) == 0 && len(st.staged) == 0, attempt: maxAttempt}
+	if dl, ok := ctx.Deadline(); ok {
+		hf.attempt = min(hf.attempt, time.Until(dl)/5)
+	}
+	for idx, r := range st.hashes {
+		if want[r.hash] {
+			hf.index[r.hash] = append(hf.index[r.hash], idx)
+		}
+	}
+	return hf
+}
+
+func (hf hotFile) ranges(hashes [][32]byte) []holders.Range {
+	var rs []holders.Range
+	for _, h := range hashes {
+		for _, idx := range hf.index[h] {
+			rs = holders.Add(rs, holders.Range{First: idx, Count: 1})
+		}
+	}
+	return rs
+}
+
+// prefetchHot fetches claimed blocks in the background for a
+// .WholeFile+.Hotspot read: in a random order per client, so that readers
+// that start together hold different blocks and can serve each other
+// (paper §5.5), a window of chunks at a time sized from the
+// bandwidth-delay product to the primary.
+func (f *FS) prefetchHot(ctx context.Context, u User, hf hotFile, mine [][32]byte) {
+	rand.Shuffle(len(mine), func(i, j int) { mine[i], mine[j] = mine[j], mine[i] })
+	chunks := slices.Collect(slices.Chunk(mine, hotChunk))
+	window := f.hotWindow()
+	go func() {
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), f.cfg.Timeout)
+		defer cancel()
+		sem := make(chan struct{}, window)
+		var wg sync.WaitGroup
+		for _, chunk := range chunks {
+			sem <- struct{}{}
+			wg.Go(func() {
+				defer func() { <-sem }()
+				if err := f.fetchHot(ctx, u, hf, chunk); err != nil {
+					f.log.Debug("hotspot prefetch failed", "id", hf.id.String(), "err", err)
+				}
+			})
+		}
+		wg.Wait()
+	}()
+}
+
+// hotWindow is how many chunks a parallel .Hotspot read keeps in flight:
+// the bandwidth-delay product (the last holders query's round trip ×
+// assumedBandwidth) in chunks, within [minWindow, maxWindow].
+func (f *FS) hotWindow() int {
+	rtt := time.Duration(f.peer.rtt.Load())
+	if rtt <= 0 {
+		rtt = 100 * time.Millisecond
+	}
+	bdp := float64(assumedBandwidth) * rtt.Seconds()
+	return min(max(int(bdp/(hotChunk*BlockSize))+1, minWindow), maxWindow)
+}
+
+// fetchHot brings claimed blocks of hf into the cache from holders,
+// replicas or the primary (in that order), releasing every claim.
+func (f *FS) fetchHot(ctx context.Context, u User, hf hotFile, hashes [][32]byte) error {
+	defer f.unclaim(hashes)
+	var remote [][32]byte
+	for _, h := range hashes {
+		if _, ok := f.cache.Get(h); ok {
+			f.unclaim([][32]byte{h})
+		} else {
+			remote = append(remote, h)
+		}
+	}
+	// Chunks in parallel, a window at a time: one slow holder holds up
+	// only its own blocks.
+	sem := make(chan struct{}, f.hotWindow())
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var first error
+	for chunk := range slices.Chunk(remote, hotChunk) {
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			if err := f.fetchHotChunk(ctx, u, hf, chunk); err != nil {
+				mu.Lock()
+				first = cmp.Or(first, err)
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	return first
+}
+
+// try bounds one try at one source: a fifth of what is left, at most
+// hf.attempt.
+func (hf hotFile) try(ctx context.Context) (context.Context, context.CancelFunc) {
+	d := hf.attempt
+	if dl, ok := ctx.Deadline(); ok {
+		d = min(d, time.Until(dl)/5)
+	}
+	return context.WithTimeout(ctx, d)
+}
+
+func (f *FS) fetchHotChunk(ctx context.Context, u User, hf hotFile, chunk [][32]byte) error {
+	left := map[[32]byte]bool{}
+	for _, h := range chunk {
+		left[h] = true
+	}
+	got := func(h [32]byte, b []byte) {
+		f.cache.AddOwned(uint64(hf.id), h, b)
+		f.unclaim([][32]byte{h})
+		delete(left, h)
+		if hf.note { // a holder as soon as the block is verified
+			f.reports.add(ctx, f, u, hf.id, hf.version, hf.ranges([][32]byte{h}))
+		}
+	}
+	req := &wire.HoldersRequest{Caller: u.caller(), Id: uint64(hf.id), Version: hf.version, Node: f.cfg.Node, WantGrant: true}
+	for _, r := range hf.ranges(chunk) {
+		req.Blocks = append(req.Blocks, &wire.BlockRange{First: r.First, Count: r.Count})
+	}
+	if f.cfg.Coord != nil {
+		req.Coord = f.cfg.Coord.Wire()
+	}
+	actx, cancel := hf.try(ctx)
+	began := time.Now()
+	resp, err := call(actx, f, hf.id, wire.StorageClient.Holders, req)
+	cancel()
+	if err == nil {
+		f.peer.rtt.Store(int64(time.Since(began)))
+	}
+	if err != nil || resp.Version != hf.version || resp.Grant == nil {
+		f.log.Debug("no holders; reading from the primary", "id", hf.id.String(), "err", err)
+	} else {
+		f.fromHolders(ctx, hf, resp, left, got)
+		if len(left) > 0 {
+			f.fromReplicas(ctx, u, hf, resp.Grant, left, got)
+		}
+	}
+	if len(left) == 0 {
+		return nil
+	}
+	rest := slices.Collect(func(yield func([32]byte) bool) {
+		for h := range left {
+			if !yield(h) {
+				return
+			}
+		}
+	})
+	n, err := f.readRemote(ctx, u, hf.id, hf.ev, rest)
+	f.peer.fromPrimary.Add(n)
+	if err == nil && hf.note {
+		f.reports.add(ctx, f, u, hf.id, hf.version, hf.ranges(rest))
+	}
+	return err
+}
+
+// fromHolders fetches blocks in left from the holders resp names: each
+// block from its nearest holder, then its next, one request per holder
+// per round, holders asked in parallel.
+func (f *FS) fromHolders(ctx context.Context, hf hotFile, resp *wire.HoldersResponse, left map[[32]byte]bool, got func([32]byte, []byte)) {
+	if f.peer.cfg.Dial == nil {
+		return
+	}
+	now := time.Now()
+	cands := map[[32]byte][]*wire.Holder{}
+	for h := range left {
+		for _, x := range resp.Holders {
+			if x.Addr == "" || x.Node == f.cfg.Node || f.peer.skipPeer(x.Node, now) {
+				continue
+			}
+			if slices.ContainsFunc(hf.index[h], func(idx uint64) bool { return inRanges(x.Blocks, idx) }) {
+				cands[h] = append(cands[h], x)
+			}
+		}
+	}
+	var mu sync.Mutex
+	for round := 0; len(left) > 0; round++ {
+		ask := map[*wire.Holder][][32]byte{}
+		for h := range left {
+			if c := cands[h]; round < len(c) {
+				ask[c[round]] = append(ask[c[round]], h)
+			}
+		}
+		if len(ask) == 0 {
+			return
+		}
+		var wg sync.WaitGroup
+		for x, hs := range ask {
+			wg.Go(func() {
+				for h, b := range f.fromPeer(ctx, hf, x, resp.Grant, hs) {
+					mu.Lock()
+					got(h, b)
+					mu.Unlock()
+				}
+			})
+		}
+		wg.Wait()
+	}
+}
+
+// fromPeer asks one holder for blocks and returns those that match their
+// hash; a holder that sends wrong data is logged, counted and skipped for
+// a while.
+func (f *FS) fromPeer(ctx context.Context, hf hotFile, x *wire.Holder, g *wire.Grant, hs [][32]byte) map[[32]byte][]byte {
+	actx, cancel := hf.try(ctx)
+	defer cancel()
+	pc, err := f.peer.cfg.Dial(actx, x.Node, x.Addr)
+	if err != nil {
+		f.peer.markBad(x.Node, time.Now(), slowPeerFor)
+		f.log.Debug("peer unreachable", "peer", x.Node, "err", err)
+		return nil
+	}
+	req := &wire.FetchCachedRequest{Grant: g, Hashes: make([][]byte, len(hs))}
+	for i := range hs {
+		req.Hashes[i] = hs[i][:]
+	}
+	resp, err := pc.FetchCached(actx, req)
+	if err != nil {
+		if status.Code(err) != codes.ResourceExhausted { // busy is fine; silent or gone is not
+			f.peer.markBad(x.Node, time.Now(), slowPeerFor)
+		}
+		f.log.Debug("peer fetch failed", "peer", x.Node, "blocks", len(hs), "err", err)
+		return nil
+	}
+	out := map[[32]byte][]byte{}
+	for i, b := range resp.Data {
+		if i >= len(hs) || len(b) == 0 {
+			continue
+		}
+		if sha256.Sum256(b) != hs[i] {
+			f.peer.corrupt.Add(1)
+			f.peer.markBad(x.Node, time.Now(), badPeerFor)
+			f.log.Warn("peer sent a block that does not match its hash; skipping the peer", "peer", x.Node, "addr", x.Addr)
+			return out
+		}
+		out[hs[i]] = b
+		f.peer.fromPeers.Add(int64(len(b)))
+	}
+	return out
+}
+
+// fromReplicas asks the slice's replicas other than the primary, own
+// site first, for the blocks in left, showing the grant (blocks are named
+// by their hash: any replica's copy will do).
+func (f *FS) fromReplicas(ctx context.Context, u User, hf hotFile, g *wire.Grant, left map[[32]byte]bool, got func([32]byte, []byte)) {
+	info, err := f.router.Describe(ctx, hf.id.Slice())
+	if err != nil {
+		return
+	}
+	conns, err := f.router.Replicas(ctx, hf.id.Slice())
+	if err != nil {
+		return
+	}
+	conns = slices.DeleteFunc(conns, func(c Conn) bool { return c.ID == info.Primary.Server })
+	slices.SortStableFunc(conns, func(a, b Conn) int {
+		return boolInt(b.Site == f.cfg.Site) - boolInt(a.Site == f.cfg.Site)
+	})
+	for _, c := range conns {
+		if len(left) == 0 {
+			return
+		}
+		hs := slices.Collect(func(yield func([32]byte) bool) {
+			for h := range left {
+				if !yield(h) {
+					return
+				}
+			}
+		})
+		req := &wire.ReadBlocksRequest{Caller: u.caller(), Id: uint64(hf.id), Grant: g, Hashes: make([][]byte, len(hs))}
+		for i := range hs {
+			req.Hashes[i] = hs[i][:]
+		}
+		actx, cancel := hf.try(ctx)
+		resp, err := c.ReadBlocks(actx, req)
+		cancel()
+		if err != nil || len(resp.Data) != len(hs) {
+			f.log.Debug("replica did not serve blocks", "server", c.ID, "err", err)
+			continue
+		}
+		for i, b := range resp.Data {
+			if sha256.Sum256(b) == hs[i] {
+				f.peer.fromReplicas.Add(int64(len(b)))
+				got(hs[i], b)
+			}
+		}
+	}
+}
+
+func boolInt(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+func inRanges(rs []*wire.BlockRange, idx uint64) bool {
+	for _, r := range rs {
+		if r.First <= idx && idx < r.First+r.Count {
+			return true
+		}
+	}
+	return false
+}
