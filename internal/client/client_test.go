@@ -163,6 +163,12 @@ func (s *silentStorage) Lookup(ctx context.Context, _ *wire.LookupRequest, _ ...
 	return nil, status.FromContextError(ctx.Err()).Err()
 }
 
+// Probe is silent too: the server is away, not busy.
+func (s *silentStorage) Probe(ctx context.Context, _ *wire.ProbeRequest, _ ...grpc.CallOption) (*wire.ProbeResponse, error) {
+	<-ctx.Done()
+	return nil, status.FromContextError(ctx.Err()).Err()
+}
+
 // oneServer routes every slice to one server.
 type oneServer struct {
 	client.Router // only Primary is used
