@@ -170,8 +170,14 @@ func (g *Guard) Challenge(node string, uid uint32, user string) (*wire.LoginChal
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	u := g.users.Lookup(user)
+	if user == "" && uid != 0 {
+		// None named: the user with the caller's uid (uids are unique).
+		if u = g.users.LookupUID(uid); u != nil {
+			user = u.Name
+		}
+	}
 	if u == nil {
-		return nil, fmt.Errorf("no user %q in %s: %w", user, UsersPath, fserr.ErrAccess)
+		return nil, fmt.Errorf("no user %q (uid %d) in %s: %w", user, uid, UsersPath, fserr.ErrAccess)
 	}
 	if uid != 0 && uid != u.UID {
 		return nil, fmt.Errorf("uid %d may not log in as %s (uid %d): %w", uid, user, u.UID, fserr.ErrAccess)
@@ -188,7 +194,7 @@ func (g *Guard) Challenge(node string, uid uint32, user string) (*wire.LoginChal
 	nonce := make([]byte, 32)
 	rand.Read(nonce)
 	g.challenges[hex.EncodeToString(nonce)] = challenge{nodeUID{node, uid}, user, now.Add(challengeTTL)}
-	return &wire.LoginChallengeResponse{Nonce: nonce, Node: node, Keys: u.Fingerprints()}, nil
+	return &wire.LoginChallengeResponse{Nonce: nonce, Node: node, Keys: u.Fingerprints(), User: user}, nil
 }
 
 // Login completes a challenge: the signature must be by one of the user's

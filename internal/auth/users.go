@@ -61,6 +61,19 @@ func (us *Users) Lookup(name string) *User {
 	return us.byName[name]
 }
 
+// LookupUID returns the user whose uid is uid, or nil.
+func (us *Users) LookupUID(uid uint32) *User {
+	if us == nil {
+		return nil
+	}
+	for _, u := range us.byName {
+		if u.UID == uid {
+			return u
+		}
+	}
+	return nil
+}
+
 // Len is the number of users.
 func (us *Users) Len() int {
 	if us == nil {

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"os"
 	"path/filepath"
 	"time"
 
@@ -82,7 +81,7 @@ func serveLogin(ctx context.Context, c *net.UnixConn, fs *client.FS, log *slog.L
 		case "challenge":
 			ch, err = fs.LoginChallenge(ctx, cred.Uid, m.User)
 			if err == nil {
-				resp = loginMsg{Node: ch.Node, Uid: ch.Uid, Nonce: ch.Nonce, Keys: ch.Keys}
+				resp = loginMsg{Node: ch.Node, Uid: ch.Uid, User: ch.User, Nonce: ch.Nonce, Keys: ch.Keys}
 			}
 		case "login":
 			if ch == nil {
@@ -145,9 +144,6 @@ func newLogin() *cobra.Command {
 		Short: "Prove with an SSH key (ssh-agent by default) that your uid acts for a WheelFS user at this mount",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if user == "" {
-				user = os.Getenv("USER")
-			}
 			var signers []auth.Signer
 			if keyFile != "" {
 				s, err := auth.KeyFile(keyFile)
@@ -174,6 +170,7 @@ func newLogin() *cobra.Command {
 			if err != nil {
 				return err
 			}
+			user = ch.User // the one named, or the users file's for this uid
 			s, err := auth.Pick(signers, ch.Keys)
 			if err != nil {
 				return fmt.Errorf("user %s: %w", user, err)
@@ -192,7 +189,7 @@ func newLogin() *cobra.Command {
 	}
 	cmd.Flags().StringVar(&keyFile, "key", "", "private key `FILE` (a service key) instead of ssh-agent")
 	cmd.Flags().StringVar(&mnt, "mount", "/wfs", "the WheelFS mount `MOUNTPOINT`")
-	cmd.Flags().StringVar(&user, "user", "", "WheelFS user `NAME` (default $USER)")
+	cmd.Flags().StringVar(&user, "user", "", "WheelFS user `NAME` (default: the users file's user with your uid; root must name one)")
 	return cmd
 }
 

@@ -62,7 +62,7 @@ func (f *FS) LoginChallenge(ctx context.Context, uid uint32, user string) (*Chal
 	if err != nil {
 		return nil, fmt.Errorf("login challenge from %s: %w", c.ID, fserr.FromStatus(err))
 	}
-	return &Challenge{Node: resp.Node, Uid: uid, User: user, Nonce: resp.Nonce, Keys: resp.Keys, conn: c}, nil
+	return &Challenge{Node: resp.Node, Uid: uid, User: resp.User, Nonce: resp.Nonce, Keys: resp.Keys, conn: c}, nil
 }
 
 // Login answers ch with an SSH signature (wire format) by pub (wire

@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/wheelfs/wheelfs/internal/fserr"
+	"github.com/wheelfs/wheelfs/internal/oid"
 	"github.com/wheelfs/wheelfs/internal/pki"
 	"github.com/wheelfs/wheelfs/internal/wire"
 	"google.golang.org/grpc"
@@ -98,8 +99,18 @@ func (s *Server) checkUser(ctx context.Context, req any) error {
 		return nil // logins, releases of handles: no uid to act as
 	}
 	node, trusted := s.clientNode(ctx)
-	if trusted {
+	if trusted || rootAttrs(req) {
 		return nil
 	}
 	return s.cfg.Users.Check(ctx, node, r.GetCaller())
+}
+
+// rootAttrs reports whether req only reads the root directory's
+// attributes, which any authenticated client node may do for any uid: the
+// kernel checks them (as root, for the mounting process) before a mount is
+// ready, when nobody can have logged in at that mount yet. They say no
+// more than the mode and owner of "/".
+func rootAttrs(req any) bool {
+	r, ok := req.(*wire.GetAttrRequest)
+	return ok && oid.ID(r.Id) == oid.Root
 }

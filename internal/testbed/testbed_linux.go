@@ -158,6 +158,7 @@ func plan(dir string, o Options) *State {
 			h.Mount = filepath.Join(dir, name)
 			h.Args = append([]string{"node", "--config", st.Config, "--site", site,
 				"--listen", net.JoinHostPort(h.Addr, fmt.Sprint(serverPort)), "--config-wait", "2m",
+				"--peer-listen", net.JoinHostPort(h.Addr, fmt.Sprint(peerPort)),
 				// Client-only hosts act for the experiments' uids without logins.
 				"--trust-client-uids"}, common...)
 			if o.LockTTL > 0 {
@@ -172,7 +173,8 @@ func plan(dir string, o Options) *State {
 			h.Args = append(h.Args, h.Mount)
 		case RoleClient:
 			h.Mount = filepath.Join(dir, name)
-			h.Args = append([]string{"mount", "--config", st.Config, "--site", site, "--config-wait", "2m"}, common...)
+			h.Args = append([]string{"mount", "--config", st.Config, "--site", site, "--config-wait", "2m",
+				"--peer-listen", net.JoinHostPort(h.Addr, fmt.Sprint(peerPort))}, common...)
 			h.Args = append(h.Args, h.Mount)
 		}
 		return h

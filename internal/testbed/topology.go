@@ -27,6 +27,7 @@ const (
 const (
 	configPort = 7001 // config member client port (peer port +1)
 	serverPort = 7101
+	peerPort   = 7201 // a client's cache served to other clients (.Hotspot)
 )
 
 // maxMembers is the largest configuration service the testbed starts: one

@@ -5475,11 +5475,14 @@ func (x *LoginChallengeRequest) GetUser() string {
 // LoginChallengeResponse: node is the client as the server knows it (its
 // certificate's name); keys are the SHA256 fingerprints of the user's keys
 // (the users file is world-readable), so the client picks which key signs.
+// user is the user the login is for: the one asked for, or (none asked
+// for) the users file's user with the caller's uid.
 type LoginChallengeResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Nonce         []byte                 `protobuf:"bytes,1,opt,name=nonce,proto3" json:"nonce,omitempty"`
 	Node          string                 `protobuf:"bytes,2,opt,name=node,proto3" json:"node,omitempty"`
 	Keys          []string               `protobuf:"bytes,3,rep,name=keys,proto3" json:"keys,omitempty"`
+	User          string                 `protobuf:"bytes,4,opt,name=user,proto3" json:"user,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -5533,6 +5536,13 @@ func (x *LoginChallengeResponse) GetKeys() []string {
 		return x.Keys
 	}
 	return nil
+}
+
+func (x *LoginChallengeResponse) GetUser() string {
+	if x != nil {
+		return x.User
+	}
+	return ""
 }
 
 // LoginRequest answers a challenge: an SSH signature (wire format) by
@@ -6413,11 +6423,12 @@ const file_wheelfs_proto_rawDesc = "" +
 	"\x05grant\x18\x03 \x01(\v2\x11.wheelfs.v1.GrantR\x05grant\"=\n" +
 	"\x15LoginChallengeRequest\x12\x10\n" +
 	"\x03uid\x18\x01 \x01(\rR\x03uid\x12\x12\n" +
-	"\x04user\x18\x02 \x01(\tR\x04user\"V\n" +
+	"\x04user\x18\x02 \x01(\tR\x04user\"j\n" +
 	"\x16LoginChallengeResponse\x12\x14\n" +
 	"\x05nonce\x18\x01 \x01(\fR\x05nonce\x12\x12\n" +
 	"\x04node\x18\x02 \x01(\tR\x04node\x12\x12\n" +
-	"\x04keys\x18\x03 \x03(\tR\x04keys\"\x87\x01\n" +
+	"\x04keys\x18\x03 \x03(\tR\x04keys\x12\x12\n" +
+	"\x04user\x18\x04 \x01(\tR\x04user\"\x87\x01\n" +
 	"\fLoginRequest\x12\x10\n" +
 	"\x03uid\x18\x01 \x01(\rR\x03uid\x12\x12\n" +
 	"\x04user\x18\x02 \x01(\tR\x04user\x12\x14\n" +
