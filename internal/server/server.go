@@ -78,6 +78,8 @@ type Config struct {
 	// client sends (NFS-style, --trust-client-uids). Servers and this
 	// process are trusted either way (see clientNode).
 	Users *auth.Guard
+	// RateLimit bounds each client node's request rate (ratelimit.go).
+	RateLimit RateLimit
 }
 
 // Server implements wire.StorageServer.
@@ -113,6 +115,8 @@ type Server struct {
 	names  nameLocks
 	// holders: which clients cache which blocks of this primary's files.
 	holders *holders.Table
+	limits  *rateLimits  // client nodes' token buckets (edge.go)
+	panics  atomic.Int64 // handler panics recovered at the edge
 }
 
 // New returns a server over st that coordinates through conf.
@@ -157,6 +161,7 @@ func New(cfg Config, st *store.Store, conf ConfigService, lockTTL time.Duration)
 	}
 	s.leases = newLeases(cfg.LeaseTTL, s.lockValidity)
 	s.holders = holders.New(cfg.Holders)
+	s.limits = newRateLimits(cfg.RateLimit, s.log)
 	return s
 }
 
