@@ -2,7 +2,9 @@ package server
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"runtime/debug"
 	"strings"
@@ -45,8 +47,9 @@ func (s *Server) UnaryInterceptor() grpc.UnaryServerInterceptor {
 }
 
 // StreamInterceptor is the edge of the Callbacks stream: opening one
-// costs its node a request (RateLimit); panics are recovered as in
-// UnaryInterceptor.
+// costs its node a request (RateLimit); a client that closes its side
+// ends the stream cleanly (not codes.Unknown "EOF"); other errors map as
+// in UnaryInterceptor, and panics are recovered.
 func (s *Server) StreamInterceptor() grpc.StreamServerInterceptor {
 	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) (err error) {
 		defer s.recoverPanic(info.FullMethod, &err)
@@ -55,7 +58,11 @@ func (s *Server) StreamInterceptor() grpc.StreamServerInterceptor {
 				return fserr.ToStatus(err)
 			}
 		}
-		return handler(srv, ss)
+		err = handler(srv, ss)
+		if errors.Is(err, io.EOF) {
+			return nil
+		}
+		return fserr.ToStatus(err)
 	}
 }
 
