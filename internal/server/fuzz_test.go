@@ -27,9 +27,12 @@ import (
 // and, when the bytes parse as the request type, once decoded and aimed
 // at real objects. The server must not panic, must answer with a clear
 // status (a wheelfs errno, ResourceExhausted, InvalidArgument, or gRPC's
-// own Internal "failed to unmarshal" for bytes that do not parse), and
-// must answer a normal request afterwards. One deployment serves all the
-// inputs of a fuzzing process. Seeds are valid requests.
+// own Internal "failed to unmarshal" for bytes that do not parse; a call
+// that runs into its 10 s deadline fails), and must answer a normal
+// request afterwards. One deployment serves all the inputs of a fuzzing
+// process. Seeds are valid requests. Run with -fuzzminimizetime=2s or so:
+// the server's background goroutines make coverage noisy, and the default
+// minute of minimizing per new input stalls the fuzzer.
 
 // method is one RPC of a family.
 type method struct {
