@@ -36,8 +36,8 @@ func checkRequest(req any) error {
 	}
 	switch r := req.(type) {
 	case *wire.LookupRequest:
-		if r.Name == ".." {
-			return nil // the parent (Meta.parent)
+		if r.Name == ".." || r.Name == "." {
+			return nil // the parent (Meta.parent); "." is no entry (ENOENT)
 		}
 		return checkName(r.Name)
 	case *wire.CreateRequest:
