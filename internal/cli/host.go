@@ -42,6 +42,7 @@ type hostFlags struct {
 	sessionTTL             time.Duration
 	peerListen, peerRate   string
 	peerConc               int
+	rate                   server.RateLimit
 }
 
 // roleFlags registers the flags a role needs.
@@ -67,6 +68,9 @@ func (f *hostFlags) register(cmd *cobra.Command, roles deploy.Roles) {
 			"and its replicas are repaired elsewhere (default 10s; at least 3s and 3 maintenance periods, at most --lock-ttl)")
 		fl.BoolVar(&f.trustUIDs, "trust-client-uids", false, "act for whatever uid a client host sends, as NFS AUTH_SYS does (default: a client host that runs no server needs 'wheelfs login' per uid)")
 		fl.DurationVar(&f.sessionTTL, "session-ttl", auth.DefaultSessionTTL, "how long a login lasts unless its mount renews it")
+		fl.Float64Var(&f.rate.Rate, "client-rate", server.DefaultClientRate, "requests per second one client node may send this server (a call moving blocks costs one more per 16); servers' own traffic is not limited; negative: no limit")
+		fl.IntVar(&f.rate.Burst, "client-burst", server.DefaultClientBurst, "requests one client node may send at once above --client-rate")
+		fl.DurationVar(&f.rate.Wait, "client-wait", server.DefaultClientWait, "how long a request over --client-rate may wait for its turn before it is refused (EAGAIN; the client retries)")
 		fl.DurationVar(&f.lease, "lease", server.DefaultLeaseTTL, fmt.Sprintf("length of the meta-data leases a primary grants clients (capped by --lock-ttl; shorter than the clients' %v call bound, within which a write may wait one out)", client.DefaultTimeout))
 	}
 	if roles&deploy.RoleClient != 0 {
@@ -111,6 +115,7 @@ func (f *hostFlags) deployConfig(g *globalFlags, roles deploy.Roles) (deploy.Con
 	cfg.MemberTTL = f.memberTTL
 	cfg.Server.LeaseTTL = f.lease
 	cfg.TrustClientUIDs, cfg.SessionTTL = f.trustUIDs, f.sessionTTL
+	cfg.Server.RateLimit = f.rate
 	if f.ca != "" && f.nodeDir != "" {
 		return cfg, errors.New("give either --ca or --node-dir, not both")
 	}

@@ -134,10 +134,21 @@ func callVia[Req, Resp any](ctx context.Context, f *FS, id oid.ID, rpc rpcFunc[R
 }
 
 // retryable reports whether an RPC error means "not here, not now": the
-// server is not the primary, or it could not be reached.
+// server is not the primary, it could not be reached, or it holds this
+// client to its request rate (EAGAIN, not a message over the size limit,
+// which is ResourceExhausted too).
 func retryable(err error) bool {
 	st, ok := status.FromError(err)
-	return ok && st.Code() == codes.Unavailable
+	if !ok {
+		return false
+	}
+	switch st.Code() {
+	case codes.Unavailable:
+		return true
+	case codes.ResourceExhausted:
+		return errors.Is(fserr.FromStatus(err), fserr.ErrAgain)
+	}
+	return false
 }
 
 // callLeased is call for a read that may bring a lease: it sends this

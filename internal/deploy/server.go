@@ -59,10 +59,10 @@ func (h *Host) startServer(ctx context.Context, local *lateLocal) (err error) {
 	h.Server = server.New(scfg, st, reg, cfg.LockTTL)
 	local.StorageClient = server.LocalClient(h.Server)
 	h.grpc = grpc.NewServer(grpc.Creds(credentials.NewTLS(h.Creds.ServerTLS())),
-		grpc.MaxRecvMsgSize(64<<20), grpc.MaxSendMsgSize(64<<20),
+		grpc.MaxRecvMsgSize(wire.MaxMessageSize), grpc.MaxSendMsgSize(wire.MaxMessageSize),
 		// Clients and peers ping idle connections (route.KeepaliveTime).
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: route.KeepaliveTime / 2, PermitWithoutStream: true}),
-		grpc.ChainUnaryInterceptor(h.Coord.UnaryServerInterceptor(), h.gate.unary, h.Server.UnaryInterceptor()), grpc.ChainStreamInterceptor(h.gate.stream))
+		grpc.ChainUnaryInterceptor(h.Coord.UnaryServerInterceptor(), h.gate.unary, h.Server.UnaryInterceptor()), grpc.ChainStreamInterceptor(h.gate.stream, h.Server.StreamInterceptor()))
 	wire.RegisterStorageServer(h.grpc, h.Server)
 	wire.RegisterPeerServer(h.grpc, h.Server.PeerService())
 	go h.grpc.Serve(h.listener)

@@ -47,6 +47,8 @@ var (
 	ErrBusy         = def("device or resource busy", syscall.EBUSY)
 	ErrTooBig       = def("file too large", syscall.EFBIG)
 	ErrLoop         = def("too many levels of symbolic links", syscall.ELOOP)
+	ErrArgTooBig    = def("argument list too long", syscall.E2BIG)
+	ErrAgain        = def("resource temporarily unavailable", syscall.EAGAIN) // over a server's request rate
 	ErrNotPrimary   = def("server is not the primary for this slice", syscall.EIO)
 )
 
@@ -54,7 +56,7 @@ var all = []*Error{
 	ErrNotExist, ErrExist, ErrNotDir, ErrIsDir, ErrNotEmpty, ErrAccess, ErrPerm,
 	ErrInvalid, ErrTimeout, ErrIO, ErrNoSpace, ErrNameTooLong, ErrNoAttr, ErrStale,
 	ErrCrossDevice, ErrNotSupported, ErrRange, ErrTooManyLinks, ErrBadFD, ErrBusy,
-	ErrTooBig, ErrLoop,
+	ErrTooBig, ErrLoop, ErrArgTooBig, ErrAgain,
 }
 
 // FromErrno returns the sentinel for errno, or ErrIO when there is none.

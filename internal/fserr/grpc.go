@@ -16,7 +16,9 @@ const errnoPrefix = "errno="
 
 // ToStatus converts err to a gRPC status error at the server edge. File-system
 // errors travel as codes.FailedPrecondition with the errno in the message,
-// so the client reconstructs the same sentinel.
+// so the client reconstructs the same sentinel (ErrNotPrimary as
+// Unavailable, which clients retry elsewhere; ErrAgain as
+// ResourceExhausted, gRPC's code for a rate limit).
 func ToStatus(err error) error {
 	if err == nil {
 		return nil
@@ -31,8 +33,11 @@ func ToStatus(err error) error {
 		return status.Error(codes.Canceled, err.Error())
 	}
 	code := codes.FailedPrecondition
-	if errors.Is(err, ErrNotPrimary) {
+	switch {
+	case errors.Is(err, ErrNotPrimary):
 		code = codes.Unavailable
+	case errors.Is(err, ErrAgain):
+		code = codes.ResourceExhausted
 	}
 	return status.Error(code, errnoPrefix+strconv.Itoa(int(Errno(err)))+": "+err.Error())
 }
@@ -59,7 +64,7 @@ func FromStatus(err error) error {
 		return fmt.Errorf("%s: %w", msg, ErrTimeout)
 	case codes.Canceled:
 		return fmt.Errorf("%s: %w", msg, context.Canceled)
-	case codes.FailedPrecondition, codes.Unavailable:
+	case codes.FailedPrecondition, codes.Unavailable, codes.ResourceExhausted:
 		if n, text, ok := parseErrno(msg); ok {
 			if st.Code() == codes.Unavailable {
 				return fmt.Errorf("%s: %w", text, ErrNotPrimary)

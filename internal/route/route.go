@@ -264,7 +264,7 @@ func (r *Router) conn(info configsvc.ServerInfo) (*grpc.ClientConn, error) {
 	}
 	dopts := []grpc.DialOption{
 		grpc.WithTransportCredentials(credentials.NewTLS(r.opts.TLS(info.ID))),
-		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(64<<20), grpc.MaxCallSendMsgSize(64<<20)),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(wire.MaxMessageSize), grpc.MaxCallSendMsgSize(wire.MaxMessageSize)),
 	}
 	if r.opts.Dial != nil {
 		dopts = append(dopts, grpc.WithContextDialer(r.opts.Dial))

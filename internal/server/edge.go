@@ -2,7 +2,11 @@ package server
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io"
+	"log/slog"
+	"runtime/debug"
 	"strings"
 
 	"github.com/wheelfs/wheelfs/internal/fserr"
@@ -10,31 +14,92 @@ import (
 	"github.com/wheelfs/wheelfs/internal/pki"
 	"github.com/wheelfs/wheelfs/internal/wire"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 // peerMethods prefixes the full method names of the Peer service.
 var peerMethods = "/" + wire.Peer_ServiceDesc.ServiceName + "/"
 
 // UnaryInterceptor is the gRPC edge of both services: it admits Peer calls
-// only from registered servers and maps every handler error to a status
-// (fserr.ToStatus), so handlers return plain wrapped errors. The
-// in-process client (LocalClient) goes through it too.
+// only from registered servers; it holds each client node to its request
+// rate (RateLimit), checks a Storage request's limits (limits.go) and its
+// callers' sessions (Config.Users); it maps every handler error to a
+// status (fserr.ToStatus), so handlers return plain wrapped errors; and it
+// turns a handler's panic into codes.Internal, logged with its stack, so
+// that one bad request cannot take the server down. The in-process client
+// (LocalClient) goes through it too.
 func (s *Server) UnaryInterceptor() grpc.UnaryServerInterceptor {
-	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (resp any, err error) {
+		defer s.recoverPanic(info.FullMethod, &err)
 		if strings.HasPrefix(info.FullMethod, peerMethods) {
 			if err := s.authPeer(ctx); err != nil {
 				return nil, fserr.ToStatus(err)
 			}
-		} else if err := s.checkUser(ctx, req); err != nil {
+		} else if err := s.admitClient(ctx, req); err != nil {
 			return nil, fserr.ToStatus(err)
 		}
-		resp, err := handler(ctx, req)
+		resp, err = handler(ctx, req)
 		if err != nil {
 			return nil, fserr.ToStatus(err)
 		}
 		return resp, nil
 	}
 }
+
+// StreamInterceptor is the edge of the Callbacks stream: opening one
+// costs its node a request (RateLimit); a client that closes its side
+// ends the stream cleanly (not codes.Unknown "EOF"); other errors map as
+// in UnaryInterceptor, and panics are recovered.
+func (s *Server) StreamInterceptor() grpc.StreamServerInterceptor {
+	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) (err error) {
+		defer s.recoverPanic(info.FullMethod, &err)
+		if node, err := pki.PeerName(ss.Context()); err == nil && s.limits != nil {
+			if err := s.limits.wait(ss.Context(), node, 1); err != nil {
+				return fserr.ToStatus(err)
+			}
+		}
+		err = handler(srv, ss)
+		if errors.Is(err, io.EOF) {
+			return nil
+		}
+		return fserr.ToStatus(err)
+	}
+}
+
+// admitClient admits a Storage request: within its node's rate, within
+// the protocol's limits, and for callers with a session.
+func (s *Server) admitClient(ctx context.Context, req any) error {
+	if node, err := pki.PeerName(ctx); err == nil && s.limits != nil {
+		if err := s.limits.wait(ctx, node, cost(req)); err != nil {
+			return err
+		}
+	}
+	if err := checkRequest(req); err != nil {
+		return err
+	}
+	return s.checkUser(ctx, req)
+}
+
+// recoverPanic, deferred, turns a panic into codes.Internal in *err; the
+// stack goes to the log, not to the client.
+func (s *Server) recoverPanic(method string, err *error) {
+	p := recover()
+	if p == nil {
+		return
+	}
+	s.panics.Add(1)
+	log := s.log
+	if log == nil {
+		log = slog.Default()
+	}
+	log.Error("request handler panicked", "method", method, "panic", p, "stack", string(debug.Stack()))
+	*err = status.Errorf(codes.Internal, "wheelfs: internal error in %s (logged at the server)", method)
+}
+
+// Panics counts the handler panics the edge recovered from (tests fail
+// on any).
+func (s *Server) Panics() int64 { return s.panics.Load() }
 
 // callUnary runs handler h for method through interceptor edge, as gRPC
 // would.
@@ -89,20 +154,43 @@ func (s *Server) clientNode(ctx context.Context) (string, bool) {
 	return name, false
 }
 
-// checkUser admits a Storage request's uid (Config.Users).
+// checkUser admits a Storage request's uids (Config.Users): its caller,
+// and the callers of the changes it carries (a commit's deferred chmod,
+// chown and utimens; a report of cached blocks), which act too.
 func (s *Server) checkUser(ctx context.Context, req any) error {
 	if s.cfg.Users == nil {
 		return nil
 	}
 	r, ok := req.(interface{ GetCaller() *wire.Caller })
 	if !ok {
-		return nil // logins, releases of handles: no uid to act as
+		if _, ok := req.(*wire.ReportHoldingRequest); !ok {
+			return nil // logins, releases of handles: no uid to act as
+		}
 	}
 	node, trusted := s.clientNode(ctx)
 	if trusted || rootAttrs(req) {
 		return nil
 	}
-	return s.cfg.Users.Check(ctx, node, r.GetCaller())
+	if ok {
+		if err := s.cfg.Users.Check(ctx, node, r.GetCaller()); err != nil {
+			return err
+		}
+	}
+	switch r := req.(type) {
+	case *wire.CommitRequest:
+		for _, a := range r.Attrs {
+			if err := s.cfg.Users.Check(ctx, node, a.Caller); err != nil {
+				return err
+			}
+		}
+	case *wire.ReportHoldingRequest:
+		for _, h := range r.Held {
+			if err := s.cfg.Users.Check(ctx, node, h.Caller); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }
 
 // rootAttrs reports whether req only reads the root directory's

@@ -51,12 +51,12 @@ func TestInterceptorMapsHandlerErrors(t *testing.T) {
 func TestInterceptorPassesResponses(t *testing.T) {
 	edge := (&Server{}).UnaryInterceptor()
 	want := &wire.LookupResponse{}
-	got, err := callUnary(context.Background(), edge, nil, wire.Storage_Lookup_FullMethodName, &wire.LookupRequest{},
+	got, err := callUnary(context.Background(), edge, nil, wire.Storage_Lookup_FullMethodName, &wire.LookupRequest{Name: "x"},
 		func(context.Context, *wire.LookupRequest) (*wire.LookupResponse, error) { return want, nil })
 	if err != nil || got != want {
 		t.Fatalf("callUnary = %v, %v; want the handler's response", got, err)
 	}
-	_, err = callUnary(context.Background(), edge, nil, wire.Storage_Lookup_FullMethodName, &wire.LookupRequest{},
+	_, err = callUnary(context.Background(), edge, nil, wire.Storage_Lookup_FullMethodName, &wire.LookupRequest{Name: "x"},
 		func(context.Context, *wire.LookupRequest) (*wire.LookupResponse, error) { return nil, fserr.ErrExist })
 	if !errors.Is(fserr.FromStatus(err), fserr.ErrExist) {
 		t.Fatalf("callUnary error %v does not map back to EEXIST", err)

@@ -593,8 +593,8 @@ func (s *Server) ReadDir(ctx context.Context, req *wire.ReadDirRequest) (*wire.R
 		return nil, aerr
 	}
 	limit := int(req.Limit)
-	if limit <= 0 || limit > 4096 {
-		limit = 4096
+	if limit <= 0 || limit > wire.MaxListEntries {
+		limit = wire.MaxListEntries
 	}
 	resp := &wire.ReadDirResponse{LeaseMs: s.leases.grant(req.Caller, dir)}
 	err := s.store.View(func(tx *store.Tx) error {
@@ -630,6 +630,7 @@ func (s *Server) ReadDir(ctx context.Context, req *wire.ReadDirRequest) (*wire.R
 	if err != nil {
 		return nil, fmt.Errorf("readdir %v: %w", dir, err)
 	}
+	boundListing(resp)
 	return resp, nil
 }
 

@@ -84,6 +84,8 @@ type Config struct {
 	// asks this server as a replica that is not the primary.
 	Grants     *blockgrant.Signer
 	GrantCheck *blockgrant.Verifier
+	// RateLimit bounds each client node's request rate (ratelimit.go).
+	RateLimit RateLimit
 }
 
 // Server implements wire.StorageServer.
@@ -122,7 +124,9 @@ type Server struct {
 	// holders: which clients cache which blocks of this primary's files.
 	holders *holders.Table
 	// xfer sizes block-carrying calls to each peer by its link's rate.
-	xfer *transfers
+	xfer   *transfers
+	limits *rateLimits  // client nodes' token buckets (edge.go)
+	panics atomic.Int64 // handler panics recovered at the edge
 }
 
 // New returns a server over st that coordinates through conf.
@@ -168,6 +172,7 @@ func New(cfg Config, st *store.Store, conf ConfigService, lockTTL time.Duration)
 	s.leases = newLeases(cfg.LeaseTTL, s.lockValidity)
 	s.holders = holders.New(cfg.Holders)
 	s.xfer = newTransfers(cfg.PeerTimeout)
+	s.limits = newRateLimits(cfg.RateLimit, s.log)
 	return s
 }
 

@@ -162,11 +162,11 @@ func (s *Server) changeXattr(ctx context.Context, req *wire.XattrRequest, remove
 	if aerr != nil {
 		return nil, aerr
 	}
-	if req.Name == "" || len(req.Name) > 255 || hidden(req.Name) {
+	if req.Name == "" || len(req.Name) > wire.XattrNameMax || hidden(req.Name) {
 		return nil, fmt.Errorf("xattr name: %w", fserr.ErrRange)
 	}
-	if len(req.Value) > 64<<10 {
-		return nil, fmt.Errorf("xattr value of %d bytes: %w", len(req.Value), fserr.ErrTooBig)
+	if len(req.Value) > wire.XattrSizeMax {
+		return nil, fmt.Errorf("xattr value of %d bytes: %w", len(req.Value), fserr.ErrArgTooBig)
 	}
 	now := time.Now().UnixNano()
 	err := s.update(ctx, 0, func(tx *store.Tx) error {
@@ -187,7 +187,7 @@ func (s *Server) changeXattr(ctx context.Context, req *wire.XattrRequest, remove
 		}
 		if remove {
 			err = tx.RemoveXattr(id, req.Name)
-		} else {
+		} else if err = xattrRoom(tx, id, req.Name, req.Value); err == nil {
 			err = tx.SetXattr(id, req.Name, req.Value)
 		}
 		if err != nil {
