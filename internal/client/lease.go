@@ -438,6 +438,18 @@ func (l *leases) keepRefs(id oid.ID, version uint64, hashes map[uint64]blockRef,
 	l.refs[id] = &refList{version: version, hashes: hashes, loaded: loaded}
 }
 
+// peekRefs returns a copy of the remembered first block references of
+// id at version, leaving them for the open that takes them.
+func (l *leases) peekRefs(id oid.ID, version uint64) (map[uint64]blockRef, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	r := l.refs[id]
+	if r == nil || r.version != version || !r.loaded[0] {
+		return nil, false
+	}
+	return maps.Clone(r.hashes), true
+}
+
 // takeRefs returns the remembered block list of id at version.
 func (l *leases) takeRefs(id oid.ID, version uint64) (map[uint64]blockRef, map[uint64]bool, bool) {
 	l.mu.Lock()

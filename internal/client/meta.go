@@ -60,7 +60,7 @@ func (f *FS) lookupMeta(ctx context.Context, u User, cues cue.Set, dir oid.ID, n
 
 // lookup is Lookup within the caller's bound.
 func (f *FS) lookup(ctx context.Context, u User, cues cue.Set, dir oid.ID, name string, attempt int) (*wire.Meta, error) {
-	req := &wire.LookupRequest{Caller: u.caller(), Dir: uint64(dir), Name: name, AbsentOk: true}
+	req := &wire.LookupRequest{Caller: u.caller(), Dir: uint64(dir), Name: name, AbsentOk: true, WantData: true}
 	resp, tok, err := readLeased(ctx, f, cues, dir, wire.StorageClient.Lookup, req, func(r *wire.LookupResponse) uint64 {
 		if r.Absent {
 			return 0 // as ENOENT was: any replica that has the name wins
@@ -98,6 +98,7 @@ func (f *FS) lookup(ctx context.Context, u User, cues cue.Set, dir oid.ID, name 
 		f.leases.record(tok, resp.LeaseMs, oid.ID(resp.Meta.Id), func(c *cached) {
 			c.meta, c.xattrs = resp.Meta, newXattrSet(resp.Xattrs)
 		})
+		f.keepData(oid.ID(resp.Meta.Id), resp.Data)
 	}
 	if resp.Meta == nil && resp.Entry != nil {
 		// The child lives on another primary: ask it.
@@ -400,7 +401,8 @@ func (f *FS) readDir(ctx context.Context, u User, cues cue.Set, dir oid.ID) ([]*
 	var sum *wire.XattrSummary
 	lease := uint32(0)
 	for page := 0; ; page++ {
-		req := &wire.ReadDirRequest{Caller: u.caller(), Dir: uint64(dir), After: after, Limit: 1024, WithMeta: cues.WholeFile}
+		req := &wire.ReadDirRequest{Caller: u.caller(), Dir: uint64(dir), After: after, Limit: 1024, WithMeta: cues.WholeFile,
+			Plus: page < plusPages && !f.cfg.NoLeases}
 		resp, tok, err := readLeased(ctx, f, cues, dir, wire.StorageClient.ReadDir, req, func(r *wire.ReadDirResponse) uint64 {
 			return r.GetDir().GetVersion()
 		})
@@ -419,6 +421,7 @@ func (f *FS) readDir(ctx context.Context, u User, cues cue.Set, dir oid.ID) ([]*
 		}
 		entries = append(entries, resp.Entries...)
 		metas = append(metas, resp.Metas...)
+		f.recordPlus(tok, resp)
 		d = resp.Dir
 		if resp.Eof || len(resp.Entries) == 0 {
 			break
@@ -433,6 +436,22 @@ func (f *FS) readDir(ctx context.Context, u User, cues cue.Set, dir oid.ID) ([]*
 		}
 	})
 	return entries, metas, d, nil
+}
+
+// recordPlus keeps the entries' meta-data and xattr summaries that a
+// readdir-plus page brought under their lease, so that the lookups,
+// stats and getxattrs that follow a listing (`ls -l`) need no server.
+func (f *FS) recordPlus(tok leaseToken, resp *wire.ReadDirResponse) {
+	if resp.MetasLeaseMs == 0 || len(resp.Xattrs) != len(resp.Metas) {
+		return
+	}
+	for i, m := range resp.Metas {
+		x := newXattrSet(resp.Xattrs[i])
+		if x != nil && x.version != m.Version {
+			x = nil
+		}
+		f.leases.record(tok, resp.MetasLeaseMs, oid.ID(m.Id), func(c *cached) { c.meta, c.xattrs = m, x })
+	}
 }
 
 // cachedList answers a listing from the cache (ok false: it cannot),

@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/credentials"
 
 	"github.com/wheelfs/wheelfs/internal/configsvc"
+	"github.com/wheelfs/wheelfs/internal/route"
 	"github.com/wheelfs/wheelfs/internal/server"
 	"github.com/wheelfs/wheelfs/internal/store"
 	"github.com/wheelfs/wheelfs/internal/wire"
@@ -57,6 +58,7 @@ func (h *Host) startServer(ctx context.Context, local *lateLocal) (err error) {
 	local.StorageClient = server.LocalClient(h.Server)
 	h.grpc = grpc.NewServer(grpc.Creds(credentials.NewTLS(h.Creds.ServerTLS())),
 		grpc.MaxRecvMsgSize(64<<20), grpc.MaxSendMsgSize(64<<20),
+		grpc.InitialWindowSize(route.WindowSize), grpc.InitialConnWindowSize(route.ConnWindowSize),
 		grpc.ChainUnaryInterceptor(h.gate.unary, h.Server.UnaryInterceptor()), grpc.ChainStreamInterceptor(h.gate.stream))
 	wire.RegisterStorageServer(h.grpc, h.Server)
 	wire.RegisterPeerServer(h.grpc, h.Server.PeerService())

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -34,6 +35,18 @@ type leases struct {
 	holders  map[oid.ID]map[uint64]holder
 	busy     map[oid.ID]int // updates deciding or revoking: no grants
 	sessions map[uint64]*callbackStream
+	// fences are committed updates still revoking leases on an object:
+	// until they are done, no answer that shows the object leaves this
+	// server (settle), since a holder may still use what it replaced.
+	fences map[oid.ID][]*fence
+}
+
+// fence is one update's revocation of the leases on objects it changed,
+// run in parallel with its replication (the change is committed here,
+// but no reader sees it until the holders dropped the old state).
+type fence struct {
+	ids  []oid.ID
+	done chan struct{} // closed once every lease on ids is revoked or expired
 }
 
 type holder struct {
@@ -55,7 +68,7 @@ type callbackStream struct {
 
 func newLeases(ttl time.Duration, valid func(oid.Slice) time.Time) *leases {
 	return &leases{ttl: ttl, valid: valid, holders: map[oid.ID]map[uint64]holder{},
-		busy: map[oid.ID]int{}, sessions: map[uint64]*callbackStream{}}
+		busy: map[oid.ID]int{}, sessions: map[uint64]*callbackStream{}, fences: map[oid.ID][]*fence{}}
 }
 
 // grant records a lease on ids for the caller's session and returns its
@@ -98,9 +111,12 @@ func (l *leases) grant(c *wire.Caller, ids ...oid.ID) uint32 {
 }
 
 // claim marks ids busy for an update and reports those that still have
-// live leases to revoke. It runs inside the store's commit, so it only
+// live leases to revoke. With f, the leased ones are fenced by f at once
+// (the update goes on and revokes after it commits), and the fences of
+// other updates on ids are returned: the update is not acknowledged
+// before they are done. It runs inside the store's commit, so it only
 // looks at maps.
-func (l *leases) claim(ids []oid.ID) (leased []oid.ID) {
+func (l *leases) claim(ids []oid.ID, f *fence) (leased []oid.ID, others []chan struct{}) {
 	now := time.Now()
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -116,8 +132,64 @@ func (l *leases) claim(ids []oid.ID) (leased []oid.ID) {
 		if len(l.holders[id]) == 0 {
 			delete(l.holders, id)
 		}
+		for _, o := range l.fences[id] {
+			if o != f {
+				others = append(others, o.done)
+			}
+		}
 	}
-	return leased
+	if f != nil {
+		for _, id := range leased {
+			if !slices.Contains(f.ids, id) {
+				f.ids = append(f.ids, id)
+				l.fences[id] = append(l.fences[id], f)
+			}
+		}
+	}
+	return leased, others
+}
+
+// lift ends fence f: its revocations are done (or its update failed).
+func (l *leases) lift(f *fence) {
+	l.mu.Lock()
+	for _, id := range f.ids {
+		fs := slices.DeleteFunc(l.fences[id], func(o *fence) bool { return o == f })
+		if len(fs) == 0 {
+			delete(l.fences, id)
+		} else {
+			l.fences[id] = fs
+		}
+	}
+	l.mu.Unlock()
+	close(f.done)
+}
+
+// settle waits until no update is still revoking leases on ids. Every
+// answer that shows an object's state waits for it after reading that
+// state: a reader that saw a committed change must not return while a
+// lease holder may still answer from what the change replaced (that
+// reader's answer would precede the holder's stale one).
+func (l *leases) settle(ctx context.Context, ids ...oid.ID) error {
+	for {
+		var wait []chan struct{}
+		l.mu.Lock()
+		for _, id := range ids {
+			for _, f := range l.fences[id] {
+				wait = append(wait, f.done)
+			}
+		}
+		l.mu.Unlock()
+		if len(wait) == 0 {
+			return nil
+		}
+		for _, ch := range wait {
+			select {
+			case <-ch:
+			case <-ctx.Done():
+				return fmt.Errorf("waiting for leases to be revoked: %w", fserr.ErrTimeout)
+			}
+		}
+	}
 }
 
 // leased reports whether a client holds a live lease on id.
@@ -290,7 +362,19 @@ func (l *leases) revokeSlice(ctx context.Context, sl oid.Slice) error {
 		}
 	}
 	l.mu.Unlock()
-	return l.revoke(ctx, ids)
+	if err := l.revoke(ctx, ids); err != nil {
+		return err
+	}
+	// Revocations that committed updates still run count too.
+	l.mu.Lock()
+	ids = ids[:0]
+	for id := range l.fences {
+		if id.Slice() == sl {
+			ids = append(ids, id)
+		}
+	}
+	l.mu.Unlock()
+	return l.settle(ctx, ids...)
 }
 
 // Callbacks implements wire.StorageServer: the lease back channel.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"time"
 
 	"github.com/wheelfs/wheelfs/internal/fserr"
 	"github.com/wheelfs/wheelfs/internal/oid"
@@ -37,41 +38,89 @@ func (s *Server) update(ctx context.Context, sync uint32, fn func(tx *store.Tx) 
 
 // updateUndo is update for a fn with effects outside the store: undo
 // reverts them when an attempt is undone to revoke leases.
+//
+// Leases on the objects a change touches are revoked in parallel with
+// its replication, not before it: the change commits here at once, and
+// the objects it leased are fenced (leases.settle) until every holder
+// acknowledged or its lease expired, so no answer showing them leaves
+// this server meanwhile. The change is acknowledged once both are done
+// (and once the fences earlier changes of these objects set are down).
+// Only fn's early refusals (mustRevoke) revoke first and run again.
 func (s *Server) updateUndo(ctx context.Context, sync uint32, fn func(tx *store.Tx) error, undo func()) error {
 	var claimed []oid.ID
-	defer func() { s.leases.unclaim(claimed) }()
+	handed := false // a revocation goroutine took the claims over
+	defer func() {
+		if !handed {
+			s.leases.unclaim(claimed)
+		}
+	}()
 	for {
+		f := &fence{done: make(chan struct{})}
+		var others []chan struct{}
+		committed := false
 		err := s.updateOnce(ctx, sync, fn, func(muts []*wire.Mutation) error {
 			ids := mutatedObjects(muts)
 			claimed = append(claimed, ids...)
-			if leased := s.leases.claim(ids); len(leased) > 0 {
-				return &leasedError{ids: leased}
-			}
+			_, o := s.leases.claim(ids, f)
+			others = append(others, o...)
 			return nil
+		}, func() {
+			committed = true
+			if len(f.ids) > 0 {
+				handed = true
+				go s.revokeFenced(f, claimed)
+			}
 		})
+		if !committed && len(f.ids) > 0 {
+			s.leases.lift(f) // nothing became visible
+		}
 		var le *leasedError
 		if !errors.As(err, &le) {
-			return err
+			if err != nil {
+				return err
+			}
+			if len(f.ids) > 0 {
+				others = append(others, f.done)
+			}
+			for _, ch := range others {
+				select {
+				case <-ch:
+				case <-ctx.Done():
+					return fmt.Errorf("revoking leases: %w", fserr.ErrTimeout)
+				}
+			}
+			return nil
 		}
 		if undo != nil {
 			undo()
 		}
-		if le.early {
-			// Found by fn itself: no grants on them until we are done.
-			claimed = append(claimed, le.ids...)
-			s.leases.claim(le.ids)
-		}
+		// Found by fn itself: no grants on them until we are done.
+		claimed = append(claimed, le.ids...)
+		s.leases.claim(le.ids, nil)
 		if err := s.leases.revoke(ctx, le.ids); err != nil {
 			return err
 		}
 	}
 }
 
+// revokeFenced revokes the leases fence f covers, then lifts it and ends
+// the update's claims. It outlives the request that committed the change
+// (whose deadline may pass first): a holder's lease is over by the lease
+// length at the latest.
+func (s *Server) revokeFenced(f *fence, claimed []oid.ID) {
+	ctx, cancel := context.WithTimeout(s.bg, s.leases.ttl+time.Second)
+	defer cancel()
+	if err := s.leases.revoke(ctx, f.ids); err != nil {
+		s.log.Warn("revoking leases after a commit", "ids", f.ids, "err", err)
+	}
+	s.leases.lift(f)
+	s.leases.unclaim(claimed)
+}
+
 // leasedError undoes an update attempt whose objects must have their
-// leases revoked first.
+// leases revoked first (mustRevoke).
 type leasedError struct {
-	ids   []oid.ID
-	early bool // returned by fn before its mutations were known
+	ids []oid.ID
 }
 
 func (e *leasedError) Error() string { return fmt.Sprintf("objects %v are leased", e.ids) }
@@ -82,7 +131,7 @@ func (e *leasedError) Error() string { return fmt.Sprintf("objects %v are leased
 // revokes the lease and runs fn again.
 func (s *Server) mustRevoke(id oid.ID) error {
 	if s.leases.leased(id) {
-		return &leasedError{ids: []oid.ID{id}, early: true}
+		return &leasedError{ids: []oid.ID{id}}
 	}
 	return nil
 }
@@ -102,8 +151,9 @@ func mutatedObjects(muts []*wire.Mutation) []oid.ID {
 }
 
 // updateOnce is one attempt of update; check sees the change's mutations
-// before they are numbered and may undo it.
-func (s *Server) updateOnce(ctx context.Context, sync uint32, fn func(tx *store.Tx) error, check func([]*wire.Mutation) error) error {
+// before they are numbered and may undo it; committed runs once the
+// change is committed here, before waiting for the backups.
+func (s *Server) updateOnce(ctx context.Context, sync uint32, fn func(tx *store.Tx) error, check func([]*wire.Mutation) error, committed func()) error {
 	type waiter struct {
 		r   *sliceRepl
 		seq uint64
@@ -184,6 +234,7 @@ func (s *Server) updateOnce(ctx context.Context, sync uint32, fn func(tx *store.
 	for _, w := range waits {
 		w.r.commit(w.seq)
 	}
+	committed()
 	if isEventual(ctx) && sync == 0 {
 		return nil
 	}
