@@ -1,8 +1,11 @@
 package client
 
 import (
+	"context"
 	"maps"
+	"sync/atomic"
 
+	"github.com/wheelfs/wheelfs/internal/cue"
 	"github.com/wheelfs/wheelfs/internal/oid"
 	"github.com/wheelfs/wheelfs/internal/wire"
 )
@@ -98,6 +101,119 @@ func (f *FS) dataCached(id oid.ID, m *wire.Meta) bool {
 		if !f.cache.Contains(r.hash) {
 			return false
 		}
+	}
+	return true
+}
+
+// Bounds of a .WholeFile subtree prefetch: the directories one listing
+// starts fetching in all (at any depth), and how many at once.
+const (
+	treePrefetchDirs     = 1024
+	treePrefetchParallel = 16
+)
+
+// treePrefetch is the budget one .WholeFile listing shares with the
+// prefetches of its subtree.
+type treePrefetch struct {
+	left   atomic.Int64
+	sem    chan struct{}
+	active atomic.Int64 // goroutines running; the last one cancels
+	cancel context.CancelFunc
+}
+
+type treeKey struct{}
+
+// prefetchTree fetches, in the background and in parallel, the listings
+// (with readdir-plus meta-data) of the subdirectories among entries, and
+// theirs in turn: .WholeFile on a directory brings a whole subtree's
+// meta-data in as many rounds as it is deep, not one per directory.
+func (f *FS) prefetchTree(ctx context.Context, u User, cues cue.Set, entries []*wire.Entry) {
+	tp, _ := ctx.Value(treeKey{}).(*treePrefetch)
+	if tp == nil {
+		tp = &treePrefetch{sem: make(chan struct{}, treePrefetchParallel)}
+		tp.left.Store(treePrefetchDirs)
+		// The prefetch outlives the listing that started it.
+		pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), f.cfg.Timeout)
+		tp.cancel = cancel
+		ctx = context.WithValue(pctx, treeKey{}, tp)
+	}
+	started := false
+	defer func() {
+		// A prefetch's own goroutine counts as active: this is the
+		// listing that started it, and it had nothing to fetch.
+		if !started && tp.active.Load() == 0 {
+			tp.cancel()
+		}
+	}()
+	for _, e := range entries {
+		if e.Type != wire.Type_TYPE_DIR {
+			continue
+		}
+		id := oid.ID(e.Id)
+		if f.leases.lookup(id, false, func(c *cached) bool { return c.listed }) {
+			continue
+		}
+		if tp.left.Add(-1) < 0 {
+			return
+		}
+		done := f.startListing(id)
+		if done == nil {
+			continue // already being fetched
+		}
+		tp.active.Add(1)
+		started = true
+		go func() {
+			defer func() {
+				if tp.active.Add(-1) == 0 {
+					tp.cancel()
+				}
+			}()
+			defer f.endListing(id, done)
+			select {
+			case tp.sem <- struct{}{}:
+			case <-ctx.Done():
+				return
+			}
+			defer func() { <-tp.sem }()
+			if _, _, _, err := f.fetchDir(ctx, u, cues, id); err != nil {
+				f.log.Debug("subtree prefetch failed", "dir", id.String(), "err", err)
+			}
+		}()
+	}
+}
+
+// startListing marks dir's listing as being prefetched and returns the
+// channel to close when done (nil: it already is).
+func (f *FS) startListing(dir oid.ID) chan struct{} {
+	f.listMu.Lock()
+	defer f.listMu.Unlock()
+	if f.listing[dir] != nil {
+		return nil
+	}
+	ch := make(chan struct{})
+	f.listing[dir] = ch
+	return ch
+}
+
+func (f *FS) endListing(dir oid.ID, done chan struct{}) {
+	f.listMu.Lock()
+	delete(f.listing, dir)
+	f.listMu.Unlock()
+	close(done)
+}
+
+// waitListing waits for a prefetch of dir's listing, if one runs, and
+// reports whether it waited.
+func (f *FS) waitListing(ctx context.Context, dir oid.ID) bool {
+	f.listMu.Lock()
+	ch := f.listing[dir]
+	f.listMu.Unlock()
+	if ch == nil {
+		return false
+	}
+	select {
+	case <-ch:
+	case <-ctx.Done():
 	}
 	return true
 }

@@ -386,13 +386,43 @@ func (f *FS) ReadDir(ctx context.Context, u User, cues cue.Set, dir oid.ID) ([]E
 
 // readDir is ReadDir on wire types; metas is nil without .WholeFile.
 func (f *FS) readDir(ctx context.Context, u User, cues cue.Set, dir oid.ID) ([]*wire.Entry, []*wire.Meta, *wire.Meta, error) {
-	if !cues.WholeFile {
-		if entries, d, err, ok := f.cachedList(u, dir, false); ok {
-			return entries, nil, d, err
+	for range 2 {
+		if entries, metas, d, err, ok := f.cachedListing(u, dir, cues.WholeFile); ok {
+			return entries, metas, d, err
+		}
+		// A .WholeFile prefetch of this directory under way: its answer
+		// will be cached.
+		if !f.waitListing(ctx, dir) {
+			break
 		}
 	}
 	ctx, cancel := f.bound(ctx, cues)
 	defer cancel()
+	return f.fetchDir(ctx, u, cues, dir)
+}
+
+// cachedListing is cachedList, with the entries' meta-data under
+// .WholeFile (all of it leased, or ok is false).
+func (f *FS) cachedListing(u User, dir oid.ID, whole bool) ([]*wire.Entry, []*wire.Meta, *wire.Meta, error, bool) {
+	entries, d, err, ok := f.cachedList(u, dir, false)
+	if !ok || err != nil || !whole {
+		return entries, nil, d, err, ok
+	}
+	metas := make([]*wire.Meta, 0, len(entries))
+	for _, e := range entries {
+		m, ok := f.leases.meta(oid.ID(e.Id), false)
+		if !ok {
+			return nil, nil, nil, nil, false
+		}
+		metas = append(metas, m)
+	}
+	return entries, metas, d, nil, true
+}
+
+// fetchDir reads a listing from the directory's primary, within ctx.
+// Under .WholeFile the subdirectories' listings follow in the background
+// (prefetchTree), so a walk of the subtree finds them cached.
+func (f *FS) fetchDir(ctx context.Context, u User, cues cue.Set, dir oid.ID) ([]*wire.Entry, []*wire.Meta, *wire.Meta, error) {
 	var entries []*wire.Entry
 	var metas []*wire.Meta
 	var d *wire.Meta
@@ -435,6 +465,9 @@ func (f *FS) readDir(ctx context.Context, u User, cues cue.Set, dir oid.ID) ([]*
 			c.xattrs = x
 		}
 	})
+	if cues.WholeFile {
+		f.prefetchTree(ctx, u, cues, entries)
+	}
 	return entries, metas, d, nil
 }
 

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"maps"
 	"strings"
 	"syscall"
 	"testing"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/wheelfs/wheelfs/internal/client"
 	"github.com/wheelfs/wheelfs/internal/oid"
+	"github.com/wheelfs/wheelfs/internal/poll"
 )
 
 // Round trips of single operations across the wide area (issue 11,
@@ -83,44 +85,182 @@ func createFile(ctx context.Context, fs *client.FS, path string, data []byte) er
 	return h.Flush(ctx)
 }
 
-// TestRoundTripCounts prints what each operation costs today.
-func TestRoundTripCounts(t *testing.T) {
+// sent waits until the requests fs sent since before are exactly want
+// (background ones — an open's registration, a release — included) and
+// fails if they are not within a few seconds.
+func sent(t *testing.T, fs *client.FS, before client.Stats, what string, want map[string]uint64) {
+	t.Helper()
+	poll.Until(t, 5*time.Second, what, func() error {
+		got := fs.Stats().Sub(before)
+		if !maps.Equal(got.Calls, want) {
+			return fmt.Errorf("sent %v, want %v", got.Calls, want)
+		}
+		return nil
+	})
+}
+
+// TestRoundTrips checks the requests of single operations by a client
+// 200 ms from the data (issue 11, items 2 and 3), counted with FS.Stats:
+// a listing brings every entry's meta-data (ls -l: no lookups), an open
+// or lookup brings a small file's data, a small write travels inside its
+// commit, and a change revokes leases while it replicates.
+func TestRoundTrips(t *testing.T) {
 	t.Parallel()
-	const rtt = 100 * time.Millisecond
+	const rtt = 200 * time.Millisecond
 	c := Start(t, Options{RTT: UniformRTT(rtt), LockTTL: 10 * time.Second})
 	ctx := opCtx(t)
 	west, east := c.Client("west"), c.Client("east")
 	if _, err := west.Mkdir(ctx, Owner(), "/d", 0o755); err != nil {
 		t.Fatal(err)
 	}
-	if err := createFile(ctx, west, "/d/warmup", []byte("w")); err != nil {
-		t.Fatal(err)
-	}
-	for range 2 {
-		if _, err := lsLR(ctx, east, mustID(t, east, "/d")); err != nil {
+	data := bytes.Repeat([]byte("x"), 64<<10)
+	for i := range 10 {
+		if err := createFile(ctx, west, fmt.Sprintf("/d/f%d", i), data); err != nil {
 			t.Fatal(err)
 		}
 	}
-	data := bytes.Repeat([]byte("x"), 64<<10)
-	var err error
+	d := mustID(t, west, "/d")
+	if err := west.SetXattr(ctx, Owner(), client.NoCues, mustID(t, west, "/d/f0"), "user.a", []byte("v"), 0); err != nil {
+		t.Fatal(err)
+	}
+	// The first request to a server opens the back channel, without a lease.
+	mustID(t, east, "/d")
+	mustID(t, east, "/d")
+
+	// ls -l of a directory: one ReadDir; the kernel's lookups, getxattrs
+	// and listxattrs of every entry are answered from what it brought.
+	before := east.Stats()
+	if n, err := lsLR(ctx, east, d); err != nil || n != 10 {
+		t.Fatalf("ls -l: %d entries, %v", n, err)
+	}
+	sent(t, east, before, "cold ls -l", map[string]uint64{"ReadDir": 1})
+	before = east.Stats()
+	if _, err := lsLR(ctx, east, d); err != nil {
+		t.Fatal(err)
+	}
+	sent(t, east, before, "warm ls -l", map[string]uint64{})
+	if err := xattrIs(ctx, east, Owner(), mustID(t, east, "/d/f0"), "user.a", []byte("v")); err != nil {
+		t.Error(err)
+	}
+
+	// A read after the listing: the open brings the data (compound open),
+	// and is the only request; a second read sends only the open's
+	// registration and release, in the background.
+	before = east.Stats()
 	start := time.Now()
-	n := calls(west, func() { err = createFile(ctx, west, "/d/f", data) })
-	t.Logf("create+write+close at west (east leases /d): %v %v err=%v", time.Since(start), n.Calls, err)
+	got, err := catFile(ctx, east, "/d/f1")
+	t.Logf("read of a listed 64 KiB file: %v", time.Since(start))
+	if err != nil || !bytes.Equal(got, data) {
+		t.Fatalf("read /d/f1: %d bytes, %v", len(got), err)
+	}
+	sent(t, east, before, "read after listing", map[string]uint64{"Open": 1, "Release": 1})
+	before = east.Stats()
+	if got, err := catFile(ctx, east, "/d/f1"); err != nil || !bytes.Equal(got, data) {
+		t.Fatalf("read /d/f1 again: %d bytes, %v", len(got), err)
+	}
+	sent(t, east, before, "warm read", map[string]uint64{"Open": 1, "Release": 1})
+
+	// Close-to-open: west rewrites f2, which east holds a lease on. The
+	// commit carries the data (no PutBlocks) and revokes east's lease
+	// while it replicates: one round trip, not two.
+	before = west.Stats()
+	h, _, err := west.Open(ctx, Owner(), client.NoCues, mustID(t, west, "/d/f2"), syscall.O_WRONLY|syscall.O_TRUNC)
+	if err != nil {
+		t.Fatal(err)
+	}
+	data2 := bytes.Repeat([]byte("y"), 64<<10)
+	if _, err := h.Write(ctx, data2, 0); err != nil {
+		t.Fatal(err)
+	}
 	start = time.Now()
-	var got []byte
-	n = calls(east, func() { got, err = catFile(ctx, east, "/d/f") })
-	t.Logf("cold read at east: %v %v err=%v ok=%v", time.Since(start), n.Calls, err, bytes.Equal(got, data))
+	err = h.Flush(ctx)
+	took := time.Since(start)
+	h.Release(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("close of a 64 KiB rewrite, leased at another site: %v", took)
+	if took >= 2*rtt {
+		t.Errorf("close took %v: revocation and replication one after the other (≥ 2 × %v)", took, rtt)
+	}
+	if n := west.Stats().Sub(before); n.Calls["PutBlocks"] != 0 || n.Calls["Commit"] != 1 {
+		t.Errorf("rewrite sent %v; want one Commit and no PutBlocks", n.Calls)
+	}
+	// East reads it at once: its lease on the directory still holds, the
+	// lookup of the changed file brings its data, the open is served from
+	// it (registered in the background).
+	before = east.Stats()
 	start = time.Now()
-	n = calls(east, func() { got, err = catFile(ctx, east, "/d/f") })
-	t.Logf("warm read at east: %v %v err=%v ok=%v", time.Since(start), n.Calls, err, bytes.Equal(got, data))
+	got, err = catFile(ctx, east, "/d/f2")
+	t.Logf("read of the rewritten file at the other site: %v", time.Since(start))
+	if err != nil || !bytes.Equal(got, data2) {
+		t.Fatalf("read /d/f2 after the rewrite: %d bytes, %v", len(got), err)
+	}
+	sent(t, east, before, "read after a rewrite", map[string]uint64{"Lookup": 1, "Open": 1, "Release": 1})
+
+	// Create + write + close: a Create and a Commit carrying the data,
+	// each revoking east's lease on the directory while replicating.
+	before = west.Stats()
 	start = time.Now()
-	n = calls(west, func() { err = createFile(ctx, west, "/d/g", data) })
-	t.Logf("create+write+close at west (east leases /d and f): %v %v err=%v", time.Since(start), n.Calls, err)
-	start = time.Now()
-	var k int
-	n = calls(east, func() { k, err = lsLR(ctx, east, mustID(t, east, "/d")) })
-	t.Logf("ls -la at east after create: %v %v err=%v n=%d", time.Since(start), n.Calls, err, k)
-	start = time.Now()
-	n = calls(east, func() { k, err = lsLR(ctx, east, mustID(t, east, "/d")) })
-	t.Logf("ls -la at east again: %v %v err=%v n=%d", time.Since(start), n.Calls, err, k)
+	if err := createFile(ctx, west, "/d/new", data); err != nil {
+		t.Fatal(err)
+	}
+	took = time.Since(start)
+	t.Logf("create+write+close of 64 KiB, directory leased at another site: %v", took)
+	if n := west.Stats().Sub(before); n.Calls["PutBlocks"] != 0 || n.Calls["Commit"] != 1 || n.Calls["Create"] != 1 {
+		t.Errorf("create+write+close sent %v; want one Create, one Commit, no PutBlocks", n.Calls)
+	}
+	if took >= 4*rtt {
+		t.Errorf("create+write+close took %v: ≥ 4 × %v", took, rtt)
+	}
+	// A read of a name east never saw: the directory changed (one lookup
+	// for its attributes), the lookup of the file brings its data.
+	before = east.Stats()
+	if got, err := catFile(ctx, east, "/d/new"); err != nil || !bytes.Equal(got, data) {
+		t.Fatalf("read /d/new: %d bytes, %v", len(got), err)
+	}
+	sent(t, east, before, "read of a new file", map[string]uint64{"Lookup": 2, "Open": 1, "Release": 1})
+}
+
+// TestWholeFileSubtree checks that a listing under .WholeFile brings the
+// whole subtree's meta-data in parallel: a cold `ls -laR` of 13
+// directories three levels deep lists each directory once and looks
+// nothing up, in far fewer rounds than one per directory.
+func TestWholeFileSubtree(t *testing.T) {
+	t.Parallel()
+	const rtt = 100 * time.Millisecond
+	c := Start(t, Options{RTT: UniformRTT(rtt), LockTTL: 10 * time.Second})
+	ctx := opCtx(t)
+	west, east := c.Client("west"), c.Client("east")
+	dirs := []string{"/t"}
+	for i := range 3 {
+		dirs = append(dirs, fmt.Sprintf("/t/a%d", i))
+		for j := range 3 {
+			dirs = append(dirs, fmt.Sprintf("/t/a%d/b%d", i, j))
+		}
+	}
+	for _, d := range dirs {
+		if _, err := west.Mkdir(ctx, Owner(), d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := createFile(ctx, west, d+"/f", []byte("f")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tree := mustID(t, east, "/t")
+	mustID(t, east, "/t") // the back channel is up: leases from now on
+	whole := client.NoCues
+	whole.WholeFile = true
+	before := east.Stats()
+	start := time.Now()
+	n, err := lsLRCues(ctx, east, whole, tree)
+	took := time.Since(start)
+	if err != nil || n != len(dirs)-1+len(dirs) {
+		t.Fatalf("walked %d entries, %v; want %d", n, err, len(dirs)-1+len(dirs))
+	}
+	t.Logf("cold ls -laR of %d directories under .WholeFile: %v", len(dirs), took)
+	sent(t, east, before, "cold ls -laR under .WholeFile", map[string]uint64{"ReadDir": uint64(len(dirs))})
+	if took >= time.Duration(len(dirs)/2)*rtt {
+		t.Errorf("cold walk took %v: not in parallel (%d directories, %v apart)", took, len(dirs), rtt)
+	}
 }
