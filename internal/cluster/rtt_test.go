@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/wheelfs/wheelfs/internal/client"
+	"github.com/wheelfs/wheelfs/internal/deploy"
 	"github.com/wheelfs/wheelfs/internal/oid"
 	"github.com/wheelfs/wheelfs/internal/poll"
 )
@@ -263,4 +264,67 @@ func TestWholeFileSubtree(t *testing.T) {
 	if took >= time.Duration(len(dirs)/2)*rtt {
 		t.Errorf("cold walk took %v: not in parallel (%d directories, %v apart)", took, len(dirs), rtt)
 	}
+}
+
+// TestReadsWaitForRevocation checks the fence that lets a change revoke
+// leases while it replicates: the change is committed at the primary
+// before its holders dropped their leases, so no reader may be shown it
+// until then. East holds a lease on /f and is cut off from its primary;
+// west's rewrite must wait out east's lease, and eu, reading /f at the
+// primary meanwhile, sees the new contents only once that lease is over
+// (else eu would see "new" while east may still read "old": not
+// linearizable).
+func TestReadsWaitForRevocation(t *testing.T) {
+	t.Parallel()
+	const lease = 3 * time.Second
+	c := Start(t, Options{LockTTL: 10 * time.Second, Adjust: func(n *Node, cfg *deploy.Config) {
+		cfg.Server.LeaseTTL = lease
+	}})
+	ctx := opCtx(t)
+	west, east, eu := c.Client("west"), c.Client("east"), c.Client("eu")
+	if err := west.WriteFile(ctx, Owner(), "/f", []byte("old"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	granted := time.Now() // east's lease is granted after this, so it ends after granted+lease
+	for range 2 {
+		if err := readIs(ctx, east, "/f", []byte("old")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if east.LeaseLeft(mustID(t, east, "/f")) <= 0 {
+		t.Fatal("east holds no lease on /f after reading it")
+	}
+	c.PartitionLink("west", "east")
+	defer c.HealLink("west", "east")
+	done := make(chan error, 1)
+	go func() {
+		// .SyncLevel=2: east is also a backup, and cut off.
+		done <- west.WriteFile(ctx, Owner(), "/.SyncLevel=2/f", []byte("new"), 0o644)
+	}()
+	reads := 0
+	for {
+		got, err := eu.ReadFile(ctx, Owner(), "/f")
+		at := time.Now()
+		if err != nil {
+			t.Fatal(err)
+		}
+		reads++
+		if string(got) != "old" && at.Before(granted.Add(lease)) {
+			// The truncate of O_TRUNC ("") is a change as well.
+			t.Errorf("eu read %q %v before east's lease could end", got, granted.Add(lease).Sub(at))
+		}
+		if string(got) == "new" {
+			break
+		}
+		if string(got) != "old" && string(got) != "" {
+			t.Fatalf("eu read %q", got)
+		}
+		if at.After(granted.Add(3 * lease)) {
+			t.Fatal("eu never read the new contents")
+		}
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("eu read /f %d times until it saw the change", reads)
 }
