@@ -148,9 +148,16 @@ type refList struct {
 
 // backChannel is the Callbacks stream to one server.
 type backChannel struct {
-	id  string
-	gen uint64 // current incarnation; 0 while down
+	id    string
+	gen   uint64        // current incarnation; 0 while down
+	ready chan struct{} // closed when the first attempt to open it ended
+	once  sync.Once
 }
+
+// backChannelWait bounds how long the first request to a server waits
+// for the back channel to open (no round trip: the stream's first message
+// is only sent), so that it can already ask for a lease.
+const backChannelWait = time.Second
 
 // leaseToken remembers, for one request, what must still hold when its
 // answer arrives for the lease to count.
@@ -172,19 +179,34 @@ func newLeases(f *FS) *leases {
 
 // begin prepares a request to server c that may bring a lease: it starts
 // the server's back channel if needed and returns the session to send
-// (0 while the channel is down: no lease can be kept) and a token.
-func (l *leases) begin(c Conn) (uint64, leaseToken) {
+// (0 while the channel is down: no lease can be kept) and a token. The
+// first requests to a server wait (within ctx and backChannelWait) for
+// the channel's first attempt to open, so that even a cold client's
+// first listing comes with a lease. (The server may still attach the
+// stream after it answered: then that answer brings no lease.)
+func (l *leases) begin(ctx context.Context, c Conn) (uint64, leaseToken) {
 	if l.f.cfg.NoLeases || c.ID == "" {
 		return 0, leaseToken{server: c.ID, start: time.Now()}
 	}
 	l.mu.Lock()
-	defer l.mu.Unlock()
 	bc := l.chans[c.ID]
 	if bc == nil {
-		bc = &backChannel{id: c.ID}
+		bc = &backChannel{id: c.ID, ready: make(chan struct{})}
 		l.chans[c.ID] = bc
 		go l.run(bc, c.StorageClient)
 	}
+	if bc.gen == 0 {
+		l.mu.Unlock()
+		t := time.NewTimer(backChannelWait)
+		select {
+		case <-bc.ready:
+		case <-t.C:
+		case <-ctx.Done():
+		}
+		t.Stop()
+		l.mu.Lock()
+	}
+	defer l.mu.Unlock()
 	t := leaseToken{server: c.ID, chanGen: bc.gen, revGen: l.gen, start: time.Now()}
 	if bc.gen == 0 {
 		return 0, t
@@ -389,6 +411,8 @@ var chanGens atomic.Uint64
 func (l *leases) serve(bc *backChannel, sc wire.StorageClient) bool {
 	ctx, cancel := context.WithCancel(l.ctx)
 	defer cancel()
+	opened := func() { bc.once.Do(func() { close(bc.ready) }) }
+	defer opened() // also when it failed: requests go on without a lease
 	stream, err := sc.Callbacks(ctx)
 	if err == nil {
 		err = stream.Send(&wire.CallbackAck{Session: l.session})
@@ -400,6 +424,7 @@ func (l *leases) serve(bc *backChannel, sc wire.StorageClient) bool {
 	l.mu.Lock()
 	bc.gen = gen
 	l.mu.Unlock()
+	opened()
 	defer func() {
 		l.mu.Lock()
 		bc.gen = 0 // every lease it brought is stale now
