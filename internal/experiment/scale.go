@@ -53,7 +53,7 @@ func runScale(ctx context.Context, env *Env) (*Result, error) {
 	t := &Table{
 		Title: fmt.Sprintf("N nodes over 5 sites (%s RTT); each reads %d files of %d bytes written by others, all at once", rtt[0], files, size),
 		Columns: []string{"N", "read median ms", "read p90 ms", "limit ms", "median / limit",
-			"config CPU idle %", "config KB/s idle", "config CPU reading %", "config KB/s reading"},
+			"config CPU idle %", "config KB/s idle", "config CPU reading %", "config KB/s reading", "machine CPU busy reading %"},
 	}
 	type point struct {
 		n             int
@@ -71,7 +71,7 @@ func runScale(ctx context.Context, env *Env) (*Result, error) {
 		if err != nil {
 			return nil, fmt.Errorf("N=%d: %w", n, err)
 		}
-		t.Add(fmt.Sprint(n), row[0], row[1], ms(rtt[0]), ratioStr(row[0], rtt[0]), row[2], row[3], row[4], row[5])
+		t.Add(fmt.Sprint(n), row[0], row[1], ms(rtt[0]), ratioStr(row[0], rtt[0]), row[2], row[3], row[4], row[5], row[6])
 		pts = append(pts, point{n, idleCPU, idleKB})
 	}
 	res := &Result{Tables: []*Table{t}, Notes: []string{
@@ -195,14 +195,17 @@ func scaleRound(ctx context.Context, env *Env, st *testbed.State, files, size in
 		wg.Wait()
 		return errors.Join(errs...)
 	}
+	busy0, total0 := machineCPU()
 	readCPU, readKB, err := load(0, readAll)
 	if err != nil {
 		return nil, 0, 0, fmt.Errorf("reading: %w", err)
 	}
+	busy1, total1 := machineCPU()
+	busyPct := 100 * float64(busy1-busy0) / float64(max(1, total1-total0))
 	sort.Slice(lat, func(a, b int) bool { return lat[a] < lat[b] })
 	p90 := lat[min(len(lat)-1, len(lat)*9/10)]
 	row = []string{ms(stats(lat).Median), ms(p90), fmt.Sprintf("%.1f", idleCPU), fmt.Sprintf("%.1f", idleKB),
-		fmt.Sprintf("%.1f", readCPU), fmt.Sprintf("%.1f", readKB)}
+		fmt.Sprintf("%.1f", readCPU), fmt.Sprintf("%.1f", readKB), fmt.Sprintf("%.0f", busyPct)}
 	progress(env, "N=%d: %d reads, median %s ms, p90 %s ms; config idle %.1f%% CPU %.1f KB/s, reading %.1f%% %.1f KB/s",
 		len(nodes), len(lat), row[0], row[1], idleCPU, idleKB, readCPU, readKB)
 	return row, idleCPU, idleKB, nil
@@ -220,4 +223,22 @@ func sumCounters(hosts []*testbed.Host) (testbed.Counters, error) {
 		sum.TxBytes += c.TxBytes
 	}
 	return sum, nil
+}
+
+// machineCPU returns the machine's busy and total CPU ticks (/proc/stat):
+// on one machine all nodes share its cores, which real sites do not.
+func machineCPU() (busy, total uint64) {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return 0, 0
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	for i, f := range strings.Fields(line)[1:] {
+		v, _ := strconv.ParseUint(f, 10, 64)
+		total += v
+		if i != 3 && i != 4 { // idle, iowait
+			busy += v
+		}
+	}
+	return busy, total
 }

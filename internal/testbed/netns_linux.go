@@ -29,6 +29,19 @@ const wanTable = 100
 // fn lives in the namespace (and keeps every other namespace of ours, in
 // particular the mount namespace, so its FUSE mounts are the caller's).
 func withNS(name string, fn func() error) error {
+	return onThread(name, func() (netns.NsHandle, error) { return netns.GetFromName(name) }, fn)
+}
+
+// createNS makes a named network namespace with its loopback up and IPv6
+// off (nothing in the testbed uses it; its neighbour discovery is noise).
+func createNS(name string) error {
+	// NewNamed moves the calling thread into the new namespace itself.
+	return onThread(name, func() (netns.NsHandle, error) { return netns.NewNamed(name) }, setupNS)
+}
+
+// onThread locks the goroutine to its thread, enters the namespace that
+// enter returns, runs fn there and moves the thread back.
+func onThread(name string, enter func() (netns.NsHandle, error), fn func() error) error {
 	runtime.LockOSThread()
 	orig, err := netns.Get()
 	if err != nil {
@@ -36,15 +49,16 @@ func withNS(name string, fn func() error) error {
 		return err
 	}
 	defer orig.Close()
-	target, err := netns.GetFromName(name)
-	if err != nil {
-		runtime.UnlockOSThread()
-		return fmt.Errorf("network namespace %s: %w", name, err)
+	target, err := enter()
+	if err == nil {
+		defer target.Close()
+		err = netns.Set(target)
 	}
-	defer target.Close()
-	if err := netns.Set(target); err != nil {
-		runtime.UnlockOSThread()
-		return err
+	if err != nil {
+		if netns.Set(orig) == nil {
+			runtime.UnlockOSThread()
+		}
+		return fmt.Errorf("network namespace %s: %w", name, err)
 	}
 	ferr := fn()
 	if err := netns.Set(orig); err != nil {
@@ -54,31 +68,6 @@ func withNS(name string, fn func() error) error {
 	}
 	runtime.UnlockOSThread()
 	return ferr
-}
-
-// createNS makes a named network namespace with its loopback up and IPv6
-// off (nothing in the testbed uses it; its neighbour discovery is noise).
-func createNS(name string) error {
-	runtime.LockOSThread()
-	orig, err := netns.Get()
-	if err != nil {
-		runtime.UnlockOSThread()
-		return err
-	}
-	defer orig.Close()
-	ns, err := netns.NewNamed(name) // moves this thread into it
-	if err != nil {
-		netns.Set(orig)
-		runtime.UnlockOSThread()
-		return fmt.Errorf("create network namespace %s: %w", name, err)
-	}
-	ns.Close()
-	serr := setupNS()
-	if err := netns.Set(orig); err != nil {
-		return errors.Join(serr, err)
-	}
-	runtime.UnlockOSThread()
-	return serr
 }
 
 // setupNS runs on a thread inside a fresh namespace.

@@ -509,6 +509,22 @@ func SetRTT(dir string, m RTTMatrix) error {
 
 // modify changes the links in the state file and tells the router.
 func modify(dir string, change func(*State) error) error {
+	return locked(dir, func(st *State) error {
+		if err := change(st); err != nil {
+			return err
+		}
+		if err := st.Save(); err != nil {
+			return err
+		}
+		if !st.Router.alive() {
+			return errors.New("the delay router is not running ('wheelfs testbed status'); down and up again")
+		}
+		return syscall.Kill(st.Router.PID, syscall.SIGHUP)
+	})
+}
+
+// locked runs fn on the testbed's state with the directory locked.
+func locked(dir string, fn func(*State) error) error {
 	dir, err := absDir(dir)
 	if err != nil {
 		return err
@@ -522,16 +538,7 @@ func modify(dir string, change func(*State) error) error {
 	if err != nil {
 		return err
 	}
-	if err := change(st); err != nil {
-		return err
-	}
-	if err := st.Save(); err != nil {
-		return err
-	}
-	if !st.Router.alive() {
-		return errors.New("the delay router is not running ('wheelfs testbed status'); down and up again")
-	}
-	return syscall.Kill(st.Router.PID, syscall.SIGHUP)
+	return fn(st)
 }
 
 // Kill stops a host's process: SIGTERM (a clean stop that hands slice
@@ -558,24 +565,13 @@ func Restart(ctx context.Context, dir, name string) error {
 }
 
 func onHost(dir, name string, fn func(*State, *Host) error) error {
-	dir, err := absDir(dir)
-	if err != nil {
-		return err
-	}
-	release, err := lockDir(dir)
-	if err != nil {
-		return err
-	}
-	defer release()
-	st, err := Load(dir)
-	if err != nil {
-		return err
-	}
-	h, err := st.Host(name)
-	if err != nil {
-		return err
-	}
-	return fn(st, h)
+	return locked(dir, func(st *State) error {
+		h, err := st.Host(name)
+		if err != nil {
+			return err
+		}
+		return fn(st, h)
+	})
 }
 
 // Exec runs argv inside a host's network namespace (same mounts, same
