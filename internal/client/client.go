@@ -193,7 +193,7 @@ func New(cfg Config, router Router) *FS {
 // Close stops the lease back channels and writes the blocks queued for
 // the on-disk cache. The FS must not be used afterwards.
 func (f *FS) Close() error {
-	f.leases.stop()
+	f.leases.close()
 	return f.cache.Close()
 }
 

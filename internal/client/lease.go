@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"google.golang.org/grpc"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/wheelfs/wheelfs/internal/oid"
@@ -152,6 +153,10 @@ type backChannel struct {
 	gen   uint64        // current incarnation; 0 while down
 	ready chan struct{} // closed when the first attempt to open it ended
 	once  sync.Once
+
+	sendMu sync.Mutex // one sender at a time on stream
+	stream grpc.BidiStreamingClient[wire.CallbackAck, wire.Revoke]
+	ended  chan struct{} // closed when the current stream's serve returns
 }
 
 // backChannelWait bounds how long the first request to a server waits
@@ -421,14 +426,16 @@ func (l *leases) serve(bc *backChannel, sc wire.StorageClient) bool {
 		return false
 	}
 	gen := chanGens.Add(1)
+	ended := make(chan struct{})
 	l.mu.Lock()
-	bc.gen = gen
+	bc.gen, bc.stream, bc.ended = gen, stream, ended
 	l.mu.Unlock()
 	opened()
 	defer func() {
 		l.mu.Lock()
-		bc.gen = 0 // every lease it brought is stale now
+		bc.gen, bc.stream = 0, nil // every lease it brought is stale now
 		l.mu.Unlock()
+		close(ended)
 	}()
 	for {
 		r, err := stream.Recv()
@@ -439,10 +446,57 @@ func (l *leases) serve(bc *backChannel, sc wire.StorageClient) bool {
 			return true
 		}
 		l.revoke(r.Ids)
-		if err := stream.Send(&wire.CallbackAck{Session: l.session, Seq: r.Seq}); err != nil {
+		bc.sendMu.Lock()
+		err = stream.Send(&wire.CallbackAck{Session: l.session, Seq: r.Seq})
+		bc.sendMu.Unlock()
+		if err != nil {
 			return true
 		}
 	}
+}
+
+// byeWait bounds how long closing waits for servers to take its bye.
+const byeWait = time.Second
+
+// close ends the back channels. Each server is told first (bye), after
+// every lease it granted stopped counting here, so that it forgets them
+// instead of making the next change to what this client cached wait for
+// them to run out.
+func (l *leases) close() {
+	type bye struct {
+		bc     *backChannel
+		stream grpc.BidiStreamingClient[wire.CallbackAck, wire.Revoke]
+	}
+	l.mu.Lock()
+	var byes []bye
+	var ends []chan struct{}
+	for _, bc := range l.chans {
+		if bc.stream != nil {
+			bc.gen = 0 // nothing it leased counts any more
+			byes = append(byes, bye{bc, bc.stream})
+			ends = append(ends, bc.ended)
+		}
+	}
+	l.mu.Unlock()
+	for _, b := range byes {
+		go func() {
+			b.bc.sendMu.Lock()
+			defer b.bc.sendMu.Unlock()
+			if err := b.stream.Send(&wire.CallbackAck{Session: l.session, Bye: true}); err == nil {
+				_ = b.stream.CloseSend()
+			}
+		}()
+	}
+	// The server ends the stream once it took the bye.
+	t := time.NewTimer(byeWait)
+	defer t.Stop()
+	for _, ch := range ends {
+		select {
+		case <-ch:
+		case <-t.C:
+		}
+	}
+	l.stop()
 }
 
 // keepRefs remembers the block list of a closed, unmodified file version.

@@ -328,3 +328,38 @@ func TestReadsWaitForRevocation(t *testing.T) {
 	}
 	t.Logf("eu read /f %d times until it saw the change", reads)
 }
+
+// TestClosedClientReleasesLeases checks that a client core that closes
+// tells the servers (bye), so that a change to what it had listed does not
+// wait for its leases to run out. (Readdir-plus leases every entry of a
+// listing, so an unmounted client would otherwise stall writers at every
+// file it had listed.)
+func TestClosedClientReleasesLeases(t *testing.T) {
+	t.Parallel()
+	const lease = 30 * time.Second
+	c := Start(t, Options{RTT: UniformRTT(20 * time.Millisecond), LockTTL: time.Minute, Adjust: func(n *Node, cfg *deploy.Config) {
+		cfg.Server.LeaseTTL = lease
+	}})
+	ctx := opCtx(t)
+	west := c.Client("west")
+	if err := createFile(ctx, west, "/f", []byte("old")); err != nil {
+		t.Fatal(err)
+	}
+	cfg := client.NewConfig()
+	cfg.Logger, cfg.Site = c.log, "east"
+	gone := client.New(cfg, c.ClientNode("east").Host().Router)
+	if _, err := lsLR(ctx, gone, oid.Root); err != nil {
+		t.Fatal(err)
+	}
+	if gone.LeaseLeft(mustID(t, gone, "/f")) <= 0 {
+		t.Fatal("the listing brought no lease on /f")
+	}
+	gone.Close()
+	start := time.Now()
+	if err := west.WriteFile(ctx, Owner(), "/f", []byte("new"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if took := time.Since(start); took > lease/3 {
+		t.Errorf("rewriting a file a closed client had listed took %v (its lease: %v)", took, lease)
+	}
+}

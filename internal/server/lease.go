@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
@@ -64,6 +65,8 @@ type callbackStream struct {
 	mu   sync.Mutex
 	seq  uint64
 	acks map[uint64]chan struct{}
+
+	released atomic.Bool // the client said bye: its leases are void
 }
 
 func newLeases(ttl time.Duration, valid func(oid.Slice) time.Time) *leases {
@@ -281,7 +284,7 @@ func (l *leases) callBack(ctx context.Context, st *callbackStream, ids []uint64,
 		case <-expiry.C:
 			return nil
 		case <-dead:
-			if l.replaced(st) {
+			if l.replaced(st) || st.released.Load() {
 				return nil
 			}
 			dead, ack = nil, nil // wait for the expiry
@@ -351,6 +354,22 @@ func (l *leases) detach(st *callbackStream) {
 
 func (st *callbackStream) close() { st.once.Do(func() { close(st.dead) }) }
 
+// release forgets the leases that came through st: its client closed and
+// said so (bye), so none of them needs to be revoked or waited out.
+func (l *leases) release(st *callbackStream) {
+	st.released.Store(true)
+	l.mu.Lock()
+	for id, hs := range l.holders {
+		if h, ok := hs[st.session]; ok && h.stream == st {
+			delete(hs, st.session)
+			if len(hs) == 0 {
+				delete(l.holders, id)
+			}
+		}
+	}
+	l.mu.Unlock()
+}
+
 // revokeSlice revokes every lease on objects of slice sl (before the
 // slice is handed to another server, which knows nothing of them).
 func (l *leases) revokeSlice(ctx context.Context, sl oid.Slice) error {
@@ -396,6 +415,11 @@ func (s *Server) Callbacks(stream grpc.BidiStreamingServer[wire.CallbackAck, wir
 				errc <- err
 				return
 			}
+			if a.Bye {
+				s.leases.release(st)
+				errc <- nil
+				return
+			}
 			st.acked(a.Seq)
 		}
 	}()
@@ -406,7 +430,7 @@ func (s *Server) Callbacks(stream grpc.BidiStreamingServer[wire.CallbackAck, wir
 				return err
 			}
 		case err := <-errc:
-			if errors.Is(err, context.Canceled) {
+			if err == nil || errors.Is(err, context.Canceled) {
 				return nil
 			}
 			return err

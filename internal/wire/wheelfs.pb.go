@@ -3076,10 +3076,13 @@ func (x *Revoke) GetIds() []uint64 {
 	return nil
 }
 
+// bye: the client core is closing and has dropped everything this
+// server leased it; the server forgets its leases instead of waiting them out.
 type CallbackAck struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Session       uint64                 `protobuf:"varint,1,opt,name=session,proto3" json:"session,omitempty"`
 	Seq           uint64                 `protobuf:"varint,2,opt,name=seq,proto3" json:"seq,omitempty"`
+	Bye           bool                   `protobuf:"varint,3,opt,name=bye,proto3" json:"bye,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3126,6 +3129,13 @@ func (x *CallbackAck) GetSeq() uint64 {
 		return x.Seq
 	}
 	return 0
+}
+
+func (x *CallbackAck) GetBye() bool {
+	if x != nil {
+		return x.Bye
+	}
+	return false
 }
 
 type Mutation struct {
@@ -5138,10 +5148,11 @@ const file_wheelfs_proto_rawDesc = "" +
 	"\x0fReleaseResponse\",\n" +
 	"\x06Revoke\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\x12\x10\n" +
-	"\x03ids\x18\x02 \x03(\x04R\x03ids\"9\n" +
+	"\x03ids\x18\x02 \x03(\x04R\x03ids\"K\n" +
 	"\vCallbackAck\x12\x18\n" +
 	"\asession\x18\x01 \x01(\x04R\asession\x12\x10\n" +
-	"\x03seq\x18\x02 \x01(\x04R\x03seq\"\x86\x01\n" +
+	"\x03seq\x18\x02 \x01(\x04R\x03seq\x12\x10\n" +
+	"\x03bye\x18\x03 \x01(\bR\x03bye\"\x86\x01\n" +
 	"\bMutation\x12,\n" +
 	"\x04kind\x18\x01 \x01(\x0e2\x18.wheelfs.v1.MutationKindR\x04kind\x12\x0e\n" +
 	"\x02id\x18\x02 \x01(\x04R\x02id\x12\x12\n" +
