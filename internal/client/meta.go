@@ -484,6 +484,9 @@ func (f *FS) recordPlus(tok leaseToken, resp *wire.ReadDirResponse) {
 			x = nil
 		}
 		f.leases.record(tok, resp.MetasLeaseMs, oid.ID(m.Id), func(c *cached) { c.meta, c.xattrs = m, x })
+		if len(resp.Datas) == len(resp.Metas) && resp.Datas[i].Version == m.Version {
+			f.keepData(oid.ID(m.Id), resp.Datas[i]) // .WholeFile: small files' contents
+		}
 	}
 }
 

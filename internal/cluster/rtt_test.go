@@ -264,6 +264,15 @@ func TestWholeFileSubtree(t *testing.T) {
 	if took >= time.Duration(len(dirs)/2)*rtt {
 		t.Errorf("cold walk took %v: not in parallel (%d directories, %v apart)", took, len(dirs), rtt)
 	}
+	// The listings brought the small files' contents: tar -c then sends
+	// only the opens' registrations and the releases, in the background.
+	before = east.Stats()
+	start = time.Now()
+	if err := readTree(ctx, east, tree); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("tar -c after it: %v", time.Since(start))
+	sent(t, east, before, "tar -c after ls -laR under .WholeFile", map[string]uint64{"Open": uint64(len(dirs)), "Release": uint64(len(dirs))})
 }
 
 // TestReadsWaitForRevocation checks the fence that lets a change revoke

@@ -20,8 +20,10 @@ const (
 	openInlineMax   = 256 << 10
 	lookupInlineMax = blockSize
 	// plusPageMax bounds the entries of a readdir-plus page whose
-	// meta-data is leased with the listing.
+	// meta-data is leased with the listing; plusDataMax the small files'
+	// contents a .WholeFile page carries.
 	plusPageMax = 1024
+	plusDataMax = 4 << 20
 )
 
 // fileData describes file m, read in tx, for caller c about to read it:

@@ -627,7 +627,7 @@ func (s *Server) ReadDir(ctx context.Context, req *wire.ReadDirRequest) (*wire.R
 		return nil, fmt.Errorf("readdir %v: %w", dir, err)
 	}
 	if req.Plus && resp.LeaseMs > 0 && len(resp.Entries) <= plusPageMax {
-		s.readDirPlus(ctx, req.Caller, resp)
+		s.readDirPlus(ctx, req.Caller, resp, req.WithMeta)
 	}
 	ids := []oid.ID{dir}
 	for _, m := range resp.Metas {
@@ -643,8 +643,9 @@ func (s *Server) ReadDir(ctx context.Context, req *wire.ReadDirRequest) (*wire.R
 // of the entries this server keeps, under one lease on all of them
 // (granted before they are read, as every lease), so that the client
 // answers the lookups, stats and getxattrs of `ls -l` itself. Without
-// that lease (an entry being changed) the listing goes alone.
-func (s *Server) readDirPlus(ctx context.Context, c *wire.Caller, resp *wire.ReadDirResponse) {
+// that lease (an entry being changed) the listing goes alone. With data
+// (.WholeFile) small files' contents come too, up to plusDataMax bytes.
+func (s *Server) readDirPlus(ctx context.Context, c *wire.Caller, resp *wire.ReadDirResponse, data bool) {
 	var ids []oid.ID
 	for _, e := range resp.Entries {
 		if id := oid.ID(e.Id); s.local(ctx, id) {
@@ -660,6 +661,8 @@ func (s *Server) readDirPlus(ctx context.Context, c *wire.Caller, resp *wire.Rea
 	}
 	var metas []*wire.Meta
 	var sums []*wire.XattrSummary
+	var datas []*wire.FileData
+	budget := uint64(plusDataMax)
 	err := s.store.View(func(tx *store.Tx) error {
 		for _, id := range ids {
 			m, err := tx.Meta(id)
@@ -675,13 +678,31 @@ func (s *Server) readDirPlus(ctx context.Context, c *wire.Caller, resp *wire.Rea
 			}
 			metas = append(metas, m)
 			sums = append(sums, sum)
+			if !data {
+				continue
+			}
+			var fd *wire.FileData
+			if m.Size <= lookupInlineMax && m.Size <= budget {
+				if fd, err = fileData(tx, c, m); err != nil {
+					return err
+				}
+			}
+			if fd == nil {
+				fd = &wire.FileData{} // version 0: none
+			} else {
+				budget -= m.Size
+			}
+			datas = append(datas, fd)
 		}
 		return nil
 	})
 	if err != nil {
 		return
 	}
-	resp.Metas, resp.Xattrs, resp.MetasLeaseMs = metas, sums, min(ms, resp.LeaseMs)
+	for i, fd := range datas {
+		s.inline(fd, metas[i].Size, lookupInlineMax)
+	}
+	resp.Metas, resp.Xattrs, resp.Datas, resp.MetasLeaseMs = metas, sums, datas, min(ms, resp.LeaseMs)
 }
 
 // unlinkKind checks that m is of the kind a removal asks for: dirOnly

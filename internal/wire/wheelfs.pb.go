@@ -1842,15 +1842,18 @@ func (x *ReadDirRequest) GetPlus() bool {
 // of the entries this server keeps (by id, not aligned with entries);
 // xattrs, when present, are aligned with metas.
 type ReadDirResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Entries       []*Entry               `protobuf:"bytes,1,rep,name=entries,proto3" json:"entries,omitempty"`
-	Metas         []*Meta                `protobuf:"bytes,2,rep,name=metas,proto3" json:"metas,omitempty"`
-	Eof           bool                   `protobuf:"varint,3,opt,name=eof,proto3" json:"eof,omitempty"`
-	Dir           *Meta                  `protobuf:"bytes,4,opt,name=dir,proto3" json:"dir,omitempty"`
-	LeaseMs       uint32                 `protobuf:"varint,5,opt,name=lease_ms,json=leaseMs,proto3" json:"lease_ms,omitempty"`
-	DirXattrs     *XattrSummary          `protobuf:"bytes,6,opt,name=dir_xattrs,json=dirXattrs,proto3" json:"dir_xattrs,omitempty"`
-	Xattrs        []*XattrSummary        `protobuf:"bytes,7,rep,name=xattrs,proto3" json:"xattrs,omitempty"`
-	MetasLeaseMs  uint32                 `protobuf:"varint,8,opt,name=metas_lease_ms,json=metasLeaseMs,proto3" json:"metas_lease_ms,omitempty"`
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	Entries      []*Entry               `protobuf:"bytes,1,rep,name=entries,proto3" json:"entries,omitempty"`
+	Metas        []*Meta                `protobuf:"bytes,2,rep,name=metas,proto3" json:"metas,omitempty"`
+	Eof          bool                   `protobuf:"varint,3,opt,name=eof,proto3" json:"eof,omitempty"`
+	Dir          *Meta                  `protobuf:"bytes,4,opt,name=dir,proto3" json:"dir,omitempty"`
+	LeaseMs      uint32                 `protobuf:"varint,5,opt,name=lease_ms,json=leaseMs,proto3" json:"lease_ms,omitempty"`
+	DirXattrs    *XattrSummary          `protobuf:"bytes,6,opt,name=dir_xattrs,json=dirXattrs,proto3" json:"dir_xattrs,omitempty"`
+	Xattrs       []*XattrSummary        `protobuf:"bytes,7,rep,name=xattrs,proto3" json:"xattrs,omitempty"`
+	MetasLeaseMs uint32                 `protobuf:"varint,8,opt,name=metas_lease_ms,json=metasLeaseMs,proto3" json:"metas_lease_ms,omitempty"`
+	// datas (.WholeFile, with_meta): aligned with metas, small files' data
+	// (version 0: none).
+	Datas         []*FileData `protobuf:"bytes,9,rep,name=datas,proto3" json:"datas,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1939,6 +1942,13 @@ func (x *ReadDirResponse) GetMetasLeaseMs() uint32 {
 		return x.MetasLeaseMs
 	}
 	return 0
+}
+
+func (x *ReadDirResponse) GetDatas() []*FileData {
+	if x != nil {
+		return x.Datas
+	}
+	return nil
 }
 
 // BlockRef names a file block by index and content hash (SHA-256).
@@ -5060,7 +5070,7 @@ const file_wheelfs_proto_rawDesc = "" +
 	"\x05after\x18\x03 \x01(\tR\x05after\x12\x14\n" +
 	"\x05limit\x18\x04 \x01(\rR\x05limit\x12\x1b\n" +
 	"\twith_meta\x18\x05 \x01(\bR\bwithMeta\x12\x12\n" +
-	"\x04plus\x18\x06 \x01(\bR\x04plus\"\xc8\x02\n" +
+	"\x04plus\x18\x06 \x01(\bR\x04plus\"\xf4\x02\n" +
 	"\x0fReadDirResponse\x12+\n" +
 	"\aentries\x18\x01 \x03(\v2\x11.wheelfs.v1.EntryR\aentries\x12&\n" +
 	"\x05metas\x18\x02 \x03(\v2\x10.wheelfs.v1.MetaR\x05metas\x12\x10\n" +
@@ -5070,7 +5080,8 @@ const file_wheelfs_proto_rawDesc = "" +
 	"\n" +
 	"dir_xattrs\x18\x06 \x01(\v2\x18.wheelfs.v1.XattrSummaryR\tdirXattrs\x120\n" +
 	"\x06xattrs\x18\a \x03(\v2\x18.wheelfs.v1.XattrSummaryR\x06xattrs\x12$\n" +
-	"\x0emetas_lease_ms\x18\b \x01(\rR\fmetasLeaseMs\"F\n" +
+	"\x0emetas_lease_ms\x18\b \x01(\rR\fmetasLeaseMs\x12*\n" +
+	"\x05datas\x18\t \x03(\v2\x14.wheelfs.v1.FileDataR\x05datas\"F\n" +
 	"\bBlockRef\x12\x14\n" +
 	"\x05index\x18\x01 \x01(\x04R\x05index\x12\x12\n" +
 	"\x04hash\x18\x02 \x01(\fR\x04hash\x12\x10\n" +
@@ -5462,120 +5473,121 @@ var file_wheelfs_proto_depIdxs = []int32{
 	4,   // 30: wheelfs.v1.ReadDirResponse.dir:type_name -> wheelfs.v1.Meta
 	68,  // 31: wheelfs.v1.ReadDirResponse.dir_xattrs:type_name -> wheelfs.v1.XattrSummary
 	68,  // 32: wheelfs.v1.ReadDirResponse.xattrs:type_name -> wheelfs.v1.XattrSummary
-	6,   // 33: wheelfs.v1.GetBlocksRequest.caller:type_name -> wheelfs.v1.Caller
-	4,   // 34: wheelfs.v1.GetBlocksResponse.meta:type_name -> wheelfs.v1.Meta
-	24,  // 35: wheelfs.v1.GetBlocksResponse.blocks:type_name -> wheelfs.v1.BlockRef
-	6,   // 36: wheelfs.v1.ReadBlocksRequest.caller:type_name -> wheelfs.v1.Caller
-	6,   // 37: wheelfs.v1.PutBlocksRequest.caller:type_name -> wheelfs.v1.Caller
-	6,   // 38: wheelfs.v1.CommitRequest.caller:type_name -> wheelfs.v1.Caller
-	24,  // 39: wheelfs.v1.CommitRequest.blocks:type_name -> wheelfs.v1.BlockRef
-	20,  // 40: wheelfs.v1.CommitRequest.attrs:type_name -> wheelfs.v1.SetAttrRequest
-	71,  // 41: wheelfs.v1.CommitRequest.inline:type_name -> wheelfs.v1.BlockData
-	4,   // 42: wheelfs.v1.CommitResponse.meta:type_name -> wheelfs.v1.Meta
-	6,   // 43: wheelfs.v1.XattrRequest.caller:type_name -> wheelfs.v1.Caller
-	4,   // 44: wheelfs.v1.XattrResponse.meta:type_name -> wheelfs.v1.Meta
-	68,  // 45: wheelfs.v1.XattrResponse.xattrs:type_name -> wheelfs.v1.XattrSummary
-	6,   // 46: wheelfs.v1.StatFSRequest.caller:type_name -> wheelfs.v1.Caller
-	6,   // 47: wheelfs.v1.OpenRequest.caller:type_name -> wheelfs.v1.Caller
-	4,   // 48: wheelfs.v1.OpenResponse.meta:type_name -> wheelfs.v1.Meta
-	70,  // 49: wheelfs.v1.OpenResponse.data:type_name -> wheelfs.v1.FileData
-	7,   // 50: wheelfs.v1.ReleaseRequest.handle:type_name -> wheelfs.v1.HandleRef
-	1,   // 51: wheelfs.v1.Mutation.kind:type_name -> wheelfs.v1.MutationKind
-	43,  // 52: wheelfs.v1.Batch.mutations:type_name -> wheelfs.v1.Mutation
-	44,  // 53: wheelfs.v1.ReplicateRequest.batches:type_name -> wheelfs.v1.Batch
-	2,   // 54: wheelfs.v1.ReplicateResponse.status:type_name -> wheelfs.v1.ReplStatus
-	4,   // 55: wheelfs.v1.ObjectState.meta:type_name -> wheelfs.v1.Meta
-	5,   // 56: wheelfs.v1.ObjectState.entries:type_name -> wheelfs.v1.Entry
-	24,  // 57: wheelfs.v1.ObjectState.blocks:type_name -> wheelfs.v1.BlockRef
-	49,  // 58: wheelfs.v1.InstallRequest.objects:type_name -> wheelfs.v1.ObjectState
-	2,   // 59: wheelfs.v1.InstallResponse.status:type_name -> wheelfs.v1.ReplStatus
-	48,  // 60: wheelfs.v1.DiffRequest.digest:type_name -> wheelfs.v1.DigestResponse
-	4,   // 61: wheelfs.v1.CreateObjectRequest.meta:type_name -> wheelfs.v1.Meta
-	3,   // 62: wheelfs.v1.CreateObjectRequest.cues:type_name -> wheelfs.v1.Cues
-	3,   // 63: wheelfs.v1.CreateObjectRequest.policy:type_name -> wheelfs.v1.Cues
-	7,   // 64: wheelfs.v1.CreateObjectRequest.handle:type_name -> wheelfs.v1.HandleRef
-	4,   // 65: wheelfs.v1.CreateObjectResponse.meta:type_name -> wheelfs.v1.Meta
-	6,   // 66: wheelfs.v1.DropLinkRequest.caller:type_name -> wheelfs.v1.Caller
-	4,   // 67: wheelfs.v1.DropLinkRequest.dir:type_name -> wheelfs.v1.Meta
-	7,   // 68: wheelfs.v1.DropLinkRequest.handle:type_name -> wheelfs.v1.HandleRef
-	4,   // 69: wheelfs.v1.DropLinkResponse.meta:type_name -> wheelfs.v1.Meta
-	4,   // 70: wheelfs.v1.StatResponse.meta:type_name -> wheelfs.v1.Meta
-	6,   // 71: wheelfs.v1.AddLinkRequest.caller:type_name -> wheelfs.v1.Caller
-	4,   // 72: wheelfs.v1.AddLinkRequest.object:type_name -> wheelfs.v1.Meta
-	4,   // 73: wheelfs.v1.AddLinkResponse.replaced:type_name -> wheelfs.v1.Meta
-	5,   // 74: wheelfs.v1.EntryChange.entry:type_name -> wheelfs.v1.Entry
-	49,  // 75: wheelfs.v1.ReconcileRequest.objects:type_name -> wheelfs.v1.ObjectState
-	65,  // 76: wheelfs.v1.ReconcileRequest.entries:type_name -> wheelfs.v1.EntryChange
-	2,   // 77: wheelfs.v1.ReconcileResponse.status:type_name -> wheelfs.v1.ReplStatus
-	69,  // 78: wheelfs.v1.XattrSummary.attrs:type_name -> wheelfs.v1.Xattr
-	24,  // 79: wheelfs.v1.FileData.blocks:type_name -> wheelfs.v1.BlockRef
-	8,   // 80: wheelfs.v1.Storage.Lookup:input_type -> wheelfs.v1.LookupRequest
-	10,  // 81: wheelfs.v1.Storage.GetAttr:input_type -> wheelfs.v1.GetAttrRequest
-	12,  // 82: wheelfs.v1.Storage.Create:input_type -> wheelfs.v1.CreateRequest
-	14,  // 83: wheelfs.v1.Storage.Link:input_type -> wheelfs.v1.LinkRequest
-	16,  // 84: wheelfs.v1.Storage.Remove:input_type -> wheelfs.v1.RemoveRequest
-	18,  // 85: wheelfs.v1.Storage.Rename:input_type -> wheelfs.v1.RenameRequest
-	20,  // 86: wheelfs.v1.Storage.SetAttr:input_type -> wheelfs.v1.SetAttrRequest
-	22,  // 87: wheelfs.v1.Storage.ReadDir:input_type -> wheelfs.v1.ReadDirRequest
-	25,  // 88: wheelfs.v1.Storage.GetBlocks:input_type -> wheelfs.v1.GetBlocksRequest
-	27,  // 89: wheelfs.v1.Storage.ReadBlocks:input_type -> wheelfs.v1.ReadBlocksRequest
-	29,  // 90: wheelfs.v1.Storage.PutBlocks:input_type -> wheelfs.v1.PutBlocksRequest
-	31,  // 91: wheelfs.v1.Storage.Commit:input_type -> wheelfs.v1.CommitRequest
-	33,  // 92: wheelfs.v1.Storage.GetXattr:input_type -> wheelfs.v1.XattrRequest
-	33,  // 93: wheelfs.v1.Storage.ListXattr:input_type -> wheelfs.v1.XattrRequest
-	33,  // 94: wheelfs.v1.Storage.SetXattr:input_type -> wheelfs.v1.XattrRequest
-	33,  // 95: wheelfs.v1.Storage.RemoveXattr:input_type -> wheelfs.v1.XattrRequest
-	35,  // 96: wheelfs.v1.Storage.StatFS:input_type -> wheelfs.v1.StatFSRequest
-	37,  // 97: wheelfs.v1.Storage.Open:input_type -> wheelfs.v1.OpenRequest
-	39,  // 98: wheelfs.v1.Storage.Release:input_type -> wheelfs.v1.ReleaseRequest
-	42,  // 99: wheelfs.v1.Storage.Callbacks:input_type -> wheelfs.v1.CallbackAck
-	45,  // 100: wheelfs.v1.Peer.Replicate:input_type -> wheelfs.v1.ReplicateRequest
-	47,  // 101: wheelfs.v1.Peer.Digest:input_type -> wheelfs.v1.DigestRequest
-	52,  // 102: wheelfs.v1.Peer.Diff:input_type -> wheelfs.v1.DiffRequest
-	50,  // 103: wheelfs.v1.Peer.Install:input_type -> wheelfs.v1.InstallRequest
-	53,  // 104: wheelfs.v1.Peer.FetchBlocks:input_type -> wheelfs.v1.FetchBlocksRequest
-	55,  // 105: wheelfs.v1.Peer.Ping:input_type -> wheelfs.v1.PingRequest
-	57,  // 106: wheelfs.v1.Peer.CreateObject:input_type -> wheelfs.v1.CreateObjectRequest
-	59,  // 107: wheelfs.v1.Peer.DropLink:input_type -> wheelfs.v1.DropLinkRequest
-	61,  // 108: wheelfs.v1.Peer.Stat:input_type -> wheelfs.v1.StatRequest
-	63,  // 109: wheelfs.v1.Peer.AddLink:input_type -> wheelfs.v1.AddLinkRequest
-	66,  // 110: wheelfs.v1.Peer.Reconcile:input_type -> wheelfs.v1.ReconcileRequest
-	9,   // 111: wheelfs.v1.Storage.Lookup:output_type -> wheelfs.v1.LookupResponse
-	11,  // 112: wheelfs.v1.Storage.GetAttr:output_type -> wheelfs.v1.GetAttrResponse
-	13,  // 113: wheelfs.v1.Storage.Create:output_type -> wheelfs.v1.CreateResponse
-	15,  // 114: wheelfs.v1.Storage.Link:output_type -> wheelfs.v1.LinkResponse
-	17,  // 115: wheelfs.v1.Storage.Remove:output_type -> wheelfs.v1.RemoveResponse
-	19,  // 116: wheelfs.v1.Storage.Rename:output_type -> wheelfs.v1.RenameResponse
-	21,  // 117: wheelfs.v1.Storage.SetAttr:output_type -> wheelfs.v1.SetAttrResponse
-	23,  // 118: wheelfs.v1.Storage.ReadDir:output_type -> wheelfs.v1.ReadDirResponse
-	26,  // 119: wheelfs.v1.Storage.GetBlocks:output_type -> wheelfs.v1.GetBlocksResponse
-	28,  // 120: wheelfs.v1.Storage.ReadBlocks:output_type -> wheelfs.v1.ReadBlocksResponse
-	30,  // 121: wheelfs.v1.Storage.PutBlocks:output_type -> wheelfs.v1.PutBlocksResponse
-	32,  // 122: wheelfs.v1.Storage.Commit:output_type -> wheelfs.v1.CommitResponse
-	34,  // 123: wheelfs.v1.Storage.GetXattr:output_type -> wheelfs.v1.XattrResponse
-	34,  // 124: wheelfs.v1.Storage.ListXattr:output_type -> wheelfs.v1.XattrResponse
-	34,  // 125: wheelfs.v1.Storage.SetXattr:output_type -> wheelfs.v1.XattrResponse
-	34,  // 126: wheelfs.v1.Storage.RemoveXattr:output_type -> wheelfs.v1.XattrResponse
-	36,  // 127: wheelfs.v1.Storage.StatFS:output_type -> wheelfs.v1.StatFSResponse
-	38,  // 128: wheelfs.v1.Storage.Open:output_type -> wheelfs.v1.OpenResponse
-	40,  // 129: wheelfs.v1.Storage.Release:output_type -> wheelfs.v1.ReleaseResponse
-	41,  // 130: wheelfs.v1.Storage.Callbacks:output_type -> wheelfs.v1.Revoke
-	46,  // 131: wheelfs.v1.Peer.Replicate:output_type -> wheelfs.v1.ReplicateResponse
-	48,  // 132: wheelfs.v1.Peer.Digest:output_type -> wheelfs.v1.DigestResponse
-	50,  // 133: wheelfs.v1.Peer.Diff:output_type -> wheelfs.v1.InstallRequest
-	51,  // 134: wheelfs.v1.Peer.Install:output_type -> wheelfs.v1.InstallResponse
-	54,  // 135: wheelfs.v1.Peer.FetchBlocks:output_type -> wheelfs.v1.FetchBlocksResponse
-	56,  // 136: wheelfs.v1.Peer.Ping:output_type -> wheelfs.v1.PingResponse
-	58,  // 137: wheelfs.v1.Peer.CreateObject:output_type -> wheelfs.v1.CreateObjectResponse
-	60,  // 138: wheelfs.v1.Peer.DropLink:output_type -> wheelfs.v1.DropLinkResponse
-	62,  // 139: wheelfs.v1.Peer.Stat:output_type -> wheelfs.v1.StatResponse
-	64,  // 140: wheelfs.v1.Peer.AddLink:output_type -> wheelfs.v1.AddLinkResponse
-	67,  // 141: wheelfs.v1.Peer.Reconcile:output_type -> wheelfs.v1.ReconcileResponse
-	111, // [111:142] is the sub-list for method output_type
-	80,  // [80:111] is the sub-list for method input_type
-	80,  // [80:80] is the sub-list for extension type_name
-	80,  // [80:80] is the sub-list for extension extendee
-	0,   // [0:80] is the sub-list for field type_name
+	70,  // 33: wheelfs.v1.ReadDirResponse.datas:type_name -> wheelfs.v1.FileData
+	6,   // 34: wheelfs.v1.GetBlocksRequest.caller:type_name -> wheelfs.v1.Caller
+	4,   // 35: wheelfs.v1.GetBlocksResponse.meta:type_name -> wheelfs.v1.Meta
+	24,  // 36: wheelfs.v1.GetBlocksResponse.blocks:type_name -> wheelfs.v1.BlockRef
+	6,   // 37: wheelfs.v1.ReadBlocksRequest.caller:type_name -> wheelfs.v1.Caller
+	6,   // 38: wheelfs.v1.PutBlocksRequest.caller:type_name -> wheelfs.v1.Caller
+	6,   // 39: wheelfs.v1.CommitRequest.caller:type_name -> wheelfs.v1.Caller
+	24,  // 40: wheelfs.v1.CommitRequest.blocks:type_name -> wheelfs.v1.BlockRef
+	20,  // 41: wheelfs.v1.CommitRequest.attrs:type_name -> wheelfs.v1.SetAttrRequest
+	71,  // 42: wheelfs.v1.CommitRequest.inline:type_name -> wheelfs.v1.BlockData
+	4,   // 43: wheelfs.v1.CommitResponse.meta:type_name -> wheelfs.v1.Meta
+	6,   // 44: wheelfs.v1.XattrRequest.caller:type_name -> wheelfs.v1.Caller
+	4,   // 45: wheelfs.v1.XattrResponse.meta:type_name -> wheelfs.v1.Meta
+	68,  // 46: wheelfs.v1.XattrResponse.xattrs:type_name -> wheelfs.v1.XattrSummary
+	6,   // 47: wheelfs.v1.StatFSRequest.caller:type_name -> wheelfs.v1.Caller
+	6,   // 48: wheelfs.v1.OpenRequest.caller:type_name -> wheelfs.v1.Caller
+	4,   // 49: wheelfs.v1.OpenResponse.meta:type_name -> wheelfs.v1.Meta
+	70,  // 50: wheelfs.v1.OpenResponse.data:type_name -> wheelfs.v1.FileData
+	7,   // 51: wheelfs.v1.ReleaseRequest.handle:type_name -> wheelfs.v1.HandleRef
+	1,   // 52: wheelfs.v1.Mutation.kind:type_name -> wheelfs.v1.MutationKind
+	43,  // 53: wheelfs.v1.Batch.mutations:type_name -> wheelfs.v1.Mutation
+	44,  // 54: wheelfs.v1.ReplicateRequest.batches:type_name -> wheelfs.v1.Batch
+	2,   // 55: wheelfs.v1.ReplicateResponse.status:type_name -> wheelfs.v1.ReplStatus
+	4,   // 56: wheelfs.v1.ObjectState.meta:type_name -> wheelfs.v1.Meta
+	5,   // 57: wheelfs.v1.ObjectState.entries:type_name -> wheelfs.v1.Entry
+	24,  // 58: wheelfs.v1.ObjectState.blocks:type_name -> wheelfs.v1.BlockRef
+	49,  // 59: wheelfs.v1.InstallRequest.objects:type_name -> wheelfs.v1.ObjectState
+	2,   // 60: wheelfs.v1.InstallResponse.status:type_name -> wheelfs.v1.ReplStatus
+	48,  // 61: wheelfs.v1.DiffRequest.digest:type_name -> wheelfs.v1.DigestResponse
+	4,   // 62: wheelfs.v1.CreateObjectRequest.meta:type_name -> wheelfs.v1.Meta
+	3,   // 63: wheelfs.v1.CreateObjectRequest.cues:type_name -> wheelfs.v1.Cues
+	3,   // 64: wheelfs.v1.CreateObjectRequest.policy:type_name -> wheelfs.v1.Cues
+	7,   // 65: wheelfs.v1.CreateObjectRequest.handle:type_name -> wheelfs.v1.HandleRef
+	4,   // 66: wheelfs.v1.CreateObjectResponse.meta:type_name -> wheelfs.v1.Meta
+	6,   // 67: wheelfs.v1.DropLinkRequest.caller:type_name -> wheelfs.v1.Caller
+	4,   // 68: wheelfs.v1.DropLinkRequest.dir:type_name -> wheelfs.v1.Meta
+	7,   // 69: wheelfs.v1.DropLinkRequest.handle:type_name -> wheelfs.v1.HandleRef
+	4,   // 70: wheelfs.v1.DropLinkResponse.meta:type_name -> wheelfs.v1.Meta
+	4,   // 71: wheelfs.v1.StatResponse.meta:type_name -> wheelfs.v1.Meta
+	6,   // 72: wheelfs.v1.AddLinkRequest.caller:type_name -> wheelfs.v1.Caller
+	4,   // 73: wheelfs.v1.AddLinkRequest.object:type_name -> wheelfs.v1.Meta
+	4,   // 74: wheelfs.v1.AddLinkResponse.replaced:type_name -> wheelfs.v1.Meta
+	5,   // 75: wheelfs.v1.EntryChange.entry:type_name -> wheelfs.v1.Entry
+	49,  // 76: wheelfs.v1.ReconcileRequest.objects:type_name -> wheelfs.v1.ObjectState
+	65,  // 77: wheelfs.v1.ReconcileRequest.entries:type_name -> wheelfs.v1.EntryChange
+	2,   // 78: wheelfs.v1.ReconcileResponse.status:type_name -> wheelfs.v1.ReplStatus
+	69,  // 79: wheelfs.v1.XattrSummary.attrs:type_name -> wheelfs.v1.Xattr
+	24,  // 80: wheelfs.v1.FileData.blocks:type_name -> wheelfs.v1.BlockRef
+	8,   // 81: wheelfs.v1.Storage.Lookup:input_type -> wheelfs.v1.LookupRequest
+	10,  // 82: wheelfs.v1.Storage.GetAttr:input_type -> wheelfs.v1.GetAttrRequest
+	12,  // 83: wheelfs.v1.Storage.Create:input_type -> wheelfs.v1.CreateRequest
+	14,  // 84: wheelfs.v1.Storage.Link:input_type -> wheelfs.v1.LinkRequest
+	16,  // 85: wheelfs.v1.Storage.Remove:input_type -> wheelfs.v1.RemoveRequest
+	18,  // 86: wheelfs.v1.Storage.Rename:input_type -> wheelfs.v1.RenameRequest
+	20,  // 87: wheelfs.v1.Storage.SetAttr:input_type -> wheelfs.v1.SetAttrRequest
+	22,  // 88: wheelfs.v1.Storage.ReadDir:input_type -> wheelfs.v1.ReadDirRequest
+	25,  // 89: wheelfs.v1.Storage.GetBlocks:input_type -> wheelfs.v1.GetBlocksRequest
+	27,  // 90: wheelfs.v1.Storage.ReadBlocks:input_type -> wheelfs.v1.ReadBlocksRequest
+	29,  // 91: wheelfs.v1.Storage.PutBlocks:input_type -> wheelfs.v1.PutBlocksRequest
+	31,  // 92: wheelfs.v1.Storage.Commit:input_type -> wheelfs.v1.CommitRequest
+	33,  // 93: wheelfs.v1.Storage.GetXattr:input_type -> wheelfs.v1.XattrRequest
+	33,  // 94: wheelfs.v1.Storage.ListXattr:input_type -> wheelfs.v1.XattrRequest
+	33,  // 95: wheelfs.v1.Storage.SetXattr:input_type -> wheelfs.v1.XattrRequest
+	33,  // 96: wheelfs.v1.Storage.RemoveXattr:input_type -> wheelfs.v1.XattrRequest
+	35,  // 97: wheelfs.v1.Storage.StatFS:input_type -> wheelfs.v1.StatFSRequest
+	37,  // 98: wheelfs.v1.Storage.Open:input_type -> wheelfs.v1.OpenRequest
+	39,  // 99: wheelfs.v1.Storage.Release:input_type -> wheelfs.v1.ReleaseRequest
+	42,  // 100: wheelfs.v1.Storage.Callbacks:input_type -> wheelfs.v1.CallbackAck
+	45,  // 101: wheelfs.v1.Peer.Replicate:input_type -> wheelfs.v1.ReplicateRequest
+	47,  // 102: wheelfs.v1.Peer.Digest:input_type -> wheelfs.v1.DigestRequest
+	52,  // 103: wheelfs.v1.Peer.Diff:input_type -> wheelfs.v1.DiffRequest
+	50,  // 104: wheelfs.v1.Peer.Install:input_type -> wheelfs.v1.InstallRequest
+	53,  // 105: wheelfs.v1.Peer.FetchBlocks:input_type -> wheelfs.v1.FetchBlocksRequest
+	55,  // 106: wheelfs.v1.Peer.Ping:input_type -> wheelfs.v1.PingRequest
+	57,  // 107: wheelfs.v1.Peer.CreateObject:input_type -> wheelfs.v1.CreateObjectRequest
+	59,  // 108: wheelfs.v1.Peer.DropLink:input_type -> wheelfs.v1.DropLinkRequest
+	61,  // 109: wheelfs.v1.Peer.Stat:input_type -> wheelfs.v1.StatRequest
+	63,  // 110: wheelfs.v1.Peer.AddLink:input_type -> wheelfs.v1.AddLinkRequest
+	66,  // 111: wheelfs.v1.Peer.Reconcile:input_type -> wheelfs.v1.ReconcileRequest
+	9,   // 112: wheelfs.v1.Storage.Lookup:output_type -> wheelfs.v1.LookupResponse
+	11,  // 113: wheelfs.v1.Storage.GetAttr:output_type -> wheelfs.v1.GetAttrResponse
+	13,  // 114: wheelfs.v1.Storage.Create:output_type -> wheelfs.v1.CreateResponse
+	15,  // 115: wheelfs.v1.Storage.Link:output_type -> wheelfs.v1.LinkResponse
+	17,  // 116: wheelfs.v1.Storage.Remove:output_type -> wheelfs.v1.RemoveResponse
+	19,  // 117: wheelfs.v1.Storage.Rename:output_type -> wheelfs.v1.RenameResponse
+	21,  // 118: wheelfs.v1.Storage.SetAttr:output_type -> wheelfs.v1.SetAttrResponse
+	23,  // 119: wheelfs.v1.Storage.ReadDir:output_type -> wheelfs.v1.ReadDirResponse
+	26,  // 120: wheelfs.v1.Storage.GetBlocks:output_type -> wheelfs.v1.GetBlocksResponse
+	28,  // 121: wheelfs.v1.Storage.ReadBlocks:output_type -> wheelfs.v1.ReadBlocksResponse
+	30,  // 122: wheelfs.v1.Storage.PutBlocks:output_type -> wheelfs.v1.PutBlocksResponse
+	32,  // 123: wheelfs.v1.Storage.Commit:output_type -> wheelfs.v1.CommitResponse
+	34,  // 124: wheelfs.v1.Storage.GetXattr:output_type -> wheelfs.v1.XattrResponse
+	34,  // 125: wheelfs.v1.Storage.ListXattr:output_type -> wheelfs.v1.XattrResponse
+	34,  // 126: wheelfs.v1.Storage.SetXattr:output_type -> wheelfs.v1.XattrResponse
+	34,  // 127: wheelfs.v1.Storage.RemoveXattr:output_type -> wheelfs.v1.XattrResponse
+	36,  // 128: wheelfs.v1.Storage.StatFS:output_type -> wheelfs.v1.StatFSResponse
+	38,  // 129: wheelfs.v1.Storage.Open:output_type -> wheelfs.v1.OpenResponse
+	40,  // 130: wheelfs.v1.Storage.Release:output_type -> wheelfs.v1.ReleaseResponse
+	41,  // 131: wheelfs.v1.Storage.Callbacks:output_type -> wheelfs.v1.Revoke
+	46,  // 132: wheelfs.v1.Peer.Replicate:output_type -> wheelfs.v1.ReplicateResponse
+	48,  // 133: wheelfs.v1.Peer.Digest:output_type -> wheelfs.v1.DigestResponse
+	50,  // 134: wheelfs.v1.Peer.Diff:output_type -> wheelfs.v1.InstallRequest
+	51,  // 135: wheelfs.v1.Peer.Install:output_type -> wheelfs.v1.InstallResponse
+	54,  // 136: wheelfs.v1.Peer.FetchBlocks:output_type -> wheelfs.v1.FetchBlocksResponse
+	56,  // 137: wheelfs.v1.Peer.Ping:output_type -> wheelfs.v1.PingResponse
+	58,  // 138: wheelfs.v1.Peer.CreateObject:output_type -> wheelfs.v1.CreateObjectResponse
+	60,  // 139: wheelfs.v1.Peer.DropLink:output_type -> wheelfs.v1.DropLinkResponse
+	62,  // 140: wheelfs.v1.Peer.Stat:output_type -> wheelfs.v1.StatResponse
+	64,  // 141: wheelfs.v1.Peer.AddLink:output_type -> wheelfs.v1.AddLinkResponse
+	67,  // 142: wheelfs.v1.Peer.Reconcile:output_type -> wheelfs.v1.ReconcileResponse
+	112, // [112:143] is the sub-list for method output_type
+	81,  // [81:112] is the sub-list for method input_type
+	81,  // [81:81] is the sub-list for extension type_name
+	81,  // [81:81] is the sub-list for extension extendee
+	0,   // [0:81] is the sub-list for field type_name
 }
 
 func init() { file_wheelfs_proto_init() }
