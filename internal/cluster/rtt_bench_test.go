@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/wheelfs/wheelfs/internal/client"
+	"github.com/wheelfs/wheelfs/internal/cue"
 	"github.com/wheelfs/wheelfs/internal/deploy"
 	"github.com/wheelfs/wheelfs/internal/oid"
 )
@@ -123,6 +124,69 @@ func BenchmarkWideArea(b *testing.B) {
 	}
 }
 
+// BenchmarkWideAreaWholeFile is BenchmarkWideArea's cold `ls -laR` and
+// `tar -c` in a view of the tree with .WholeFile (400 small files in 20
+// directories, 100 ms between sites; new client cores for each cold run).
+//
+//	go test ./internal/cluster/ -run '^$' -bench WideAreaWholeFile -benchtime 1x -v
+func BenchmarkWideAreaWholeFile(b *testing.B) {
+	const long = 10 * time.Minute
+	c := Start(b, Options{RTT: UniformRTT(benchRTT), LockTTL: long, Adjust: func(n *Node, cfg *deploy.Config) {
+		cfg.Server.LeaseTTL = long
+	}})
+	ctx := context.Background()
+	west := c.Client("west")
+	const dirs, files = 20, 20
+	whole := client.NoCues
+	whole.WholeFile = true
+	for b.Loop() {
+		top := fmt.Sprint("/w", time.Now().UnixNano())
+		if _, err := west.Mkdir(ctx, Owner(), top, 0o755); err != nil {
+			b.Fatal(err)
+		}
+		errs := make(chan error, dirs)
+		for d := range dirs {
+			go func() {
+				dir := fmt.Sprintf("%s/d%02d", top, d)
+				_, err := west.Mkdir(ctx, Owner(), dir, 0o755)
+				for f := 0; f < files && err == nil; f++ {
+					i := d*files + f
+					err = west.WriteFile(ctx, Owner(), fmt.Sprintf("%s/f%02d", dir, f),
+						bytes.Repeat([]byte{byte('a' + i%26)}, 512+(i*977)%(16<<10)), 0o644)
+				}
+				errs <- err
+			}()
+		}
+		for range dirs {
+			if err := <-errs; err != nil {
+				b.Fatal(err)
+			}
+		}
+		tree := mustResolve(b, west, top)
+		walk := func(fs *client.FS) result {
+			return measure(fs, func() error {
+				n, err := lsLRCues(ctx, fs, whole, tree)
+				if err == nil && n != dirs+dirs*files {
+					err = fmt.Errorf("walked %d entries", n)
+				}
+				return err
+			})
+		}
+		tarC := func(fs *client.FS) result {
+			return measure(fs, func() error { return readTreeCues(ctx, fs, whole, tree) })
+		}
+		report := func(what string, home, remote result) {
+			b.Logf("%-34s home %9v %-44v remote %9v %v", what, home.took.Round(time.Millisecond), home.sent.Calls,
+				remote.took.Round(time.Millisecond), remote.sent.Calls)
+		}
+		home, remote := freshClient(c, "west"), freshClient(c, "east")
+		report(".WholeFile ls -laR cold", walk(home), walk(remote))
+		report(".WholeFile tar -c after it", tarC(home), tarC(remote))
+		home, remote = freshClient(c, "west"), freshClient(c, "east")
+		report(".WholeFile tar -c cold", tarC(home), tarC(remote))
+	}
+}
+
 // result is one measured operation: its time and the requests it sent.
 type result struct {
 	took time.Duration
@@ -163,22 +227,27 @@ func mustResolve(b *testing.B, fs *client.FS, path string) oid.ID {
 // readTree reads every file under dir as tar -c does (a listing, a
 // lookup per entry, open, read, close), checking each one's length.
 func readTree(ctx context.Context, fs *client.FS, dir oid.ID) error {
-	entries, _, err := fs.ReadDir(ctx, Owner(), client.NoCues, dir)
+	return readTreeCues(ctx, fs, client.NoCues, dir)
+}
+
+// readTreeCues is readTree in a view of dir with cues (.WholeFile).
+func readTreeCues(ctx context.Context, fs *client.FS, cues cue.Set, dir oid.ID) error {
+	entries, _, err := fs.ReadDir(ctx, Owner(), cues, dir)
 	if err != nil {
 		return err
 	}
 	for _, e := range entries {
-		a, err := fs.Lookup(ctx, Owner(), client.NoCues, dir, e.Name)
+		a, err := fs.Lookup(ctx, Owner(), cues, dir, e.Name)
 		if err != nil {
 			return err
 		}
 		if a.Type == client.TypeDir {
-			if err := readTree(ctx, fs, oid.ID(a.Id)); err != nil {
+			if err := readTreeCues(ctx, fs, cues, oid.ID(a.Id)); err != nil {
 				return err
 			}
 			continue
 		}
-		h, _, err := fs.Open(ctx, Owner(), client.NoCues, oid.ID(a.Id), syscall.O_RDONLY)
+		h, _, err := fs.Open(ctx, Owner(), cues, oid.ID(a.Id), syscall.O_RDONLY)
 		if err != nil {
 			return err
 		}

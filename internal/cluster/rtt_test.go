@@ -3,9 +3,12 @@ package cluster
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"maps"
+	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -278,64 +281,70 @@ func TestWholeFileSubtree(t *testing.T) {
 // TestReadsWaitForRevocation checks the fence that lets a change revoke
 // leases while it replicates: the change is committed at the primary
 // before its holders dropped their leases, so no reader may be shown it
-// until then. East holds a lease on /f and is cut off from its primary;
-// west's rewrite must wait out east's lease, and eu, reading /f at the
-// primary meanwhile, sees the new contents only once that lease is over
-// (else eu would see "new" while east may still read "old": not
-// linearizable).
+// until then (eu would see the change while east may still read the old
+// contents from its lease: not linearizable). East holds a lease on /f
+// and is slow to acknowledge its revocation (its OnRevoke hook waits);
+// eu's read of /f at the primary meanwhile returns only after east let go.
 func TestReadsWaitForRevocation(t *testing.T) {
 	t.Parallel()
-	const lease = 3 * time.Second
-	c := Start(t, Options{LockTTL: 10 * time.Second, Adjust: func(n *Node, cfg *deploy.Config) {
-		cfg.Server.LeaseTTL = lease
-	}})
+	c := Start(t, Options{LockTTL: 10 * time.Second})
 	ctx := opCtx(t)
 	west, east, eu := c.Client("west"), c.Client("east"), c.Client("eu")
 	if err := west.WriteFile(ctx, Owner(), "/f", []byte("old"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	granted := time.Now() // east's lease is granted after this, so it ends after granted+lease
 	for range 2 {
 		if err := readIs(ctx, east, "/f", []byte("old")); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if east.LeaseLeft(mustID(t, east, "/f")) <= 0 {
+	f := mustID(t, east, "/f")
+	if east.LeaseLeft(f) <= 0 {
 		t.Fatal("east holds no lease on /f after reading it")
 	}
-	c.PartitionLink("west", "east")
-	defer c.HealLink("west", "east")
+	revoking, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	east.OnRevoke(func(ids []oid.ID) {
+		if slices.Contains(ids, f) {
+			once.Do(func() { close(revoking) })
+			<-release
+		}
+	})
 	done := make(chan error, 1)
+	go func() { done <- west.WriteFile(ctx, Owner(), "/f", []byte("new"), 0o644) }()
+	<-revoking // the truncate of O_TRUNC is committed at the primary, east still holds its lease
+	before := eu.Stats()
+	type answer struct {
+		data []byte
+		err  error
+		at   time.Time
+	}
+	got := make(chan answer, 1)
 	go func() {
-		// .SyncLevel=2: east is also a backup, and cut off.
-		done <- west.WriteFile(ctx, Owner(), "/.SyncLevel=2/f", []byte("new"), 0o644)
+		b, err := eu.ReadFile(ctx, Owner(), "/f")
+		got <- answer{b, err, time.Now()}
 	}()
-	reads := 0
-	for {
-		got, err := eu.ReadFile(ctx, Owner(), "/f")
-		at := time.Now()
-		if err != nil {
-			t.Fatal(err)
+	poll.Until(t, 5*time.Second, "eu's lookup sent", func() error {
+		if eu.Stats().Sub(before).Calls["Lookup"] == 0 {
+			return errors.New("not yet")
 		}
-		reads++
-		if string(got) != "old" && at.Before(granted.Add(lease)) {
-			// The truncate of O_TRUNC ("") is a change as well.
-			t.Errorf("eu read %q %v before east's lease could end", got, granted.Add(lease).Sub(at))
-		}
-		if string(got) == "new" {
-			break
-		}
-		if string(got) != "old" && string(got) != "" {
-			t.Fatalf("eu read %q", got)
-		}
-		if at.After(granted.Add(3 * lease)) {
-			t.Fatal("eu never read the new contents")
-		}
+		return nil
+	})
+	released := time.Now()
+	close(release)
+	a := <-got
+	if a.err != nil {
+		t.Fatal(a.err)
+	}
+	if a.at.Before(released) {
+		t.Errorf("eu read %q %v before east dropped its lease", a.data, released.Sub(a.at))
+	}
+	if string(a.data) == "old" {
+		t.Errorf("eu read the old contents after the change was committed")
 	}
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("eu read /f %d times until it saw the change", reads)
 }
 
 // TestClosedClientReleasesLeases checks that a client core that closes

@@ -117,20 +117,32 @@ func (l *leases) grant(c *wire.Caller, ids ...oid.ID) uint32 {
 // live leases to revoke. With f, the leased ones are fenced by f at once
 // (the update goes on and revokes after it commits), and the fences of
 // other updates on ids are returned: the update is not acknowledged
-// before they are done. It runs inside the store's commit, so it only
-// looks at maps.
-func (l *leases) claim(ids []oid.ID, f *fence) (leased []oid.ID, others []chan struct{}) {
+// before they are done. A holder whose back channel is already broken
+// will not answer: its lease must run out, and readers should not wait
+// that long behind a fence, so then nothing is fenced and lost is true
+// (the update revokes first, uncommitted, as before issue 11). It runs
+// inside the store's commit, so it only looks at maps.
+func (l *leases) claim(ids []oid.ID, f *fence) (leased []oid.ID, others []chan struct{}, lost bool) {
 	now := time.Now()
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for _, id := range ids {
 		l.busy[id]++
+		live := false
 		for sess, h := range l.holders[id] {
-			if h.until.After(now) {
-				leased = append(leased, id)
-				break
+			if !h.until.After(now) {
+				delete(l.holders[id], sess)
+				continue
 			}
-			delete(l.holders[id], sess)
+			live = true
+			select {
+			case <-h.stream.dead:
+				lost = true
+			default:
+			}
+		}
+		if live {
+			leased = append(leased, id)
 		}
 		if len(l.holders[id]) == 0 {
 			delete(l.holders, id)
@@ -141,7 +153,7 @@ func (l *leases) claim(ids []oid.ID, f *fence) (leased []oid.ID, others []chan s
 			}
 		}
 	}
-	if f != nil {
+	if f != nil && !lost {
 		for _, id := range leased {
 			if !slices.Contains(f.ids, id) {
 				f.ids = append(f.ids, id)
@@ -149,7 +161,7 @@ func (l *leases) claim(ids []oid.ID, f *fence) (leased []oid.ID, others []chan s
 			}
 		}
 	}
-	return leased, others
+	return leased, others, lost
 }
 
 // lift ends fence f: its revocations are done (or its update failed).

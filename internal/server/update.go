@@ -45,7 +45,10 @@ func (s *Server) update(ctx context.Context, sync uint32, fn func(tx *store.Tx) 
 // acknowledged or its lease expired, so no answer showing them leaves
 // this server meanwhile. The change is acknowledged once both are done
 // (and once the fences earlier changes of these objects set are down).
-// Only fn's early refusals (mustRevoke) revoke first and run again.
+// Two cases revoke first and run again, uncommitted: fn's early refusals
+// (mustRevoke), and a holder whose back channel is already broken (its
+// lease must run out: readers keep the old state meanwhile instead of
+// waiting behind a fence for up to a lease length).
 func (s *Server) updateUndo(ctx context.Context, sync uint32, fn func(tx *store.Tx) error, undo func()) error {
 	var claimed []oid.ID
 	handed := false // a revocation goroutine took the claims over
@@ -61,7 +64,10 @@ func (s *Server) updateUndo(ctx context.Context, sync uint32, fn func(tx *store.
 		err := s.updateOnce(ctx, sync, fn, func(muts []*wire.Mutation) error {
 			ids := mutatedObjects(muts)
 			claimed = append(claimed, ids...)
-			_, o := s.leases.claim(ids, f)
+			leased, o, lost := s.leases.claim(ids, f)
+			if lost {
+				return &leasedError{ids: leased}
+			}
 			others = append(others, o...)
 			return nil
 		}, func() {
@@ -94,7 +100,7 @@ func (s *Server) updateUndo(ctx context.Context, sync uint32, fn func(tx *store.
 		if undo != nil {
 			undo()
 		}
-		// Found by fn itself: no grants on them until we are done.
+		// No grants on them until we are done.
 		claimed = append(claimed, le.ids...)
 		s.leases.claim(le.ids, nil)
 		if err := s.leases.revoke(ctx, le.ids); err != nil {
@@ -118,7 +124,7 @@ func (s *Server) revokeFenced(f *fence, claimed []oid.ID) {
 }
 
 // leasedError undoes an update attempt whose objects must have their
-// leases revoked first (mustRevoke).
+// leases revoked first (mustRevoke; a holder that cannot be called back).
 type leasedError struct {
 	ids []oid.ID
 }
