@@ -18,6 +18,10 @@ import (
 	"github.com/wheelfs/wheelfs/internal/wire"
 )
 
+// attachWait bounds how long a request naming a session waits for that
+// session's back channel to attach before it is answered without a lease.
+const attachWait = 50 * time.Millisecond
+
 // DefaultLeaseTTL is how long a client may use cached meta-data without
 // asking the primary (paper §8: one minute).
 const DefaultLeaseTTL = time.Minute
@@ -36,6 +40,7 @@ type leases struct {
 	holders  map[oid.ID]map[uint64]holder
 	busy     map[oid.ID]int // updates deciding or revoking: no grants
 	sessions map[uint64]*callbackStream
+	attached chan struct{} // closed (and replaced) whenever a stream attaches
 	// fences are committed updates still revoking leases on an object:
 	// until they are done, no answer that shows the object leaves this
 	// server (settle), since a holder may still use what it replaced.
@@ -71,7 +76,8 @@ type callbackStream struct {
 
 func newLeases(ttl time.Duration, valid func(oid.Slice) time.Time) *leases {
 	return &leases{ttl: ttl, valid: valid, holders: map[oid.ID]map[uint64]holder{},
-		busy: map[oid.ID]int{}, sessions: map[uint64]*callbackStream{}, fences: map[oid.ID][]*fence{}}
+		busy: map[oid.ID]int{}, sessions: map[uint64]*callbackStream{}, fences: map[oid.ID][]*fence{},
+		attached: make(chan struct{})}
 }
 
 // grant records a lease on ids for the caller's session and returns its
@@ -82,13 +88,32 @@ func (l *leases) grant(c *wire.Caller, ids ...oid.ID) uint32 {
 	if c == nil || c.Session == 0 || c.Eventual || l.ttl <= 0 {
 		return 0
 	}
-	now := time.Now()
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	st := l.sessions[c.Session]
 	if st == nil {
-		return 0
+		// A client sends its session once its back channel's first
+		// message is out, on the same connection as this request: the
+		// stream attaches at once, or it is not coming.
+		deadline := time.Now().Add(attachWait)
+		for st == nil {
+			left := time.Until(deadline)
+			if left <= 0 {
+				return 0
+			}
+			ch := l.attached
+			l.mu.Unlock()
+			t := time.NewTimer(left)
+			select {
+			case <-ch:
+			case <-t.C:
+			}
+			t.Stop()
+			l.mu.Lock()
+			st = l.sessions[c.Session]
+		}
 	}
+	now := time.Now()
 	until := now.Add(l.ttl)
 	for _, id := range ids {
 		if l.busy[id] > 0 {
@@ -348,6 +373,8 @@ func (l *leases) attach(session uint64) *callbackStream {
 	l.mu.Lock()
 	old := l.sessions[session]
 	l.sessions[session] = st
+	close(l.attached)
+	l.attached = make(chan struct{})
 	l.mu.Unlock()
 	if old != nil {
 		old.close()
