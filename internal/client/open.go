@@ -200,7 +200,7 @@ func (f *FS) Open(ctx context.Context, u User, cues cue.Set, id oid.ID, flags ui
 		h.registered = f.registerOpen(req)
 	} else {
 		// Compound open: the version check brings what the first reads need.
-		req.WantData = perm.OpenAccess(flags)&perm.R != 0
+		req.WantData = perm.OpenAccess(flags)&perm.R != 0 && flags&syscall.O_TRUNC == 0
 		resp, tok, err := readLeased(ctx, f, cues, id, wire.StorageClient.Open, req, func(r *wire.OpenResponse) uint64 {
 			return r.GetMeta().GetVersion()
 		})
