@@ -140,6 +140,9 @@ type FS struct {
 	suspects  map[string]time.Time
 
 	handles atomic.Uint64 // numbers this client's opens (handleRef.id)
+
+	listMu  sync.Mutex
+	listing map[oid.ID]chan struct{} // listings a .WholeFile prefetch is fetching
 }
 
 // New returns a client core that reaches servers through router.
@@ -181,6 +184,7 @@ func New(cfg Config, router Router) *FS {
 		files:    make(map[oid.ID]*fileState),
 		inflight: make(map[[32]byte]chan struct{}),
 		regs:     map[oid.ID]*registration{},
+		listing:  map[oid.ID]chan struct{}{},
 	}
 	f.leases = newLeases(f)
 	return f
@@ -189,7 +193,7 @@ func New(cfg Config, router Router) *FS {
 // Close stops the lease back channels and writes the blocks queued for
 // the on-disk cache. The FS must not be used afterwards.
 func (f *FS) Close() error {
-	f.leases.stop()
+	f.leases.close()
 	return f.cache.Close()
 }
 

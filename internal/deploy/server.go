@@ -61,6 +61,7 @@ func (h *Host) startServer(ctx context.Context, local *lateLocal) (err error) {
 		grpc.MaxRecvMsgSize(64<<20), grpc.MaxSendMsgSize(64<<20),
 		// Clients and peers ping idle connections (route.KeepaliveTime).
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: route.KeepaliveTime / 2, PermitWithoutStream: true}),
+		grpc.InitialWindowSize(route.WindowSize), grpc.InitialConnWindowSize(route.ConnWindowSize),
 		grpc.ChainUnaryInterceptor(h.gate.unary, h.Server.UnaryInterceptor()), grpc.ChainStreamInterceptor(h.gate.stream))
 	wire.RegisterStorageServer(h.grpc, h.Server)
 	wire.RegisterPeerServer(h.grpc, h.Server.PeerService())

@@ -38,7 +38,7 @@ func TestRevokeBoundedByCaller(t *testing.T) {
 	for range 2 {
 		ctx, cancel := context.WithTimeout(t.Context(), 100*time.Millisecond)
 		began := time.Now()
-		l.claim([]oid.ID{id}, false)
+		l.claim([]oid.ID{id}, nil, false)
 		err := l.revoke(ctx, []oid.ID{id}, false)
 		l.unclaim([]oid.ID{id})
 		cancel()
@@ -60,7 +60,7 @@ func TestEventualRevokeGoesOn(t *testing.T) {
 	silentHolder(t, l, 7, id)
 	ctx, cancel := context.WithTimeout(t.Context(), 400*time.Millisecond)
 	defer cancel()
-	if leased := l.claim([]oid.ID{id}, true); len(leased) != 1 {
+	if leased, _, _ := l.claim([]oid.ID{id}, nil, true); len(leased) != 1 {
 		t.Fatalf("claim reports %v leased, want %v", leased, id)
 	}
 	began := time.Now()
@@ -70,14 +70,14 @@ func TestEventualRevokeGoesOn(t *testing.T) {
 	if err != nil || took < 150*time.Millisecond || took > 350*time.Millisecond {
 		t.Fatalf("eventual revoke: %v after %v, want success after about half of 400ms", err, took)
 	}
-	if leased := l.claim([]oid.ID{id}, true); len(leased) != 0 {
+	if leased, _, _ := l.claim([]oid.ID{id}, nil, true); len(leased) != 0 {
 		t.Errorf("an eventual update waits again for an abandoned lease: %v", leased)
 	}
 	l.unclaim([]oid.ID{id})
 	if l.leased(id) {
 		t.Error("an abandoned lease still counts as one its holder may act on")
 	}
-	if leased := l.claim([]oid.ID{id}, false); len(leased) != 1 {
+	if leased, _, _ := l.claim([]oid.ID{id}, nil, false); len(leased) != 1 {
 		t.Errorf("an abandoned lease does not hold up a strict update: %v", leased)
 	}
 	l.unclaim([]oid.ID{id})
