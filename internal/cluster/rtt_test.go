@@ -354,7 +354,9 @@ func TestReadsWaitForRevocation(t *testing.T) {
 // file it had listed.)
 func TestClosedClientReleasesLeases(t *testing.T) {
 	t.Parallel()
-	const lease = 30 * time.Second
+	// Longer than the default, so that waiting it out shows; deploy
+	// requires it below the clients' call bound (30 s).
+	const lease = 20 * time.Second
 	c := Start(t, Options{RTT: UniformRTT(20 * time.Millisecond), LockTTL: time.Minute, Adjust: func(n *Node, cfg *deploy.Config) {
 		cfg.Server.LeaseTTL = lease
 	}})
