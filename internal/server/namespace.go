@@ -502,6 +502,10 @@ func (s *Server) removeRemote(ctx context.Context, req *wire.RemoveRequest) (out
 	if s.local(ctx, id) {
 		return nil, false, nil
 	}
+	if e.Type != wire.Type_TYPE_DIR {
+		out, err = s.removeRemoteFile(ctx, req, d, e)
+		return out, true, err
+	}
 	owner := s.primaryOf(id.Slice())
 	if owner == "" {
 		return nil, true, fmt.Errorf("no primary for %v: %w", id, fserr.ErrNotPrimary)
@@ -546,6 +550,81 @@ func (s *Server) removeRemote(ctx context.Context, req *wire.RemoveRequest) (out
 		out = resp.Meta
 	}
 	return out, true, err
+}
+
+// removeRemoteFile is removeRemote for a name of a file (or symlink)
+// that another server keeps: the name goes first, then that server drops
+// the link. In the other order (as a directory must be removed, whose
+// emptiness only its own primary can check) a name whose object was
+// already gone could be seen in between — listed by a readdir, not found
+// by a lookup, ENOENT for a rename — and a fault between the two steps
+// (the directory's primary cut off or paused) stretched that to seconds
+// (TestLinearizableUnderFaults, "spread"). A failure between them now
+// leaves a file with a link and no name, as an eventual remove does.
+func (s *Server) removeRemoteFile(ctx context.Context, req *wire.RemoveRequest, d *wire.Meta, e *wire.Entry) (*wire.Meta, error) {
+	dir, id := oid.ID(req.Dir), oid.ID(e.Id)
+	if req.DirOnly {
+		return nil, fserr.ErrNotDir
+	}
+	child := &wire.Meta{}
+	if d.Mode&syscall.S_ISVTX != 0 { // the child's owner decides
+		m, _, err := s.remoteMeta(ctx, id)
+		if err != nil && !errors.Is(err, fserr.ErrNotExist) {
+			return nil, err
+		}
+		if m != nil {
+			child = m
+		}
+	}
+	if err := perm.MayRemove(cred(req.Caller), attr(d), attr(child)); err != nil {
+		return nil, err
+	}
+	now := time.Now().UnixNano()
+	err := s.update(ctx, req.SyncLevel, func(tx *store.Tx) error {
+		d, err := s.dirMeta(tx, dir)
+		if err != nil {
+			return err
+		}
+		cur, err := tx.Entry(dir, req.Name)
+		if err != nil {
+			return err
+		}
+		if cur.Id != e.Id {
+			return fmt.Errorf("%q names another object now: %w", req.Name, fserr.ErrNotExist)
+		}
+		if err := tx.DeleteEntry(dir, req.Name); err != nil {
+			return err
+		}
+		touch(d, now, true)
+		return tx.PutMeta(d)
+	})
+	if err != nil {
+		return nil, err
+	}
+	out, err := s.dropLinkAt(ctx, id, req)
+	if err != nil && !errors.Is(err, fserr.ErrNotExist) { // ENOENT: the name was dangling
+		s.log.Warn("remove: the name is gone, the file keeps a link", "id", id, "err", err)
+	}
+	return out, nil
+}
+
+// dropLinkAt asks the primary of id to drop one link to it.
+func (s *Server) dropLinkAt(ctx context.Context, id oid.ID, req *wire.RemoveRequest) (*wire.Meta, error) {
+	owner := s.primaryOf(id.Slice())
+	if owner == "" {
+		return nil, fmt.Errorf("no primary for %v: %w", id, fserr.ErrNotPrimary)
+	}
+	p, err := s.peer(ctx, owner)
+	if err != nil {
+		return nil, err
+	}
+	cctx, cancel := context.WithTimeout(ctx, s.cfg.PeerTimeout)
+	defer cancel()
+	resp, err := p.DropLink(cctx, &wire.DropLinkRequest{Id: uint64(id), FileOnly: req.FileOnly, SyncLevel: req.SyncLevel})
+	if err != nil {
+		return nil, fserr.FromStatus(err)
+	}
+	return resp.Meta, nil
 }
 
 // SetAttr implements wire.StorageServer.
