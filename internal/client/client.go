@@ -161,6 +161,9 @@ type FS struct {
 	logins *logins // users' sessions at this client (login.go)
 
 	peer peerState // .Hotspot peer serving and fetching (peer.go)
+
+	listMu  sync.Mutex
+	listing map[oid.ID]chan struct{} // listings a .WholeFile prefetch is fetching
 }
 
 // New returns a client core that reaches servers through router.
@@ -207,6 +210,7 @@ func New(cfg Config, router Router) *FS {
 		regs:     map[oid.ID]*registration{},
 		reports:  newHoldReports(),
 		logins:   newLogins(),
+		listing:  map[oid.ID]chan struct{}{},
 	}
 	f.leases = newLeases(f)
 	f.peer.init(cfg.Peers)
@@ -217,7 +221,7 @@ func New(cfg Config, router Router) *FS {
 // the on-disk cache. The FS must not be used afterwards.
 func (f *FS) Close() error {
 	f.reports.close()
-	f.leases.stop()
+	f.leases.close()
 	f.logins.close()
 	return f.cache.Close()
 }

@@ -158,7 +158,7 @@ func callLeased[Req request, Resp any](ctx context.Context, f *FS, id oid.ID, rp
 	var tok leaseToken
 	resp, err := callVia(ctx, f, id, rpc, req, callOpts{refusalEnds: refusalEnds, prep: func(c Conn) {
 		var sess uint64
-		sess, tok = f.leases.begin(c)
+		sess, tok = f.leases.begin(ctx, c)
 		req.GetCaller().Session = sess
 	}})
 	return resp, tok, err

@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"google.golang.org/grpc"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/wheelfs/wheelfs/internal/oid"
@@ -148,9 +149,20 @@ type refList struct {
 
 // backChannel is the Callbacks stream to one server.
 type backChannel struct {
-	id  string
-	gen uint64 // current incarnation; 0 while down
+	id    string
+	gen   uint64        // current incarnation; 0 while down
+	ready chan struct{} // closed when the first attempt to open it ended
+	once  sync.Once
+
+	sendMu sync.Mutex // one sender at a time on stream
+	stream grpc.BidiStreamingClient[wire.CallbackAck, wire.Revoke]
+	ended  chan struct{} // closed when the current stream's serve returns
 }
+
+// backChannelWait bounds how long the first request to a server waits
+// for the back channel to open (no round trip: the stream's first message
+// is only sent), so that it can already ask for a lease.
+const backChannelWait = time.Second
 
 // leaseToken remembers, for one request, what must still hold when its
 // answer arrives for the lease to count.
@@ -172,19 +184,34 @@ func newLeases(f *FS) *leases {
 
 // begin prepares a request to server c that may bring a lease: it starts
 // the server's back channel if needed and returns the session to send
-// (0 while the channel is down: no lease can be kept) and a token.
-func (l *leases) begin(c Conn) (uint64, leaseToken) {
+// (0 while the channel is down: no lease can be kept) and a token. The
+// first requests to a server wait (within ctx and backChannelWait) for
+// the channel's first attempt to open, so that even a cold client's
+// first listing comes with a lease. (The server may still attach the
+// stream after it answered: then that answer brings no lease.)
+func (l *leases) begin(ctx context.Context, c Conn) (uint64, leaseToken) {
 	if l.f.cfg.NoLeases || c.ID == "" {
 		return 0, leaseToken{server: c.ID, start: time.Now()}
 	}
 	l.mu.Lock()
-	defer l.mu.Unlock()
 	bc := l.chans[c.ID]
 	if bc == nil {
-		bc = &backChannel{id: c.ID}
+		bc = &backChannel{id: c.ID, ready: make(chan struct{})}
 		l.chans[c.ID] = bc
 		go l.run(bc, c.StorageClient)
 	}
+	if bc.gen == 0 {
+		l.mu.Unlock()
+		t := time.NewTimer(backChannelWait)
+		select {
+		case <-bc.ready:
+		case <-t.C:
+		case <-ctx.Done():
+		}
+		t.Stop()
+		l.mu.Lock()
+	}
+	defer l.mu.Unlock()
 	t := leaseToken{server: c.ID, chanGen: bc.gen, revGen: l.gen, start: time.Now()}
 	if bc.gen == 0 {
 		return 0, t
@@ -389,6 +416,8 @@ var chanGens atomic.Uint64
 func (l *leases) serve(bc *backChannel, sc wire.StorageClient) bool {
 	ctx, cancel := context.WithCancel(l.ctx)
 	defer cancel()
+	opened := func() { bc.once.Do(func() { close(bc.ready) }) }
+	defer opened() // also when it failed: requests go on without a lease
 	stream, err := sc.Callbacks(ctx)
 	if err == nil {
 		err = stream.Send(&wire.CallbackAck{Session: l.session})
@@ -397,13 +426,16 @@ func (l *leases) serve(bc *backChannel, sc wire.StorageClient) bool {
 		return false
 	}
 	gen := chanGens.Add(1)
+	ended := make(chan struct{})
 	l.mu.Lock()
-	bc.gen = gen
+	bc.gen, bc.stream, bc.ended = gen, stream, ended
 	l.mu.Unlock()
+	opened()
 	defer func() {
 		l.mu.Lock()
-		bc.gen = 0 // every lease it brought is stale now
+		bc.gen, bc.stream = 0, nil // every lease it brought is stale now
 		l.mu.Unlock()
+		close(ended)
 	}()
 	for {
 		r, err := stream.Recv()
@@ -414,10 +446,57 @@ func (l *leases) serve(bc *backChannel, sc wire.StorageClient) bool {
 			return true
 		}
 		l.revoke(r.Ids)
-		if err := stream.Send(&wire.CallbackAck{Session: l.session, Seq: r.Seq}); err != nil {
+		bc.sendMu.Lock()
+		err = stream.Send(&wire.CallbackAck{Session: l.session, Seq: r.Seq})
+		bc.sendMu.Unlock()
+		if err != nil {
 			return true
 		}
 	}
+}
+
+// byeWait bounds how long closing waits for servers to take its bye.
+const byeWait = time.Second
+
+// close ends the back channels. Each server is told first (bye), after
+// every lease it granted stopped counting here, so that it forgets them
+// instead of making the next change to what this client cached wait for
+// them to run out.
+func (l *leases) close() {
+	type bye struct {
+		bc     *backChannel
+		stream grpc.BidiStreamingClient[wire.CallbackAck, wire.Revoke]
+	}
+	l.mu.Lock()
+	var byes []bye
+	var ends []chan struct{}
+	for _, bc := range l.chans {
+		if bc.stream != nil {
+			bc.gen = 0 // nothing it leased counts any more
+			byes = append(byes, bye{bc, bc.stream})
+			ends = append(ends, bc.ended)
+		}
+	}
+	l.mu.Unlock()
+	for _, b := range byes {
+		go func() {
+			b.bc.sendMu.Lock()
+			defer b.bc.sendMu.Unlock()
+			if err := b.stream.Send(&wire.CallbackAck{Session: l.session, Bye: true}); err == nil {
+				_ = b.stream.CloseSend()
+			}
+		}()
+	}
+	// The server ends the stream once it took the bye.
+	t := time.NewTimer(byeWait)
+	defer t.Stop()
+	for _, ch := range ends {
+		select {
+		case <-ch:
+		case <-t.C:
+		}
+	}
+	l.stop()
 }
 
 // keepRefs remembers the block list of a closed, unmodified file version.
@@ -436,6 +515,18 @@ func (l *leases) keepRefs(id oid.ID, version uint64, hashes map[uint64]blockRef,
 		}
 	}
 	l.refs[id] = &refList{version: version, hashes: hashes, loaded: loaded}
+}
+
+// peekRefs returns a copy of the remembered first block references of
+// id at version, leaving them for the open that takes them.
+func (l *leases) peekRefs(id oid.ID, version uint64) (map[uint64]blockRef, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	r := l.refs[id]
+	if r == nil || r.version != version || !r.loaded[0] {
+		return nil, false
+	}
+	return maps.Clone(r.hashes), true
 }
 
 // takeRefs returns the remembered block list of id at version.

@@ -61,7 +61,7 @@ func (f *FS) lookupMeta(ctx context.Context, u User, cues cue.Set, dir oid.ID, n
 
 // lookup is Lookup within the caller's bound.
 func (f *FS) lookup(ctx context.Context, u User, cues cue.Set, dir oid.ID, name string, attempt int) (*wire.Meta, error) {
-	req := &wire.LookupRequest{Caller: u.caller(), Dir: uint64(dir), Name: name, AbsentOk: true}
+	req := &wire.LookupRequest{Caller: u.caller(), Dir: uint64(dir), Name: name, AbsentOk: true, WantData: true}
 	resp, tok, err := readLeased(ctx, f, cues, dir, wire.StorageClient.Lookup, req, func(r *wire.LookupResponse) uint64 {
 		if r.Absent {
 			return 0 // as ENOENT was: any replica that has the name wins
@@ -99,6 +99,7 @@ func (f *FS) lookup(ctx context.Context, u User, cues cue.Set, dir oid.ID, name 
 		f.leases.record(tok, resp.LeaseMs, oid.ID(resp.Meta.Id), func(c *cached) {
 			c.meta, c.xattrs = resp.Meta, newXattrSet(resp.Xattrs)
 		})
+		f.keepData(oid.ID(resp.Meta.Id), resp.Data)
 	}
 	if resp.Meta == nil && resp.Entry != nil {
 		// The child lives on another primary: ask it.
@@ -387,13 +388,43 @@ func (f *FS) ReadDir(ctx context.Context, u User, cues cue.Set, dir oid.ID) ([]E
 
 // readDir is ReadDir on wire types; metas is nil without .WholeFile.
 func (f *FS) readDir(ctx context.Context, u User, cues cue.Set, dir oid.ID) ([]*wire.Entry, []*wire.Meta, *wire.Meta, error) {
-	if !cues.WholeFile {
-		if entries, d, err, ok := f.cachedList(u, dir, false); ok {
-			return entries, nil, d, err
+	for range 2 {
+		if entries, metas, d, err, ok := f.cachedListing(u, dir, cues.WholeFile); ok {
+			return entries, metas, d, err
+		}
+		// A .WholeFile prefetch of this directory under way: its answer
+		// will be cached.
+		if !f.waitListing(ctx, dir) {
+			break
 		}
 	}
 	ctx, cancel := f.bound(ctx, cues)
 	defer cancel()
+	return f.fetchDir(ctx, u, cues, dir)
+}
+
+// cachedListing is cachedList, with the entries' meta-data under
+// .WholeFile (all of it leased, or ok is false).
+func (f *FS) cachedListing(u User, dir oid.ID, whole bool) ([]*wire.Entry, []*wire.Meta, *wire.Meta, error, bool) {
+	entries, d, err, ok := f.cachedList(u, dir, false)
+	if !ok || err != nil || !whole {
+		return entries, nil, d, err, ok
+	}
+	metas := make([]*wire.Meta, 0, len(entries))
+	for _, e := range entries {
+		m, ok := f.leases.meta(oid.ID(e.Id), false)
+		if !ok {
+			return nil, nil, nil, nil, false
+		}
+		metas = append(metas, m)
+	}
+	return entries, metas, d, nil, true
+}
+
+// fetchDir reads a listing from the directory's primary, within ctx.
+// Under .WholeFile the subdirectories' listings follow in the background
+// (prefetchTree), so a walk of the subtree finds them cached.
+func (f *FS) fetchDir(ctx context.Context, u User, cues cue.Set, dir oid.ID) ([]*wire.Entry, []*wire.Meta, *wire.Meta, error) {
 	var entries []*wire.Entry
 	var metas []*wire.Meta
 	var d *wire.Meta
@@ -402,7 +433,8 @@ func (f *FS) readDir(ctx context.Context, u User, cues cue.Set, dir oid.ID) ([]*
 	var sum *wire.XattrSummary
 	lease := uint32(0)
 	for page := 0; ; page++ {
-		req := &wire.ReadDirRequest{Caller: u.caller(), Dir: uint64(dir), After: after, Limit: 1024, WithMeta: cues.WholeFile}
+		req := &wire.ReadDirRequest{Caller: u.caller(), Dir: uint64(dir), After: after, Limit: 1024, WithMeta: cues.WholeFile,
+			Plus: page < plusPages && !f.cfg.NoLeases}
 		resp, tok, err := readLeased(ctx, f, cues, dir, wire.StorageClient.ReadDir, req, func(r *wire.ReadDirResponse) uint64 {
 			return r.GetDir().GetVersion()
 		})
@@ -421,6 +453,7 @@ func (f *FS) readDir(ctx context.Context, u User, cues cue.Set, dir oid.ID) ([]*
 		}
 		entries = append(entries, resp.Entries...)
 		metas = append(metas, resp.Metas...)
+		f.recordPlus(tok, resp)
 		d = resp.Dir
 		if resp.Eof || len(resp.Entries) == 0 {
 			break
@@ -434,7 +467,29 @@ func (f *FS) readDir(ctx context.Context, u User, cues cue.Set, dir oid.ID) ([]*
 			c.xattrs = x
 		}
 	})
+	if cues.WholeFile {
+		f.prefetchTree(ctx, u, cues, entries)
+	}
 	return entries, metas, d, nil
+}
+
+// recordPlus keeps the entries' meta-data and xattr summaries that a
+// readdir-plus page brought under their lease, so that the lookups,
+// stats and getxattrs that follow a listing (`ls -l`) need no server.
+func (f *FS) recordPlus(tok leaseToken, resp *wire.ReadDirResponse) {
+	if resp.MetasLeaseMs == 0 || len(resp.Xattrs) != len(resp.Metas) {
+		return
+	}
+	for i, m := range resp.Metas {
+		x := newXattrSet(resp.Xattrs[i])
+		if x != nil && x.version != m.Version {
+			x = nil
+		}
+		f.leases.record(tok, resp.MetasLeaseMs, oid.ID(m.Id), func(c *cached) { c.meta, c.xattrs = m, x })
+		if len(resp.Datas) == len(resp.Metas) && resp.Datas[i].Version == m.Version {
+			f.keepData(oid.ID(m.Id), resp.Datas[i]) // .WholeFile: small files' contents
+		}
+	}
 }
 
 // cachedList answers a listing from the cache (ok false: it cannot),

@@ -192,12 +192,15 @@ func (f *FS) Open(ctx context.Context, u User, cues cue.Set, id oid.ID, flags ui
 	h := f.newHandle(u, cues, id, writable)
 	req := &wire.OpenRequest{Caller: h.user.caller(), Id: uint64(id), Flags: flags}
 	m, ok := f.leases.meta(id, false)
-	if ok && !writable && flags&syscall.O_TRUNC == 0 {
+	var fd *wire.FileData
+	if ok && !writable && flags&syscall.O_TRUNC == 0 && f.dataCached(id, m) {
 		if err := perm.Access(attrs.Cred(req.Caller), attrs.Of(m), perm.R); err != nil {
 			return nil, nil, fmt.Errorf("open %v: %w", id, err)
 		}
 		h.registered = f.registerOpen(req)
 	} else {
+		// Compound open: the version check brings what the first reads need.
+		req.WantData = perm.OpenAccess(flags)&perm.R != 0 && flags&syscall.O_TRUNC == 0
 		resp, tok, err := readLeased(ctx, f, cues, id, wire.StorageClient.Open, req, func(r *wire.OpenResponse) uint64 {
 			return r.GetMeta().GetVersion()
 		})
@@ -209,7 +212,7 @@ func (f *FS) Open(ctx context.Context, u User, cues cue.Set, id oid.ID, flags ui
 		if err != nil {
 			return nil, nil, fmt.Errorf("open %v: %w", id, err)
 		}
-		m = resp.Meta
+		m, fd = resp.Meta, resp.Data
 		// Only the primary counts handles (a backup or the cache did not).
 		h.counted = tok.server != ""
 		f.leases.record(tok, resp.LeaseMs, id, func(c *cached) { c.meta = proto.CloneOf(m) })
@@ -219,6 +222,9 @@ func (f *FS) Open(ctx context.Context, u User, cues cue.Set, id oid.ID, flags ui
 		return nil, nil, fmt.Errorf("open %v for writing: %w", id, fserr.ErrIsDir)
 	}
 	f.attach(h, m)
+	if hashes, ok := f.adoptData(id, fd); ok {
+		h.st.adopt(fd.Version, hashes)
+	}
 	if flags&syscall.O_TRUNC != 0 && h.Writable && m.Type == wire.Type_TYPE_FILE && m.Size > 0 {
 		var err error
 		m, err = f.setAttr(ctx, u, cues, id, &wire.SetAttrRequest{Valid: wire.SetSize, Size: 0})
@@ -308,6 +314,7 @@ func (f *FS) registerOpen(req *wire.OpenRequest) chan bool {
 	r.n++
 	f.regMu.Unlock()
 	req.Caller.Session = 0
+	req.RegisterOnly = true
 	out := make(chan bool, 1)
 	go func() {
 		ctx, cancel := context.WithTimeout(f.leases.ctx, f.cfg.Timeout)

@@ -67,11 +67,15 @@ type Entry struct {
 
 // entriesOf converts a listing; metas, when not nil, parallels entries.
 func entriesOf(entries []*wire.Entry, metas []*wire.Meta) []Entry {
+	byID := make(map[uint64]*wire.Meta, len(metas))
+	for _, m := range metas {
+		byID[m.Id] = m
+	}
 	out := make([]Entry, len(entries))
 	for i, e := range entries {
 		out[i] = Entry{Name: e.Name, Id: e.Id, Type: e.Type}
-		if i < len(metas) {
-			out[i].Attr = attrOf(metas[i])
+		if m := byID[e.Id]; m != nil {
+			out[i].Attr = attrOf(m)
 		}
 	}
 	return out

@@ -291,12 +291,12 @@ func TestLinearizableUnderFaults(t *testing.T) {
 		linearizableUnderFaults(t, dur, cue.Set{KeepTogether: true}, !strict)
 	})
 	t.Run("spread", func(t *testing.T) {
-		// Passed once and failed once on the final code: after a pause
-		// of d0's primary past its lock, a readdir listed a name that a
-		// lookup right after it (same client) did not find, with an
-		// unlink and a put of that name in flight across the takeover.
-		// Not explained yet (see the issue 4 note).
-		pending(t, "explaining a readdir/lookup disagreement across a takeover in the spread placement")
+		// Failed in 5 of 12 runs of main before the remove of a name
+		// whose file is on another server took the name first (a fault
+		// between the two steps left a dangling name: listed, not found);
+		// 0 of 14 since (docs/BENCHMARKS.md). Pending with "together",
+		// whose failure may hit this placement too.
+		pending(t, "explaining a step the checker cannot place after faults (see together)")
 		linearizableUnderFaults(t, dur, client.NoCues, !strict)
 	})
 }

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/wheelfs/wheelfs/internal/client"
+	"github.com/wheelfs/wheelfs/internal/cue"
 	"github.com/wheelfs/wheelfs/internal/oid"
 	"github.com/wheelfs/wheelfs/internal/wire"
 )
@@ -134,4 +135,42 @@ func TestLookupRacingRenameOver(t *testing.T) {
 	if lookups < 10 {
 		t.Errorf("only %d lookups ran during the renames", lookups)
 	}
+}
+
+// TestRemoveRemoteFileNameFirst: removing a name whose file lives on
+// another server takes the name away first, then the file's link, so no
+// reader sees the name without its file (listed, but ENOENT on lookup) in
+// between. With the file's server down the name still goes: the file
+// keeps a link (space until an fsck), not a name without a file.
+func TestRemoveRemoteFileNameFirst(t *testing.T) {
+	if testing.Short() {
+		t.Skip("cluster test")
+	}
+	c, dir := raceDir(t)
+	ctx := opCtx(t)
+	m, err := c.Client("eu").Create(ctx, Owner(), client.NoCues, dir, "f", client.CreateArgs{Type: wire.Type_TYPE_FILE, Mode: 0o644})
+	if err != nil {
+		t.Fatal(err)
+	}
+	owner, err := c.Primary(ctx, oid.ID(m.Id).Slice())
+	if err != nil || owner.Site != "eu" {
+		t.Fatalf("primary of the file: %v, %v; want eu's server", owner, err)
+	}
+	c.Crash(owner)
+	west := c.Client("west")
+	// eu's server also backs /d: two copies of the change are all that
+	// two servers can give.
+	if err := west.Remove(ctx, Owner(), cue.Set{SyncLevel: 2}, dir, "f", false); err != nil {
+		t.Fatalf("remove of a name whose file's server is down: %v", err)
+	}
+	ents, _, err := west.ReadDir(ctx, Owner(), client.NoCues, dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range ents {
+		if e.Name == "f" {
+			t.Fatal("the name is still listed after its remove succeeded")
+		}
+	}
+	c.Restart(owner)
 }

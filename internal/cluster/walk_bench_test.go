@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/wheelfs/wheelfs/internal/client"
+	"github.com/wheelfs/wheelfs/internal/cue"
 	"github.com/wheelfs/wheelfs/internal/deploy"
 	"github.com/wheelfs/wheelfs/internal/fserr"
 	"github.com/wheelfs/wheelfs/internal/oid"
@@ -19,26 +20,31 @@ import (
 // SELinux label (lgetxattr security.selinux, absent here) and lists its
 // attributes (listxattr, for ACLs). It returns the number of entries.
 func lsLR(ctx context.Context, fs *client.FS, dir oid.ID) (int, error) {
-	entries, _, err := fs.ReadDir(ctx, Owner(), client.NoCues, dir)
+	return lsLRCues(ctx, fs, client.NoCues, dir)
+}
+
+// lsLRCues is lsLR in a view of dir with cues (.WholeFile).
+func lsLRCues(ctx context.Context, fs *client.FS, cues cue.Set, dir oid.ID) (int, error) {
+	entries, _, err := fs.ReadDir(ctx, Owner(), cues, dir)
 	if err != nil {
 		return 0, err
 	}
 	n := 0
 	for _, e := range entries {
-		a, err := fs.Lookup(ctx, Owner(), client.NoCues, dir, e.Name)
+		a, err := fs.Lookup(ctx, Owner(), cues, dir, e.Name)
 		if err != nil {
 			return n, err
 		}
 		id := oid.ID(a.Id)
-		if _, err := fs.GetXattr(ctx, Owner(), client.NoCues, id, "security.selinux"); !errors.Is(err, fserr.ErrNoAttr) {
+		if _, err := fs.GetXattr(ctx, Owner(), cues, id, "security.selinux"); !errors.Is(err, fserr.ErrNoAttr) {
 			return n, fmt.Errorf("getxattr security.selinux of %s: %v, want ENODATA", e.Name, err)
 		}
-		if _, err := fs.ListXattr(ctx, Owner(), client.NoCues, id); err != nil {
+		if _, err := fs.ListXattr(ctx, Owner(), cues, id); err != nil {
 			return n, err
 		}
 		n++
 		if a.Type == client.TypeDir {
-			m, err := lsLR(ctx, fs, id)
+			m, err := lsLRCues(ctx, fs, cues, id)
 			n += m
 			if err != nil {
 				return n, err

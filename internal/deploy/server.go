@@ -62,6 +62,7 @@ func (h *Host) startServer(ctx context.Context, local *lateLocal) (err error) {
 		grpc.MaxRecvMsgSize(wire.MaxMessageSize), grpc.MaxSendMsgSize(wire.MaxMessageSize),
 		// Clients and peers ping idle connections (route.KeepaliveTime).
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: route.KeepaliveTime / 2, PermitWithoutStream: true}),
+		grpc.InitialWindowSize(route.WindowSize), grpc.InitialConnWindowSize(route.ConnWindowSize),
 		grpc.ChainUnaryInterceptor(h.Coord.UnaryServerInterceptor(), h.gate.unary, h.Server.UnaryInterceptor()), grpc.ChainStreamInterceptor(h.gate.stream, h.Server.StreamInterceptor()))
 	wire.RegisterStorageServer(h.grpc, h.Server)
 	wire.RegisterPeerServer(h.grpc, h.Server.PeerService())

@@ -481,6 +481,8 @@ func (r Report) Explain(k string, within time.Duration) string {
 	if stuck == nil {
 		return "no step left out of the longest partial linearization"
 	}
+	st := *stuck // the sort below moves what stuck points at
+	stuck = &st
 	from, to := stuck.Call-int64(within), stuck.Return
 	slices.SortStableFunc(all, func(a, b porcupine.Operation) int { return cmp.Compare(a.Call, b.Call) })
 	var b strings.Builder
@@ -495,7 +497,7 @@ func (r Report) Explain(k string, within time.Duration) string {
 			ret = time.Duration(op.Return).Round(time.Microsecond).String()
 		}
 		mark := " "
-		if &op == stuck || (op.ClientId == stuck.ClientId && op.Call == stuck.Call) {
+		if op.ClientId == stuck.ClientId && op.Call == stuck.Call {
 			mark = ">"
 		}
 		fmt.Fprintf(&b, "%s client %d [%v, %s] %s\n", mark, op.ClientId, time.Duration(op.Call).Round(time.Microsecond), ret,

@@ -251,6 +251,15 @@ func (r *Router) Peer(ctx context.Context, id string) (wire.PeerClient, error) {
 	return wire.NewPeerClient(conn), nil
 }
 
+// WindowSize and ConnWindowSize are the HTTP/2 flow-control windows of
+// every connection to a storage server (the servers use the same): large
+// enough that a message of a few blocks never waits for a window update
+// across the wide area, where each costs a round trip (issue 11).
+const (
+	WindowSize     = 4 << 20
+	ConnWindowSize = 16 << 20
+)
+
 func (r *Router) conn(info configsvc.ServerInfo) (*grpc.ClientConn, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -265,6 +274,9 @@ func (r *Router) conn(info configsvc.ServerInfo) (*grpc.ClientConn, error) {
 	dopts := []grpc.DialOption{
 		grpc.WithTransportCredentials(credentials.NewTLS(r.opts.TLS(info.ID))),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(wire.MaxMessageSize), grpc.MaxCallSendMsgSize(wire.MaxMessageSize)),
+		// HTTP/2's initial 64 KiB window made every message of a 64 KiB
+		// block (plus framing) wait a round trip for a window update.
+		grpc.WithInitialWindowSize(WindowSize), grpc.WithInitialConnWindowSize(ConnWindowSize),
 	}
 	if r.opts.Dial != nil {
 		dopts = append(dopts, grpc.WithContextDialer(r.opts.Dial))

@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"fmt"
+	"slices"
 	"syscall"
 	"time"
 
@@ -94,6 +95,9 @@ func (s *Server) GetBlocks(ctx context.Context, req *wire.GetBlocksRequest) (*wi
 		}
 		return nil
 	})
+	if err == nil {
+		err = s.leases.settle(ctx, id)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("blocks of %v: %w", id, err)
 	}
@@ -179,6 +183,31 @@ func (s *Server) Commit(ctx context.Context, req *wire.CommitRequest) (*wire.Com
 	c := cred(req.Caller)
 	now := time.Now().UnixNano()
 	var out *wire.Meta
+	var hashes [][]byte
+	blocks := req.Blocks
+	if len(req.Inline) > 0 {
+		// A small write sends its blocks with the commit: stored first,
+		// as PutBlocks would, and named by the commit below.
+		if err := s.checkData(ctx, req.Caller, id, perm.W); err != nil {
+			return nil, err
+		}
+		datas := make([][]byte, len(req.Inline))
+		for i, b := range req.Inline {
+			if len(b.Data) > blockSize {
+				return nil, fmt.Errorf("block of %d bytes: %w", len(b.Data), fserr.ErrInvalid)
+			}
+			datas[i] = b.Data
+		}
+		hs, err := s.store.PutBlocks(datas)
+		if err != nil {
+			return nil, fmt.Errorf("store blocks of %v: %w", id, err)
+		}
+		blocks = slices.Clone(blocks)
+		for i, b := range req.Inline {
+			hashes = append(hashes, hs[i][:])
+			blocks = append(blocks, &wire.BlockRef{Index: b.Index, Hash: hs[i][:], Len: uint32(len(b.Data))})
+		}
+	}
 	err := s.update(ctx, req.SyncLevel, func(tx *store.Tx) error {
 		m, err := tx.Meta(id)
 		if err != nil {
@@ -195,7 +224,7 @@ func (s *Server) Commit(ctx context.Context, req *wire.CommitRequest) (*wire.Com
 				return err
 			}
 		}
-		for _, b := range req.Blocks {
+		for _, b := range blocks {
 			if len(b.Hash) != 32 || b.Index*blockSize >= req.Size {
 				continue
 			}
@@ -224,7 +253,7 @@ func (s *Server) Commit(ctx context.Context, req *wire.CommitRequest) (*wire.Com
 	if err != nil {
 		return nil, fmt.Errorf("commit %v: %w", id, err)
 	}
-	return &wire.CommitResponse{Meta: out}, nil
+	return &wire.CommitResponse{Meta: out, Hashes: hashes}, nil
 }
 
 // StatFS implements wire.StorageServer.

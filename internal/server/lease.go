@@ -5,7 +5,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
@@ -16,6 +18,10 @@ import (
 	"github.com/wheelfs/wheelfs/internal/oid"
 	"github.com/wheelfs/wheelfs/internal/wire"
 )
+
+// attachWait bounds how long a request naming a session waits for that
+// session's back channel to attach before it is answered without a lease.
+const attachWait = 50 * time.Millisecond
 
 // DefaultLeaseTTL is how long a client may use cached meta-data without
 // asking the primary. The paper (§8) used one minute; here it is a third
@@ -42,6 +48,19 @@ type leases struct {
 	holders  map[oid.ID]map[uint64]holder
 	busy     map[oid.ID]int // updates deciding or revoking: no grants
 	sessions map[uint64]*callbackStream
+	attached chan struct{} // closed (and replaced) whenever a stream attaches
+	// fences are committed updates still revoking leases on an object:
+	// until they are done, no answer that shows the object leaves this
+	// server (settle), since a holder may still use what it replaced.
+	fences map[oid.ID][]*fence
+}
+
+// fence is one update's revocation of the leases on objects it changed,
+// run in parallel with its replication (the change is committed here,
+// but no reader sees it until the holders dropped the old state).
+type fence struct {
+	ids  []oid.ID
+	done chan struct{} // closed once every lease on ids is revoked or expired
 }
 
 type holder struct {
@@ -63,11 +82,14 @@ type callbackStream struct {
 	mu   sync.Mutex
 	seq  uint64
 	acks map[uint64]chan struct{}
+
+	released atomic.Bool // the client said bye: its leases are void
 }
 
 func newLeases(ttl time.Duration, valid func(oid.Slice) time.Time) *leases {
 	return &leases{ttl: ttl, valid: valid, holders: map[oid.ID]map[uint64]holder{},
-		busy: map[oid.ID]int{}, sessions: map[uint64]*callbackStream{}}
+		busy: map[oid.ID]int{}, sessions: map[uint64]*callbackStream{}, fences: map[oid.ID][]*fence{},
+		attached: make(chan struct{})}
 }
 
 // grant records a lease on ids for the caller's session and returns its
@@ -78,13 +100,32 @@ func (l *leases) grant(c *wire.Caller, ids ...oid.ID) uint32 {
 	if c == nil || c.Session == 0 || c.Eventual || l.ttl <= 0 {
 		return 0
 	}
-	now := time.Now()
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	st := l.sessions[c.Session]
 	if st == nil {
-		return 0
+		// A client sends its session once its back channel's first
+		// message is out, on the same connection as this request: the
+		// stream attaches at once, or it is not coming.
+		deadline := time.Now().Add(attachWait)
+		for st == nil {
+			left := time.Until(deadline)
+			if left <= 0 {
+				return 0
+			}
+			ch := l.attached
+			l.mu.Unlock()
+			t := time.NewTimer(left)
+			select {
+			case <-ch:
+			case <-t.C:
+			}
+			t.Stop()
+			l.mu.Lock()
+			st = l.sessions[c.Session]
+		}
 	}
+	now := time.Now()
 	until := now.Add(l.ttl)
 	for _, id := range ids {
 		if l.busy[id] > 0 {
@@ -111,9 +152,15 @@ func (l *leases) grant(c *wire.Caller, ids ...oid.ID) uint32 {
 
 // claim marks ids busy for an update and reports those that still have
 // live leases to revoke (for an eventual update, leases other eventual
-// updates abandoned do not count). It runs inside the store's commit, so
-// it only looks at maps.
-func (l *leases) claim(ids []oid.ID, eventual bool) (leased []oid.ID) {
+// updates abandoned do not count). With f, the leased ones are fenced by
+// f at once (the update goes on and revokes after it commits), and the
+// fences of other updates on ids are returned: the update is not
+// acknowledged before they are done. A holder whose back channel is
+// already broken will not answer: its lease must run out, and readers
+// should not wait that long behind a fence, so then nothing is fenced and
+// lost is true (the update revokes first, uncommitted, as before issue
+// 11). It runs inside the store's commit, so it only looks at maps.
+func (l *leases) claim(ids []oid.ID, f *fence, eventual bool) (leased []oid.ID, others []chan struct{}, lost bool) {
 	now := time.Now()
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -121,9 +168,75 @@ func (l *leases) claim(ids []oid.ID, eventual bool) (leased []oid.ID) {
 		l.busy[id]++
 		if l.liveLocked(id, now, eventual) {
 			leased = append(leased, id)
+			for _, h := range l.holders[id] {
+				if h.abandoned && eventual {
+					continue
+				}
+				select {
+				case <-h.stream.dead:
+					lost = true
+				default:
+				}
+			}
+		}
+		for _, o := range l.fences[id] {
+			if o != f {
+				others = append(others, o.done)
+			}
 		}
 	}
-	return leased
+	if f != nil && !lost {
+		for _, id := range leased {
+			if !slices.Contains(f.ids, id) {
+				f.ids = append(f.ids, id)
+				l.fences[id] = append(l.fences[id], f)
+			}
+		}
+	}
+	return leased, others, lost
+}
+
+// lift ends fence f: its revocations are done (or its update failed).
+func (l *leases) lift(f *fence) {
+	l.mu.Lock()
+	for _, id := range f.ids {
+		fs := slices.DeleteFunc(l.fences[id], func(o *fence) bool { return o == f })
+		if len(fs) == 0 {
+			delete(l.fences, id)
+		} else {
+			l.fences[id] = fs
+		}
+	}
+	l.mu.Unlock()
+	close(f.done)
+}
+
+// settle waits until no update is still revoking leases on ids. Every
+// answer that shows an object's state waits for it after reading that
+// state: a reader that saw a committed change must not return while a
+// lease holder may still answer from what the change replaced (that
+// reader's answer would precede the holder's stale one).
+func (l *leases) settle(ctx context.Context, ids ...oid.ID) error {
+	for {
+		var wait []chan struct{}
+		l.mu.Lock()
+		for _, id := range ids {
+			for _, f := range l.fences[id] {
+				wait = append(wait, f.done)
+			}
+		}
+		l.mu.Unlock()
+		if len(wait) == 0 {
+			return nil
+		}
+		for _, ch := range wait {
+			select {
+			case <-ch:
+			case <-ctx.Done():
+				return fmt.Errorf("waiting for leases to be revoked: %w", fserr.ErrTimeout)
+			}
+		}
+	}
 }
 
 // liveLocked reports whether a client holds a live lease on id that an
@@ -285,7 +398,7 @@ func (l *leases) callBack(ctx context.Context, st *callbackStream, ids []uint64,
 		case <-expiry.C:
 			return nil
 		case <-dead:
-			if l.replaced(st) {
+			if l.replaced(st) || st.released.Load() {
 				return nil
 			}
 			dead, ack = nil, nil // wait for the expiry
@@ -343,6 +456,8 @@ func (l *leases) attach(session uint64) *callbackStream {
 	l.mu.Lock()
 	old := l.sessions[session]
 	l.sessions[session] = st
+	close(l.attached)
+	l.attached = make(chan struct{})
 	l.mu.Unlock()
 	if old != nil {
 		old.close()
@@ -361,6 +476,22 @@ func (l *leases) detach(st *callbackStream) {
 
 func (st *callbackStream) close() { st.once.Do(func() { close(st.dead) }) }
 
+// release forgets the leases that came through st: its client closed and
+// said so (bye), so none of them needs to be revoked or waited out.
+func (l *leases) release(st *callbackStream) {
+	st.released.Store(true)
+	l.mu.Lock()
+	for id, hs := range l.holders {
+		if h, ok := hs[st.session]; ok && h.stream == st {
+			delete(hs, st.session)
+			if len(hs) == 0 {
+				delete(l.holders, id)
+			}
+		}
+	}
+	l.mu.Unlock()
+}
+
 // revokeSlice revokes every lease on objects of slice sl (before the
 // slice is handed to another server, which knows nothing of them).
 func (l *leases) revokeSlice(ctx context.Context, sl oid.Slice) error {
@@ -372,7 +503,19 @@ func (l *leases) revokeSlice(ctx context.Context, sl oid.Slice) error {
 		}
 	}
 	l.mu.Unlock()
-	return l.revoke(ctx, ids, false)
+	if err := l.revoke(ctx, ids, false); err != nil {
+		return err
+	}
+	// Revocations that committed updates still run count too.
+	l.mu.Lock()
+	ids = ids[:0]
+	for id := range l.fences {
+		if id.Slice() == sl {
+			ids = append(ids, id)
+		}
+	}
+	l.mu.Unlock()
+	return l.settle(ctx, ids...)
 }
 
 // Callbacks implements wire.StorageServer: the lease back channel.
@@ -394,6 +537,11 @@ func (s *Server) Callbacks(stream grpc.BidiStreamingServer[wire.CallbackAck, wir
 				errc <- err
 				return
 			}
+			if a.Bye {
+				s.leases.release(st)
+				errc <- nil
+				return
+			}
 			st.acked(a.Seq)
 		}
 	}()
@@ -404,7 +552,7 @@ func (s *Server) Callbacks(stream grpc.BidiStreamingServer[wire.CallbackAck, wir
 				return err
 			}
 		case err := <-errc:
-			if errors.Is(err, context.Canceled) {
+			if err == nil || errors.Is(err, context.Canceled) {
 				return nil
 			}
 			return err

@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"errors"
+	"slices"
 	"testing"
 	"time"
 
@@ -38,7 +39,7 @@ func TestRevokeBoundedByCaller(t *testing.T) {
 	for range 2 {
 		ctx, cancel := context.WithTimeout(t.Context(), 100*time.Millisecond)
 		began := time.Now()
-		l.claim([]oid.ID{id}, false)
+		l.claim([]oid.ID{id}, nil, false)
 		err := l.revoke(ctx, []oid.ID{id}, false)
 		l.unclaim([]oid.ID{id})
 		cancel()
@@ -60,7 +61,7 @@ func TestEventualRevokeGoesOn(t *testing.T) {
 	silentHolder(t, l, 7, id)
 	ctx, cancel := context.WithTimeout(t.Context(), 400*time.Millisecond)
 	defer cancel()
-	if leased := l.claim([]oid.ID{id}, true); len(leased) != 1 {
+	if leased, _, _ := l.claim([]oid.ID{id}, nil, true); len(leased) != 1 {
 		t.Fatalf("claim reports %v leased, want %v", leased, id)
 	}
 	began := time.Now()
@@ -70,14 +71,14 @@ func TestEventualRevokeGoesOn(t *testing.T) {
 	if err != nil || took < 150*time.Millisecond || took > 350*time.Millisecond {
 		t.Fatalf("eventual revoke: %v after %v, want success after about half of 400ms", err, took)
 	}
-	if leased := l.claim([]oid.ID{id}, true); len(leased) != 0 {
+	if leased, _, _ := l.claim([]oid.ID{id}, nil, true); len(leased) != 0 {
 		t.Errorf("an eventual update waits again for an abandoned lease: %v", leased)
 	}
 	l.unclaim([]oid.ID{id})
 	if l.leased(id) {
 		t.Error("an abandoned lease still counts as one its holder may act on")
 	}
-	if leased := l.claim([]oid.ID{id}, false); len(leased) != 1 {
+	if leased, _, _ := l.claim([]oid.ID{id}, nil, false); len(leased) != 1 {
 		t.Errorf("an abandoned lease does not hold up a strict update: %v", leased)
 	}
 	l.unclaim([]oid.ID{id})
@@ -86,4 +87,52 @@ func TestEventualRevokeGoesOn(t *testing.T) {
 	if err := l.revoke(sctx, []oid.ID{id}, false); !errors.Is(err, fserr.ErrTimeout) {
 		t.Errorf("strict revoke of an abandoned lease: %v, want ErrTimeout (it waits for it)", err)
 	}
+}
+
+// TestEventualFenceAbandons: a committed eventual update's fence covers a
+// silent holder only until its revocation abandons the lease (half of
+// the update's time); a later eventual update then neither fences nor
+// waits for it, a strict one fences it again.
+func TestEventualFenceAbandons(t *testing.T) {
+	l := newLeases(time.Minute, farValidity)
+	id := oid.Make(5, 1)
+	silentHolder(t, l, 7, id)
+	f := &fence{done: make(chan struct{})}
+	if leased, others, lost := l.claim([]oid.ID{id}, f, true); len(leased) != 1 || len(others) != 0 || lost {
+		t.Fatalf("claim: leased %v, %d other fences, lost %v; want %v fenced by this update alone", leased, len(others), lost, id)
+	}
+	if !slices.Equal(f.ids, []oid.ID{id}) {
+		t.Fatalf("fence covers %v, want %v", f.ids, id)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 400*time.Millisecond)
+	defer cancel()
+	// A reader behind the fence waits for it.
+	sctx, scancel := context.WithTimeout(t.Context(), 50*time.Millisecond)
+	defer scancel()
+	if err := l.settle(sctx, id); !errors.Is(err, fserr.ErrTimeout) {
+		t.Fatalf("settle behind a fence: %v, want ErrTimeout", err)
+	}
+	began := time.Now()
+	if err := l.revoke(ctx, f.ids, true); err != nil {
+		t.Fatalf("eventual revoke: %v", err)
+	}
+	l.lift(f)
+	l.unclaim([]oid.ID{id})
+	if took := time.Since(began); took > 350*time.Millisecond {
+		t.Fatalf("the fence stayed up %v, want about half of 400ms", took)
+	}
+	if err := l.settle(t.Context(), id); err != nil {
+		t.Fatalf("settle after the fence was lifted: %v", err)
+	}
+	g := &fence{done: make(chan struct{})}
+	if leased, _, _ := l.claim([]oid.ID{id}, g, true); len(leased) != 0 || len(g.ids) != 0 {
+		t.Errorf("a later eventual update fences an abandoned lease: leased %v, fence %v", leased, g.ids)
+	}
+	l.unclaim([]oid.ID{id})
+	h := &fence{done: make(chan struct{})}
+	if leased, _, lost := l.claim([]oid.ID{id}, h, false); len(leased) != 1 || lost || len(h.ids) != 1 {
+		t.Errorf("a strict update does not fence an abandoned lease: leased %v, lost %v, fence %v", leased, lost, h.ids)
+	}
+	l.lift(h)
+	l.unclaim([]oid.ID{id})
 }

@@ -273,10 +273,19 @@ func boundListing(resp *wire.ReadDirResponse) {
 		n := proto.Size(e)
 		meta := m < len(resp.Metas) && resp.Metas[m].Id == e.Id // metas follow the entries' order
 		if meta {
+			// Xattrs and datas (readdir-plus) are aligned with metas.
 			n += proto.Size(resp.Metas[m])
+			if m < len(resp.Xattrs) {
+				n += proto.Size(resp.Xattrs[m])
+			}
+			if m < len(resp.Datas) {
+				n += proto.Size(resp.Datas[m])
+			}
 		}
 		if size+n > wire.MaxListBytes && i > 0 {
 			resp.Entries, resp.Metas = resp.Entries[:i], resp.Metas[:m]
+			resp.Xattrs = resp.Xattrs[:min(m, len(resp.Xattrs))]
+			resp.Datas = resp.Datas[:min(m, len(resp.Datas))]
 			resp.Eof = false
 			return
 		}

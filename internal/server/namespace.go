@@ -90,12 +90,19 @@ func (s *Server) Lookup(ctx context.Context, req *wire.LookupRequest) (*wire.Loo
 		id := oid.ID(resp.Meta.Id)
 		dirMs := resp.LeaseMs
 		resp.LeaseMs = 0
+		var inlineMax uint64
+		if req.WantData {
+			inlineMax = lookupInlineMax
+		}
 		if ms := s.leases.grant(req.Caller, id); ms > 0 && s.primary(id) == nil {
-			if m, sum, err := s.leasedMeta(req.Caller, id, ms); err == nil {
-				resp.Meta, resp.Xattrs = m, sum
+			if m, sum, fd, err := s.leasedMetaData(req.Caller, id, ms, inlineMax); err == nil {
+				resp.Meta, resp.Xattrs, resp.Data = m, sum, fd
 				resp.LeaseMs = min(dirMs, ms)
 			}
 		}
+	}
+	if err := s.leases.settle(ctx, dir, oid.ID(resp.GetMeta().GetId())); err != nil {
+		return nil, fmt.Errorf("lookup %q: %w", req.Name, err)
 	}
 	return resp, nil
 }
@@ -103,11 +110,15 @@ func (s *Server) Lookup(ctx context.Context, req *wire.LookupRequest) (*wire.Loo
 // GetAttr implements wire.StorageServer.
 func (s *Server) GetAttr(ctx context.Context, req *wire.GetAttrRequest) (*wire.GetAttrResponse, error) {
 	id := oid.ID(req.Id)
-	if _, err := s.admit(ctx, req.Caller, id); err != nil {
+	ctx, err := s.admit(ctx, req.Caller, id)
+	if err != nil {
 		return nil, err
 	}
 	ms := s.leases.grant(req.Caller, id)
 	m, sum, err := s.leasedMeta(req.Caller, id, ms)
+	if err == nil {
+		err = s.leases.settle(ctx, id)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -301,6 +312,10 @@ func (s *Server) Create(ctx context.Context, req *wire.CreateRequest) (*wire.Cre
 			h = hk
 		}
 		s.dropRemote(target, oid.ID(remote.Id), h)
+	}
+	if err == nil && resp.Existed {
+		// Nothing changed: the existing file is shown as a read shows it.
+		err = s.leases.settle(ctx, oid.ID(resp.GetMeta().GetId()))
 	}
 	if err != nil {
 		return nil, fmt.Errorf("create %q: %w", req.Name, err)
@@ -506,6 +521,10 @@ func (s *Server) removeRemote(ctx context.Context, req *wire.RemoveRequest) (out
 	if s.local(ctx, id) {
 		return nil, false, nil
 	}
+	if e.Type != wire.Type_TYPE_DIR {
+		out, err = s.removeRemoteFile(ctx, req, d, e)
+		return out, true, err
+	}
 	owner := s.primaryOf(id.Slice())
 	if owner == "" {
 		return nil, true, fmt.Errorf("no primary for %v: %w", id, fserr.ErrNotPrimary)
@@ -550,6 +569,81 @@ func (s *Server) removeRemote(ctx context.Context, req *wire.RemoveRequest) (out
 		out = resp.Meta
 	}
 	return out, true, err
+}
+
+// removeRemoteFile is removeRemote for a name of a file (or symlink)
+// that another server keeps: the name goes first, then that server drops
+// the link. In the other order (as a directory must be removed, whose
+// emptiness only its own primary can check) a name whose object was
+// already gone could be seen in between — listed by a readdir, not found
+// by a lookup, ENOENT for a rename — and a fault between the two steps
+// (the directory's primary cut off or paused) stretched that to seconds
+// (TestLinearizableUnderFaults, "spread"). A failure between them now
+// leaves a file with a link and no name, as an eventual remove does.
+func (s *Server) removeRemoteFile(ctx context.Context, req *wire.RemoveRequest, d *wire.Meta, e *wire.Entry) (*wire.Meta, error) {
+	dir, id := oid.ID(req.Dir), oid.ID(e.Id)
+	if req.DirOnly {
+		return nil, fserr.ErrNotDir
+	}
+	child := &wire.Meta{}
+	if d.Mode&syscall.S_ISVTX != 0 { // the child's owner decides
+		m, _, err := s.remoteMeta(ctx, id)
+		if err != nil && !errors.Is(err, fserr.ErrNotExist) {
+			return nil, err
+		}
+		if m != nil {
+			child = m
+		}
+	}
+	if err := perm.MayRemove(cred(req.Caller), attr(d), attr(child)); err != nil {
+		return nil, err
+	}
+	now := time.Now().UnixNano()
+	err := s.update(ctx, req.SyncLevel, func(tx *store.Tx) error {
+		d, err := s.dirMeta(tx, dir)
+		if err != nil {
+			return err
+		}
+		cur, err := tx.Entry(dir, req.Name)
+		if err != nil {
+			return err
+		}
+		if cur.Id != e.Id {
+			return fmt.Errorf("%q names another object now: %w", req.Name, fserr.ErrNotExist)
+		}
+		if err := tx.DeleteEntry(dir, req.Name); err != nil {
+			return err
+		}
+		touch(d, now, true)
+		return tx.PutMeta(d)
+	})
+	if err != nil {
+		return nil, err
+	}
+	out, err := s.dropLinkAt(ctx, id, req)
+	if err != nil && !errors.Is(err, fserr.ErrNotExist) { // ENOENT: the name was dangling
+		s.log.Warn("remove: the name is gone, the file keeps a link", "id", id, "err", err)
+	}
+	return out, nil
+}
+
+// dropLinkAt asks the primary of id to drop one link to it.
+func (s *Server) dropLinkAt(ctx context.Context, id oid.ID, req *wire.RemoveRequest) (*wire.Meta, error) {
+	owner := s.primaryOf(id.Slice())
+	if owner == "" {
+		return nil, fmt.Errorf("no primary for %v: %w", id, fserr.ErrNotPrimary)
+	}
+	p, err := s.peer(ctx, owner)
+	if err != nil {
+		return nil, err
+	}
+	cctx, cancel := context.WithTimeout(ctx, s.cfg.PeerTimeout)
+	defer cancel()
+	resp, err := p.DropLink(cctx, &wire.DropLinkRequest{Id: uint64(id), FileOnly: req.FileOnly, SyncLevel: req.SyncLevel})
+	if err != nil {
+		return nil, fserr.FromStatus(err)
+	}
+	return resp.Meta, nil
 }
 
 // SetAttr implements wire.StorageServer.
@@ -630,8 +724,84 @@ func (s *Server) ReadDir(ctx context.Context, req *wire.ReadDirRequest) (*wire.R
 	if err != nil {
 		return nil, fmt.Errorf("readdir %v: %w", dir, err)
 	}
+	if req.Plus && resp.LeaseMs > 0 && len(resp.Entries) <= plusPageMax {
+		s.readDirPlus(ctx, req.Caller, resp, req.WithMeta)
+	}
 	boundListing(resp)
+	ids := []oid.ID{dir}
+	for _, m := range resp.Metas {
+		ids = append(ids, oid.ID(m.Id))
+	}
+	if err := s.leases.settle(ctx, ids...); err != nil {
+		return nil, fmt.Errorf("readdir %v: %w", dir, err)
+	}
 	return resp, nil
+}
+
+// readDirPlus adds to a leased listing the meta-data and xattr summaries
+// of the entries this server keeps, under one lease on all of them
+// (granted before they are read, as every lease), so that the client
+// answers the lookups, stats and getxattrs of `ls -l` itself. Without
+// that lease (an entry being changed) the listing goes alone. With data
+// (.WholeFile) small files' contents come too, up to plusDataMax bytes.
+func (s *Server) readDirPlus(ctx context.Context, c *wire.Caller, resp *wire.ReadDirResponse, data bool) {
+	var ids []oid.ID
+	for _, e := range resp.Entries {
+		if id := oid.ID(e.Id); s.local(ctx, id) {
+			ids = append(ids, id)
+		}
+	}
+	if len(ids) == 0 {
+		return
+	}
+	ms := s.leases.grant(c, ids...)
+	if ms == 0 {
+		return
+	}
+	var metas []*wire.Meta
+	var sums []*wire.XattrSummary
+	var datas []*wire.FileData
+	budget := uint64(plusDataMax)
+	err := s.store.View(func(tx *store.Tx) error {
+		for _, id := range ids {
+			m, err := tx.Meta(id)
+			if errors.Is(err, fserr.ErrNotExist) {
+				continue // removed since the listing was read
+			}
+			if err != nil {
+				return err
+			}
+			sum := xattrSummary(tx, c, m)
+			if sum == nil {
+				sum = &wire.XattrSummary{} // version 0: no summary
+			}
+			metas = append(metas, m)
+			sums = append(sums, sum)
+			if !data {
+				continue
+			}
+			var fd *wire.FileData
+			if m.Size <= lookupInlineMax && m.Size <= budget {
+				if fd, err = fileData(tx, c, m); err != nil {
+					return err
+				}
+			}
+			if fd == nil {
+				fd = &wire.FileData{} // version 0: none
+			} else {
+				budget -= m.Size
+			}
+			datas = append(datas, fd)
+		}
+		return nil
+	})
+	if err != nil {
+		return
+	}
+	for i, fd := range datas {
+		s.inline(fd, metas[i].Size, lookupInlineMax)
+	}
+	resp.Metas, resp.Xattrs, resp.Datas, resp.MetasLeaseMs = metas, sums, datas, min(ms, resp.LeaseMs)
 }
 
 // unlinkKind checks that m is of the kind a removal asks for: dirOnly

@@ -45,8 +45,12 @@ func (s *Server) Open(ctx context.Context, req *wire.OpenRequest) (*wire.OpenRes
 		undo()
 		return nil, fmt.Errorf("open %v: being deleted: %w", id, fserr.ErrNotExist)
 	}
-	ms := s.leases.grant(req.Caller, id)
+	var ms uint32
+	if !req.RegisterOnly {
+		ms = s.leases.grant(req.Caller, id)
+	}
 	var m *wire.Meta
+	var fd *wire.FileData
 	err := s.store.View(func(tx *store.Tx) (err error) {
 		if m, err = tx.Meta(id); err != nil {
 			return err
@@ -54,8 +58,19 @@ func (s *Server) Open(ctx context.Context, req *wire.OpenRequest) (*wire.OpenRes
 		if m.Nlink == 0 && !isDir(m) {
 			return fmt.Errorf("open of unlinked file: %w", fserr.ErrNotExist)
 		}
-		return perm.Access(cred(req.Caller), attr(m), want)
+		if err := perm.Access(cred(req.Caller), attr(m), want); err != nil {
+			return err
+		}
+		if req.WantData && access&perm.R != 0 {
+			fd, err = fileData(tx, req.Caller, m)
+		}
+		return err
 	})
+	if err == nil && !req.RegisterOnly {
+		// A registration answers nothing the client uses; the client
+		// acknowledges a revocation only after it, so it must not wait.
+		err = s.leases.settle(ctx, id)
+	}
 	if err != nil {
 		undo()
 		return nil, fmt.Errorf("open %v: %w", id, err)
@@ -63,7 +78,11 @@ func (s *Server) Open(ctx context.Context, req *wire.OpenRequest) (*wire.OpenRes
 	if counted {
 		s.files.grant(h, id, access)
 	}
-	return &wire.OpenResponse{Meta: m, LeaseMs: ms}, nil
+	if req.RegisterOnly {
+		return &wire.OpenResponse{}, nil
+	}
+	s.inline(fd, m.Size, openInlineMax)
+	return &wire.OpenResponse{Meta: m, LeaseMs: ms, Data: fd}, nil
 }
 
 // mayData checks a data operation on m (a block transfer, a commit, an

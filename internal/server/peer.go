@@ -120,6 +120,9 @@ func (p *peerServer) DropLink(ctx context.Context, req *wire.DropLinkRequest) (*
 func (p *peerServer) Stat(ctx context.Context, req *wire.StatRequest) (*wire.StatResponse, error) {
 	s := p.s
 	m, err := s.primaryMeta(oid.ID(req.Id))
+	if err == nil {
+		err = s.leases.settle(ctx, oid.ID(req.Id))
+	}
 	if err != nil {
 		return nil, err
 	}

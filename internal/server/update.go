@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"time"
 
 	"github.com/wheelfs/wheelfs/internal/fserr"
 	"github.com/wheelfs/wheelfs/internal/oid"
@@ -37,41 +38,125 @@ func (s *Server) update(ctx context.Context, sync uint32, fn func(tx *store.Tx) 
 
 // updateUndo is update for a fn with effects outside the store: undo
 // reverts them when an attempt is undone to revoke leases.
+//
+// Leases on the objects a change touches are revoked in parallel with
+// its replication, not before it: the change commits here at once, and
+// the objects it leased are fenced (leases.settle) until every holder
+// acknowledged or its lease expired, so no answer showing them leaves
+// this server meanwhile. The change is acknowledged once both are done
+// (and once the fences earlier changes of these objects set are down).
+// Two cases revoke first and run again, uncommitted: fn's early refusals
+// (mustRevoke), and a holder whose back channel is already broken (its
+// lease must run out: readers keep the old state meanwhile instead of
+// waiting behind a fence for up to a lease length).
+//
+// An update with .EventualConsistency waits for holders only during half
+// of what is left of its time, then goes on without those that did not
+// answer (leases.revoke abandons their leases and the fence is lifted);
+// it waits for other updates' fences no longer either.
 func (s *Server) updateUndo(ctx context.Context, sync uint32, fn func(tx *store.Tx) error, undo func()) error {
 	var claimed []oid.ID
-	defer func() { s.leases.unclaim(claimed) }()
+	handed := false // a revocation goroutine took the claims over
+	defer func() {
+		if !handed {
+			s.leases.unclaim(claimed)
+		}
+	}()
+	eventual := isEventual(ctx)
 	for {
+		f := &fence{done: make(chan struct{})}
+		var others []chan struct{}
+		committed := false
 		err := s.updateOnce(ctx, sync, fn, func(muts []*wire.Mutation) error {
 			ids := mutatedObjects(muts)
 			claimed = append(claimed, ids...)
-			if leased := s.leases.claim(ids, isEventual(ctx)); len(leased) > 0 {
+			leased, o, lost := s.leases.claim(ids, f, eventual)
+			if lost {
 				return &leasedError{ids: leased}
 			}
+			others = append(others, o...)
 			return nil
+		}, func() {
+			committed = true
+			if len(f.ids) > 0 {
+				handed = true
+				go s.revokeFenced(ctx, f, claimed, eventual)
+			}
 		})
+		if !committed && len(f.ids) > 0 {
+			s.leases.lift(f) // nothing became visible
+		}
 		var le *leasedError
 		if !errors.As(err, &le) {
-			return err
+			if err != nil {
+				return err
+			}
+			// Its own fence first: for an eventual update, it is down
+			// once the holders that did not answer were abandoned.
+			if len(f.ids) > 0 {
+				select {
+				case <-f.done:
+				case <-ctx.Done():
+					return fmt.Errorf("revoking leases: %w", fserr.ErrTimeout)
+				}
+			}
+			if len(others) == 0 {
+				return nil
+			}
+			wctx := ctx
+			if eventual {
+				var cancel context.CancelFunc
+				wctx, cancel = context.WithTimeout(ctx, halfLeft(ctx))
+				defer cancel()
+			}
+			for _, ch := range others {
+				select {
+				case <-ch:
+				case <-wctx.Done():
+					if eventual && ctx.Err() == nil {
+						return nil // goes on without them
+					}
+					return fmt.Errorf("revoking leases: %w", fserr.ErrTimeout)
+				}
+			}
+			return nil
 		}
 		if undo != nil {
 			undo()
 		}
-		if le.early {
-			// Found by fn itself: no grants on them until we are done.
-			claimed = append(claimed, le.ids...)
-			s.leases.claim(le.ids, isEventual(ctx))
-		}
-		if err := s.leases.revoke(ctx, le.ids, isEventual(ctx)); err != nil {
+		// No grants on them until we are done.
+		claimed = append(claimed, le.ids...)
+		s.leases.claim(le.ids, nil, eventual)
+		if err := s.leases.revoke(ctx, le.ids, eventual); err != nil {
 			return err
 		}
 	}
 }
 
+// revokeFenced revokes the leases fence f covers, then lifts it and ends
+// the update's claims. It outlives the request that committed the change
+// (whose deadline may pass first): a holder's lease is over by the lease
+// length at the latest. An eventual update's revocation keeps the
+// request's deadline instead, so that holders that do not answer are
+// abandoned (leases.revoke) while the request still waits for it.
+func (s *Server) revokeFenced(req context.Context, f *fence, claimed []oid.ID, eventual bool) {
+	ctx, cancel := context.WithTimeout(s.bg, s.leases.ttl+time.Second)
+	defer cancel()
+	if dl, ok := req.Deadline(); ok && eventual {
+		ctx, cancel = context.WithDeadline(ctx, dl)
+		defer cancel()
+	}
+	if err := s.leases.revoke(ctx, f.ids, eventual); err != nil {
+		s.log.Warn("revoking leases after a commit", "ids", f.ids, "err", err)
+	}
+	s.leases.lift(f)
+	s.leases.unclaim(claimed)
+}
+
 // leasedError undoes an update attempt whose objects must have their
-// leases revoked first.
+// leases revoked first (mustRevoke; a holder that cannot be called back).
 type leasedError struct {
-	ids   []oid.ID
-	early bool // returned by fn before its mutations were known
+	ids []oid.ID
 }
 
 func (e *leasedError) Error() string { return fmt.Sprintf("objects %v are leased", e.ids) }
@@ -82,7 +167,7 @@ func (e *leasedError) Error() string { return fmt.Sprintf("objects %v are leased
 // revokes the lease and runs fn again.
 func (s *Server) mustRevoke(id oid.ID) error {
 	if s.leases.leased(id) {
-		return &leasedError{ids: []oid.ID{id}, early: true}
+		return &leasedError{ids: []oid.ID{id}}
 	}
 	return nil
 }
@@ -102,8 +187,9 @@ func mutatedObjects(muts []*wire.Mutation) []oid.ID {
 }
 
 // updateOnce is one attempt of update; check sees the change's mutations
-// before they are numbered and may undo it.
-func (s *Server) updateOnce(ctx context.Context, sync uint32, fn func(tx *store.Tx) error, check func([]*wire.Mutation) error) error {
+// before they are numbered and may undo it; committed runs once the
+// change is committed here, before waiting for the backups.
+func (s *Server) updateOnce(ctx context.Context, sync uint32, fn func(tx *store.Tx) error, check func([]*wire.Mutation) error, committed func()) error {
 	type waiter struct {
 		r   *sliceRepl
 		seq uint64
@@ -184,6 +270,7 @@ func (s *Server) updateOnce(ctx context.Context, sync uint32, fn func(tx *store.
 	for _, w := range waits {
 		w.r.commit(w.seq)
 	}
+	committed()
 	if isEventual(ctx) && sync == 0 {
 		return nil
 	}

@@ -63,6 +63,14 @@ func xattrSummary(tx *store.Tx, c *wire.Caller, m *wire.Meta) *wire.XattrSummary
 // leasedMeta reads id's meta-data and, when ms (a lease just granted to
 // c) is non-zero, the summary of its extended attributes with it.
 func (s *Server) leasedMeta(c *wire.Caller, id oid.ID, ms uint32) (m *wire.Meta, sum *wire.XattrSummary, err error) {
+	m, sum, _, err = s.leasedMetaData(c, id, ms, 0)
+	return m, sum, err
+}
+
+// leasedMetaData is leasedMeta that also reads, for a file of at most
+// inlineMax bytes (0: none) that c may read, its blocks (FileData) at
+// the same version.
+func (s *Server) leasedMetaData(c *wire.Caller, id oid.ID, ms uint32, inlineMax uint64) (m *wire.Meta, sum *wire.XattrSummary, fd *wire.FileData, err error) {
 	err = s.store.View(func(tx *store.Tx) error {
 		if m, err = tx.Meta(id); err != nil {
 			return err
@@ -70,9 +78,15 @@ func (s *Server) leasedMeta(c *wire.Caller, id oid.ID, ms uint32) (m *wire.Meta,
 		if ms > 0 {
 			sum = xattrSummary(tx, c, m)
 		}
-		return nil
+		if inlineMax > 0 && m.Size <= inlineMax {
+			fd, err = fileData(tx, c, m)
+		}
+		return err
 	})
-	return m, sum, err
+	if err == nil {
+		s.inline(fd, m.Size, inlineMax)
+	}
+	return m, sum, fd, err
 }
 
 // GetXattr implements wire.StorageServer. Like GetAttr it leases the
@@ -108,6 +122,9 @@ func (s *Server) GetXattr(ctx context.Context, req *wire.XattrRequest) (*wire.Xa
 		}
 		return err
 	})
+	if err == nil {
+		err = s.leases.settle(ctx, id)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("getxattr %q: %w", req.Name, err)
 	}
@@ -140,6 +157,9 @@ func (s *Server) ListXattr(ctx context.Context, req *wire.XattrRequest) (*wire.X
 		}
 		return err
 	})
+	if err == nil {
+		err = s.leases.settle(ctx, id)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("listxattr: %w", err)
 	}

@@ -715,12 +715,14 @@ func (x *HandleRef) GetId() uint64 {
 
 // absent_ok: a missing name is answered (absent) rather than an error, so
 // that the client may keep the answer under the directory's lease.
+// want_data: a leased small file child comes with its data (FileData).
 type LookupRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Caller        *Caller                `protobuf:"bytes,1,opt,name=caller,proto3" json:"caller,omitempty"`
 	Dir           uint64                 `protobuf:"varint,2,opt,name=dir,proto3" json:"dir,omitempty"`
 	Name          string                 `protobuf:"bytes,3,opt,name=name,proto3" json:"name,omitempty"`
 	AbsentOk      bool                   `protobuf:"varint,4,opt,name=absent_ok,json=absentOk,proto3" json:"absent_ok,omitempty"`
+	WantData      bool                   `protobuf:"varint,5,opt,name=want_data,json=wantData,proto3" json:"want_data,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -783,6 +785,13 @@ func (x *LookupRequest) GetAbsentOk() bool {
 	return false
 }
 
+func (x *LookupRequest) GetWantData() bool {
+	if x != nil {
+		return x.WantData
+	}
+	return false
+}
+
 // lease_ms, when non-zero, is a lease on the directory's entries (and on
 // meta, when present) for the caller's session (paper §5.4). xattrs comes
 // with a leased meta; absent answers a lookup of a missing name (absent_ok).
@@ -794,6 +803,7 @@ type LookupResponse struct {
 	Dir           *Meta                  `protobuf:"bytes,4,opt,name=dir,proto3" json:"dir,omitempty"`
 	Xattrs        *XattrSummary          `protobuf:"bytes,5,opt,name=xattrs,proto3" json:"xattrs,omitempty"`
 	Absent        bool                   `protobuf:"varint,6,opt,name=absent,proto3" json:"absent,omitempty"`
+	Data          *FileData              `protobuf:"bytes,7,opt,name=data,proto3" json:"data,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -868,6 +878,13 @@ func (x *LookupResponse) GetAbsent() bool {
 		return x.Absent
 	}
 	return false
+}
+
+func (x *LookupResponse) GetData() *FileData {
+	if x != nil {
+		return x.Data
+	}
+	return nil
 }
 
 type GetAttrRequest struct {
@@ -1773,6 +1790,8 @@ func (x *SetAttrResponse) GetMeta() *Meta {
 	return nil
 }
 
+// plus (readdir-plus): the entries this server keeps come with their
+// meta-data and xattr summaries under a lease (metas_lease_ms).
 type ReadDirRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Caller        *Caller                `protobuf:"bytes,1,opt,name=caller,proto3" json:"caller,omitempty"`
@@ -1780,6 +1799,7 @@ type ReadDirRequest struct {
 	After         string                 `protobuf:"bytes,3,opt,name=after,proto3" json:"after,omitempty"`
 	Limit         uint32                 `protobuf:"varint,4,opt,name=limit,proto3" json:"limit,omitempty"`
 	WithMeta      bool                   `protobuf:"varint,5,opt,name=with_meta,json=withMeta,proto3" json:"with_meta,omitempty"`
+	Plus          bool                   `protobuf:"varint,6,opt,name=plus,proto3" json:"plus,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1849,15 +1869,29 @@ func (x *ReadDirRequest) GetWithMeta() bool {
 	return false
 }
 
-// dir_xattrs: the directory's xattr summary, with a lease.
+func (x *ReadDirRequest) GetPlus() bool {
+	if x != nil {
+		return x.Plus
+	}
+	return false
+}
+
+// dir_xattrs: the directory's xattr summary, with a lease. metas are those
+// of the entries this server keeps (by id, not aligned with entries);
+// xattrs, when present, are aligned with metas.
 type ReadDirResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Entries       []*Entry               `protobuf:"bytes,1,rep,name=entries,proto3" json:"entries,omitempty"`
-	Metas         []*Meta                `protobuf:"bytes,2,rep,name=metas,proto3" json:"metas,omitempty"`
-	Eof           bool                   `protobuf:"varint,3,opt,name=eof,proto3" json:"eof,omitempty"`
-	Dir           *Meta                  `protobuf:"bytes,4,opt,name=dir,proto3" json:"dir,omitempty"`
-	LeaseMs       uint32                 `protobuf:"varint,5,opt,name=lease_ms,json=leaseMs,proto3" json:"lease_ms,omitempty"`
-	DirXattrs     *XattrSummary          `protobuf:"bytes,6,opt,name=dir_xattrs,json=dirXattrs,proto3" json:"dir_xattrs,omitempty"`
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	Entries      []*Entry               `protobuf:"bytes,1,rep,name=entries,proto3" json:"entries,omitempty"`
+	Metas        []*Meta                `protobuf:"bytes,2,rep,name=metas,proto3" json:"metas,omitempty"`
+	Eof          bool                   `protobuf:"varint,3,opt,name=eof,proto3" json:"eof,omitempty"`
+	Dir          *Meta                  `protobuf:"bytes,4,opt,name=dir,proto3" json:"dir,omitempty"`
+	LeaseMs      uint32                 `protobuf:"varint,5,opt,name=lease_ms,json=leaseMs,proto3" json:"lease_ms,omitempty"`
+	DirXattrs    *XattrSummary          `protobuf:"bytes,6,opt,name=dir_xattrs,json=dirXattrs,proto3" json:"dir_xattrs,omitempty"`
+	Xattrs       []*XattrSummary        `protobuf:"bytes,7,rep,name=xattrs,proto3" json:"xattrs,omitempty"`
+	MetasLeaseMs uint32                 `protobuf:"varint,8,opt,name=metas_lease_ms,json=metasLeaseMs,proto3" json:"metas_lease_ms,omitempty"`
+	// datas (.WholeFile, with_meta): aligned with metas, small files' data
+	// (version 0: none).
+	Datas         []*FileData `protobuf:"bytes,9,rep,name=datas,proto3" json:"datas,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1930,6 +1964,27 @@ func (x *ReadDirResponse) GetLeaseMs() uint32 {
 func (x *ReadDirResponse) GetDirXattrs() *XattrSummary {
 	if x != nil {
 		return x.DirXattrs
+	}
+	return nil
+}
+
+func (x *ReadDirResponse) GetXattrs() []*XattrSummary {
+	if x != nil {
+		return x.Xattrs
+	}
+	return nil
+}
+
+func (x *ReadDirResponse) GetMetasLeaseMs() uint32 {
+	if x != nil {
+		return x.MetasLeaseMs
+	}
+	return 0
+}
+
+func (x *ReadDirResponse) GetDatas() []*FileData {
+	if x != nil {
+		return x.Datas
 	}
 	return nil
 }
@@ -2345,7 +2400,9 @@ type CommitRequest struct {
 	SyncLevel uint32                 `protobuf:"varint,6,opt,name=sync_level,json=syncLevel,proto3" json:"sync_level,omitempty"`
 	// Attribute changes made while the file was open with buffered writes,
 	// applied in order after the data, in the same transaction.
-	Attrs         []*SetAttrRequest `protobuf:"bytes,7,rep,name=attrs,proto3" json:"attrs,omitempty"`
+	Attrs []*SetAttrRequest `protobuf:"bytes,7,rep,name=attrs,proto3" json:"attrs,omitempty"`
+	// Blocks sent with the commit itself (a small write: no PutBlocks).
+	Inline        []*BlockData `protobuf:"bytes,8,rep,name=inline,proto3" json:"inline,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2429,9 +2486,18 @@ func (x *CommitRequest) GetAttrs() []*SetAttrRequest {
 	return nil
 }
 
+func (x *CommitRequest) GetInline() []*BlockData {
+	if x != nil {
+		return x.Inline
+	}
+	return nil
+}
+
+// hashes: those of the inline blocks, in their order.
 type CommitResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Meta          *Meta                  `protobuf:"bytes,1,opt,name=meta,proto3" json:"meta,omitempty"`
+	Hashes        [][]byte               `protobuf:"bytes,2,rep,name=hashes,proto3" json:"hashes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2469,6 +2535,13 @@ func (*CommitResponse) Descriptor() ([]byte, []int) {
 func (x *CommitResponse) GetMeta() *Meta {
 	if x != nil {
 		return x.Meta
+	}
+	return nil
+}
+
+func (x *CommitResponse) GetHashes() [][]byte {
+	if x != nil {
+		return x.Hashes
 	}
 	return nil
 }
@@ -2781,11 +2854,16 @@ func (x *StatFSResponse) GetNameLen() uint32 {
 	return 0
 }
 
+// want_data: the answer carries the file's first block references, and
+// a small file's data (compound open). register_only: an open the client
+// served from its lease, only counted here (nothing read, no answer).
 type OpenRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Caller        *Caller                `protobuf:"bytes,1,opt,name=caller,proto3" json:"caller,omitempty"`
 	Id            uint64                 `protobuf:"varint,2,opt,name=id,proto3" json:"id,omitempty"`
 	Flags         uint32                 `protobuf:"varint,3,opt,name=flags,proto3" json:"flags,omitempty"`
+	WantData      bool                   `protobuf:"varint,4,opt,name=want_data,json=wantData,proto3" json:"want_data,omitempty"`
+	RegisterOnly  bool                   `protobuf:"varint,5,opt,name=register_only,json=registerOnly,proto3" json:"register_only,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2841,10 +2919,25 @@ func (x *OpenRequest) GetFlags() uint32 {
 	return 0
 }
 
+func (x *OpenRequest) GetWantData() bool {
+	if x != nil {
+		return x.WantData
+	}
+	return false
+}
+
+func (x *OpenRequest) GetRegisterOnly() bool {
+	if x != nil {
+		return x.RegisterOnly
+	}
+	return false
+}
+
 type OpenResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Meta          *Meta                  `protobuf:"bytes,1,opt,name=meta,proto3" json:"meta,omitempty"`
 	LeaseMs       uint32                 `protobuf:"varint,2,opt,name=lease_ms,json=leaseMs,proto3" json:"lease_ms,omitempty"`
+	Data          *FileData              `protobuf:"bytes,3,opt,name=data,proto3" json:"data,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2891,6 +2984,13 @@ func (x *OpenResponse) GetLeaseMs() uint32 {
 		return x.LeaseMs
 	}
 	return 0
+}
+
+func (x *OpenResponse) GetData() *FileData {
+	if x != nil {
+		return x.Data
+	}
+	return nil
 }
 
 type ReleaseRequest struct {
@@ -3034,10 +3134,13 @@ func (x *Revoke) GetIds() []uint64 {
 	return nil
 }
 
+// bye: the client core is closing and has dropped everything this
+// server leased it; the server forgets its leases instead of waiting them out.
 type CallbackAck struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Session       uint64                 `protobuf:"varint,1,opt,name=session,proto3" json:"session,omitempty"`
 	Seq           uint64                 `protobuf:"varint,2,opt,name=seq,proto3" json:"seq,omitempty"`
+	Bye           bool                   `protobuf:"varint,3,opt,name=bye,proto3" json:"bye,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3084,6 +3187,13 @@ func (x *CallbackAck) GetSeq() uint64 {
 		return x.Seq
 	}
 	return 0
+}
+
+func (x *CallbackAck) GetBye() bool {
+	if x != nil {
+		return x.Bye
+	}
+	return false
 }
 
 type Mutation struct {
@@ -6027,6 +6137,122 @@ func (x *FetchCachedResponse) GetData() [][]byte {
 	return nil
 }
 
+// FileData is what a reader of a file needs first, read with its
+// meta-data at version: the references of its first blocks (up to 1024)
+// and, for a small file, their contents (data aligned with blocks).
+type FileData struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Version       uint64                 `protobuf:"varint,1,opt,name=version,proto3" json:"version,omitempty"`
+	Blocks        []*BlockRef            `protobuf:"bytes,2,rep,name=blocks,proto3" json:"blocks,omitempty"`
+	Data          [][]byte               `protobuf:"bytes,3,rep,name=data,proto3" json:"data,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FileData) Reset() {
+	*x = FileData{}
+	mi := &file_wheelfs_proto_msgTypes[88]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FileData) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FileData) ProtoMessage() {}
+
+func (x *FileData) ProtoReflect() protoreflect.Message {
+	mi := &file_wheelfs_proto_msgTypes[88]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FileData.ProtoReflect.Descriptor instead.
+func (*FileData) Descriptor() ([]byte, []int) {
+	return file_wheelfs_proto_rawDescGZIP(), []int{88}
+}
+
+func (x *FileData) GetVersion() uint64 {
+	if x != nil {
+		return x.Version
+	}
+	return 0
+}
+
+func (x *FileData) GetBlocks() []*BlockRef {
+	if x != nil {
+		return x.Blocks
+	}
+	return nil
+}
+
+func (x *FileData) GetData() [][]byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+// BlockData is one block's contents at index.
+type BlockData struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Index         uint64                 `protobuf:"varint,1,opt,name=index,proto3" json:"index,omitempty"`
+	Data          []byte                 `protobuf:"bytes,2,opt,name=data,proto3" json:"data,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BlockData) Reset() {
+	*x = BlockData{}
+	mi := &file_wheelfs_proto_msgTypes[89]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BlockData) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BlockData) ProtoMessage() {}
+
+func (x *BlockData) ProtoReflect() protoreflect.Message {
+	mi := &file_wheelfs_proto_msgTypes[89]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BlockData.ProtoReflect.Descriptor instead.
+func (*BlockData) Descriptor() ([]byte, []int) {
+	return file_wheelfs_proto_rawDescGZIP(), []int{89}
+}
+
+func (x *BlockData) GetIndex() uint64 {
+	if x != nil {
+		return x.Index
+	}
+	return 0
+}
+
+func (x *BlockData) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
 var File_wheelfs_proto protoreflect.FileDescriptor
 
 const file_wheelfs_proto_rawDesc = "" +
@@ -6076,19 +6302,21 @@ const file_wheelfs_proto_rawDesc = "" +
 	"\x06handle\x18\a \x01(\v2\x15.wheelfs.v1.HandleRefR\x06handle\"5\n" +
 	"\tHandleRef\x12\x18\n" +
 	"\asession\x18\x01 \x01(\x04R\asession\x12\x0e\n" +
-	"\x02id\x18\x02 \x01(\x04R\x02id\"~\n" +
+	"\x02id\x18\x02 \x01(\x04R\x02id\"\x9b\x01\n" +
 	"\rLookupRequest\x12*\n" +
 	"\x06caller\x18\x01 \x01(\v2\x12.wheelfs.v1.CallerR\x06caller\x12\x10\n" +
 	"\x03dir\x18\x02 \x01(\x04R\x03dir\x12\x12\n" +
 	"\x04name\x18\x03 \x01(\tR\x04name\x12\x1b\n" +
-	"\tabsent_ok\x18\x04 \x01(\bR\babsentOk\"\xe8\x01\n" +
+	"\tabsent_ok\x18\x04 \x01(\bR\babsentOk\x12\x1b\n" +
+	"\twant_data\x18\x05 \x01(\bR\bwantData\"\x92\x02\n" +
 	"\x0eLookupResponse\x12'\n" +
 	"\x05entry\x18\x01 \x01(\v2\x11.wheelfs.v1.EntryR\x05entry\x12$\n" +
 	"\x04meta\x18\x02 \x01(\v2\x10.wheelfs.v1.MetaR\x04meta\x12\x19\n" +
 	"\blease_ms\x18\x03 \x01(\rR\aleaseMs\x12\"\n" +
 	"\x03dir\x18\x04 \x01(\v2\x10.wheelfs.v1.MetaR\x03dir\x120\n" +
 	"\x06xattrs\x18\x05 \x01(\v2\x18.wheelfs.v1.XattrSummaryR\x06xattrs\x12\x16\n" +
-	"\x06absent\x18\x06 \x01(\bR\x06absent\"L\n" +
+	"\x06absent\x18\x06 \x01(\bR\x06absent\x12(\n" +
+	"\x04data\x18\a \x01(\v2\x14.wheelfs.v1.FileDataR\x04data\"L\n" +
 	"\x0eGetAttrRequest\x12*\n" +
 	"\x06caller\x18\x01 \x01(\v2\x12.wheelfs.v1.CallerR\x06caller\x12\x0e\n" +
 	"\x02id\x18\x02 \x01(\x04R\x02id\"\x84\x01\n" +
@@ -6166,13 +6394,14 @@ const file_wheelfs_proto_rawDesc = "" +
 	"\n" +
 	"via_handle\x18\r \x01(\bR\tviaHandle\"7\n" +
 	"\x0fSetAttrResponse\x12$\n" +
-	"\x04meta\x18\x01 \x01(\v2\x10.wheelfs.v1.MetaR\x04meta\"\x97\x01\n" +
+	"\x04meta\x18\x01 \x01(\v2\x10.wheelfs.v1.MetaR\x04meta\"\xab\x01\n" +
 	"\x0eReadDirRequest\x12*\n" +
 	"\x06caller\x18\x01 \x01(\v2\x12.wheelfs.v1.CallerR\x06caller\x12\x10\n" +
 	"\x03dir\x18\x02 \x01(\x04R\x03dir\x12\x14\n" +
 	"\x05after\x18\x03 \x01(\tR\x05after\x12\x14\n" +
 	"\x05limit\x18\x04 \x01(\rR\x05limit\x12\x1b\n" +
-	"\twith_meta\x18\x05 \x01(\bR\bwithMeta\"\xf0\x01\n" +
+	"\twith_meta\x18\x05 \x01(\bR\bwithMeta\x12\x12\n" +
+	"\x04plus\x18\x06 \x01(\bR\x04plus\"\xf4\x02\n" +
 	"\x0fReadDirResponse\x12+\n" +
 	"\aentries\x18\x01 \x03(\v2\x11.wheelfs.v1.EntryR\aentries\x12&\n" +
 	"\x05metas\x18\x02 \x03(\v2\x10.wheelfs.v1.MetaR\x05metas\x12\x10\n" +
@@ -6180,7 +6409,10 @@ const file_wheelfs_proto_rawDesc = "" +
 	"\x03dir\x18\x04 \x01(\v2\x10.wheelfs.v1.MetaR\x03dir\x12\x19\n" +
 	"\blease_ms\x18\x05 \x01(\rR\aleaseMs\x127\n" +
 	"\n" +
-	"dir_xattrs\x18\x06 \x01(\v2\x18.wheelfs.v1.XattrSummaryR\tdirXattrs\"F\n" +
+	"dir_xattrs\x18\x06 \x01(\v2\x18.wheelfs.v1.XattrSummaryR\tdirXattrs\x120\n" +
+	"\x06xattrs\x18\a \x03(\v2\x18.wheelfs.v1.XattrSummaryR\x06xattrs\x12$\n" +
+	"\x0emetas_lease_ms\x18\b \x01(\rR\fmetasLeaseMs\x12*\n" +
+	"\x05datas\x18\t \x03(\v2\x14.wheelfs.v1.FileDataR\x05datas\"F\n" +
 	"\bBlockRef\x12\x14\n" +
 	"\x05index\x18\x01 \x01(\x04R\x05index\x12\x12\n" +
 	"\x04hash\x18\x02 \x01(\fR\x04hash\x12\x10\n" +
@@ -6205,7 +6437,7 @@ const file_wheelfs_proto_rawDesc = "" +
 	"\x02id\x18\x02 \x01(\x04R\x02id\x12\x12\n" +
 	"\x04data\x18\x03 \x03(\fR\x04data\"+\n" +
 	"\x11PutBlocksResponse\x12\x16\n" +
-	"\x06hashes\x18\x01 \x03(\fR\x06hashes\"\xf9\x01\n" +
+	"\x06hashes\x18\x01 \x03(\fR\x06hashes\"\xa8\x02\n" +
 	"\rCommitRequest\x12*\n" +
 	"\x06caller\x18\x01 \x01(\v2\x12.wheelfs.v1.CallerR\x06caller\x12\x0e\n" +
 	"\x02id\x18\x02 \x01(\x04R\x02id\x12,\n" +
@@ -6214,9 +6446,11 @@ const file_wheelfs_proto_rawDesc = "" +
 	"\bmtime_ns\x18\x05 \x01(\x03R\amtimeNs\x12\x1d\n" +
 	"\n" +
 	"sync_level\x18\x06 \x01(\rR\tsyncLevel\x120\n" +
-	"\x05attrs\x18\a \x03(\v2\x1a.wheelfs.v1.SetAttrRequestR\x05attrs\"6\n" +
+	"\x05attrs\x18\a \x03(\v2\x1a.wheelfs.v1.SetAttrRequestR\x05attrs\x12-\n" +
+	"\x06inline\x18\b \x03(\v2\x15.wheelfs.v1.BlockDataR\x06inline\"N\n" +
 	"\x0eCommitResponse\x12$\n" +
-	"\x04meta\x18\x01 \x01(\v2\x10.wheelfs.v1.MetaR\x04meta\"\xa7\x01\n" +
+	"\x04meta\x18\x01 \x01(\v2\x10.wheelfs.v1.MetaR\x04meta\x12\x16\n" +
+	"\x06hashes\x18\x02 \x03(\fR\x06hashes\"\xa7\x01\n" +
 	"\fXattrRequest\x12*\n" +
 	"\x06caller\x18\x01 \x01(\v2\x12.wheelfs.v1.CallerR\x06caller\x12\x0e\n" +
 	"\x02id\x18\x02 \x01(\x04R\x02id\x12\x12\n" +
@@ -6240,24 +6474,28 @@ const file_wheelfs_proto_rawDesc = "" +
 	"\x05files\x18\x04 \x01(\x04R\x05files\x12\x14\n" +
 	"\x05ffree\x18\x05 \x01(\x04R\x05ffree\x12\x14\n" +
 	"\x05bsize\x18\x06 \x01(\rR\x05bsize\x12\x19\n" +
-	"\bname_len\x18\a \x01(\rR\anameLen\"_\n" +
+	"\bname_len\x18\a \x01(\rR\anameLen\"\xa1\x01\n" +
 	"\vOpenRequest\x12*\n" +
 	"\x06caller\x18\x01 \x01(\v2\x12.wheelfs.v1.CallerR\x06caller\x12\x0e\n" +
 	"\x02id\x18\x02 \x01(\x04R\x02id\x12\x14\n" +
-	"\x05flags\x18\x03 \x01(\rR\x05flags\"O\n" +
+	"\x05flags\x18\x03 \x01(\rR\x05flags\x12\x1b\n" +
+	"\twant_data\x18\x04 \x01(\bR\bwantData\x12#\n" +
+	"\rregister_only\x18\x05 \x01(\bR\fregisterOnly\"y\n" +
 	"\fOpenResponse\x12$\n" +
 	"\x04meta\x18\x01 \x01(\v2\x10.wheelfs.v1.MetaR\x04meta\x12\x19\n" +
-	"\blease_ms\x18\x02 \x01(\rR\aleaseMs\"O\n" +
+	"\blease_ms\x18\x02 \x01(\rR\aleaseMs\x12(\n" +
+	"\x04data\x18\x03 \x01(\v2\x14.wheelfs.v1.FileDataR\x04data\"O\n" +
 	"\x0eReleaseRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12-\n" +
 	"\x06handle\x18\x02 \x01(\v2\x15.wheelfs.v1.HandleRefR\x06handle\"\x11\n" +
 	"\x0fReleaseResponse\",\n" +
 	"\x06Revoke\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\x12\x10\n" +
-	"\x03ids\x18\x02 \x03(\x04R\x03ids\"9\n" +
+	"\x03ids\x18\x02 \x03(\x04R\x03ids\"K\n" +
 	"\vCallbackAck\x12\x18\n" +
 	"\asession\x18\x01 \x01(\x04R\asession\x12\x10\n" +
-	"\x03seq\x18\x02 \x01(\x04R\x03seq\"\x86\x01\n" +
+	"\x03seq\x18\x02 \x01(\x04R\x03seq\x12\x10\n" +
+	"\x03bye\x18\x03 \x01(\bR\x03bye\"\x86\x01\n" +
 	"\bMutation\x12,\n" +
 	"\x04kind\x18\x01 \x01(\x0e2\x18.wheelfs.v1.MutationKindR\x04kind\x12\x0e\n" +
 	"\x02id\x18\x02 \x01(\x04R\x02id\x12\x12\n" +
@@ -6460,7 +6698,14 @@ const file_wheelfs_proto_rawDesc = "" +
 	"\x05grant\x18\x01 \x01(\v2\x11.wheelfs.v1.GrantR\x05grant\x12\x16\n" +
 	"\x06hashes\x18\x02 \x03(\fR\x06hashes\")\n" +
 	"\x13FetchCachedResponse\x12\x12\n" +
-	"\x04data\x18\x01 \x03(\fR\x04data*\x8a\x01\n" +
+	"\x04data\x18\x01 \x03(\fR\x04data\"f\n" +
+	"\bFileData\x12\x18\n" +
+	"\aversion\x18\x01 \x01(\x04R\aversion\x12,\n" +
+	"\x06blocks\x18\x02 \x03(\v2\x14.wheelfs.v1.BlockRefR\x06blocks\x12\x12\n" +
+	"\x04data\x18\x03 \x03(\fR\x04data\"5\n" +
+	"\tBlockData\x12\x14\n" +
+	"\x05index\x18\x01 \x01(\x04R\x05index\x12\x12\n" +
+	"\x04data\x18\x02 \x01(\fR\x04data*\x8a\x01\n" +
 	"\x04Type\x12\x14\n" +
 	"\x10TYPE_UNSPECIFIED\x10\x00\x12\r\n" +
 	"\tTYPE_FILE\x10\x01\x12\f\n" +
@@ -6548,7 +6793,7 @@ func file_wheelfs_proto_rawDescGZIP() []byte {
 }
 
 var file_wheelfs_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_wheelfs_proto_msgTypes = make([]protoimpl.MessageInfo, 88)
+var file_wheelfs_proto_msgTypes = make([]protoimpl.MessageInfo, 90)
 var file_wheelfs_proto_goTypes = []any{
 	(Type)(0),                      // 0: wheelfs.v1.Type
 	(MutationKind)(0),              // 1: wheelfs.v1.MutationKind
@@ -6641,6 +6886,8 @@ var file_wheelfs_proto_goTypes = []any{
 	(*GrantBody)(nil),              // 88: wheelfs.v1.GrantBody
 	(*FetchCachedRequest)(nil),     // 89: wheelfs.v1.FetchCachedRequest
 	(*FetchCachedResponse)(nil),    // 90: wheelfs.v1.FetchCachedResponse
+	(*FileData)(nil),               // 91: wheelfs.v1.FileData
+	(*BlockData)(nil),              // 92: wheelfs.v1.BlockData
 }
 var file_wheelfs_proto_depIdxs = []int32{
 	0,   // 0: wheelfs.v1.Meta.type:type_name -> wheelfs.v1.Type
@@ -6652,168 +6899,174 @@ var file_wheelfs_proto_depIdxs = []int32{
 	4,   // 6: wheelfs.v1.LookupResponse.meta:type_name -> wheelfs.v1.Meta
 	4,   // 7: wheelfs.v1.LookupResponse.dir:type_name -> wheelfs.v1.Meta
 	68,  // 8: wheelfs.v1.LookupResponse.xattrs:type_name -> wheelfs.v1.XattrSummary
-	6,   // 9: wheelfs.v1.GetAttrRequest.caller:type_name -> wheelfs.v1.Caller
-	4,   // 10: wheelfs.v1.GetAttrResponse.meta:type_name -> wheelfs.v1.Meta
-	68,  // 11: wheelfs.v1.GetAttrResponse.xattrs:type_name -> wheelfs.v1.XattrSummary
-	6,   // 12: wheelfs.v1.CreateRequest.caller:type_name -> wheelfs.v1.Caller
-	0,   // 13: wheelfs.v1.CreateRequest.type:type_name -> wheelfs.v1.Type
-	3,   // 14: wheelfs.v1.CreateRequest.cues:type_name -> wheelfs.v1.Cues
-	5,   // 15: wheelfs.v1.CreateResponse.entry:type_name -> wheelfs.v1.Entry
-	4,   // 16: wheelfs.v1.CreateResponse.meta:type_name -> wheelfs.v1.Meta
-	4,   // 17: wheelfs.v1.CreateResponse.dir:type_name -> wheelfs.v1.Meta
-	6,   // 18: wheelfs.v1.LinkRequest.caller:type_name -> wheelfs.v1.Caller
-	4,   // 19: wheelfs.v1.LinkResponse.meta:type_name -> wheelfs.v1.Meta
-	6,   // 20: wheelfs.v1.RemoveRequest.caller:type_name -> wheelfs.v1.Caller
-	4,   // 21: wheelfs.v1.RemoveResponse.meta:type_name -> wheelfs.v1.Meta
-	6,   // 22: wheelfs.v1.RenameRequest.caller:type_name -> wheelfs.v1.Caller
-	4,   // 23: wheelfs.v1.RenameResponse.replaced:type_name -> wheelfs.v1.Meta
-	6,   // 24: wheelfs.v1.SetAttrRequest.caller:type_name -> wheelfs.v1.Caller
-	4,   // 25: wheelfs.v1.SetAttrResponse.meta:type_name -> wheelfs.v1.Meta
-	6,   // 26: wheelfs.v1.ReadDirRequest.caller:type_name -> wheelfs.v1.Caller
-	5,   // 27: wheelfs.v1.ReadDirResponse.entries:type_name -> wheelfs.v1.Entry
-	4,   // 28: wheelfs.v1.ReadDirResponse.metas:type_name -> wheelfs.v1.Meta
-	4,   // 29: wheelfs.v1.ReadDirResponse.dir:type_name -> wheelfs.v1.Meta
-	68,  // 30: wheelfs.v1.ReadDirResponse.dir_xattrs:type_name -> wheelfs.v1.XattrSummary
-	6,   // 31: wheelfs.v1.GetBlocksRequest.caller:type_name -> wheelfs.v1.Caller
-	4,   // 32: wheelfs.v1.GetBlocksResponse.meta:type_name -> wheelfs.v1.Meta
-	24,  // 33: wheelfs.v1.GetBlocksResponse.blocks:type_name -> wheelfs.v1.BlockRef
-	6,   // 34: wheelfs.v1.ReadBlocksRequest.caller:type_name -> wheelfs.v1.Caller
-	87,  // 35: wheelfs.v1.ReadBlocksRequest.grant:type_name -> wheelfs.v1.Grant
-	6,   // 36: wheelfs.v1.PutBlocksRequest.caller:type_name -> wheelfs.v1.Caller
-	6,   // 37: wheelfs.v1.CommitRequest.caller:type_name -> wheelfs.v1.Caller
-	24,  // 38: wheelfs.v1.CommitRequest.blocks:type_name -> wheelfs.v1.BlockRef
-	20,  // 39: wheelfs.v1.CommitRequest.attrs:type_name -> wheelfs.v1.SetAttrRequest
-	4,   // 40: wheelfs.v1.CommitResponse.meta:type_name -> wheelfs.v1.Meta
-	6,   // 41: wheelfs.v1.XattrRequest.caller:type_name -> wheelfs.v1.Caller
-	4,   // 42: wheelfs.v1.XattrResponse.meta:type_name -> wheelfs.v1.Meta
-	68,  // 43: wheelfs.v1.XattrResponse.xattrs:type_name -> wheelfs.v1.XattrSummary
-	6,   // 44: wheelfs.v1.StatFSRequest.caller:type_name -> wheelfs.v1.Caller
-	6,   // 45: wheelfs.v1.OpenRequest.caller:type_name -> wheelfs.v1.Caller
-	4,   // 46: wheelfs.v1.OpenResponse.meta:type_name -> wheelfs.v1.Meta
-	7,   // 47: wheelfs.v1.ReleaseRequest.handle:type_name -> wheelfs.v1.HandleRef
-	1,   // 48: wheelfs.v1.Mutation.kind:type_name -> wheelfs.v1.MutationKind
-	43,  // 49: wheelfs.v1.Batch.mutations:type_name -> wheelfs.v1.Mutation
-	44,  // 50: wheelfs.v1.ReplicateRequest.batches:type_name -> wheelfs.v1.Batch
-	2,   // 51: wheelfs.v1.ReplicateResponse.status:type_name -> wheelfs.v1.ReplStatus
-	4,   // 52: wheelfs.v1.ObjectState.meta:type_name -> wheelfs.v1.Meta
-	5,   // 53: wheelfs.v1.ObjectState.entries:type_name -> wheelfs.v1.Entry
-	24,  // 54: wheelfs.v1.ObjectState.blocks:type_name -> wheelfs.v1.BlockRef
-	49,  // 55: wheelfs.v1.InstallRequest.objects:type_name -> wheelfs.v1.ObjectState
-	2,   // 56: wheelfs.v1.InstallResponse.status:type_name -> wheelfs.v1.ReplStatus
-	48,  // 57: wheelfs.v1.DiffRequest.digest:type_name -> wheelfs.v1.DigestResponse
-	4,   // 58: wheelfs.v1.CreateObjectRequest.meta:type_name -> wheelfs.v1.Meta
-	3,   // 59: wheelfs.v1.CreateObjectRequest.cues:type_name -> wheelfs.v1.Cues
-	3,   // 60: wheelfs.v1.CreateObjectRequest.policy:type_name -> wheelfs.v1.Cues
-	7,   // 61: wheelfs.v1.CreateObjectRequest.handle:type_name -> wheelfs.v1.HandleRef
-	4,   // 62: wheelfs.v1.CreateObjectResponse.meta:type_name -> wheelfs.v1.Meta
-	6,   // 63: wheelfs.v1.DropLinkRequest.caller:type_name -> wheelfs.v1.Caller
-	4,   // 64: wheelfs.v1.DropLinkRequest.dir:type_name -> wheelfs.v1.Meta
-	7,   // 65: wheelfs.v1.DropLinkRequest.handle:type_name -> wheelfs.v1.HandleRef
-	4,   // 66: wheelfs.v1.DropLinkResponse.meta:type_name -> wheelfs.v1.Meta
-	4,   // 67: wheelfs.v1.StatResponse.meta:type_name -> wheelfs.v1.Meta
-	6,   // 68: wheelfs.v1.AddLinkRequest.caller:type_name -> wheelfs.v1.Caller
-	4,   // 69: wheelfs.v1.AddLinkRequest.object:type_name -> wheelfs.v1.Meta
-	4,   // 70: wheelfs.v1.AddLinkResponse.replaced:type_name -> wheelfs.v1.Meta
-	5,   // 71: wheelfs.v1.EntryChange.entry:type_name -> wheelfs.v1.Entry
-	49,  // 72: wheelfs.v1.ReconcileRequest.objects:type_name -> wheelfs.v1.ObjectState
-	65,  // 73: wheelfs.v1.ReconcileRequest.entries:type_name -> wheelfs.v1.EntryChange
-	2,   // 74: wheelfs.v1.ReconcileResponse.status:type_name -> wheelfs.v1.ReplStatus
-	69,  // 75: wheelfs.v1.XattrSummary.attrs:type_name -> wheelfs.v1.Xattr
-	70,  // 76: wheelfs.v1.CoordSample.coord:type_name -> wheelfs.v1.Coord
-	6,   // 77: wheelfs.v1.HeldBlocks.caller:type_name -> wheelfs.v1.Caller
-	74,  // 78: wheelfs.v1.HeldBlocks.blocks:type_name -> wheelfs.v1.BlockRange
-	70,  // 79: wheelfs.v1.ReportHoldingRequest.coord:type_name -> wheelfs.v1.Coord
-	75,  // 80: wheelfs.v1.ReportHoldingRequest.held:type_name -> wheelfs.v1.HeldBlocks
-	6,   // 81: wheelfs.v1.HoldersRequest.caller:type_name -> wheelfs.v1.Caller
-	74,  // 82: wheelfs.v1.HoldersRequest.blocks:type_name -> wheelfs.v1.BlockRange
-	70,  // 83: wheelfs.v1.HoldersRequest.coord:type_name -> wheelfs.v1.Coord
-	74,  // 84: wheelfs.v1.Holder.blocks:type_name -> wheelfs.v1.BlockRange
-	79,  // 85: wheelfs.v1.HoldersResponse.holders:type_name -> wheelfs.v1.Holder
-	87,  // 86: wheelfs.v1.HoldersResponse.grant:type_name -> wheelfs.v1.Grant
-	87,  // 87: wheelfs.v1.FetchCachedRequest.grant:type_name -> wheelfs.v1.Grant
-	8,   // 88: wheelfs.v1.Storage.Lookup:input_type -> wheelfs.v1.LookupRequest
-	10,  // 89: wheelfs.v1.Storage.GetAttr:input_type -> wheelfs.v1.GetAttrRequest
-	12,  // 90: wheelfs.v1.Storage.Create:input_type -> wheelfs.v1.CreateRequest
-	14,  // 91: wheelfs.v1.Storage.Link:input_type -> wheelfs.v1.LinkRequest
-	16,  // 92: wheelfs.v1.Storage.Remove:input_type -> wheelfs.v1.RemoveRequest
-	18,  // 93: wheelfs.v1.Storage.Rename:input_type -> wheelfs.v1.RenameRequest
-	20,  // 94: wheelfs.v1.Storage.SetAttr:input_type -> wheelfs.v1.SetAttrRequest
-	22,  // 95: wheelfs.v1.Storage.ReadDir:input_type -> wheelfs.v1.ReadDirRequest
-	25,  // 96: wheelfs.v1.Storage.GetBlocks:input_type -> wheelfs.v1.GetBlocksRequest
-	27,  // 97: wheelfs.v1.Storage.ReadBlocks:input_type -> wheelfs.v1.ReadBlocksRequest
-	29,  // 98: wheelfs.v1.Storage.PutBlocks:input_type -> wheelfs.v1.PutBlocksRequest
-	31,  // 99: wheelfs.v1.Storage.Commit:input_type -> wheelfs.v1.CommitRequest
-	33,  // 100: wheelfs.v1.Storage.GetXattr:input_type -> wheelfs.v1.XattrRequest
-	33,  // 101: wheelfs.v1.Storage.ListXattr:input_type -> wheelfs.v1.XattrRequest
-	33,  // 102: wheelfs.v1.Storage.SetXattr:input_type -> wheelfs.v1.XattrRequest
-	33,  // 103: wheelfs.v1.Storage.RemoveXattr:input_type -> wheelfs.v1.XattrRequest
-	35,  // 104: wheelfs.v1.Storage.StatFS:input_type -> wheelfs.v1.StatFSRequest
-	37,  // 105: wheelfs.v1.Storage.Open:input_type -> wheelfs.v1.OpenRequest
-	39,  // 106: wheelfs.v1.Storage.Release:input_type -> wheelfs.v1.ReleaseRequest
-	42,  // 107: wheelfs.v1.Storage.Callbacks:input_type -> wheelfs.v1.CallbackAck
-	72,  // 108: wheelfs.v1.Storage.Probe:input_type -> wheelfs.v1.ProbeRequest
-	76,  // 109: wheelfs.v1.Storage.ReportHolding:input_type -> wheelfs.v1.ReportHoldingRequest
-	78,  // 110: wheelfs.v1.Storage.Holders:input_type -> wheelfs.v1.HoldersRequest
-	81,  // 111: wheelfs.v1.Storage.LoginChallenge:input_type -> wheelfs.v1.LoginChallengeRequest
-	83,  // 112: wheelfs.v1.Storage.Login:input_type -> wheelfs.v1.LoginRequest
-	85,  // 113: wheelfs.v1.Storage.RenewSession:input_type -> wheelfs.v1.SessionRequest
-	85,  // 114: wheelfs.v1.Storage.Logout:input_type -> wheelfs.v1.SessionRequest
-	45,  // 115: wheelfs.v1.Peer.Replicate:input_type -> wheelfs.v1.ReplicateRequest
-	47,  // 116: wheelfs.v1.Peer.Digest:input_type -> wheelfs.v1.DigestRequest
-	52,  // 117: wheelfs.v1.Peer.Diff:input_type -> wheelfs.v1.DiffRequest
-	50,  // 118: wheelfs.v1.Peer.Install:input_type -> wheelfs.v1.InstallRequest
-	53,  // 119: wheelfs.v1.Peer.FetchBlocks:input_type -> wheelfs.v1.FetchBlocksRequest
-	55,  // 120: wheelfs.v1.Peer.Ping:input_type -> wheelfs.v1.PingRequest
-	57,  // 121: wheelfs.v1.Peer.CreateObject:input_type -> wheelfs.v1.CreateObjectRequest
-	59,  // 122: wheelfs.v1.Peer.DropLink:input_type -> wheelfs.v1.DropLinkRequest
-	61,  // 123: wheelfs.v1.Peer.Stat:input_type -> wheelfs.v1.StatRequest
-	63,  // 124: wheelfs.v1.Peer.AddLink:input_type -> wheelfs.v1.AddLinkRequest
-	66,  // 125: wheelfs.v1.Peer.Reconcile:input_type -> wheelfs.v1.ReconcileRequest
-	89,  // 126: wheelfs.v1.PeerCache.FetchCached:input_type -> wheelfs.v1.FetchCachedRequest
-	9,   // 127: wheelfs.v1.Storage.Lookup:output_type -> wheelfs.v1.LookupResponse
-	11,  // 128: wheelfs.v1.Storage.GetAttr:output_type -> wheelfs.v1.GetAttrResponse
-	13,  // 129: wheelfs.v1.Storage.Create:output_type -> wheelfs.v1.CreateResponse
-	15,  // 130: wheelfs.v1.Storage.Link:output_type -> wheelfs.v1.LinkResponse
-	17,  // 131: wheelfs.v1.Storage.Remove:output_type -> wheelfs.v1.RemoveResponse
-	19,  // 132: wheelfs.v1.Storage.Rename:output_type -> wheelfs.v1.RenameResponse
-	21,  // 133: wheelfs.v1.Storage.SetAttr:output_type -> wheelfs.v1.SetAttrResponse
-	23,  // 134: wheelfs.v1.Storage.ReadDir:output_type -> wheelfs.v1.ReadDirResponse
-	26,  // 135: wheelfs.v1.Storage.GetBlocks:output_type -> wheelfs.v1.GetBlocksResponse
-	28,  // 136: wheelfs.v1.Storage.ReadBlocks:output_type -> wheelfs.v1.ReadBlocksResponse
-	30,  // 137: wheelfs.v1.Storage.PutBlocks:output_type -> wheelfs.v1.PutBlocksResponse
-	32,  // 138: wheelfs.v1.Storage.Commit:output_type -> wheelfs.v1.CommitResponse
-	34,  // 139: wheelfs.v1.Storage.GetXattr:output_type -> wheelfs.v1.XattrResponse
-	34,  // 140: wheelfs.v1.Storage.ListXattr:output_type -> wheelfs.v1.XattrResponse
-	34,  // 141: wheelfs.v1.Storage.SetXattr:output_type -> wheelfs.v1.XattrResponse
-	34,  // 142: wheelfs.v1.Storage.RemoveXattr:output_type -> wheelfs.v1.XattrResponse
-	36,  // 143: wheelfs.v1.Storage.StatFS:output_type -> wheelfs.v1.StatFSResponse
-	38,  // 144: wheelfs.v1.Storage.Open:output_type -> wheelfs.v1.OpenResponse
-	40,  // 145: wheelfs.v1.Storage.Release:output_type -> wheelfs.v1.ReleaseResponse
-	41,  // 146: wheelfs.v1.Storage.Callbacks:output_type -> wheelfs.v1.Revoke
-	73,  // 147: wheelfs.v1.Storage.Probe:output_type -> wheelfs.v1.ProbeResponse
-	77,  // 148: wheelfs.v1.Storage.ReportHolding:output_type -> wheelfs.v1.ReportHoldingResponse
-	80,  // 149: wheelfs.v1.Storage.Holders:output_type -> wheelfs.v1.HoldersResponse
-	82,  // 150: wheelfs.v1.Storage.LoginChallenge:output_type -> wheelfs.v1.LoginChallengeResponse
-	84,  // 151: wheelfs.v1.Storage.Login:output_type -> wheelfs.v1.LoginResponse
-	84,  // 152: wheelfs.v1.Storage.RenewSession:output_type -> wheelfs.v1.LoginResponse
-	86,  // 153: wheelfs.v1.Storage.Logout:output_type -> wheelfs.v1.LogoutResponse
-	46,  // 154: wheelfs.v1.Peer.Replicate:output_type -> wheelfs.v1.ReplicateResponse
-	48,  // 155: wheelfs.v1.Peer.Digest:output_type -> wheelfs.v1.DigestResponse
-	50,  // 156: wheelfs.v1.Peer.Diff:output_type -> wheelfs.v1.InstallRequest
-	51,  // 157: wheelfs.v1.Peer.Install:output_type -> wheelfs.v1.InstallResponse
-	54,  // 158: wheelfs.v1.Peer.FetchBlocks:output_type -> wheelfs.v1.FetchBlocksResponse
-	56,  // 159: wheelfs.v1.Peer.Ping:output_type -> wheelfs.v1.PingResponse
-	58,  // 160: wheelfs.v1.Peer.CreateObject:output_type -> wheelfs.v1.CreateObjectResponse
-	60,  // 161: wheelfs.v1.Peer.DropLink:output_type -> wheelfs.v1.DropLinkResponse
-	62,  // 162: wheelfs.v1.Peer.Stat:output_type -> wheelfs.v1.StatResponse
-	64,  // 163: wheelfs.v1.Peer.AddLink:output_type -> wheelfs.v1.AddLinkResponse
-	67,  // 164: wheelfs.v1.Peer.Reconcile:output_type -> wheelfs.v1.ReconcileResponse
-	90,  // 165: wheelfs.v1.PeerCache.FetchCached:output_type -> wheelfs.v1.FetchCachedResponse
-	127, // [127:166] is the sub-list for method output_type
-	88,  // [88:127] is the sub-list for method input_type
-	88,  // [88:88] is the sub-list for extension type_name
-	88,  // [88:88] is the sub-list for extension extendee
-	0,   // [0:88] is the sub-list for field type_name
+	91,  // 9: wheelfs.v1.LookupResponse.data:type_name -> wheelfs.v1.FileData
+	6,   // 10: wheelfs.v1.GetAttrRequest.caller:type_name -> wheelfs.v1.Caller
+	4,   // 11: wheelfs.v1.GetAttrResponse.meta:type_name -> wheelfs.v1.Meta
+	68,  // 12: wheelfs.v1.GetAttrResponse.xattrs:type_name -> wheelfs.v1.XattrSummary
+	6,   // 13: wheelfs.v1.CreateRequest.caller:type_name -> wheelfs.v1.Caller
+	0,   // 14: wheelfs.v1.CreateRequest.type:type_name -> wheelfs.v1.Type
+	3,   // 15: wheelfs.v1.CreateRequest.cues:type_name -> wheelfs.v1.Cues
+	5,   // 16: wheelfs.v1.CreateResponse.entry:type_name -> wheelfs.v1.Entry
+	4,   // 17: wheelfs.v1.CreateResponse.meta:type_name -> wheelfs.v1.Meta
+	4,   // 18: wheelfs.v1.CreateResponse.dir:type_name -> wheelfs.v1.Meta
+	6,   // 19: wheelfs.v1.LinkRequest.caller:type_name -> wheelfs.v1.Caller
+	4,   // 20: wheelfs.v1.LinkResponse.meta:type_name -> wheelfs.v1.Meta
+	6,   // 21: wheelfs.v1.RemoveRequest.caller:type_name -> wheelfs.v1.Caller
+	4,   // 22: wheelfs.v1.RemoveResponse.meta:type_name -> wheelfs.v1.Meta
+	6,   // 23: wheelfs.v1.RenameRequest.caller:type_name -> wheelfs.v1.Caller
+	4,   // 24: wheelfs.v1.RenameResponse.replaced:type_name -> wheelfs.v1.Meta
+	6,   // 25: wheelfs.v1.SetAttrRequest.caller:type_name -> wheelfs.v1.Caller
+	4,   // 26: wheelfs.v1.SetAttrResponse.meta:type_name -> wheelfs.v1.Meta
+	6,   // 27: wheelfs.v1.ReadDirRequest.caller:type_name -> wheelfs.v1.Caller
+	5,   // 28: wheelfs.v1.ReadDirResponse.entries:type_name -> wheelfs.v1.Entry
+	4,   // 29: wheelfs.v1.ReadDirResponse.metas:type_name -> wheelfs.v1.Meta
+	4,   // 30: wheelfs.v1.ReadDirResponse.dir:type_name -> wheelfs.v1.Meta
+	68,  // 31: wheelfs.v1.ReadDirResponse.dir_xattrs:type_name -> wheelfs.v1.XattrSummary
+	68,  // 32: wheelfs.v1.ReadDirResponse.xattrs:type_name -> wheelfs.v1.XattrSummary
+	91,  // 33: wheelfs.v1.ReadDirResponse.datas:type_name -> wheelfs.v1.FileData
+	6,   // 34: wheelfs.v1.GetBlocksRequest.caller:type_name -> wheelfs.v1.Caller
+	4,   // 35: wheelfs.v1.GetBlocksResponse.meta:type_name -> wheelfs.v1.Meta
+	24,  // 36: wheelfs.v1.GetBlocksResponse.blocks:type_name -> wheelfs.v1.BlockRef
+	6,   // 37: wheelfs.v1.ReadBlocksRequest.caller:type_name -> wheelfs.v1.Caller
+	87,  // 38: wheelfs.v1.ReadBlocksRequest.grant:type_name -> wheelfs.v1.Grant
+	6,   // 39: wheelfs.v1.PutBlocksRequest.caller:type_name -> wheelfs.v1.Caller
+	6,   // 40: wheelfs.v1.CommitRequest.caller:type_name -> wheelfs.v1.Caller
+	24,  // 41: wheelfs.v1.CommitRequest.blocks:type_name -> wheelfs.v1.BlockRef
+	20,  // 42: wheelfs.v1.CommitRequest.attrs:type_name -> wheelfs.v1.SetAttrRequest
+	92,  // 43: wheelfs.v1.CommitRequest.inline:type_name -> wheelfs.v1.BlockData
+	4,   // 44: wheelfs.v1.CommitResponse.meta:type_name -> wheelfs.v1.Meta
+	6,   // 45: wheelfs.v1.XattrRequest.caller:type_name -> wheelfs.v1.Caller
+	4,   // 46: wheelfs.v1.XattrResponse.meta:type_name -> wheelfs.v1.Meta
+	68,  // 47: wheelfs.v1.XattrResponse.xattrs:type_name -> wheelfs.v1.XattrSummary
+	6,   // 48: wheelfs.v1.StatFSRequest.caller:type_name -> wheelfs.v1.Caller
+	6,   // 49: wheelfs.v1.OpenRequest.caller:type_name -> wheelfs.v1.Caller
+	4,   // 50: wheelfs.v1.OpenResponse.meta:type_name -> wheelfs.v1.Meta
+	91,  // 51: wheelfs.v1.OpenResponse.data:type_name -> wheelfs.v1.FileData
+	7,   // 52: wheelfs.v1.ReleaseRequest.handle:type_name -> wheelfs.v1.HandleRef
+	1,   // 53: wheelfs.v1.Mutation.kind:type_name -> wheelfs.v1.MutationKind
+	43,  // 54: wheelfs.v1.Batch.mutations:type_name -> wheelfs.v1.Mutation
+	44,  // 55: wheelfs.v1.ReplicateRequest.batches:type_name -> wheelfs.v1.Batch
+	2,   // 56: wheelfs.v1.ReplicateResponse.status:type_name -> wheelfs.v1.ReplStatus
+	4,   // 57: wheelfs.v1.ObjectState.meta:type_name -> wheelfs.v1.Meta
+	5,   // 58: wheelfs.v1.ObjectState.entries:type_name -> wheelfs.v1.Entry
+	24,  // 59: wheelfs.v1.ObjectState.blocks:type_name -> wheelfs.v1.BlockRef
+	49,  // 60: wheelfs.v1.InstallRequest.objects:type_name -> wheelfs.v1.ObjectState
+	2,   // 61: wheelfs.v1.InstallResponse.status:type_name -> wheelfs.v1.ReplStatus
+	48,  // 62: wheelfs.v1.DiffRequest.digest:type_name -> wheelfs.v1.DigestResponse
+	4,   // 63: wheelfs.v1.CreateObjectRequest.meta:type_name -> wheelfs.v1.Meta
+	3,   // 64: wheelfs.v1.CreateObjectRequest.cues:type_name -> wheelfs.v1.Cues
+	3,   // 65: wheelfs.v1.CreateObjectRequest.policy:type_name -> wheelfs.v1.Cues
+	7,   // 66: wheelfs.v1.CreateObjectRequest.handle:type_name -> wheelfs.v1.HandleRef
+	4,   // 67: wheelfs.v1.CreateObjectResponse.meta:type_name -> wheelfs.v1.Meta
+	6,   // 68: wheelfs.v1.DropLinkRequest.caller:type_name -> wheelfs.v1.Caller
+	4,   // 69: wheelfs.v1.DropLinkRequest.dir:type_name -> wheelfs.v1.Meta
+	7,   // 70: wheelfs.v1.DropLinkRequest.handle:type_name -> wheelfs.v1.HandleRef
+	4,   // 71: wheelfs.v1.DropLinkResponse.meta:type_name -> wheelfs.v1.Meta
+	4,   // 72: wheelfs.v1.StatResponse.meta:type_name -> wheelfs.v1.Meta
+	6,   // 73: wheelfs.v1.AddLinkRequest.caller:type_name -> wheelfs.v1.Caller
+	4,   // 74: wheelfs.v1.AddLinkRequest.object:type_name -> wheelfs.v1.Meta
+	4,   // 75: wheelfs.v1.AddLinkResponse.replaced:type_name -> wheelfs.v1.Meta
+	5,   // 76: wheelfs.v1.EntryChange.entry:type_name -> wheelfs.v1.Entry
+	49,  // 77: wheelfs.v1.ReconcileRequest.objects:type_name -> wheelfs.v1.ObjectState
+	65,  // 78: wheelfs.v1.ReconcileRequest.entries:type_name -> wheelfs.v1.EntryChange
+	2,   // 79: wheelfs.v1.ReconcileResponse.status:type_name -> wheelfs.v1.ReplStatus
+	69,  // 80: wheelfs.v1.XattrSummary.attrs:type_name -> wheelfs.v1.Xattr
+	70,  // 81: wheelfs.v1.CoordSample.coord:type_name -> wheelfs.v1.Coord
+	6,   // 82: wheelfs.v1.HeldBlocks.caller:type_name -> wheelfs.v1.Caller
+	74,  // 83: wheelfs.v1.HeldBlocks.blocks:type_name -> wheelfs.v1.BlockRange
+	70,  // 84: wheelfs.v1.ReportHoldingRequest.coord:type_name -> wheelfs.v1.Coord
+	75,  // 85: wheelfs.v1.ReportHoldingRequest.held:type_name -> wheelfs.v1.HeldBlocks
+	6,   // 86: wheelfs.v1.HoldersRequest.caller:type_name -> wheelfs.v1.Caller
+	74,  // 87: wheelfs.v1.HoldersRequest.blocks:type_name -> wheelfs.v1.BlockRange
+	70,  // 88: wheelfs.v1.HoldersRequest.coord:type_name -> wheelfs.v1.Coord
+	74,  // 89: wheelfs.v1.Holder.blocks:type_name -> wheelfs.v1.BlockRange
+	79,  // 90: wheelfs.v1.HoldersResponse.holders:type_name -> wheelfs.v1.Holder
+	87,  // 91: wheelfs.v1.HoldersResponse.grant:type_name -> wheelfs.v1.Grant
+	87,  // 92: wheelfs.v1.FetchCachedRequest.grant:type_name -> wheelfs.v1.Grant
+	24,  // 93: wheelfs.v1.FileData.blocks:type_name -> wheelfs.v1.BlockRef
+	8,   // 94: wheelfs.v1.Storage.Lookup:input_type -> wheelfs.v1.LookupRequest
+	10,  // 95: wheelfs.v1.Storage.GetAttr:input_type -> wheelfs.v1.GetAttrRequest
+	12,  // 96: wheelfs.v1.Storage.Create:input_type -> wheelfs.v1.CreateRequest
+	14,  // 97: wheelfs.v1.Storage.Link:input_type -> wheelfs.v1.LinkRequest
+	16,  // 98: wheelfs.v1.Storage.Remove:input_type -> wheelfs.v1.RemoveRequest
+	18,  // 99: wheelfs.v1.Storage.Rename:input_type -> wheelfs.v1.RenameRequest
+	20,  // 100: wheelfs.v1.Storage.SetAttr:input_type -> wheelfs.v1.SetAttrRequest
+	22,  // 101: wheelfs.v1.Storage.ReadDir:input_type -> wheelfs.v1.ReadDirRequest
+	25,  // 102: wheelfs.v1.Storage.GetBlocks:input_type -> wheelfs.v1.GetBlocksRequest
+	27,  // 103: wheelfs.v1.Storage.ReadBlocks:input_type -> wheelfs.v1.ReadBlocksRequest
+	29,  // 104: wheelfs.v1.Storage.PutBlocks:input_type -> wheelfs.v1.PutBlocksRequest
+	31,  // 105: wheelfs.v1.Storage.Commit:input_type -> wheelfs.v1.CommitRequest
+	33,  // 106: wheelfs.v1.Storage.GetXattr:input_type -> wheelfs.v1.XattrRequest
+	33,  // 107: wheelfs.v1.Storage.ListXattr:input_type -> wheelfs.v1.XattrRequest
+	33,  // 108: wheelfs.v1.Storage.SetXattr:input_type -> wheelfs.v1.XattrRequest
+	33,  // 109: wheelfs.v1.Storage.RemoveXattr:input_type -> wheelfs.v1.XattrRequest
+	35,  // 110: wheelfs.v1.Storage.StatFS:input_type -> wheelfs.v1.StatFSRequest
+	37,  // 111: wheelfs.v1.Storage.Open:input_type -> wheelfs.v1.OpenRequest
+	39,  // 112: wheelfs.v1.Storage.Release:input_type -> wheelfs.v1.ReleaseRequest
+	42,  // 113: wheelfs.v1.Storage.Callbacks:input_type -> wheelfs.v1.CallbackAck
+	72,  // 114: wheelfs.v1.Storage.Probe:input_type -> wheelfs.v1.ProbeRequest
+	76,  // 115: wheelfs.v1.Storage.ReportHolding:input_type -> wheelfs.v1.ReportHoldingRequest
+	78,  // 116: wheelfs.v1.Storage.Holders:input_type -> wheelfs.v1.HoldersRequest
+	81,  // 117: wheelfs.v1.Storage.LoginChallenge:input_type -> wheelfs.v1.LoginChallengeRequest
+	83,  // 118: wheelfs.v1.Storage.Login:input_type -> wheelfs.v1.LoginRequest
+	85,  // 119: wheelfs.v1.Storage.RenewSession:input_type -> wheelfs.v1.SessionRequest
+	85,  // 120: wheelfs.v1.Storage.Logout:input_type -> wheelfs.v1.SessionRequest
+	45,  // 121: wheelfs.v1.Peer.Replicate:input_type -> wheelfs.v1.ReplicateRequest
+	47,  // 122: wheelfs.v1.Peer.Digest:input_type -> wheelfs.v1.DigestRequest
+	52,  // 123: wheelfs.v1.Peer.Diff:input_type -> wheelfs.v1.DiffRequest
+	50,  // 124: wheelfs.v1.Peer.Install:input_type -> wheelfs.v1.InstallRequest
+	53,  // 125: wheelfs.v1.Peer.FetchBlocks:input_type -> wheelfs.v1.FetchBlocksRequest
+	55,  // 126: wheelfs.v1.Peer.Ping:input_type -> wheelfs.v1.PingRequest
+	57,  // 127: wheelfs.v1.Peer.CreateObject:input_type -> wheelfs.v1.CreateObjectRequest
+	59,  // 128: wheelfs.v1.Peer.DropLink:input_type -> wheelfs.v1.DropLinkRequest
+	61,  // 129: wheelfs.v1.Peer.Stat:input_type -> wheelfs.v1.StatRequest
+	63,  // 130: wheelfs.v1.Peer.AddLink:input_type -> wheelfs.v1.AddLinkRequest
+	66,  // 131: wheelfs.v1.Peer.Reconcile:input_type -> wheelfs.v1.ReconcileRequest
+	89,  // 132: wheelfs.v1.PeerCache.FetchCached:input_type -> wheelfs.v1.FetchCachedRequest
+	9,   // 133: wheelfs.v1.Storage.Lookup:output_type -> wheelfs.v1.LookupResponse
+	11,  // 134: wheelfs.v1.Storage.GetAttr:output_type -> wheelfs.v1.GetAttrResponse
+	13,  // 135: wheelfs.v1.Storage.Create:output_type -> wheelfs.v1.CreateResponse
+	15,  // 136: wheelfs.v1.Storage.Link:output_type -> wheelfs.v1.LinkResponse
+	17,  // 137: wheelfs.v1.Storage.Remove:output_type -> wheelfs.v1.RemoveResponse
+	19,  // 138: wheelfs.v1.Storage.Rename:output_type -> wheelfs.v1.RenameResponse
+	21,  // 139: wheelfs.v1.Storage.SetAttr:output_type -> wheelfs.v1.SetAttrResponse
+	23,  // 140: wheelfs.v1.Storage.ReadDir:output_type -> wheelfs.v1.ReadDirResponse
+	26,  // 141: wheelfs.v1.Storage.GetBlocks:output_type -> wheelfs.v1.GetBlocksResponse
+	28,  // 142: wheelfs.v1.Storage.ReadBlocks:output_type -> wheelfs.v1.ReadBlocksResponse
+	30,  // 143: wheelfs.v1.Storage.PutBlocks:output_type -> wheelfs.v1.PutBlocksResponse
+	32,  // 144: wheelfs.v1.Storage.Commit:output_type -> wheelfs.v1.CommitResponse
+	34,  // 145: wheelfs.v1.Storage.GetXattr:output_type -> wheelfs.v1.XattrResponse
+	34,  // 146: wheelfs.v1.Storage.ListXattr:output_type -> wheelfs.v1.XattrResponse
+	34,  // 147: wheelfs.v1.Storage.SetXattr:output_type -> wheelfs.v1.XattrResponse
+	34,  // 148: wheelfs.v1.Storage.RemoveXattr:output_type -> wheelfs.v1.XattrResponse
+	36,  // 149: wheelfs.v1.Storage.StatFS:output_type -> wheelfs.v1.StatFSResponse
+	38,  // 150: wheelfs.v1.Storage.Open:output_type -> wheelfs.v1.OpenResponse
+	40,  // 151: wheelfs.v1.Storage.Release:output_type -> wheelfs.v1.ReleaseResponse
+	41,  // 152: wheelfs.v1.Storage.Callbacks:output_type -> wheelfs.v1.Revoke
+	73,  // 153: wheelfs.v1.Storage.Probe:output_type -> wheelfs.v1.ProbeResponse
+	77,  // 154: wheelfs.v1.Storage.ReportHolding:output_type -> wheelfs.v1.ReportHoldingResponse
+	80,  // 155: wheelfs.v1.Storage.Holders:output_type -> wheelfs.v1.HoldersResponse
+	82,  // 156: wheelfs.v1.Storage.LoginChallenge:output_type -> wheelfs.v1.LoginChallengeResponse
+	84,  // 157: wheelfs.v1.Storage.Login:output_type -> wheelfs.v1.LoginResponse
+	84,  // 158: wheelfs.v1.Storage.RenewSession:output_type -> wheelfs.v1.LoginResponse
+	86,  // 159: wheelfs.v1.Storage.Logout:output_type -> wheelfs.v1.LogoutResponse
+	46,  // 160: wheelfs.v1.Peer.Replicate:output_type -> wheelfs.v1.ReplicateResponse
+	48,  // 161: wheelfs.v1.Peer.Digest:output_type -> wheelfs.v1.DigestResponse
+	50,  // 162: wheelfs.v1.Peer.Diff:output_type -> wheelfs.v1.InstallRequest
+	51,  // 163: wheelfs.v1.Peer.Install:output_type -> wheelfs.v1.InstallResponse
+	54,  // 164: wheelfs.v1.Peer.FetchBlocks:output_type -> wheelfs.v1.FetchBlocksResponse
+	56,  // 165: wheelfs.v1.Peer.Ping:output_type -> wheelfs.v1.PingResponse
+	58,  // 166: wheelfs.v1.Peer.CreateObject:output_type -> wheelfs.v1.CreateObjectResponse
+	60,  // 167: wheelfs.v1.Peer.DropLink:output_type -> wheelfs.v1.DropLinkResponse
+	62,  // 168: wheelfs.v1.Peer.Stat:output_type -> wheelfs.v1.StatResponse
+	64,  // 169: wheelfs.v1.Peer.AddLink:output_type -> wheelfs.v1.AddLinkResponse
+	67,  // 170: wheelfs.v1.Peer.Reconcile:output_type -> wheelfs.v1.ReconcileResponse
+	90,  // 171: wheelfs.v1.PeerCache.FetchCached:output_type -> wheelfs.v1.FetchCachedResponse
+	133, // [133:172] is the sub-list for method output_type
+	94,  // [94:133] is the sub-list for method input_type
+	94,  // [94:94] is the sub-list for extension type_name
+	94,  // [94:94] is the sub-list for extension extendee
+	0,   // [0:94] is the sub-list for field type_name
 }
 
 func init() { file_wheelfs_proto_init() }
@@ -6827,7 +7080,7 @@ func file_wheelfs_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_wheelfs_proto_rawDesc), len(file_wheelfs_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   88,
+			NumMessages:   90,
 			NumExtensions: 0,
 			NumServices:   3,
 		},
