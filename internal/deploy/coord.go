@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/wheelfs/wheelfs/internal/configsvc"
+	"github.com/wheelfs/wheelfs/internal/every"
 )
 
 // CoordConfig tunes a host's network coordinate (netcoord): how often it
@@ -33,35 +34,29 @@ const publishTimeout = 5 * time.Second
 // status`) until the host stops. Nothing is published before the first
 // sample: the origin says nothing.
 func (h *Host) publishCoord(ctx context.Context) {
-	every := h.cfg.Coord.PublishEvery
-	if every <= 0 {
-		every = DefaultPublishEvery
+	period := h.cfg.Coord.PublishEvery
+	if period <= 0 {
+		period = DefaultPublishEvery
 	}
 	ctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	done := make(chan struct{})
 	stop := func() error { cancel(); <-done; return nil }
 	h.onClose(stop, stop)
+	publish := func() {
+		applied, _ := h.Coord.Samples()
+		if applied == 0 {
+			return
+		}
+		nc := configsvc.NodeCoord{ID: h.id.Server, Site: h.cfg.Site, Server: h.cfg.Roles&RoleServer != 0,
+			Coord: h.Coord.Coordinate(), Samples: applied}
+		pctx, pcancel := context.WithTimeout(ctx, publishTimeout)
+		defer pcancel()
+		if err := h.etcd.PublishCoord(pctx, nc, 3*period); err != nil && ctx.Err() == nil {
+			h.log.Debug("publish coordinate failed", "err", err)
+		}
+	}
 	go func() {
 		defer close(done)
-		t := time.NewTicker(every)
-		defer t.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-t.C:
-			}
-			applied, _ := h.Coord.Samples()
-			if applied == 0 {
-				continue
-			}
-			nc := configsvc.NodeCoord{ID: h.id.Server, Site: h.cfg.Site, Server: h.cfg.Roles&RoleServer != 0,
-				Coord: h.Coord.Coordinate(), Samples: applied}
-			pctx, pcancel := context.WithTimeout(ctx, publishTimeout)
-			if err := h.etcd.PublishCoord(pctx, nc, 3*every); err != nil && ctx.Err() == nil {
-				h.log.Debug("publish coordinate failed", "err", err)
-			}
-			pcancel()
-		}
+		every.Do(ctx, period, nil, publish)
 	}()
 }

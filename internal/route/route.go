@@ -21,6 +21,7 @@ import (
 
 	"github.com/wheelfs/wheelfs/internal/client"
 	"github.com/wheelfs/wheelfs/internal/configsvc"
+	"github.com/wheelfs/wheelfs/internal/every"
 	"github.com/wheelfs/wheelfs/internal/fserr"
 	"github.com/wheelfs/wheelfs/internal/netcoord"
 	"github.com/wheelfs/wheelfs/internal/oid"
@@ -329,28 +330,21 @@ func (r *Router) Describe(ctx context.Context, s oid.Slice) (client.SliceInfo, e
 // host is connected to probeNeighbors servers it probes only those.
 func (r *Router) probe(ctx context.Context) {
 	defer r.probing.Done()
-	t := time.NewTicker(r.opts.ProbeEvery)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
+	every.Do(ctx, r.opts.ProbeEvery, nil, func() {
 		info, ok := r.probeTarget()
 		if !ok {
-			continue
+			return
 		}
 		conn, err := r.conn(info)
 		if err != nil {
-			continue
+			return
 		}
 		pctx, cancel := context.WithTimeout(ctx, probeTimeout)
+		defer cancel()
 		if _, err := wire.NewStorageClient(conn).Probe(pctx, &wire.ProbeRequest{}); err != nil {
 			r.log.Debug("coordinate probe failed", "server", info.ID, "err", err)
 		}
-		cancel()
-	}
+	})
 }
 
 // probeTimeout bounds one probe.
