@@ -292,6 +292,9 @@ func (s *Server) collect(ctx context.Context, sl oid.Slice, backups []string) (u
 
 // tend keeps a slice this server is primary for healthy.
 func (s *Server) tend(ctx context.Context, sl configsvc.Slice, l configsvc.Lock, r *sliceRepl) error {
+	// The table may not show the list this server wrote last yet: choosing
+	// again from the older one would start another new backup.
+	sl.Replicas = r.currentList(sl.Replicas)
 	s.pingIdle(ctx, r)
 	health := r.followerHealth()
 	keep := []string{s.cfg.ID}
@@ -302,7 +305,9 @@ func (s *Server) tend(ctx context.Context, sl configsvc.Slice, l configsvc.Lock,
 		dead := !s.registered(id) || s.suspected(id) || ok && !failing.IsZero() && time.Since(failing) > s.cfg.DeadAfter
 		if !dead {
 			keep = append(keep, id)
-		} else if si, known := t.Servers[id]; known {
+		} else if si, known := t.Servers[id]; known && !s.suspected(id) {
+			// In place of the old one (paper §5.3) — unless it stopped
+			// answering, which may be its whole site cut off.
 			deadSites = append(deadSites, si.Site)
 		}
 	}
@@ -320,6 +325,20 @@ func (s *Server) tend(ctx context.Context, sl configsvc.Slice, l configsvc.Lock,
 		}
 	}
 	want := keepFloor(s.chooseReplicas(sl.Policy, keep, deadSites...), sl.Replicas, sl.Policy.RepLevel)
+	// New backups must answer first; if one does not, choose again
+	// without it (it is suspected now).
+	for range 3 {
+		var fresh []string
+		for _, id := range want {
+			if !slices.Contains(sl.Replicas, id) {
+				fresh = append(fresh, id)
+			}
+		}
+		if len(fresh) == 0 || len(s.answering(ctx, fresh, time.Second)) == len(fresh) {
+			break
+		}
+		want = keepFloor(s.chooseReplicas(sl.Policy, keep, deadSites...), sl.Replicas, sl.Policy.RepLevel)
+	}
 	if home != "" && !slices.Contains(want, home) {
 		want = append(want, home) // temporarily one more, to hand over
 	}
@@ -331,6 +350,7 @@ func (s *Server) tend(ctx context.Context, sl configsvc.Slice, l configsvc.Lock,
 			return err
 		}
 		s.log.Info("replica list changed", "slice", sl.ID, "from", sl.Replicas, "to", want)
+		r.wroteList(sl.Replicas, want)
 	}
 	r.setFollowers(want)
 	s.checkReplicas(ctx, sl.ID, want, r)
@@ -344,21 +364,60 @@ func (s *Server) tend(ctx context.Context, sl configsvc.Slice, l configsvc.Lock,
 // maintenance period: an idle slice learns of a dead backup as fast as a
 // busy one (paper §5.3: replicas ping each other).
 func (s *Server) pingIdle(ctx context.Context, r *sliceRepl) {
-	var wg sync.WaitGroup
+	// In the background: a ping that waits out ProbeTimeout must not hold
+	// up this slice's next round (a kick after a stalled backup). The
+	// answer counts from the next round on.
 	for _, id := range r.idle(s.cfg.MaintainPeriod) {
+		if s.suspected(id) || !r.startPing(id) {
+			continue
+		}
+		s.tendWG.Add(1)
+		go func() {
+			defer s.tendWG.Done()
+			defer r.endPing(id)
+			// Not the round's context: the round ends before the answer.
+			err := s.ping(s.bg, id, s.cfg.ProbeTimeout)
+			if s.bg.Err() == nil {
+				r.contact(id, err)
+			}
+		}()
+	}
+}
+
+// ping asks server id whether it is there, within d.
+func (s *Server) ping(ctx context.Context, id string, d time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, d)
+	defer cancel()
+	p, err := s.peer(ctx, id)
+	if err == nil {
+		_, err = p.Ping(ctx, &wire.PingRequest{})
+	}
+	return err
+}
+
+// answering returns the servers of ids that answer a ping within d, in
+// order; the others are suspected (a new backup chosen at a site that
+// has just been cut off would stall writes again).
+func (s *Server) answering(ctx context.Context, ids []string, d time.Duration) []string {
+	ok := make([]bool, len(ids))
+	var wg sync.WaitGroup
+	for i, id := range ids {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			p, err := s.peer(ctx, id)
-			if err == nil {
-				pctx, cancel := context.WithTimeout(ctx, s.cfg.ProbeTimeout)
-				_, err = p.Ping(pctx, &wire.PingRequest{})
-				cancel()
+			if ok[i] = s.ping(ctx, id, d) == nil; !ok[i] {
+				s.suspect(id)
 			}
-			r.contact(id, err)
 		}()
 	}
 	wg.Wait()
+	var out []string
+	for i, id := range ids {
+		if ok[i] {
+			out = append(out, id)
+		}
+	}
+	return out
 }
 
 func sameSet(a, b []string) bool {

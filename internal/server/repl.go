@@ -5,7 +5,9 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/wheelfs/wheelfs/internal/fserr"
@@ -79,6 +81,10 @@ type sliceRepl struct {
 	followers map[string]*follower
 	wg        sync.WaitGroup
 	tombs     bool      // the slice may hold tombstones to collect
+	// listed is the replica list this primary wrote last, over replaced
+	// (currentList).
+	listed, replaced []string
+	pinging          map[string]bool // backups pingIdle is pinging
 	checked   time.Time // last digest comparison (checkReplicas)
 	collected time.Time // last tombstone collection
 }
@@ -251,6 +257,44 @@ func (r *sliceRepl) contact(id string, err error) {
 	case f.failing.IsZero():
 		f.failing = time.Now()
 	}
+}
+
+// startPing reports whether a ping of backup id may start (none is out).
+func (r *sliceRepl) startPing(id string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.pinging[id] {
+		return false
+	}
+	if r.pinging == nil {
+		r.pinging = map[string]bool{}
+	}
+	r.pinging[id] = true
+	return true
+}
+
+func (r *sliceRepl) endPing(id string) {
+	r.mu.Lock()
+	delete(r.pinging, id)
+	r.mu.Unlock()
+}
+
+// wroteList records that this primary replaced replica list old by cur.
+func (r *sliceRepl) wroteList(old, cur []string) {
+	r.mu.Lock()
+	r.replaced, r.listed = slices.Clone(old), slices.Clone(cur)
+	r.mu.Unlock()
+}
+
+// currentList is the slice table's replica list table, or the one this
+// primary wrote over it when the table does not show that yet.
+func (r *sliceRepl) currentList(table []string) []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.replaced != nil && sameSet(table, r.replaced) && !sameSet(table, r.listed) {
+		return slices.Clone(r.listed)
+	}
+	return table
 }
 
 // streaming reports whether backup id follows the stream (no snapshot due).
@@ -450,11 +494,39 @@ func (r *sliceRepl) replicate(ctx context.Context, id string, req *wire.Replicat
 	cctx, cancel := context.WithTimeout(ctx, r.s.cfg.PeerTimeout)
 	defer cancel()
 	start := time.Now()
+	n := blockBytes(req.Blocks)
+	var answered atomic.Bool
+	if d := r.s.cfg.StallAfter; d > 0 {
+		stall := time.AfterFunc(d+r.s.xfer.duration(id, n), func() { r.checkStalled(id, n, &answered) })
+		defer stall.Stop()
+	}
 	resp, err := p.Replicate(cctx, req)
-	if n := blockBytes(req.Blocks); n > 0 {
+	answered.Store(true)
+	if n > 0 {
 		r.s.xfer.done(id, n, time.Since(start), err != nil && cctx.Err() != nil && ctx.Err() == nil)
 	}
 	return resp, err
+}
+
+// checkStalled pings backup id, whose replication call (carrying n block
+// bytes) is unanswered past StallAfter: a backup that does not answer a
+// ping either, while the call is still out, is suspected and replaced at
+// once (tend). The ping may queue behind the call's data on the link, so
+// it gets the time that data takes, and at least a second.
+func (r *sliceRepl) checkStalled(id string, n int, answered *atomic.Bool) {
+	ctx, cancel := context.WithTimeout(r.ctx, max(time.Second, 2*r.s.xfer.duration(id, n)))
+	defer cancel()
+	p, err := r.s.peer(ctx, id)
+	if err == nil {
+		_, err = p.Ping(ctx, &wire.PingRequest{})
+	}
+	if err == nil || answered.Load() || r.ctx.Err() != nil {
+		return
+	}
+	r.s.log.Warn("backup answers neither replication nor a ping; replacing it", "slice", r.slice, "backup", id, "err", err)
+	r.s.suspect(id)
+	r.contact(id, err)
+	r.s.kick()
 }
 
 func blockBytes(blocks [][]byte) (n int) {

@@ -67,6 +67,12 @@ type Config struct {
 	// (default 5 × MaintainPeriod). A backup whose membership lease
 	// expired is replaced at once.
 	DeadAfter time.Duration
+	// StallAfter is how long a replication call may go unanswered (beyond
+	// the time its data takes over the link) before the primary pings the
+	// backup; one that does not answer the ping either is replaced at
+	// once, so writes waiting for it stall seconds, not DeadAfter plus a
+	// peer timeout (default 500 ms; negative: never).
+	StallAfter time.Duration
 	// AfterRenameLink, for fault tests, runs in a rename between servers
 	// after the destination added the name and before the source removes
 	// it; an error stops the rename there.
@@ -148,6 +154,9 @@ func New(cfg Config, st *store.Store, conf ConfigService, lockTTL time.Duration)
 	}
 	if cfg.MaintainPeriod <= 0 {
 		cfg.MaintainPeriod = time.Second
+	}
+	if cfg.StallAfter == 0 {
+		cfg.StallAfter = 500 * time.Millisecond
 	}
 	if cfg.DeadAfter <= 0 {
 		cfg.DeadAfter = 5 * cfg.MaintainPeriod

@@ -39,6 +39,18 @@ func (t *transfers) blocks(peer string) int {
 	return max(1, n/blockSize)
 }
 
+// duration is how long n bytes take to peer at the rate seen (0: not
+// known yet).
+func (t *transfers) duration(peer string, n int) time.Duration {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	r, ok := t.rate[peer]
+	if !ok || r <= 0 || n <= 0 {
+		return 0
+	}
+	return time.Duration(float64(n) / r * float64(time.Second))
+}
+
 // done records a call with peer that moved n bytes in d, or failed with
 // a timeout (timedOut): the next call is sized to take a quarter of the
 // timeout at the rate seen, and a timed-out call quarters it.
