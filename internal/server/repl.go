@@ -80,13 +80,13 @@ type sliceRepl struct {
 	log       []*wire.Batch // consecutive batches up to seq
 	followers map[string]*follower
 	wg        sync.WaitGroup
-	tombs     bool      // the slice may hold tombstones to collect
+	tombs     bool // the slice may hold tombstones to collect
 	// listed is the replica list this primary wrote last, over replaced
 	// (currentList).
 	listed, replaced []string
 	pinging          map[string]bool // backups pingIdle is pinging
-	checked   time.Time // last digest comparison (checkReplicas)
-	collected time.Time // last tombstone collection
+	checked          time.Time       // last digest comparison (checkReplicas)
+	collected        time.Time       // last tombstone collection
 }
 
 // follower is one backup as the primary sees it.
