@@ -86,9 +86,15 @@ func callVia[Req, Resp any](ctx context.Context, f *FS, id oid.ID, rpc rpcFunc[R
 		c, err := f.server(ctx, id)
 		if err == nil && f.silent.silent(id.Slice(), c.ID) {
 			// One system call is several FUSE requests, each with the
-			// whole bound: a primary that just let one run out fails
-			// the next at once rather than multiply the wait.
-			return zero, fmt.Errorf("primary %s of %v did not answer moments ago: %w", c.ID, id, fserr.ErrTimeout)
+			// whole bound: a primary that just let one run out gets a
+			// short probe, not the whole bound again.
+			pctx, cancel := context.WithTimeout(ctx, silentProbe)
+			back := alive(pctx, c)
+			cancel()
+			if !back {
+				return zero, fmt.Errorf("primary %s of %v did not answer moments ago, nor a probe now: %w", c.ID, id, fserr.ErrTimeout)
+			}
+			f.silent.clear(id.Slice())
 		}
 		if err == nil {
 			last = c.ID
@@ -206,8 +212,9 @@ func alive(ctx context.Context, c Conn) bool {
 
 // silence remembers, per slice, a primary that could not be reached for
 // a whole call (its connection broken, or no answer to a probe within the
-// call): for as long as that call waited, at most maxSilence, calls to it
-// fail at once. A new primary of the slice ends it.
+// call): for as long as that call waited, at most maxSilence, a call to it
+// first probes it for at most silentProbe and fails if that goes
+// unanswered. An answer, or a new primary of the slice, ends it.
 type silence struct {
 	mu sync.Mutex
 	m  map[oid.Slice]silentPrimary
@@ -218,9 +225,12 @@ type silentPrimary struct {
 	until time.Time
 }
 
-// maxSilence is short: it only has to span the requests of one system
-// call, which follow each other within milliseconds.
-const maxSilence = time.Second
+// silentProbe bounds the probe a call to a silent primary sends first.
+const silentProbe = time.Second
+
+// maxSilence is how long a silent primary stays marked at most: the
+// requests of one system call follow each other within milliseconds.
+const maxSilence = 5 * time.Second
 
 func (s *silence) mark(sl oid.Slice, id string, waited time.Duration) {
 	s.mu.Lock()
@@ -229,6 +239,12 @@ func (s *silence) mark(sl oid.Slice, id string, waited time.Duration) {
 		s.m = map[oid.Slice]silentPrimary{}
 	}
 	s.m[sl] = silentPrimary{id, time.Now().Add(min(waited, maxSilence))}
+}
+
+func (s *silence) clear(sl oid.Slice) {
+	s.mu.Lock()
+	delete(s.m, sl)
+	s.mu.Unlock()
 }
 
 func (s *silence) silent(sl oid.Slice, id string) bool {

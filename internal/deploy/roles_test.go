@@ -86,9 +86,14 @@ func TestServerOnlyAndClientOnlyHosts(t *testing.T) {
 	}
 
 	// Pause: the server stops answering until resumed or the deadline.
+	// The file is one the reader has nothing of under a lease (a leased,
+	// cached file is read without the server).
+	if err := cli.Client.WriteFile(ctx, root, "/d/g", data, 0o644); err != nil {
+		t.Fatal(err)
+	}
 	srv.Pause()
 	pctx, pcancel := context.WithTimeout(ctx, 500*time.Millisecond)
-	_, err := other.Client.ReadFile(pctx, root, "/d/f")
+	_, err := other.Client.ReadFile(pctx, root, "/d/g")
 	pcancel()
 	if err == nil {
 		t.Fatal("a paused server answered")
