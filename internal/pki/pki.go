@@ -41,6 +41,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc/credentials"
@@ -56,8 +57,12 @@ const (
 )
 
 const (
-	caValidity   = 20 * 365 * 24 * time.Hour
-	nodeValidity = 10 * 365 * 24 * time.Hour
+	caValidity = 20 * 365 * 24 * time.Hour
+	// DefaultNodeValidity is a node certificate's lifetime unless
+	// CA.NodeValidity says otherwise. Nodes that hold the CA key renew
+	// theirs when a third of it is left (Renew); others need a re-issue
+	// (`wheelfs ca issue`), which `wheelfs status` warns about.
+	DefaultNodeValidity = 365 * 24 * time.Hour
 	// clockSkew backdates NotBefore so that nodes whose clocks lag the
 	// issuer's accept fresh certificates.
 	clockSkew = time.Hour
@@ -72,6 +77,9 @@ type CA struct {
 	Cert    *x509.Certificate
 	Key     crypto.Signer
 	CertPEM []byte // Cert, PEM-encoded (the contents of ca.crt)
+	// NodeValidity is the lifetime of the node certificates it issues
+	// (DefaultNodeValidity if 0), never beyond the CA's own expiry.
+	NodeValidity time.Duration
 }
 
 // InitCA creates dir (0700) with ca.crt and ca.key (0600) for a new
@@ -165,7 +173,7 @@ func LoadCA(dir string) (*CA, error) {
 
 // Issue writes <dir>/<name>.crt and <dir>/<name>.key (0600), a fresh ECDSA
 // P-256 key and a certificate for it signed by the CA. The certificate is
-// valid for 10 years (never beyond the CA's own expiry), usable for both
+// valid for ca.NodeValidity (never beyond the CA's own expiry), usable for both
 // server and client authentication, has CommonName = name (the node's ID),
 // and carries as subject alternative names the given DNS names and IPs plus
 // "localhost", 127.0.0.1, ::1 and, when it is a valid host name, name itself,
@@ -235,7 +243,11 @@ func (ca *CA) sign(name string, dnsNames []string, ips []net.IP) (certDER, keyPE
 		return nil, nil, err
 	}
 	now := time.Now()
-	notAfter := now.Add(nodeValidity)
+	validity := ca.NodeValidity
+	if validity <= 0 {
+		validity = DefaultNodeValidity
+	}
+	notAfter := now.Add(validity)
 	if notAfter.After(ca.Cert.NotAfter) {
 		notAfter = ca.Cert.NotAfter
 	}
@@ -313,8 +325,29 @@ func isHostName(s string) bool {
 // deployment's CA that every peer must be certified by.
 type Credentials struct {
 	CACertPool *x509.CertPool
-	Cert       tls.Certificate
-	Name       string // CommonName of Cert: the node's ID
+	Cert       tls.Certificate // as loaded; Current has a renewed one
+	Name       string          // CommonName of Cert: the node's ID
+	// Deny is the deny list of revoked nodes this node refuses (set by
+	// LoadCredentials; the host keeps it up to date).
+	Deny *Denylist
+
+	current atomic.Pointer[tls.Certificate] // after Reload
+}
+
+// Current returns the node's certificate: the one loaded, or the newest
+// Reload read.
+func (c *Credentials) Current() *tls.Certificate {
+	if cur := c.current.Load(); cur != nil {
+		return cur
+	}
+	return &c.Cert
+}
+
+func (c *Credentials) denylist() *Denylist {
+	if c.Deny != nil {
+		return c.Deny
+	}
+	return &Denylist{}
 }
 
 // LoadCredentials reads a node directory (ca.crt, node.crt, node.key) and
@@ -346,7 +379,7 @@ func LoadCredentials(dir string) (*Credentials, error) {
 	if leaf.Subject.CommonName == "" {
 		return nil, fmt.Errorf("pki: load credentials from %s: %s has no CommonName", dir, NodeCertFile)
 	}
-	return &Credentials{CACertPool: pool, Cert: pair, Name: leaf.Subject.CommonName}, nil
+	return &Credentials{CACertPool: pool, Cert: pair, Name: leaf.Subject.CommonName, Deny: &Denylist{}}, nil
 }
 
 // EnsureNode returns the credentials in the node directory dir, first
@@ -390,13 +423,15 @@ func EnsureNode(caDir, dir, name string, dnsNames []string, ips []net.IP) (*Cred
 }
 
 // ServerTLS returns a server configuration: TLS 1.3 at least, presenting the
-// node's certificate and requiring a client certificate signed by the CA.
+// node's current certificate and requiring a client certificate signed by
+// the CA whose node is not on the deny list.
 func (c *Credentials) ServerTLS() *tls.Config {
 	return &tls.Config{
-		MinVersion:   tls.VersionTLS13,
-		Certificates: []tls.Certificate{c.Cert},
-		ClientAuth:   tls.RequireAndVerifyClientCert,
-		ClientCAs:    c.CACertPool,
+		MinVersion:       tls.VersionTLS13,
+		GetCertificate:   func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return c.Current(), nil },
+		ClientAuth:       tls.RequireAndVerifyClientCert,
+		ClientCAs:        c.CACertPool,
+		VerifyConnection: c.denylist().check,
 	}
 }
 
@@ -405,12 +440,15 @@ func (c *Credentials) ServerTLS() *tls.Config {
 // serverName. serverName may be a host name or IP address in the server's
 // certificate or the server's node ID (see CA.Issue); if empty, the host of
 // the dialed address is used (as crypto/tls and gRPC do).
+//
+// A server on the deny list is refused.
 func (c *Credentials) ClientTLS(serverName string) *tls.Config {
 	return &tls.Config{
-		MinVersion:   tls.VersionTLS13,
-		Certificates: []tls.Certificate{c.Cert},
-		RootCAs:      c.CACertPool,
-		ServerName:   serverName,
+		MinVersion:           tls.VersionTLS13,
+		GetClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return c.Current(), nil },
+		RootCAs:              c.CACertPool,
+		ServerName:           serverName,
+		VerifyConnection:     c.denylist().check,
 	}
 }
 
