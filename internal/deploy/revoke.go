@@ -84,7 +84,8 @@ func (h *Host) checkDenied(ctx context.Context) error {
 // renewCerts checks the node certificate now and every CertCheckPeriod:
 // a host that holds the CA key renews it when a third of its life is
 // left (pki.Renew) and presents the new one on new connections; a host
-// without warns, so that an operator re-issues it (`wheelfs ca issue`).
+// without loads one re-issued into its node directory (`wheelfs ca issue
+// --renew`), or warns that it needs one.
 func (h *Host) renewCerts() {
 	caDir := ""
 	for _, d := range []string{h.cfg.CADir, h.caDir()} {
@@ -109,6 +110,15 @@ func (h *Host) renewCerts() {
 			}
 		}
 		leaf := h.Creds.Current().Leaf
+		// `wheelfs ca issue --renew` may have replaced the files.
+		if _, onDisk, err := pki.Expiry(nd); err == nil && leaf != nil && onDisk.After(leaf.NotAfter) {
+			if err := h.Creds.Reload(nd); err != nil {
+				h.log.Warn("re-issued node certificate not loaded", "err", err)
+			} else {
+				h.log.Info("re-issued node certificate loaded", "node", h.id.Server, "expires", onDisk)
+				return
+			}
+		}
 		if leaf != nil && pki.RenewDue(leaf, time.Now()) {
 			h.log.Warn("node certificate expires soon; re-issue it with `wheelfs ca issue` and restart",
 				"node", h.id.Server, "expires", leaf.NotAfter, "dir", nd)
