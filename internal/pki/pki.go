@@ -17,6 +17,12 @@
 //   - give it a node directory (ca.crt, node.crt, node.key) issued elsewhere
 //     with CA.IssueNodeDir (`wheelfs ca issue`); that node never sees ca.key.
 //
+// Node certificates live DefaultNodeValidity (a year); a node holding the
+// CA key renews its own (Renew, Credentials.Reload), others need a
+// re-issue. A Denylist of revoked node names, which every host keeps equal
+// to the configuration service's, is checked in every handshake and
+// closes the revoked nodes' open connections (revoke.go).
+//
 // Keys are ECDSA P-256 and stored as unencrypted PKCS #8 PEM files readable
 // only by their owner (0600) inside directories that are 0700.
 package pki
@@ -195,14 +201,18 @@ func (ca *CA) Issue(dir, name string, dnsNames []string, ips []net.IP) (certFile
 
 // IssueNodeDir fills dir (created 0700 if needed) with a complete node
 // directory for the node name, as LoadCredentials reads it: ca.crt, node.crt
-// and node.key. Existing node credentials in dir are replaced.
+// and node.key. Existing node credentials in dir are replaced; an existing
+// ca.crt that already holds the CA's certificate (a rotation bundle) is
+// kept.
 func (ca *CA) IssueNodeDir(dir, name string, dnsNames []string, ips []net.IP) error {
 	if err := ca.issueTo(dir, filepath.Join(dir, NodeCertFile), filepath.Join(dir, NodeKeyFile), name, dnsNames, ips); err != nil {
 		return err
 	}
 	caPath := filepath.Join(dir, CACertFile)
-	if old, err := os.ReadFile(caPath); err == nil && bytes.Equal(old, ca.CertPEM) {
-		return nil // e.g. the node directory is the CA directory
+	if old, err := os.ReadFile(caPath); err == nil && bytes.Contains(old, ca.CertPEM) {
+		// The node directory is the CA directory, or its ca.crt is a
+		// bundle of the old and the new CA during a rotation: keep it.
+		return nil
 	}
 	if err := writeFile(caPath, ca.CertPEM, 0o644, false); err != nil {
 		return fmt.Errorf("pki: issue %q: %w", name, err)
@@ -354,12 +364,19 @@ func (c *Credentials) denylist() *Denylist {
 // checks that the node certificate is signed by the CA and usable for both
 // server and client authentication.
 func LoadCredentials(dir string) (*Credentials, error) {
-	caCert, _, err := readCert(filepath.Join(dir, CACertFile))
+	if _, _, err := readCert(filepath.Join(dir, CACertFile)); err != nil {
+		return nil, fmt.Errorf("pki: load credentials: %w", err)
+	}
+	// ca.crt may hold more than one CA while the CA is rotated
+	// (docs/SECURITY.md): peers certified by any of them are accepted.
+	bundle, err := os.ReadFile(filepath.Join(dir, CACertFile))
 	if err != nil {
 		return nil, fmt.Errorf("pki: load credentials: %w", err)
 	}
 	pool := x509.NewCertPool()
-	pool.AddCert(caCert)
+	if !pool.AppendCertsFromPEM(bundle) {
+		return nil, fmt.Errorf("pki: load credentials: %s: no certificate", filepath.Join(dir, CACertFile))
+	}
 	pair, err := tls.LoadX509KeyPair(filepath.Join(dir, NodeCertFile), filepath.Join(dir, NodeKeyFile))
 	if err != nil {
 		return nil, fmt.Errorf("pki: load credentials from %s: %w", dir, err)

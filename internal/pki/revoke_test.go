@@ -1,9 +1,12 @@
 package pki
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"net"
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -156,5 +159,64 @@ func TestRenew(t *testing.T) {
 	_, otherCA := newCA(t)
 	if _, err := Renew(otherCA, dir, time.Hour, now.Add(100*time.Hour)); err == nil {
 		t.Fatal("Renew from a foreign CA succeeded")
+	}
+}
+
+// TestCABundleRotation: while ca.crt bundles the old and the new CA,
+// nodes certified by either accept each other; a re-issue from the new CA
+// keeps the bundle; a node that trusts only the new CA refuses the old.
+func TestCABundleRotation(t *testing.T) {
+	oldCA, _ := newCA(t)
+	newCA_, _ := newCA(t)
+	bundle := append(append([]byte{}, oldCA.CertPEM...), newCA_.CertPEM...)
+	a0 := t.TempDir()
+	if err := oldCA.IssueNodeDir(a0, "a", nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	a, err := LoadCredentials(a0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bDir := filepath.Join(t.TempDir(), "b")
+	if err := newCA_.IssueNodeDir(bDir, "b", nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	onlyNew, err := LoadCredentials(bDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := handshake(t, onlyNew.ServerTLS(), a.ClientTLS("b")); err == nil {
+		t.Fatal("a node trusting only the new CA accepted the old CA's node")
+	}
+	if err := os.WriteFile(filepath.Join(bDir, CACertFile), bundle, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// a gets the bundle and a certificate from the new CA.
+	aDir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(aDir, CACertFile), bundle, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := oldCA.IssueNodeDir(aDir, "a", nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	aOld, err := LoadCredentials(aDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := LoadCredentials(bDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := handshake(t, b.ServerTLS(), aOld.ClientTLS("b")); err != nil {
+		t.Fatalf("old-CA node to new-CA node, both with the bundle: %v", err)
+	}
+	if _, _, err := handshake(t, aOld.ServerTLS(), b.ClientTLS("a")); err != nil {
+		t.Fatalf("new-CA node to old-CA node, both with the bundle: %v", err)
+	}
+	if err := newCA_.IssueNodeDir(aDir, "a", nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := os.ReadFile(filepath.Join(aDir, CACertFile)); !bytes.Equal(got, bundle) {
+		t.Fatal("re-issue from the new CA replaced the bundle")
 	}
 }
