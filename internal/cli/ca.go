@@ -69,6 +69,9 @@ certificate check period (an hour) or at its next start.`,
 			if err != nil {
 				return err
 			}
+			if days < 1 {
+				return fmt.Errorf("--days %d: a certificate lives at least a day", days)
+			}
 			c.NodeValidity = time.Duration(days) * 24 * time.Hour
 			if _, err := os.Stat(filepath.Join(out, pki.NodeCertFile)); err == nil && !renew {
 				return fmt.Errorf("%s already holds node credentials (--renew replaces them)", out)

@@ -93,4 +93,37 @@ func TestRevokedNodes(t *testing.T) {
 	if err := readIs(ctx, west, "/f", data); err != nil {
 		t.Fatalf("read after the server's revocation: %v", err)
 	}
+
+	// Now the primary: its lock goes with the revocation, so the one
+	// backup left takes the slice over. No server is left to replace it,
+	// so it stays listed, as a dead one would (keepFloor).
+	var primary, backup string
+	poll.Until(t, 10*time.Second, "a primary holding the lock", func() error {
+		tb, err := c.Conf.Table(ctx)
+		if err != nil {
+			return err
+		}
+		s := tb.Slices[sl]
+		if len(s.Replicas) != 2 || s.Holder != s.Replicas[0] {
+			return fmt.Errorf("slice %+v", s)
+		}
+		primary, backup = s.Replicas[0], s.Replicas[1]
+		return nil
+	})
+	if err := deny.Deny(ctx, configsvc.Denial{Name: primary}); err != nil {
+		t.Fatal(err)
+	}
+	poll.Until(t, 20*time.Second, "the backup holds the slice", func() error {
+		tb, err := c.Conf.Table(ctx)
+		if err != nil {
+			return err
+		}
+		if s := tb.Slices[sl]; s.Holder != backup || len(s.Replicas) == 0 || s.Replicas[0] != backup {
+			return fmt.Errorf("slice %+v (revoked primary %s)", s, primary)
+		}
+		return nil
+	})
+	if err := readIs(ctx, west, "/f", data); err != nil {
+		t.Fatalf("read after the primary's revocation: %v", err)
+	}
 }

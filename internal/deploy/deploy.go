@@ -242,6 +242,11 @@ func (c *Config) Validate() error {
 			"(a write waits out the lease of a client it cannot call back, within its own call; "+
 			"default a third of the bound)", c.Server.LeaseTTL, bound)
 	}
+	if v := c.CertValidity; v != 0 && v < time.Hour {
+		// Certificates are backdated an hour, so a shorter one would be
+		// due for renewal at every check.
+		return fmt.Errorf("deploy: certificate validity %s is below an hour", v)
+	}
 	if t := c.MemberTTL; t != 0 {
 		maint := c.Server.MaintainPeriod
 		if maint <= 0 {
