@@ -1,18 +1,23 @@
 package cli
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
+	"time"
 
 	"github.com/spf13/cobra"
 
+	"github.com/wheelfs/wheelfs/internal/configsvc"
+	"github.com/wheelfs/wheelfs/internal/deploy"
 	"github.com/wheelfs/wheelfs/internal/pki"
 )
 
-func newCA() *cobra.Command {
+func newCA(g *globalFlags) *cobra.Command {
 	ca := &cobra.Command{
 		Use:   "ca",
 		Short: "Manage the deployment's certificate authority",
@@ -43,20 +48,49 @@ with 'wheelfs ca issue' (--node-dir).`,
 
 	var caDir, nodeName, out string
 	var hosts []string
+	var days int
+	var renew bool
 	issue := &cobra.Command{
 		Use:   "issue --ca DIR --name NAME --out NODEDIR",
 		Short: "Issue a node directory (ca.crt, node.crt, node.key) for a node that does not get the CA key",
-		Args:  cobra.NoArgs,
+		Long: `Issue a node directory (ca.crt, node.crt, node.key) for a node that does not get
+the CA key. The certificate lives --days days; nodes that hold the CA key renew
+their own when a third of that is left, others warn in their log and in
+'wheelfs status', and need a re-issue: --renew replaces the credentials in
+NODEDIR (a running node's DATA/node directory, for instance) with fresh ones
+for the same name and addresses, and the node picks them up within its
+certificate check period (an hour) or at its next start.`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if caDir == "" || nodeName == "" || out == "" {
-				return errors.New("ca issue needs --ca DIR, --name NAME and --out NODEDIR")
-			}
-			if _, err := os.Stat(filepath.Join(out, pki.NodeCertFile)); err == nil {
-				return fmt.Errorf("%s already holds node credentials", out)
+			if caDir == "" || out == "" || (nodeName == "" && !renew) {
+				return errors.New("ca issue needs --ca DIR, --name NAME (or --renew) and --out NODEDIR")
 			}
 			c, err := pki.LoadCA(caDir)
 			if err != nil {
 				return err
+			}
+			if days < 1 {
+				return fmt.Errorf("--days %d: a certificate lives at least a day", days)
+			}
+			c.NodeValidity = time.Duration(days) * 24 * time.Hour
+			if _, err := os.Stat(filepath.Join(out, pki.NodeCertFile)); err == nil && !renew {
+				return fmt.Errorf("%s already holds node credentials (--renew replaces them)", out)
+			} else if renew {
+				old, err := pki.LoadCredentials(out)
+				if err != nil {
+					return fmt.Errorf("--renew: %w", err)
+				}
+				if nodeName != "" && nodeName != old.Name {
+					return fmt.Errorf("--renew: %s holds node %q, not %q", out, old.Name, nodeName)
+				}
+				leaf := old.Cert.Leaf
+				nodeName = old.Name
+				for _, d := range leaf.DNSNames {
+					hosts = append(hosts, d)
+				}
+				for _, ip := range leaf.IPAddresses {
+					hosts = append(hosts, ip.String())
+				}
 			}
 			var dns []string
 			var ips []net.IP
@@ -79,6 +113,99 @@ with 'wheelfs ca issue' (--node-dir).`,
 	fl.StringVar(&nodeName, "name", "", "node name (its ID in the deployment, e.g. srv-west-1)")
 	fl.StringVar(&out, "out", "", "node `DIR` to create")
 	fl.StringSliceVar(&hosts, "host", nil, "host names or IP addresses the node is reached at (repeatable)")
-	ca.AddCommand(initCmd, issue)
+	fl.IntVar(&days, "days", int(pki.DefaultNodeValidity/(24*time.Hour)), "certificate lifetime in days")
+	fl.BoolVar(&renew, "renew", false, "replace the credentials in --out with fresh ones for the same node")
+	ca.AddCommand(initCmd, issue, newRevoke(g))
 	return ca
+}
+
+func newRevoke(g *globalFlags) *cobra.Command {
+	var data, config, etcd, caDir, nodeDir, reason string
+	var undo, list bool
+	var timeout time.Duration
+	cmd := &cobra.Command{
+		Use:   "revoke NAME --config HOST:PORT [--ca DIR] [--reason TEXT]",
+		Short: "Put a node on the deployment's deny list (or take it off with --undo)",
+		Long: `Put the node NAME (its certificate's name, as 'wheelfs status' lists servers)
+on the deny list in the configuration service. Every node follows the list and,
+within about a second, refuses new connections from and to NAME and closes the
+ones it has. A revoked server leaves the server table and loses its slice locks,
+so its slices are re-replicated as if it had died. --undo takes NAME off the
+list; --list prints it.
+
+The revoked node can still reach the configuration service (etcd checks only
+that a certificate comes from the CA): to shut it out completely, rotate the CA
+(docs/SECURITY.md). Credentials come from --node-dir, --ca or --data, as for
+'wheelfs status'.`,
+		Args: func(cmd *cobra.Command, args []string) error {
+			if list {
+				return cobra.NoArgs(cmd, args)
+			}
+			return cobra.ExactArgs(1)(cmd, args)
+		},
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if data == "" {
+				data = defaultDataDir()
+			}
+			creds, cleanup, err := statusCredentials(data, caDir, nodeDir)
+			if err != nil {
+				return err
+			}
+			defer cleanup()
+			endpoints := splitList(config + "," + etcd)
+			if len(endpoints) == 0 {
+				b, err := os.ReadFile(deploy.EndpointsFile(data))
+				if err != nil {
+					return fmt.Errorf("no --config given and no config member in %s: %w", data, err)
+				}
+				endpoints = splitList(strings.TrimSpace(string(b)))
+			}
+			ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
+			defer cancel()
+			conf, err := configsvc.Dial(ctx, endpoints, creds.ClientTLS(""),
+				configsvc.Options{Logger: g.logger(), RPCTimeout: timeout, OneShot: true})
+			if err != nil {
+				return err
+			}
+			defer conf.Close()
+			switch {
+			case list:
+				wctx, stop := context.WithCancel(ctx)
+				defer stop()
+				ds, ok := <-conf.WatchDenied(wctx)
+				if !ok {
+					return fmt.Errorf("read the deny list: %w", ctx.Err())
+				}
+				for _, d := range ds {
+					fmt.Printf("%s\t%s\t%s\n", d.Name, d.At.UTC().Format(time.RFC3339), d.Reason)
+				}
+				return nil
+			case undo:
+				if err := conf.Undeny(ctx, args[0]); err != nil {
+					return err
+				}
+				fmt.Printf("node %q taken off the deny list\n", args[0])
+				return nil
+			}
+			if args[0] == creds.Name {
+				return fmt.Errorf("refusing to revoke %q: it is the node these credentials belong to", args[0])
+			}
+			if err := conf.Deny(ctx, configsvc.Denial{Name: args[0], Reason: reason}); err != nil {
+				return err
+			}
+			fmt.Printf("node %q revoked; every node refuses it within seconds\n", args[0])
+			return nil
+		},
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&data, "data", "", "data `DIR` of a host on this machine (credentials, and endpoints without --config)")
+	fl.StringVar(&config, "config", "", "configuration service: comma-separated HOST:PORT of config members")
+	fl.StringVar(&etcd, "etcd", "", "endpoints of an existing etcd (instead of --config)")
+	fl.StringVar(&caDir, "ca", "", "deployment CA `DIR` to issue a throw-away client certificate from")
+	fl.StringVar(&nodeDir, "node-dir", "", "node credentials `DIR` to authenticate with")
+	fl.StringVar(&reason, "reason", "", "why, recorded with the entry")
+	fl.BoolVar(&undo, "undo", false, "take NAME off the deny list")
+	fl.BoolVar(&list, "list", false, "print the deny list (name, time, reason)")
+	fl.DurationVar(&timeout, "timeout", 10*time.Second, "give up after this long")
+	return cmd
 }

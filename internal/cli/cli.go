@@ -45,7 +45,7 @@ func newRoot() *cobra.Command {
 		SilenceErrors: true,
 	}
 	root.PersistentFlags().StringVar(&g.logLevel, "log-level", "info", "log level: debug, info, warn, error")
-	root.AddCommand(newUp(g), newConfigMember(g), newServer(g), newMount(g), newNode(g), newCA(),
+	root.AddCommand(newUp(g), newConfigMember(g), newServer(g), newMount(g), newNode(g), newCA(g),
 		newInfo(), newStatus(g), newBench(g), newTestbed(g), newLogin(), newLogout())
 	return root
 }

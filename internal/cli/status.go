@@ -46,6 +46,7 @@ the config member in --data are used.`,
 				return err
 			}
 			defer cleanup()
+			warnExpiry(os.Stderr, creds, time.Now())
 			endpoints := splitList(config + "," + etcd)
 			if len(endpoints) == 0 {
 				b, err := os.ReadFile(deploy.EndpointsFile(data))
@@ -116,6 +117,22 @@ func retryUntil(ctx context.Context, f func() error) error {
 		case <-time.After(200 * time.Millisecond):
 		}
 	}
+}
+
+// warnExpiry warns when the node certificate status runs with (a host's
+// on this machine, or --node-dir) is due for renewal: a node without the
+// CA key cannot renew it itself.
+func warnExpiry(w io.Writer, creds *pki.Credentials, now time.Time) {
+	leaf := creds.Cert.Leaf
+	if leaf == nil || !pki.RenewDue(leaf, now) {
+		return
+	}
+	verb := "expires"
+	if now.After(leaf.NotAfter) {
+		verb = "expired"
+	}
+	fmt.Fprintf(w, "warning: the certificate of node %q %s %s; re-issue it with 'wheelfs ca issue --renew' (a node holding the CA key renews its own)\n",
+		creds.Name, verb, leaf.NotAfter.UTC().Format(time.RFC3339))
 }
 
 // statusCredentials loads the credentials status authenticates with.

@@ -19,6 +19,9 @@
 //	                    TTL LockTTL (one per holder, shared by all its locks);
 //	                    the lock's epoch is the key's CreateRevision
 //	deployment          the deployment ID (128-bit random hex)
+//	logins/<node>/<uid> JSON Login, a user's session (Logins)
+//	denied/<name>       JSON Denial: the node is revoked (Denials); Table
+//	                    leaves it out of Servers and Acquire refuses it
 package configsvc
 
 import (

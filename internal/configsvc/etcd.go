@@ -520,9 +520,15 @@ func (s *EtcdService) Table(ctx context.Context) (*Table, error) {
 		clientv3.OpGet(s.serversPfx, clientv3.WithPrefix()),
 		clientv3.OpGet(s.slicesPfx, clientv3.WithPrefix()),
 		clientv3.OpGet(s.locksPfx, clientv3.WithPrefix()),
+		clientv3.OpGet(deniedKey(s.opts.Prefix, ""), clientv3.WithPrefix(), clientv3.WithKeysOnly()),
 	).Commit()
 	if err != nil {
 		return nil, fmt.Errorf("configsvc: read table: %w", err)
+	}
+	// A denied server is not registered, whatever its lease still says.
+	denied := map[string]bool{}
+	for _, kv := range resp.Responses[3].GetResponseRange().Kvs {
+		denied[strings.TrimPrefix(string(kv.Key), deniedKey(s.opts.Prefix, ""))] = true
 	}
 	t := &Table{
 		Revision: resp.Header.Revision,
@@ -539,7 +545,9 @@ func (s *EtcdService) Table(ctx context.Context) (*Table, error) {
 		if si.ID == "" {
 			si.ID = id
 		}
-		t.Servers[id] = si
+		if !denied[id] {
+			t.Servers[id] = si
+		}
 	}
 	for _, kv := range resp.Responses[1].GetResponseRange().Kvs {
 		sl, err := parseSlice(strings.TrimPrefix(string(kv.Key), s.slicesPfx))
@@ -613,7 +621,8 @@ func sendLatest(ch chan *Table, t *Table) {
 func (s *EtcdService) relevant(evs []*clientv3.Event) bool {
 	for _, ev := range evs {
 		k := string(ev.Kv.Key)
-		if strings.HasPrefix(k, s.serversPfx) || strings.HasPrefix(k, s.slicesPfx) || strings.HasPrefix(k, s.locksPfx) {
+		if strings.HasPrefix(k, s.serversPfx) || strings.HasPrefix(k, s.slicesPfx) || strings.HasPrefix(k, s.locksPfx) ||
+			strings.HasPrefix(k, deniedKey(s.opts.Prefix, "")) {
 			return true
 		}
 	}
@@ -743,10 +752,11 @@ func (s *EtcdService) tryAcquire(ctx context.Context, sl oid.Slice, holder, lk, 
 	if err != nil {
 		return Lock{}, false, err
 	}
+	dk := deniedKey(s.opts.Prefix, holder)
 	resp, err := s.cli.Txn(cctx).
-		If(clientv3.Compare(clientv3.CreateRevision(lk), "=", 0)).
+		If(clientv3.Compare(clientv3.CreateRevision(lk), "=", 0), clientv3.Compare(clientv3.CreateRevision(dk), "=", 0)).
 		Then(clientv3.OpPut(lk, lv, clientv3.WithLease(lease)), clientv3.OpPut(sk, rec)).
-		Else(clientv3.OpGet(lk)).
+		Else(clientv3.OpGet(lk), clientv3.OpGet(dk, clientv3.WithCountOnly())).
 		Commit()
 	if errors.Is(err, rpctypes.ErrLeaseNotFound) {
 		s.dropSession(holder, lease) // expired: a new session next time
@@ -757,6 +767,9 @@ func (s *EtcdService) tryAcquire(ctx context.Context, sl oid.Slice, holder, lk, 
 	}
 	if resp.Succeeded {
 		return Lock{Slice: sl, Holder: holder, Epoch: resp.Header.Revision}, false, nil
+	}
+	if resp.Responses[1].GetResponseRange().Count > 0 {
+		return Lock{}, false, fmt.Errorf("configsvc: acquire slice %x for %q: %w", uint32(sl), holder, ErrDenied)
 	}
 	kvs := resp.Responses[0].GetResponseRange().Kvs
 	if len(kvs) == 0 {

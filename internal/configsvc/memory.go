@@ -55,6 +55,7 @@ type memSpace struct {
 	watchers   map[chan struct{}]bool
 	coords     map[string]memCoord // PublishCoord
 	logins     map[string]Login    // user sessions (Logins), by key
+	denied     map[string]Denial   // the deny list (Denials), by name
 }
 
 type memServer struct {
@@ -112,7 +113,9 @@ func (sp *memSpace) tableLocked() *Table {
 		t.Slices[id] = c
 	}
 	for id, s := range sp.servers {
-		t.Servers[id] = s.info
+		if _, denied := sp.denied[id]; !denied {
+			t.Servers[id] = s.info
+		}
 	}
 	return t
 }
@@ -218,6 +221,9 @@ func (c *memClient) Acquire(ctx context.Context, sl oid.Slice, holder string, p 
 	sp.mu.Lock()
 	defer sp.mu.Unlock()
 	sp.expireLocked(time.Now())
+	if _, denied := sp.denied[holder]; denied {
+		return Lock{}, fmt.Errorf("acquire slice %d for %s: %w", sl, holder, ErrDenied)
+	}
 	s := sp.slices[sl]
 	if s != nil && s.Holder != "" && s.Holder != holder {
 		return Lock{}, fmt.Errorf("acquire slice %d: held by %s: %w", sl, s.Holder, ErrLocked)

@@ -36,6 +36,7 @@ func testService(t *testing.T, newDeployment func(t *testing.T) connector) {
 		{"RenewAllSession", testRenewAllSession},
 		{"Coords", testCoords},
 		{"Logins", testLogins},
+		{"Denials", testDenials},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -518,4 +519,89 @@ func testLogins(t *testing.T, connect connector) {
 		t.Fatalf("GetLogin(cli-2) = %+v, %v, %v", got, ok, err)
 	}
 	recv("only cli-2", func(ls []configsvc.Login) bool { return len(ls) == 1 && ls[0].Node == "cli-2" })
+}
+
+// testDenials: a denied server leaves the table's registrations at once
+// (though its registration is still alive), loses its slice lock, may not
+// take a lock again, and the deny list reaches another client's watch;
+// after Undeny it may lock again.
+func testDenials(t *testing.T, connect connector) {
+	a := connect(configsvc.Options{})
+	b := connect(configsvc.Options{})
+	ctx := tctx(t)
+	const sl = oid.Slice(0x77)
+	pol := configsvc.Policy{Site: "mit", RepLevel: 2, RepSites: 1}
+	if err := a.Register(ctx, configsvc.ServerInfo{ID: "bad", Site: "mit", Addr: "x:1"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Register(ctx, configsvc.ServerInfo{ID: "good", Site: "mit", Addr: "y:1"}); err != nil {
+		t.Fatal(err)
+	}
+	lock, err := a.Acquire(ctx, sl, "bad", pol, []string{"bad", "good"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ch := b.(configsvc.Denials).WatchDenied(ctx)
+	recv := func(what string, cond func([]configsvc.Denial) bool) {
+		t.Helper()
+		timeout := time.After(5 * time.Second)
+		for {
+			select {
+			case ds, ok := <-ch:
+				if !ok {
+					t.Fatalf("watch closed while waiting for %s", what)
+				}
+				if cond(ds) {
+					return
+				}
+			case <-timeout:
+				t.Fatalf("no deny list with %s", what)
+			}
+		}
+	}
+	recv("the empty list", func(ds []configsvc.Denial) bool { return len(ds) == 0 })
+
+	if err := b.(configsvc.Denials).Deny(ctx, configsvc.Denial{Name: "bad", Reason: "stolen laptop"}); err != nil {
+		t.Fatal(err)
+	}
+	recv("bad", func(ds []configsvc.Denial) bool {
+		return len(ds) == 1 && ds[0].Name == "bad" && ds[0].Reason == "stolen laptop" && !ds[0].At.IsZero()
+	})
+	tb, err := b.Table(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := tb.Servers["bad"]; ok {
+		t.Fatalf("denied server still registered: %v", tb.Servers)
+	}
+	if _, ok := tb.Servers["good"]; !ok {
+		t.Fatalf("good server lost: %v", tb.Servers)
+	}
+	if got := tb.Slices[sl]; got.Holder != "" || !slices.Equal(got.Replicas, []string{"bad", "good"}) {
+		t.Fatalf("slice after deny = %+v, want unlocked with its replica list kept", got)
+	}
+	if lost, err := a.RenewAll(ctx, []configsvc.Lock{lock}); err != nil || len(lost) != 1 {
+		t.Fatalf("RenewAll of the denied holder's lock: lost %v, err %v", lost, err)
+	}
+	if _, err := a.Acquire(ctx, sl, "bad", pol, []string{"bad"}); !errors.Is(err, configsvc.ErrDenied) {
+		t.Fatalf("acquire by a denied holder: %v, want ErrDenied", err)
+	}
+	nl, err := b.Acquire(ctx, sl, "good", pol, []string{"good"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if nl.Epoch <= lock.Epoch {
+		t.Fatalf("epoch after deny %d, not above the denied holder's %d", nl.Epoch, lock.Epoch)
+	}
+	if err := b.(configsvc.Denials).Deny(ctx, configsvc.Denial{Name: "a/b"}); err == nil {
+		t.Fatal("deny of a name with a slash succeeded")
+	}
+
+	if err := a.(configsvc.Denials).Undeny(ctx, "bad"); err != nil {
+		t.Fatal(err)
+	}
+	recv("the empty list again", func(ds []configsvc.Denial) bool { return len(ds) == 0 })
+	if _, err := a.Acquire(ctx, sl+1, "bad", pol, []string{"bad"}); err != nil {
+		t.Fatalf("acquire after undeny: %v", err)
+	}
 }

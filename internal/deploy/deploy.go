@@ -76,6 +76,13 @@ type Config struct {
 	// elsewhere (`wheelfs ca issue`); the node's ID is its certificate's
 	// name. It is copied into DataDir on first start.
 	NodeDir string
+	// CertValidity is the lifetime of node certificates this host renews
+	// from the CA key it holds (0: pki.DefaultNodeValidity).
+	CertValidity time.Duration
+	// CertCheckPeriod is how often the host checks its certificate's
+	// expiry (0: an hour): it renews when a third of the lifetime is left
+	// and it holds the CA key, and warns otherwise.
+	CertCheckPeriod time.Duration
 	// InitCA lets a host that starts a new configuration service (RoleMember
 	// without Member.Join) create the deployment CA in DataDir/ca when it
 	// has no credentials yet: the zero-configuration `wheelfs up`.
@@ -235,6 +242,11 @@ func (c *Config) Validate() error {
 			"(a write waits out the lease of a client it cannot call back, within its own call; "+
 			"default a third of the bound)", c.Server.LeaseTTL, bound)
 	}
+	if v := c.CertValidity; v != 0 && v < time.Hour {
+		// Certificates are backdated an hour, so a shorter one would be
+		// due for renewal at every check.
+		return fmt.Errorf("deploy: certificate validity %s is below an hour", v)
+	}
 	if t := c.MemberTTL; t != 0 {
 		maint := c.Server.MaintainPeriod
 		if maint <= 0 {
@@ -303,6 +315,8 @@ func Start(ctx context.Context, cfg Config) (h *Host, err error) {
 	if err := h.dialConfig(ctx, endpoints); err != nil {
 		return nil, err
 	}
+	h.followDenied(ctx)
+	h.renewCerts()
 	if cfg.Roles&RoleMember == 0 {
 		// `wheelfs status --data DIR` finds the service through it, as it
 		// does a member's own endpoints.
@@ -317,7 +331,7 @@ func Start(ctx context.Context, cfg Config) (h *Host, err error) {
 	// and the server may use it to reach its peers.
 	var local *lateLocal
 	h.Coord = netcoord.New(h.id.Server, netcoord.Options{SampleEvery: cfg.Coord.SampleEvery})
-	ropts := route.Options{Logger: cfg.Logger, TLS: h.Creds.ClientTLS, Dial: h.dialer(),
+	ropts := route.Options{Logger: cfg.Logger, Creds: h.Creds.ClientCredentials, Dial: h.dialer(),
 		Coord: h.Coord, ProbeEvery: cfg.Coord.ProbeEvery}
 	if cfg.Roles&RoleServer != 0 {
 		local = &lateLocal{}

@@ -111,7 +111,7 @@ func (h *Host) ensureCredentials() error {
 		if err := copyNodeDir(h.cfg.NodeDir, nd); err != nil {
 			return fmt.Errorf("deploy: %w", err)
 		}
-	case have && h.cfg.CADir != "" && !sameFile(filepath.Join(nd, pki.CACertFile), filepath.Join(h.cfg.CADir, pki.CACertFile)):
+	case have && h.cfg.CADir != "" && !trustsCA(filepath.Join(nd, pki.CACertFile), filepath.Join(h.cfg.CADir, pki.CACertFile)):
 		stored, given := caName(filepath.Join(nd, pki.CACertFile)), caName(filepath.Join(h.cfg.CADir, pki.CACertFile))
 		if h.id.Deployment != "" {
 			return fmt.Errorf("%w: %s holds credentials issued by CA %s (deployment %s), but --ca %s is CA %s; "+
@@ -173,11 +173,12 @@ func (h *Host) altNames() (dns []string, ips []net.IP) {
 	return dns, ips
 }
 
-// sameFile reports whether two files hold the same bytes.
-func sameFile(a, b string) bool {
-	da, errA := os.ReadFile(a)
-	db, errB := os.ReadFile(b)
-	return errA == nil && errB == nil && bytes.Equal(da, db)
+// trustsCA reports whether the node's ca.crt (bundle) holds the CA
+// certificate in caFile: the same file, or a rotation bundle with it.
+func trustsCA(bundle, caFile string) bool {
+	db, errB := os.ReadFile(bundle)
+	dc, errC := os.ReadFile(caFile)
+	return errB == nil && errC == nil && len(dc) > 0 && bytes.Contains(db, bytes.TrimSpace(dc))
 }
 
 // caName names a CA certificate for error messages: its subject and the

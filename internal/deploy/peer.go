@@ -7,7 +7,6 @@ import (
 	"sync"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials"
 
 	"github.com/wheelfs/wheelfs/internal/blockgrant"
 	"github.com/wheelfs/wheelfs/internal/client"
@@ -71,7 +70,7 @@ func (h *Host) servePeer() {
 	if h.peerLn == nil {
 		return
 	}
-	g := grpc.NewServer(grpc.Creds(credentials.NewTLS(h.Creds.ServerTLS())), grpc.MaxSendMsgSize(64<<20))
+	g := grpc.NewServer(grpc.Creds(h.Creds.ServerCredentials()), grpc.MaxSendMsgSize(64<<20))
 	wire.RegisterPeerCacheServer(g, h.Client.PeerService())
 	go g.Serve(h.peerLn)
 	h.onClose(func() error { g.Stop(); return nil }, nil)
@@ -100,7 +99,7 @@ func (p *peerConns) dial(_ context.Context, node, addr string) (wire.PeerCacheCl
 	if c, ok := p.conns[key]; ok {
 		return wire.NewPeerCacheClient(c), nil
 	}
-	opts := []grpc.DialOption{grpc.WithTransportCredentials(credentials.NewTLS(p.h.Creds.ClientTLS(node))),
+	opts := []grpc.DialOption{grpc.WithTransportCredentials(p.h.Creds.ClientCredentials(node)),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(64 << 20))}
 	if d := p.h.dialer(); d != nil {
 		opts = append(opts, grpc.WithContextDialer(d))

@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/keepalive"
 
 	"github.com/wheelfs/wheelfs/internal/configsvc"
@@ -58,12 +57,13 @@ func (h *Host) startServer(ctx context.Context, local *lateLocal) (err error) {
 	reg := &startService{Service: h.Conf, h: h, until: time.Now().Add(cfg.ConfigWait)}
 	h.Server = server.New(scfg, st, reg, cfg.LockTTL)
 	local.StorageClient = server.LocalClient(h.Server)
-	h.grpc = grpc.NewServer(grpc.Creds(credentials.NewTLS(h.Creds.ServerTLS())),
+	h.grpc = grpc.NewServer(grpc.Creds(h.Creds.ServerCredentials()),
 		grpc.MaxRecvMsgSize(wire.MaxMessageSize), grpc.MaxSendMsgSize(wire.MaxMessageSize),
 		// Clients and peers ping idle connections (route.KeepaliveTime).
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: route.KeepaliveTime / 2, PermitWithoutStream: true}),
 		grpc.InitialWindowSize(route.WindowSize), grpc.InitialConnWindowSize(route.ConnWindowSize),
-		grpc.ChainUnaryInterceptor(h.Coord.UnaryServerInterceptor(), h.gate.unary, h.Server.UnaryInterceptor()), grpc.ChainStreamInterceptor(h.gate.stream, h.Server.StreamInterceptor()))
+		grpc.ChainUnaryInterceptor(h.denyUnary, h.Coord.UnaryServerInterceptor(), h.gate.unary, h.Server.UnaryInterceptor()),
+		grpc.ChainStreamInterceptor(h.denyStream, h.gate.stream, h.Server.StreamInterceptor()))
 	wire.RegisterStorageServer(h.grpc, h.Server)
 	wire.RegisterPeerServer(h.grpc, h.Server.PeerService())
 	go h.grpc.Serve(h.listener)

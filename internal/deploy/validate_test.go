@@ -30,3 +30,17 @@ func TestValidateMemberTTL(t *testing.T) {
 		}
 	}
 }
+
+func TestValidateCertValidity(t *testing.T) {
+	for _, tc := range []struct {
+		v  time.Duration
+		ok bool
+	}{{0, true}, {time.Hour, true}, {90 * 24 * time.Hour, true}, {30 * time.Minute, false}} {
+		c := NewConfig(t.TempDir())
+		c.CertValidity = tc.v
+		c.withDefaults()
+		if err := c.Validate(); (err == nil) != tc.ok {
+			t.Errorf("validity %v: %v", tc.v, err)
+		}
+	}
+}

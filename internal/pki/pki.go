@@ -17,6 +17,12 @@
 //   - give it a node directory (ca.crt, node.crt, node.key) issued elsewhere
 //     with CA.IssueNodeDir (`wheelfs ca issue`); that node never sees ca.key.
 //
+// Node certificates live DefaultNodeValidity (a year); a node holding the
+// CA key renews its own (Renew, Credentials.Reload), others need a
+// re-issue. A Denylist of revoked node names, which every host keeps equal
+// to the configuration service's, is checked in every handshake and
+// closes the revoked nodes' open connections (revoke.go).
+//
 // Keys are ECDSA P-256 and stored as unencrypted PKCS #8 PEM files readable
 // only by their owner (0600) inside directories that are 0700.
 package pki
@@ -41,6 +47,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc/credentials"
@@ -56,8 +63,12 @@ const (
 )
 
 const (
-	caValidity   = 20 * 365 * 24 * time.Hour
-	nodeValidity = 10 * 365 * 24 * time.Hour
+	caValidity = 20 * 365 * 24 * time.Hour
+	// DefaultNodeValidity is a node certificate's lifetime unless
+	// CA.NodeValidity says otherwise. Nodes that hold the CA key renew
+	// theirs when a third of it is left (Renew); others need a re-issue
+	// (`wheelfs ca issue`), which `wheelfs status` warns about.
+	DefaultNodeValidity = 365 * 24 * time.Hour
 	// clockSkew backdates NotBefore so that nodes whose clocks lag the
 	// issuer's accept fresh certificates.
 	clockSkew = time.Hour
@@ -72,6 +83,9 @@ type CA struct {
 	Cert    *x509.Certificate
 	Key     crypto.Signer
 	CertPEM []byte // Cert, PEM-encoded (the contents of ca.crt)
+	// NodeValidity is the lifetime of the node certificates it issues
+	// (DefaultNodeValidity if 0), never beyond the CA's own expiry.
+	NodeValidity time.Duration
 }
 
 // InitCA creates dir (0700) with ca.crt and ca.key (0600) for a new
@@ -165,7 +179,7 @@ func LoadCA(dir string) (*CA, error) {
 
 // Issue writes <dir>/<name>.crt and <dir>/<name>.key (0600), a fresh ECDSA
 // P-256 key and a certificate for it signed by the CA. The certificate is
-// valid for 10 years (never beyond the CA's own expiry), usable for both
+// valid for ca.NodeValidity (never beyond the CA's own expiry), usable for both
 // server and client authentication, has CommonName = name (the node's ID),
 // and carries as subject alternative names the given DNS names and IPs plus
 // "localhost", 127.0.0.1, ::1 and, when it is a valid host name, name itself,
@@ -187,14 +201,18 @@ func (ca *CA) Issue(dir, name string, dnsNames []string, ips []net.IP) (certFile
 
 // IssueNodeDir fills dir (created 0700 if needed) with a complete node
 // directory for the node name, as LoadCredentials reads it: ca.crt, node.crt
-// and node.key. Existing node credentials in dir are replaced.
+// and node.key. Existing node credentials in dir are replaced; an existing
+// ca.crt that already holds the CA's certificate (a rotation bundle) is
+// kept.
 func (ca *CA) IssueNodeDir(dir, name string, dnsNames []string, ips []net.IP) error {
 	if err := ca.issueTo(dir, filepath.Join(dir, NodeCertFile), filepath.Join(dir, NodeKeyFile), name, dnsNames, ips); err != nil {
 		return err
 	}
 	caPath := filepath.Join(dir, CACertFile)
-	if old, err := os.ReadFile(caPath); err == nil && bytes.Equal(old, ca.CertPEM) {
-		return nil // e.g. the node directory is the CA directory
+	if old, err := os.ReadFile(caPath); err == nil && bytes.Contains(old, ca.CertPEM) {
+		// The node directory is the CA directory, or its ca.crt is a
+		// bundle of the old and the new CA during a rotation: keep it.
+		return nil
 	}
 	if err := writeFile(caPath, ca.CertPEM, 0o644, false); err != nil {
 		return fmt.Errorf("pki: issue %q: %w", name, err)
@@ -235,7 +253,11 @@ func (ca *CA) sign(name string, dnsNames []string, ips []net.IP) (certDER, keyPE
 		return nil, nil, err
 	}
 	now := time.Now()
-	notAfter := now.Add(nodeValidity)
+	validity := ca.NodeValidity
+	if validity <= 0 {
+		validity = DefaultNodeValidity
+	}
+	notAfter := now.Add(validity)
 	if notAfter.After(ca.Cert.NotAfter) {
 		notAfter = ca.Cert.NotAfter
 	}
@@ -313,20 +335,48 @@ func isHostName(s string) bool {
 // deployment's CA that every peer must be certified by.
 type Credentials struct {
 	CACertPool *x509.CertPool
-	Cert       tls.Certificate
-	Name       string // CommonName of Cert: the node's ID
+	Cert       tls.Certificate // as loaded; Current has a renewed one
+	Name       string          // CommonName of Cert: the node's ID
+	// Deny is the deny list of revoked nodes this node refuses (set by
+	// LoadCredentials; the host keeps it up to date).
+	Deny *Denylist
+
+	current atomic.Pointer[tls.Certificate] // after Reload
+}
+
+// Current returns the node's certificate: the one loaded, or the newest
+// Reload read.
+func (c *Credentials) Current() *tls.Certificate {
+	if cur := c.current.Load(); cur != nil {
+		return cur
+	}
+	return &c.Cert
+}
+
+func (c *Credentials) denylist() *Denylist {
+	if c.Deny != nil {
+		return c.Deny
+	}
+	return &Denylist{}
 }
 
 // LoadCredentials reads a node directory (ca.crt, node.crt, node.key) and
 // checks that the node certificate is signed by the CA and usable for both
 // server and client authentication.
 func LoadCredentials(dir string) (*Credentials, error) {
-	caCert, _, err := readCert(filepath.Join(dir, CACertFile))
+	if _, _, err := readCert(filepath.Join(dir, CACertFile)); err != nil {
+		return nil, fmt.Errorf("pki: load credentials: %w", err)
+	}
+	// ca.crt may hold more than one CA while the CA is rotated
+	// (docs/SECURITY.md): peers certified by any of them are accepted.
+	bundle, err := os.ReadFile(filepath.Join(dir, CACertFile))
 	if err != nil {
 		return nil, fmt.Errorf("pki: load credentials: %w", err)
 	}
 	pool := x509.NewCertPool()
-	pool.AddCert(caCert)
+	if !pool.AppendCertsFromPEM(bundle) {
+		return nil, fmt.Errorf("pki: load credentials: %s: no certificate", filepath.Join(dir, CACertFile))
+	}
 	pair, err := tls.LoadX509KeyPair(filepath.Join(dir, NodeCertFile), filepath.Join(dir, NodeKeyFile))
 	if err != nil {
 		return nil, fmt.Errorf("pki: load credentials from %s: %w", dir, err)
@@ -346,7 +396,7 @@ func LoadCredentials(dir string) (*Credentials, error) {
 	if leaf.Subject.CommonName == "" {
 		return nil, fmt.Errorf("pki: load credentials from %s: %s has no CommonName", dir, NodeCertFile)
 	}
-	return &Credentials{CACertPool: pool, Cert: pair, Name: leaf.Subject.CommonName}, nil
+	return &Credentials{CACertPool: pool, Cert: pair, Name: leaf.Subject.CommonName, Deny: &Denylist{}}, nil
 }
 
 // EnsureNode returns the credentials in the node directory dir, first
@@ -390,13 +440,15 @@ func EnsureNode(caDir, dir, name string, dnsNames []string, ips []net.IP) (*Cred
 }
 
 // ServerTLS returns a server configuration: TLS 1.3 at least, presenting the
-// node's certificate and requiring a client certificate signed by the CA.
+// node's current certificate and requiring a client certificate signed by
+// the CA whose node is not on the deny list.
 func (c *Credentials) ServerTLS() *tls.Config {
 	return &tls.Config{
-		MinVersion:   tls.VersionTLS13,
-		Certificates: []tls.Certificate{c.Cert},
-		ClientAuth:   tls.RequireAndVerifyClientCert,
-		ClientCAs:    c.CACertPool,
+		MinVersion:       tls.VersionTLS13,
+		GetCertificate:   func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return c.Current(), nil },
+		ClientAuth:       tls.RequireAndVerifyClientCert,
+		ClientCAs:        c.CACertPool,
+		VerifyConnection: c.denylist().check,
 	}
 }
 
@@ -405,12 +457,15 @@ func (c *Credentials) ServerTLS() *tls.Config {
 // serverName. serverName may be a host name or IP address in the server's
 // certificate or the server's node ID (see CA.Issue); if empty, the host of
 // the dialed address is used (as crypto/tls and gRPC do).
+//
+// A server on the deny list is refused.
 func (c *Credentials) ClientTLS(serverName string) *tls.Config {
 	return &tls.Config{
-		MinVersion:   tls.VersionTLS13,
-		Certificates: []tls.Certificate{c.Cert},
-		RootCAs:      c.CACertPool,
-		ServerName:   serverName,
+		MinVersion:           tls.VersionTLS13,
+		GetClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return c.Current(), nil },
+		RootCAs:              c.CACertPool,
+		ServerName:           serverName,
+		VerifyConnection:     c.denylist().check,
 	}
 }
 

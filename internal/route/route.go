@@ -33,6 +33,10 @@ type Options struct {
 	Logger *slog.Logger
 	// TLS returns the client TLS configuration for dialing a server.
 	TLS func(serverName string) *tls.Config
+	// Creds, when set, replaces TLS: transport credentials for dialing a
+	// server (pki.Credentials.ClientCredentials, whose connections the
+	// deny list closes when the server is revoked).
+	Creds func(serverName string) credentials.TransportCredentials
 	// Dial, when set, opens the raw connection (the shaped transport).
 	Dial func(ctx context.Context, addr string) (net.Conn, error)
 	// LocalID and Local short-circuit calls to a server in this process.
@@ -269,11 +273,17 @@ func (r *Router) conn(info configsvc.ServerInfo) (*grpc.ClientConn, error) {
 	} else if ok {
 		c.Close()
 	}
-	if r.opts.TLS == nil {
+	var tc credentials.TransportCredentials
+	switch {
+	case r.opts.Creds != nil:
+		tc = r.opts.Creds(info.ID)
+	case r.opts.TLS != nil:
+		tc = credentials.NewTLS(r.opts.TLS(info.ID))
+	default:
 		return nil, fmt.Errorf("route: no TLS credentials to reach %s: %w", info.ID, fserr.ErrIO)
 	}
 	dopts := []grpc.DialOption{
-		grpc.WithTransportCredentials(credentials.NewTLS(r.opts.TLS(info.ID))),
+		grpc.WithTransportCredentials(tc),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(wire.MaxMessageSize), grpc.MaxCallSendMsgSize(wire.MaxMessageSize)),
 		// HTTP/2's initial 64 KiB window made every message of a 64 KiB
 		// block (plus framing) wait a round trip for a window update.
