@@ -6,7 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"github.com/wheelfs/wheelfs/internal/auth"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -14,10 +14,12 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/wheelfs/wheelfs/internal/auth"
 	"github.com/wheelfs/wheelfs/internal/bench"
 	"github.com/wheelfs/wheelfs/internal/client"
 	"github.com/wheelfs/wheelfs/internal/deploy"
 	"github.com/wheelfs/wheelfs/internal/fusefs"
+	"github.com/wheelfs/wheelfs/internal/oid"
 	"github.com/wheelfs/wheelfs/internal/server"
 )
 
@@ -226,6 +228,11 @@ func runHost(ctx context.Context, g *globalFlags, f *hostFlags, cfg deploy.Confi
 		<-ctx.Done()
 		fmt.Fprintln(os.Stderr, "wheelfs: stopping...")
 	} else {
+		// The kernel asks for the root's attributes while mounting: a
+		// deployment that is still starting must not fail the mount.
+		if err := waitForRoot(ctx, host.Client, cfg.ConfigWait, log); err != nil {
+			return err
+		}
 		srv, err := fusefs.Mount(mnt, host.Client, fusefs.Options{
 			Logger: log, AttrTimeout: time.Second, AllowOther: os.Getuid() == 0, Debug: f.debug})
 		if err != nil {
@@ -301,4 +308,32 @@ func roleName(r deploy.Roles) string {
 		return "node"
 	}
 	return "host"
+}
+
+// waitForRoot waits, up to wait, until the root directory's primary
+// answers, saying what it waits for every few seconds.
+func waitForRoot(ctx context.Context, fs *client.FS, wait time.Duration, log *slog.Logger) error {
+	deadline := time.Now().Add(wait)
+	said := time.Now()
+	for {
+		actx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		_, err := fs.GetAttr(actx, client.User{}, client.NoCues, oid.Root)
+		cancel()
+		switch {
+		case err == nil:
+			return nil
+		case ctx.Err() != nil:
+			return ctx.Err()
+		case time.Now().After(deadline):
+			return fmt.Errorf("the root directory's server did not answer within %v (--config-wait): %w", wait, err)
+		case time.Since(said) > 3*time.Second:
+			log.Info("waiting for the root directory's server", "err", err)
+			said = time.Now()
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
 }
