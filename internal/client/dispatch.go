@@ -90,10 +90,14 @@ func callVia[Req, Resp any](ctx context.Context, f *FS, id oid.ID, rpc rpcFunc[R
 			// short probe, not the whole bound again.
 			pctx, cancel := context.WithTimeout(ctx, silentProbe)
 			back := alive(pctx, c)
+			swallowed := pctx.Err() != nil // no answer at all, not a refusal
 			cancel()
-			if !back {
+			if !back && swallowed {
 				return zero, fmt.Errorf("primary %s of %v did not answer moments ago, nor a probe now: %w", c.ID, id, fserr.ErrTimeout)
 			}
+			// An answer, or a refused connection: a server process that
+			// is gone (its host answers) is being failed over, so the call
+			// waits for the next primary within its bound, as always.
 			f.silent.clear(id.Slice())
 		}
 		if err == nil {
@@ -214,7 +218,8 @@ func alive(ctx context.Context, c Conn) bool {
 // a whole call (its connection broken, or no answer to a probe within the
 // call): for as long as that call waited, at most maxSilence, a call to it
 // first probes it for at most silentProbe and fails if that goes
-// unanswered. An answer, or a new primary of the slice, ends it.
+// unanswered. An answer, a refused connection (the process is gone and
+// its slices are being taken over) or a new primary of the slice ends it.
 type silence struct {
 	mu sync.Mutex
 	m  map[oid.Slice]silentPrimary
