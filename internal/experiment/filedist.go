@@ -30,7 +30,7 @@ func fileDist() *Experiment {
 		Summary: "file distribution (§8.5, Fig. 11): 15 readers at 5 sites read one file written at a 16th node at once; " +
 			"CDF beside one direct transfer and 15 simultaneous direct transfers over the same links",
 		Params: map[string]string{"size": "5MB", "uplink": "6mbit", "rtt": "100ms", "sites": "5",
-			"readers-per-site": "3", "cues": ".WholeFile/.Hotspot", "write-chunk": "1MB"},
+			"readers-per-site": "3", "cues": ".WholeFile/.Hotspot", "write-chunk": "1MB", "host-log-level": "info"},
 		Run: runFileDist,
 	}
 }
