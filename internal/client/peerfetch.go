@@ -4,6 +4,8 @@ import (
 	"cmp"
 	"context"
 	"crypto/sha256"
+	"maps"
+	"math"
 	"math/rand/v2"
 	"slices"
 	"sync"
@@ -85,27 +87,71 @@ func (hf hotFile) ranges(hashes [][32]byte) []holders.Range {
 // .WholeFile+.Hotspot read: in a random order per client, so that readers
 // that start together hold different blocks and can serve each other
 // (paper §5.5), a window of chunks at a time sized from the
-// bandwidth-delay product to the primary.
+// bandwidth-delay product to the primary. Each chunk has its own time
+// limit: a large file takes longer than one call's bound. A read that
+// waits too long for a block still queued takes it (steal).
 func (f *FS) prefetchHot(ctx context.Context, u User, hf hotFile, mine [][32]byte) {
 	rand.Shuffle(len(mine), func(i, j int) { mine[i], mine[j] = mine[j], mine[i] })
-	chunks := slices.Collect(slices.Chunk(mine, hotChunk))
+	q := &hotQueue{left: mine}
+	f.fetchMu.Lock()
+	for _, h := range mine {
+		f.queued[h] = q
+	}
+	f.fetchMu.Unlock()
 	window := f.hotWindow()
-	go func() {
-		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), f.cfg.Timeout)
-		defer cancel()
-		sem := make(chan struct{}, window)
-		var wg sync.WaitGroup
-		for _, chunk := range chunks {
-			sem <- struct{}{}
-			wg.Go(func() {
-				defer func() { <-sem }()
+	base := asTry(context.WithoutCancel(ctx))
+	for range window {
+		go func() {
+			for {
+				chunk := f.nextQueued(q, hotChunk)
+				if len(chunk) == 0 {
+					return
+				}
+				ctx, cancel := context.WithTimeout(base, f.cfg.Timeout)
 				if err := f.fetchHot(ctx, u, hf, chunk); err != nil {
 					f.log.Debug("hotspot prefetch failed", "id", hf.id.String(), "err", err)
 				}
-			})
+				cancel()
+			}
+		}()
+	}
+}
+
+// hotQueue is the blocks of one .Hotspot prefetch not yet started, in
+// fetch order (guarded by FS.fetchMu).
+type hotQueue struct {
+	left [][32]byte
+}
+
+// nextQueued starts up to n blocks of q.
+func (f *FS) nextQueued(q *hotQueue, n int) [][32]byte {
+	f.fetchMu.Lock()
+	defer f.fetchMu.Unlock()
+	var out [][32]byte
+	for len(q.left) > 0 && len(out) < n {
+		h := q.left[0]
+		q.left = q.left[1:]
+		if f.queued[h] == q { // not stolen
+			delete(f.queued, h)
+			out = append(out, h)
 		}
-		wg.Wait()
-	}()
+	}
+	return out
+}
+
+// steal takes those of hashes that a prefetch has claimed but not
+// started: the caller now fetches them (and releases their claims).
+func (f *FS) steal(hashes [][32]byte) [][32]byte {
+	f.fetchMu.Lock()
+	defer f.fetchMu.Unlock()
+	var out [][32]byte
+	for _, h := range hashes {
+		if _, ok := f.queued[h]; ok {
+			delete(f.queued, h)
+			out = append(out, h)
+		}
+	}
+	return out
 }
 
 // hotWindow is how many chunks a parallel .Hotspot read keeps in flight:
@@ -160,7 +206,7 @@ func (hf hotFile) try(ctx context.Context) (context.Context, context.CancelFunc)
 	if dl, ok := ctx.Deadline(); ok {
 		d = min(d, time.Until(dl)/5)
 	}
-	return context.WithTimeout(ctx, d)
+	return context.WithTimeout(asTry(ctx), d)
 }
 
 func (f *FS) fetchHotChunk(ctx context.Context, u User, hf hotFile, chunk [][32]byte) error {
@@ -193,10 +239,12 @@ func (f *FS) fetchHotChunk(ctx context.Context, u User, hf hotFile, chunk [][32]
 	if err != nil || resp.Version != hf.version || resp.Grant == nil {
 		f.log.Debug("no holders; reading from the primary", "id", hf.id.String(), "err", err)
 	} else {
-		f.fromHolders(ctx, hf, resp, left, got)
-		if len(left) > 0 {
-			f.fromReplicas(ctx, u, hf, resp.Grant, left, got)
-		}
+		// Own site first (holders, then replicas): the LAN is free, and
+		// every site's uplink is the scarce resource.
+		f.fromHolders(ctx, hf, resp, left, got, true)
+		f.fromReplicas(ctx, u, hf, resp.Grant, left, got, true)
+		f.fromHolders(ctx, hf, resp, left, got, false)
+		f.fromReplicas(ctx, u, hf, resp.Grant, left, got, false)
 	}
 	if len(left) == 0 {
 		return nil
@@ -216,24 +264,38 @@ func (f *FS) fetchHotChunk(ctx context.Context, u User, hf hotFile, chunk [][32]
 	return err
 }
 
-// fromHolders fetches blocks in left from the holders resp names: each
-// block from its nearest holder, then its next, one request per holder
-// per round, holders asked in parallel.
-func (f *FS) fromHolders(ctx context.Context, hf hotFile, resp *wire.HoldersResponse, left map[[32]byte]bool, got func([32]byte, []byte)) {
-	if f.peer.cfg.Dial == nil {
+// fromHolders fetches blocks in left from the holders resp names at this
+// client's site (near) or elsewhere: each block from its nearest holder,
+// then its next, holders asked in parallel. Holders about as near are
+// taken in a random order, so that readers spread over them.
+func (f *FS) fromHolders(ctx context.Context, hf hotFile, resp *wire.HoldersResponse, left map[[32]byte]bool, got func([32]byte, []byte), near bool) {
+	if f.peer.cfg.Dial == nil || len(left) == 0 {
 		return
 	}
 	now := time.Now()
+	var xs []*wire.Holder
+	for _, x := range resp.Holders {
+		if x.Addr == "" || x.Node == f.cfg.Node || (x.Site == f.cfg.Site) != near || f.peer.skipPeer(x.Node, now) {
+			continue
+		}
+		xs = append(xs, x)
+	}
 	cands := map[[32]byte][]*wire.Holder{}
 	for h := range left {
-		for _, x := range resp.Holders {
-			if x.Addr == "" || x.Node == f.cfg.Node || f.peer.skipPeer(x.Node, now) {
-				continue
-			}
+		for _, x := range xs {
 			if slices.ContainsFunc(hf.index[h], func(idx uint64) bool { return inRanges(x.Blocks, idx) }) {
 				cands[h] = append(cands[h], x)
 			}
 		}
+		rand.Shuffle(len(cands[h]), func(i, j int) { cands[h][i], cands[h][j] = cands[h][j], cands[h][i] })
+		slices.SortStableFunc(cands[h], func(a, b *wire.Holder) int { return cmp.Compare(rttBand(a), rttBand(b)) })
+	}
+	// A holder elsewhere sends through its site's uplink, shared with
+	// others: small requests finish within a try (a late answer is
+	// wasted), and spread a chunk over several holders.
+	per := hotChunk
+	if !near {
+		per = farRequestBlocks
 	}
 	var mu sync.Mutex
 	for round := 0; len(left) > 0; round++ {
@@ -248,16 +310,31 @@ func (f *FS) fromHolders(ctx context.Context, hf hotFile, resp *wire.HoldersResp
 		}
 		var wg sync.WaitGroup
 		for x, hs := range ask {
-			wg.Go(func() {
-				for h, b := range f.fromPeer(ctx, hf, x, resp.Grant, hs) {
-					mu.Lock()
-					got(h, b)
-					mu.Unlock()
-				}
-			})
+			for part := range slices.Chunk(hs, per) {
+				wg.Go(func() {
+					for h, b := range f.fromPeer(ctx, hf, x, resp.Grant, part) {
+						mu.Lock()
+						got(h, b)
+						mu.Unlock()
+					}
+				})
+			}
 		}
 		wg.Wait()
 	}
+}
+
+// farRequestBlocks is how many blocks one request to a holder or replica
+// at another site asks for.
+const farRequestBlocks = 2
+
+// rttBand groups holders whose estimated RTTs differ by less than 20 ms
+// (coordinates are estimates); unknown ones come last.
+func rttBand(x *wire.Holder) int {
+	if x.RttMs < 0 {
+		return math.MaxInt
+	}
+	return int(x.RttMs / 20)
 }
 
 // fromPeer asks one holder for blocks and returns those that match their
@@ -301,10 +378,15 @@ func (f *FS) fromPeer(ctx context.Context, hf hotFile, x *wire.Holder, g *wire.G
 	return out
 }
 
-// fromReplicas asks the slice's replicas other than the primary, own
-// site first, for the blocks in left, showing the grant (blocks are named
-// by their hash: any replica's copy will do).
-func (f *FS) fromReplicas(ctx context.Context, u User, hf hotFile, g *wire.Grant, left map[[32]byte]bool, got func([32]byte, []byte)) {
+// fromReplicas asks the slice's replicas other than the primary at this
+// client's site (own) or elsewhere, in a random order, for the blocks in
+// left, showing the grant (blocks are named by their hash: any replica's
+// copy will do). Requests elsewhere are small and in parallel, as to
+// holders there.
+func (f *FS) fromReplicas(ctx context.Context, u User, hf hotFile, g *wire.Grant, left map[[32]byte]bool, got func([32]byte, []byte), own bool) {
+	if len(left) == 0 {
+		return
+	}
 	info, err := f.router.Describe(ctx, hf.id.Slice())
 	if err != nil {
 		return
@@ -313,46 +395,44 @@ func (f *FS) fromReplicas(ctx context.Context, u User, hf hotFile, g *wire.Grant
 	if err != nil {
 		return
 	}
-	conns = slices.DeleteFunc(conns, func(c Conn) bool { return c.ID == info.Primary.Server })
-	slices.SortStableFunc(conns, func(a, b Conn) int {
-		return boolInt(b.Site == f.cfg.Site) - boolInt(a.Site == f.cfg.Site)
-	})
+	conns = slices.DeleteFunc(conns, func(c Conn) bool { return c.ID == info.Primary.Server || (c.Site == f.cfg.Site) != own })
+	rand.Shuffle(len(conns), func(i, j int) { conns[i], conns[j] = conns[j], conns[i] })
+	per := hotChunk
+	if !own {
+		per = farRequestBlocks
+	}
+	var mu sync.Mutex
 	for _, c := range conns {
-		if len(left) == 0 {
+		hs := slices.Collect(maps.Keys(left))
+		if len(hs) == 0 {
 			return
 		}
-		hs := slices.Collect(func(yield func([32]byte) bool) {
-			for h := range left {
-				if !yield(h) {
+		var wg sync.WaitGroup
+		for part := range slices.Chunk(hs, per) {
+			wg.Go(func() {
+				req := &wire.ReadBlocksRequest{Caller: u.caller(), Id: uint64(hf.id), Grant: g, Hashes: make([][]byte, len(part))}
+				for i := range part {
+					req.Hashes[i] = part[i][:]
+				}
+				actx, cancel := hf.try(ctx)
+				resp, err := c.ReadBlocks(actx, req)
+				cancel()
+				if err != nil || len(resp.Data) != len(part) {
+					f.log.Debug("replica did not serve blocks", "server", c.ID, "blocks", len(part), "err", err)
 					return
 				}
-			}
-		})
-		req := &wire.ReadBlocksRequest{Caller: u.caller(), Id: uint64(hf.id), Grant: g, Hashes: make([][]byte, len(hs))}
-		for i := range hs {
-			req.Hashes[i] = hs[i][:]
+				mu.Lock()
+				defer mu.Unlock()
+				for i, b := range resp.Data {
+					if sha256.Sum256(b) == part[i] {
+						f.peer.fromReplicas.Add(int64(len(b)))
+						got(part[i], b)
+					}
+				}
+			})
 		}
-		actx, cancel := hf.try(ctx)
-		resp, err := c.ReadBlocks(actx, req)
-		cancel()
-		if err != nil || len(resp.Data) != len(hs) {
-			f.log.Debug("replica did not serve blocks", "server", c.ID, "err", err)
-			continue
-		}
-		for i, b := range resp.Data {
-			if sha256.Sum256(b) == hs[i] {
-				f.peer.fromReplicas.Add(int64(len(b)))
-				got(hs[i], b)
-			}
-		}
+		wg.Wait()
 	}
-}
-
-func boolInt(b bool) int {
-	if b {
-		return 1
-	}
-	return 0
 }
 
 func inRanges(rs []*wire.BlockRange, idx uint64) bool {

@@ -198,7 +198,7 @@ func runFileDist(ctx context.Context, env *Env) (*Result, error) {
 		fmt.Sprintf("physical limits: one transfer %s s (size/uplink); %d transfers from one node through its uplink %s s", secs(one), n, secs(time.Duration(n)*one)),
 		fmt.Sprintf("bytes out of src's uplink (IP, with headers) for %d × %d bytes delivered: %.1f MB (%.2f×) during the direct transfers, %.1f MB (%.2f×) during the WheelFS reads",
 			n, size, float64(directBytes)/1e6, float64(directBytes)/float64(int64(n)*size), float64(wfsBytes)/1e6, float64(wfsBytes)/float64(int64(n)*size)),
-		".Hotspot is accepted by the cue parser and ignored (not implemented yet): every reader fetches every block from the primary at src-1, so the WheelFS column measures plain (whole-file) reads",
+		hotspotNote(cues),
 	}}
 	for i, e := range derrs {
 		if e != nil {
@@ -358,4 +358,14 @@ func uplinkBytes(st *testbed.State, site string) uint64 {
 		return 0
 	}
 	return links[0].Stats64.Tx.Bytes
+}
+
+// hotspotNote says where the WheelFS readers' blocks come from under cues.
+func hotspotNote(cues string) string {
+	if !slices.Contains(strings.Split(cues, "/"), ".Hotspot") {
+		return "without .Hotspot every reader fetches every block from the file's primary at src-1 (a replica at its own site when one has the block)"
+	}
+	return ".Hotspot: each reader fetches the blocks in a random order of its own, from readers at its own site that hold them (the primary names holders, nearest first), " +
+		"a replica at its own site, then holders and replicas at other sites, and the primary last (the slice's two backups, RepLevel 3, are placed at other sites: " +
+		"readers at those sites find every block at their own site)"
 }
