@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"crypto/sha256"
+	"fmt"
 	"maps"
 	"math"
 	"math/rand/v2"
@@ -14,6 +15,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/wheelfs/wheelfs/internal/fserr"
 	"github.com/wheelfs/wheelfs/internal/holders"
 	"github.com/wheelfs/wheelfs/internal/oid"
 	"github.com/wheelfs/wheelfs/internal/wire"
@@ -256,12 +258,36 @@ func (f *FS) fetchHotChunk(ctx context.Context, u User, hf hotFile, chunk [][32]
 			}
 		}
 	})
-	n, err := f.readRemote(ctx, u, hf.id, hf.ev, rest)
-	f.peer.fromPrimary.Add(n)
-	if err == nil && hf.note {
-		f.reports.add(ctx, f, u, hf.id, hf.version, hf.ranges(rest))
+	// From the primary too, small requests within the far slots: its
+	// uplink is the one every reader shares first.
+	var mu sync.Mutex
+	var first error
+	var wg sync.WaitGroup
+	for part := range slices.Chunk(rest, farRequestBlocks) {
+		wg.Go(func() {
+			release, ok := f.peer.farSlot(ctx)
+			if !ok {
+				mu.Lock()
+				first = cmp.Or(first, fmt.Errorf("waiting to read blocks of %v: %w", hf.id, fserr.ErrTimeout))
+				mu.Unlock()
+				return
+			}
+			n, err := f.readRemote(ctx, u, hf.id, hf.ev, part)
+			release()
+			f.peer.fromPrimary.Add(n)
+			if err != nil {
+				mu.Lock()
+				first = cmp.Or(first, err)
+				mu.Unlock()
+				return
+			}
+			if hf.note {
+				f.reports.add(ctx, f, u, hf.id, hf.version, hf.ranges(part))
+			}
+		})
 	}
-	return err
+	wg.Wait()
+	return first
 }
 
 // fromHolders fetches blocks in left from the holders resp names at this
@@ -312,7 +338,7 @@ func (f *FS) fromHolders(ctx context.Context, hf hotFile, resp *wire.HoldersResp
 		for x, hs := range ask {
 			for part := range slices.Chunk(hs, per) {
 				wg.Go(func() {
-					for h, b := range f.fromPeer(ctx, hf, x, resp.Grant, part) {
+					for h, b := range f.fromPeer(ctx, hf, x, resp.Grant, part, !near) {
 						mu.Lock()
 						got(h, b)
 						mu.Unlock()
@@ -340,7 +366,14 @@ func rttBand(x *wire.Holder) int {
 // fromPeer asks one holder for blocks and returns those that match their
 // hash; a holder that sends wrong data is logged, counted and skipped for
 // a while.
-func (f *FS) fromPeer(ctx context.Context, hf hotFile, x *wire.Holder, g *wire.Grant, hs [][32]byte) map[[32]byte][]byte {
+func (f *FS) fromPeer(ctx context.Context, hf hotFile, x *wire.Holder, g *wire.Grant, hs [][32]byte, far bool) map[[32]byte][]byte {
+	if far {
+		release, ok := f.peer.farSlot(ctx)
+		if !ok {
+			return nil
+		}
+		defer release()
+	}
 	actx, cancel := hf.try(ctx)
 	defer cancel()
 	pc, err := f.peer.cfg.Dial(actx, x.Node, x.Addr)
@@ -410,6 +443,13 @@ func (f *FS) fromReplicas(ctx context.Context, u User, hf hotFile, g *wire.Grant
 		var wg sync.WaitGroup
 		for part := range slices.Chunk(hs, per) {
 			wg.Go(func() {
+				if !own {
+					release, ok := f.peer.farSlot(ctx)
+					if !ok {
+						return
+					}
+					defer release()
+				}
 				req := &wire.ReadBlocksRequest{Caller: u.caller(), Id: uint64(hf.id), Grant: g, Hashes: make([][]byte, len(part))}
 				for i := range part {
 					req.Hashes[i] = part[i][:]
