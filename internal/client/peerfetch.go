@@ -245,19 +245,23 @@ func (f *FS) fetchHotChunk(ctx context.Context, u User, hf hotFile, chunk [][32]
 		// every site's uplink is the scarce resource.
 		f.fromHolders(ctx, hf, resp, left, got, true)
 		f.fromReplicas(ctx, u, hf, resp.Grant, left, got, true)
+		// Elsewhere the primary's uplink is one source among those that
+		// have a block, not only the last resort: left idle, it would
+		// carry only what the others failed to send.
+		direct := f.primaryShare(ctx, hf, resp, left)
+		for _, h := range direct {
+			delete(left, h)
+		}
 		f.fromHolders(ctx, hf, resp, left, got, false)
 		f.fromReplicas(ctx, u, hf, resp.Grant, left, got, false)
+		for _, h := range direct {
+			left[h] = true
+		}
 	}
 	if len(left) == 0 {
 		return nil
 	}
-	rest := slices.Collect(func(yield func([32]byte) bool) {
-		for h := range left {
-			if !yield(h) {
-				return
-			}
-		}
-	})
+	rest := slices.Collect(maps.Keys(left))
 	// From the primary too, small requests within the far slots: its
 	// uplink is the one every reader shares first.
 	var mu sync.Mutex
@@ -288,6 +292,40 @@ func (f *FS) fetchHotChunk(ctx context.Context, u User, hf hotFile, chunk [][32]
 	}
 	wg.Wait()
 	return first
+}
+
+// primaryShare picks the blocks of left to read from the primary first:
+// each with probability 1/(n+1), n being the other sources elsewhere that
+// have it (holders resp names, replicas), so that every sender's uplink
+// carries about as much.
+func (f *FS) primaryShare(ctx context.Context, hf hotFile, resp *wire.HoldersResponse, left map[[32]byte]bool) [][32]byte {
+	replicas := 0
+	if info, err := f.router.Describe(ctx, hf.id.Slice()); err == nil {
+		if conns, err := f.router.Replicas(ctx, hf.id.Slice()); err == nil {
+			for _, c := range conns {
+				if c.ID != info.Primary.Server && c.Site != f.cfg.Site {
+					replicas++
+				}
+			}
+		}
+	}
+	now := time.Now()
+	var out [][32]byte
+	for h := range left {
+		n := replicas
+		for _, x := range resp.Holders {
+			if x.Addr == "" || x.Node == f.cfg.Node || x.Site == f.cfg.Site || f.peer.skipPeer(x.Node, now) {
+				continue
+			}
+			if slices.ContainsFunc(hf.index[h], func(idx uint64) bool { return inRanges(x.Blocks, idx) }) {
+				n++
+			}
+		}
+		if rand.IntN(n+1) == 0 {
+			out = append(out, h)
+		}
+	}
+	return out
 }
 
 // fromHolders fetches blocks in left from the holders resp names at this
