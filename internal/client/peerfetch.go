@@ -1,6 +1,7 @@
 package client
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"crypto/sha256"
@@ -86,14 +87,23 @@ func (hf hotFile) ranges(hashes [][32]byte) []holders.Range {
 }
 
 // prefetchHot fetches claimed blocks in the background for a
-// .WholeFile+.Hotspot read: in a random order per client, so that readers
-// that start together hold different blocks and can serve each other
-// (paper §5.5), a window of chunks at a time sized from the
+// .WholeFile+.Hotspot read: in an order that starts at a random point per
+// client, so that readers that start together hold different blocks and
+// can serve each other (paper §5.5), a window of chunks at a time sized from the
 // bandwidth-delay product to the primary. Each chunk has its own time
 // limit: a large file takes longer than one call's bound. A read that
 // waits too long for a block still queued takes it (steal).
 func (f *FS) prefetchHot(ctx context.Context, u User, hf hotFile, mine [][32]byte) {
-	rand.Shuffle(len(mine), func(i, j int) { mine[i], mine[j] = mine[j], mine[i] })
+	// Every reader goes round the same ring (blocks ordered by their
+	// hash, a random permutation every reader computes alike), each from
+	// a random point of its own: a reader reaching blocks another started
+	// from finds them all held, where with independent orders each block
+	// had an even chance of being fetched again from elsewhere.
+	slices.SortFunc(mine, func(a, b [32]byte) int { return bytes.Compare(a[:], b[:]) })
+	if len(mine) > 0 {
+		at := rand.IntN(len(mine))
+		mine = append(mine[at:], mine[:at]...)
+	}
 	q := &hotQueue{left: mine}
 	f.fetchMu.Lock()
 	for _, h := range mine {
