@@ -12,6 +12,7 @@ package holders
 import (
 	"cmp"
 	"container/list"
+	"math/rand/v2"
 	"slices"
 	"sync"
 	"time"
@@ -227,8 +228,19 @@ func (t *Table) Size() (holdings, cost int) {
 	return t.lru.Len(), t.cost
 }
 
+// Band is the width of the RTT bands within which Lookup takes holders
+// in a random order.
+const Band = 20 * time.Millisecond
+
+func band(rtt time.Duration) time.Duration {
+	if rtt == netcoord.Unknown {
+		return rtt
+	}
+	return rtt / Band
+}
+
 // Lookup returns holders of the asked blocks of version of file, nearest to
-// from first, leaving out node exclude (the asker). Holders are taken in
+// from first (in a random order within a Band), leaving out node exclude (the asker). Holders are taken in
 // order of distance while they add a block that has fewer than perBlock
 // holders so far, up to max holders. A version other than the newest
 // known returns nothing (a newer one forgets the older's holdings).
@@ -261,7 +273,17 @@ func (t *Table) Lookup(now time.Time, fileID, version uint64, asked []Range, fro
 		}
 		cands = append(cands, Result{Holder: hd.holder, RTT: netcoord.Estimate(from, hd.holder.Coord)})
 	}
-	slices.SortFunc(cands, func(a, b Result) int { return cmp.Or(cmp.Compare(a.RTT, b.RTT), cmp.Compare(a.Node, b.Node)) })
+	// Holders about as near (within a band; coordinates are estimates)
+	// come in a random order: readers at one site would otherwise all be
+	// sent to the same few, and queue behind those holders' uplinks while
+	// the others' stay idle.
+	keys := make(map[string]uint64, len(cands))
+	for _, c := range cands {
+		keys[c.Node] = rand.Uint64()
+	}
+	slices.SortFunc(cands, func(a, b Result) int {
+		return cmp.Or(cmp.Compare(band(a.RTT), band(b.RTT)), cmp.Compare(keys[a.Node], keys[b.Node]))
+	})
 	count := make([]int, len(want))
 	var out []Result
 	for _, c := range cands {

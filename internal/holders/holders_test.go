@@ -84,12 +84,36 @@ func TestLookupRanksByDistance(t *testing.T) {
 	}
 }
 
+// TestLookupSpreadsEquallyNear: holders about as near as one another are
+// named in a random order, so that askers spread over all of them; a
+// nearer one still comes first.
+func TestLookupSpreadsEquallyNear(t *testing.T) {
+	tb := New(Options{})
+	now := time.Unix(1000, 0)
+	all := []Range{{0, 10}}
+	tb.Report(now, 1, 3, Holder{Node: "near", Coord: at(5)}, all)
+	for _, n := range []string{"a", "b", "c", "d"} {
+		tb.Report(now, 1, 3, Holder{Node: n, Coord: at(100)}, all)
+	}
+	seen := map[string]bool{}
+	for range 100 {
+		got := nodes(tb.Lookup(now, 1, 3, all, at(0), "", 2, 10))
+		if len(got) != 2 || got[0] != "near" {
+			t.Fatalf("lookup gave %v, want near then one of a..d", got)
+		}
+		seen[got[1]] = true
+	}
+	if len(seen) < 3 {
+		t.Errorf("100 lookups named only %v of 4 equally near holders", seen)
+	}
+}
+
 func TestLookupSkipsHoldersWithoutNeededBlocks(t *testing.T) {
 	tb := New(Options{})
 	now := time.Unix(1000, 0)
 	tb.Report(now, 1, 1, Holder{Node: "near", Coord: at(1)}, []Range{{0, 5}})
-	tb.Report(now, 1, 1, Holder{Node: "mid", Coord: at(5)}, []Range{{0, 5}})
-	tb.Report(now, 1, 1, Holder{Node: "far", Coord: at(50)}, []Range{{5, 5}})
+	tb.Report(now, 1, 1, Holder{Node: "mid", Coord: at(30)}, []Range{{0, 5}})
+	tb.Report(now, 1, 1, Holder{Node: "far", Coord: at(80)}, []Range{{5, 5}})
 	got := tb.Lookup(now, 1, 1, []Range{{0, 10}}, at(0), "", 1, 10)
 	if !slices.Equal(nodes(got), []string{"near", "far"}) {
 		t.Errorf("got %v, want near (blocks 0-4) and far (5-9)", nodes(got))
