@@ -182,6 +182,10 @@ func runFileDist(ctx context.Context, env *Env) (*Result, error) {
 
 	progress(env, "%d WheelFS readers at once (%s/dist/file)", n, cues)
 	before := uplinkBytes(st, "src")
+	sitesBefore := map[string]uint64{}
+	for _, site := range sites {
+		sitesBefore[site] = uplinkBytes(st, site)
+	}
 	wfs, werrs := together(readers, func(h *testbed.Host) (time.Duration, error) {
 		return timedWithin(limit, func() error {
 			f, err := os.Open(filepath.Join(h.Mount, cues, "dist", "file"))
@@ -200,6 +204,12 @@ func runFileDist(ctx context.Context, env *Env) (*Result, error) {
 		})
 	})
 	wfsBytes := uplinkBytes(st, "src") - before
+	// Where the WheelFS readers' bytes came from, site by site: what
+	// limits them is how evenly the uplinks are used.
+	var siteMB []string
+	for _, site := range sites {
+		siteMB = append(siteMB, fmt.Sprintf("%s %.1f", site, float64(uplinkBytes(st, site)-sitesBefore[site])/1e6))
+	}
 	progress(env, "WheelFS readers: median %s s", secs(median(wfs)))
 
 	res := &Result{Notes: []string{
@@ -209,6 +219,7 @@ func runFileDist(ctx context.Context, env *Env) (*Result, error) {
 		fmt.Sprintf("physical limits: one transfer %s s (size/uplink); %d transfers from one node through its uplink %s s", secs(one), n, secs(time.Duration(n)*one)),
 		fmt.Sprintf("bytes out of src's uplink (IP, with headers) for %d × %d bytes delivered: %.1f MB (%.2f×) during the direct transfers, %.1f MB (%.2f×) during the WheelFS reads",
 			n, size, float64(directBytes)/1e6, float64(directBytes)/float64(int64(n)*size), float64(wfsBytes)/1e6, float64(wfsBytes)/float64(int64(n)*size)),
+		fmt.Sprintf("bytes out of each site's uplink during the WheelFS reads (MB): %s", strings.Join(siteMB, ", ")),
 		hotspotNote(cues),
 	}}
 	for i, e := range derrs {
