@@ -234,7 +234,7 @@ func (f *FS) fetchHotChunk(ctx context.Context, u User, hf hotFile, chunk [][32]
 			f.reports.add(ctx, f, u, hf.id, hf.version, hf.ranges([][32]byte{h}))
 		}
 	}
-	req := &wire.HoldersRequest{Caller: u.caller(), Id: uint64(hf.id), Version: hf.version, Node: f.cfg.Node, WantGrant: true}
+	req := &wire.HoldersRequest{Caller: u.caller(), Id: uint64(hf.id), Version: hf.version, Node: f.cfg.Node, Site: f.cfg.Site, WantGrant: true}
 	for _, r := range hf.ranges(chunk) {
 		req.Blocks = append(req.Blocks, &wire.BlockRange{First: r.First, Count: r.Count})
 	}
