@@ -11,6 +11,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -51,6 +52,7 @@ type hotFile struct {
 	ev      bool
 	index   map[[32]byte][]uint64 // hash → its block indices in version
 	note    bool                  // report fetched blocks as held
+	tally   *hotTally             // where a prefetch's blocks came from (nil: not counted)
 	// attempt bounds one try at one holder or replica (a fifth of the
 	// read's time limit, at most maxAttempt), also in the prefetches the
 	// read waits on.
@@ -112,8 +114,11 @@ func (f *FS) prefetchHot(ctx context.Context, u User, hf hotFile, mine [][32]byt
 	f.fetchMu.Unlock()
 	window := f.hotWindow()
 	base := asTry(context.WithoutCancel(ctx))
+	hf.tally = &hotTally{}
+	began := time.Now()
+	var wg sync.WaitGroup
 	for range window {
-		go func() {
+		wg.Go(func() {
 			for {
 				chunk := f.nextQueued(q, hotChunk)
 				if len(chunk) == 0 {
@@ -125,7 +130,33 @@ func (f *FS) prefetchHot(ctx context.Context, u User, hf hotFile, mine [][32]byt
 				}
 				cancel()
 			}
-		}()
+		})
+	}
+	go func() {
+		wg.Wait()
+		t := hf.tally
+		f.log.Info("hotspot prefetch done", "id", hf.id.String(), "blocks", len(mine), "took", time.Since(began).Round(time.Millisecond),
+			"near_holders", t[fromNearHolders].Load(), "near_replicas", t[fromNearReplicas].Load(), "far_holders", t[fromFarHolders].Load(),
+			"far_replicas", t[fromFarReplicas].Load(), "primary", t[fromThePrimary].Load())
+	}()
+}
+
+// hotTally counts the blocks of one prefetch by where they came from.
+type hotTally [numSources]atomic.Int64
+
+// Where a .Hotspot block came from.
+const (
+	fromNearHolders = iota
+	fromNearReplicas
+	fromFarHolders
+	fromFarReplicas
+	fromThePrimary
+	numSources
+)
+
+func (t *hotTally) add(from, n int) {
+	if t != nil && n > 0 {
+		t[from].Add(int64(n))
 	}
 }
 
@@ -253,8 +284,12 @@ func (f *FS) fetchHotChunk(ctx context.Context, u User, hf hotFile, chunk [][32]
 	} else {
 		// Own site first (holders, then replicas): the LAN is free, and
 		// every site's uplink is the scarce resource.
+		n := len(left)
 		f.fromHolders(ctx, hf, resp, left, got, true)
+		hf.tally.add(fromNearHolders, n-len(left))
+		n = len(left)
 		f.fromReplicas(ctx, u, hf, resp.Grant, left, got, true)
+		hf.tally.add(fromNearReplicas, n-len(left))
 		// Elsewhere the primary's uplink is one source among those that
 		// have a block, not only the last resort: left idle, it would
 		// carry only what the others failed to send.
@@ -262,8 +297,12 @@ func (f *FS) fetchHotChunk(ctx context.Context, u User, hf hotFile, chunk [][32]
 		for _, h := range direct {
 			delete(left, h)
 		}
+		n = len(left)
 		f.fromHolders(ctx, hf, resp, left, got, false)
+		hf.tally.add(fromFarHolders, n-len(left))
+		n = len(left)
 		f.fromReplicas(ctx, u, hf, resp.Grant, left, got, false)
+		hf.tally.add(fromFarReplicas, n-len(left))
 		for _, h := range direct {
 			left[h] = true
 		}
@@ -295,6 +334,7 @@ func (f *FS) fetchHotChunk(ctx context.Context, u User, hf hotFile, chunk [][32]
 				mu.Unlock()
 				return
 			}
+			hf.tally.add(fromThePrimary, len(part))
 			if hf.note {
 				f.reports.add(ctx, f, u, hf.id, hf.version, hf.ranges(part))
 			}
