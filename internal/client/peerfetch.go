@@ -96,16 +96,17 @@ func (hf hotFile) ranges(hashes [][32]byte) []holders.Range {
 // limit: a large file takes longer than one call's bound. A read that
 // waits too long for a block still queued takes it (steal).
 func (f *FS) prefetchHot(ctx context.Context, u User, hf hotFile, mine [][32]byte) {
+	if len(mine) == 0 {
+		return
+	}
 	// Every reader goes round the same ring (blocks ordered by their
 	// hash, a random permutation every reader computes alike), each from
 	// a random point of its own: a reader reaching blocks another started
 	// from finds them all held, where with independent orders each block
 	// had an even chance of being fetched again from elsewhere.
 	slices.SortFunc(mine, func(a, b [32]byte) int { return bytes.Compare(a[:], b[:]) })
-	if len(mine) > 0 {
-		at := rand.IntN(len(mine))
-		mine = append(mine[at:], mine[:at]...)
-	}
+	at := rand.IntN(len(mine))
+	mine = append(mine[at:], mine[:at]...)
 	q := &hotQueue{left: mine}
 	f.fetchMu.Lock()
 	for _, h := range mine {
