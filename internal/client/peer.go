@@ -100,9 +100,12 @@ func (p *peerState) init(cfg PeerConfig) {
 // 5 Mbit/s per reader at 100 ms).
 const farInFlight = 4
 
-// farSlot waits for a slot for a request to another site; ok is false
-// when ctx ended first.
-func (p *peerState) farSlot(ctx context.Context) (release func(), ok bool) {
+// farSlot waits for a slot for a background request to another site
+// (others need none); ok is false when ctx ended first.
+func (p *peerState) farSlot(ctx context.Context, background bool) (release func(), ok bool) {
+	if !background {
+		return func() {}, true
+	}
 	select {
 	case p.far <- struct{}{}:
 		return func() { <-p.far }, true

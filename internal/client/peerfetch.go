@@ -53,6 +53,9 @@ type hotFile struct {
 	index   map[[32]byte][]uint64 // hash → its block indices in version
 	note    bool                  // report fetched blocks as held
 	tally   *hotTally             // where a prefetch's blocks came from (nil: not counted)
+	// background: a prefetch's fetch, which takes farInFlight slots; a
+	// read's own blocks (few) go at once.
+	background bool
 	// attempt bounds one try at one holder or replica (a fifth of the
 	// read's time limit, at most maxAttempt), also in the prefetches the
 	// read waits on.
@@ -115,7 +118,7 @@ func (f *FS) prefetchHot(ctx context.Context, u User, hf hotFile, mine [][32]byt
 	f.fetchMu.Unlock()
 	window := f.hotWindow()
 	base := asTry(context.WithoutCancel(ctx))
-	hf.tally = &hotTally{}
+	hf.tally, hf.background = &hotTally{}, true
 	began := time.Now()
 	var wg sync.WaitGroup
 	for range window {
@@ -319,7 +322,7 @@ func (f *FS) fetchHotChunk(ctx context.Context, u User, hf hotFile, chunk [][32]
 	var wg sync.WaitGroup
 	for part := range slices.Chunk(rest, farRequestBlocks) {
 		wg.Go(func() {
-			release, ok := f.peer.farSlot(ctx)
+			release, ok := f.peer.farSlot(ctx, hf.background)
 			if !ok {
 				mu.Lock()
 				first = cmp.Or(first, fmt.Errorf("waiting to read blocks of %v: %w", hf.id, fserr.ErrTimeout))
@@ -457,7 +460,7 @@ func rttBand(x *wire.Holder) int {
 // a while.
 func (f *FS) fromPeer(ctx context.Context, hf hotFile, x *wire.Holder, g *wire.Grant, hs [][32]byte, far bool) map[[32]byte][]byte {
 	if far {
-		release, ok := f.peer.farSlot(ctx)
+		release, ok := f.peer.farSlot(ctx, hf.background)
 		if !ok {
 			return nil
 		}
@@ -533,7 +536,7 @@ func (f *FS) fromReplicas(ctx context.Context, u User, hf hotFile, g *wire.Grant
 		for part := range slices.Chunk(hs, per) {
 			wg.Go(func() {
 				if !own {
-					release, ok := f.peer.farSlot(ctx)
+					release, ok := f.peer.farSlot(ctx, hf.background)
 					if !ok {
 						return
 					}

@@ -171,7 +171,7 @@ func blockList(t *testing.T, c *Cluster, path string) (oid.ID, uint64, [][]byte)
 	}
 	id := oid.ID(r.Meta.Id)
 	resp, err := server.LocalClient(origin(c)).GetBlocks(ctx, &wire.GetBlocksRequest{Caller: &wire.Caller{Uid: Owner().Uid, Gid: Owner().Gid},
-		Id: uint64(id), First: 0, Count: 1 << 20})
+		Id: uint64(id), First: 0, Count: peerFileBlocks})
 	if err != nil {
 		t.Fatal(err)
 	}
