@@ -215,9 +215,9 @@ func TestHotspotHolderVanishes(t *testing.T) {
 // time limit for the whole prefetch and fail with ETIMEDOUT.
 func TestHotspotWholeFileBeyondOneBound(t *testing.T) {
 	const (
-		blocks  = 48              // 3 MiB
-		uplink  = 512 << 10       // west's uplink, bytes/s: 6 s for the file
-		bound   = 2 * time.Second // each read's
+		blocks  = 128             // 8 MiB
+		uplink  = 1 << 20         // west's uplink, bytes/s: 8 s for the file
+		bound   = 4 * time.Second // each read's
 		readLen = 128 << 10
 	)
 	c := Start(t, Options{RTT: MatrixRTT(hotspotRTT), Bandwidth: map[string]int64{"west": uplink}, ClientTimeout: bound})

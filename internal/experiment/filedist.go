@@ -390,7 +390,7 @@ func hotspotNote(cues string) string {
 	if !slices.Contains(strings.Split(cues, "/"), ".Hotspot") {
 		return "without .Hotspot every reader fetches every block from the file's primary at src-1 (a replica at its own site when one has the block)"
 	}
-	return ".Hotspot: each reader fetches the blocks in a random order of its own, from readers at its own site that hold them (the primary names holders, nearest first), " +
-		"a replica at its own site, then holders and replicas at other sites, and the primary last (the slice's two backups, RepLevel 3, are placed at other sites: " +
-		"readers at those sites find every block at their own site)"
+	return ".Hotspot: each reader goes round the file's blocks (one ring, ordered by hash) from a random point of its own, fetching each from readers at its own site " +
+		"that hold it (the primary names holders, its site first), a replica at its own site, then holders, replicas and the primary elsewhere " +
+		"(the slice's two backups, RepLevel 3, are placed at other sites: readers at those sites find every block at their own site)"
 }
