@@ -142,6 +142,7 @@ type FS struct {
 
 	fetchMu  sync.Mutex
 	inflight map[[32]byte]chan struct{} // blocks being fetched
+	queued   map[[32]byte]*hotQueue     // claimed blocks a .Hotspot prefetch has not started
 
 	leases  *leases
 	rpcs    *rpcCounts // requests sent, by method (Stats)
@@ -207,6 +208,7 @@ func New(cfg Config, router Router) *FS {
 		cache:    cache,
 		files:    make(map[oid.ID]*fileState),
 		inflight: make(map[[32]byte]chan struct{}),
+		queued:   make(map[[32]byte]*hotQueue),
 		regs:     map[oid.ID]*registration{},
 		reports:  newHoldReports(),
 		logins:   newLogins(),

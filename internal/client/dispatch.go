@@ -71,7 +71,7 @@ func callVia[Req, Resp any](ctx context.Context, f *FS, id oid.ID, rpc rpcFunc[R
 	defer func() {
 		// Not for an eventual operation's first try at the primary: that
 		// has half a short bound, and the answer is then sought elsewhere.
-		if ctx.Err() == context.DeadlineExceeded && unreached && !o.refusalEnds {
+		if ctx.Err() == context.DeadlineExceeded && unreached && !o.refusalEnds && !isTry(ctx) {
 			f.silent.mark(id.Slice(), last, time.Since(began))
 		}
 	}()
@@ -142,6 +142,18 @@ func callVia[Req, Resp any](ctx context.Context, f *FS, id oid.ID, rpc rpcFunc[R
 		backoff = min(2*backoff, 500*time.Millisecond)
 	}
 }
+
+// tryKey marks a context whose deadline bounds one try of a .Hotspot
+// fetch rather than a caller's operation.
+type tryKey struct{}
+
+// asTry marks ctx as one try: its running out says the server was slow
+// for this fetch (a primary whose uplink is busy sending blocks answers a
+// small call late behind them), not that it is away, so it does not make
+// the client fail other calls at once (silent).
+func asTry(ctx context.Context) context.Context { return context.WithValue(ctx, tryKey{}, true) }
+
+func isTry(ctx context.Context) bool { return ctx.Value(tryKey{}) != nil }
 
 // retryable reports whether an RPC error means "not here, not now": the
 // server is not the primary, it could not be reached, or it holds this

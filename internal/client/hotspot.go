@@ -154,10 +154,36 @@ func (r *holdReports) flush(ctx context.Context, f *FS) {
 		_, err := call(cctx, f, ids[0], wire.StorageClient.ReportHolding, req)
 		cancel()
 		if err != nil {
+			// Often only the answer was late (the primary's uplink busy
+			// sending blocks): report these again with the next batch.
 			f.log.Debug("report of held blocks failed", "files", len(ids), "err", err)
-			continue // soft state: the next read reports again
+			r.requeue(ids, pending)
+			continue
 		}
 		r.markSent(ids, pending)
+	}
+}
+
+// requeue puts back what a failed report carried, unless a newer version
+// is pending or the pending list is full (soft state: a hint lost).
+func (r *holdReports) requeue(ids []oid.ID, pending map[oid.ID]*heldFile) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, id := range ids {
+		old := pending[id]
+		p := r.pending[id]
+		if p == nil {
+			if len(r.pending) >= maxPendingFiles {
+				continue
+			}
+			r.pending[id] = old
+			continue
+		}
+		if p.version == old.version {
+			for _, x := range old.ranges {
+				p.ranges = holders.Add(p.ranges, x)
+			}
+		}
 	}
 }
 

@@ -71,7 +71,8 @@ type peerState struct {
 	limit *rate.Limiter // nil: unlimited
 	fromPeers, fromReplicas, fromPrimary,
 	served, corrupt, refused atomic.Int64
-	rtt atomic.Int64 // the last holders query's round trip (ns)
+	rtt atomic.Int64  // the last holders query's round trip (ns)
+	far chan struct{} // requests for blocks from other sites in flight
 
 	badMu sync.Mutex
 	bad   map[string]time.Time // peers that sent corrupt data, until when skipped
@@ -88,6 +89,29 @@ func (p *peerState) init(cfg PeerConfig) {
 		p.limit = rate.NewLimiter(rate.Limit(cfg.UploadRate), max(int(cfg.UploadRate/10), BlockSize))
 	}
 	p.bad = map[string]time.Time{}
+	p.far = make(chan struct{}, farInFlight)
+}
+
+// farInFlight bounds this client's .Hotspot requests for blocks at other
+// sites. Their senders' uplinks are what every reader shares: a reader
+// with more in flight than its share there moves them no faster, only
+// makes every request queue longer, until the tries run out and the
+// blocks already sent are wasted (4 × farRequestBlocks blocks is 512 KiB,
+// 5 Mbit/s per reader at 100 ms).
+const farInFlight = 4
+
+// farSlot waits for a slot for a background request to another site
+// (others need none); ok is false when ctx ended first.
+func (p *peerState) farSlot(ctx context.Context, background bool) (release func(), ok bool) {
+	if !background {
+		return func() {}, true
+	}
+	select {
+	case p.far <- struct{}{}:
+		return func() { <-p.far }, true
+	case <-ctx.Done():
+		return nil, false
+	}
 }
 
 // PeerStats returns the counts of .Hotspot traffic so far.

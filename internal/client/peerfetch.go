@@ -1,17 +1,23 @@
 package client
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"crypto/sha256"
+	"fmt"
+	"maps"
+	"math"
 	"math/rand/v2"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/wheelfs/wheelfs/internal/fserr"
 	"github.com/wheelfs/wheelfs/internal/holders"
 	"github.com/wheelfs/wheelfs/internal/oid"
 	"github.com/wheelfs/wheelfs/internal/wire"
@@ -46,6 +52,10 @@ type hotFile struct {
 	ev      bool
 	index   map[[32]byte][]uint64 // hash → its block indices in version
 	note    bool                  // report fetched blocks as held
+	tally   *hotTally             // where a prefetch's blocks came from (nil: not counted)
+	// background: a prefetch's fetch, which takes farInFlight slots; a
+	// read's own blocks (few) go at once.
+	background bool
 	// attempt bounds one try at one holder or replica (a fifth of the
 	// read's time limit, at most maxAttempt), also in the prefetches the
 	// read waits on.
@@ -82,30 +92,113 @@ func (hf hotFile) ranges(hashes [][32]byte) []holders.Range {
 }
 
 // prefetchHot fetches claimed blocks in the background for a
-// .WholeFile+.Hotspot read: in a random order per client, so that readers
-// that start together hold different blocks and can serve each other
-// (paper §5.5), a window of chunks at a time sized from the
-// bandwidth-delay product to the primary.
+// .WholeFile+.Hotspot read: in an order that starts at a random point per
+// client, so that readers that start together hold different blocks and
+// can serve each other (paper §5.5), a window of chunks at a time sized from the
+// bandwidth-delay product to the primary. Each chunk has its own time
+// limit: a large file takes longer than one call's bound. A read that
+// waits too long for a block still queued takes it (steal).
 func (f *FS) prefetchHot(ctx context.Context, u User, hf hotFile, mine [][32]byte) {
-	rand.Shuffle(len(mine), func(i, j int) { mine[i], mine[j] = mine[j], mine[i] })
-	chunks := slices.Collect(slices.Chunk(mine, hotChunk))
+	if len(mine) == 0 {
+		return
+	}
+	// Every reader goes round the same ring (blocks ordered by their
+	// hash, a random permutation every reader computes alike), each from
+	// a random point of its own: a reader reaching blocks another started
+	// from finds them all held, where with independent orders each block
+	// had an even chance of being fetched again from elsewhere.
+	slices.SortFunc(mine, func(a, b [32]byte) int { return bytes.Compare(a[:], b[:]) })
+	at := rand.IntN(len(mine))
+	mine = append(mine[at:], mine[:at]...)
+	q := &hotQueue{left: mine}
+	f.fetchMu.Lock()
+	for _, h := range mine {
+		f.queued[h] = q
+	}
+	f.fetchMu.Unlock()
 	window := f.hotWindow()
-	go func() {
-		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), f.cfg.Timeout)
-		defer cancel()
-		sem := make(chan struct{}, window)
-		var wg sync.WaitGroup
-		for _, chunk := range chunks {
-			sem <- struct{}{}
-			wg.Go(func() {
-				defer func() { <-sem }()
+	base := asTry(context.WithoutCancel(ctx))
+	hf.tally, hf.background = &hotTally{}, true
+	began := time.Now()
+	var wg sync.WaitGroup
+	for range window {
+		wg.Go(func() {
+			for {
+				chunk := f.nextQueued(q, hotChunk)
+				if len(chunk) == 0 {
+					return
+				}
+				ctx, cancel := context.WithTimeout(base, f.cfg.Timeout)
 				if err := f.fetchHot(ctx, u, hf, chunk); err != nil {
 					f.log.Debug("hotspot prefetch failed", "id", hf.id.String(), "err", err)
 				}
-			})
-		}
+				cancel()
+			}
+		})
+	}
+	go func() {
 		wg.Wait()
+		t := hf.tally
+		f.log.Info("hotspot prefetch done", "id", hf.id.String(), "blocks", len(mine), "took", time.Since(began).Round(time.Millisecond),
+			"near_holders", t[fromNearHolders].Load(), "near_replicas", t[fromNearReplicas].Load(), "far_holders", t[fromFarHolders].Load(),
+			"far_replicas", t[fromFarReplicas].Load(), "primary", t[fromThePrimary].Load())
 	}()
+}
+
+// hotTally counts the blocks of one prefetch by where they came from.
+type hotTally [numSources]atomic.Int64
+
+// Where a .Hotspot block came from.
+const (
+	fromNearHolders = iota
+	fromNearReplicas
+	fromFarHolders
+	fromFarReplicas
+	fromThePrimary
+	numSources
+)
+
+func (t *hotTally) add(from, n int) {
+	if t != nil && n > 0 {
+		t[from].Add(int64(n))
+	}
+}
+
+// hotQueue is the blocks of one .Hotspot prefetch not yet started, in
+// fetch order (guarded by FS.fetchMu).
+type hotQueue struct {
+	left [][32]byte
+}
+
+// nextQueued starts up to n blocks of q.
+func (f *FS) nextQueued(q *hotQueue, n int) [][32]byte {
+	f.fetchMu.Lock()
+	defer f.fetchMu.Unlock()
+	var out [][32]byte
+	for len(q.left) > 0 && len(out) < n {
+		h := q.left[0]
+		q.left = q.left[1:]
+		if f.queued[h] == q { // not stolen
+			delete(f.queued, h)
+			out = append(out, h)
+		}
+	}
+	return out
+}
+
+// steal takes those of hashes that a prefetch has claimed but not
+// started: the caller now fetches them (and releases their claims).
+func (f *FS) steal(hashes [][32]byte) [][32]byte {
+	f.fetchMu.Lock()
+	defer f.fetchMu.Unlock()
+	var out [][32]byte
+	for _, h := range hashes {
+		if _, ok := f.queued[h]; ok {
+			delete(f.queued, h)
+			out = append(out, h)
+		}
+	}
+	return out
 }
 
 // hotWindow is how many chunks a parallel .Hotspot read keeps in flight:
@@ -160,7 +253,7 @@ func (hf hotFile) try(ctx context.Context) (context.Context, context.CancelFunc)
 	if dl, ok := ctx.Deadline(); ok {
 		d = min(d, time.Until(dl)/5)
 	}
-	return context.WithTimeout(ctx, d)
+	return context.WithTimeout(asTry(ctx), d)
 }
 
 func (f *FS) fetchHotChunk(ctx context.Context, u User, hf hotFile, chunk [][32]byte) error {
@@ -176,7 +269,7 @@ func (f *FS) fetchHotChunk(ctx context.Context, u User, hf hotFile, chunk [][32]
 			f.reports.add(ctx, f, u, hf.id, hf.version, hf.ranges([][32]byte{h}))
 		}
 	}
-	req := &wire.HoldersRequest{Caller: u.caller(), Id: uint64(hf.id), Version: hf.version, Node: f.cfg.Node, WantGrant: true}
+	req := &wire.HoldersRequest{Caller: u.caller(), Id: uint64(hf.id), Version: hf.version, Node: f.cfg.Node, Site: f.cfg.Site, WantGrant: true}
 	for _, r := range hf.ranges(chunk) {
 		req.Blocks = append(req.Blocks, &wire.BlockRange{First: r.First, Count: r.Count})
 	}
@@ -193,47 +286,134 @@ func (f *FS) fetchHotChunk(ctx context.Context, u User, hf hotFile, chunk [][32]
 	if err != nil || resp.Version != hf.version || resp.Grant == nil {
 		f.log.Debug("no holders; reading from the primary", "id", hf.id.String(), "err", err)
 	} else {
-		f.fromHolders(ctx, hf, resp, left, got)
-		if len(left) > 0 {
-			f.fromReplicas(ctx, u, hf, resp.Grant, left, got)
+		// Own site first (holders, then replicas): the LAN is free, and
+		// every site's uplink is the scarce resource.
+		n := len(left)
+		f.fromHolders(ctx, hf, resp, left, got, true)
+		hf.tally.add(fromNearHolders, n-len(left))
+		n = len(left)
+		f.fromReplicas(ctx, u, hf, resp.Grant, left, got, true)
+		hf.tally.add(fromNearReplicas, n-len(left))
+		// Elsewhere the primary's uplink is one source among those that
+		// have a block, not only the last resort: left idle, it would
+		// carry only what the others failed to send.
+		direct := f.primaryShare(ctx, hf, resp, left)
+		for _, h := range direct {
+			delete(left, h)
+		}
+		n = len(left)
+		f.fromHolders(ctx, hf, resp, left, got, false)
+		hf.tally.add(fromFarHolders, n-len(left))
+		n = len(left)
+		f.fromReplicas(ctx, u, hf, resp.Grant, left, got, false)
+		hf.tally.add(fromFarReplicas, n-len(left))
+		for _, h := range direct {
+			left[h] = true
 		}
 	}
 	if len(left) == 0 {
 		return nil
 	}
-	rest := slices.Collect(func(yield func([32]byte) bool) {
-		for h := range left {
-			if !yield(h) {
+	rest := slices.Collect(maps.Keys(left))
+	// From the primary too, small requests within the far slots: its
+	// uplink is the one every reader shares first.
+	var mu sync.Mutex
+	var first error
+	var wg sync.WaitGroup
+	for part := range slices.Chunk(rest, farRequestBlocks) {
+		wg.Go(func() {
+			release, ok := f.peer.farSlot(ctx, hf.background)
+			if !ok {
+				mu.Lock()
+				first = cmp.Or(first, fmt.Errorf("waiting to read blocks of %v: %w", hf.id, fserr.ErrTimeout))
+				mu.Unlock()
 				return
 			}
-		}
-	})
-	n, err := f.readRemote(ctx, u, hf.id, hf.ev, rest)
-	f.peer.fromPrimary.Add(n)
-	if err == nil && hf.note {
-		f.reports.add(ctx, f, u, hf.id, hf.version, hf.ranges(rest))
+			n, err := f.readRemote(ctx, u, hf.id, hf.ev, part)
+			release()
+			f.peer.fromPrimary.Add(n)
+			if err != nil {
+				mu.Lock()
+				first = cmp.Or(first, err)
+				mu.Unlock()
+				return
+			}
+			hf.tally.add(fromThePrimary, len(part))
+			if hf.note {
+				f.reports.add(ctx, f, u, hf.id, hf.version, hf.ranges(part))
+			}
+		})
 	}
-	return err
+	wg.Wait()
+	return first
 }
 
-// fromHolders fetches blocks in left from the holders resp names: each
-// block from its nearest holder, then its next, one request per holder
-// per round, holders asked in parallel.
-func (f *FS) fromHolders(ctx context.Context, hf hotFile, resp *wire.HoldersResponse, left map[[32]byte]bool, got func([32]byte, []byte)) {
-	if f.peer.cfg.Dial == nil {
+// primaryShare picks the blocks of left to read from the primary first:
+// each with probability 1/(n+1), n being the other sources elsewhere that
+// have it (holders resp names, replicas), so that every sender's uplink
+// carries about as much.
+func (f *FS) primaryShare(ctx context.Context, hf hotFile, resp *wire.HoldersResponse, left map[[32]byte]bool) [][32]byte {
+	replicas := 0
+	if info, err := f.router.Describe(ctx, hf.id.Slice()); err == nil {
+		if conns, err := f.router.Replicas(ctx, hf.id.Slice()); err == nil {
+			for _, c := range conns {
+				if c.ID != info.Primary.Server && c.Site != f.cfg.Site {
+					replicas++
+				}
+			}
+		}
+	}
+	now := time.Now()
+	var out [][32]byte
+	for h := range left {
+		n := replicas
+		for _, x := range resp.Holders {
+			if x.Addr == "" || x.Node == f.cfg.Node || x.Site == f.cfg.Site || f.peer.skipPeer(x.Node, now) {
+				continue
+			}
+			if slices.ContainsFunc(hf.index[h], func(idx uint64) bool { return inRanges(x.Blocks, idx) }) {
+				n++
+			}
+		}
+		if rand.IntN(n+1) == 0 {
+			out = append(out, h)
+		}
+	}
+	return out
+}
+
+// fromHolders fetches blocks in left from the holders resp names at this
+// client's site (near) or elsewhere: each block from its nearest holder,
+// then its next, holders asked in parallel. Holders about as near are
+// taken in a random order, so that readers spread over them.
+func (f *FS) fromHolders(ctx context.Context, hf hotFile, resp *wire.HoldersResponse, left map[[32]byte]bool, got func([32]byte, []byte), near bool) {
+	if f.peer.cfg.Dial == nil || len(left) == 0 {
 		return
 	}
 	now := time.Now()
+	var xs []*wire.Holder
+	for _, x := range resp.Holders {
+		if x.Addr == "" || x.Node == f.cfg.Node || (x.Site == f.cfg.Site) != near || f.peer.skipPeer(x.Node, now) {
+			continue
+		}
+		xs = append(xs, x)
+	}
 	cands := map[[32]byte][]*wire.Holder{}
 	for h := range left {
-		for _, x := range resp.Holders {
-			if x.Addr == "" || x.Node == f.cfg.Node || f.peer.skipPeer(x.Node, now) {
-				continue
-			}
+		for _, x := range xs {
 			if slices.ContainsFunc(hf.index[h], func(idx uint64) bool { return inRanges(x.Blocks, idx) }) {
 				cands[h] = append(cands[h], x)
 			}
 		}
+		rand.Shuffle(len(cands[h]), func(i, j int) { cands[h][i], cands[h][j] = cands[h][j], cands[h][i] })
+		slices.SortStableFunc(cands[h], func(a, b *wire.Holder) int { return cmp.Compare(rttBand(a), rttBand(b)) })
+	}
+	// A holder elsewhere sends through its site's uplink, shared with
+	// others: small requests finish within a try (a late answer is
+	// wasted), and spread a chunk over several holders.
+	per := hotChunk
+	if !near {
+		per = farRequestBlocks
 	}
 	var mu sync.Mutex
 	for round := 0; len(left) > 0; round++ {
@@ -248,22 +428,44 @@ func (f *FS) fromHolders(ctx context.Context, hf hotFile, resp *wire.HoldersResp
 		}
 		var wg sync.WaitGroup
 		for x, hs := range ask {
-			wg.Go(func() {
-				for h, b := range f.fromPeer(ctx, hf, x, resp.Grant, hs) {
-					mu.Lock()
-					got(h, b)
-					mu.Unlock()
-				}
-			})
+			for part := range slices.Chunk(hs, per) {
+				wg.Go(func() {
+					for h, b := range f.fromPeer(ctx, hf, x, resp.Grant, part, !near) {
+						mu.Lock()
+						got(h, b)
+						mu.Unlock()
+					}
+				})
+			}
 		}
 		wg.Wait()
 	}
 }
 
+// farRequestBlocks is how many blocks one request to a holder or replica
+// at another site asks for.
+const farRequestBlocks = 2
+
+// rttBand groups holders whose estimated RTTs differ by less than 20 ms
+// (coordinates are estimates); unknown ones come last.
+func rttBand(x *wire.Holder) int {
+	if x.RttMs < 0 {
+		return math.MaxInt
+	}
+	return int(x.RttMs / 20)
+}
+
 // fromPeer asks one holder for blocks and returns those that match their
 // hash; a holder that sends wrong data is logged, counted and skipped for
 // a while.
-func (f *FS) fromPeer(ctx context.Context, hf hotFile, x *wire.Holder, g *wire.Grant, hs [][32]byte) map[[32]byte][]byte {
+func (f *FS) fromPeer(ctx context.Context, hf hotFile, x *wire.Holder, g *wire.Grant, hs [][32]byte, far bool) map[[32]byte][]byte {
+	if far {
+		release, ok := f.peer.farSlot(ctx, hf.background)
+		if !ok {
+			return nil
+		}
+		defer release()
+	}
 	actx, cancel := hf.try(ctx)
 	defer cancel()
 	pc, err := f.peer.cfg.Dial(actx, x.Node, x.Addr)
@@ -301,10 +503,15 @@ func (f *FS) fromPeer(ctx context.Context, hf hotFile, x *wire.Holder, g *wire.G
 	return out
 }
 
-// fromReplicas asks the slice's replicas other than the primary, own
-// site first, for the blocks in left, showing the grant (blocks are named
-// by their hash: any replica's copy will do).
-func (f *FS) fromReplicas(ctx context.Context, u User, hf hotFile, g *wire.Grant, left map[[32]byte]bool, got func([32]byte, []byte)) {
+// fromReplicas asks the slice's replicas other than the primary at this
+// client's site (own) or elsewhere, in a random order, for the blocks in
+// left, showing the grant (blocks are named by their hash: any replica's
+// copy will do). Requests elsewhere are small and in parallel, as to
+// holders there.
+func (f *FS) fromReplicas(ctx context.Context, u User, hf hotFile, g *wire.Grant, left map[[32]byte]bool, got func([32]byte, []byte), own bool) {
+	if len(left) == 0 {
+		return
+	}
 	info, err := f.router.Describe(ctx, hf.id.Slice())
 	if err != nil {
 		return
@@ -313,46 +520,51 @@ func (f *FS) fromReplicas(ctx context.Context, u User, hf hotFile, g *wire.Grant
 	if err != nil {
 		return
 	}
-	conns = slices.DeleteFunc(conns, func(c Conn) bool { return c.ID == info.Primary.Server })
-	slices.SortStableFunc(conns, func(a, b Conn) int {
-		return boolInt(b.Site == f.cfg.Site) - boolInt(a.Site == f.cfg.Site)
-	})
+	conns = slices.DeleteFunc(conns, func(c Conn) bool { return c.ID == info.Primary.Server || (c.Site == f.cfg.Site) != own })
+	rand.Shuffle(len(conns), func(i, j int) { conns[i], conns[j] = conns[j], conns[i] })
+	per := hotChunk
+	if !own {
+		per = farRequestBlocks
+	}
+	var mu sync.Mutex
 	for _, c := range conns {
-		if len(left) == 0 {
+		hs := slices.Collect(maps.Keys(left))
+		if len(hs) == 0 {
 			return
 		}
-		hs := slices.Collect(func(yield func([32]byte) bool) {
-			for h := range left {
-				if !yield(h) {
+		var wg sync.WaitGroup
+		for part := range slices.Chunk(hs, per) {
+			wg.Go(func() {
+				if !own {
+					release, ok := f.peer.farSlot(ctx, hf.background)
+					if !ok {
+						return
+					}
+					defer release()
+				}
+				req := &wire.ReadBlocksRequest{Caller: u.caller(), Id: uint64(hf.id), Grant: g, Hashes: make([][]byte, len(part))}
+				for i := range part {
+					req.Hashes[i] = part[i][:]
+				}
+				actx, cancel := hf.try(ctx)
+				resp, err := c.ReadBlocks(actx, req)
+				cancel()
+				if err != nil || len(resp.Data) != len(part) {
+					f.log.Debug("replica did not serve blocks", "server", c.ID, "blocks", len(part), "err", err)
 					return
 				}
-			}
-		})
-		req := &wire.ReadBlocksRequest{Caller: u.caller(), Id: uint64(hf.id), Grant: g, Hashes: make([][]byte, len(hs))}
-		for i := range hs {
-			req.Hashes[i] = hs[i][:]
+				mu.Lock()
+				defer mu.Unlock()
+				for i, b := range resp.Data {
+					if sha256.Sum256(b) == part[i] {
+						f.peer.fromReplicas.Add(int64(len(b)))
+						got(part[i], b)
+					}
+				}
+			})
 		}
-		actx, cancel := hf.try(ctx)
-		resp, err := c.ReadBlocks(actx, req)
-		cancel()
-		if err != nil || len(resp.Data) != len(hs) {
-			f.log.Debug("replica did not serve blocks", "server", c.ID, "err", err)
-			continue
-		}
-		for i, b := range resp.Data {
-			if sha256.Sum256(b) == hs[i] {
-				f.peer.fromReplicas.Add(int64(len(b)))
-				got(hs[i], b)
-			}
-		}
+		wg.Wait()
 	}
-}
-
-func boolInt(b bool) int {
-	if b {
-		return 1
-	}
-	return 0
 }
 
 func inRanges(rs []*wire.BlockRange, idx uint64) bool {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"time"
 
 	"github.com/wheelfs/wheelfs/internal/fserr"
 	"github.com/wheelfs/wheelfs/internal/oid"
@@ -113,14 +114,42 @@ func (st *fileState) blocks(ctx context.Context, f *FS, u User, first, last uint
 		if err := fetch(); err != nil {
 			return nil, err
 		}
-		for _, ch := range wait {
+		if err := f.awaitClaims(ctx, u, st, needed, wait, hot); err != nil {
+			return nil, err
+		}
+	}
+}
+
+// awaitClaims waits for the blocks other fetches bring. A .Hotspot
+// prefetch fetches in a random order, so a block a read needs may be far
+// down its queue: once half of what was left of the read's time is gone,
+// the read takes the blocks still queued and fetches them itself.
+func (f *FS) awaitClaims(ctx context.Context, u User, st *fileState, needed [][32]byte, wait []chan struct{}, hot bool) error {
+	var valve <-chan time.Time
+	if dl, ok := ctx.Deadline(); ok && hot {
+		t := time.NewTimer(time.Until(dl) / 2)
+		defer t.Stop()
+		valve = t.C
+	}
+	for _, ch := range wait {
+		for waiting := true; waiting; {
 			select {
 			case <-ch:
+				waiting = false
+			case <-valve:
+				valve = nil
+				if mine := f.steal(needed); len(mine) > 0 {
+					f.log.Debug("hotspot read takes queued blocks", "id", st.id.String(), "blocks", len(mine))
+					if err := f.fetchHot(ctx, u, st.hotFile(ctx, mine), mine); err != nil {
+						return err
+					}
+				}
 			case <-ctx.Done():
-				return nil, fmt.Errorf("waiting for blocks of %v: %w", st.id, fserr.ErrTimeout)
+				return fmt.Errorf("waiting for blocks of %v: %w", st.id, fserr.ErrTimeout)
 			}
 		}
 	}
+	return nil
 }
 
 // prefetch starts fetching blocks from..to in the background, so that a

@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
+	"syscall"
 	"testing"
 	"time"
 
@@ -204,4 +205,52 @@ func TestHotspotHolderVanishes(t *testing.T) {
 		t.Errorf("read took %v, over its limit %v", took, limit)
 	}
 	t.Logf("read with a silent holder took %v (limit %v); %+v", took, limit, c.Client("eu").PeerStats())
+}
+
+// TestHotspotWholeFileBeyondOneBound: a .WholeFile+.Hotspot read of a
+// file that takes longer to arrive than one call's bound still succeeds,
+// read as the kernel does (128 KiB at a time, each read with its own
+// bound). The prefetch fetches blocks in a random order, so a read may
+// need a block at the end of its queue: it used to wait for it under one
+// time limit for the whole prefetch and fail with ETIMEDOUT.
+func TestHotspotWholeFileBeyondOneBound(t *testing.T) {
+	const (
+		blocks  = 128             // 8 MiB
+		uplink  = 1 << 20         // west's uplink, bytes/s: 8 s for the file
+		bound   = 4 * time.Second // each read's
+		readLen = 128 << 10
+	)
+	c := Start(t, Options{RTT: MatrixRTT(hotspotRTT), Bandwidth: map[string]int64{"west": uplink}, ClientTimeout: bound})
+	ctx := t.Context()
+	data := make([]byte, blocks*client.BlockSize)
+	rand.Read(data)
+	// At west's server, the file's only replica: the writes stay at west.
+	if err := c.Servers("west")[0].Client().WriteFile(ctx, Owner(), "/.RepLevel=1/f", data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	reader := c.Client("eu")
+	r, err := reader.Resolve(ctx, Owner(), "/.WholeFile/.Hotspot/f")
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, _, err := reader.Open(ctx, Owner(), r.Cues, oid.ID(r.Meta.Id), syscall.O_RDONLY)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Release(ctx)
+	began := time.Now()
+	got := make([]byte, len(data))
+	for off := 0; off < len(data); off += readLen {
+		if _, err := h.Read(ctx, got[off:off+readLen], int64(off)); err != nil {
+			t.Fatalf("read at %d after %v: %v", off, time.Since(began), err)
+		}
+	}
+	took := time.Since(began)
+	if !bytes.Equal(got, data) {
+		t.Fatal("wrong contents")
+	}
+	if limit := time.Duration(len(data)) * time.Second / uplink; took < limit {
+		t.Errorf("read took %v, under the uplink's limit %v: the test did not exceed one bound", took, limit)
+	}
+	t.Logf("%d bytes in %v over a %d B/s uplink, each read bounded by %v; %+v", len(data), took, uplink, bound, reader.PeerStats())
 }

@@ -137,6 +137,7 @@ func (r *Result) WriteJSON(path string) error {
 // earlier run left in the same directory.
 func up(ctx context.Context, env *Env, o testbed.Options) (*testbed.State, error) {
 	o.Binary = env.Binary
+	o.LogLevel = env.Param("host-log-level", "")
 	if st, err := testbed.Load(env.Dir); err == nil && st.Up {
 		fmt.Fprintf(env.Out, "taking down the testbed already up in %s\n", env.Dir)
 		if err := testbed.Down(env.Dir, env.Out); err != nil {

@@ -227,12 +227,12 @@ func (t *Table) Size() (holdings, cost int) {
 	return t.lru.Len(), t.cost
 }
 
-// Lookup returns holders of the asked blocks of version of file, nearest to
-// from first, leaving out node exclude (the asker). Holders are taken in
+// Lookup returns holders of the asked blocks of version of file, those at
+// site first, then nearest to from first, leaving out node exclude (the asker). Holders are taken in
 // order of distance while they add a block that has fewer than perBlock
 // holders so far, up to max holders. A version other than the newest
 // known returns nothing (a newer one forgets the older's holdings).
-func (t *Table) Lookup(now time.Time, fileID, version uint64, asked []Range, from *coordinate.Coordinate, exclude string, perBlock, max int) []Result {
+func (t *Table) Lookup(now time.Time, fileID, version uint64, asked []Range, from *coordinate.Coordinate, site, exclude string, perBlock, max int) []Result {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.expireLocked(now)
@@ -261,7 +261,13 @@ func (t *Table) Lookup(now time.Time, fileID, version uint64, asked []Range, fro
 		}
 		cands = append(cands, Result{Holder: hd.holder, RTT: netcoord.Estimate(from, hd.holder.Coord)})
 	}
-	slices.SortFunc(cands, func(a, b Result) int { return cmp.Or(cmp.Compare(a.RTT, b.RTT), cmp.Compare(a.Node, b.Node)) })
+	// Holders at the asker's site first whatever the coordinates say
+	// (an estimate's error can exceed a LAN's RTT, and a holder there
+	// costs no site's uplink); then by distance.
+	elsewhere := func(r Result) bool { return site == "" || r.Site != site }
+	slices.SortFunc(cands, func(a, b Result) int {
+		return cmp.Or(cmp.Compare(boolInt(elsewhere(a)), boolInt(elsewhere(b))), cmp.Compare(a.RTT, b.RTT), cmp.Compare(a.Node, b.Node))
+	})
 	count := make([]int, len(want))
 	var out []Result
 	for _, c := range cands {
@@ -287,4 +293,11 @@ func (t *Table) Lookup(now time.Time, fileID, version uint64, asked []Range, fro
 		out = append(out, c)
 	}
 	return out
+}
+
+func boolInt(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }

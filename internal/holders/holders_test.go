@@ -65,7 +65,7 @@ func TestLookupRanksByDistance(t *testing.T) {
 	tb.Report(now, 1, 3, Holder{Node: "nocoord"}, all)
 	tb.Report(now, 1, 3, Holder{Node: "me", Coord: at(0)}, all)
 
-	got := tb.Lookup(now, 1, 3, []Range{{2, 3}}, at(0), "me", 10, 10)
+	got := tb.Lookup(now, 1, 3, []Range{{2, 3}}, at(0), "", "me", 10, 10)
 	if want := []string{"near", "mid", "far", "nocoord"}; !slices.Equal(nodes(got), want) {
 		t.Fatalf("order %v, want %v", nodes(got), want)
 	}
@@ -76,11 +76,27 @@ func TestLookupRanksByDistance(t *testing.T) {
 		t.Errorf("blocks %v, want only the asked ones", got[0].Blocks)
 	}
 	// perBlock 2: the two nearest cover every block twice.
-	if got := tb.Lookup(now, 1, 3, []Range{{0, 10}}, at(0), "me", 2, 10); !slices.Equal(nodes(got), []string{"near", "mid"}) {
+	if got := tb.Lookup(now, 1, 3, []Range{{0, 10}}, at(0), "", "me", 2, 10); !slices.Equal(nodes(got), []string{"near", "mid"}) {
 		t.Errorf("perBlock 2 gave %v", nodes(got))
 	}
-	if got := tb.Lookup(now, 1, 3, []Range{{0, 10}}, at(0), "me", 10, 1); !slices.Equal(nodes(got), []string{"near"}) {
+	if got := tb.Lookup(now, 1, 3, []Range{{0, 10}}, at(0), "", "me", 10, 1); !slices.Equal(nodes(got), []string{"near"}) {
 		t.Errorf("max 1 gave %v", nodes(got))
+	}
+}
+
+// TestLookupOwnSiteFirst: holders at the asker's site come first even
+// when their coordinates put them farther than a holder elsewhere.
+func TestLookupOwnSiteFirst(t *testing.T) {
+	tb := New(Options{})
+	now := time.Unix(1000, 0)
+	all := []Range{{0, 10}}
+	tb.Report(now, 1, 3, Holder{Node: "there", Site: "east", Coord: at(10)}, all)
+	tb.Report(now, 1, 3, Holder{Node: "here", Site: "west", Coord: at(40)}, all)
+	if got := nodes(tb.Lookup(now, 1, 3, all, at(0), "west", "", 1, 10)); !slices.Equal(got, []string{"here"}) {
+		t.Errorf("asker at west: %v, want only here (one holder per block)", got)
+	}
+	if got := nodes(tb.Lookup(now, 1, 3, all, at(0), "", "", 1, 10)); !slices.Equal(got, []string{"there"}) {
+		t.Errorf("asker of no site: %v, want the nearer there", got)
 	}
 }
 
@@ -90,7 +106,7 @@ func TestLookupSkipsHoldersWithoutNeededBlocks(t *testing.T) {
 	tb.Report(now, 1, 1, Holder{Node: "near", Coord: at(1)}, []Range{{0, 5}})
 	tb.Report(now, 1, 1, Holder{Node: "mid", Coord: at(5)}, []Range{{0, 5}})
 	tb.Report(now, 1, 1, Holder{Node: "far", Coord: at(50)}, []Range{{5, 5}})
-	got := tb.Lookup(now, 1, 1, []Range{{0, 10}}, at(0), "", 1, 10)
+	got := tb.Lookup(now, 1, 1, []Range{{0, 10}}, at(0), "", "", 1, 10)
 	if !slices.Equal(nodes(got), []string{"near", "far"}) {
 		t.Errorf("got %v, want near (blocks 0-4) and far (5-9)", nodes(got))
 	}
@@ -101,19 +117,19 @@ func TestVersions(t *testing.T) {
 	now := time.Unix(1000, 0)
 	tb.Report(now, 1, 5, Holder{Node: "a"}, []Range{{0, 1}})
 	tb.Report(now, 1, 4, Holder{Node: "old"}, []Range{{0, 1}}) // older: ignored
-	if got := tb.Lookup(now, 1, 5, []Range{{0, 1}}, nil, "", 3, 8); !slices.Equal(nodes(got), []string{"a"}) {
+	if got := tb.Lookup(now, 1, 5, []Range{{0, 1}}, nil, "", "", 3, 8); !slices.Equal(nodes(got), []string{"a"}) {
 		t.Fatalf("version 5 holders %v, want [a]", nodes(got))
 	}
-	if got := tb.Lookup(now, 1, 4, []Range{{0, 1}}, nil, "", 3, 8); got != nil {
+	if got := tb.Lookup(now, 1, 4, []Range{{0, 1}}, nil, "", "", 3, 8); got != nil {
 		t.Errorf("a lookup of an older version got %v", nodes(got))
 	}
 	// A newer version reported forgets the older's holdings.
 	tb.Report(now, 1, 6, Holder{Node: "b"}, []Range{{0, 1}})
-	if got := tb.Lookup(now, 1, 6, []Range{{0, 1}}, nil, "", 3, 8); !slices.Equal(nodes(got), []string{"b"}) {
+	if got := tb.Lookup(now, 1, 6, []Range{{0, 1}}, nil, "", "", 3, 8); !slices.Equal(nodes(got), []string{"b"}) {
 		t.Errorf("version 6 holders %v, want [b]", nodes(got))
 	}
 	// A newer version asked for forgets too.
-	if got := tb.Lookup(now, 1, 7, []Range{{0, 1}}, nil, "", 3, 8); got != nil {
+	if got := tb.Lookup(now, 1, 7, []Range{{0, 1}}, nil, "", "", 3, 8); got != nil {
 		t.Errorf("version 7 holders %v, want none", nodes(got))
 	}
 	if n, cost := tb.Size(); n != 0 || cost != 0 {
@@ -131,13 +147,13 @@ func TestExpiry(t *testing.T) {
 	t0 := time.Unix(1000, 0)
 	tb.Report(t0, 1, 1, Holder{Node: "a"}, []Range{{0, 1}})
 	tb.Report(t0.Add(30*time.Second), 1, 1, Holder{Node: "b"}, []Range{{0, 1}})
-	got := tb.Lookup(t0.Add(70*time.Second), 1, 1, []Range{{0, 1}}, nil, "", 3, 8)
+	got := tb.Lookup(t0.Add(70*time.Second), 1, 1, []Range{{0, 1}}, nil, "", "", 3, 8)
 	if !slices.Equal(nodes(got), []string{"b"}) {
 		t.Errorf("after 70 s: %v, want [b]", nodes(got))
 	}
 	// A fresh report keeps a holding alive.
 	tb.Report(t0.Add(80*time.Second), 1, 1, Holder{Node: "b"}, []Range{{1, 1}})
-	got = tb.Lookup(t0.Add(130*time.Second), 1, 1, []Range{{0, 2}}, nil, "", 3, 8)
+	got = tb.Lookup(t0.Add(130*time.Second), 1, 1, []Range{{0, 2}}, nil, "", "", 3, 8)
 	if !slices.Equal(nodes(got), []string{"b"}) || !slices.Equal(got[0].Blocks, []Range{{0, 2}}) {
 		t.Errorf("after 130 s: %v, want b with blocks 0-1", got)
 	}
@@ -165,11 +181,11 @@ func TestBounded(t *testing.T) {
 		t.Errorf("%d holdings, cost %d", n, cost)
 	}
 	// The most recent report survives; the oldest went.
-	if got := tb.Lookup(now.Add(time.Second), 999%50, 1, []Range{{0, 1}}, nil, "", 1, 1); len(got) != 1 || got[0].Node != fmt.Sprint("n", 999%37) {
+	if got := tb.Lookup(now.Add(time.Second), 999%50, 1, []Range{{0, 1}}, nil, "", "", 1, 1); len(got) != 1 || got[0].Node != fmt.Sprint("n", 999%37) {
 		t.Errorf("the newest holding is gone: %v", got)
 	}
 	// Ten single-block ranges were reported; MaxRanges kept four.
-	got := tb.Lookup(now.Add(time.Second), 999%50, 1, []Range{{0, 20}}, nil, "", 1, 1)
+	got := tb.Lookup(now.Add(time.Second), 999%50, 1, []Range{{0, 20}}, nil, "", "", 1, 1)
 	if len(got) != 1 || len(got[0].Blocks) != 4 {
 		t.Errorf("newest holding: %v, want 4 ranges", got)
 	}

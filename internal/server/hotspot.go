@@ -101,7 +101,7 @@ func (s *Server) Holders(ctx context.Context, req *wire.HoldersRequest) (*wire.H
 	if name, err := pki.PeerName(ctx); err == nil {
 		exclude = name
 	}
-	for _, r := range s.holders.Lookup(time.Now(), req.Id, version, ranges(req.Blocks), netcoord.FromWire(req.Coord), exclude, holdersPerBlock, limit) {
+	for _, r := range s.holders.Lookup(time.Now(), req.Id, version, ranges(req.Blocks), netcoord.FromWire(req.Coord), req.Site, exclude, holdersPerBlock, limit) {
 		h := &wire.Holder{Node: r.Node, Site: r.Site, RttMs: -1, Addr: r.Addr}
 		if r.RTT != netcoord.Unknown {
 			h.RttMs = float64(r.RTT) / float64(time.Millisecond)

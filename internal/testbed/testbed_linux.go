@@ -148,6 +148,9 @@ func plan(dir string, o Options) *State {
 			Ready: filepath.Join(dir, "run", name+".ready"),
 		}
 		common := []string{"--ca", st.CA, "--ready-file", h.Ready, "--data", h.Data}
+		if o.LogLevel != "" {
+			common = append(common, "--log-level", o.LogLevel)
+		}
 		switch role {
 		case RoleConfig:
 			h.Args = append([]string{"config", "--listen", net.JoinHostPort(h.Addr, fmt.Sprint(configPort))}, common...)

@@ -57,6 +57,9 @@ type Options struct {
 	NoSlowStartAfterIdle bool `json:"no_slow_start_after_idle,omitempty"`
 	// Binary is the wheelfs executable the hosts run (default: this one).
 	Binary string `json:"binary"`
+	// LogLevel is the hosts' --log-level ("" keeps their default, info);
+	// debug shows, e.g., where each .Hotspot block came from.
+	LogLevel string `json:"log_level,omitempty"`
 }
 
 var siteName = regexp.MustCompile(`^[a-z][a-z0-9]{0,7}$`)

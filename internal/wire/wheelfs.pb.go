@@ -5299,6 +5299,7 @@ type HoldersRequest struct {
 	Node          string                 `protobuf:"bytes,6,opt,name=node,proto3" json:"node,omitempty"`                             // the asker's node ID (left out of the answer)
 	Max           uint32                 `protobuf:"varint,7,opt,name=max,proto3" json:"max,omitempty"`                              // at most this many holders (0: the server's default)
 	WantGrant     bool                   `protobuf:"varint,8,opt,name=want_grant,json=wantGrant,proto3" json:"want_grant,omitempty"` // sign a Grant for the asked blocks
+	Site          string                 `protobuf:"bytes,9,opt,name=site,proto3" json:"site,omitempty"`                             // the asker's site: holders there come first
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -5387,6 +5388,13 @@ func (x *HoldersRequest) GetWantGrant() bool {
 		return x.WantGrant
 	}
 	return false
+}
+
+func (x *HoldersRequest) GetSite() string {
+	if x != nil {
+		return x.Site
+	}
+	return ""
 }
 
 type Holder struct {
@@ -6638,7 +6646,7 @@ const file_wheelfs_proto_rawDesc = "" +
 	"\x05coord\x18\x03 \x01(\v2\x11.wheelfs.v1.CoordR\x05coord\x12*\n" +
 	"\x04held\x18\x04 \x03(\v2\x16.wheelfs.v1.HeldBlocksR\x04held\x12\x1b\n" +
 	"\tpeer_addr\x18\x05 \x01(\tR\bpeerAddr\"\x17\n" +
-	"\x15ReportHoldingResponse\"\x84\x02\n" +
+	"\x15ReportHoldingResponse\"\x98\x02\n" +
 	"\x0eHoldersRequest\x12*\n" +
 	"\x06caller\x18\x01 \x01(\v2\x12.wheelfs.v1.CallerR\x06caller\x12\x0e\n" +
 	"\x02id\x18\x02 \x01(\x04R\x02id\x12\x18\n" +
@@ -6648,7 +6656,8 @@ const file_wheelfs_proto_rawDesc = "" +
 	"\x04node\x18\x06 \x01(\tR\x04node\x12\x10\n" +
 	"\x03max\x18\a \x01(\rR\x03max\x12\x1d\n" +
 	"\n" +
-	"want_grant\x18\b \x01(\bR\twantGrant\"\x8b\x01\n" +
+	"want_grant\x18\b \x01(\bR\twantGrant\x12\x12\n" +
+	"\x04site\x18\t \x01(\tR\x04site\"\x8b\x01\n" +
 	"\x06Holder\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x12\n" +
 	"\x04site\x18\x02 \x01(\tR\x04site\x12\x15\n" +
