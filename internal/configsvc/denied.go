@@ -50,19 +50,6 @@ func checkDenialName(name string) error {
 	return nil
 }
 
-func sendLatestDenied(ch chan []Denial, ds []Denial) {
-	select {
-	case ch <- ds:
-		return
-	default:
-	}
-	select {
-	case <-ch:
-	default:
-	}
-	ch <- ds
-}
-
 var _ Denials = (*EtcdService)(nil)
 
 // Deny implements Denials. The denial and the registration's removal are
@@ -196,7 +183,7 @@ func (s *EtcdService) followDenied(ctx context.Context, ch chan []Denial) error 
 	if err != nil {
 		return err
 	}
-	sendLatestDenied(ch, ds)
+	sendLatest(ch, ds)
 	for {
 		select {
 		case <-ctx.Done():
@@ -227,7 +214,7 @@ func (s *EtcdService) followDenied(ctx context.Context, ch chan []Denial) error 
 		if err != nil {
 			return err
 		}
-		sendLatestDenied(ch, ds)
+		sendLatest(ch, ds)
 	}
 }
 
@@ -279,37 +266,12 @@ func (c *memClient) Undeny(ctx context.Context, name string) error {
 // WatchDenied implements Denials; it sends the list after every change of
 // the space.
 func (c *memClient) WatchDenied(ctx context.Context) <-chan []Denial {
-	out := make(chan []Denial, 1)
-	kick := make(chan struct{}, 1)
-	sp := c.sp
-	sp.mu.Lock()
-	sp.watchers[kick] = true
-	sp.mu.Unlock()
-	kick <- struct{}{}
-	go func() {
-		defer close(out)
-		defer func() {
-			sp.mu.Lock()
-			delete(sp.watchers, kick)
-			sp.mu.Unlock()
-		}()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-c.done:
-				return
-			case <-kick:
-			}
-			sp.mu.Lock()
-			ds := make([]Denial, 0, len(sp.denied))
-			for _, d := range sp.denied {
-				ds = append(ds, d)
-			}
-			sp.mu.Unlock()
-			slices.SortFunc(ds, func(a, b Denial) int { return strings.Compare(a.Name, b.Name) })
-			sendLatestDenied(out, ds)
+	return watchMemory(ctx, c, func(sp *memSpace) []Denial {
+		ds := make([]Denial, 0, len(sp.denied))
+		for _, d := range sp.denied {
+			ds = append(ds, d)
 		}
-	}()
-	return out
+		slices.SortFunc(ds, func(a, b Denial) int { return strings.Compare(a.Name, b.Name) })
+		return ds
+	})
 }

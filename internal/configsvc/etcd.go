@@ -605,7 +605,9 @@ func (s *EtcdService) Watch(ctx context.Context) <-chan *Table {
 
 // sendLatest puts t in ch (capacity 1), replacing an unreceived older table.
 // Only one goroutine sends on ch, so it never blocks.
-func sendLatest(ch chan *Table, t *Table) {
+// sendLatest puts v on ch (capacity 1), replacing an older value not
+// taken yet: a watcher only ever wants the newest state.
+func sendLatest[T any](ch chan T, t T) {
 	select {
 	case ch <- t:
 		return

@@ -40,20 +40,6 @@ func loginKey(prefix, node string, uid uint32) string {
 	return fmt.Sprintf("%slogins/%s/%d", prefix, node, uid)
 }
 
-// sendLatestLogins is sendLatest for session lists.
-func sendLatestLogins(ch chan []Login, ls []Login) {
-	select {
-	case ch <- ls:
-		return
-	default:
-	}
-	select {
-	case <-ch:
-	default:
-	}
-	ch <- ls
-}
-
 var _ Logins = (*EtcdService)(nil)
 
 // PutLogin implements Logins. The key carries an etcd lease that ends a
@@ -177,7 +163,7 @@ func (s *EtcdService) followLogins(ctx context.Context, ch chan []Login) error {
 	if err != nil {
 		return err
 	}
-	sendLatestLogins(ch, ls)
+	sendLatest(ch, ls)
 	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
 	defer cancel()
 	wch := s.cli.Watch(wctx, s.opts.Prefix+"logins/", clientv3.WithPrefix(), clientv3.WithRev(rev+1))
@@ -211,7 +197,7 @@ func (s *EtcdService) followLogins(ctx context.Context, ch chan []Login) error {
 			if err != nil {
 				return err
 			}
-			sendLatestLogins(ch, ls)
+			sendLatest(ch, ls)
 		}
 	}
 }
@@ -259,36 +245,11 @@ func (c *memClient) GetLogin(ctx context.Context, node string, uid uint32) (Logi
 // WatchLogins implements Logins; it sends the whole set after every change
 // of the space (cheap at test sizes).
 func (c *memClient) WatchLogins(ctx context.Context) <-chan []Login {
-	out := make(chan []Login, 1)
-	kick := make(chan struct{}, 1)
-	sp := c.sp
-	sp.mu.Lock()
-	sp.watchers[kick] = true
-	sp.mu.Unlock()
-	kick <- struct{}{}
-	go func() {
-		defer close(out)
-		defer func() {
-			sp.mu.Lock()
-			delete(sp.watchers, kick)
-			sp.mu.Unlock()
-		}()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-c.done:
-				return
-			case <-kick:
-			}
-			sp.mu.Lock()
-			ls := make([]Login, 0, len(sp.logins))
-			for _, l := range sp.logins {
-				ls = append(ls, l)
-			}
-			sp.mu.Unlock()
-			sendLatestLogins(out, ls)
+	return watchMemory(ctx, c, func(sp *memSpace) []Login {
+		ls := make([]Login, 0, len(sp.logins))
+		for _, l := range sp.logins {
+			ls = append(ls, l)
 		}
-	}()
-	return out
+		return ls
+	})
 }

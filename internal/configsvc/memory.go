@@ -325,3 +325,37 @@ func (c *memClient) Close() error {
 	})
 	return nil
 }
+
+// watchMemory sends read(sp), taken under the space's lock, now and after
+// every change of the space, until ctx ends or the client closes.
+func watchMemory[T any](ctx context.Context, c *memClient, read func(sp *memSpace) T) <-chan T {
+	out := make(chan T, 1)
+	kick := make(chan struct{}, 1)
+	sp := c.sp
+	sp.mu.Lock()
+	sp.watchers[kick] = true
+	sp.mu.Unlock()
+	kick <- struct{}{}
+	go func() {
+		defer close(out)
+		defer func() {
+			sp.mu.Lock()
+			delete(sp.watchers, kick)
+			sp.mu.Unlock()
+		}()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-c.done:
+				return
+			case <-kick:
+			}
+			sp.mu.Lock()
+			v := read(sp)
+			sp.mu.Unlock()
+			sendLatest(out, v)
+		}
+	}()
+	return out
+}
