@@ -109,9 +109,27 @@ func callVia[Req, Resp any](ctx context.Context, f *FS, id oid.ID, rpc rpcFunc[R
 			// probe: one that stays unanswered too means the server is
 			// away, not busy (waiting out a lease, say).
 			var away atomic.Bool
-			probe := time.AfterFunc(half(ctx), func() { away.Store(!alive(ctx, c)) })
+			probed := make(chan struct{})
+			pctx, stopProbe := context.WithCancel(ctx)
+			probe := time.AfterFunc(half(ctx), func() {
+				defer close(probed)
+				back := alive(pctx, c)
+				if pctx.Err() == nil || ctx.Err() != nil { // not stopped below
+					away.Store(!back)
+				}
+			})
 			resp, err = rpc(c, ctx, req)
-			probe.Stop()
+			if !probe.Stop() {
+				// The probe runs: once the call ran out its verdict decides
+				// whether the primary is marked silent, so wait for it (it
+				// ends with ctx; under load it may end after rpc returned).
+				// An earlier answer makes it moot.
+				if ctx.Err() == nil {
+					stopProbe()
+				}
+				<-probed
+			}
+			stopProbe()
 			if err == nil {
 				return resp, nil
 			}

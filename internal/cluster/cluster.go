@@ -646,6 +646,34 @@ func (c *Cluster) ConfigLeader() int {
 	return -1
 }
 
+// LeadConfigAwayFrom moves the configuration service's leadership to a
+// member away from site if one there leads: a test that cuts a site off
+// to time something else then does not also wait for an election.
+func (c *Cluster) LeadConfigAwayFrom(site string) {
+	c.t.Helper()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var lead, other *member
+	for _, m := range c.members {
+		switch {
+		case m.m == nil:
+		case m.m.Leads():
+			lead = m
+		case m.site != site && other == nil:
+			other = m
+		}
+	}
+	if lead == nil || lead.site != site || other == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := lead.m.HandLeadershipTo(ctx, other.m); err != nil {
+		c.t.Fatalf("cluster: move configuration leadership from %s to %s: %v", lead.name, other.name, err)
+	}
+	c.log.Info("config leadership moved", "from", lead.name, "to", other.name)
+}
+
 // CrashConfigMember stops configuration member i.
 func (c *Cluster) CrashConfigMember(i int) {
 	c.t.Helper()

@@ -242,6 +242,17 @@ func (m *Member) ClientEndpoints() []string { return append([]string(nil), m.cli
 // PeerURLs returns the URLs other members use to reach this one.
 func (m *Member) PeerURLs() []string { return append([]string(nil), m.peerURL...) }
 
+// Leads reports whether this member leads the cluster now.
+func (m *Member) Leads() bool {
+	return m.e.Server.Lead() == uint64(m.e.Server.MemberID())
+}
+
+// HandLeadershipTo asks this member, which leads, to hand leadership to
+// the member other serves as (a planned move, without an election).
+func (m *Member) HandLeadershipTo(ctx context.Context, other *Member) error {
+	return m.e.Server.MoveLeader(ctx, uint64(m.e.Server.MemberID()), uint64(other.e.Server.MemberID()))
+}
+
 // Err reports fatal errors of the running member; it is closed by Close.
 func (m *Member) Err() <-chan error { return m.e.Err() }
 
