@@ -63,6 +63,11 @@ type fileState struct {
 	// writes goes through its open (and as its user), whichever call
 	// makes it (close, fsync, or a truncate that must order after them).
 	writer *Handle
+
+	// unsynced is the replication a create made by this client still
+	// waits for (CreateRequest.defer_sync): close and fsync wait for it
+	// (syncCreate) before they return.
+	unsynced []*wire.Unsynced
 }
 
 func newFileState(id oid.ID, m *wire.Meta) *fileState {
@@ -251,19 +256,28 @@ func (f *FS) CreateOpen(ctx context.Context, u User, cues cue.Set, dir oid.ID, n
 	h := f.newHandle(u, cues, 0, flags&syscall.O_ACCMODE != syscall.O_RDONLY)
 	req := f.createRequest(h.user, cues, dir, name, CreateArgs{Type: TypeFile, Mode: mode, Exclusive: flags&syscall.O_EXCL != 0})
 	req.OpenAccess = perm.OpenAccess(flags)
+	// Its replication overlaps the writes and the commit; close() waits
+	// for both (fileState.unsynced). An eventual create answers early anyway.
+	req.DeferSync = !cues.EventualConsistency
 	resp, err := update(ctx, f, cues, dir, wire.StorageClient.Create, req)
 	f.leases.forget(dir) // the listing changed (and a backup's change revokes nothing)
 	if err != nil {
 		return nil, nil, fmt.Errorf("create %q in %v: %w", name, dir, err)
 	}
 	if !resp.Opened {
-		return f.Open(ctx, u, cues, oid.ID(resp.Entry.GetId()), flags&^(syscall.O_CREAT|syscall.O_EXCL))
+		// The name existed, or this was a retry of a create already made.
+		oh, a, err := f.Open(ctx, u, cues, oid.ID(resp.Entry.GetId()), flags&^(syscall.O_CREAT|syscall.O_EXCL))
+		if err == nil {
+			oh.st.addUnsynced(resp.Pending)
+		}
+		return oh, a, err
 	}
 	// The object's primary counted the open with the create (a backup
 	// under .EventualConsistency puts the file in a slice it is primary
 	// for), so the release goes there.
 	h.obj, h.counted = oid.ID(resp.Meta.Id), true
 	f.attach(h, resp.Meta)
+	h.st.addUnsynced(resp.Pending)
 	return h, attrOf(f.overlay(resp.Meta)), nil
 }
 

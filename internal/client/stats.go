@@ -218,6 +218,11 @@ func (c countingClient) Open(ctx context.Context, in *wire.OpenRequest, opts ...
 	return c.c.Open(ctx, in, opts...)
 }
 
+func (c countingClient) Sync(ctx context.Context, in *wire.SyncRequest, opts ...grpc.CallOption) (*wire.SyncResponse, error) {
+	c.counts.add("Sync")
+	return c.c.Sync(ctx, in, opts...)
+}
+
 func (c countingClient) Release(ctx context.Context, in *wire.ReleaseRequest, opts ...grpc.CallOption) (*wire.ReleaseResponse, error) {
 	c.counts.add("Release")
 	return c.c.Release(ctx, in, opts...)

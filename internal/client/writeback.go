@@ -239,14 +239,37 @@ func (st *fileState) flush(ctx context.Context, f *FS, u User, cues cue.Set) err
 	st.waitUpload()
 	st.upErr = nil // its blocks went back to dirty: upload them again now
 	if !st.modified {
-		return nil
+		return st.syncCreate(ctx, f, u, cues)
 	}
 	if st.writer != nil {
 		u = st.writer.user
 	}
 	if st.eventual {
-		return st.flushEventual(ctx, f, u, cues)
+		if err := st.flushEventual(ctx, f, u, cues); err != nil {
+			return err
+		}
+		return st.syncCreate(ctx, f, u, cues)
 	}
+	// The create's replication, where the commit's does not cover it,
+	// is waited for beside the commit's: one round for both.
+	if len(st.unsynced) == 0 {
+		return st.commit(ctx, f, u, cues)
+	}
+	created := make(chan error, 1)
+	go func(pending []*wire.Unsynced) { created <- syncChanges(ctx, f, u, cues, pending, st.id) }(st.unsynced)
+	err := st.commit(ctx, f, u, cues)
+	if cerr := <-created; err == nil && cerr != nil {
+		err = fmt.Errorf("close of %v: the create: %w", st.id, cerr)
+	}
+	if err == nil {
+		st.unsynced = nil
+	}
+	return err
+}
+
+// commit commits the buffered writes at the file's primary; the caller
+// holds st.mu.
+func (st *fileState) commit(ctx context.Context, f *FS, u User, cues cue.Set) error {
 	req := st.commitRequest(u, cues)
 	idxs, bufs := st.dirtyBlocks(false)
 	var sum int
@@ -280,6 +303,70 @@ func (st *fileState) flush(ctx context.Context, f *FS, u User, cues cue.Set) err
 	}
 	st.committed(resp.Meta)
 	return nil
+}
+
+// addUnsynced records the replication a create left to wait for.
+func (st *fileState) addUnsynced(pending []*wire.Unsynced) {
+	if len(pending) == 0 {
+		return
+	}
+	st.mu.Lock()
+	st.unsynced = append(st.unsynced, pending...)
+	st.mu.Unlock()
+}
+
+// syncCreate waits for the replication of this client's create of the
+// file (fileState.unsynced) without a commit to go with it; the caller
+// holds st.mu.
+func (st *fileState) syncCreate(ctx context.Context, f *FS, u User, cues cue.Set) error {
+	if len(st.unsynced) == 0 {
+		return nil
+	}
+	if err := syncChanges(ctx, f, u, cues, st.unsynced, 0); err != nil {
+		return fmt.Errorf("close of %v: the create: %w", st.id, err)
+	}
+	st.unsynced = nil
+	return nil
+}
+
+// syncChanges waits, at their slices' primaries in parallel, until
+// changes are at the cues' SyncLevel replicas and their objects' leases
+// revoked. A commit of file (0: none) covers the changes of its slice
+// that concern only the file: its update waits for the slice's earlier
+// changes and for revocations on the file.
+func syncChanges(ctx context.Context, f *FS, u User, cues cue.Set, changes []*wire.Unsynced, file oid.ID) error {
+	bySlice := map[oid.Slice][]*wire.Unsynced{}
+	for _, c := range changes {
+		sl := oid.Slice(c.Slice)
+		if file != 0 && sl == file.Slice() {
+			if !slices.ContainsFunc(c.Settle, func(id uint64) bool { return id != uint64(file) }) {
+				continue
+			}
+			// Only the revocations to wait for (seq 0): sent now, the
+			// create would travel to the backups ahead of the commit,
+			// which then waits for its answer (commitQuiet).
+			c = &wire.Unsynced{Slice: c.Slice, Epoch: c.Epoch, Settle: c.Settle}
+		}
+		bySlice[sl] = append(bySlice[sl], c)
+	}
+	if len(bySlice) == 0 {
+		return nil
+	}
+	errs := make(chan error, len(bySlice))
+	for sl, cs := range bySlice {
+		go func() {
+			_, err := call(ctx, f, oid.Make(sl, 0), wire.StorageClient.Sync,
+				&wire.SyncRequest{Caller: u.caller(), Changes: cs, SyncLevel: syncLevel(cues)})
+			errs <- err
+		}()
+	}
+	var first error
+	for range bySlice {
+		if err := <-errs; err != nil && first == nil {
+			first = err
+		}
+	}
+	return first
 }
 
 // commitRequest describes the buffered changes whose blocks are staged.
@@ -354,11 +441,25 @@ func (st *fileState) committed(m *wire.Meta) {
 // Flush commits this file's buffered writes (close(2)).
 func (h *Handle) Flush(ctx context.Context) error {
 	if !h.Writable {
-		return nil
+		if !h.st.hasUnsynced() {
+			return nil
+		}
+		// open(O_CREAT|O_RDONLY): the create is all there is to wait for.
+		ctx, cancel := h.fs.bound(ctx, h.cues)
+		defer cancel()
+		h.st.mu.Lock()
+		defer h.st.mu.Unlock()
+		return h.st.syncCreate(ctx, h.fs, h.user, h.cues)
 	}
 	ctx, cancel := h.fs.bound(ctx, h.cues)
 	defer cancel()
 	return h.st.flush(ctx, h.fs, h.user, h.cues)
+}
+
+func (st *fileState) hasUnsynced() bool {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	return len(st.unsynced) > 0
 }
 
 // Fsync is Flush: a commit is durable at the promised SyncLevel.

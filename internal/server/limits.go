@@ -84,6 +84,15 @@ func checkRequest(req any) error {
 		}
 	case *wire.CommitRequest:
 		return checkCommit(r)
+	case *wire.SyncRequest:
+		if len(r.Changes) > wire.MaxSyncChanges {
+			return fmt.Errorf("%d changes to sync, at most %d per call: %w", len(r.Changes), wire.MaxSyncChanges, fserr.ErrArgTooBig)
+		}
+		for _, c := range r.Changes {
+			if len(c.Settle) > wire.MaxSyncChanges {
+				return fmt.Errorf("%d objects to settle in one change, at most %d: %w", len(c.Settle), wire.MaxSyncChanges, fserr.ErrArgTooBig)
+			}
+		}
 	case *wire.XattrRequest:
 		return checkXattr(r)
 	case *wire.HoldersRequest:

@@ -95,6 +95,10 @@ func (l localClient) Open(ctx context.Context, in *wire.OpenRequest, _ ...grpc.C
 	return callUnary(ctx, l.edge, l.s, wire.Storage_Open_FullMethodName, in, l.s.Open)
 }
 
+func (l localClient) Sync(ctx context.Context, in *wire.SyncRequest, _ ...grpc.CallOption) (*wire.SyncResponse, error) {
+	return callUnary(ctx, l.edge, l.s, wire.Storage_Sync_FullMethodName, in, l.s.Sync)
+}
+
 func (l localClient) Release(ctx context.Context, in *wire.ReleaseRequest, _ ...grpc.CallOption) (*wire.ReleaseResponse, error) {
 	return callUnary(ctx, l.edge, l.s, wire.Storage_Release_FullMethodName, in, l.s.Release)
 }

@@ -218,6 +218,12 @@ func (s *Server) Create(ctx context.Context, req *wire.CreateRequest) (*wire.Cre
 		}
 	}
 	resp := &wire.CreateResponse{}
+	uctx, deferred := ctx, (*deferral)(nil)
+	if req.DeferSync && !req.Caller.GetEventual() {
+		deferred = &deferral{}
+		uctx = withDeferral(ctx, deferred)
+	}
+	again := false    // a retry of this create, done by its first attempt
 	var opened oid.ID // the new local object this attempt opened
 	unopen := func() {
 		if opened != 0 {
@@ -225,9 +231,10 @@ func (s *Server) Create(ctx context.Context, req *wire.CreateRequest) (*wire.Cre
 			opened = 0
 		}
 	}
-	err := s.updateUndo(ctx, req.SyncLevel, func(tx *store.Tx) error {
+	err := s.updateUndo(uctx, req.SyncLevel, func(tx *store.Tx) error {
 		unopen()
 		*resp = wire.CreateResponse{}
+		again = false
 		d, err := s.dirMeta(tx, dir)
 		if err != nil {
 			return err
@@ -239,7 +246,7 @@ func (s *Server) Create(ctx context.Context, req *wire.CreateRequest) (*wire.Cre
 			if sameCreate(e, req) {
 				// This create, made here before (a retry whose answer was
 				// lost, or a merged copy of its eventual fallback).
-				resp.Entry = e
+				resp.Entry, again = e, true
 				resp.Meta, err = tx.Meta(oid.ID(e.Id))
 				if errors.Is(err, fserr.ErrNotExist) {
 					resp.Meta, err = nil, nil // at another server: the client asks it
@@ -248,7 +255,7 @@ func (s *Server) Create(ctx context.Context, req *wire.CreateRequest) (*wire.Cre
 			}
 			if _, ok := s.files.granted(hk, oid.ID(e.Id)); open && ok {
 				// A retry of this create+open whose answer was lost.
-				resp.Entry, resp.Opened = e, true
+				resp.Entry, resp.Opened, again = e, true, true
 				resp.Meta, err = tx.Meta(oid.ID(e.Id))
 				return err
 			}
@@ -316,6 +323,16 @@ func (s *Server) Create(ctx context.Context, req *wire.CreateRequest) (*wire.Cre
 	if err == nil && resp.Existed {
 		// Nothing changed: the existing file is shown as a read shows it.
 		err = s.leases.settle(ctx, oid.ID(resp.GetMeta().GetId()))
+	}
+	if err == nil && deferred != nil {
+		if again {
+			// The first attempt's replication may still be under way.
+			s.addCommitted(deferred, dir.Slice())
+			if id := oid.ID(resp.Entry.GetId()); id.Slice() != dir.Slice() {
+				s.addCommitted(deferred, id.Slice())
+			}
+		}
+		resp.Pending = deferred.pending
 	}
 	if err != nil {
 		return nil, fmt.Errorf("create %q: %w", req.Name, err)

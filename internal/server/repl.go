@@ -87,6 +87,7 @@ type sliceRepl struct {
 	pinging          map[string]bool // backups pingIdle is pinging
 	checked          time.Time       // last digest comparison (checkReplicas)
 	collected        time.Time       // last tombstone collection
+	quiet            *time.Timer     // sends what commitQuiet held back
 }
 
 // follower is one backup as the primary sees it.
@@ -137,9 +138,46 @@ func (r *sliceRepl) assign(tx *store.Tx, muts []*wire.Mutation) (uint64, error) 
 // followers. Commits complete in order, so the maximum is right.
 func (r *sliceRepl) commit(seq uint64) {
 	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.committedLocked(seq)
+	r.kickLocked()
+}
+
+// commitQuiet is commit without the kick, for a change whose client waits
+// for it later (deferral): it travels with the next change of the slice
+// (the file's commit) in one Replicate call instead of ahead of it, where
+// the next would wait for its answer. A Sync, any other commit, or
+// quietMax at the latest sends it.
+func (r *sliceRepl) commitQuiet(seq uint64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.committedLocked(seq)
+	if r.quiet == nil {
+		r.quiet = time.AfterFunc(quietMax, r.kick)
+	}
+}
+
+// quietMax bounds how long commitQuiet holds a change back from backups.
+const quietMax = 500 * time.Millisecond
+
+func (r *sliceRepl) committedLocked(seq uint64) {
 	if seq > r.committed {
 		r.committed = seq
 		r.signalLocked()
+	}
+}
+
+// kick makes the followers send what is committed.
+func (r *sliceRepl) kick() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.kickLocked()
+}
+
+func (r *sliceRepl) kickLocked() {
+	if r.quiet != nil {
+		r.quiet.Stop()
+		r.quiet = nil
 	}
 	for _, f := range r.followers {
 		select {
@@ -147,7 +185,6 @@ func (r *sliceRepl) commit(seq uint64) {
 		default:
 		}
 	}
-	r.mu.Unlock()
 }
 
 // wait returns when need backups have acknowledged seq, or fails when ctx

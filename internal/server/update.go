@@ -91,6 +91,12 @@ func (s *Server) updateUndo(ctx context.Context, sync uint32, fn func(tx *store.
 			if err != nil {
 				return err
 			}
+			if d := deferralOf(ctx); d != nil {
+				// The client waits for the revocations with the
+				// replication (Sync), before its close() returns.
+				d.settle(claimed)
+				return nil
+			}
 			// Its own fence first: for an eventual update, it is down
 			// once the holders that did not answer were abandoned.
 			if len(f.ids) > 0 {
@@ -267,23 +273,29 @@ func (s *Server) updateOnce(ctx context.Context, sync uint32, fn func(tx *store.
 	if err != nil {
 		return err
 	}
+	deferred := deferralOf(ctx)
 	for _, w := range waits {
-		w.r.commit(w.seq)
+		if deferred != nil {
+			w.r.commitQuiet(w.seq)
+		} else {
+			w.r.commit(w.seq)
+		}
 	}
 	committed()
 	if isEventual(ctx) && sync == 0 {
 		return nil
 	}
-	for _, w := range waits {
-		need := int(sync)
-		if need <= 0 {
-			need = w.r.repLevel
+	if deferred != nil {
+		for _, w := range waits {
+			deferred.add(w.r, w.seq)
 		}
+		return nil
+	}
+	for _, w := range waits {
 		// A deployment of fewer servers than the policy asks for gives
 		// what it has; a replica list shorter than that (backups not
 		// recruited yet) is waited on, never taken as enough.
-		need = min(need, s.deploymentSize())
-		if err := w.r.wait(ctx, w.seq, need-1); err != nil {
+		if err := w.r.wait(ctx, w.seq, s.need(w.r, sync)-1); err != nil {
 			return err
 		}
 	}

@@ -38,6 +38,9 @@ const (
 	// MaxBlockRefs bounds the block range of one GetBlocks call (the
 	// client asks for 1024).
 	MaxBlockRefs = 4096
+	// MaxSyncChanges bounds the changes one Sync call waits for (a
+	// create leaves one or two per slice).
+	MaxSyncChanges = 64
 	// MaxFileSize is the largest file size (far below 2^63, so that block
 	// index arithmetic cannot overflow).
 	MaxFileSize = 1 << 60

@@ -40,6 +40,7 @@ const (
 	Storage_StatFS_FullMethodName         = "/wheelfs.v1.Storage/StatFS"
 	Storage_Open_FullMethodName           = "/wheelfs.v1.Storage/Open"
 	Storage_Release_FullMethodName        = "/wheelfs.v1.Storage/Release"
+	Storage_Sync_FullMethodName           = "/wheelfs.v1.Storage/Sync"
 	Storage_Callbacks_FullMethodName      = "/wheelfs.v1.Storage/Callbacks"
 	Storage_Probe_FullMethodName          = "/wheelfs.v1.Storage/Probe"
 	Storage_ReportHolding_FullMethodName  = "/wheelfs.v1.Storage/ReportHolding"
@@ -75,6 +76,8 @@ type StorageClient interface {
 	StatFS(ctx context.Context, in *StatFSRequest, opts ...grpc.CallOption) (*StatFSResponse, error)
 	Open(ctx context.Context, in *OpenRequest, opts ...grpc.CallOption) (*OpenResponse, error)
 	Release(ctx context.Context, in *ReleaseRequest, opts ...grpc.CallOption) (*ReleaseResponse, error)
+	// Sync waits for the backups of deferred changes (CreateRequest.defer_sync).
+	Sync(ctx context.Context, in *SyncRequest, opts ...grpc.CallOption) (*SyncResponse, error)
 	// Callbacks is the lease back channel: the client opens it (first
 	// message: its session), the server sends revocations on it, the client
 	// acknowledges each once it dropped what the revoked leases covered.
@@ -295,6 +298,16 @@ func (c *storageClient) Release(ctx context.Context, in *ReleaseRequest, opts ..
 	return out, nil
 }
 
+func (c *storageClient) Sync(ctx context.Context, in *SyncRequest, opts ...grpc.CallOption) (*SyncResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(SyncResponse)
+	err := c.cc.Invoke(ctx, Storage_Sync_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *storageClient) Callbacks(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[CallbackAck, Revoke], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	stream, err := c.cc.NewStream(ctx, &Storage_ServiceDesc.Streams[0], Storage_Callbacks_FullMethodName, cOpts...)
@@ -403,6 +416,8 @@ type StorageServer interface {
 	StatFS(context.Context, *StatFSRequest) (*StatFSResponse, error)
 	Open(context.Context, *OpenRequest) (*OpenResponse, error)
 	Release(context.Context, *ReleaseRequest) (*ReleaseResponse, error)
+	// Sync waits for the backups of deferred changes (CreateRequest.defer_sync).
+	Sync(context.Context, *SyncRequest) (*SyncResponse, error)
 	// Callbacks is the lease back channel: the client opens it (first
 	// message: its session), the server sends revocations on it, the client
 	// acknowledges each once it dropped what the revoked leases covered.
@@ -489,6 +504,9 @@ func (UnimplementedStorageServer) Open(context.Context, *OpenRequest) (*OpenResp
 }
 func (UnimplementedStorageServer) Release(context.Context, *ReleaseRequest) (*ReleaseResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Release not implemented")
+}
+func (UnimplementedStorageServer) Sync(context.Context, *SyncRequest) (*SyncResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Sync not implemented")
 }
 func (UnimplementedStorageServer) Callbacks(grpc.BidiStreamingServer[CallbackAck, Revoke]) error {
 	return status.Error(codes.Unimplemented, "method Callbacks not implemented")
@@ -877,6 +895,24 @@ func _Storage_Release_Handler(srv interface{}, ctx context.Context, dec func(int
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Storage_Sync_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SyncRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(StorageServer).Sync(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Storage_Sync_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(StorageServer).Sync(ctx, req.(*SyncRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _Storage_Callbacks_Handler(srv interface{}, stream grpc.ServerStream) error {
 	return srv.(StorageServer).Callbacks(&grpc.GenericServerStream[CallbackAck, Revoke]{ServerStream: stream})
 }
@@ -1092,6 +1128,10 @@ var Storage_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Release",
 			Handler:    _Storage_Release_Handler,
+		},
+		{
+			MethodName: "Sync",
+			Handler:    _Storage_Sync_Handler,
 		},
 		{
 			MethodName: "Probe",

@@ -1,0 +1,78 @@
+package cluster
+
+import (
+	"bytes"
+	"errors"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/wheelfs/wheelfs/internal/client"
+	"github.com/wheelfs/wheelfs/internal/fserr"
+)
+
+// TestCreateDurableAtClose: open(O_CREAT) is answered once the create is
+// committed at the primary, and its replication overlaps the writes
+// (CreateRequest.defer_sync); close() still returns success only once
+// the create and the data are at SyncLevel replicas. With the backups'
+// sites cut off the open succeeds at once and the close fails with
+// ETIMEDOUT; with the primary crashed between open and close, a close
+// that succeeds left a file that outlives the crash.
+func TestCreateDurableAtClose(t *testing.T) {
+	t.Parallel()
+	// Longer than a slice lock (2 s): a close may meet a new primary.
+	const bound = 6 * time.Second
+	c := Start(t, Options{Sites: []string{"west", "east", "eu"}, ClientTimeout: bound,
+		RTT: UniformRTT(20 * time.Millisecond)})
+	ctx := opCtx(t)
+	west := c.Servers("west")[0]
+	fs := west.Client()
+	if _, err := fs.Mkdir(ctx, Owner(), "/d", 0o755); err != nil {
+		t.Fatal(err)
+	}
+	d := mustID(t, fs, "/d")
+	create := func(name string) (*client.Handle, time.Duration) {
+		t.Helper()
+		began := time.Now()
+		h, _, err := fs.CreateOpen(ctx, Owner(), client.NoCues, d, name, 0o644, syscall.O_CREAT|syscall.O_WRONLY)
+		if err != nil {
+			t.Fatalf("create %s: %v", name, err)
+		}
+		if _, err := h.Write(ctx, []byte("data of "+name), 0); err != nil {
+			t.Fatal(err)
+		}
+		return h, time.Since(began)
+	}
+
+	c.PartitionLink("west", "east")
+	c.PartitionLink("west", "eu")
+	h, took := create("cut")
+	if took > time.Second {
+		t.Errorf("open(O_CREAT) with the backups cut off took %v; want it answered from the primary", took)
+	}
+	err := h.Flush(ctx)
+	h.Release(ctx)
+	t.Logf("close with the backups cut off: %v", err)
+	if !errors.Is(err, fserr.ErrTimeout) && !errors.Is(err, fserr.ErrIO) {
+		t.Errorf("close with the backups cut off: %v, want ETIMEDOUT or EIO (the create is not at its replicas)", err)
+	}
+	c.HealLink("west", "east")
+	c.HealLink("west", "eu")
+
+	// Crash the primary between open and close: the close either fails or
+	// left a file that every site reads after the failover.
+	h, _ = create("crash")
+	c.Crash(west)
+	err = h.Flush(ctx)
+	t.Logf("close after the primary crashed: %v", err)
+	if err == nil {
+		east := c.Servers("east")[0].Client()
+		c.WaitFor(60*time.Second, "east reads the file whose close succeeded", func() error {
+			got, err := east.ReadFile(ctx, Owner(), "/d/crash")
+			if err == nil && !bytes.Equal(got, []byte("data of crash")) {
+				t.Fatalf("after the failover /d/crash holds %q", got)
+			}
+			return err
+		})
+	}
+}

@@ -1,0 +1,134 @@
+package server
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+
+	"github.com/wheelfs/wheelfs/internal/fserr"
+	"github.com/wheelfs/wheelfs/internal/oid"
+	"github.com/wheelfs/wheelfs/internal/wire"
+)
+
+// Deferred durability (CreateRequest.defer_sync): a create+write+close
+// would otherwise wait for two replication rounds one after the other,
+// the create's before open() returns and the commit's before close()
+// does. A create made with defer_sync is answered once it is committed
+// here and the leases it changed are revoked; its replication goes on
+// and the client waits for it before close() or fsync() returns, beside
+// the commit's own round (or, with nothing written, with Sync). So
+// close() still returns only once both are at SyncLevel replicas, in one
+// round instead of two; open() promises nothing durable (as on a local
+// file system, a crash before close may lose the create).
+
+// deferral collects the replication an update did not wait for.
+type deferral struct {
+	mu      sync.Mutex
+	pending []*wire.Unsynced
+}
+
+type deferralKey struct{}
+
+// withDeferral makes update answer without waiting for backups and record
+// what it did not wait for in d.
+func withDeferral(ctx context.Context, d *deferral) context.Context {
+	return context.WithValue(ctx, deferralKey{}, d)
+}
+
+func deferralOf(ctx context.Context) *deferral {
+	d, _ := ctx.Value(deferralKey{}).(*deferral)
+	return d
+}
+
+func (d *deferral) add(r *sliceRepl, seq uint64) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.pending = append(d.pending, &wire.Unsynced{Slice: uint32(r.slice), Epoch: uint64(r.epoch), Seq: seq})
+}
+
+// settle adds ids to the changes of their slices, for Sync to wait until
+// no revocation of their leases is under way.
+func (d *deferral) settle(ids []oid.ID) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for _, id := range ids {
+		for _, u := range d.pending {
+			if oid.Slice(u.Slice) == id.Slice() && !slices.Contains(u.Settle, uint64(id)) {
+				u.Settle = append(u.Settle, uint64(id))
+				break
+			}
+		}
+	}
+}
+
+// addCommitted records slice sl's last committed change, when this server
+// is its primary: a retried create found done by its first attempt, whose
+// replication nobody may have waited for.
+func (s *Server) addCommitted(d *deferral, sl oid.Slice) {
+	if r := s.owned.repl(sl); r != nil {
+		r.mu.Lock()
+		seq := r.committed
+		r.mu.Unlock()
+		d.add(r, seq)
+	}
+}
+
+// need is how many copies (this one included) an update of r's slice at
+// sync level sync waits for: sync, or the slice's RepLevel for 0, capped
+// by what the deployment has (deploymentSize).
+func (s *Server) need(r *sliceRepl, sync uint32) int {
+	n := int(sync)
+	if n <= 0 {
+		n = r.repLevel
+	}
+	return min(n, s.deploymentSize())
+}
+
+// Sync waits until the changes listed are at the sync level's replicas.
+// A change made under another epoch of the slice (its primary changed
+// since) cannot be told apart from one the takeover lost: the answer is
+// EIO, and close() reports it.
+func (s *Server) Sync(ctx context.Context, req *wire.SyncRequest) (*wire.SyncResponse, error) {
+	if len(req.Changes) == 0 {
+		return &wire.SyncResponse{}, nil
+	}
+	sl := oid.Slice(req.Changes[0].Slice)
+	ctx, aerr := s.admit(ctx, req.Caller, oid.Make(sl, 0))
+	if aerr != nil {
+		return nil, aerr
+	}
+	r := s.owned.repl(sl)
+	if r == nil {
+		return nil, fmt.Errorf("sync of slice %d: %w", sl, fserr.ErrNotPrimary)
+	}
+	var seq uint64
+	for _, c := range req.Changes {
+		if oid.Slice(c.Slice) != sl {
+			return nil, fmt.Errorf("sync of slices %d and %d in one request: %w", sl, c.Slice, fserr.ErrInvalid)
+		}
+		if int64(c.Epoch) != r.epoch {
+			return nil, fmt.Errorf("slice %d changed primary (epoch %d, now %d) before a change was known to be at its backups: %w",
+				sl, c.Epoch, r.epoch, fserr.ErrIO)
+		}
+		seq = max(seq, c.Seq)
+	}
+	// seq 0: the client's commit in this slice waits for the replication.
+	if seq > 0 {
+		r.kick() // held back for a commit that did not come (commitQuiet)
+		// Acknowledgements are cumulative: the last change covers the others.
+		if err := r.wait(ctx, seq, s.need(r, req.SyncLevel)-1); err != nil {
+			return nil, fmt.Errorf("sync of slice %d: %w", sl, err)
+		}
+	}
+	var ids []oid.ID
+	for _, c := range req.Changes {
+		for _, id := range c.Settle {
+			ids = append(ids, oid.ID(id))
+		}
+	}
+	if err := s.leases.settle(ctx, ids...); err != nil {
+		return nil, fmt.Errorf("sync of slice %d: %w", sl, err)
+	}
+	return &wire.SyncResponse{}, nil
+}
