@@ -46,7 +46,8 @@ func newRoot() *cobra.Command {
 	}
 	root.PersistentFlags().StringVar(&g.logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	root.AddCommand(newUp(g), newConfigMember(g), newServer(g), newMount(g), newNode(g), newCA(g),
-		newInfo(), newStatus(g), newBench(g), newTestbed(g), newLogin(), newLogout())
+		newInfo(),
+		newStats(), newStatus(g), newBench(g), newTestbed(g), newLogin(), newLogout())
 	return root
 }
 

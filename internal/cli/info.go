@@ -11,6 +11,7 @@ import (
 	"github.com/spf13/cobra"
 	"golang.org/x/sys/unix"
 
+	"github.com/wheelfs/wheelfs/internal/client"
 	"github.com/wheelfs/wheelfs/internal/fusefs"
 	"github.com/wheelfs/wheelfs/internal/mountinfo"
 )
@@ -38,6 +39,38 @@ func newInfo() *cobra.Command {
 			return err
 		},
 	}
+}
+
+func newStats() *cobra.Command {
+	return &cobra.Command{
+		Use:   "stats PATH",
+		Short: "Print the requests the client of the mount holding PATH has sent, by method, as JSON",
+		Long: "Print the requests the client of the mount holding PATH has sent to storage servers since it\n" +
+			"started, by method (Lookup, Open, Commit, ...), as JSON. Two readings around an operation give\n" +
+			"its round trips (background requests, such as open registrations and releases, included).",
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			st, err := mountStats(args[0])
+			if err != nil {
+				return err
+			}
+			out, err := json.MarshalIndent(st, "", "  ")
+			if err != nil {
+				return err
+			}
+			_, err = os.Stdout.Write(append(out, '\n'))
+			return err
+		},
+	}
+}
+
+// mountStats reads the request counts of the mount holding path.
+func mountStats(path string) (client.Stats, error) {
+	st, err := fusefs.ReadStats(path)
+	if err != nil && !onWheelFS(path) {
+		return st, fmt.Errorf("%w (it is not on a WheelFS mount)", err)
+	}
+	return st, err
 }
 
 // onWheelFS reports whether path (or, for a missing file, its directory)

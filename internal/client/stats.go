@@ -2,6 +2,10 @@ package client
 
 import (
 	"context"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
 	"sync/atomic"
 
 	"google.golang.org/grpc"
@@ -16,7 +20,7 @@ import (
 // counts back channels opened). Two snapshots' difference is the round
 // trips of the operations in between.
 type Stats struct {
-	Calls map[string]uint64
+	Calls map[string]uint64 `json:"calls"`
 }
 
 // Total is the number of requests of every method.
@@ -26,6 +30,16 @@ func (s Stats) Total() uint64 {
 		n += v
 	}
 	return n
+}
+
+// String lists the counts by method ("Lookup 3, Open 1"), sorted.
+func (s Stats) String() string {
+	keys := slices.Sorted(maps.Keys(s.Calls))
+	parts := make([]string, len(keys))
+	for i, k := range keys {
+		parts[i] = fmt.Sprintf("%s %d", k, s.Calls[k])
+	}
+	return strings.Join(parts, ", ")
 }
 
 // Sub returns the requests sent since the earlier snapshot was taken.

@@ -53,22 +53,34 @@ func runCloseToOpen(ctx context.Context, env *Env) (*Result, error) {
 		return nil, err
 	}
 	var write, closeT, read, reread []time.Duration
+	var wreq, rreq, rrreq string // the requests of the last round
 	for i := 0; i < env.Runs; i++ {
 		data := make([]byte, size)
 		rand.Read(data)
 		name := fmt.Sprintf("c2o/f%d", i)
-		w, c, err := writeFile(filepath.Join(west, name), data)
+		var w, c time.Duration
+		_, err, wreq = timedAt(west, func() (err error) {
+			w, c, err = writeFile(filepath.Join(west, name), data)
+			return err
+		})
 		if err != nil {
 			return nil, err
 		}
 		// An idle pause lets the connections' congestion windows restart
 		// (tcp_slow_start_after_idle) before the remote read.
 		time.Sleep(idle[0])
-		r, err := readCheck(filepath.Join(east, name), data)
+		var r, rr time.Duration
+		_, err, rreq = timedAt(east, func() (err error) {
+			r, err = readCheck(filepath.Join(east, name), data)
+			return err
+		})
 		if err != nil {
 			return nil, fmt.Errorf("round %d: read at east: %w", i, err)
 		}
-		rr, err := readCheck(filepath.Join(east, name), data)
+		_, err, rrreq = timedAt(east, func() (err error) {
+			rr, err = readCheck(filepath.Join(east, name), data)
+			return err
+		})
 		if err != nil {
 			return nil, err
 		}
@@ -91,19 +103,19 @@ func runCloseToOpen(ctx context.Context, env *Env) (*Result, error) {
 	t := &Table{
 		Title: fmt.Sprintf("%d-byte file, 3 sites, %s RTT, %d rounds, %s idle before each read, tcp_slow_start_after_idle=%s: median (min–max) ms",
 			size, rtt, env.Runs, idle[0], env.Param("slow-start-after-idle", "1")),
-		Columns: []string{"step", "WheelFS ms", "limit ms", "WheelFS / limit", "why the limit"},
+		Columns: []string{"step", "WheelFS ms", "limit ms", "WheelFS / limit", "why the limit", "requests (last round)"},
 	}
-	add := func(step string, ds []time.Duration, limit time.Duration, why string) {
+	add := func(step string, ds []time.Duration, limit time.Duration, why, reqs string) {
 		s := stats(ds)
-		t.Add(step, s.String(), ms(limit), ratio(s.Median, limit), why)
+		t.Add(step, s.String(), ms(limit), ratio(s.Median, limit), why, reqs)
 	}
-	add("open+write at west (primary local)", write, 0, "all local")
-	add("close() at west, default SyncLevel (3)", closeT, rtt, "1 RTT to the farther backup, in parallel")
-	add("open+read at east, first time", read, rtt, "1 RTT to the primary, data with it")
-	add("open+read at east again (cached)", reread, 0, "data cached; version under lease")
-	add("close() at .SyncLevel=1", sync[1], 0, "the primary's own disk")
-	add("close() at .SyncLevel=2", sync[2], rtt, "1 RTT to the nearer backup")
-	add("close() at .SyncLevel=3", sync[3], rtt, "1 RTT to the farther backup")
+	add("open+write at west (primary local)", write, 0, "all local", "")
+	add("close() at west, default SyncLevel (3)", closeT, rtt, "1 RTT to the farther backup, in parallel", "with open+write: "+wreq)
+	add("open+read at east, first time", read, rtt, "1 RTT to the primary, data with it", rreq)
+	add("open+read at east again (cached)", reread, 0, "data cached; version under lease", rrreq)
+	add("close() at .SyncLevel=1", sync[1], 0, "the primary's own disk", "")
+	add("close() at .SyncLevel=2", sync[2], rtt, "1 RTT to the nearer backup", "")
+	add("close() at .SyncLevel=3", sync[3], rtt, "1 RTT to the farther backup", "")
 	return &Result{Tables: []*Table{t}}, nil
 }
 

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/wheelfs/wheelfs/internal/fusefs"
 	"github.com/wheelfs/wheelfs/internal/testbed"
 )
 
@@ -56,6 +57,7 @@ func runDice(ctx context.Context, env *Env) (*Result, error) {
 		fmt.Sprintf("tree: %s (%d files, %d directories); home site west, remote site east; 3 sites, RepLevel 3", tree, files, dirs),
 		"cold: first access at that site; warm: the same command right after",
 		"RTT/dir: (remote − home) / RTT / directories, the round trips a remote walk spends per directory beyond the home site's time",
+		"requests: what the mount's client sent (fusefs.StatsXattr), by method; the stats reads themselves add one GetAttr at most",
 	}}
 	for i, rtt := range rtts {
 		if err := testbed.SetRTT(env.Dir, testbed.Uniform(sites, rtt)); err != nil {
@@ -63,17 +65,18 @@ func runDice(ctx context.Context, env *Env) (*Result, error) {
 		}
 		t := &Table{
 			Title:   fmt.Sprintf("RTT %s", rtt),
-			Columns: []string{"step", "home s", "remote s", "remote / home", "RTT/dir"},
+			Columns: []string{"step", "home s", "remote s", "remote / home", "RTT/dir", "home requests", "remote requests"},
 		}
 		base := fmt.Sprintf("dice%d", i)
 		step := func(name string, homeCmd, remoteCmd []string) {
 			var hd, rd time.Duration
 			var herr, rerr error
+			hreq, rreq := "—", "—"
 			if homeCmd != nil {
-				hd, herr = timed(func() error { return run(ctx, limits[0], homeCmd[0], homeCmd[1:]...) })
+				hd, herr, hreq = timedAt(home, func() error { return run(ctx, limits[0], homeCmd[0], homeCmd[1:]...) })
 			}
 			if remoteCmd != nil {
-				rd, rerr = timed(func() error { return run(ctx, limits[0], remoteCmd[0], remoteCmd[1:]...) })
+				rd, rerr, rreq = timedAt(remote, func() error { return run(ctx, limits[0], remoteCmd[0], remoteCmd[1:]...) })
 			}
 			cell := func(d time.Duration, err error, ran bool) string {
 				switch {
@@ -92,7 +95,7 @@ func runDice(ctx context.Context, env *Env) (*Result, error) {
 			if homeCmd != nil && remoteCmd != nil {
 				rat = ratio(rd, hd)
 			}
-			t.Add(name, cell(hd, herr, homeCmd != nil), cell(rd, rerr, remoteCmd != nil), rat, perDir)
+			t.Add(name, cell(hd, herr, homeCmd != nil), cell(rd, rerr, remoteCmd != nil), rat, perDir, hreq, rreq)
 			progress(env, "RTT %s: %s: home %s s, remote %s s", rtt, name, secs(hd), secs(rd))
 		}
 		plain, whole := filepath.Join(base, "plain"), filepath.Join(base, "whole")
@@ -120,6 +123,19 @@ func runDice(ctx context.Context, env *Env) (*Result, error) {
 		res.Tables = append(res.Tables, t)
 	}
 	return res, nil
+}
+
+// timedAt times fn and counts the requests the client of the mount at mnt
+// sent meanwhile (fusefs.StatsXattr; background ones, such as releases,
+// as far as they were sent by the end).
+func timedAt(mnt string, fn func() error) (time.Duration, error, string) {
+	before, serr := fusefs.ReadStats(mnt)
+	d, err := timed(fn)
+	after, aerr := fusefs.ReadStats(mnt)
+	if serr != nil || aerr != nil {
+		return d, err, fmt.Sprintf("(%v)", errors.Join(serr, aerr))
+	}
+	return d, err, after.Sub(before).String()
 }
 
 // run runs a command with its output discarded through a pipe (GNU tar

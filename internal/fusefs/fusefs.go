@@ -7,6 +7,7 @@ package fusefs
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"hash/fnv"
 	"log/slog"
 	"os"
@@ -18,6 +19,7 @@ import (
 
 	"github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
+	"golang.org/x/sys/unix"
 
 	"github.com/wheelfs/wheelfs/internal/attrs"
 	"github.com/wheelfs/wheelfs/internal/client"
@@ -28,6 +30,11 @@ import (
 
 // InfoXattr is the virtual extended attribute that describes an object.
 const InfoXattr = "user.wheelfs.info"
+
+// StatsXattr is the virtual extended attribute, on any object, that
+// counts the requests this mount's client sent (client.Stats as JSON):
+// the round trips of an operation are the difference around it.
+const StatsXattr = "user.wheelfs.stats"
 
 // Options configures a mount.
 type Options struct {
@@ -206,6 +213,21 @@ func fillAttr(m *client.Attr, cues cue.Set, out *fuse.Attr) {
 	setTime(m.AtimeNs, &out.Atime, &out.Atimensec)
 	setTime(m.MtimeNs, &out.Mtime, &out.Mtimensec)
 	setTime(m.CtimeNs, &out.Ctime, &out.Ctimensec)
+}
+
+// ReadStats reads StatsXattr of path: the request counts of the client of
+// the mount path is on.
+func ReadStats(path string) (client.Stats, error) {
+	var st client.Stats
+	buf := make([]byte, 64<<10)
+	n, err := unix.Lgetxattr(path, StatsXattr, buf)
+	if err != nil {
+		return st, fmt.Errorf("%s: %w", path, err)
+	}
+	if err := json.Unmarshal(buf[:n], &st); err != nil {
+		return st, fmt.Errorf("%s: bad stats: %w", path, err)
+	}
+	return st, nil
 }
 
 func infoJSON(info *client.Info) ([]byte, error) {

@@ -2,6 +2,7 @@ package fusefs
 
 import (
 	"context"
+	"encoding/json"
 	"log/slog"
 	"sync/atomic"
 	"syscall"
@@ -321,12 +322,15 @@ func (n *node) Getxattr(ctx context.Context, attr string, dest []byte) (uint32, 
 	defer done()
 	var val []byte
 	var err error
-	if attr == InfoXattr {
+	switch attr {
+	case InfoXattr:
 		var info *client.Info
 		if info, err = n.root.core.Info(ctx, n.root.user(ctx), n.cues, n.id); err == nil {
 			val, err = infoJSON(info)
 		}
-	} else {
+	case StatsXattr:
+		val, err = json.Marshal(n.root.core.Stats())
+	default:
 		val, err = n.root.core.GetXattr(ctx, n.root.user(ctx), n.cues, n.id, attr)
 	}
 	if err != nil {
