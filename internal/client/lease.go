@@ -375,7 +375,7 @@ func (l *leases) markRevokedLocked(ids []oid.ID, now time.Time) {
 // revoke handles a revocation from server bc: the objects' cached state
 // becomes stale, the kernel is told, and open registrations of these
 // objects in flight finish first (so the update sees them).
-func (l *leases) revoke(ids []uint64) {
+func (l *leases) revoke(ids []uint64, bc *backChannel, gen uint64, updates []*wire.LeaseUpdate) {
 	oids := make([]oid.ID, len(ids))
 	now := time.Now()
 	for i, v := range ids {
@@ -383,11 +383,31 @@ func (l *leases) revoke(ids []uint64) {
 	}
 	l.mu.Lock()
 	l.markRevokedLocked(oids, now)
+	l.updateLocked(bc, gen, updates)
 	cb := l.onRevoke
 	l.mu.Unlock()
 	l.f.waitRegistrations(oids)
 	if cb != nil {
 		cb(oids)
+	}
+}
+
+// updateLocked adopts the state a change left (Revoke.updates), which the
+// server pushed with its revocation through back channel bc (incarnation
+// gen): the lease on it goes on, for what the push brought only (a
+// directory's meta-data; its names and listing are dropped, its xattrs
+// unknown at the new version). A cache entry leased through another
+// server or incarnation, or already newer, stays as the revocation left
+// it (stale).
+func (l *leases) updateLocked(bc *backChannel, gen uint64, updates []*wire.LeaseUpdate) {
+	for _, u := range updates {
+		c := l.objs[oid.ID(u.Id)]
+		if c == nil || c.server != bc.id || c.chanGen != gen || u.Meta == nil ||
+			c.meta != nil && c.meta.Version > u.Meta.Version {
+			continue
+		}
+		c.meta, c.xattrs, c.stale = u.Meta, nil, false
+		c.entries, c.absent, c.list, c.listed, c.sorted = nil, nil, nil, false, false
 	}
 }
 
@@ -445,7 +465,7 @@ func (l *leases) serve(bc *backChannel, sc wire.StorageClient) bool {
 			}
 			return true
 		}
-		l.revoke(r.Ids)
+		l.revoke(r.Ids, bc, gen, r.Updates)
 		bc.sendMu.Lock()
 		err = stream.Send(&wire.CallbackAck{Session: l.session, Seq: r.Seq})
 		bc.sendMu.Unlock()

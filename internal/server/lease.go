@@ -296,11 +296,33 @@ func (l *leases) unclaim(ids []oid.ID) {
 // its own write. Later eventual updates skip abandoned leases; other
 // updates still wait for them.
 func (l *leases) revoke(ctx context.Context, ids []oid.ID, eventual bool) error {
+	return l.revokePushing(ctx, ids, eventual, nil)
+}
+
+// revokePushing is revoke for a committed change: push gives, for some
+// ids, the state the change left (a directory's meta-data), which goes
+// with the revocation; a holder that acknowledges it keeps its lease on
+// that object instead of losing it, so that its next path walk through
+// the directory needs no round trip for the directory's attributes.
+func (l *leases) revokePushing(ctx context.Context, ids []oid.ID, eventual bool, push func(oid.ID) *wire.LeaseUpdate) error {
 	type call struct {
-		stream *callbackStream
-		ids    []uint64
-		until  time.Time
-		err    error
+		stream  *callbackStream
+		ids     []uint64
+		updates []*wire.LeaseUpdate
+		until   time.Time
+		acked   bool
+		err     error
+	}
+	var pushed map[oid.ID]*wire.LeaseUpdate
+	if push != nil {
+		for _, id := range ids {
+			if u := push(id); u != nil {
+				if pushed == nil {
+					pushed = map[oid.ID]*wire.LeaseUpdate{}
+				}
+				pushed[id] = u
+			}
+		}
 	}
 	now := time.Now()
 	calls := map[uint64]*call{}
@@ -319,6 +341,9 @@ func (l *leases) revoke(ctx context.Context, ids []oid.ID, eventual bool) error 
 				calls[sess] = c
 			}
 			c.ids = append(c.ids, uint64(id))
+			if u := pushed[id]; u != nil {
+				c.updates = append(c.updates, u)
+			}
 			if h.until.After(c.until) {
 				c.until = h.until
 			}
@@ -336,7 +361,7 @@ func (l *leases) revoke(ctx context.Context, ids []oid.ID, eventual bool) error 
 	}
 	var wg sync.WaitGroup
 	for _, c := range calls {
-		wg.Go(func() { c.err = l.callBack(wctx, c.stream, c.ids, c.until) })
+		wg.Go(func() { c.acked, c.err = l.callBack(wctx, c.stream, c.ids, c.updates, c.until) })
 	}
 	wg.Wait()
 	// Forget the leases withdrawn, keep the others: no lease on ids was
@@ -352,6 +377,8 @@ func (l *leases) revoke(ctx context.Context, ids []oid.ID, eventual bool) error 
 			h, ok := l.holders[oid.ID(v)][sess]
 			switch {
 			case !ok || h.until.After(c.until):
+			case c.acked && pushed[oid.ID(v)] != nil:
+				// It holds what the change left: its lease goes on.
 			case c.err == nil:
 				delete(l.holders[oid.ID(v)], sess)
 			case goOn:
@@ -386,24 +413,24 @@ func halfLeft(ctx context.Context) time.Duration {
 // acknowledgement, for its stream to be replaced (a client that
 // reconnects has dropped everything it cached from this server), or for
 // the lease to expire.
-func (l *leases) callBack(ctx context.Context, st *callbackStream, ids []uint64, until time.Time) error {
-	ack := st.send(ctx, ids)
+func (l *leases) callBack(ctx context.Context, st *callbackStream, ids []uint64, updates []*wire.LeaseUpdate, until time.Time) (acked bool, err error) {
+	ack := st.send(ctx, ids, updates)
 	dead := st.dead
 	expiry := time.NewTimer(time.Until(until))
 	defer expiry.Stop()
 	for {
 		select {
 		case <-ack:
-			return nil
+			return true, nil
 		case <-expiry.C:
-			return nil
+			return false, nil
 		case <-dead:
 			if l.replaced(st) || st.released.Load() {
-				return nil
+				return false, nil
 			}
 			dead, ack = nil, nil // wait for the expiry
 		case <-ctx.Done():
-			return fmt.Errorf("revoking leases of client session %x (lease left %v): %w",
+			return false, fmt.Errorf("revoking leases of client session %x (lease left %v): %w",
 				st.session, time.Until(until).Round(time.Millisecond), fserr.ErrTimeout)
 		}
 	}
@@ -420,7 +447,7 @@ func (l *leases) replaced(st *callbackStream) bool {
 // send queues a revocation and returns the channel closed on its ack
 // (nil when the stream is gone, or its queue stayed full until ctx ended:
 // a holder cut off stops reading it).
-func (st *callbackStream) send(ctx context.Context, ids []uint64) chan struct{} {
+func (st *callbackStream) send(ctx context.Context, ids []uint64, updates []*wire.LeaseUpdate) chan struct{} {
 	st.mu.Lock()
 	st.seq++
 	seq := st.seq
@@ -428,7 +455,7 @@ func (st *callbackStream) send(ctx context.Context, ids []uint64) chan struct{} 
 	st.acks[seq] = ch
 	st.mu.Unlock()
 	select {
-	case st.out <- &wire.Revoke{Seq: seq, Ids: ids}:
+	case st.out <- &wire.Revoke{Seq: seq, Ids: ids, Updates: updates}:
 		return ch
 	case <-st.dead:
 	case <-ctx.Done():

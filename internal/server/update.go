@@ -152,11 +152,27 @@ func (s *Server) revokeFenced(req context.Context, f *fence, claimed []oid.ID, e
 		ctx, cancel = context.WithDeadline(ctx, dl)
 		defer cancel()
 	}
-	if err := s.leases.revoke(ctx, f.ids, eventual); err != nil {
+	var push func(oid.ID) *wire.LeaseUpdate
+	if !eventual {
+		push = s.pushedMeta
+	}
+	if err := s.leases.revokePushing(ctx, f.ids, eventual, push); err != nil {
 		s.log.Warn("revoking leases after a commit", "ids", f.ids, "err", err)
 	}
 	s.leases.lift(f)
 	s.leases.unclaim(claimed)
+}
+
+// pushedMeta is what a revocation after a commit carries of id: the
+// meta-data of a directory this server is primary for (a create or
+// remove in it changed its times and size, rarely what a path walk
+// checks). Files are revoked outright: their data changed too.
+func (s *Server) pushedMeta(id oid.ID) *wire.LeaseUpdate {
+	m, err := s.primaryMeta(id)
+	if err != nil || m.Type != wire.Type_TYPE_DIR {
+		return nil
+	}
+	return &wire.LeaseUpdate{Id: uint64(id), Meta: m}
 }
 
 // leasedError undoes an update attempt whose objects must have their

@@ -3276,10 +3276,13 @@ func (*ReleaseResponse) Descriptor() ([]byte, []int) {
 }
 
 // Revoke withdraws the session's leases on ids.
+// updates: for some of ids (directories), the meta-data the change left;
+// the holder keeps its lease on it (its listing and names are dropped).
 type Revoke struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Seq           uint64                 `protobuf:"varint,1,opt,name=seq,proto3" json:"seq,omitempty"`
 	Ids           []uint64               `protobuf:"varint,2,rep,packed,name=ids,proto3" json:"ids,omitempty"`
+	Updates       []*LeaseUpdate         `protobuf:"bytes,3,rep,name=updates,proto3" json:"updates,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3328,6 +3331,65 @@ func (x *Revoke) GetIds() []uint64 {
 	return nil
 }
 
+func (x *Revoke) GetUpdates() []*LeaseUpdate {
+	if x != nil {
+		return x.Updates
+	}
+	return nil
+}
+
+type LeaseUpdate struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            uint64                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
+	Meta          *Meta                  `protobuf:"bytes,2,opt,name=meta,proto3" json:"meta,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LeaseUpdate) Reset() {
+	*x = LeaseUpdate{}
+	mi := &file_wheelfs_proto_msgTypes[42]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LeaseUpdate) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LeaseUpdate) ProtoMessage() {}
+
+func (x *LeaseUpdate) ProtoReflect() protoreflect.Message {
+	mi := &file_wheelfs_proto_msgTypes[42]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LeaseUpdate.ProtoReflect.Descriptor instead.
+func (*LeaseUpdate) Descriptor() ([]byte, []int) {
+	return file_wheelfs_proto_rawDescGZIP(), []int{42}
+}
+
+func (x *LeaseUpdate) GetId() uint64 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+func (x *LeaseUpdate) GetMeta() *Meta {
+	if x != nil {
+		return x.Meta
+	}
+	return nil
+}
+
 // bye: the client core is closing and has dropped everything this
 // server leased it; the server forgets its leases instead of waiting them out.
 type CallbackAck struct {
@@ -3341,7 +3403,7 @@ type CallbackAck struct {
 
 func (x *CallbackAck) Reset() {
 	*x = CallbackAck{}
-	mi := &file_wheelfs_proto_msgTypes[42]
+	mi := &file_wheelfs_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3353,7 +3415,7 @@ func (x *CallbackAck) String() string {
 func (*CallbackAck) ProtoMessage() {}
 
 func (x *CallbackAck) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[42]
+	mi := &file_wheelfs_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3366,7 +3428,7 @@ func (x *CallbackAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CallbackAck.ProtoReflect.Descriptor instead.
 func (*CallbackAck) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{42}
+	return file_wheelfs_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *CallbackAck) GetSession() uint64 {
@@ -3403,7 +3465,7 @@ type Mutation struct {
 
 func (x *Mutation) Reset() {
 	*x = Mutation{}
-	mi := &file_wheelfs_proto_msgTypes[43]
+	mi := &file_wheelfs_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3415,7 +3477,7 @@ func (x *Mutation) String() string {
 func (*Mutation) ProtoMessage() {}
 
 func (x *Mutation) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[43]
+	mi := &file_wheelfs_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3428,7 +3490,7 @@ func (x *Mutation) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Mutation.ProtoReflect.Descriptor instead.
 func (*Mutation) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{43}
+	return file_wheelfs_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *Mutation) GetKind() MutationKind {
@@ -3477,7 +3539,7 @@ type Batch struct {
 
 func (x *Batch) Reset() {
 	*x = Batch{}
-	mi := &file_wheelfs_proto_msgTypes[44]
+	mi := &file_wheelfs_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3489,7 +3551,7 @@ func (x *Batch) String() string {
 func (*Batch) ProtoMessage() {}
 
 func (x *Batch) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[44]
+	mi := &file_wheelfs_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3502,7 +3564,7 @@ func (x *Batch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Batch.ProtoReflect.Descriptor instead.
 func (*Batch) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{44}
+	return file_wheelfs_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *Batch) GetSeq() uint64 {
@@ -3534,7 +3596,7 @@ type ReplicateRequest struct {
 
 func (x *ReplicateRequest) Reset() {
 	*x = ReplicateRequest{}
-	mi := &file_wheelfs_proto_msgTypes[45]
+	mi := &file_wheelfs_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3546,7 +3608,7 @@ func (x *ReplicateRequest) String() string {
 func (*ReplicateRequest) ProtoMessage() {}
 
 func (x *ReplicateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[45]
+	mi := &file_wheelfs_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3559,7 +3621,7 @@ func (x *ReplicateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicateRequest.ProtoReflect.Descriptor instead.
 func (*ReplicateRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{45}
+	return file_wheelfs_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *ReplicateRequest) GetSlice() uint32 {
@@ -3602,7 +3664,7 @@ type ReplicateResponse struct {
 
 func (x *ReplicateResponse) Reset() {
 	*x = ReplicateResponse{}
-	mi := &file_wheelfs_proto_msgTypes[46]
+	mi := &file_wheelfs_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3614,7 +3676,7 @@ func (x *ReplicateResponse) String() string {
 func (*ReplicateResponse) ProtoMessage() {}
 
 func (x *ReplicateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[46]
+	mi := &file_wheelfs_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3627,7 +3689,7 @@ func (x *ReplicateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicateResponse.ProtoReflect.Descriptor instead.
 func (*ReplicateResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{46}
+	return file_wheelfs_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *ReplicateResponse) GetStatus() ReplStatus {
@@ -3667,7 +3729,7 @@ type DigestRequest struct {
 
 func (x *DigestRequest) Reset() {
 	*x = DigestRequest{}
-	mi := &file_wheelfs_proto_msgTypes[47]
+	mi := &file_wheelfs_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3679,7 +3741,7 @@ func (x *DigestRequest) String() string {
 func (*DigestRequest) ProtoMessage() {}
 
 func (x *DigestRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[47]
+	mi := &file_wheelfs_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3692,7 +3754,7 @@ func (x *DigestRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DigestRequest.ProtoReflect.Descriptor instead.
 func (*DigestRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{47}
+	return file_wheelfs_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *DigestRequest) GetSlice() uint32 {
@@ -3717,7 +3779,7 @@ type DigestResponse struct {
 
 func (x *DigestResponse) Reset() {
 	*x = DigestResponse{}
-	mi := &file_wheelfs_proto_msgTypes[48]
+	mi := &file_wheelfs_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3729,7 +3791,7 @@ func (x *DigestResponse) String() string {
 func (*DigestResponse) ProtoMessage() {}
 
 func (x *DigestResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[48]
+	mi := &file_wheelfs_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3742,7 +3804,7 @@ func (x *DigestResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DigestResponse.ProtoReflect.Descriptor instead.
 func (*DigestResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{48}
+	return file_wheelfs_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *DigestResponse) GetEpoch() int64 {
@@ -3794,7 +3856,7 @@ type ObjectState struct {
 
 func (x *ObjectState) Reset() {
 	*x = ObjectState{}
-	mi := &file_wheelfs_proto_msgTypes[49]
+	mi := &file_wheelfs_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3806,7 +3868,7 @@ func (x *ObjectState) String() string {
 func (*ObjectState) ProtoMessage() {}
 
 func (x *ObjectState) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[49]
+	mi := &file_wheelfs_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3819,7 +3881,7 @@ func (x *ObjectState) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ObjectState.ProtoReflect.Descriptor instead.
 func (*ObjectState) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{49}
+	return file_wheelfs_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *ObjectState) GetMeta() *Meta {
@@ -3875,7 +3937,7 @@ type InstallRequest struct {
 
 func (x *InstallRequest) Reset() {
 	*x = InstallRequest{}
-	mi := &file_wheelfs_proto_msgTypes[50]
+	mi := &file_wheelfs_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3887,7 +3949,7 @@ func (x *InstallRequest) String() string {
 func (*InstallRequest) ProtoMessage() {}
 
 func (x *InstallRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[50]
+	mi := &file_wheelfs_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3900,7 +3962,7 @@ func (x *InstallRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InstallRequest.ProtoReflect.Descriptor instead.
 func (*InstallRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{50}
+	return file_wheelfs_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *InstallRequest) GetSlice() uint32 {
@@ -3969,7 +4031,7 @@ type InstallResponse struct {
 
 func (x *InstallResponse) Reset() {
 	*x = InstallResponse{}
-	mi := &file_wheelfs_proto_msgTypes[51]
+	mi := &file_wheelfs_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3981,7 +4043,7 @@ func (x *InstallResponse) String() string {
 func (*InstallResponse) ProtoMessage() {}
 
 func (x *InstallResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[51]
+	mi := &file_wheelfs_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3994,7 +4056,7 @@ func (x *InstallResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InstallResponse.ProtoReflect.Descriptor instead.
 func (*InstallResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{51}
+	return file_wheelfs_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *InstallResponse) GetStatus() ReplStatus {
@@ -4021,7 +4083,7 @@ type DiffRequest struct {
 
 func (x *DiffRequest) Reset() {
 	*x = DiffRequest{}
-	mi := &file_wheelfs_proto_msgTypes[52]
+	mi := &file_wheelfs_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4033,7 +4095,7 @@ func (x *DiffRequest) String() string {
 func (*DiffRequest) ProtoMessage() {}
 
 func (x *DiffRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[52]
+	mi := &file_wheelfs_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4046,7 +4108,7 @@ func (x *DiffRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DiffRequest.ProtoReflect.Descriptor instead.
 func (*DiffRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{52}
+	return file_wheelfs_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *DiffRequest) GetSlice() uint32 {
@@ -4072,7 +4134,7 @@ type FetchBlocksRequest struct {
 
 func (x *FetchBlocksRequest) Reset() {
 	*x = FetchBlocksRequest{}
-	mi := &file_wheelfs_proto_msgTypes[53]
+	mi := &file_wheelfs_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4084,7 +4146,7 @@ func (x *FetchBlocksRequest) String() string {
 func (*FetchBlocksRequest) ProtoMessage() {}
 
 func (x *FetchBlocksRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[53]
+	mi := &file_wheelfs_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4097,7 +4159,7 @@ func (x *FetchBlocksRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FetchBlocksRequest.ProtoReflect.Descriptor instead.
 func (*FetchBlocksRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{53}
+	return file_wheelfs_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *FetchBlocksRequest) GetHashes() [][]byte {
@@ -4116,7 +4178,7 @@ type FetchBlocksResponse struct {
 
 func (x *FetchBlocksResponse) Reset() {
 	*x = FetchBlocksResponse{}
-	mi := &file_wheelfs_proto_msgTypes[54]
+	mi := &file_wheelfs_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4128,7 +4190,7 @@ func (x *FetchBlocksResponse) String() string {
 func (*FetchBlocksResponse) ProtoMessage() {}
 
 func (x *FetchBlocksResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[54]
+	mi := &file_wheelfs_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4141,7 +4203,7 @@ func (x *FetchBlocksResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FetchBlocksResponse.ProtoReflect.Descriptor instead.
 func (*FetchBlocksResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{54}
+	return file_wheelfs_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *FetchBlocksResponse) GetData() [][]byte {
@@ -4159,7 +4221,7 @@ type PingRequest struct {
 
 func (x *PingRequest) Reset() {
 	*x = PingRequest{}
-	mi := &file_wheelfs_proto_msgTypes[55]
+	mi := &file_wheelfs_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4171,7 +4233,7 @@ func (x *PingRequest) String() string {
 func (*PingRequest) ProtoMessage() {}
 
 func (x *PingRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[55]
+	mi := &file_wheelfs_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4184,7 +4246,7 @@ func (x *PingRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PingRequest.ProtoReflect.Descriptor instead.
 func (*PingRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{55}
+	return file_wheelfs_proto_rawDescGZIP(), []int{56}
 }
 
 type PingResponse struct {
@@ -4196,7 +4258,7 @@ type PingResponse struct {
 
 func (x *PingResponse) Reset() {
 	*x = PingResponse{}
-	mi := &file_wheelfs_proto_msgTypes[56]
+	mi := &file_wheelfs_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4208,7 +4270,7 @@ func (x *PingResponse) String() string {
 func (*PingResponse) ProtoMessage() {}
 
 func (x *PingResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[56]
+	mi := &file_wheelfs_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4221,7 +4283,7 @@ func (x *PingResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PingResponse.ProtoReflect.Descriptor instead.
 func (*PingResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{56}
+	return file_wheelfs_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *PingResponse) GetId() string {
@@ -4249,7 +4311,7 @@ type CreateObjectRequest struct {
 
 func (x *CreateObjectRequest) Reset() {
 	*x = CreateObjectRequest{}
-	mi := &file_wheelfs_proto_msgTypes[57]
+	mi := &file_wheelfs_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4261,7 +4323,7 @@ func (x *CreateObjectRequest) String() string {
 func (*CreateObjectRequest) ProtoMessage() {}
 
 func (x *CreateObjectRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[57]
+	mi := &file_wheelfs_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4274,7 +4336,7 @@ func (x *CreateObjectRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateObjectRequest.ProtoReflect.Descriptor instead.
 func (*CreateObjectRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{57}
+	return file_wheelfs_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *CreateObjectRequest) GetMeta() *Meta {
@@ -4328,7 +4390,7 @@ type CreateObjectResponse struct {
 
 func (x *CreateObjectResponse) Reset() {
 	*x = CreateObjectResponse{}
-	mi := &file_wheelfs_proto_msgTypes[58]
+	mi := &file_wheelfs_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4340,7 +4402,7 @@ func (x *CreateObjectResponse) String() string {
 func (*CreateObjectResponse) ProtoMessage() {}
 
 func (x *CreateObjectResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[58]
+	mi := &file_wheelfs_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4353,7 +4415,7 @@ func (x *CreateObjectResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateObjectResponse.ProtoReflect.Descriptor instead.
 func (*CreateObjectResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{58}
+	return file_wheelfs_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *CreateObjectResponse) GetMeta() *Meta {
@@ -4380,7 +4442,7 @@ type DropLinkRequest struct {
 
 func (x *DropLinkRequest) Reset() {
 	*x = DropLinkRequest{}
-	mi := &file_wheelfs_proto_msgTypes[59]
+	mi := &file_wheelfs_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4392,7 +4454,7 @@ func (x *DropLinkRequest) String() string {
 func (*DropLinkRequest) ProtoMessage() {}
 
 func (x *DropLinkRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[59]
+	mi := &file_wheelfs_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4405,7 +4467,7 @@ func (x *DropLinkRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DropLinkRequest.ProtoReflect.Descriptor instead.
 func (*DropLinkRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{59}
+	return file_wheelfs_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *DropLinkRequest) GetId() uint64 {
@@ -4466,7 +4528,7 @@ type DropLinkResponse struct {
 
 func (x *DropLinkResponse) Reset() {
 	*x = DropLinkResponse{}
-	mi := &file_wheelfs_proto_msgTypes[60]
+	mi := &file_wheelfs_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4478,7 +4540,7 @@ func (x *DropLinkResponse) String() string {
 func (*DropLinkResponse) ProtoMessage() {}
 
 func (x *DropLinkResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[60]
+	mi := &file_wheelfs_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4491,7 +4553,7 @@ func (x *DropLinkResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DropLinkResponse.ProtoReflect.Descriptor instead.
 func (*DropLinkResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{60}
+	return file_wheelfs_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *DropLinkResponse) GetMeta() *Meta {
@@ -4510,7 +4572,7 @@ type StatRequest struct {
 
 func (x *StatRequest) Reset() {
 	*x = StatRequest{}
-	mi := &file_wheelfs_proto_msgTypes[61]
+	mi := &file_wheelfs_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4522,7 +4584,7 @@ func (x *StatRequest) String() string {
 func (*StatRequest) ProtoMessage() {}
 
 func (x *StatRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[61]
+	mi := &file_wheelfs_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4535,7 +4597,7 @@ func (x *StatRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatRequest.ProtoReflect.Descriptor instead.
 func (*StatRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{61}
+	return file_wheelfs_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *StatRequest) GetId() uint64 {
@@ -4554,7 +4616,7 @@ type StatResponse struct {
 
 func (x *StatResponse) Reset() {
 	*x = StatResponse{}
-	mi := &file_wheelfs_proto_msgTypes[62]
+	mi := &file_wheelfs_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4566,7 +4628,7 @@ func (x *StatResponse) String() string {
 func (*StatResponse) ProtoMessage() {}
 
 func (x *StatResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[62]
+	mi := &file_wheelfs_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4579,7 +4641,7 @@ func (x *StatResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatResponse.ProtoReflect.Descriptor instead.
 func (*StatResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{62}
+	return file_wheelfs_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *StatResponse) GetMeta() *Meta {
@@ -4611,7 +4673,7 @@ type AddLinkRequest struct {
 
 func (x *AddLinkRequest) Reset() {
 	*x = AddLinkRequest{}
-	mi := &file_wheelfs_proto_msgTypes[63]
+	mi := &file_wheelfs_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4623,7 +4685,7 @@ func (x *AddLinkRequest) String() string {
 func (*AddLinkRequest) ProtoMessage() {}
 
 func (x *AddLinkRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[63]
+	mi := &file_wheelfs_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4636,7 +4698,7 @@ func (x *AddLinkRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddLinkRequest.ProtoReflect.Descriptor instead.
 func (*AddLinkRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{63}
+	return file_wheelfs_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *AddLinkRequest) GetCaller() *Caller {
@@ -4707,7 +4769,7 @@ type AddLinkResponse struct {
 
 func (x *AddLinkResponse) Reset() {
 	*x = AddLinkResponse{}
-	mi := &file_wheelfs_proto_msgTypes[64]
+	mi := &file_wheelfs_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4719,7 +4781,7 @@ func (x *AddLinkResponse) String() string {
 func (*AddLinkResponse) ProtoMessage() {}
 
 func (x *AddLinkResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[64]
+	mi := &file_wheelfs_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4732,7 +4794,7 @@ func (x *AddLinkResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddLinkResponse.ProtoReflect.Descriptor instead.
 func (*AddLinkResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{64}
+	return file_wheelfs_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *AddLinkResponse) GetReplaced() *Meta {
@@ -4764,7 +4826,7 @@ type EntryChange struct {
 
 func (x *EntryChange) Reset() {
 	*x = EntryChange{}
-	mi := &file_wheelfs_proto_msgTypes[65]
+	mi := &file_wheelfs_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4776,7 +4838,7 @@ func (x *EntryChange) String() string {
 func (*EntryChange) ProtoMessage() {}
 
 func (x *EntryChange) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[65]
+	mi := &file_wheelfs_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4789,7 +4851,7 @@ func (x *EntryChange) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EntryChange.ProtoReflect.Descriptor instead.
 func (*EntryChange) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{65}
+	return file_wheelfs_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *EntryChange) GetDir() uint64 {
@@ -4836,7 +4898,7 @@ type ReconcileRequest struct {
 
 func (x *ReconcileRequest) Reset() {
 	*x = ReconcileRequest{}
-	mi := &file_wheelfs_proto_msgTypes[66]
+	mi := &file_wheelfs_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4848,7 +4910,7 @@ func (x *ReconcileRequest) String() string {
 func (*ReconcileRequest) ProtoMessage() {}
 
 func (x *ReconcileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[66]
+	mi := &file_wheelfs_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4861,7 +4923,7 @@ func (x *ReconcileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReconcileRequest.ProtoReflect.Descriptor instead.
 func (*ReconcileRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{66}
+	return file_wheelfs_proto_rawDescGZIP(), []int{67}
 }
 
 func (x *ReconcileRequest) GetSlice() uint32 {
@@ -4901,7 +4963,7 @@ type ReconcileResponse struct {
 
 func (x *ReconcileResponse) Reset() {
 	*x = ReconcileResponse{}
-	mi := &file_wheelfs_proto_msgTypes[67]
+	mi := &file_wheelfs_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4913,7 +4975,7 @@ func (x *ReconcileResponse) String() string {
 func (*ReconcileResponse) ProtoMessage() {}
 
 func (x *ReconcileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[67]
+	mi := &file_wheelfs_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4926,7 +4988,7 @@ func (x *ReconcileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReconcileResponse.ProtoReflect.Descriptor instead.
 func (*ReconcileResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{67}
+	return file_wheelfs_proto_rawDescGZIP(), []int{68}
 }
 
 func (x *ReconcileResponse) GetStatus() ReplStatus {
@@ -4950,7 +5012,7 @@ type XattrSummary struct {
 
 func (x *XattrSummary) Reset() {
 	*x = XattrSummary{}
-	mi := &file_wheelfs_proto_msgTypes[68]
+	mi := &file_wheelfs_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4962,7 +5024,7 @@ func (x *XattrSummary) String() string {
 func (*XattrSummary) ProtoMessage() {}
 
 func (x *XattrSummary) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[68]
+	mi := &file_wheelfs_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4975,7 +5037,7 @@ func (x *XattrSummary) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use XattrSummary.ProtoReflect.Descriptor instead.
 func (*XattrSummary) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{68}
+	return file_wheelfs_proto_rawDescGZIP(), []int{69}
 }
 
 func (x *XattrSummary) GetVersion() uint64 {
@@ -5003,7 +5065,7 @@ type Xattr struct {
 
 func (x *Xattr) Reset() {
 	*x = Xattr{}
-	mi := &file_wheelfs_proto_msgTypes[69]
+	mi := &file_wheelfs_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5015,7 +5077,7 @@ func (x *Xattr) String() string {
 func (*Xattr) ProtoMessage() {}
 
 func (x *Xattr) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[69]
+	mi := &file_wheelfs_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5028,7 +5090,7 @@ func (x *Xattr) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Xattr.ProtoReflect.Descriptor instead.
 func (*Xattr) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{69}
+	return file_wheelfs_proto_rawDescGZIP(), []int{70}
 }
 
 func (x *Xattr) GetName() string {
@@ -5066,7 +5128,7 @@ type Coord struct {
 
 func (x *Coord) Reset() {
 	*x = Coord{}
-	mi := &file_wheelfs_proto_msgTypes[70]
+	mi := &file_wheelfs_proto_msgTypes[71]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5078,7 +5140,7 @@ func (x *Coord) String() string {
 func (*Coord) ProtoMessage() {}
 
 func (x *Coord) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[70]
+	mi := &file_wheelfs_proto_msgTypes[71]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5091,7 +5153,7 @@ func (x *Coord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Coord.ProtoReflect.Descriptor instead.
 func (*Coord) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{70}
+	return file_wheelfs_proto_rawDescGZIP(), []int{71}
 }
 
 func (x *Coord) GetVec() []float64 {
@@ -5135,7 +5197,7 @@ type CoordSample struct {
 
 func (x *CoordSample) Reset() {
 	*x = CoordSample{}
-	mi := &file_wheelfs_proto_msgTypes[71]
+	mi := &file_wheelfs_proto_msgTypes[72]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5147,7 +5209,7 @@ func (x *CoordSample) String() string {
 func (*CoordSample) ProtoMessage() {}
 
 func (x *CoordSample) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[71]
+	mi := &file_wheelfs_proto_msgTypes[72]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5160,7 +5222,7 @@ func (x *CoordSample) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CoordSample.ProtoReflect.Descriptor instead.
 func (*CoordSample) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{71}
+	return file_wheelfs_proto_rawDescGZIP(), []int{72}
 }
 
 func (x *CoordSample) GetCoord() *Coord {
@@ -5185,7 +5247,7 @@ type ProbeRequest struct {
 
 func (x *ProbeRequest) Reset() {
 	*x = ProbeRequest{}
-	mi := &file_wheelfs_proto_msgTypes[72]
+	mi := &file_wheelfs_proto_msgTypes[73]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5197,7 +5259,7 @@ func (x *ProbeRequest) String() string {
 func (*ProbeRequest) ProtoMessage() {}
 
 func (x *ProbeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[72]
+	mi := &file_wheelfs_proto_msgTypes[73]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5210,7 +5272,7 @@ func (x *ProbeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProbeRequest.ProtoReflect.Descriptor instead.
 func (*ProbeRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{72}
+	return file_wheelfs_proto_rawDescGZIP(), []int{73}
 }
 
 type ProbeResponse struct {
@@ -5221,7 +5283,7 @@ type ProbeResponse struct {
 
 func (x *ProbeResponse) Reset() {
 	*x = ProbeResponse{}
-	mi := &file_wheelfs_proto_msgTypes[73]
+	mi := &file_wheelfs_proto_msgTypes[74]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5233,7 +5295,7 @@ func (x *ProbeResponse) String() string {
 func (*ProbeResponse) ProtoMessage() {}
 
 func (x *ProbeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[73]
+	mi := &file_wheelfs_proto_msgTypes[74]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5246,7 +5308,7 @@ func (x *ProbeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProbeResponse.ProtoReflect.Descriptor instead.
 func (*ProbeResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{73}
+	return file_wheelfs_proto_rawDescGZIP(), []int{74}
 }
 
 // BlockRange is blocks first .. first+count-1 of a file.
@@ -5260,7 +5322,7 @@ type BlockRange struct {
 
 func (x *BlockRange) Reset() {
 	*x = BlockRange{}
-	mi := &file_wheelfs_proto_msgTypes[74]
+	mi := &file_wheelfs_proto_msgTypes[75]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5272,7 +5334,7 @@ func (x *BlockRange) String() string {
 func (*BlockRange) ProtoMessage() {}
 
 func (x *BlockRange) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[74]
+	mi := &file_wheelfs_proto_msgTypes[75]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5285,7 +5347,7 @@ func (x *BlockRange) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BlockRange.ProtoReflect.Descriptor instead.
 func (*BlockRange) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{74}
+	return file_wheelfs_proto_rawDescGZIP(), []int{75}
 }
 
 func (x *BlockRange) GetFirst() uint64 {
@@ -5315,7 +5377,7 @@ type HeldBlocks struct {
 
 func (x *HeldBlocks) Reset() {
 	*x = HeldBlocks{}
-	mi := &file_wheelfs_proto_msgTypes[75]
+	mi := &file_wheelfs_proto_msgTypes[76]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5327,7 +5389,7 @@ func (x *HeldBlocks) String() string {
 func (*HeldBlocks) ProtoMessage() {}
 
 func (x *HeldBlocks) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[75]
+	mi := &file_wheelfs_proto_msgTypes[76]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5340,7 +5402,7 @@ func (x *HeldBlocks) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeldBlocks.ProtoReflect.Descriptor instead.
 func (*HeldBlocks) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{75}
+	return file_wheelfs_proto_rawDescGZIP(), []int{76}
 }
 
 func (x *HeldBlocks) GetCaller() *Caller {
@@ -5384,7 +5446,7 @@ type ReportHoldingRequest struct {
 
 func (x *ReportHoldingRequest) Reset() {
 	*x = ReportHoldingRequest{}
-	mi := &file_wheelfs_proto_msgTypes[76]
+	mi := &file_wheelfs_proto_msgTypes[77]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5396,7 +5458,7 @@ func (x *ReportHoldingRequest) String() string {
 func (*ReportHoldingRequest) ProtoMessage() {}
 
 func (x *ReportHoldingRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[76]
+	mi := &file_wheelfs_proto_msgTypes[77]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5409,7 +5471,7 @@ func (x *ReportHoldingRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportHoldingRequest.ProtoReflect.Descriptor instead.
 func (*ReportHoldingRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{76}
+	return file_wheelfs_proto_rawDescGZIP(), []int{77}
 }
 
 func (x *ReportHoldingRequest) GetNode() string {
@@ -5455,7 +5517,7 @@ type ReportHoldingResponse struct {
 
 func (x *ReportHoldingResponse) Reset() {
 	*x = ReportHoldingResponse{}
-	mi := &file_wheelfs_proto_msgTypes[77]
+	mi := &file_wheelfs_proto_msgTypes[78]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5467,7 +5529,7 @@ func (x *ReportHoldingResponse) String() string {
 func (*ReportHoldingResponse) ProtoMessage() {}
 
 func (x *ReportHoldingResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[77]
+	mi := &file_wheelfs_proto_msgTypes[78]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5480,7 +5542,7 @@ func (x *ReportHoldingResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportHoldingResponse.ProtoReflect.Descriptor instead.
 func (*ReportHoldingResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{77}
+	return file_wheelfs_proto_rawDescGZIP(), []int{78}
 }
 
 type HoldersRequest struct {
@@ -5500,7 +5562,7 @@ type HoldersRequest struct {
 
 func (x *HoldersRequest) Reset() {
 	*x = HoldersRequest{}
-	mi := &file_wheelfs_proto_msgTypes[78]
+	mi := &file_wheelfs_proto_msgTypes[79]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5512,7 +5574,7 @@ func (x *HoldersRequest) String() string {
 func (*HoldersRequest) ProtoMessage() {}
 
 func (x *HoldersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[78]
+	mi := &file_wheelfs_proto_msgTypes[79]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5525,7 +5587,7 @@ func (x *HoldersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HoldersRequest.ProtoReflect.Descriptor instead.
 func (*HoldersRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{78}
+	return file_wheelfs_proto_rawDescGZIP(), []int{79}
 }
 
 func (x *HoldersRequest) GetCaller() *Caller {
@@ -5604,7 +5666,7 @@ type Holder struct {
 
 func (x *Holder) Reset() {
 	*x = Holder{}
-	mi := &file_wheelfs_proto_msgTypes[79]
+	mi := &file_wheelfs_proto_msgTypes[80]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5616,7 +5678,7 @@ func (x *Holder) String() string {
 func (*Holder) ProtoMessage() {}
 
 func (x *Holder) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[79]
+	mi := &file_wheelfs_proto_msgTypes[80]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5629,7 +5691,7 @@ func (x *Holder) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Holder.ProtoReflect.Descriptor instead.
 func (*Holder) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{79}
+	return file_wheelfs_proto_rawDescGZIP(), []int{80}
 }
 
 func (x *Holder) GetNode() string {
@@ -5681,7 +5743,7 @@ type HoldersResponse struct {
 
 func (x *HoldersResponse) Reset() {
 	*x = HoldersResponse{}
-	mi := &file_wheelfs_proto_msgTypes[80]
+	mi := &file_wheelfs_proto_msgTypes[81]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5693,7 +5755,7 @@ func (x *HoldersResponse) String() string {
 func (*HoldersResponse) ProtoMessage() {}
 
 func (x *HoldersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[80]
+	mi := &file_wheelfs_proto_msgTypes[81]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5706,7 +5768,7 @@ func (x *HoldersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HoldersResponse.ProtoReflect.Descriptor instead.
 func (*HoldersResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{80}
+	return file_wheelfs_proto_rawDescGZIP(), []int{81}
 }
 
 func (x *HoldersResponse) GetVersion() uint64 {
@@ -5742,7 +5804,7 @@ type LoginChallengeRequest struct {
 
 func (x *LoginChallengeRequest) Reset() {
 	*x = LoginChallengeRequest{}
-	mi := &file_wheelfs_proto_msgTypes[81]
+	mi := &file_wheelfs_proto_msgTypes[82]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5754,7 +5816,7 @@ func (x *LoginChallengeRequest) String() string {
 func (*LoginChallengeRequest) ProtoMessage() {}
 
 func (x *LoginChallengeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[81]
+	mi := &file_wheelfs_proto_msgTypes[82]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5767,7 +5829,7 @@ func (x *LoginChallengeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LoginChallengeRequest.ProtoReflect.Descriptor instead.
 func (*LoginChallengeRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{81}
+	return file_wheelfs_proto_rawDescGZIP(), []int{82}
 }
 
 func (x *LoginChallengeRequest) GetUid() uint32 {
@@ -5801,7 +5863,7 @@ type LoginChallengeResponse struct {
 
 func (x *LoginChallengeResponse) Reset() {
 	*x = LoginChallengeResponse{}
-	mi := &file_wheelfs_proto_msgTypes[82]
+	mi := &file_wheelfs_proto_msgTypes[83]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5813,7 +5875,7 @@ func (x *LoginChallengeResponse) String() string {
 func (*LoginChallengeResponse) ProtoMessage() {}
 
 func (x *LoginChallengeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[82]
+	mi := &file_wheelfs_proto_msgTypes[83]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5826,7 +5888,7 @@ func (x *LoginChallengeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LoginChallengeResponse.ProtoReflect.Descriptor instead.
 func (*LoginChallengeResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{82}
+	return file_wheelfs_proto_rawDescGZIP(), []int{83}
 }
 
 func (x *LoginChallengeResponse) GetNonce() []byte {
@@ -5872,7 +5934,7 @@ type LoginRequest struct {
 
 func (x *LoginRequest) Reset() {
 	*x = LoginRequest{}
-	mi := &file_wheelfs_proto_msgTypes[83]
+	mi := &file_wheelfs_proto_msgTypes[84]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5884,7 +5946,7 @@ func (x *LoginRequest) String() string {
 func (*LoginRequest) ProtoMessage() {}
 
 func (x *LoginRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[83]
+	mi := &file_wheelfs_proto_msgTypes[84]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5897,7 +5959,7 @@ func (x *LoginRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LoginRequest.ProtoReflect.Descriptor instead.
 func (*LoginRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{83}
+	return file_wheelfs_proto_rawDescGZIP(), []int{84}
 }
 
 func (x *LoginRequest) GetUid() uint32 {
@@ -5947,7 +6009,7 @@ type LoginResponse struct {
 
 func (x *LoginResponse) Reset() {
 	*x = LoginResponse{}
-	mi := &file_wheelfs_proto_msgTypes[84]
+	mi := &file_wheelfs_proto_msgTypes[85]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5959,7 +6021,7 @@ func (x *LoginResponse) String() string {
 func (*LoginResponse) ProtoMessage() {}
 
 func (x *LoginResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[84]
+	mi := &file_wheelfs_proto_msgTypes[85]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5972,7 +6034,7 @@ func (x *LoginResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LoginResponse.ProtoReflect.Descriptor instead.
 func (*LoginResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{84}
+	return file_wheelfs_proto_rawDescGZIP(), []int{85}
 }
 
 func (x *LoginResponse) GetUid() uint32 {
@@ -6006,7 +6068,7 @@ type SessionRequest struct {
 
 func (x *SessionRequest) Reset() {
 	*x = SessionRequest{}
-	mi := &file_wheelfs_proto_msgTypes[85]
+	mi := &file_wheelfs_proto_msgTypes[86]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6018,7 +6080,7 @@ func (x *SessionRequest) String() string {
 func (*SessionRequest) ProtoMessage() {}
 
 func (x *SessionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[85]
+	mi := &file_wheelfs_proto_msgTypes[86]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6031,7 +6093,7 @@ func (x *SessionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionRequest.ProtoReflect.Descriptor instead.
 func (*SessionRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{85}
+	return file_wheelfs_proto_rawDescGZIP(), []int{86}
 }
 
 func (x *SessionRequest) GetUid() uint32 {
@@ -6049,7 +6111,7 @@ type LogoutResponse struct {
 
 func (x *LogoutResponse) Reset() {
 	*x = LogoutResponse{}
-	mi := &file_wheelfs_proto_msgTypes[86]
+	mi := &file_wheelfs_proto_msgTypes[87]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6061,7 +6123,7 @@ func (x *LogoutResponse) String() string {
 func (*LogoutResponse) ProtoMessage() {}
 
 func (x *LogoutResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[86]
+	mi := &file_wheelfs_proto_msgTypes[87]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6074,7 +6136,7 @@ func (x *LogoutResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LogoutResponse.ProtoReflect.Descriptor instead.
 func (*LogoutResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{86}
+	return file_wheelfs_proto_rawDescGZIP(), []int{87}
 }
 
 // Grant is a primary's short-lived permission for one client (asker) to
@@ -6093,7 +6155,7 @@ type Grant struct {
 
 func (x *Grant) Reset() {
 	*x = Grant{}
-	mi := &file_wheelfs_proto_msgTypes[87]
+	mi := &file_wheelfs_proto_msgTypes[88]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6105,7 +6167,7 @@ func (x *Grant) String() string {
 func (*Grant) ProtoMessage() {}
 
 func (x *Grant) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[87]
+	mi := &file_wheelfs_proto_msgTypes[88]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6118,7 +6180,7 @@ func (x *Grant) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Grant.ProtoReflect.Descriptor instead.
 func (*Grant) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{87}
+	return file_wheelfs_proto_rawDescGZIP(), []int{88}
 }
 
 func (x *Grant) GetBody() []byte {
@@ -6158,7 +6220,7 @@ type GrantBody struct {
 
 func (x *GrantBody) Reset() {
 	*x = GrantBody{}
-	mi := &file_wheelfs_proto_msgTypes[88]
+	mi := &file_wheelfs_proto_msgTypes[89]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6170,7 +6232,7 @@ func (x *GrantBody) String() string {
 func (*GrantBody) ProtoMessage() {}
 
 func (x *GrantBody) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[88]
+	mi := &file_wheelfs_proto_msgTypes[89]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6183,7 +6245,7 @@ func (x *GrantBody) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GrantBody.ProtoReflect.Descriptor instead.
 func (*GrantBody) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{88}
+	return file_wheelfs_proto_rawDescGZIP(), []int{89}
 }
 
 func (x *GrantBody) GetId() uint64 {
@@ -6252,7 +6314,7 @@ type FetchCachedRequest struct {
 
 func (x *FetchCachedRequest) Reset() {
 	*x = FetchCachedRequest{}
-	mi := &file_wheelfs_proto_msgTypes[89]
+	mi := &file_wheelfs_proto_msgTypes[90]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6264,7 +6326,7 @@ func (x *FetchCachedRequest) String() string {
 func (*FetchCachedRequest) ProtoMessage() {}
 
 func (x *FetchCachedRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[89]
+	mi := &file_wheelfs_proto_msgTypes[90]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6277,7 +6339,7 @@ func (x *FetchCachedRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FetchCachedRequest.ProtoReflect.Descriptor instead.
 func (*FetchCachedRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{89}
+	return file_wheelfs_proto_rawDescGZIP(), []int{90}
 }
 
 func (x *FetchCachedRequest) GetGrant() *Grant {
@@ -6304,7 +6366,7 @@ type FetchCachedResponse struct {
 
 func (x *FetchCachedResponse) Reset() {
 	*x = FetchCachedResponse{}
-	mi := &file_wheelfs_proto_msgTypes[90]
+	mi := &file_wheelfs_proto_msgTypes[91]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6316,7 +6378,7 @@ func (x *FetchCachedResponse) String() string {
 func (*FetchCachedResponse) ProtoMessage() {}
 
 func (x *FetchCachedResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[90]
+	mi := &file_wheelfs_proto_msgTypes[91]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6329,7 +6391,7 @@ func (x *FetchCachedResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FetchCachedResponse.ProtoReflect.Descriptor instead.
 func (*FetchCachedResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{90}
+	return file_wheelfs_proto_rawDescGZIP(), []int{91}
 }
 
 func (x *FetchCachedResponse) GetData() [][]byte {
@@ -6353,7 +6415,7 @@ type FileData struct {
 
 func (x *FileData) Reset() {
 	*x = FileData{}
-	mi := &file_wheelfs_proto_msgTypes[91]
+	mi := &file_wheelfs_proto_msgTypes[92]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6365,7 +6427,7 @@ func (x *FileData) String() string {
 func (*FileData) ProtoMessage() {}
 
 func (x *FileData) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[91]
+	mi := &file_wheelfs_proto_msgTypes[92]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6378,7 +6440,7 @@ func (x *FileData) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FileData.ProtoReflect.Descriptor instead.
 func (*FileData) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{91}
+	return file_wheelfs_proto_rawDescGZIP(), []int{92}
 }
 
 func (x *FileData) GetVersion() uint64 {
@@ -6413,7 +6475,7 @@ type BlockData struct {
 
 func (x *BlockData) Reset() {
 	*x = BlockData{}
-	mi := &file_wheelfs_proto_msgTypes[92]
+	mi := &file_wheelfs_proto_msgTypes[93]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6425,7 +6487,7 @@ func (x *BlockData) String() string {
 func (*BlockData) ProtoMessage() {}
 
 func (x *BlockData) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[92]
+	mi := &file_wheelfs_proto_msgTypes[93]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6438,7 +6500,7 @@ func (x *BlockData) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BlockData.ProtoReflect.Descriptor instead.
 func (*BlockData) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{92}
+	return file_wheelfs_proto_rawDescGZIP(), []int{93}
 }
 
 func (x *BlockData) GetIndex() uint64 {
@@ -6704,10 +6766,14 @@ const file_wheelfs_proto_rawDesc = "" +
 	"\x0eReleaseRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12-\n" +
 	"\x06handle\x18\x02 \x01(\v2\x15.wheelfs.v1.HandleRefR\x06handle\"\x11\n" +
-	"\x0fReleaseResponse\",\n" +
+	"\x0fReleaseResponse\"_\n" +
 	"\x06Revoke\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\x12\x10\n" +
-	"\x03ids\x18\x02 \x03(\x04R\x03ids\"K\n" +
+	"\x03ids\x18\x02 \x03(\x04R\x03ids\x121\n" +
+	"\aupdates\x18\x03 \x03(\v2\x17.wheelfs.v1.LeaseUpdateR\aupdates\"C\n" +
+	"\vLeaseUpdate\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\x04R\x02id\x12$\n" +
+	"\x04meta\x18\x02 \x01(\v2\x10.wheelfs.v1.MetaR\x04meta\"K\n" +
 	"\vCallbackAck\x12\x18\n" +
 	"\asession\x18\x01 \x01(\x04R\asession\x12\x10\n" +
 	"\x03seq\x18\x02 \x01(\x04R\x03seq\x12\x10\n" +
@@ -7011,7 +7077,7 @@ func file_wheelfs_proto_rawDescGZIP() []byte {
 }
 
 var file_wheelfs_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_wheelfs_proto_msgTypes = make([]protoimpl.MessageInfo, 93)
+var file_wheelfs_proto_msgTypes = make([]protoimpl.MessageInfo, 94)
 var file_wheelfs_proto_goTypes = []any{
 	(Type)(0),                      // 0: wheelfs.v1.Type
 	(MutationKind)(0),              // 1: wheelfs.v1.MutationKind
@@ -7058,57 +7124,58 @@ var file_wheelfs_proto_goTypes = []any{
 	(*ReleaseRequest)(nil),         // 42: wheelfs.v1.ReleaseRequest
 	(*ReleaseResponse)(nil),        // 43: wheelfs.v1.ReleaseResponse
 	(*Revoke)(nil),                 // 44: wheelfs.v1.Revoke
-	(*CallbackAck)(nil),            // 45: wheelfs.v1.CallbackAck
-	(*Mutation)(nil),               // 46: wheelfs.v1.Mutation
-	(*Batch)(nil),                  // 47: wheelfs.v1.Batch
-	(*ReplicateRequest)(nil),       // 48: wheelfs.v1.ReplicateRequest
-	(*ReplicateResponse)(nil),      // 49: wheelfs.v1.ReplicateResponse
-	(*DigestRequest)(nil),          // 50: wheelfs.v1.DigestRequest
-	(*DigestResponse)(nil),         // 51: wheelfs.v1.DigestResponse
-	(*ObjectState)(nil),            // 52: wheelfs.v1.ObjectState
-	(*InstallRequest)(nil),         // 53: wheelfs.v1.InstallRequest
-	(*InstallResponse)(nil),        // 54: wheelfs.v1.InstallResponse
-	(*DiffRequest)(nil),            // 55: wheelfs.v1.DiffRequest
-	(*FetchBlocksRequest)(nil),     // 56: wheelfs.v1.FetchBlocksRequest
-	(*FetchBlocksResponse)(nil),    // 57: wheelfs.v1.FetchBlocksResponse
-	(*PingRequest)(nil),            // 58: wheelfs.v1.PingRequest
-	(*PingResponse)(nil),           // 59: wheelfs.v1.PingResponse
-	(*CreateObjectRequest)(nil),    // 60: wheelfs.v1.CreateObjectRequest
-	(*CreateObjectResponse)(nil),   // 61: wheelfs.v1.CreateObjectResponse
-	(*DropLinkRequest)(nil),        // 62: wheelfs.v1.DropLinkRequest
-	(*DropLinkResponse)(nil),       // 63: wheelfs.v1.DropLinkResponse
-	(*StatRequest)(nil),            // 64: wheelfs.v1.StatRequest
-	(*StatResponse)(nil),           // 65: wheelfs.v1.StatResponse
-	(*AddLinkRequest)(nil),         // 66: wheelfs.v1.AddLinkRequest
-	(*AddLinkResponse)(nil),        // 67: wheelfs.v1.AddLinkResponse
-	(*EntryChange)(nil),            // 68: wheelfs.v1.EntryChange
-	(*ReconcileRequest)(nil),       // 69: wheelfs.v1.ReconcileRequest
-	(*ReconcileResponse)(nil),      // 70: wheelfs.v1.ReconcileResponse
-	(*XattrSummary)(nil),           // 71: wheelfs.v1.XattrSummary
-	(*Xattr)(nil),                  // 72: wheelfs.v1.Xattr
-	(*Coord)(nil),                  // 73: wheelfs.v1.Coord
-	(*CoordSample)(nil),            // 74: wheelfs.v1.CoordSample
-	(*ProbeRequest)(nil),           // 75: wheelfs.v1.ProbeRequest
-	(*ProbeResponse)(nil),          // 76: wheelfs.v1.ProbeResponse
-	(*BlockRange)(nil),             // 77: wheelfs.v1.BlockRange
-	(*HeldBlocks)(nil),             // 78: wheelfs.v1.HeldBlocks
-	(*ReportHoldingRequest)(nil),   // 79: wheelfs.v1.ReportHoldingRequest
-	(*ReportHoldingResponse)(nil),  // 80: wheelfs.v1.ReportHoldingResponse
-	(*HoldersRequest)(nil),         // 81: wheelfs.v1.HoldersRequest
-	(*Holder)(nil),                 // 82: wheelfs.v1.Holder
-	(*HoldersResponse)(nil),        // 83: wheelfs.v1.HoldersResponse
-	(*LoginChallengeRequest)(nil),  // 84: wheelfs.v1.LoginChallengeRequest
-	(*LoginChallengeResponse)(nil), // 85: wheelfs.v1.LoginChallengeResponse
-	(*LoginRequest)(nil),           // 86: wheelfs.v1.LoginRequest
-	(*LoginResponse)(nil),          // 87: wheelfs.v1.LoginResponse
-	(*SessionRequest)(nil),         // 88: wheelfs.v1.SessionRequest
-	(*LogoutResponse)(nil),         // 89: wheelfs.v1.LogoutResponse
-	(*Grant)(nil),                  // 90: wheelfs.v1.Grant
-	(*GrantBody)(nil),              // 91: wheelfs.v1.GrantBody
-	(*FetchCachedRequest)(nil),     // 92: wheelfs.v1.FetchCachedRequest
-	(*FetchCachedResponse)(nil),    // 93: wheelfs.v1.FetchCachedResponse
-	(*FileData)(nil),               // 94: wheelfs.v1.FileData
-	(*BlockData)(nil),              // 95: wheelfs.v1.BlockData
+	(*LeaseUpdate)(nil),            // 45: wheelfs.v1.LeaseUpdate
+	(*CallbackAck)(nil),            // 46: wheelfs.v1.CallbackAck
+	(*Mutation)(nil),               // 47: wheelfs.v1.Mutation
+	(*Batch)(nil),                  // 48: wheelfs.v1.Batch
+	(*ReplicateRequest)(nil),       // 49: wheelfs.v1.ReplicateRequest
+	(*ReplicateResponse)(nil),      // 50: wheelfs.v1.ReplicateResponse
+	(*DigestRequest)(nil),          // 51: wheelfs.v1.DigestRequest
+	(*DigestResponse)(nil),         // 52: wheelfs.v1.DigestResponse
+	(*ObjectState)(nil),            // 53: wheelfs.v1.ObjectState
+	(*InstallRequest)(nil),         // 54: wheelfs.v1.InstallRequest
+	(*InstallResponse)(nil),        // 55: wheelfs.v1.InstallResponse
+	(*DiffRequest)(nil),            // 56: wheelfs.v1.DiffRequest
+	(*FetchBlocksRequest)(nil),     // 57: wheelfs.v1.FetchBlocksRequest
+	(*FetchBlocksResponse)(nil),    // 58: wheelfs.v1.FetchBlocksResponse
+	(*PingRequest)(nil),            // 59: wheelfs.v1.PingRequest
+	(*PingResponse)(nil),           // 60: wheelfs.v1.PingResponse
+	(*CreateObjectRequest)(nil),    // 61: wheelfs.v1.CreateObjectRequest
+	(*CreateObjectResponse)(nil),   // 62: wheelfs.v1.CreateObjectResponse
+	(*DropLinkRequest)(nil),        // 63: wheelfs.v1.DropLinkRequest
+	(*DropLinkResponse)(nil),       // 64: wheelfs.v1.DropLinkResponse
+	(*StatRequest)(nil),            // 65: wheelfs.v1.StatRequest
+	(*StatResponse)(nil),           // 66: wheelfs.v1.StatResponse
+	(*AddLinkRequest)(nil),         // 67: wheelfs.v1.AddLinkRequest
+	(*AddLinkResponse)(nil),        // 68: wheelfs.v1.AddLinkResponse
+	(*EntryChange)(nil),            // 69: wheelfs.v1.EntryChange
+	(*ReconcileRequest)(nil),       // 70: wheelfs.v1.ReconcileRequest
+	(*ReconcileResponse)(nil),      // 71: wheelfs.v1.ReconcileResponse
+	(*XattrSummary)(nil),           // 72: wheelfs.v1.XattrSummary
+	(*Xattr)(nil),                  // 73: wheelfs.v1.Xattr
+	(*Coord)(nil),                  // 74: wheelfs.v1.Coord
+	(*CoordSample)(nil),            // 75: wheelfs.v1.CoordSample
+	(*ProbeRequest)(nil),           // 76: wheelfs.v1.ProbeRequest
+	(*ProbeResponse)(nil),          // 77: wheelfs.v1.ProbeResponse
+	(*BlockRange)(nil),             // 78: wheelfs.v1.BlockRange
+	(*HeldBlocks)(nil),             // 79: wheelfs.v1.HeldBlocks
+	(*ReportHoldingRequest)(nil),   // 80: wheelfs.v1.ReportHoldingRequest
+	(*ReportHoldingResponse)(nil),  // 81: wheelfs.v1.ReportHoldingResponse
+	(*HoldersRequest)(nil),         // 82: wheelfs.v1.HoldersRequest
+	(*Holder)(nil),                 // 83: wheelfs.v1.Holder
+	(*HoldersResponse)(nil),        // 84: wheelfs.v1.HoldersResponse
+	(*LoginChallengeRequest)(nil),  // 85: wheelfs.v1.LoginChallengeRequest
+	(*LoginChallengeResponse)(nil), // 86: wheelfs.v1.LoginChallengeResponse
+	(*LoginRequest)(nil),           // 87: wheelfs.v1.LoginRequest
+	(*LoginResponse)(nil),          // 88: wheelfs.v1.LoginResponse
+	(*SessionRequest)(nil),         // 89: wheelfs.v1.SessionRequest
+	(*LogoutResponse)(nil),         // 90: wheelfs.v1.LogoutResponse
+	(*Grant)(nil),                  // 91: wheelfs.v1.Grant
+	(*GrantBody)(nil),              // 92: wheelfs.v1.GrantBody
+	(*FetchCachedRequest)(nil),     // 93: wheelfs.v1.FetchCachedRequest
+	(*FetchCachedResponse)(nil),    // 94: wheelfs.v1.FetchCachedResponse
+	(*FileData)(nil),               // 95: wheelfs.v1.FileData
+	(*BlockData)(nil),              // 96: wheelfs.v1.BlockData
 }
 var file_wheelfs_proto_depIdxs = []int32{
 	0,   // 0: wheelfs.v1.Meta.type:type_name -> wheelfs.v1.Type
@@ -7119,11 +7186,11 @@ var file_wheelfs_proto_depIdxs = []int32{
 	5,   // 5: wheelfs.v1.LookupResponse.entry:type_name -> wheelfs.v1.Entry
 	4,   // 6: wheelfs.v1.LookupResponse.meta:type_name -> wheelfs.v1.Meta
 	4,   // 7: wheelfs.v1.LookupResponse.dir:type_name -> wheelfs.v1.Meta
-	71,  // 8: wheelfs.v1.LookupResponse.xattrs:type_name -> wheelfs.v1.XattrSummary
-	94,  // 9: wheelfs.v1.LookupResponse.data:type_name -> wheelfs.v1.FileData
+	72,  // 8: wheelfs.v1.LookupResponse.xattrs:type_name -> wheelfs.v1.XattrSummary
+	95,  // 9: wheelfs.v1.LookupResponse.data:type_name -> wheelfs.v1.FileData
 	6,   // 10: wheelfs.v1.GetAttrRequest.caller:type_name -> wheelfs.v1.Caller
 	4,   // 11: wheelfs.v1.GetAttrResponse.meta:type_name -> wheelfs.v1.Meta
-	71,  // 12: wheelfs.v1.GetAttrResponse.xattrs:type_name -> wheelfs.v1.XattrSummary
+	72,  // 12: wheelfs.v1.GetAttrResponse.xattrs:type_name -> wheelfs.v1.XattrSummary
 	6,   // 13: wheelfs.v1.CreateRequest.caller:type_name -> wheelfs.v1.Caller
 	0,   // 14: wheelfs.v1.CreateRequest.type:type_name -> wheelfs.v1.Type
 	3,   // 15: wheelfs.v1.CreateRequest.cues:type_name -> wheelfs.v1.Cues
@@ -7145,154 +7212,156 @@ var file_wheelfs_proto_depIdxs = []int32{
 	5,   // 31: wheelfs.v1.ReadDirResponse.entries:type_name -> wheelfs.v1.Entry
 	4,   // 32: wheelfs.v1.ReadDirResponse.metas:type_name -> wheelfs.v1.Meta
 	4,   // 33: wheelfs.v1.ReadDirResponse.dir:type_name -> wheelfs.v1.Meta
-	71,  // 34: wheelfs.v1.ReadDirResponse.dir_xattrs:type_name -> wheelfs.v1.XattrSummary
-	71,  // 35: wheelfs.v1.ReadDirResponse.xattrs:type_name -> wheelfs.v1.XattrSummary
-	94,  // 36: wheelfs.v1.ReadDirResponse.datas:type_name -> wheelfs.v1.FileData
+	72,  // 34: wheelfs.v1.ReadDirResponse.dir_xattrs:type_name -> wheelfs.v1.XattrSummary
+	72,  // 35: wheelfs.v1.ReadDirResponse.xattrs:type_name -> wheelfs.v1.XattrSummary
+	95,  // 36: wheelfs.v1.ReadDirResponse.datas:type_name -> wheelfs.v1.FileData
 	6,   // 37: wheelfs.v1.GetBlocksRequest.caller:type_name -> wheelfs.v1.Caller
 	4,   // 38: wheelfs.v1.GetBlocksResponse.meta:type_name -> wheelfs.v1.Meta
 	27,  // 39: wheelfs.v1.GetBlocksResponse.blocks:type_name -> wheelfs.v1.BlockRef
 	6,   // 40: wheelfs.v1.ReadBlocksRequest.caller:type_name -> wheelfs.v1.Caller
-	90,  // 41: wheelfs.v1.ReadBlocksRequest.grant:type_name -> wheelfs.v1.Grant
+	91,  // 41: wheelfs.v1.ReadBlocksRequest.grant:type_name -> wheelfs.v1.Grant
 	6,   // 42: wheelfs.v1.PutBlocksRequest.caller:type_name -> wheelfs.v1.Caller
 	6,   // 43: wheelfs.v1.CommitRequest.caller:type_name -> wheelfs.v1.Caller
 	27,  // 44: wheelfs.v1.CommitRequest.blocks:type_name -> wheelfs.v1.BlockRef
 	23,  // 45: wheelfs.v1.CommitRequest.attrs:type_name -> wheelfs.v1.SetAttrRequest
-	95,  // 46: wheelfs.v1.CommitRequest.inline:type_name -> wheelfs.v1.BlockData
+	96,  // 46: wheelfs.v1.CommitRequest.inline:type_name -> wheelfs.v1.BlockData
 	4,   // 47: wheelfs.v1.CommitResponse.meta:type_name -> wheelfs.v1.Meta
 	6,   // 48: wheelfs.v1.XattrRequest.caller:type_name -> wheelfs.v1.Caller
 	4,   // 49: wheelfs.v1.XattrResponse.meta:type_name -> wheelfs.v1.Meta
-	71,  // 50: wheelfs.v1.XattrResponse.xattrs:type_name -> wheelfs.v1.XattrSummary
+	72,  // 50: wheelfs.v1.XattrResponse.xattrs:type_name -> wheelfs.v1.XattrSummary
 	6,   // 51: wheelfs.v1.StatFSRequest.caller:type_name -> wheelfs.v1.Caller
 	6,   // 52: wheelfs.v1.OpenRequest.caller:type_name -> wheelfs.v1.Caller
 	4,   // 53: wheelfs.v1.OpenResponse.meta:type_name -> wheelfs.v1.Meta
-	94,  // 54: wheelfs.v1.OpenResponse.data:type_name -> wheelfs.v1.FileData
+	95,  // 54: wheelfs.v1.OpenResponse.data:type_name -> wheelfs.v1.FileData
 	7,   // 55: wheelfs.v1.ReleaseRequest.handle:type_name -> wheelfs.v1.HandleRef
-	1,   // 56: wheelfs.v1.Mutation.kind:type_name -> wheelfs.v1.MutationKind
-	46,  // 57: wheelfs.v1.Batch.mutations:type_name -> wheelfs.v1.Mutation
-	47,  // 58: wheelfs.v1.ReplicateRequest.batches:type_name -> wheelfs.v1.Batch
-	2,   // 59: wheelfs.v1.ReplicateResponse.status:type_name -> wheelfs.v1.ReplStatus
-	4,   // 60: wheelfs.v1.ObjectState.meta:type_name -> wheelfs.v1.Meta
-	5,   // 61: wheelfs.v1.ObjectState.entries:type_name -> wheelfs.v1.Entry
-	27,  // 62: wheelfs.v1.ObjectState.blocks:type_name -> wheelfs.v1.BlockRef
-	52,  // 63: wheelfs.v1.InstallRequest.objects:type_name -> wheelfs.v1.ObjectState
-	2,   // 64: wheelfs.v1.InstallResponse.status:type_name -> wheelfs.v1.ReplStatus
-	51,  // 65: wheelfs.v1.DiffRequest.digest:type_name -> wheelfs.v1.DigestResponse
-	4,   // 66: wheelfs.v1.CreateObjectRequest.meta:type_name -> wheelfs.v1.Meta
-	3,   // 67: wheelfs.v1.CreateObjectRequest.cues:type_name -> wheelfs.v1.Cues
-	3,   // 68: wheelfs.v1.CreateObjectRequest.policy:type_name -> wheelfs.v1.Cues
-	7,   // 69: wheelfs.v1.CreateObjectRequest.handle:type_name -> wheelfs.v1.HandleRef
-	4,   // 70: wheelfs.v1.CreateObjectResponse.meta:type_name -> wheelfs.v1.Meta
-	6,   // 71: wheelfs.v1.DropLinkRequest.caller:type_name -> wheelfs.v1.Caller
-	4,   // 72: wheelfs.v1.DropLinkRequest.dir:type_name -> wheelfs.v1.Meta
-	7,   // 73: wheelfs.v1.DropLinkRequest.handle:type_name -> wheelfs.v1.HandleRef
-	4,   // 74: wheelfs.v1.DropLinkResponse.meta:type_name -> wheelfs.v1.Meta
-	4,   // 75: wheelfs.v1.StatResponse.meta:type_name -> wheelfs.v1.Meta
-	6,   // 76: wheelfs.v1.AddLinkRequest.caller:type_name -> wheelfs.v1.Caller
-	4,   // 77: wheelfs.v1.AddLinkRequest.object:type_name -> wheelfs.v1.Meta
-	4,   // 78: wheelfs.v1.AddLinkResponse.replaced:type_name -> wheelfs.v1.Meta
-	5,   // 79: wheelfs.v1.EntryChange.entry:type_name -> wheelfs.v1.Entry
-	52,  // 80: wheelfs.v1.ReconcileRequest.objects:type_name -> wheelfs.v1.ObjectState
-	68,  // 81: wheelfs.v1.ReconcileRequest.entries:type_name -> wheelfs.v1.EntryChange
-	2,   // 82: wheelfs.v1.ReconcileResponse.status:type_name -> wheelfs.v1.ReplStatus
-	72,  // 83: wheelfs.v1.XattrSummary.attrs:type_name -> wheelfs.v1.Xattr
-	73,  // 84: wheelfs.v1.CoordSample.coord:type_name -> wheelfs.v1.Coord
-	6,   // 85: wheelfs.v1.HeldBlocks.caller:type_name -> wheelfs.v1.Caller
-	77,  // 86: wheelfs.v1.HeldBlocks.blocks:type_name -> wheelfs.v1.BlockRange
-	73,  // 87: wheelfs.v1.ReportHoldingRequest.coord:type_name -> wheelfs.v1.Coord
-	78,  // 88: wheelfs.v1.ReportHoldingRequest.held:type_name -> wheelfs.v1.HeldBlocks
-	6,   // 89: wheelfs.v1.HoldersRequest.caller:type_name -> wheelfs.v1.Caller
-	77,  // 90: wheelfs.v1.HoldersRequest.blocks:type_name -> wheelfs.v1.BlockRange
-	73,  // 91: wheelfs.v1.HoldersRequest.coord:type_name -> wheelfs.v1.Coord
-	77,  // 92: wheelfs.v1.Holder.blocks:type_name -> wheelfs.v1.BlockRange
-	82,  // 93: wheelfs.v1.HoldersResponse.holders:type_name -> wheelfs.v1.Holder
-	90,  // 94: wheelfs.v1.HoldersResponse.grant:type_name -> wheelfs.v1.Grant
-	90,  // 95: wheelfs.v1.FetchCachedRequest.grant:type_name -> wheelfs.v1.Grant
-	27,  // 96: wheelfs.v1.FileData.blocks:type_name -> wheelfs.v1.BlockRef
-	8,   // 97: wheelfs.v1.Storage.Lookup:input_type -> wheelfs.v1.LookupRequest
-	10,  // 98: wheelfs.v1.Storage.GetAttr:input_type -> wheelfs.v1.GetAttrRequest
-	12,  // 99: wheelfs.v1.Storage.Create:input_type -> wheelfs.v1.CreateRequest
-	17,  // 100: wheelfs.v1.Storage.Link:input_type -> wheelfs.v1.LinkRequest
-	19,  // 101: wheelfs.v1.Storage.Remove:input_type -> wheelfs.v1.RemoveRequest
-	21,  // 102: wheelfs.v1.Storage.Rename:input_type -> wheelfs.v1.RenameRequest
-	23,  // 103: wheelfs.v1.Storage.SetAttr:input_type -> wheelfs.v1.SetAttrRequest
-	25,  // 104: wheelfs.v1.Storage.ReadDir:input_type -> wheelfs.v1.ReadDirRequest
-	28,  // 105: wheelfs.v1.Storage.GetBlocks:input_type -> wheelfs.v1.GetBlocksRequest
-	30,  // 106: wheelfs.v1.Storage.ReadBlocks:input_type -> wheelfs.v1.ReadBlocksRequest
-	32,  // 107: wheelfs.v1.Storage.PutBlocks:input_type -> wheelfs.v1.PutBlocksRequest
-	34,  // 108: wheelfs.v1.Storage.Commit:input_type -> wheelfs.v1.CommitRequest
-	36,  // 109: wheelfs.v1.Storage.GetXattr:input_type -> wheelfs.v1.XattrRequest
-	36,  // 110: wheelfs.v1.Storage.ListXattr:input_type -> wheelfs.v1.XattrRequest
-	36,  // 111: wheelfs.v1.Storage.SetXattr:input_type -> wheelfs.v1.XattrRequest
-	36,  // 112: wheelfs.v1.Storage.RemoveXattr:input_type -> wheelfs.v1.XattrRequest
-	38,  // 113: wheelfs.v1.Storage.StatFS:input_type -> wheelfs.v1.StatFSRequest
-	40,  // 114: wheelfs.v1.Storage.Open:input_type -> wheelfs.v1.OpenRequest
-	42,  // 115: wheelfs.v1.Storage.Release:input_type -> wheelfs.v1.ReleaseRequest
-	15,  // 116: wheelfs.v1.Storage.Sync:input_type -> wheelfs.v1.SyncRequest
-	45,  // 117: wheelfs.v1.Storage.Callbacks:input_type -> wheelfs.v1.CallbackAck
-	75,  // 118: wheelfs.v1.Storage.Probe:input_type -> wheelfs.v1.ProbeRequest
-	79,  // 119: wheelfs.v1.Storage.ReportHolding:input_type -> wheelfs.v1.ReportHoldingRequest
-	81,  // 120: wheelfs.v1.Storage.Holders:input_type -> wheelfs.v1.HoldersRequest
-	84,  // 121: wheelfs.v1.Storage.LoginChallenge:input_type -> wheelfs.v1.LoginChallengeRequest
-	86,  // 122: wheelfs.v1.Storage.Login:input_type -> wheelfs.v1.LoginRequest
-	88,  // 123: wheelfs.v1.Storage.RenewSession:input_type -> wheelfs.v1.SessionRequest
-	88,  // 124: wheelfs.v1.Storage.Logout:input_type -> wheelfs.v1.SessionRequest
-	48,  // 125: wheelfs.v1.Peer.Replicate:input_type -> wheelfs.v1.ReplicateRequest
-	50,  // 126: wheelfs.v1.Peer.Digest:input_type -> wheelfs.v1.DigestRequest
-	55,  // 127: wheelfs.v1.Peer.Diff:input_type -> wheelfs.v1.DiffRequest
-	53,  // 128: wheelfs.v1.Peer.Install:input_type -> wheelfs.v1.InstallRequest
-	56,  // 129: wheelfs.v1.Peer.FetchBlocks:input_type -> wheelfs.v1.FetchBlocksRequest
-	58,  // 130: wheelfs.v1.Peer.Ping:input_type -> wheelfs.v1.PingRequest
-	60,  // 131: wheelfs.v1.Peer.CreateObject:input_type -> wheelfs.v1.CreateObjectRequest
-	62,  // 132: wheelfs.v1.Peer.DropLink:input_type -> wheelfs.v1.DropLinkRequest
-	64,  // 133: wheelfs.v1.Peer.Stat:input_type -> wheelfs.v1.StatRequest
-	66,  // 134: wheelfs.v1.Peer.AddLink:input_type -> wheelfs.v1.AddLinkRequest
-	69,  // 135: wheelfs.v1.Peer.Reconcile:input_type -> wheelfs.v1.ReconcileRequest
-	92,  // 136: wheelfs.v1.PeerCache.FetchCached:input_type -> wheelfs.v1.FetchCachedRequest
-	9,   // 137: wheelfs.v1.Storage.Lookup:output_type -> wheelfs.v1.LookupResponse
-	11,  // 138: wheelfs.v1.Storage.GetAttr:output_type -> wheelfs.v1.GetAttrResponse
-	13,  // 139: wheelfs.v1.Storage.Create:output_type -> wheelfs.v1.CreateResponse
-	18,  // 140: wheelfs.v1.Storage.Link:output_type -> wheelfs.v1.LinkResponse
-	20,  // 141: wheelfs.v1.Storage.Remove:output_type -> wheelfs.v1.RemoveResponse
-	22,  // 142: wheelfs.v1.Storage.Rename:output_type -> wheelfs.v1.RenameResponse
-	24,  // 143: wheelfs.v1.Storage.SetAttr:output_type -> wheelfs.v1.SetAttrResponse
-	26,  // 144: wheelfs.v1.Storage.ReadDir:output_type -> wheelfs.v1.ReadDirResponse
-	29,  // 145: wheelfs.v1.Storage.GetBlocks:output_type -> wheelfs.v1.GetBlocksResponse
-	31,  // 146: wheelfs.v1.Storage.ReadBlocks:output_type -> wheelfs.v1.ReadBlocksResponse
-	33,  // 147: wheelfs.v1.Storage.PutBlocks:output_type -> wheelfs.v1.PutBlocksResponse
-	35,  // 148: wheelfs.v1.Storage.Commit:output_type -> wheelfs.v1.CommitResponse
-	37,  // 149: wheelfs.v1.Storage.GetXattr:output_type -> wheelfs.v1.XattrResponse
-	37,  // 150: wheelfs.v1.Storage.ListXattr:output_type -> wheelfs.v1.XattrResponse
-	37,  // 151: wheelfs.v1.Storage.SetXattr:output_type -> wheelfs.v1.XattrResponse
-	37,  // 152: wheelfs.v1.Storage.RemoveXattr:output_type -> wheelfs.v1.XattrResponse
-	39,  // 153: wheelfs.v1.Storage.StatFS:output_type -> wheelfs.v1.StatFSResponse
-	41,  // 154: wheelfs.v1.Storage.Open:output_type -> wheelfs.v1.OpenResponse
-	43,  // 155: wheelfs.v1.Storage.Release:output_type -> wheelfs.v1.ReleaseResponse
-	16,  // 156: wheelfs.v1.Storage.Sync:output_type -> wheelfs.v1.SyncResponse
-	44,  // 157: wheelfs.v1.Storage.Callbacks:output_type -> wheelfs.v1.Revoke
-	76,  // 158: wheelfs.v1.Storage.Probe:output_type -> wheelfs.v1.ProbeResponse
-	80,  // 159: wheelfs.v1.Storage.ReportHolding:output_type -> wheelfs.v1.ReportHoldingResponse
-	83,  // 160: wheelfs.v1.Storage.Holders:output_type -> wheelfs.v1.HoldersResponse
-	85,  // 161: wheelfs.v1.Storage.LoginChallenge:output_type -> wheelfs.v1.LoginChallengeResponse
-	87,  // 162: wheelfs.v1.Storage.Login:output_type -> wheelfs.v1.LoginResponse
-	87,  // 163: wheelfs.v1.Storage.RenewSession:output_type -> wheelfs.v1.LoginResponse
-	89,  // 164: wheelfs.v1.Storage.Logout:output_type -> wheelfs.v1.LogoutResponse
-	49,  // 165: wheelfs.v1.Peer.Replicate:output_type -> wheelfs.v1.ReplicateResponse
-	51,  // 166: wheelfs.v1.Peer.Digest:output_type -> wheelfs.v1.DigestResponse
-	53,  // 167: wheelfs.v1.Peer.Diff:output_type -> wheelfs.v1.InstallRequest
-	54,  // 168: wheelfs.v1.Peer.Install:output_type -> wheelfs.v1.InstallResponse
-	57,  // 169: wheelfs.v1.Peer.FetchBlocks:output_type -> wheelfs.v1.FetchBlocksResponse
-	59,  // 170: wheelfs.v1.Peer.Ping:output_type -> wheelfs.v1.PingResponse
-	61,  // 171: wheelfs.v1.Peer.CreateObject:output_type -> wheelfs.v1.CreateObjectResponse
-	63,  // 172: wheelfs.v1.Peer.DropLink:output_type -> wheelfs.v1.DropLinkResponse
-	65,  // 173: wheelfs.v1.Peer.Stat:output_type -> wheelfs.v1.StatResponse
-	67,  // 174: wheelfs.v1.Peer.AddLink:output_type -> wheelfs.v1.AddLinkResponse
-	70,  // 175: wheelfs.v1.Peer.Reconcile:output_type -> wheelfs.v1.ReconcileResponse
-	93,  // 176: wheelfs.v1.PeerCache.FetchCached:output_type -> wheelfs.v1.FetchCachedResponse
-	137, // [137:177] is the sub-list for method output_type
-	97,  // [97:137] is the sub-list for method input_type
-	97,  // [97:97] is the sub-list for extension type_name
-	97,  // [97:97] is the sub-list for extension extendee
-	0,   // [0:97] is the sub-list for field type_name
+	45,  // 56: wheelfs.v1.Revoke.updates:type_name -> wheelfs.v1.LeaseUpdate
+	4,   // 57: wheelfs.v1.LeaseUpdate.meta:type_name -> wheelfs.v1.Meta
+	1,   // 58: wheelfs.v1.Mutation.kind:type_name -> wheelfs.v1.MutationKind
+	47,  // 59: wheelfs.v1.Batch.mutations:type_name -> wheelfs.v1.Mutation
+	48,  // 60: wheelfs.v1.ReplicateRequest.batches:type_name -> wheelfs.v1.Batch
+	2,   // 61: wheelfs.v1.ReplicateResponse.status:type_name -> wheelfs.v1.ReplStatus
+	4,   // 62: wheelfs.v1.ObjectState.meta:type_name -> wheelfs.v1.Meta
+	5,   // 63: wheelfs.v1.ObjectState.entries:type_name -> wheelfs.v1.Entry
+	27,  // 64: wheelfs.v1.ObjectState.blocks:type_name -> wheelfs.v1.BlockRef
+	53,  // 65: wheelfs.v1.InstallRequest.objects:type_name -> wheelfs.v1.ObjectState
+	2,   // 66: wheelfs.v1.InstallResponse.status:type_name -> wheelfs.v1.ReplStatus
+	52,  // 67: wheelfs.v1.DiffRequest.digest:type_name -> wheelfs.v1.DigestResponse
+	4,   // 68: wheelfs.v1.CreateObjectRequest.meta:type_name -> wheelfs.v1.Meta
+	3,   // 69: wheelfs.v1.CreateObjectRequest.cues:type_name -> wheelfs.v1.Cues
+	3,   // 70: wheelfs.v1.CreateObjectRequest.policy:type_name -> wheelfs.v1.Cues
+	7,   // 71: wheelfs.v1.CreateObjectRequest.handle:type_name -> wheelfs.v1.HandleRef
+	4,   // 72: wheelfs.v1.CreateObjectResponse.meta:type_name -> wheelfs.v1.Meta
+	6,   // 73: wheelfs.v1.DropLinkRequest.caller:type_name -> wheelfs.v1.Caller
+	4,   // 74: wheelfs.v1.DropLinkRequest.dir:type_name -> wheelfs.v1.Meta
+	7,   // 75: wheelfs.v1.DropLinkRequest.handle:type_name -> wheelfs.v1.HandleRef
+	4,   // 76: wheelfs.v1.DropLinkResponse.meta:type_name -> wheelfs.v1.Meta
+	4,   // 77: wheelfs.v1.StatResponse.meta:type_name -> wheelfs.v1.Meta
+	6,   // 78: wheelfs.v1.AddLinkRequest.caller:type_name -> wheelfs.v1.Caller
+	4,   // 79: wheelfs.v1.AddLinkRequest.object:type_name -> wheelfs.v1.Meta
+	4,   // 80: wheelfs.v1.AddLinkResponse.replaced:type_name -> wheelfs.v1.Meta
+	5,   // 81: wheelfs.v1.EntryChange.entry:type_name -> wheelfs.v1.Entry
+	53,  // 82: wheelfs.v1.ReconcileRequest.objects:type_name -> wheelfs.v1.ObjectState
+	69,  // 83: wheelfs.v1.ReconcileRequest.entries:type_name -> wheelfs.v1.EntryChange
+	2,   // 84: wheelfs.v1.ReconcileResponse.status:type_name -> wheelfs.v1.ReplStatus
+	73,  // 85: wheelfs.v1.XattrSummary.attrs:type_name -> wheelfs.v1.Xattr
+	74,  // 86: wheelfs.v1.CoordSample.coord:type_name -> wheelfs.v1.Coord
+	6,   // 87: wheelfs.v1.HeldBlocks.caller:type_name -> wheelfs.v1.Caller
+	78,  // 88: wheelfs.v1.HeldBlocks.blocks:type_name -> wheelfs.v1.BlockRange
+	74,  // 89: wheelfs.v1.ReportHoldingRequest.coord:type_name -> wheelfs.v1.Coord
+	79,  // 90: wheelfs.v1.ReportHoldingRequest.held:type_name -> wheelfs.v1.HeldBlocks
+	6,   // 91: wheelfs.v1.HoldersRequest.caller:type_name -> wheelfs.v1.Caller
+	78,  // 92: wheelfs.v1.HoldersRequest.blocks:type_name -> wheelfs.v1.BlockRange
+	74,  // 93: wheelfs.v1.HoldersRequest.coord:type_name -> wheelfs.v1.Coord
+	78,  // 94: wheelfs.v1.Holder.blocks:type_name -> wheelfs.v1.BlockRange
+	83,  // 95: wheelfs.v1.HoldersResponse.holders:type_name -> wheelfs.v1.Holder
+	91,  // 96: wheelfs.v1.HoldersResponse.grant:type_name -> wheelfs.v1.Grant
+	91,  // 97: wheelfs.v1.FetchCachedRequest.grant:type_name -> wheelfs.v1.Grant
+	27,  // 98: wheelfs.v1.FileData.blocks:type_name -> wheelfs.v1.BlockRef
+	8,   // 99: wheelfs.v1.Storage.Lookup:input_type -> wheelfs.v1.LookupRequest
+	10,  // 100: wheelfs.v1.Storage.GetAttr:input_type -> wheelfs.v1.GetAttrRequest
+	12,  // 101: wheelfs.v1.Storage.Create:input_type -> wheelfs.v1.CreateRequest
+	17,  // 102: wheelfs.v1.Storage.Link:input_type -> wheelfs.v1.LinkRequest
+	19,  // 103: wheelfs.v1.Storage.Remove:input_type -> wheelfs.v1.RemoveRequest
+	21,  // 104: wheelfs.v1.Storage.Rename:input_type -> wheelfs.v1.RenameRequest
+	23,  // 105: wheelfs.v1.Storage.SetAttr:input_type -> wheelfs.v1.SetAttrRequest
+	25,  // 106: wheelfs.v1.Storage.ReadDir:input_type -> wheelfs.v1.ReadDirRequest
+	28,  // 107: wheelfs.v1.Storage.GetBlocks:input_type -> wheelfs.v1.GetBlocksRequest
+	30,  // 108: wheelfs.v1.Storage.ReadBlocks:input_type -> wheelfs.v1.ReadBlocksRequest
+	32,  // 109: wheelfs.v1.Storage.PutBlocks:input_type -> wheelfs.v1.PutBlocksRequest
+	34,  // 110: wheelfs.v1.Storage.Commit:input_type -> wheelfs.v1.CommitRequest
+	36,  // 111: wheelfs.v1.Storage.GetXattr:input_type -> wheelfs.v1.XattrRequest
+	36,  // 112: wheelfs.v1.Storage.ListXattr:input_type -> wheelfs.v1.XattrRequest
+	36,  // 113: wheelfs.v1.Storage.SetXattr:input_type -> wheelfs.v1.XattrRequest
+	36,  // 114: wheelfs.v1.Storage.RemoveXattr:input_type -> wheelfs.v1.XattrRequest
+	38,  // 115: wheelfs.v1.Storage.StatFS:input_type -> wheelfs.v1.StatFSRequest
+	40,  // 116: wheelfs.v1.Storage.Open:input_type -> wheelfs.v1.OpenRequest
+	42,  // 117: wheelfs.v1.Storage.Release:input_type -> wheelfs.v1.ReleaseRequest
+	15,  // 118: wheelfs.v1.Storage.Sync:input_type -> wheelfs.v1.SyncRequest
+	46,  // 119: wheelfs.v1.Storage.Callbacks:input_type -> wheelfs.v1.CallbackAck
+	76,  // 120: wheelfs.v1.Storage.Probe:input_type -> wheelfs.v1.ProbeRequest
+	80,  // 121: wheelfs.v1.Storage.ReportHolding:input_type -> wheelfs.v1.ReportHoldingRequest
+	82,  // 122: wheelfs.v1.Storage.Holders:input_type -> wheelfs.v1.HoldersRequest
+	85,  // 123: wheelfs.v1.Storage.LoginChallenge:input_type -> wheelfs.v1.LoginChallengeRequest
+	87,  // 124: wheelfs.v1.Storage.Login:input_type -> wheelfs.v1.LoginRequest
+	89,  // 125: wheelfs.v1.Storage.RenewSession:input_type -> wheelfs.v1.SessionRequest
+	89,  // 126: wheelfs.v1.Storage.Logout:input_type -> wheelfs.v1.SessionRequest
+	49,  // 127: wheelfs.v1.Peer.Replicate:input_type -> wheelfs.v1.ReplicateRequest
+	51,  // 128: wheelfs.v1.Peer.Digest:input_type -> wheelfs.v1.DigestRequest
+	56,  // 129: wheelfs.v1.Peer.Diff:input_type -> wheelfs.v1.DiffRequest
+	54,  // 130: wheelfs.v1.Peer.Install:input_type -> wheelfs.v1.InstallRequest
+	57,  // 131: wheelfs.v1.Peer.FetchBlocks:input_type -> wheelfs.v1.FetchBlocksRequest
+	59,  // 132: wheelfs.v1.Peer.Ping:input_type -> wheelfs.v1.PingRequest
+	61,  // 133: wheelfs.v1.Peer.CreateObject:input_type -> wheelfs.v1.CreateObjectRequest
+	63,  // 134: wheelfs.v1.Peer.DropLink:input_type -> wheelfs.v1.DropLinkRequest
+	65,  // 135: wheelfs.v1.Peer.Stat:input_type -> wheelfs.v1.StatRequest
+	67,  // 136: wheelfs.v1.Peer.AddLink:input_type -> wheelfs.v1.AddLinkRequest
+	70,  // 137: wheelfs.v1.Peer.Reconcile:input_type -> wheelfs.v1.ReconcileRequest
+	93,  // 138: wheelfs.v1.PeerCache.FetchCached:input_type -> wheelfs.v1.FetchCachedRequest
+	9,   // 139: wheelfs.v1.Storage.Lookup:output_type -> wheelfs.v1.LookupResponse
+	11,  // 140: wheelfs.v1.Storage.GetAttr:output_type -> wheelfs.v1.GetAttrResponse
+	13,  // 141: wheelfs.v1.Storage.Create:output_type -> wheelfs.v1.CreateResponse
+	18,  // 142: wheelfs.v1.Storage.Link:output_type -> wheelfs.v1.LinkResponse
+	20,  // 143: wheelfs.v1.Storage.Remove:output_type -> wheelfs.v1.RemoveResponse
+	22,  // 144: wheelfs.v1.Storage.Rename:output_type -> wheelfs.v1.RenameResponse
+	24,  // 145: wheelfs.v1.Storage.SetAttr:output_type -> wheelfs.v1.SetAttrResponse
+	26,  // 146: wheelfs.v1.Storage.ReadDir:output_type -> wheelfs.v1.ReadDirResponse
+	29,  // 147: wheelfs.v1.Storage.GetBlocks:output_type -> wheelfs.v1.GetBlocksResponse
+	31,  // 148: wheelfs.v1.Storage.ReadBlocks:output_type -> wheelfs.v1.ReadBlocksResponse
+	33,  // 149: wheelfs.v1.Storage.PutBlocks:output_type -> wheelfs.v1.PutBlocksResponse
+	35,  // 150: wheelfs.v1.Storage.Commit:output_type -> wheelfs.v1.CommitResponse
+	37,  // 151: wheelfs.v1.Storage.GetXattr:output_type -> wheelfs.v1.XattrResponse
+	37,  // 152: wheelfs.v1.Storage.ListXattr:output_type -> wheelfs.v1.XattrResponse
+	37,  // 153: wheelfs.v1.Storage.SetXattr:output_type -> wheelfs.v1.XattrResponse
+	37,  // 154: wheelfs.v1.Storage.RemoveXattr:output_type -> wheelfs.v1.XattrResponse
+	39,  // 155: wheelfs.v1.Storage.StatFS:output_type -> wheelfs.v1.StatFSResponse
+	41,  // 156: wheelfs.v1.Storage.Open:output_type -> wheelfs.v1.OpenResponse
+	43,  // 157: wheelfs.v1.Storage.Release:output_type -> wheelfs.v1.ReleaseResponse
+	16,  // 158: wheelfs.v1.Storage.Sync:output_type -> wheelfs.v1.SyncResponse
+	44,  // 159: wheelfs.v1.Storage.Callbacks:output_type -> wheelfs.v1.Revoke
+	77,  // 160: wheelfs.v1.Storage.Probe:output_type -> wheelfs.v1.ProbeResponse
+	81,  // 161: wheelfs.v1.Storage.ReportHolding:output_type -> wheelfs.v1.ReportHoldingResponse
+	84,  // 162: wheelfs.v1.Storage.Holders:output_type -> wheelfs.v1.HoldersResponse
+	86,  // 163: wheelfs.v1.Storage.LoginChallenge:output_type -> wheelfs.v1.LoginChallengeResponse
+	88,  // 164: wheelfs.v1.Storage.Login:output_type -> wheelfs.v1.LoginResponse
+	88,  // 165: wheelfs.v1.Storage.RenewSession:output_type -> wheelfs.v1.LoginResponse
+	90,  // 166: wheelfs.v1.Storage.Logout:output_type -> wheelfs.v1.LogoutResponse
+	50,  // 167: wheelfs.v1.Peer.Replicate:output_type -> wheelfs.v1.ReplicateResponse
+	52,  // 168: wheelfs.v1.Peer.Digest:output_type -> wheelfs.v1.DigestResponse
+	54,  // 169: wheelfs.v1.Peer.Diff:output_type -> wheelfs.v1.InstallRequest
+	55,  // 170: wheelfs.v1.Peer.Install:output_type -> wheelfs.v1.InstallResponse
+	58,  // 171: wheelfs.v1.Peer.FetchBlocks:output_type -> wheelfs.v1.FetchBlocksResponse
+	60,  // 172: wheelfs.v1.Peer.Ping:output_type -> wheelfs.v1.PingResponse
+	62,  // 173: wheelfs.v1.Peer.CreateObject:output_type -> wheelfs.v1.CreateObjectResponse
+	64,  // 174: wheelfs.v1.Peer.DropLink:output_type -> wheelfs.v1.DropLinkResponse
+	66,  // 175: wheelfs.v1.Peer.Stat:output_type -> wheelfs.v1.StatResponse
+	68,  // 176: wheelfs.v1.Peer.AddLink:output_type -> wheelfs.v1.AddLinkResponse
+	71,  // 177: wheelfs.v1.Peer.Reconcile:output_type -> wheelfs.v1.ReconcileResponse
+	94,  // 178: wheelfs.v1.PeerCache.FetchCached:output_type -> wheelfs.v1.FetchCachedResponse
+	139, // [139:179] is the sub-list for method output_type
+	99,  // [99:139] is the sub-list for method input_type
+	99,  // [99:99] is the sub-list for extension type_name
+	99,  // [99:99] is the sub-list for extension extendee
+	0,   // [0:99] is the sub-list for field type_name
 }
 
 func init() { file_wheelfs_proto_init() }
@@ -7306,7 +7375,7 @@ func file_wheelfs_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_wheelfs_proto_rawDesc), len(file_wheelfs_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   93,
+			NumMessages:   94,
 			NumExtensions: 0,
 			NumServices:   3,
 		},
