@@ -299,24 +299,30 @@ func (x *Cues) GetEventual() bool {
 // Meta is an object's meta-data. The version increments on every close that
 // changed data and on every meta-data change.
 type Meta struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Id            uint64                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
-	Type          Type                   `protobuf:"varint,2,opt,name=type,proto3,enum=wheelfs.v1.Type" json:"type,omitempty"`
-	Mode          uint32                 `protobuf:"varint,3,opt,name=mode,proto3" json:"mode,omitempty"` // permission bits incl. setuid/setgid/sticky (no type bits)
-	Uid           uint32                 `protobuf:"varint,4,opt,name=uid,proto3" json:"uid,omitempty"`
-	Gid           uint32                 `protobuf:"varint,5,opt,name=gid,proto3" json:"gid,omitempty"`
-	Size          uint64                 `protobuf:"varint,6,opt,name=size,proto3" json:"size,omitempty"`
-	Nlink         uint32                 `protobuf:"varint,7,opt,name=nlink,proto3" json:"nlink,omitempty"`
-	AtimeNs       int64                  `protobuf:"varint,8,opt,name=atime_ns,json=atimeNs,proto3" json:"atime_ns,omitempty"`
-	MtimeNs       int64                  `protobuf:"varint,9,opt,name=mtime_ns,json=mtimeNs,proto3" json:"mtime_ns,omitempty"`
-	CtimeNs       int64                  `protobuf:"varint,10,opt,name=ctime_ns,json=ctimeNs,proto3" json:"ctime_ns,omitempty"`
-	BtimeNs       int64                  `protobuf:"varint,11,opt,name=btime_ns,json=btimeNs,proto3" json:"btime_ns,omitempty"`
-	Version       uint64                 `protobuf:"varint,12,opt,name=version,proto3" json:"version,omitempty"`
-	Rdev          uint32                 `protobuf:"varint,13,opt,name=rdev,proto3" json:"rdev,omitempty"`
-	Target        string                 `protobuf:"bytes,14,opt,name=target,proto3" json:"target,omitempty"` // symlink target
-	Cues          *Cues                  `protobuf:"bytes,15,opt,name=cues,proto3" json:"cues,omitempty"`
-	Parent        uint64                 `protobuf:"varint,16,opt,name=parent,proto3" json:"parent,omitempty"` // directories: the parent directory (for "..")
-	BlockSize     uint32                 `protobuf:"varint,17,opt,name=block_size,json=blockSize,proto3" json:"block_size,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Id        uint64                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
+	Type      Type                   `protobuf:"varint,2,opt,name=type,proto3,enum=wheelfs.v1.Type" json:"type,omitempty"`
+	Mode      uint32                 `protobuf:"varint,3,opt,name=mode,proto3" json:"mode,omitempty"` // permission bits incl. setuid/setgid/sticky (no type bits)
+	Uid       uint32                 `protobuf:"varint,4,opt,name=uid,proto3" json:"uid,omitempty"`
+	Gid       uint32                 `protobuf:"varint,5,opt,name=gid,proto3" json:"gid,omitempty"`
+	Size      uint64                 `protobuf:"varint,6,opt,name=size,proto3" json:"size,omitempty"`
+	Nlink     uint32                 `protobuf:"varint,7,opt,name=nlink,proto3" json:"nlink,omitempty"`
+	AtimeNs   int64                  `protobuf:"varint,8,opt,name=atime_ns,json=atimeNs,proto3" json:"atime_ns,omitempty"`
+	MtimeNs   int64                  `protobuf:"varint,9,opt,name=mtime_ns,json=mtimeNs,proto3" json:"mtime_ns,omitempty"`
+	CtimeNs   int64                  `protobuf:"varint,10,opt,name=ctime_ns,json=ctimeNs,proto3" json:"ctime_ns,omitempty"`
+	BtimeNs   int64                  `protobuf:"varint,11,opt,name=btime_ns,json=btimeNs,proto3" json:"btime_ns,omitempty"`
+	Version   uint64                 `protobuf:"varint,12,opt,name=version,proto3" json:"version,omitempty"`
+	Rdev      uint32                 `protobuf:"varint,13,opt,name=rdev,proto3" json:"rdev,omitempty"`
+	Target    string                 `protobuf:"bytes,14,opt,name=target,proto3" json:"target,omitempty"` // symlink target
+	Cues      *Cues                  `protobuf:"bytes,15,opt,name=cues,proto3" json:"cues,omitempty"`
+	Parent    uint64                 `protobuf:"varint,16,opt,name=parent,proto3" json:"parent,omitempty"` // directories: the parent directory (for "..")
+	BlockSize uint32                 `protobuf:"varint,17,opt,name=block_size,json=blockSize,proto3" json:"block_size,omitempty"`
+	// acl is the access ACL beyond the mode: the owning group's entry and
+	// the named user and group entries, in Linux's order; the mode's group
+	// class bits are then the mask. Empty: the mode is the whole ACL.
+	Acl []*AclEntry `protobuf:"bytes,18,rep,name=acl,proto3" json:"acl,omitempty"`
+	// default_acl is a directory's whole default ACL; empty: none.
+	DefaultAcl    []*AclEntry `protobuf:"bytes,19,rep,name=default_acl,json=defaultAcl,proto3" json:"default_acl,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -470,6 +476,82 @@ func (x *Meta) GetBlockSize() uint32 {
 	return 0
 }
 
+func (x *Meta) GetAcl() []*AclEntry {
+	if x != nil {
+		return x.Acl
+	}
+	return nil
+}
+
+func (x *Meta) GetDefaultAcl() []*AclEntry {
+	if x != nil {
+		return x.DefaultAcl
+	}
+	return nil
+}
+
+// AclEntry is one POSIX ACL entry: tag (ACL_USER_OBJ...), rwx bits, and
+// the uid or gid of a named entry.
+type AclEntry struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Tag           uint32                 `protobuf:"varint,1,opt,name=tag,proto3" json:"tag,omitempty"`
+	Perm          uint32                 `protobuf:"varint,2,opt,name=perm,proto3" json:"perm,omitempty"`
+	Id            uint32                 `protobuf:"varint,3,opt,name=id,proto3" json:"id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AclEntry) Reset() {
+	*x = AclEntry{}
+	mi := &file_wheelfs_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AclEntry) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AclEntry) ProtoMessage() {}
+
+func (x *AclEntry) ProtoReflect() protoreflect.Message {
+	mi := &file_wheelfs_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AclEntry.ProtoReflect.Descriptor instead.
+func (*AclEntry) Descriptor() ([]byte, []int) {
+	return file_wheelfs_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *AclEntry) GetTag() uint32 {
+	if x != nil {
+		return x.Tag
+	}
+	return 0
+}
+
+func (x *AclEntry) GetPerm() uint32 {
+	if x != nil {
+		return x.Perm
+	}
+	return 0
+}
+
+func (x *AclEntry) GetId() uint32 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
 // Entry is one name in a directory.
 type Entry struct {
 	state   protoimpl.MessageState `protogen:"open.v1"`
@@ -488,7 +570,7 @@ type Entry struct {
 
 func (x *Entry) Reset() {
 	*x = Entry{}
-	mi := &file_wheelfs_proto_msgTypes[2]
+	mi := &file_wheelfs_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -500,7 +582,7 @@ func (x *Entry) String() string {
 func (*Entry) ProtoMessage() {}
 
 func (x *Entry) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[2]
+	mi := &file_wheelfs_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -513,7 +595,7 @@ func (x *Entry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Entry.ProtoReflect.Descriptor instead.
 func (*Entry) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{2}
+	return file_wheelfs_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *Entry) GetName() string {
@@ -582,7 +664,7 @@ type Caller struct {
 
 func (x *Caller) Reset() {
 	*x = Caller{}
-	mi := &file_wheelfs_proto_msgTypes[3]
+	mi := &file_wheelfs_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -594,7 +676,7 @@ func (x *Caller) String() string {
 func (*Caller) ProtoMessage() {}
 
 func (x *Caller) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[3]
+	mi := &file_wheelfs_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -607,7 +689,7 @@ func (x *Caller) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Caller.ProtoReflect.Descriptor instead.
 func (*Caller) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{3}
+	return file_wheelfs_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *Caller) GetUid() uint32 {
@@ -671,7 +753,7 @@ type HandleRef struct {
 
 func (x *HandleRef) Reset() {
 	*x = HandleRef{}
-	mi := &file_wheelfs_proto_msgTypes[4]
+	mi := &file_wheelfs_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -683,7 +765,7 @@ func (x *HandleRef) String() string {
 func (*HandleRef) ProtoMessage() {}
 
 func (x *HandleRef) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[4]
+	mi := &file_wheelfs_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -696,7 +778,7 @@ func (x *HandleRef) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HandleRef.ProtoReflect.Descriptor instead.
 func (*HandleRef) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{4}
+	return file_wheelfs_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *HandleRef) GetSession() uint64 {
@@ -729,7 +811,7 @@ type LookupRequest struct {
 
 func (x *LookupRequest) Reset() {
 	*x = LookupRequest{}
-	mi := &file_wheelfs_proto_msgTypes[5]
+	mi := &file_wheelfs_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -741,7 +823,7 @@ func (x *LookupRequest) String() string {
 func (*LookupRequest) ProtoMessage() {}
 
 func (x *LookupRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[5]
+	mi := &file_wheelfs_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -754,7 +836,7 @@ func (x *LookupRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LookupRequest.ProtoReflect.Descriptor instead.
 func (*LookupRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{5}
+	return file_wheelfs_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *LookupRequest) GetCaller() *Caller {
@@ -810,7 +892,7 @@ type LookupResponse struct {
 
 func (x *LookupResponse) Reset() {
 	*x = LookupResponse{}
-	mi := &file_wheelfs_proto_msgTypes[6]
+	mi := &file_wheelfs_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -822,7 +904,7 @@ func (x *LookupResponse) String() string {
 func (*LookupResponse) ProtoMessage() {}
 
 func (x *LookupResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[6]
+	mi := &file_wheelfs_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -835,7 +917,7 @@ func (x *LookupResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LookupResponse.ProtoReflect.Descriptor instead.
 func (*LookupResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{6}
+	return file_wheelfs_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *LookupResponse) GetEntry() *Entry {
@@ -897,7 +979,7 @@ type GetAttrRequest struct {
 
 func (x *GetAttrRequest) Reset() {
 	*x = GetAttrRequest{}
-	mi := &file_wheelfs_proto_msgTypes[7]
+	mi := &file_wheelfs_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -909,7 +991,7 @@ func (x *GetAttrRequest) String() string {
 func (*GetAttrRequest) ProtoMessage() {}
 
 func (x *GetAttrRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[7]
+	mi := &file_wheelfs_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -922,7 +1004,7 @@ func (x *GetAttrRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetAttrRequest.ProtoReflect.Descriptor instead.
 func (*GetAttrRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{7}
+	return file_wheelfs_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *GetAttrRequest) GetCaller() *Caller {
@@ -950,7 +1032,7 @@ type GetAttrResponse struct {
 
 func (x *GetAttrResponse) Reset() {
 	*x = GetAttrResponse{}
-	mi := &file_wheelfs_proto_msgTypes[8]
+	mi := &file_wheelfs_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -962,7 +1044,7 @@ func (x *GetAttrResponse) String() string {
 func (*GetAttrResponse) ProtoMessage() {}
 
 func (x *GetAttrResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[8]
+	mi := &file_wheelfs_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -975,7 +1057,7 @@ func (x *GetAttrResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetAttrResponse.ProtoReflect.Descriptor instead.
 func (*GetAttrResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{8}
+	return file_wheelfs_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *GetAttrResponse) GetMeta() *Meta {
@@ -1005,7 +1087,7 @@ type CreateRequest struct {
 	Dir        uint64                 `protobuf:"varint,2,opt,name=dir,proto3" json:"dir,omitempty"`
 	Name       string                 `protobuf:"bytes,3,opt,name=name,proto3" json:"name,omitempty"`
 	Type       Type                   `protobuf:"varint,4,opt,name=type,proto3,enum=wheelfs.v1.Type" json:"type,omitempty"`
-	Mode       uint32                 `protobuf:"varint,5,opt,name=mode,proto3" json:"mode,omitempty"` // already umasked
+	Mode       uint32                 `protobuf:"varint,5,opt,name=mode,proto3" json:"mode,omitempty"` // already umasked, unless umask is set
 	Rdev       uint32                 `protobuf:"varint,6,opt,name=rdev,proto3" json:"rdev,omitempty"`
 	Target     string                 `protobuf:"bytes,7,opt,name=target,proto3" json:"target,omitempty"`        // symlink target
 	Cues       *Cues                  `protobuf:"bytes,8,opt,name=cues,proto3" json:"cues,omitempty"`            // persistent cues for the new object
@@ -1019,15 +1101,19 @@ type CreateRequest struct {
 	// op names this create (random, the same at every replica asked) and
 	// attempt which replica this is (Entry.op, Entry.attempt): a retry of
 	// the same op finds its own entry instead of a clash.
-	Op            uint64 `protobuf:"varint,14,opt,name=op,proto3" json:"op,omitempty"`
-	Attempt       uint32 `protobuf:"varint,15,opt,name=attempt,proto3" json:"attempt,omitempty"`
+	Op      uint64 `protobuf:"varint,14,opt,name=op,proto3" json:"op,omitempty"`
+	Attempt uint32 `protobuf:"varint,15,opt,name=attempt,proto3" json:"attempt,omitempty"`
+	// umask, when set, was not applied to mode (the kernel leaves it to us,
+	// FUSE_DONT_MASK): the server applies it unless the directory has a
+	// default ACL, which replaces the umask (Linux posix_acl_create).
+	Umask         *uint32 `protobuf:"varint,16,opt,name=umask,proto3,oneof" json:"umask,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *CreateRequest) Reset() {
 	*x = CreateRequest{}
-	mi := &file_wheelfs_proto_msgTypes[9]
+	mi := &file_wheelfs_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1039,7 +1125,7 @@ func (x *CreateRequest) String() string {
 func (*CreateRequest) ProtoMessage() {}
 
 func (x *CreateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[9]
+	mi := &file_wheelfs_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1052,7 +1138,7 @@ func (x *CreateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateRequest.ProtoReflect.Descriptor instead.
 func (*CreateRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{9}
+	return file_wheelfs_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *CreateRequest) GetCaller() *Caller {
@@ -1160,6 +1246,13 @@ func (x *CreateRequest) GetAttempt() uint32 {
 	return 0
 }
 
+func (x *CreateRequest) GetUmask() uint32 {
+	if x != nil && x.Umask != nil {
+		return *x.Umask
+	}
+	return 0
+}
+
 // opened: the new file was opened as open_access asked (not when the
 // name existed: the client then opens it with the usual check).
 type CreateResponse struct {
@@ -1175,7 +1268,7 @@ type CreateResponse struct {
 
 func (x *CreateResponse) Reset() {
 	*x = CreateResponse{}
-	mi := &file_wheelfs_proto_msgTypes[10]
+	mi := &file_wheelfs_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1187,7 +1280,7 @@ func (x *CreateResponse) String() string {
 func (*CreateResponse) ProtoMessage() {}
 
 func (x *CreateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[10]
+	mi := &file_wheelfs_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1200,7 +1293,7 @@ func (x *CreateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateResponse.ProtoReflect.Descriptor instead.
 func (*CreateResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{10}
+	return file_wheelfs_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *CreateResponse) GetEntry() *Entry {
@@ -1250,7 +1343,7 @@ type LinkRequest struct {
 
 func (x *LinkRequest) Reset() {
 	*x = LinkRequest{}
-	mi := &file_wheelfs_proto_msgTypes[11]
+	mi := &file_wheelfs_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1262,7 +1355,7 @@ func (x *LinkRequest) String() string {
 func (*LinkRequest) ProtoMessage() {}
 
 func (x *LinkRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[11]
+	mi := &file_wheelfs_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1275,7 +1368,7 @@ func (x *LinkRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LinkRequest.ProtoReflect.Descriptor instead.
 func (*LinkRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{11}
+	return file_wheelfs_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *LinkRequest) GetCaller() *Caller {
@@ -1315,7 +1408,7 @@ type LinkResponse struct {
 
 func (x *LinkResponse) Reset() {
 	*x = LinkResponse{}
-	mi := &file_wheelfs_proto_msgTypes[12]
+	mi := &file_wheelfs_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1327,7 +1420,7 @@ func (x *LinkResponse) String() string {
 func (*LinkResponse) ProtoMessage() {}
 
 func (x *LinkResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[12]
+	mi := &file_wheelfs_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1340,7 +1433,7 @@ func (x *LinkResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LinkResponse.ProtoReflect.Descriptor instead.
 func (*LinkResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{12}
+	return file_wheelfs_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *LinkResponse) GetMeta() *Meta {
@@ -1364,7 +1457,7 @@ type RemoveRequest struct {
 
 func (x *RemoveRequest) Reset() {
 	*x = RemoveRequest{}
-	mi := &file_wheelfs_proto_msgTypes[13]
+	mi := &file_wheelfs_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1376,7 +1469,7 @@ func (x *RemoveRequest) String() string {
 func (*RemoveRequest) ProtoMessage() {}
 
 func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[13]
+	mi := &file_wheelfs_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1389,7 +1482,7 @@ func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveRequest.ProtoReflect.Descriptor instead.
 func (*RemoveRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{13}
+	return file_wheelfs_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *RemoveRequest) GetCaller() *Caller {
@@ -1443,7 +1536,7 @@ type RemoveResponse struct {
 
 func (x *RemoveResponse) Reset() {
 	*x = RemoveResponse{}
-	mi := &file_wheelfs_proto_msgTypes[14]
+	mi := &file_wheelfs_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1455,7 +1548,7 @@ func (x *RemoveResponse) String() string {
 func (*RemoveResponse) ProtoMessage() {}
 
 func (x *RemoveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[14]
+	mi := &file_wheelfs_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1468,7 +1561,7 @@ func (x *RemoveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveResponse.ProtoReflect.Descriptor instead.
 func (*RemoveResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{14}
+	return file_wheelfs_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *RemoveResponse) GetMeta() *Meta {
@@ -1492,7 +1585,7 @@ type RenameRequest struct {
 
 func (x *RenameRequest) Reset() {
 	*x = RenameRequest{}
-	mi := &file_wheelfs_proto_msgTypes[15]
+	mi := &file_wheelfs_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1504,7 +1597,7 @@ func (x *RenameRequest) String() string {
 func (*RenameRequest) ProtoMessage() {}
 
 func (x *RenameRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[15]
+	mi := &file_wheelfs_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1517,7 +1610,7 @@ func (x *RenameRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenameRequest.ProtoReflect.Descriptor instead.
 func (*RenameRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{15}
+	return file_wheelfs_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *RenameRequest) GetCaller() *Caller {
@@ -1571,7 +1664,7 @@ type RenameResponse struct {
 
 func (x *RenameResponse) Reset() {
 	*x = RenameResponse{}
-	mi := &file_wheelfs_proto_msgTypes[16]
+	mi := &file_wheelfs_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1583,7 +1676,7 @@ func (x *RenameResponse) String() string {
 func (*RenameResponse) ProtoMessage() {}
 
 func (x *RenameResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[16]
+	mi := &file_wheelfs_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1596,7 +1689,7 @@ func (x *RenameResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenameResponse.ProtoReflect.Descriptor instead.
 func (*RenameResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{16}
+	return file_wheelfs_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *RenameResponse) GetReplaced() *Meta {
@@ -1627,7 +1720,7 @@ type SetAttrRequest struct {
 
 func (x *SetAttrRequest) Reset() {
 	*x = SetAttrRequest{}
-	mi := &file_wheelfs_proto_msgTypes[17]
+	mi := &file_wheelfs_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1639,7 +1732,7 @@ func (x *SetAttrRequest) String() string {
 func (*SetAttrRequest) ProtoMessage() {}
 
 func (x *SetAttrRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[17]
+	mi := &file_wheelfs_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1652,7 +1745,7 @@ func (x *SetAttrRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetAttrRequest.ProtoReflect.Descriptor instead.
 func (*SetAttrRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{17}
+	return file_wheelfs_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *SetAttrRequest) GetCaller() *Caller {
@@ -1755,7 +1848,7 @@ type SetAttrResponse struct {
 
 func (x *SetAttrResponse) Reset() {
 	*x = SetAttrResponse{}
-	mi := &file_wheelfs_proto_msgTypes[18]
+	mi := &file_wheelfs_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1767,7 +1860,7 @@ func (x *SetAttrResponse) String() string {
 func (*SetAttrResponse) ProtoMessage() {}
 
 func (x *SetAttrResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[18]
+	mi := &file_wheelfs_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1780,7 +1873,7 @@ func (x *SetAttrResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetAttrResponse.ProtoReflect.Descriptor instead.
 func (*SetAttrResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{18}
+	return file_wheelfs_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *SetAttrResponse) GetMeta() *Meta {
@@ -1806,7 +1899,7 @@ type ReadDirRequest struct {
 
 func (x *ReadDirRequest) Reset() {
 	*x = ReadDirRequest{}
-	mi := &file_wheelfs_proto_msgTypes[19]
+	mi := &file_wheelfs_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1818,7 +1911,7 @@ func (x *ReadDirRequest) String() string {
 func (*ReadDirRequest) ProtoMessage() {}
 
 func (x *ReadDirRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[19]
+	mi := &file_wheelfs_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1831,7 +1924,7 @@ func (x *ReadDirRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadDirRequest.ProtoReflect.Descriptor instead.
 func (*ReadDirRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{19}
+	return file_wheelfs_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ReadDirRequest) GetCaller() *Caller {
@@ -1898,7 +1991,7 @@ type ReadDirResponse struct {
 
 func (x *ReadDirResponse) Reset() {
 	*x = ReadDirResponse{}
-	mi := &file_wheelfs_proto_msgTypes[20]
+	mi := &file_wheelfs_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1910,7 +2003,7 @@ func (x *ReadDirResponse) String() string {
 func (*ReadDirResponse) ProtoMessage() {}
 
 func (x *ReadDirResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[20]
+	mi := &file_wheelfs_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1923,7 +2016,7 @@ func (x *ReadDirResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadDirResponse.ProtoReflect.Descriptor instead.
 func (*ReadDirResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{20}
+	return file_wheelfs_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ReadDirResponse) GetEntries() []*Entry {
@@ -2001,7 +2094,7 @@ type BlockRef struct {
 
 func (x *BlockRef) Reset() {
 	*x = BlockRef{}
-	mi := &file_wheelfs_proto_msgTypes[21]
+	mi := &file_wheelfs_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2013,7 +2106,7 @@ func (x *BlockRef) String() string {
 func (*BlockRef) ProtoMessage() {}
 
 func (x *BlockRef) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[21]
+	mi := &file_wheelfs_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2026,7 +2119,7 @@ func (x *BlockRef) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BlockRef.ProtoReflect.Descriptor instead.
 func (*BlockRef) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{21}
+	return file_wheelfs_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *BlockRef) GetIndex() uint64 {
@@ -2062,7 +2155,7 @@ type GetBlocksRequest struct {
 
 func (x *GetBlocksRequest) Reset() {
 	*x = GetBlocksRequest{}
-	mi := &file_wheelfs_proto_msgTypes[22]
+	mi := &file_wheelfs_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2074,7 +2167,7 @@ func (x *GetBlocksRequest) String() string {
 func (*GetBlocksRequest) ProtoMessage() {}
 
 func (x *GetBlocksRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[22]
+	mi := &file_wheelfs_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2087,7 +2180,7 @@ func (x *GetBlocksRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetBlocksRequest.ProtoReflect.Descriptor instead.
 func (*GetBlocksRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{22}
+	return file_wheelfs_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *GetBlocksRequest) GetCaller() *Caller {
@@ -2128,7 +2221,7 @@ type GetBlocksResponse struct {
 
 func (x *GetBlocksResponse) Reset() {
 	*x = GetBlocksResponse{}
-	mi := &file_wheelfs_proto_msgTypes[23]
+	mi := &file_wheelfs_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2140,7 +2233,7 @@ func (x *GetBlocksResponse) String() string {
 func (*GetBlocksResponse) ProtoMessage() {}
 
 func (x *GetBlocksResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[23]
+	mi := &file_wheelfs_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2153,7 +2246,7 @@ func (x *GetBlocksResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetBlocksResponse.ProtoReflect.Descriptor instead.
 func (*GetBlocksResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{23}
+	return file_wheelfs_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *GetBlocksResponse) GetMeta() *Meta {
@@ -2184,7 +2277,7 @@ type ReadBlocksRequest struct {
 
 func (x *ReadBlocksRequest) Reset() {
 	*x = ReadBlocksRequest{}
-	mi := &file_wheelfs_proto_msgTypes[24]
+	mi := &file_wheelfs_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2196,7 +2289,7 @@ func (x *ReadBlocksRequest) String() string {
 func (*ReadBlocksRequest) ProtoMessage() {}
 
 func (x *ReadBlocksRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[24]
+	mi := &file_wheelfs_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2209,7 +2302,7 @@ func (x *ReadBlocksRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadBlocksRequest.ProtoReflect.Descriptor instead.
 func (*ReadBlocksRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{24}
+	return file_wheelfs_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ReadBlocksRequest) GetCaller() *Caller {
@@ -2249,7 +2342,7 @@ type ReadBlocksResponse struct {
 
 func (x *ReadBlocksResponse) Reset() {
 	*x = ReadBlocksResponse{}
-	mi := &file_wheelfs_proto_msgTypes[25]
+	mi := &file_wheelfs_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2261,7 +2354,7 @@ func (x *ReadBlocksResponse) String() string {
 func (*ReadBlocksResponse) ProtoMessage() {}
 
 func (x *ReadBlocksResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[25]
+	mi := &file_wheelfs_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2274,7 +2367,7 @@ func (x *ReadBlocksResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadBlocksResponse.ProtoReflect.Descriptor instead.
 func (*ReadBlocksResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{25}
+	return file_wheelfs_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ReadBlocksResponse) GetData() [][]byte {
@@ -2295,7 +2388,7 @@ type PutBlocksRequest struct {
 
 func (x *PutBlocksRequest) Reset() {
 	*x = PutBlocksRequest{}
-	mi := &file_wheelfs_proto_msgTypes[26]
+	mi := &file_wheelfs_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2307,7 +2400,7 @@ func (x *PutBlocksRequest) String() string {
 func (*PutBlocksRequest) ProtoMessage() {}
 
 func (x *PutBlocksRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[26]
+	mi := &file_wheelfs_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2320,7 +2413,7 @@ func (x *PutBlocksRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutBlocksRequest.ProtoReflect.Descriptor instead.
 func (*PutBlocksRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{26}
+	return file_wheelfs_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *PutBlocksRequest) GetCaller() *Caller {
@@ -2353,7 +2446,7 @@ type PutBlocksResponse struct {
 
 func (x *PutBlocksResponse) Reset() {
 	*x = PutBlocksResponse{}
-	mi := &file_wheelfs_proto_msgTypes[27]
+	mi := &file_wheelfs_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2365,7 +2458,7 @@ func (x *PutBlocksResponse) String() string {
 func (*PutBlocksResponse) ProtoMessage() {}
 
 func (x *PutBlocksResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[27]
+	mi := &file_wheelfs_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2378,7 +2471,7 @@ func (x *PutBlocksResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutBlocksResponse.ProtoReflect.Descriptor instead.
 func (*PutBlocksResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{27}
+	return file_wheelfs_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *PutBlocksResponse) GetHashes() [][]byte {
@@ -2409,7 +2502,7 @@ type CommitRequest struct {
 
 func (x *CommitRequest) Reset() {
 	*x = CommitRequest{}
-	mi := &file_wheelfs_proto_msgTypes[28]
+	mi := &file_wheelfs_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2421,7 +2514,7 @@ func (x *CommitRequest) String() string {
 func (*CommitRequest) ProtoMessage() {}
 
 func (x *CommitRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[28]
+	mi := &file_wheelfs_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2434,7 +2527,7 @@ func (x *CommitRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitRequest.ProtoReflect.Descriptor instead.
 func (*CommitRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{28}
+	return file_wheelfs_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *CommitRequest) GetCaller() *Caller {
@@ -2504,7 +2597,7 @@ type CommitResponse struct {
 
 func (x *CommitResponse) Reset() {
 	*x = CommitResponse{}
-	mi := &file_wheelfs_proto_msgTypes[29]
+	mi := &file_wheelfs_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2516,7 +2609,7 @@ func (x *CommitResponse) String() string {
 func (*CommitResponse) ProtoMessage() {}
 
 func (x *CommitResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[29]
+	mi := &file_wheelfs_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2529,7 +2622,7 @@ func (x *CommitResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitResponse.ProtoReflect.Descriptor instead.
 func (*CommitResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{29}
+	return file_wheelfs_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *CommitResponse) GetMeta() *Meta {
@@ -2562,7 +2655,7 @@ type XattrRequest struct {
 
 func (x *XattrRequest) Reset() {
 	*x = XattrRequest{}
-	mi := &file_wheelfs_proto_msgTypes[30]
+	mi := &file_wheelfs_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2574,7 +2667,7 @@ func (x *XattrRequest) String() string {
 func (*XattrRequest) ProtoMessage() {}
 
 func (x *XattrRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[30]
+	mi := &file_wheelfs_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2587,7 +2680,7 @@ func (x *XattrRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use XattrRequest.ProtoReflect.Descriptor instead.
 func (*XattrRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{30}
+	return file_wheelfs_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *XattrRequest) GetCaller() *Caller {
@@ -2648,7 +2741,7 @@ type XattrResponse struct {
 
 func (x *XattrResponse) Reset() {
 	*x = XattrResponse{}
-	mi := &file_wheelfs_proto_msgTypes[31]
+	mi := &file_wheelfs_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2660,7 +2753,7 @@ func (x *XattrResponse) String() string {
 func (*XattrResponse) ProtoMessage() {}
 
 func (x *XattrResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[31]
+	mi := &file_wheelfs_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2673,7 +2766,7 @@ func (x *XattrResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use XattrResponse.ProtoReflect.Descriptor instead.
 func (*XattrResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{31}
+	return file_wheelfs_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *XattrResponse) GetValue() []byte {
@@ -2727,7 +2820,7 @@ type StatFSRequest struct {
 
 func (x *StatFSRequest) Reset() {
 	*x = StatFSRequest{}
-	mi := &file_wheelfs_proto_msgTypes[32]
+	mi := &file_wheelfs_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2739,7 +2832,7 @@ func (x *StatFSRequest) String() string {
 func (*StatFSRequest) ProtoMessage() {}
 
 func (x *StatFSRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[32]
+	mi := &file_wheelfs_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2752,7 +2845,7 @@ func (x *StatFSRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatFSRequest.ProtoReflect.Descriptor instead.
 func (*StatFSRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{32}
+	return file_wheelfs_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *StatFSRequest) GetCaller() *Caller {
@@ -2777,7 +2870,7 @@ type StatFSResponse struct {
 
 func (x *StatFSResponse) Reset() {
 	*x = StatFSResponse{}
-	mi := &file_wheelfs_proto_msgTypes[33]
+	mi := &file_wheelfs_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2789,7 +2882,7 @@ func (x *StatFSResponse) String() string {
 func (*StatFSResponse) ProtoMessage() {}
 
 func (x *StatFSResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[33]
+	mi := &file_wheelfs_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2802,7 +2895,7 @@ func (x *StatFSResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatFSResponse.ProtoReflect.Descriptor instead.
 func (*StatFSResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{33}
+	return file_wheelfs_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *StatFSResponse) GetBlocks() uint64 {
@@ -2870,7 +2963,7 @@ type OpenRequest struct {
 
 func (x *OpenRequest) Reset() {
 	*x = OpenRequest{}
-	mi := &file_wheelfs_proto_msgTypes[34]
+	mi := &file_wheelfs_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2882,7 +2975,7 @@ func (x *OpenRequest) String() string {
 func (*OpenRequest) ProtoMessage() {}
 
 func (x *OpenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[34]
+	mi := &file_wheelfs_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2895,7 +2988,7 @@ func (x *OpenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OpenRequest.ProtoReflect.Descriptor instead.
 func (*OpenRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{34}
+	return file_wheelfs_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *OpenRequest) GetCaller() *Caller {
@@ -2944,7 +3037,7 @@ type OpenResponse struct {
 
 func (x *OpenResponse) Reset() {
 	*x = OpenResponse{}
-	mi := &file_wheelfs_proto_msgTypes[35]
+	mi := &file_wheelfs_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2956,7 +3049,7 @@ func (x *OpenResponse) String() string {
 func (*OpenResponse) ProtoMessage() {}
 
 func (x *OpenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[35]
+	mi := &file_wheelfs_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2969,7 +3062,7 @@ func (x *OpenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OpenResponse.ProtoReflect.Descriptor instead.
 func (*OpenResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{35}
+	return file_wheelfs_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *OpenResponse) GetMeta() *Meta {
@@ -3003,7 +3096,7 @@ type ReleaseRequest struct {
 
 func (x *ReleaseRequest) Reset() {
 	*x = ReleaseRequest{}
-	mi := &file_wheelfs_proto_msgTypes[36]
+	mi := &file_wheelfs_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3015,7 +3108,7 @@ func (x *ReleaseRequest) String() string {
 func (*ReleaseRequest) ProtoMessage() {}
 
 func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[36]
+	mi := &file_wheelfs_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3028,7 +3121,7 @@ func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{36}
+	return file_wheelfs_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *ReleaseRequest) GetId() uint64 {
@@ -3053,7 +3146,7 @@ type ReleaseResponse struct {
 
 func (x *ReleaseResponse) Reset() {
 	*x = ReleaseResponse{}
-	mi := &file_wheelfs_proto_msgTypes[37]
+	mi := &file_wheelfs_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3065,7 +3158,7 @@ func (x *ReleaseResponse) String() string {
 func (*ReleaseResponse) ProtoMessage() {}
 
 func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[37]
+	mi := &file_wheelfs_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3078,7 +3171,7 @@ func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{37}
+	return file_wheelfs_proto_rawDescGZIP(), []int{38}
 }
 
 // Revoke withdraws the session's leases on ids.
@@ -3092,7 +3185,7 @@ type Revoke struct {
 
 func (x *Revoke) Reset() {
 	*x = Revoke{}
-	mi := &file_wheelfs_proto_msgTypes[38]
+	mi := &file_wheelfs_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3104,7 +3197,7 @@ func (x *Revoke) String() string {
 func (*Revoke) ProtoMessage() {}
 
 func (x *Revoke) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[38]
+	mi := &file_wheelfs_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3117,7 +3210,7 @@ func (x *Revoke) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Revoke.ProtoReflect.Descriptor instead.
 func (*Revoke) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{38}
+	return file_wheelfs_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *Revoke) GetSeq() uint64 {
@@ -3147,7 +3240,7 @@ type CallbackAck struct {
 
 func (x *CallbackAck) Reset() {
 	*x = CallbackAck{}
-	mi := &file_wheelfs_proto_msgTypes[39]
+	mi := &file_wheelfs_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3159,7 +3252,7 @@ func (x *CallbackAck) String() string {
 func (*CallbackAck) ProtoMessage() {}
 
 func (x *CallbackAck) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[39]
+	mi := &file_wheelfs_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3172,7 +3265,7 @@ func (x *CallbackAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CallbackAck.ProtoReflect.Descriptor instead.
 func (*CallbackAck) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{39}
+	return file_wheelfs_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *CallbackAck) GetSession() uint64 {
@@ -3209,7 +3302,7 @@ type Mutation struct {
 
 func (x *Mutation) Reset() {
 	*x = Mutation{}
-	mi := &file_wheelfs_proto_msgTypes[40]
+	mi := &file_wheelfs_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3221,7 +3314,7 @@ func (x *Mutation) String() string {
 func (*Mutation) ProtoMessage() {}
 
 func (x *Mutation) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[40]
+	mi := &file_wheelfs_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3234,7 +3327,7 @@ func (x *Mutation) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Mutation.ProtoReflect.Descriptor instead.
 func (*Mutation) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{40}
+	return file_wheelfs_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *Mutation) GetKind() MutationKind {
@@ -3283,7 +3376,7 @@ type Batch struct {
 
 func (x *Batch) Reset() {
 	*x = Batch{}
-	mi := &file_wheelfs_proto_msgTypes[41]
+	mi := &file_wheelfs_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3295,7 +3388,7 @@ func (x *Batch) String() string {
 func (*Batch) ProtoMessage() {}
 
 func (x *Batch) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[41]
+	mi := &file_wheelfs_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3308,7 +3401,7 @@ func (x *Batch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Batch.ProtoReflect.Descriptor instead.
 func (*Batch) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{41}
+	return file_wheelfs_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *Batch) GetSeq() uint64 {
@@ -3340,7 +3433,7 @@ type ReplicateRequest struct {
 
 func (x *ReplicateRequest) Reset() {
 	*x = ReplicateRequest{}
-	mi := &file_wheelfs_proto_msgTypes[42]
+	mi := &file_wheelfs_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3352,7 +3445,7 @@ func (x *ReplicateRequest) String() string {
 func (*ReplicateRequest) ProtoMessage() {}
 
 func (x *ReplicateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[42]
+	mi := &file_wheelfs_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3365,7 +3458,7 @@ func (x *ReplicateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicateRequest.ProtoReflect.Descriptor instead.
 func (*ReplicateRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{42}
+	return file_wheelfs_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *ReplicateRequest) GetSlice() uint32 {
@@ -3408,7 +3501,7 @@ type ReplicateResponse struct {
 
 func (x *ReplicateResponse) Reset() {
 	*x = ReplicateResponse{}
-	mi := &file_wheelfs_proto_msgTypes[43]
+	mi := &file_wheelfs_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3420,7 +3513,7 @@ func (x *ReplicateResponse) String() string {
 func (*ReplicateResponse) ProtoMessage() {}
 
 func (x *ReplicateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[43]
+	mi := &file_wheelfs_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3433,7 +3526,7 @@ func (x *ReplicateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicateResponse.ProtoReflect.Descriptor instead.
 func (*ReplicateResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{43}
+	return file_wheelfs_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *ReplicateResponse) GetStatus() ReplStatus {
@@ -3473,7 +3566,7 @@ type DigestRequest struct {
 
 func (x *DigestRequest) Reset() {
 	*x = DigestRequest{}
-	mi := &file_wheelfs_proto_msgTypes[44]
+	mi := &file_wheelfs_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3485,7 +3578,7 @@ func (x *DigestRequest) String() string {
 func (*DigestRequest) ProtoMessage() {}
 
 func (x *DigestRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[44]
+	mi := &file_wheelfs_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3498,7 +3591,7 @@ func (x *DigestRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DigestRequest.ProtoReflect.Descriptor instead.
 func (*DigestRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{44}
+	return file_wheelfs_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *DigestRequest) GetSlice() uint32 {
@@ -3523,7 +3616,7 @@ type DigestResponse struct {
 
 func (x *DigestResponse) Reset() {
 	*x = DigestResponse{}
-	mi := &file_wheelfs_proto_msgTypes[45]
+	mi := &file_wheelfs_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3535,7 +3628,7 @@ func (x *DigestResponse) String() string {
 func (*DigestResponse) ProtoMessage() {}
 
 func (x *DigestResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[45]
+	mi := &file_wheelfs_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3548,7 +3641,7 @@ func (x *DigestResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DigestResponse.ProtoReflect.Descriptor instead.
 func (*DigestResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{45}
+	return file_wheelfs_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *DigestResponse) GetEpoch() int64 {
@@ -3600,7 +3693,7 @@ type ObjectState struct {
 
 func (x *ObjectState) Reset() {
 	*x = ObjectState{}
-	mi := &file_wheelfs_proto_msgTypes[46]
+	mi := &file_wheelfs_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3612,7 +3705,7 @@ func (x *ObjectState) String() string {
 func (*ObjectState) ProtoMessage() {}
 
 func (x *ObjectState) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[46]
+	mi := &file_wheelfs_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3625,7 +3718,7 @@ func (x *ObjectState) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ObjectState.ProtoReflect.Descriptor instead.
 func (*ObjectState) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{46}
+	return file_wheelfs_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *ObjectState) GetMeta() *Meta {
@@ -3681,7 +3774,7 @@ type InstallRequest struct {
 
 func (x *InstallRequest) Reset() {
 	*x = InstallRequest{}
-	mi := &file_wheelfs_proto_msgTypes[47]
+	mi := &file_wheelfs_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3693,7 +3786,7 @@ func (x *InstallRequest) String() string {
 func (*InstallRequest) ProtoMessage() {}
 
 func (x *InstallRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[47]
+	mi := &file_wheelfs_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3706,7 +3799,7 @@ func (x *InstallRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InstallRequest.ProtoReflect.Descriptor instead.
 func (*InstallRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{47}
+	return file_wheelfs_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *InstallRequest) GetSlice() uint32 {
@@ -3775,7 +3868,7 @@ type InstallResponse struct {
 
 func (x *InstallResponse) Reset() {
 	*x = InstallResponse{}
-	mi := &file_wheelfs_proto_msgTypes[48]
+	mi := &file_wheelfs_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3787,7 +3880,7 @@ func (x *InstallResponse) String() string {
 func (*InstallResponse) ProtoMessage() {}
 
 func (x *InstallResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[48]
+	mi := &file_wheelfs_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3800,7 +3893,7 @@ func (x *InstallResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InstallResponse.ProtoReflect.Descriptor instead.
 func (*InstallResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{48}
+	return file_wheelfs_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *InstallResponse) GetStatus() ReplStatus {
@@ -3827,7 +3920,7 @@ type DiffRequest struct {
 
 func (x *DiffRequest) Reset() {
 	*x = DiffRequest{}
-	mi := &file_wheelfs_proto_msgTypes[49]
+	mi := &file_wheelfs_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3839,7 +3932,7 @@ func (x *DiffRequest) String() string {
 func (*DiffRequest) ProtoMessage() {}
 
 func (x *DiffRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[49]
+	mi := &file_wheelfs_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3852,7 +3945,7 @@ func (x *DiffRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DiffRequest.ProtoReflect.Descriptor instead.
 func (*DiffRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{49}
+	return file_wheelfs_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *DiffRequest) GetSlice() uint32 {
@@ -3878,7 +3971,7 @@ type FetchBlocksRequest struct {
 
 func (x *FetchBlocksRequest) Reset() {
 	*x = FetchBlocksRequest{}
-	mi := &file_wheelfs_proto_msgTypes[50]
+	mi := &file_wheelfs_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3890,7 +3983,7 @@ func (x *FetchBlocksRequest) String() string {
 func (*FetchBlocksRequest) ProtoMessage() {}
 
 func (x *FetchBlocksRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[50]
+	mi := &file_wheelfs_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3903,7 +3996,7 @@ func (x *FetchBlocksRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FetchBlocksRequest.ProtoReflect.Descriptor instead.
 func (*FetchBlocksRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{50}
+	return file_wheelfs_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *FetchBlocksRequest) GetHashes() [][]byte {
@@ -3922,7 +4015,7 @@ type FetchBlocksResponse struct {
 
 func (x *FetchBlocksResponse) Reset() {
 	*x = FetchBlocksResponse{}
-	mi := &file_wheelfs_proto_msgTypes[51]
+	mi := &file_wheelfs_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3934,7 +4027,7 @@ func (x *FetchBlocksResponse) String() string {
 func (*FetchBlocksResponse) ProtoMessage() {}
 
 func (x *FetchBlocksResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[51]
+	mi := &file_wheelfs_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3947,7 +4040,7 @@ func (x *FetchBlocksResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FetchBlocksResponse.ProtoReflect.Descriptor instead.
 func (*FetchBlocksResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{51}
+	return file_wheelfs_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *FetchBlocksResponse) GetData() [][]byte {
@@ -3965,7 +4058,7 @@ type PingRequest struct {
 
 func (x *PingRequest) Reset() {
 	*x = PingRequest{}
-	mi := &file_wheelfs_proto_msgTypes[52]
+	mi := &file_wheelfs_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3977,7 +4070,7 @@ func (x *PingRequest) String() string {
 func (*PingRequest) ProtoMessage() {}
 
 func (x *PingRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[52]
+	mi := &file_wheelfs_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3990,7 +4083,7 @@ func (x *PingRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PingRequest.ProtoReflect.Descriptor instead.
 func (*PingRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{52}
+	return file_wheelfs_proto_rawDescGZIP(), []int{53}
 }
 
 type PingResponse struct {
@@ -4002,7 +4095,7 @@ type PingResponse struct {
 
 func (x *PingResponse) Reset() {
 	*x = PingResponse{}
-	mi := &file_wheelfs_proto_msgTypes[53]
+	mi := &file_wheelfs_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4014,7 +4107,7 @@ func (x *PingResponse) String() string {
 func (*PingResponse) ProtoMessage() {}
 
 func (x *PingResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[53]
+	mi := &file_wheelfs_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4027,7 +4120,7 @@ func (x *PingResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PingResponse.ProtoReflect.Descriptor instead.
 func (*PingResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{53}
+	return file_wheelfs_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *PingResponse) GetId() string {
@@ -4055,7 +4148,7 @@ type CreateObjectRequest struct {
 
 func (x *CreateObjectRequest) Reset() {
 	*x = CreateObjectRequest{}
-	mi := &file_wheelfs_proto_msgTypes[54]
+	mi := &file_wheelfs_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4067,7 +4160,7 @@ func (x *CreateObjectRequest) String() string {
 func (*CreateObjectRequest) ProtoMessage() {}
 
 func (x *CreateObjectRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[54]
+	mi := &file_wheelfs_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4080,7 +4173,7 @@ func (x *CreateObjectRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateObjectRequest.ProtoReflect.Descriptor instead.
 func (*CreateObjectRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{54}
+	return file_wheelfs_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *CreateObjectRequest) GetMeta() *Meta {
@@ -4134,7 +4227,7 @@ type CreateObjectResponse struct {
 
 func (x *CreateObjectResponse) Reset() {
 	*x = CreateObjectResponse{}
-	mi := &file_wheelfs_proto_msgTypes[55]
+	mi := &file_wheelfs_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4146,7 +4239,7 @@ func (x *CreateObjectResponse) String() string {
 func (*CreateObjectResponse) ProtoMessage() {}
 
 func (x *CreateObjectResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[55]
+	mi := &file_wheelfs_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4159,7 +4252,7 @@ func (x *CreateObjectResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateObjectResponse.ProtoReflect.Descriptor instead.
 func (*CreateObjectResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{55}
+	return file_wheelfs_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *CreateObjectResponse) GetMeta() *Meta {
@@ -4186,7 +4279,7 @@ type DropLinkRequest struct {
 
 func (x *DropLinkRequest) Reset() {
 	*x = DropLinkRequest{}
-	mi := &file_wheelfs_proto_msgTypes[56]
+	mi := &file_wheelfs_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4198,7 +4291,7 @@ func (x *DropLinkRequest) String() string {
 func (*DropLinkRequest) ProtoMessage() {}
 
 func (x *DropLinkRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[56]
+	mi := &file_wheelfs_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4211,7 +4304,7 @@ func (x *DropLinkRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DropLinkRequest.ProtoReflect.Descriptor instead.
 func (*DropLinkRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{56}
+	return file_wheelfs_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *DropLinkRequest) GetId() uint64 {
@@ -4272,7 +4365,7 @@ type DropLinkResponse struct {
 
 func (x *DropLinkResponse) Reset() {
 	*x = DropLinkResponse{}
-	mi := &file_wheelfs_proto_msgTypes[57]
+	mi := &file_wheelfs_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4284,7 +4377,7 @@ func (x *DropLinkResponse) String() string {
 func (*DropLinkResponse) ProtoMessage() {}
 
 func (x *DropLinkResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[57]
+	mi := &file_wheelfs_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4297,7 +4390,7 @@ func (x *DropLinkResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DropLinkResponse.ProtoReflect.Descriptor instead.
 func (*DropLinkResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{57}
+	return file_wheelfs_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *DropLinkResponse) GetMeta() *Meta {
@@ -4316,7 +4409,7 @@ type StatRequest struct {
 
 func (x *StatRequest) Reset() {
 	*x = StatRequest{}
-	mi := &file_wheelfs_proto_msgTypes[58]
+	mi := &file_wheelfs_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4328,7 +4421,7 @@ func (x *StatRequest) String() string {
 func (*StatRequest) ProtoMessage() {}
 
 func (x *StatRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[58]
+	mi := &file_wheelfs_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4341,7 +4434,7 @@ func (x *StatRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatRequest.ProtoReflect.Descriptor instead.
 func (*StatRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{58}
+	return file_wheelfs_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *StatRequest) GetId() uint64 {
@@ -4360,7 +4453,7 @@ type StatResponse struct {
 
 func (x *StatResponse) Reset() {
 	*x = StatResponse{}
-	mi := &file_wheelfs_proto_msgTypes[59]
+	mi := &file_wheelfs_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4372,7 +4465,7 @@ func (x *StatResponse) String() string {
 func (*StatResponse) ProtoMessage() {}
 
 func (x *StatResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[59]
+	mi := &file_wheelfs_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4385,7 +4478,7 @@ func (x *StatResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatResponse.ProtoReflect.Descriptor instead.
 func (*StatResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{59}
+	return file_wheelfs_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *StatResponse) GetMeta() *Meta {
@@ -4417,7 +4510,7 @@ type AddLinkRequest struct {
 
 func (x *AddLinkRequest) Reset() {
 	*x = AddLinkRequest{}
-	mi := &file_wheelfs_proto_msgTypes[60]
+	mi := &file_wheelfs_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4429,7 +4522,7 @@ func (x *AddLinkRequest) String() string {
 func (*AddLinkRequest) ProtoMessage() {}
 
 func (x *AddLinkRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[60]
+	mi := &file_wheelfs_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4442,7 +4535,7 @@ func (x *AddLinkRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddLinkRequest.ProtoReflect.Descriptor instead.
 func (*AddLinkRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{60}
+	return file_wheelfs_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *AddLinkRequest) GetCaller() *Caller {
@@ -4513,7 +4606,7 @@ type AddLinkResponse struct {
 
 func (x *AddLinkResponse) Reset() {
 	*x = AddLinkResponse{}
-	mi := &file_wheelfs_proto_msgTypes[61]
+	mi := &file_wheelfs_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4525,7 +4618,7 @@ func (x *AddLinkResponse) String() string {
 func (*AddLinkResponse) ProtoMessage() {}
 
 func (x *AddLinkResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[61]
+	mi := &file_wheelfs_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4538,7 +4631,7 @@ func (x *AddLinkResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddLinkResponse.ProtoReflect.Descriptor instead.
 func (*AddLinkResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{61}
+	return file_wheelfs_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *AddLinkResponse) GetReplaced() *Meta {
@@ -4570,7 +4663,7 @@ type EntryChange struct {
 
 func (x *EntryChange) Reset() {
 	*x = EntryChange{}
-	mi := &file_wheelfs_proto_msgTypes[62]
+	mi := &file_wheelfs_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4582,7 +4675,7 @@ func (x *EntryChange) String() string {
 func (*EntryChange) ProtoMessage() {}
 
 func (x *EntryChange) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[62]
+	mi := &file_wheelfs_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4595,7 +4688,7 @@ func (x *EntryChange) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EntryChange.ProtoReflect.Descriptor instead.
 func (*EntryChange) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{62}
+	return file_wheelfs_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *EntryChange) GetDir() uint64 {
@@ -4642,7 +4735,7 @@ type ReconcileRequest struct {
 
 func (x *ReconcileRequest) Reset() {
 	*x = ReconcileRequest{}
-	mi := &file_wheelfs_proto_msgTypes[63]
+	mi := &file_wheelfs_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4654,7 +4747,7 @@ func (x *ReconcileRequest) String() string {
 func (*ReconcileRequest) ProtoMessage() {}
 
 func (x *ReconcileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[63]
+	mi := &file_wheelfs_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4667,7 +4760,7 @@ func (x *ReconcileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReconcileRequest.ProtoReflect.Descriptor instead.
 func (*ReconcileRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{63}
+	return file_wheelfs_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *ReconcileRequest) GetSlice() uint32 {
@@ -4707,7 +4800,7 @@ type ReconcileResponse struct {
 
 func (x *ReconcileResponse) Reset() {
 	*x = ReconcileResponse{}
-	mi := &file_wheelfs_proto_msgTypes[64]
+	mi := &file_wheelfs_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4719,7 +4812,7 @@ func (x *ReconcileResponse) String() string {
 func (*ReconcileResponse) ProtoMessage() {}
 
 func (x *ReconcileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[64]
+	mi := &file_wheelfs_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4732,7 +4825,7 @@ func (x *ReconcileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReconcileResponse.ProtoReflect.Descriptor instead.
 func (*ReconcileResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{64}
+	return file_wheelfs_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *ReconcileResponse) GetStatus() ReplStatus {
@@ -4756,7 +4849,7 @@ type XattrSummary struct {
 
 func (x *XattrSummary) Reset() {
 	*x = XattrSummary{}
-	mi := &file_wheelfs_proto_msgTypes[65]
+	mi := &file_wheelfs_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4768,7 +4861,7 @@ func (x *XattrSummary) String() string {
 func (*XattrSummary) ProtoMessage() {}
 
 func (x *XattrSummary) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[65]
+	mi := &file_wheelfs_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4781,7 +4874,7 @@ func (x *XattrSummary) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use XattrSummary.ProtoReflect.Descriptor instead.
 func (*XattrSummary) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{65}
+	return file_wheelfs_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *XattrSummary) GetVersion() uint64 {
@@ -4809,7 +4902,7 @@ type Xattr struct {
 
 func (x *Xattr) Reset() {
 	*x = Xattr{}
-	mi := &file_wheelfs_proto_msgTypes[66]
+	mi := &file_wheelfs_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4821,7 +4914,7 @@ func (x *Xattr) String() string {
 func (*Xattr) ProtoMessage() {}
 
 func (x *Xattr) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[66]
+	mi := &file_wheelfs_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4834,7 +4927,7 @@ func (x *Xattr) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Xattr.ProtoReflect.Descriptor instead.
 func (*Xattr) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{66}
+	return file_wheelfs_proto_rawDescGZIP(), []int{67}
 }
 
 func (x *Xattr) GetName() string {
@@ -4872,7 +4965,7 @@ type Coord struct {
 
 func (x *Coord) Reset() {
 	*x = Coord{}
-	mi := &file_wheelfs_proto_msgTypes[67]
+	mi := &file_wheelfs_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4884,7 +4977,7 @@ func (x *Coord) String() string {
 func (*Coord) ProtoMessage() {}
 
 func (x *Coord) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[67]
+	mi := &file_wheelfs_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4897,7 +4990,7 @@ func (x *Coord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Coord.ProtoReflect.Descriptor instead.
 func (*Coord) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{67}
+	return file_wheelfs_proto_rawDescGZIP(), []int{68}
 }
 
 func (x *Coord) GetVec() []float64 {
@@ -4941,7 +5034,7 @@ type CoordSample struct {
 
 func (x *CoordSample) Reset() {
 	*x = CoordSample{}
-	mi := &file_wheelfs_proto_msgTypes[68]
+	mi := &file_wheelfs_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4953,7 +5046,7 @@ func (x *CoordSample) String() string {
 func (*CoordSample) ProtoMessage() {}
 
 func (x *CoordSample) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[68]
+	mi := &file_wheelfs_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4966,7 +5059,7 @@ func (x *CoordSample) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CoordSample.ProtoReflect.Descriptor instead.
 func (*CoordSample) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{68}
+	return file_wheelfs_proto_rawDescGZIP(), []int{69}
 }
 
 func (x *CoordSample) GetCoord() *Coord {
@@ -4991,7 +5084,7 @@ type ProbeRequest struct {
 
 func (x *ProbeRequest) Reset() {
 	*x = ProbeRequest{}
-	mi := &file_wheelfs_proto_msgTypes[69]
+	mi := &file_wheelfs_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5003,7 +5096,7 @@ func (x *ProbeRequest) String() string {
 func (*ProbeRequest) ProtoMessage() {}
 
 func (x *ProbeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[69]
+	mi := &file_wheelfs_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5016,7 +5109,7 @@ func (x *ProbeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProbeRequest.ProtoReflect.Descriptor instead.
 func (*ProbeRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{69}
+	return file_wheelfs_proto_rawDescGZIP(), []int{70}
 }
 
 type ProbeResponse struct {
@@ -5027,7 +5120,7 @@ type ProbeResponse struct {
 
 func (x *ProbeResponse) Reset() {
 	*x = ProbeResponse{}
-	mi := &file_wheelfs_proto_msgTypes[70]
+	mi := &file_wheelfs_proto_msgTypes[71]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5039,7 +5132,7 @@ func (x *ProbeResponse) String() string {
 func (*ProbeResponse) ProtoMessage() {}
 
 func (x *ProbeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[70]
+	mi := &file_wheelfs_proto_msgTypes[71]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5052,7 +5145,7 @@ func (x *ProbeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProbeResponse.ProtoReflect.Descriptor instead.
 func (*ProbeResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{70}
+	return file_wheelfs_proto_rawDescGZIP(), []int{71}
 }
 
 // BlockRange is blocks first .. first+count-1 of a file.
@@ -5066,7 +5159,7 @@ type BlockRange struct {
 
 func (x *BlockRange) Reset() {
 	*x = BlockRange{}
-	mi := &file_wheelfs_proto_msgTypes[71]
+	mi := &file_wheelfs_proto_msgTypes[72]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5078,7 +5171,7 @@ func (x *BlockRange) String() string {
 func (*BlockRange) ProtoMessage() {}
 
 func (x *BlockRange) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[71]
+	mi := &file_wheelfs_proto_msgTypes[72]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5091,7 +5184,7 @@ func (x *BlockRange) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BlockRange.ProtoReflect.Descriptor instead.
 func (*BlockRange) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{71}
+	return file_wheelfs_proto_rawDescGZIP(), []int{72}
 }
 
 func (x *BlockRange) GetFirst() uint64 {
@@ -5121,7 +5214,7 @@ type HeldBlocks struct {
 
 func (x *HeldBlocks) Reset() {
 	*x = HeldBlocks{}
-	mi := &file_wheelfs_proto_msgTypes[72]
+	mi := &file_wheelfs_proto_msgTypes[73]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5133,7 +5226,7 @@ func (x *HeldBlocks) String() string {
 func (*HeldBlocks) ProtoMessage() {}
 
 func (x *HeldBlocks) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[72]
+	mi := &file_wheelfs_proto_msgTypes[73]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5146,7 +5239,7 @@ func (x *HeldBlocks) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeldBlocks.ProtoReflect.Descriptor instead.
 func (*HeldBlocks) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{72}
+	return file_wheelfs_proto_rawDescGZIP(), []int{73}
 }
 
 func (x *HeldBlocks) GetCaller() *Caller {
@@ -5190,7 +5283,7 @@ type ReportHoldingRequest struct {
 
 func (x *ReportHoldingRequest) Reset() {
 	*x = ReportHoldingRequest{}
-	mi := &file_wheelfs_proto_msgTypes[73]
+	mi := &file_wheelfs_proto_msgTypes[74]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5202,7 +5295,7 @@ func (x *ReportHoldingRequest) String() string {
 func (*ReportHoldingRequest) ProtoMessage() {}
 
 func (x *ReportHoldingRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[73]
+	mi := &file_wheelfs_proto_msgTypes[74]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5215,7 +5308,7 @@ func (x *ReportHoldingRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportHoldingRequest.ProtoReflect.Descriptor instead.
 func (*ReportHoldingRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{73}
+	return file_wheelfs_proto_rawDescGZIP(), []int{74}
 }
 
 func (x *ReportHoldingRequest) GetNode() string {
@@ -5261,7 +5354,7 @@ type ReportHoldingResponse struct {
 
 func (x *ReportHoldingResponse) Reset() {
 	*x = ReportHoldingResponse{}
-	mi := &file_wheelfs_proto_msgTypes[74]
+	mi := &file_wheelfs_proto_msgTypes[75]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5273,7 +5366,7 @@ func (x *ReportHoldingResponse) String() string {
 func (*ReportHoldingResponse) ProtoMessage() {}
 
 func (x *ReportHoldingResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[74]
+	mi := &file_wheelfs_proto_msgTypes[75]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5286,7 +5379,7 @@ func (x *ReportHoldingResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportHoldingResponse.ProtoReflect.Descriptor instead.
 func (*ReportHoldingResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{74}
+	return file_wheelfs_proto_rawDescGZIP(), []int{75}
 }
 
 type HoldersRequest struct {
@@ -5306,7 +5399,7 @@ type HoldersRequest struct {
 
 func (x *HoldersRequest) Reset() {
 	*x = HoldersRequest{}
-	mi := &file_wheelfs_proto_msgTypes[75]
+	mi := &file_wheelfs_proto_msgTypes[76]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5318,7 +5411,7 @@ func (x *HoldersRequest) String() string {
 func (*HoldersRequest) ProtoMessage() {}
 
 func (x *HoldersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[75]
+	mi := &file_wheelfs_proto_msgTypes[76]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5331,7 +5424,7 @@ func (x *HoldersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HoldersRequest.ProtoReflect.Descriptor instead.
 func (*HoldersRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{75}
+	return file_wheelfs_proto_rawDescGZIP(), []int{76}
 }
 
 func (x *HoldersRequest) GetCaller() *Caller {
@@ -5410,7 +5503,7 @@ type Holder struct {
 
 func (x *Holder) Reset() {
 	*x = Holder{}
-	mi := &file_wheelfs_proto_msgTypes[76]
+	mi := &file_wheelfs_proto_msgTypes[77]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5422,7 +5515,7 @@ func (x *Holder) String() string {
 func (*Holder) ProtoMessage() {}
 
 func (x *Holder) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[76]
+	mi := &file_wheelfs_proto_msgTypes[77]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5435,7 +5528,7 @@ func (x *Holder) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Holder.ProtoReflect.Descriptor instead.
 func (*Holder) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{76}
+	return file_wheelfs_proto_rawDescGZIP(), []int{77}
 }
 
 func (x *Holder) GetNode() string {
@@ -5487,7 +5580,7 @@ type HoldersResponse struct {
 
 func (x *HoldersResponse) Reset() {
 	*x = HoldersResponse{}
-	mi := &file_wheelfs_proto_msgTypes[77]
+	mi := &file_wheelfs_proto_msgTypes[78]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5499,7 +5592,7 @@ func (x *HoldersResponse) String() string {
 func (*HoldersResponse) ProtoMessage() {}
 
 func (x *HoldersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[77]
+	mi := &file_wheelfs_proto_msgTypes[78]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5512,7 +5605,7 @@ func (x *HoldersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HoldersResponse.ProtoReflect.Descriptor instead.
 func (*HoldersResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{77}
+	return file_wheelfs_proto_rawDescGZIP(), []int{78}
 }
 
 func (x *HoldersResponse) GetVersion() uint64 {
@@ -5548,7 +5641,7 @@ type LoginChallengeRequest struct {
 
 func (x *LoginChallengeRequest) Reset() {
 	*x = LoginChallengeRequest{}
-	mi := &file_wheelfs_proto_msgTypes[78]
+	mi := &file_wheelfs_proto_msgTypes[79]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5560,7 +5653,7 @@ func (x *LoginChallengeRequest) String() string {
 func (*LoginChallengeRequest) ProtoMessage() {}
 
 func (x *LoginChallengeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[78]
+	mi := &file_wheelfs_proto_msgTypes[79]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5573,7 +5666,7 @@ func (x *LoginChallengeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LoginChallengeRequest.ProtoReflect.Descriptor instead.
 func (*LoginChallengeRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{78}
+	return file_wheelfs_proto_rawDescGZIP(), []int{79}
 }
 
 func (x *LoginChallengeRequest) GetUid() uint32 {
@@ -5607,7 +5700,7 @@ type LoginChallengeResponse struct {
 
 func (x *LoginChallengeResponse) Reset() {
 	*x = LoginChallengeResponse{}
-	mi := &file_wheelfs_proto_msgTypes[79]
+	mi := &file_wheelfs_proto_msgTypes[80]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5619,7 +5712,7 @@ func (x *LoginChallengeResponse) String() string {
 func (*LoginChallengeResponse) ProtoMessage() {}
 
 func (x *LoginChallengeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[79]
+	mi := &file_wheelfs_proto_msgTypes[80]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5632,7 +5725,7 @@ func (x *LoginChallengeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LoginChallengeResponse.ProtoReflect.Descriptor instead.
 func (*LoginChallengeResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{79}
+	return file_wheelfs_proto_rawDescGZIP(), []int{80}
 }
 
 func (x *LoginChallengeResponse) GetNonce() []byte {
@@ -5678,7 +5771,7 @@ type LoginRequest struct {
 
 func (x *LoginRequest) Reset() {
 	*x = LoginRequest{}
-	mi := &file_wheelfs_proto_msgTypes[80]
+	mi := &file_wheelfs_proto_msgTypes[81]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5690,7 +5783,7 @@ func (x *LoginRequest) String() string {
 func (*LoginRequest) ProtoMessage() {}
 
 func (x *LoginRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[80]
+	mi := &file_wheelfs_proto_msgTypes[81]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5703,7 +5796,7 @@ func (x *LoginRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LoginRequest.ProtoReflect.Descriptor instead.
 func (*LoginRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{80}
+	return file_wheelfs_proto_rawDescGZIP(), []int{81}
 }
 
 func (x *LoginRequest) GetUid() uint32 {
@@ -5753,7 +5846,7 @@ type LoginResponse struct {
 
 func (x *LoginResponse) Reset() {
 	*x = LoginResponse{}
-	mi := &file_wheelfs_proto_msgTypes[81]
+	mi := &file_wheelfs_proto_msgTypes[82]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5765,7 +5858,7 @@ func (x *LoginResponse) String() string {
 func (*LoginResponse) ProtoMessage() {}
 
 func (x *LoginResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[81]
+	mi := &file_wheelfs_proto_msgTypes[82]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5778,7 +5871,7 @@ func (x *LoginResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LoginResponse.ProtoReflect.Descriptor instead.
 func (*LoginResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{81}
+	return file_wheelfs_proto_rawDescGZIP(), []int{82}
 }
 
 func (x *LoginResponse) GetUid() uint32 {
@@ -5812,7 +5905,7 @@ type SessionRequest struct {
 
 func (x *SessionRequest) Reset() {
 	*x = SessionRequest{}
-	mi := &file_wheelfs_proto_msgTypes[82]
+	mi := &file_wheelfs_proto_msgTypes[83]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5824,7 +5917,7 @@ func (x *SessionRequest) String() string {
 func (*SessionRequest) ProtoMessage() {}
 
 func (x *SessionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[82]
+	mi := &file_wheelfs_proto_msgTypes[83]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5837,7 +5930,7 @@ func (x *SessionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionRequest.ProtoReflect.Descriptor instead.
 func (*SessionRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{82}
+	return file_wheelfs_proto_rawDescGZIP(), []int{83}
 }
 
 func (x *SessionRequest) GetUid() uint32 {
@@ -5855,7 +5948,7 @@ type LogoutResponse struct {
 
 func (x *LogoutResponse) Reset() {
 	*x = LogoutResponse{}
-	mi := &file_wheelfs_proto_msgTypes[83]
+	mi := &file_wheelfs_proto_msgTypes[84]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5867,7 +5960,7 @@ func (x *LogoutResponse) String() string {
 func (*LogoutResponse) ProtoMessage() {}
 
 func (x *LogoutResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[83]
+	mi := &file_wheelfs_proto_msgTypes[84]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5880,7 +5973,7 @@ func (x *LogoutResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LogoutResponse.ProtoReflect.Descriptor instead.
 func (*LogoutResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{83}
+	return file_wheelfs_proto_rawDescGZIP(), []int{84}
 }
 
 // Grant is a primary's short-lived permission for one client (asker) to
@@ -5899,7 +5992,7 @@ type Grant struct {
 
 func (x *Grant) Reset() {
 	*x = Grant{}
-	mi := &file_wheelfs_proto_msgTypes[84]
+	mi := &file_wheelfs_proto_msgTypes[85]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5911,7 +6004,7 @@ func (x *Grant) String() string {
 func (*Grant) ProtoMessage() {}
 
 func (x *Grant) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[84]
+	mi := &file_wheelfs_proto_msgTypes[85]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5924,7 +6017,7 @@ func (x *Grant) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Grant.ProtoReflect.Descriptor instead.
 func (*Grant) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{84}
+	return file_wheelfs_proto_rawDescGZIP(), []int{85}
 }
 
 func (x *Grant) GetBody() []byte {
@@ -5964,7 +6057,7 @@ type GrantBody struct {
 
 func (x *GrantBody) Reset() {
 	*x = GrantBody{}
-	mi := &file_wheelfs_proto_msgTypes[85]
+	mi := &file_wheelfs_proto_msgTypes[86]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5976,7 +6069,7 @@ func (x *GrantBody) String() string {
 func (*GrantBody) ProtoMessage() {}
 
 func (x *GrantBody) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[85]
+	mi := &file_wheelfs_proto_msgTypes[86]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5989,7 +6082,7 @@ func (x *GrantBody) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GrantBody.ProtoReflect.Descriptor instead.
 func (*GrantBody) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{85}
+	return file_wheelfs_proto_rawDescGZIP(), []int{86}
 }
 
 func (x *GrantBody) GetId() uint64 {
@@ -6058,7 +6151,7 @@ type FetchCachedRequest struct {
 
 func (x *FetchCachedRequest) Reset() {
 	*x = FetchCachedRequest{}
-	mi := &file_wheelfs_proto_msgTypes[86]
+	mi := &file_wheelfs_proto_msgTypes[87]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6070,7 +6163,7 @@ func (x *FetchCachedRequest) String() string {
 func (*FetchCachedRequest) ProtoMessage() {}
 
 func (x *FetchCachedRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[86]
+	mi := &file_wheelfs_proto_msgTypes[87]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6083,7 +6176,7 @@ func (x *FetchCachedRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FetchCachedRequest.ProtoReflect.Descriptor instead.
 func (*FetchCachedRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{86}
+	return file_wheelfs_proto_rawDescGZIP(), []int{87}
 }
 
 func (x *FetchCachedRequest) GetGrant() *Grant {
@@ -6110,7 +6203,7 @@ type FetchCachedResponse struct {
 
 func (x *FetchCachedResponse) Reset() {
 	*x = FetchCachedResponse{}
-	mi := &file_wheelfs_proto_msgTypes[87]
+	mi := &file_wheelfs_proto_msgTypes[88]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6122,7 +6215,7 @@ func (x *FetchCachedResponse) String() string {
 func (*FetchCachedResponse) ProtoMessage() {}
 
 func (x *FetchCachedResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[87]
+	mi := &file_wheelfs_proto_msgTypes[88]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6135,7 +6228,7 @@ func (x *FetchCachedResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FetchCachedResponse.ProtoReflect.Descriptor instead.
 func (*FetchCachedResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{87}
+	return file_wheelfs_proto_rawDescGZIP(), []int{88}
 }
 
 func (x *FetchCachedResponse) GetData() [][]byte {
@@ -6159,7 +6252,7 @@ type FileData struct {
 
 func (x *FileData) Reset() {
 	*x = FileData{}
-	mi := &file_wheelfs_proto_msgTypes[88]
+	mi := &file_wheelfs_proto_msgTypes[89]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6171,7 +6264,7 @@ func (x *FileData) String() string {
 func (*FileData) ProtoMessage() {}
 
 func (x *FileData) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[88]
+	mi := &file_wheelfs_proto_msgTypes[89]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6184,7 +6277,7 @@ func (x *FileData) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FileData.ProtoReflect.Descriptor instead.
 func (*FileData) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{88}
+	return file_wheelfs_proto_rawDescGZIP(), []int{89}
 }
 
 func (x *FileData) GetVersion() uint64 {
@@ -6219,7 +6312,7 @@ type BlockData struct {
 
 func (x *BlockData) Reset() {
 	*x = BlockData{}
-	mi := &file_wheelfs_proto_msgTypes[89]
+	mi := &file_wheelfs_proto_msgTypes[90]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6231,7 +6324,7 @@ func (x *BlockData) String() string {
 func (*BlockData) ProtoMessage() {}
 
 func (x *BlockData) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[89]
+	mi := &file_wheelfs_proto_msgTypes[90]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6244,7 +6337,7 @@ func (x *BlockData) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BlockData.ProtoReflect.Descriptor instead.
 func (*BlockData) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{89}
+	return file_wheelfs_proto_rawDescGZIP(), []int{90}
 }
 
 func (x *BlockData) GetIndex() uint64 {
@@ -6272,7 +6365,7 @@ const file_wheelfs_proto_rawDesc = "" +
 	"\rkeep_together\x18\x02 \x01(\bR\fkeepTogether\x12\x1b\n" +
 	"\trep_sites\x18\x03 \x01(\x05R\brepSites\x12\x1b\n" +
 	"\trep_level\x18\x04 \x01(\x05R\brepLevel\x12\x1a\n" +
-	"\beventual\x18\x05 \x01(\bR\beventual\"\xad\x03\n" +
+	"\beventual\x18\x05 \x01(\bR\beventual\"\x8c\x04\n" +
 	"\x04Meta\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12$\n" +
 	"\x04type\x18\x02 \x01(\x0e2\x10.wheelfs.v1.TypeR\x04type\x12\x12\n" +
@@ -6292,7 +6385,14 @@ const file_wheelfs_proto_rawDesc = "" +
 	"\x04cues\x18\x0f \x01(\v2\x10.wheelfs.v1.CuesR\x04cues\x12\x16\n" +
 	"\x06parent\x18\x10 \x01(\x04R\x06parent\x12\x1d\n" +
 	"\n" +
-	"block_size\x18\x11 \x01(\rR\tblockSize\"\x95\x01\n" +
+	"block_size\x18\x11 \x01(\rR\tblockSize\x12&\n" +
+	"\x03acl\x18\x12 \x03(\v2\x14.wheelfs.v1.AclEntryR\x03acl\x125\n" +
+	"\vdefault_acl\x18\x13 \x03(\v2\x14.wheelfs.v1.AclEntryR\n" +
+	"defaultAcl\"@\n" +
+	"\bAclEntry\x12\x10\n" +
+	"\x03tag\x18\x01 \x01(\rR\x03tag\x12\x12\n" +
+	"\x04perm\x18\x02 \x01(\rR\x04perm\x12\x0e\n" +
+	"\x02id\x18\x03 \x01(\rR\x02id\"\x95\x01\n" +
 	"\x05Entry\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x0e\n" +
 	"\x02id\x18\x02 \x01(\x04R\x02id\x12$\n" +
@@ -6331,7 +6431,7 @@ const file_wheelfs_proto_rawDesc = "" +
 	"\x0fGetAttrResponse\x12$\n" +
 	"\x04meta\x18\x01 \x01(\v2\x10.wheelfs.v1.MetaR\x04meta\x12\x19\n" +
 	"\blease_ms\x18\x02 \x01(\rR\aleaseMs\x120\n" +
-	"\x06xattrs\x18\x03 \x01(\v2\x18.wheelfs.v1.XattrSummaryR\x06xattrs\"\xae\x03\n" +
+	"\x06xattrs\x18\x03 \x01(\v2\x18.wheelfs.v1.XattrSummaryR\x06xattrs\"\xd3\x03\n" +
 	"\rCreateRequest\x12*\n" +
 	"\x06caller\x18\x01 \x01(\v2\x12.wheelfs.v1.CallerR\x06caller\x12\x10\n" +
 	"\x03dir\x18\x02 \x01(\x04R\x03dir\x12\x12\n" +
@@ -6351,7 +6451,9 @@ const file_wheelfs_proto_rawDesc = "" +
 	"\vopen_access\x18\r \x01(\rR\n" +
 	"openAccess\x12\x0e\n" +
 	"\x02op\x18\x0e \x01(\x04R\x02op\x12\x18\n" +
-	"\aattempt\x18\x0f \x01(\rR\aattempt\"\xb5\x01\n" +
+	"\aattempt\x18\x0f \x01(\rR\aattempt\x12\x19\n" +
+	"\x05umask\x18\x10 \x01(\rH\x00R\x05umask\x88\x01\x01B\b\n" +
+	"\x06_umask\"\xb5\x01\n" +
 	"\x0eCreateResponse\x12'\n" +
 	"\x05entry\x18\x01 \x01(\v2\x11.wheelfs.v1.EntryR\x05entry\x12$\n" +
 	"\x04meta\x18\x02 \x01(\v2\x10.wheelfs.v1.MetaR\x04meta\x12\"\n" +
@@ -6802,280 +6904,283 @@ func file_wheelfs_proto_rawDescGZIP() []byte {
 }
 
 var file_wheelfs_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_wheelfs_proto_msgTypes = make([]protoimpl.MessageInfo, 90)
+var file_wheelfs_proto_msgTypes = make([]protoimpl.MessageInfo, 91)
 var file_wheelfs_proto_goTypes = []any{
 	(Type)(0),                      // 0: wheelfs.v1.Type
 	(MutationKind)(0),              // 1: wheelfs.v1.MutationKind
 	(ReplStatus)(0),                // 2: wheelfs.v1.ReplStatus
 	(*Cues)(nil),                   // 3: wheelfs.v1.Cues
 	(*Meta)(nil),                   // 4: wheelfs.v1.Meta
-	(*Entry)(nil),                  // 5: wheelfs.v1.Entry
-	(*Caller)(nil),                 // 6: wheelfs.v1.Caller
-	(*HandleRef)(nil),              // 7: wheelfs.v1.HandleRef
-	(*LookupRequest)(nil),          // 8: wheelfs.v1.LookupRequest
-	(*LookupResponse)(nil),         // 9: wheelfs.v1.LookupResponse
-	(*GetAttrRequest)(nil),         // 10: wheelfs.v1.GetAttrRequest
-	(*GetAttrResponse)(nil),        // 11: wheelfs.v1.GetAttrResponse
-	(*CreateRequest)(nil),          // 12: wheelfs.v1.CreateRequest
-	(*CreateResponse)(nil),         // 13: wheelfs.v1.CreateResponse
-	(*LinkRequest)(nil),            // 14: wheelfs.v1.LinkRequest
-	(*LinkResponse)(nil),           // 15: wheelfs.v1.LinkResponse
-	(*RemoveRequest)(nil),          // 16: wheelfs.v1.RemoveRequest
-	(*RemoveResponse)(nil),         // 17: wheelfs.v1.RemoveResponse
-	(*RenameRequest)(nil),          // 18: wheelfs.v1.RenameRequest
-	(*RenameResponse)(nil),         // 19: wheelfs.v1.RenameResponse
-	(*SetAttrRequest)(nil),         // 20: wheelfs.v1.SetAttrRequest
-	(*SetAttrResponse)(nil),        // 21: wheelfs.v1.SetAttrResponse
-	(*ReadDirRequest)(nil),         // 22: wheelfs.v1.ReadDirRequest
-	(*ReadDirResponse)(nil),        // 23: wheelfs.v1.ReadDirResponse
-	(*BlockRef)(nil),               // 24: wheelfs.v1.BlockRef
-	(*GetBlocksRequest)(nil),       // 25: wheelfs.v1.GetBlocksRequest
-	(*GetBlocksResponse)(nil),      // 26: wheelfs.v1.GetBlocksResponse
-	(*ReadBlocksRequest)(nil),      // 27: wheelfs.v1.ReadBlocksRequest
-	(*ReadBlocksResponse)(nil),     // 28: wheelfs.v1.ReadBlocksResponse
-	(*PutBlocksRequest)(nil),       // 29: wheelfs.v1.PutBlocksRequest
-	(*PutBlocksResponse)(nil),      // 30: wheelfs.v1.PutBlocksResponse
-	(*CommitRequest)(nil),          // 31: wheelfs.v1.CommitRequest
-	(*CommitResponse)(nil),         // 32: wheelfs.v1.CommitResponse
-	(*XattrRequest)(nil),           // 33: wheelfs.v1.XattrRequest
-	(*XattrResponse)(nil),          // 34: wheelfs.v1.XattrResponse
-	(*StatFSRequest)(nil),          // 35: wheelfs.v1.StatFSRequest
-	(*StatFSResponse)(nil),         // 36: wheelfs.v1.StatFSResponse
-	(*OpenRequest)(nil),            // 37: wheelfs.v1.OpenRequest
-	(*OpenResponse)(nil),           // 38: wheelfs.v1.OpenResponse
-	(*ReleaseRequest)(nil),         // 39: wheelfs.v1.ReleaseRequest
-	(*ReleaseResponse)(nil),        // 40: wheelfs.v1.ReleaseResponse
-	(*Revoke)(nil),                 // 41: wheelfs.v1.Revoke
-	(*CallbackAck)(nil),            // 42: wheelfs.v1.CallbackAck
-	(*Mutation)(nil),               // 43: wheelfs.v1.Mutation
-	(*Batch)(nil),                  // 44: wheelfs.v1.Batch
-	(*ReplicateRequest)(nil),       // 45: wheelfs.v1.ReplicateRequest
-	(*ReplicateResponse)(nil),      // 46: wheelfs.v1.ReplicateResponse
-	(*DigestRequest)(nil),          // 47: wheelfs.v1.DigestRequest
-	(*DigestResponse)(nil),         // 48: wheelfs.v1.DigestResponse
-	(*ObjectState)(nil),            // 49: wheelfs.v1.ObjectState
-	(*InstallRequest)(nil),         // 50: wheelfs.v1.InstallRequest
-	(*InstallResponse)(nil),        // 51: wheelfs.v1.InstallResponse
-	(*DiffRequest)(nil),            // 52: wheelfs.v1.DiffRequest
-	(*FetchBlocksRequest)(nil),     // 53: wheelfs.v1.FetchBlocksRequest
-	(*FetchBlocksResponse)(nil),    // 54: wheelfs.v1.FetchBlocksResponse
-	(*PingRequest)(nil),            // 55: wheelfs.v1.PingRequest
-	(*PingResponse)(nil),           // 56: wheelfs.v1.PingResponse
-	(*CreateObjectRequest)(nil),    // 57: wheelfs.v1.CreateObjectRequest
-	(*CreateObjectResponse)(nil),   // 58: wheelfs.v1.CreateObjectResponse
-	(*DropLinkRequest)(nil),        // 59: wheelfs.v1.DropLinkRequest
-	(*DropLinkResponse)(nil),       // 60: wheelfs.v1.DropLinkResponse
-	(*StatRequest)(nil),            // 61: wheelfs.v1.StatRequest
-	(*StatResponse)(nil),           // 62: wheelfs.v1.StatResponse
-	(*AddLinkRequest)(nil),         // 63: wheelfs.v1.AddLinkRequest
-	(*AddLinkResponse)(nil),        // 64: wheelfs.v1.AddLinkResponse
-	(*EntryChange)(nil),            // 65: wheelfs.v1.EntryChange
-	(*ReconcileRequest)(nil),       // 66: wheelfs.v1.ReconcileRequest
-	(*ReconcileResponse)(nil),      // 67: wheelfs.v1.ReconcileResponse
-	(*XattrSummary)(nil),           // 68: wheelfs.v1.XattrSummary
-	(*Xattr)(nil),                  // 69: wheelfs.v1.Xattr
-	(*Coord)(nil),                  // 70: wheelfs.v1.Coord
-	(*CoordSample)(nil),            // 71: wheelfs.v1.CoordSample
-	(*ProbeRequest)(nil),           // 72: wheelfs.v1.ProbeRequest
-	(*ProbeResponse)(nil),          // 73: wheelfs.v1.ProbeResponse
-	(*BlockRange)(nil),             // 74: wheelfs.v1.BlockRange
-	(*HeldBlocks)(nil),             // 75: wheelfs.v1.HeldBlocks
-	(*ReportHoldingRequest)(nil),   // 76: wheelfs.v1.ReportHoldingRequest
-	(*ReportHoldingResponse)(nil),  // 77: wheelfs.v1.ReportHoldingResponse
-	(*HoldersRequest)(nil),         // 78: wheelfs.v1.HoldersRequest
-	(*Holder)(nil),                 // 79: wheelfs.v1.Holder
-	(*HoldersResponse)(nil),        // 80: wheelfs.v1.HoldersResponse
-	(*LoginChallengeRequest)(nil),  // 81: wheelfs.v1.LoginChallengeRequest
-	(*LoginChallengeResponse)(nil), // 82: wheelfs.v1.LoginChallengeResponse
-	(*LoginRequest)(nil),           // 83: wheelfs.v1.LoginRequest
-	(*LoginResponse)(nil),          // 84: wheelfs.v1.LoginResponse
-	(*SessionRequest)(nil),         // 85: wheelfs.v1.SessionRequest
-	(*LogoutResponse)(nil),         // 86: wheelfs.v1.LogoutResponse
-	(*Grant)(nil),                  // 87: wheelfs.v1.Grant
-	(*GrantBody)(nil),              // 88: wheelfs.v1.GrantBody
-	(*FetchCachedRequest)(nil),     // 89: wheelfs.v1.FetchCachedRequest
-	(*FetchCachedResponse)(nil),    // 90: wheelfs.v1.FetchCachedResponse
-	(*FileData)(nil),               // 91: wheelfs.v1.FileData
-	(*BlockData)(nil),              // 92: wheelfs.v1.BlockData
+	(*AclEntry)(nil),               // 5: wheelfs.v1.AclEntry
+	(*Entry)(nil),                  // 6: wheelfs.v1.Entry
+	(*Caller)(nil),                 // 7: wheelfs.v1.Caller
+	(*HandleRef)(nil),              // 8: wheelfs.v1.HandleRef
+	(*LookupRequest)(nil),          // 9: wheelfs.v1.LookupRequest
+	(*LookupResponse)(nil),         // 10: wheelfs.v1.LookupResponse
+	(*GetAttrRequest)(nil),         // 11: wheelfs.v1.GetAttrRequest
+	(*GetAttrResponse)(nil),        // 12: wheelfs.v1.GetAttrResponse
+	(*CreateRequest)(nil),          // 13: wheelfs.v1.CreateRequest
+	(*CreateResponse)(nil),         // 14: wheelfs.v1.CreateResponse
+	(*LinkRequest)(nil),            // 15: wheelfs.v1.LinkRequest
+	(*LinkResponse)(nil),           // 16: wheelfs.v1.LinkResponse
+	(*RemoveRequest)(nil),          // 17: wheelfs.v1.RemoveRequest
+	(*RemoveResponse)(nil),         // 18: wheelfs.v1.RemoveResponse
+	(*RenameRequest)(nil),          // 19: wheelfs.v1.RenameRequest
+	(*RenameResponse)(nil),         // 20: wheelfs.v1.RenameResponse
+	(*SetAttrRequest)(nil),         // 21: wheelfs.v1.SetAttrRequest
+	(*SetAttrResponse)(nil),        // 22: wheelfs.v1.SetAttrResponse
+	(*ReadDirRequest)(nil),         // 23: wheelfs.v1.ReadDirRequest
+	(*ReadDirResponse)(nil),        // 24: wheelfs.v1.ReadDirResponse
+	(*BlockRef)(nil),               // 25: wheelfs.v1.BlockRef
+	(*GetBlocksRequest)(nil),       // 26: wheelfs.v1.GetBlocksRequest
+	(*GetBlocksResponse)(nil),      // 27: wheelfs.v1.GetBlocksResponse
+	(*ReadBlocksRequest)(nil),      // 28: wheelfs.v1.ReadBlocksRequest
+	(*ReadBlocksResponse)(nil),     // 29: wheelfs.v1.ReadBlocksResponse
+	(*PutBlocksRequest)(nil),       // 30: wheelfs.v1.PutBlocksRequest
+	(*PutBlocksResponse)(nil),      // 31: wheelfs.v1.PutBlocksResponse
+	(*CommitRequest)(nil),          // 32: wheelfs.v1.CommitRequest
+	(*CommitResponse)(nil),         // 33: wheelfs.v1.CommitResponse
+	(*XattrRequest)(nil),           // 34: wheelfs.v1.XattrRequest
+	(*XattrResponse)(nil),          // 35: wheelfs.v1.XattrResponse
+	(*StatFSRequest)(nil),          // 36: wheelfs.v1.StatFSRequest
+	(*StatFSResponse)(nil),         // 37: wheelfs.v1.StatFSResponse
+	(*OpenRequest)(nil),            // 38: wheelfs.v1.OpenRequest
+	(*OpenResponse)(nil),           // 39: wheelfs.v1.OpenResponse
+	(*ReleaseRequest)(nil),         // 40: wheelfs.v1.ReleaseRequest
+	(*ReleaseResponse)(nil),        // 41: wheelfs.v1.ReleaseResponse
+	(*Revoke)(nil),                 // 42: wheelfs.v1.Revoke
+	(*CallbackAck)(nil),            // 43: wheelfs.v1.CallbackAck
+	(*Mutation)(nil),               // 44: wheelfs.v1.Mutation
+	(*Batch)(nil),                  // 45: wheelfs.v1.Batch
+	(*ReplicateRequest)(nil),       // 46: wheelfs.v1.ReplicateRequest
+	(*ReplicateResponse)(nil),      // 47: wheelfs.v1.ReplicateResponse
+	(*DigestRequest)(nil),          // 48: wheelfs.v1.DigestRequest
+	(*DigestResponse)(nil),         // 49: wheelfs.v1.DigestResponse
+	(*ObjectState)(nil),            // 50: wheelfs.v1.ObjectState
+	(*InstallRequest)(nil),         // 51: wheelfs.v1.InstallRequest
+	(*InstallResponse)(nil),        // 52: wheelfs.v1.InstallResponse
+	(*DiffRequest)(nil),            // 53: wheelfs.v1.DiffRequest
+	(*FetchBlocksRequest)(nil),     // 54: wheelfs.v1.FetchBlocksRequest
+	(*FetchBlocksResponse)(nil),    // 55: wheelfs.v1.FetchBlocksResponse
+	(*PingRequest)(nil),            // 56: wheelfs.v1.PingRequest
+	(*PingResponse)(nil),           // 57: wheelfs.v1.PingResponse
+	(*CreateObjectRequest)(nil),    // 58: wheelfs.v1.CreateObjectRequest
+	(*CreateObjectResponse)(nil),   // 59: wheelfs.v1.CreateObjectResponse
+	(*DropLinkRequest)(nil),        // 60: wheelfs.v1.DropLinkRequest
+	(*DropLinkResponse)(nil),       // 61: wheelfs.v1.DropLinkResponse
+	(*StatRequest)(nil),            // 62: wheelfs.v1.StatRequest
+	(*StatResponse)(nil),           // 63: wheelfs.v1.StatResponse
+	(*AddLinkRequest)(nil),         // 64: wheelfs.v1.AddLinkRequest
+	(*AddLinkResponse)(nil),        // 65: wheelfs.v1.AddLinkResponse
+	(*EntryChange)(nil),            // 66: wheelfs.v1.EntryChange
+	(*ReconcileRequest)(nil),       // 67: wheelfs.v1.ReconcileRequest
+	(*ReconcileResponse)(nil),      // 68: wheelfs.v1.ReconcileResponse
+	(*XattrSummary)(nil),           // 69: wheelfs.v1.XattrSummary
+	(*Xattr)(nil),                  // 70: wheelfs.v1.Xattr
+	(*Coord)(nil),                  // 71: wheelfs.v1.Coord
+	(*CoordSample)(nil),            // 72: wheelfs.v1.CoordSample
+	(*ProbeRequest)(nil),           // 73: wheelfs.v1.ProbeRequest
+	(*ProbeResponse)(nil),          // 74: wheelfs.v1.ProbeResponse
+	(*BlockRange)(nil),             // 75: wheelfs.v1.BlockRange
+	(*HeldBlocks)(nil),             // 76: wheelfs.v1.HeldBlocks
+	(*ReportHoldingRequest)(nil),   // 77: wheelfs.v1.ReportHoldingRequest
+	(*ReportHoldingResponse)(nil),  // 78: wheelfs.v1.ReportHoldingResponse
+	(*HoldersRequest)(nil),         // 79: wheelfs.v1.HoldersRequest
+	(*Holder)(nil),                 // 80: wheelfs.v1.Holder
+	(*HoldersResponse)(nil),        // 81: wheelfs.v1.HoldersResponse
+	(*LoginChallengeRequest)(nil),  // 82: wheelfs.v1.LoginChallengeRequest
+	(*LoginChallengeResponse)(nil), // 83: wheelfs.v1.LoginChallengeResponse
+	(*LoginRequest)(nil),           // 84: wheelfs.v1.LoginRequest
+	(*LoginResponse)(nil),          // 85: wheelfs.v1.LoginResponse
+	(*SessionRequest)(nil),         // 86: wheelfs.v1.SessionRequest
+	(*LogoutResponse)(nil),         // 87: wheelfs.v1.LogoutResponse
+	(*Grant)(nil),                  // 88: wheelfs.v1.Grant
+	(*GrantBody)(nil),              // 89: wheelfs.v1.GrantBody
+	(*FetchCachedRequest)(nil),     // 90: wheelfs.v1.FetchCachedRequest
+	(*FetchCachedResponse)(nil),    // 91: wheelfs.v1.FetchCachedResponse
+	(*FileData)(nil),               // 92: wheelfs.v1.FileData
+	(*BlockData)(nil),              // 93: wheelfs.v1.BlockData
 }
 var file_wheelfs_proto_depIdxs = []int32{
 	0,   // 0: wheelfs.v1.Meta.type:type_name -> wheelfs.v1.Type
 	3,   // 1: wheelfs.v1.Meta.cues:type_name -> wheelfs.v1.Cues
-	0,   // 2: wheelfs.v1.Entry.type:type_name -> wheelfs.v1.Type
-	7,   // 3: wheelfs.v1.Caller.handle:type_name -> wheelfs.v1.HandleRef
-	6,   // 4: wheelfs.v1.LookupRequest.caller:type_name -> wheelfs.v1.Caller
-	5,   // 5: wheelfs.v1.LookupResponse.entry:type_name -> wheelfs.v1.Entry
-	4,   // 6: wheelfs.v1.LookupResponse.meta:type_name -> wheelfs.v1.Meta
-	4,   // 7: wheelfs.v1.LookupResponse.dir:type_name -> wheelfs.v1.Meta
-	68,  // 8: wheelfs.v1.LookupResponse.xattrs:type_name -> wheelfs.v1.XattrSummary
-	91,  // 9: wheelfs.v1.LookupResponse.data:type_name -> wheelfs.v1.FileData
-	6,   // 10: wheelfs.v1.GetAttrRequest.caller:type_name -> wheelfs.v1.Caller
-	4,   // 11: wheelfs.v1.GetAttrResponse.meta:type_name -> wheelfs.v1.Meta
-	68,  // 12: wheelfs.v1.GetAttrResponse.xattrs:type_name -> wheelfs.v1.XattrSummary
-	6,   // 13: wheelfs.v1.CreateRequest.caller:type_name -> wheelfs.v1.Caller
-	0,   // 14: wheelfs.v1.CreateRequest.type:type_name -> wheelfs.v1.Type
-	3,   // 15: wheelfs.v1.CreateRequest.cues:type_name -> wheelfs.v1.Cues
-	5,   // 16: wheelfs.v1.CreateResponse.entry:type_name -> wheelfs.v1.Entry
-	4,   // 17: wheelfs.v1.CreateResponse.meta:type_name -> wheelfs.v1.Meta
-	4,   // 18: wheelfs.v1.CreateResponse.dir:type_name -> wheelfs.v1.Meta
-	6,   // 19: wheelfs.v1.LinkRequest.caller:type_name -> wheelfs.v1.Caller
-	4,   // 20: wheelfs.v1.LinkResponse.meta:type_name -> wheelfs.v1.Meta
-	6,   // 21: wheelfs.v1.RemoveRequest.caller:type_name -> wheelfs.v1.Caller
-	4,   // 22: wheelfs.v1.RemoveResponse.meta:type_name -> wheelfs.v1.Meta
-	6,   // 23: wheelfs.v1.RenameRequest.caller:type_name -> wheelfs.v1.Caller
-	4,   // 24: wheelfs.v1.RenameResponse.replaced:type_name -> wheelfs.v1.Meta
-	6,   // 25: wheelfs.v1.SetAttrRequest.caller:type_name -> wheelfs.v1.Caller
-	4,   // 26: wheelfs.v1.SetAttrResponse.meta:type_name -> wheelfs.v1.Meta
-	6,   // 27: wheelfs.v1.ReadDirRequest.caller:type_name -> wheelfs.v1.Caller
-	5,   // 28: wheelfs.v1.ReadDirResponse.entries:type_name -> wheelfs.v1.Entry
-	4,   // 29: wheelfs.v1.ReadDirResponse.metas:type_name -> wheelfs.v1.Meta
-	4,   // 30: wheelfs.v1.ReadDirResponse.dir:type_name -> wheelfs.v1.Meta
-	68,  // 31: wheelfs.v1.ReadDirResponse.dir_xattrs:type_name -> wheelfs.v1.XattrSummary
-	68,  // 32: wheelfs.v1.ReadDirResponse.xattrs:type_name -> wheelfs.v1.XattrSummary
-	91,  // 33: wheelfs.v1.ReadDirResponse.datas:type_name -> wheelfs.v1.FileData
-	6,   // 34: wheelfs.v1.GetBlocksRequest.caller:type_name -> wheelfs.v1.Caller
-	4,   // 35: wheelfs.v1.GetBlocksResponse.meta:type_name -> wheelfs.v1.Meta
-	24,  // 36: wheelfs.v1.GetBlocksResponse.blocks:type_name -> wheelfs.v1.BlockRef
-	6,   // 37: wheelfs.v1.ReadBlocksRequest.caller:type_name -> wheelfs.v1.Caller
-	87,  // 38: wheelfs.v1.ReadBlocksRequest.grant:type_name -> wheelfs.v1.Grant
-	6,   // 39: wheelfs.v1.PutBlocksRequest.caller:type_name -> wheelfs.v1.Caller
-	6,   // 40: wheelfs.v1.CommitRequest.caller:type_name -> wheelfs.v1.Caller
-	24,  // 41: wheelfs.v1.CommitRequest.blocks:type_name -> wheelfs.v1.BlockRef
-	20,  // 42: wheelfs.v1.CommitRequest.attrs:type_name -> wheelfs.v1.SetAttrRequest
-	92,  // 43: wheelfs.v1.CommitRequest.inline:type_name -> wheelfs.v1.BlockData
-	4,   // 44: wheelfs.v1.CommitResponse.meta:type_name -> wheelfs.v1.Meta
-	6,   // 45: wheelfs.v1.XattrRequest.caller:type_name -> wheelfs.v1.Caller
-	4,   // 46: wheelfs.v1.XattrResponse.meta:type_name -> wheelfs.v1.Meta
-	68,  // 47: wheelfs.v1.XattrResponse.xattrs:type_name -> wheelfs.v1.XattrSummary
-	6,   // 48: wheelfs.v1.StatFSRequest.caller:type_name -> wheelfs.v1.Caller
-	6,   // 49: wheelfs.v1.OpenRequest.caller:type_name -> wheelfs.v1.Caller
-	4,   // 50: wheelfs.v1.OpenResponse.meta:type_name -> wheelfs.v1.Meta
-	91,  // 51: wheelfs.v1.OpenResponse.data:type_name -> wheelfs.v1.FileData
-	7,   // 52: wheelfs.v1.ReleaseRequest.handle:type_name -> wheelfs.v1.HandleRef
-	1,   // 53: wheelfs.v1.Mutation.kind:type_name -> wheelfs.v1.MutationKind
-	43,  // 54: wheelfs.v1.Batch.mutations:type_name -> wheelfs.v1.Mutation
-	44,  // 55: wheelfs.v1.ReplicateRequest.batches:type_name -> wheelfs.v1.Batch
-	2,   // 56: wheelfs.v1.ReplicateResponse.status:type_name -> wheelfs.v1.ReplStatus
-	4,   // 57: wheelfs.v1.ObjectState.meta:type_name -> wheelfs.v1.Meta
-	5,   // 58: wheelfs.v1.ObjectState.entries:type_name -> wheelfs.v1.Entry
-	24,  // 59: wheelfs.v1.ObjectState.blocks:type_name -> wheelfs.v1.BlockRef
-	49,  // 60: wheelfs.v1.InstallRequest.objects:type_name -> wheelfs.v1.ObjectState
-	2,   // 61: wheelfs.v1.InstallResponse.status:type_name -> wheelfs.v1.ReplStatus
-	48,  // 62: wheelfs.v1.DiffRequest.digest:type_name -> wheelfs.v1.DigestResponse
-	4,   // 63: wheelfs.v1.CreateObjectRequest.meta:type_name -> wheelfs.v1.Meta
-	3,   // 64: wheelfs.v1.CreateObjectRequest.cues:type_name -> wheelfs.v1.Cues
-	3,   // 65: wheelfs.v1.CreateObjectRequest.policy:type_name -> wheelfs.v1.Cues
-	7,   // 66: wheelfs.v1.CreateObjectRequest.handle:type_name -> wheelfs.v1.HandleRef
-	4,   // 67: wheelfs.v1.CreateObjectResponse.meta:type_name -> wheelfs.v1.Meta
-	6,   // 68: wheelfs.v1.DropLinkRequest.caller:type_name -> wheelfs.v1.Caller
-	4,   // 69: wheelfs.v1.DropLinkRequest.dir:type_name -> wheelfs.v1.Meta
-	7,   // 70: wheelfs.v1.DropLinkRequest.handle:type_name -> wheelfs.v1.HandleRef
-	4,   // 71: wheelfs.v1.DropLinkResponse.meta:type_name -> wheelfs.v1.Meta
-	4,   // 72: wheelfs.v1.StatResponse.meta:type_name -> wheelfs.v1.Meta
-	6,   // 73: wheelfs.v1.AddLinkRequest.caller:type_name -> wheelfs.v1.Caller
-	4,   // 74: wheelfs.v1.AddLinkRequest.object:type_name -> wheelfs.v1.Meta
-	4,   // 75: wheelfs.v1.AddLinkResponse.replaced:type_name -> wheelfs.v1.Meta
-	5,   // 76: wheelfs.v1.EntryChange.entry:type_name -> wheelfs.v1.Entry
-	49,  // 77: wheelfs.v1.ReconcileRequest.objects:type_name -> wheelfs.v1.ObjectState
-	65,  // 78: wheelfs.v1.ReconcileRequest.entries:type_name -> wheelfs.v1.EntryChange
-	2,   // 79: wheelfs.v1.ReconcileResponse.status:type_name -> wheelfs.v1.ReplStatus
-	69,  // 80: wheelfs.v1.XattrSummary.attrs:type_name -> wheelfs.v1.Xattr
-	70,  // 81: wheelfs.v1.CoordSample.coord:type_name -> wheelfs.v1.Coord
-	6,   // 82: wheelfs.v1.HeldBlocks.caller:type_name -> wheelfs.v1.Caller
-	74,  // 83: wheelfs.v1.HeldBlocks.blocks:type_name -> wheelfs.v1.BlockRange
-	70,  // 84: wheelfs.v1.ReportHoldingRequest.coord:type_name -> wheelfs.v1.Coord
-	75,  // 85: wheelfs.v1.ReportHoldingRequest.held:type_name -> wheelfs.v1.HeldBlocks
-	6,   // 86: wheelfs.v1.HoldersRequest.caller:type_name -> wheelfs.v1.Caller
-	74,  // 87: wheelfs.v1.HoldersRequest.blocks:type_name -> wheelfs.v1.BlockRange
-	70,  // 88: wheelfs.v1.HoldersRequest.coord:type_name -> wheelfs.v1.Coord
-	74,  // 89: wheelfs.v1.Holder.blocks:type_name -> wheelfs.v1.BlockRange
-	79,  // 90: wheelfs.v1.HoldersResponse.holders:type_name -> wheelfs.v1.Holder
-	87,  // 91: wheelfs.v1.HoldersResponse.grant:type_name -> wheelfs.v1.Grant
-	87,  // 92: wheelfs.v1.FetchCachedRequest.grant:type_name -> wheelfs.v1.Grant
-	24,  // 93: wheelfs.v1.FileData.blocks:type_name -> wheelfs.v1.BlockRef
-	8,   // 94: wheelfs.v1.Storage.Lookup:input_type -> wheelfs.v1.LookupRequest
-	10,  // 95: wheelfs.v1.Storage.GetAttr:input_type -> wheelfs.v1.GetAttrRequest
-	12,  // 96: wheelfs.v1.Storage.Create:input_type -> wheelfs.v1.CreateRequest
-	14,  // 97: wheelfs.v1.Storage.Link:input_type -> wheelfs.v1.LinkRequest
-	16,  // 98: wheelfs.v1.Storage.Remove:input_type -> wheelfs.v1.RemoveRequest
-	18,  // 99: wheelfs.v1.Storage.Rename:input_type -> wheelfs.v1.RenameRequest
-	20,  // 100: wheelfs.v1.Storage.SetAttr:input_type -> wheelfs.v1.SetAttrRequest
-	22,  // 101: wheelfs.v1.Storage.ReadDir:input_type -> wheelfs.v1.ReadDirRequest
-	25,  // 102: wheelfs.v1.Storage.GetBlocks:input_type -> wheelfs.v1.GetBlocksRequest
-	27,  // 103: wheelfs.v1.Storage.ReadBlocks:input_type -> wheelfs.v1.ReadBlocksRequest
-	29,  // 104: wheelfs.v1.Storage.PutBlocks:input_type -> wheelfs.v1.PutBlocksRequest
-	31,  // 105: wheelfs.v1.Storage.Commit:input_type -> wheelfs.v1.CommitRequest
-	33,  // 106: wheelfs.v1.Storage.GetXattr:input_type -> wheelfs.v1.XattrRequest
-	33,  // 107: wheelfs.v1.Storage.ListXattr:input_type -> wheelfs.v1.XattrRequest
-	33,  // 108: wheelfs.v1.Storage.SetXattr:input_type -> wheelfs.v1.XattrRequest
-	33,  // 109: wheelfs.v1.Storage.RemoveXattr:input_type -> wheelfs.v1.XattrRequest
-	35,  // 110: wheelfs.v1.Storage.StatFS:input_type -> wheelfs.v1.StatFSRequest
-	37,  // 111: wheelfs.v1.Storage.Open:input_type -> wheelfs.v1.OpenRequest
-	39,  // 112: wheelfs.v1.Storage.Release:input_type -> wheelfs.v1.ReleaseRequest
-	42,  // 113: wheelfs.v1.Storage.Callbacks:input_type -> wheelfs.v1.CallbackAck
-	72,  // 114: wheelfs.v1.Storage.Probe:input_type -> wheelfs.v1.ProbeRequest
-	76,  // 115: wheelfs.v1.Storage.ReportHolding:input_type -> wheelfs.v1.ReportHoldingRequest
-	78,  // 116: wheelfs.v1.Storage.Holders:input_type -> wheelfs.v1.HoldersRequest
-	81,  // 117: wheelfs.v1.Storage.LoginChallenge:input_type -> wheelfs.v1.LoginChallengeRequest
-	83,  // 118: wheelfs.v1.Storage.Login:input_type -> wheelfs.v1.LoginRequest
-	85,  // 119: wheelfs.v1.Storage.RenewSession:input_type -> wheelfs.v1.SessionRequest
-	85,  // 120: wheelfs.v1.Storage.Logout:input_type -> wheelfs.v1.SessionRequest
-	45,  // 121: wheelfs.v1.Peer.Replicate:input_type -> wheelfs.v1.ReplicateRequest
-	47,  // 122: wheelfs.v1.Peer.Digest:input_type -> wheelfs.v1.DigestRequest
-	52,  // 123: wheelfs.v1.Peer.Diff:input_type -> wheelfs.v1.DiffRequest
-	50,  // 124: wheelfs.v1.Peer.Install:input_type -> wheelfs.v1.InstallRequest
-	53,  // 125: wheelfs.v1.Peer.FetchBlocks:input_type -> wheelfs.v1.FetchBlocksRequest
-	55,  // 126: wheelfs.v1.Peer.Ping:input_type -> wheelfs.v1.PingRequest
-	57,  // 127: wheelfs.v1.Peer.CreateObject:input_type -> wheelfs.v1.CreateObjectRequest
-	59,  // 128: wheelfs.v1.Peer.DropLink:input_type -> wheelfs.v1.DropLinkRequest
-	61,  // 129: wheelfs.v1.Peer.Stat:input_type -> wheelfs.v1.StatRequest
-	63,  // 130: wheelfs.v1.Peer.AddLink:input_type -> wheelfs.v1.AddLinkRequest
-	66,  // 131: wheelfs.v1.Peer.Reconcile:input_type -> wheelfs.v1.ReconcileRequest
-	89,  // 132: wheelfs.v1.PeerCache.FetchCached:input_type -> wheelfs.v1.FetchCachedRequest
-	9,   // 133: wheelfs.v1.Storage.Lookup:output_type -> wheelfs.v1.LookupResponse
-	11,  // 134: wheelfs.v1.Storage.GetAttr:output_type -> wheelfs.v1.GetAttrResponse
-	13,  // 135: wheelfs.v1.Storage.Create:output_type -> wheelfs.v1.CreateResponse
-	15,  // 136: wheelfs.v1.Storage.Link:output_type -> wheelfs.v1.LinkResponse
-	17,  // 137: wheelfs.v1.Storage.Remove:output_type -> wheelfs.v1.RemoveResponse
-	19,  // 138: wheelfs.v1.Storage.Rename:output_type -> wheelfs.v1.RenameResponse
-	21,  // 139: wheelfs.v1.Storage.SetAttr:output_type -> wheelfs.v1.SetAttrResponse
-	23,  // 140: wheelfs.v1.Storage.ReadDir:output_type -> wheelfs.v1.ReadDirResponse
-	26,  // 141: wheelfs.v1.Storage.GetBlocks:output_type -> wheelfs.v1.GetBlocksResponse
-	28,  // 142: wheelfs.v1.Storage.ReadBlocks:output_type -> wheelfs.v1.ReadBlocksResponse
-	30,  // 143: wheelfs.v1.Storage.PutBlocks:output_type -> wheelfs.v1.PutBlocksResponse
-	32,  // 144: wheelfs.v1.Storage.Commit:output_type -> wheelfs.v1.CommitResponse
-	34,  // 145: wheelfs.v1.Storage.GetXattr:output_type -> wheelfs.v1.XattrResponse
-	34,  // 146: wheelfs.v1.Storage.ListXattr:output_type -> wheelfs.v1.XattrResponse
-	34,  // 147: wheelfs.v1.Storage.SetXattr:output_type -> wheelfs.v1.XattrResponse
-	34,  // 148: wheelfs.v1.Storage.RemoveXattr:output_type -> wheelfs.v1.XattrResponse
-	36,  // 149: wheelfs.v1.Storage.StatFS:output_type -> wheelfs.v1.StatFSResponse
-	38,  // 150: wheelfs.v1.Storage.Open:output_type -> wheelfs.v1.OpenResponse
-	40,  // 151: wheelfs.v1.Storage.Release:output_type -> wheelfs.v1.ReleaseResponse
-	41,  // 152: wheelfs.v1.Storage.Callbacks:output_type -> wheelfs.v1.Revoke
-	73,  // 153: wheelfs.v1.Storage.Probe:output_type -> wheelfs.v1.ProbeResponse
-	77,  // 154: wheelfs.v1.Storage.ReportHolding:output_type -> wheelfs.v1.ReportHoldingResponse
-	80,  // 155: wheelfs.v1.Storage.Holders:output_type -> wheelfs.v1.HoldersResponse
-	82,  // 156: wheelfs.v1.Storage.LoginChallenge:output_type -> wheelfs.v1.LoginChallengeResponse
-	84,  // 157: wheelfs.v1.Storage.Login:output_type -> wheelfs.v1.LoginResponse
-	84,  // 158: wheelfs.v1.Storage.RenewSession:output_type -> wheelfs.v1.LoginResponse
-	86,  // 159: wheelfs.v1.Storage.Logout:output_type -> wheelfs.v1.LogoutResponse
-	46,  // 160: wheelfs.v1.Peer.Replicate:output_type -> wheelfs.v1.ReplicateResponse
-	48,  // 161: wheelfs.v1.Peer.Digest:output_type -> wheelfs.v1.DigestResponse
-	50,  // 162: wheelfs.v1.Peer.Diff:output_type -> wheelfs.v1.InstallRequest
-	51,  // 163: wheelfs.v1.Peer.Install:output_type -> wheelfs.v1.InstallResponse
-	54,  // 164: wheelfs.v1.Peer.FetchBlocks:output_type -> wheelfs.v1.FetchBlocksResponse
-	56,  // 165: wheelfs.v1.Peer.Ping:output_type -> wheelfs.v1.PingResponse
-	58,  // 166: wheelfs.v1.Peer.CreateObject:output_type -> wheelfs.v1.CreateObjectResponse
-	60,  // 167: wheelfs.v1.Peer.DropLink:output_type -> wheelfs.v1.DropLinkResponse
-	62,  // 168: wheelfs.v1.Peer.Stat:output_type -> wheelfs.v1.StatResponse
-	64,  // 169: wheelfs.v1.Peer.AddLink:output_type -> wheelfs.v1.AddLinkResponse
-	67,  // 170: wheelfs.v1.Peer.Reconcile:output_type -> wheelfs.v1.ReconcileResponse
-	90,  // 171: wheelfs.v1.PeerCache.FetchCached:output_type -> wheelfs.v1.FetchCachedResponse
-	133, // [133:172] is the sub-list for method output_type
-	94,  // [94:133] is the sub-list for method input_type
-	94,  // [94:94] is the sub-list for extension type_name
-	94,  // [94:94] is the sub-list for extension extendee
-	0,   // [0:94] is the sub-list for field type_name
+	5,   // 2: wheelfs.v1.Meta.acl:type_name -> wheelfs.v1.AclEntry
+	5,   // 3: wheelfs.v1.Meta.default_acl:type_name -> wheelfs.v1.AclEntry
+	0,   // 4: wheelfs.v1.Entry.type:type_name -> wheelfs.v1.Type
+	8,   // 5: wheelfs.v1.Caller.handle:type_name -> wheelfs.v1.HandleRef
+	7,   // 6: wheelfs.v1.LookupRequest.caller:type_name -> wheelfs.v1.Caller
+	6,   // 7: wheelfs.v1.LookupResponse.entry:type_name -> wheelfs.v1.Entry
+	4,   // 8: wheelfs.v1.LookupResponse.meta:type_name -> wheelfs.v1.Meta
+	4,   // 9: wheelfs.v1.LookupResponse.dir:type_name -> wheelfs.v1.Meta
+	69,  // 10: wheelfs.v1.LookupResponse.xattrs:type_name -> wheelfs.v1.XattrSummary
+	92,  // 11: wheelfs.v1.LookupResponse.data:type_name -> wheelfs.v1.FileData
+	7,   // 12: wheelfs.v1.GetAttrRequest.caller:type_name -> wheelfs.v1.Caller
+	4,   // 13: wheelfs.v1.GetAttrResponse.meta:type_name -> wheelfs.v1.Meta
+	69,  // 14: wheelfs.v1.GetAttrResponse.xattrs:type_name -> wheelfs.v1.XattrSummary
+	7,   // 15: wheelfs.v1.CreateRequest.caller:type_name -> wheelfs.v1.Caller
+	0,   // 16: wheelfs.v1.CreateRequest.type:type_name -> wheelfs.v1.Type
+	3,   // 17: wheelfs.v1.CreateRequest.cues:type_name -> wheelfs.v1.Cues
+	6,   // 18: wheelfs.v1.CreateResponse.entry:type_name -> wheelfs.v1.Entry
+	4,   // 19: wheelfs.v1.CreateResponse.meta:type_name -> wheelfs.v1.Meta
+	4,   // 20: wheelfs.v1.CreateResponse.dir:type_name -> wheelfs.v1.Meta
+	7,   // 21: wheelfs.v1.LinkRequest.caller:type_name -> wheelfs.v1.Caller
+	4,   // 22: wheelfs.v1.LinkResponse.meta:type_name -> wheelfs.v1.Meta
+	7,   // 23: wheelfs.v1.RemoveRequest.caller:type_name -> wheelfs.v1.Caller
+	4,   // 24: wheelfs.v1.RemoveResponse.meta:type_name -> wheelfs.v1.Meta
+	7,   // 25: wheelfs.v1.RenameRequest.caller:type_name -> wheelfs.v1.Caller
+	4,   // 26: wheelfs.v1.RenameResponse.replaced:type_name -> wheelfs.v1.Meta
+	7,   // 27: wheelfs.v1.SetAttrRequest.caller:type_name -> wheelfs.v1.Caller
+	4,   // 28: wheelfs.v1.SetAttrResponse.meta:type_name -> wheelfs.v1.Meta
+	7,   // 29: wheelfs.v1.ReadDirRequest.caller:type_name -> wheelfs.v1.Caller
+	6,   // 30: wheelfs.v1.ReadDirResponse.entries:type_name -> wheelfs.v1.Entry
+	4,   // 31: wheelfs.v1.ReadDirResponse.metas:type_name -> wheelfs.v1.Meta
+	4,   // 32: wheelfs.v1.ReadDirResponse.dir:type_name -> wheelfs.v1.Meta
+	69,  // 33: wheelfs.v1.ReadDirResponse.dir_xattrs:type_name -> wheelfs.v1.XattrSummary
+	69,  // 34: wheelfs.v1.ReadDirResponse.xattrs:type_name -> wheelfs.v1.XattrSummary
+	92,  // 35: wheelfs.v1.ReadDirResponse.datas:type_name -> wheelfs.v1.FileData
+	7,   // 36: wheelfs.v1.GetBlocksRequest.caller:type_name -> wheelfs.v1.Caller
+	4,   // 37: wheelfs.v1.GetBlocksResponse.meta:type_name -> wheelfs.v1.Meta
+	25,  // 38: wheelfs.v1.GetBlocksResponse.blocks:type_name -> wheelfs.v1.BlockRef
+	7,   // 39: wheelfs.v1.ReadBlocksRequest.caller:type_name -> wheelfs.v1.Caller
+	88,  // 40: wheelfs.v1.ReadBlocksRequest.grant:type_name -> wheelfs.v1.Grant
+	7,   // 41: wheelfs.v1.PutBlocksRequest.caller:type_name -> wheelfs.v1.Caller
+	7,   // 42: wheelfs.v1.CommitRequest.caller:type_name -> wheelfs.v1.Caller
+	25,  // 43: wheelfs.v1.CommitRequest.blocks:type_name -> wheelfs.v1.BlockRef
+	21,  // 44: wheelfs.v1.CommitRequest.attrs:type_name -> wheelfs.v1.SetAttrRequest
+	93,  // 45: wheelfs.v1.CommitRequest.inline:type_name -> wheelfs.v1.BlockData
+	4,   // 46: wheelfs.v1.CommitResponse.meta:type_name -> wheelfs.v1.Meta
+	7,   // 47: wheelfs.v1.XattrRequest.caller:type_name -> wheelfs.v1.Caller
+	4,   // 48: wheelfs.v1.XattrResponse.meta:type_name -> wheelfs.v1.Meta
+	69,  // 49: wheelfs.v1.XattrResponse.xattrs:type_name -> wheelfs.v1.XattrSummary
+	7,   // 50: wheelfs.v1.StatFSRequest.caller:type_name -> wheelfs.v1.Caller
+	7,   // 51: wheelfs.v1.OpenRequest.caller:type_name -> wheelfs.v1.Caller
+	4,   // 52: wheelfs.v1.OpenResponse.meta:type_name -> wheelfs.v1.Meta
+	92,  // 53: wheelfs.v1.OpenResponse.data:type_name -> wheelfs.v1.FileData
+	8,   // 54: wheelfs.v1.ReleaseRequest.handle:type_name -> wheelfs.v1.HandleRef
+	1,   // 55: wheelfs.v1.Mutation.kind:type_name -> wheelfs.v1.MutationKind
+	44,  // 56: wheelfs.v1.Batch.mutations:type_name -> wheelfs.v1.Mutation
+	45,  // 57: wheelfs.v1.ReplicateRequest.batches:type_name -> wheelfs.v1.Batch
+	2,   // 58: wheelfs.v1.ReplicateResponse.status:type_name -> wheelfs.v1.ReplStatus
+	4,   // 59: wheelfs.v1.ObjectState.meta:type_name -> wheelfs.v1.Meta
+	6,   // 60: wheelfs.v1.ObjectState.entries:type_name -> wheelfs.v1.Entry
+	25,  // 61: wheelfs.v1.ObjectState.blocks:type_name -> wheelfs.v1.BlockRef
+	50,  // 62: wheelfs.v1.InstallRequest.objects:type_name -> wheelfs.v1.ObjectState
+	2,   // 63: wheelfs.v1.InstallResponse.status:type_name -> wheelfs.v1.ReplStatus
+	49,  // 64: wheelfs.v1.DiffRequest.digest:type_name -> wheelfs.v1.DigestResponse
+	4,   // 65: wheelfs.v1.CreateObjectRequest.meta:type_name -> wheelfs.v1.Meta
+	3,   // 66: wheelfs.v1.CreateObjectRequest.cues:type_name -> wheelfs.v1.Cues
+	3,   // 67: wheelfs.v1.CreateObjectRequest.policy:type_name -> wheelfs.v1.Cues
+	8,   // 68: wheelfs.v1.CreateObjectRequest.handle:type_name -> wheelfs.v1.HandleRef
+	4,   // 69: wheelfs.v1.CreateObjectResponse.meta:type_name -> wheelfs.v1.Meta
+	7,   // 70: wheelfs.v1.DropLinkRequest.caller:type_name -> wheelfs.v1.Caller
+	4,   // 71: wheelfs.v1.DropLinkRequest.dir:type_name -> wheelfs.v1.Meta
+	8,   // 72: wheelfs.v1.DropLinkRequest.handle:type_name -> wheelfs.v1.HandleRef
+	4,   // 73: wheelfs.v1.DropLinkResponse.meta:type_name -> wheelfs.v1.Meta
+	4,   // 74: wheelfs.v1.StatResponse.meta:type_name -> wheelfs.v1.Meta
+	7,   // 75: wheelfs.v1.AddLinkRequest.caller:type_name -> wheelfs.v1.Caller
+	4,   // 76: wheelfs.v1.AddLinkRequest.object:type_name -> wheelfs.v1.Meta
+	4,   // 77: wheelfs.v1.AddLinkResponse.replaced:type_name -> wheelfs.v1.Meta
+	6,   // 78: wheelfs.v1.EntryChange.entry:type_name -> wheelfs.v1.Entry
+	50,  // 79: wheelfs.v1.ReconcileRequest.objects:type_name -> wheelfs.v1.ObjectState
+	66,  // 80: wheelfs.v1.ReconcileRequest.entries:type_name -> wheelfs.v1.EntryChange
+	2,   // 81: wheelfs.v1.ReconcileResponse.status:type_name -> wheelfs.v1.ReplStatus
+	70,  // 82: wheelfs.v1.XattrSummary.attrs:type_name -> wheelfs.v1.Xattr
+	71,  // 83: wheelfs.v1.CoordSample.coord:type_name -> wheelfs.v1.Coord
+	7,   // 84: wheelfs.v1.HeldBlocks.caller:type_name -> wheelfs.v1.Caller
+	75,  // 85: wheelfs.v1.HeldBlocks.blocks:type_name -> wheelfs.v1.BlockRange
+	71,  // 86: wheelfs.v1.ReportHoldingRequest.coord:type_name -> wheelfs.v1.Coord
+	76,  // 87: wheelfs.v1.ReportHoldingRequest.held:type_name -> wheelfs.v1.HeldBlocks
+	7,   // 88: wheelfs.v1.HoldersRequest.caller:type_name -> wheelfs.v1.Caller
+	75,  // 89: wheelfs.v1.HoldersRequest.blocks:type_name -> wheelfs.v1.BlockRange
+	71,  // 90: wheelfs.v1.HoldersRequest.coord:type_name -> wheelfs.v1.Coord
+	75,  // 91: wheelfs.v1.Holder.blocks:type_name -> wheelfs.v1.BlockRange
+	80,  // 92: wheelfs.v1.HoldersResponse.holders:type_name -> wheelfs.v1.Holder
+	88,  // 93: wheelfs.v1.HoldersResponse.grant:type_name -> wheelfs.v1.Grant
+	88,  // 94: wheelfs.v1.FetchCachedRequest.grant:type_name -> wheelfs.v1.Grant
+	25,  // 95: wheelfs.v1.FileData.blocks:type_name -> wheelfs.v1.BlockRef
+	9,   // 96: wheelfs.v1.Storage.Lookup:input_type -> wheelfs.v1.LookupRequest
+	11,  // 97: wheelfs.v1.Storage.GetAttr:input_type -> wheelfs.v1.GetAttrRequest
+	13,  // 98: wheelfs.v1.Storage.Create:input_type -> wheelfs.v1.CreateRequest
+	15,  // 99: wheelfs.v1.Storage.Link:input_type -> wheelfs.v1.LinkRequest
+	17,  // 100: wheelfs.v1.Storage.Remove:input_type -> wheelfs.v1.RemoveRequest
+	19,  // 101: wheelfs.v1.Storage.Rename:input_type -> wheelfs.v1.RenameRequest
+	21,  // 102: wheelfs.v1.Storage.SetAttr:input_type -> wheelfs.v1.SetAttrRequest
+	23,  // 103: wheelfs.v1.Storage.ReadDir:input_type -> wheelfs.v1.ReadDirRequest
+	26,  // 104: wheelfs.v1.Storage.GetBlocks:input_type -> wheelfs.v1.GetBlocksRequest
+	28,  // 105: wheelfs.v1.Storage.ReadBlocks:input_type -> wheelfs.v1.ReadBlocksRequest
+	30,  // 106: wheelfs.v1.Storage.PutBlocks:input_type -> wheelfs.v1.PutBlocksRequest
+	32,  // 107: wheelfs.v1.Storage.Commit:input_type -> wheelfs.v1.CommitRequest
+	34,  // 108: wheelfs.v1.Storage.GetXattr:input_type -> wheelfs.v1.XattrRequest
+	34,  // 109: wheelfs.v1.Storage.ListXattr:input_type -> wheelfs.v1.XattrRequest
+	34,  // 110: wheelfs.v1.Storage.SetXattr:input_type -> wheelfs.v1.XattrRequest
+	34,  // 111: wheelfs.v1.Storage.RemoveXattr:input_type -> wheelfs.v1.XattrRequest
+	36,  // 112: wheelfs.v1.Storage.StatFS:input_type -> wheelfs.v1.StatFSRequest
+	38,  // 113: wheelfs.v1.Storage.Open:input_type -> wheelfs.v1.OpenRequest
+	40,  // 114: wheelfs.v1.Storage.Release:input_type -> wheelfs.v1.ReleaseRequest
+	43,  // 115: wheelfs.v1.Storage.Callbacks:input_type -> wheelfs.v1.CallbackAck
+	73,  // 116: wheelfs.v1.Storage.Probe:input_type -> wheelfs.v1.ProbeRequest
+	77,  // 117: wheelfs.v1.Storage.ReportHolding:input_type -> wheelfs.v1.ReportHoldingRequest
+	79,  // 118: wheelfs.v1.Storage.Holders:input_type -> wheelfs.v1.HoldersRequest
+	82,  // 119: wheelfs.v1.Storage.LoginChallenge:input_type -> wheelfs.v1.LoginChallengeRequest
+	84,  // 120: wheelfs.v1.Storage.Login:input_type -> wheelfs.v1.LoginRequest
+	86,  // 121: wheelfs.v1.Storage.RenewSession:input_type -> wheelfs.v1.SessionRequest
+	86,  // 122: wheelfs.v1.Storage.Logout:input_type -> wheelfs.v1.SessionRequest
+	46,  // 123: wheelfs.v1.Peer.Replicate:input_type -> wheelfs.v1.ReplicateRequest
+	48,  // 124: wheelfs.v1.Peer.Digest:input_type -> wheelfs.v1.DigestRequest
+	53,  // 125: wheelfs.v1.Peer.Diff:input_type -> wheelfs.v1.DiffRequest
+	51,  // 126: wheelfs.v1.Peer.Install:input_type -> wheelfs.v1.InstallRequest
+	54,  // 127: wheelfs.v1.Peer.FetchBlocks:input_type -> wheelfs.v1.FetchBlocksRequest
+	56,  // 128: wheelfs.v1.Peer.Ping:input_type -> wheelfs.v1.PingRequest
+	58,  // 129: wheelfs.v1.Peer.CreateObject:input_type -> wheelfs.v1.CreateObjectRequest
+	60,  // 130: wheelfs.v1.Peer.DropLink:input_type -> wheelfs.v1.DropLinkRequest
+	62,  // 131: wheelfs.v1.Peer.Stat:input_type -> wheelfs.v1.StatRequest
+	64,  // 132: wheelfs.v1.Peer.AddLink:input_type -> wheelfs.v1.AddLinkRequest
+	67,  // 133: wheelfs.v1.Peer.Reconcile:input_type -> wheelfs.v1.ReconcileRequest
+	90,  // 134: wheelfs.v1.PeerCache.FetchCached:input_type -> wheelfs.v1.FetchCachedRequest
+	10,  // 135: wheelfs.v1.Storage.Lookup:output_type -> wheelfs.v1.LookupResponse
+	12,  // 136: wheelfs.v1.Storage.GetAttr:output_type -> wheelfs.v1.GetAttrResponse
+	14,  // 137: wheelfs.v1.Storage.Create:output_type -> wheelfs.v1.CreateResponse
+	16,  // 138: wheelfs.v1.Storage.Link:output_type -> wheelfs.v1.LinkResponse
+	18,  // 139: wheelfs.v1.Storage.Remove:output_type -> wheelfs.v1.RemoveResponse
+	20,  // 140: wheelfs.v1.Storage.Rename:output_type -> wheelfs.v1.RenameResponse
+	22,  // 141: wheelfs.v1.Storage.SetAttr:output_type -> wheelfs.v1.SetAttrResponse
+	24,  // 142: wheelfs.v1.Storage.ReadDir:output_type -> wheelfs.v1.ReadDirResponse
+	27,  // 143: wheelfs.v1.Storage.GetBlocks:output_type -> wheelfs.v1.GetBlocksResponse
+	29,  // 144: wheelfs.v1.Storage.ReadBlocks:output_type -> wheelfs.v1.ReadBlocksResponse
+	31,  // 145: wheelfs.v1.Storage.PutBlocks:output_type -> wheelfs.v1.PutBlocksResponse
+	33,  // 146: wheelfs.v1.Storage.Commit:output_type -> wheelfs.v1.CommitResponse
+	35,  // 147: wheelfs.v1.Storage.GetXattr:output_type -> wheelfs.v1.XattrResponse
+	35,  // 148: wheelfs.v1.Storage.ListXattr:output_type -> wheelfs.v1.XattrResponse
+	35,  // 149: wheelfs.v1.Storage.SetXattr:output_type -> wheelfs.v1.XattrResponse
+	35,  // 150: wheelfs.v1.Storage.RemoveXattr:output_type -> wheelfs.v1.XattrResponse
+	37,  // 151: wheelfs.v1.Storage.StatFS:output_type -> wheelfs.v1.StatFSResponse
+	39,  // 152: wheelfs.v1.Storage.Open:output_type -> wheelfs.v1.OpenResponse
+	41,  // 153: wheelfs.v1.Storage.Release:output_type -> wheelfs.v1.ReleaseResponse
+	42,  // 154: wheelfs.v1.Storage.Callbacks:output_type -> wheelfs.v1.Revoke
+	74,  // 155: wheelfs.v1.Storage.Probe:output_type -> wheelfs.v1.ProbeResponse
+	78,  // 156: wheelfs.v1.Storage.ReportHolding:output_type -> wheelfs.v1.ReportHoldingResponse
+	81,  // 157: wheelfs.v1.Storage.Holders:output_type -> wheelfs.v1.HoldersResponse
+	83,  // 158: wheelfs.v1.Storage.LoginChallenge:output_type -> wheelfs.v1.LoginChallengeResponse
+	85,  // 159: wheelfs.v1.Storage.Login:output_type -> wheelfs.v1.LoginResponse
+	85,  // 160: wheelfs.v1.Storage.RenewSession:output_type -> wheelfs.v1.LoginResponse
+	87,  // 161: wheelfs.v1.Storage.Logout:output_type -> wheelfs.v1.LogoutResponse
+	47,  // 162: wheelfs.v1.Peer.Replicate:output_type -> wheelfs.v1.ReplicateResponse
+	49,  // 163: wheelfs.v1.Peer.Digest:output_type -> wheelfs.v1.DigestResponse
+	51,  // 164: wheelfs.v1.Peer.Diff:output_type -> wheelfs.v1.InstallRequest
+	52,  // 165: wheelfs.v1.Peer.Install:output_type -> wheelfs.v1.InstallResponse
+	55,  // 166: wheelfs.v1.Peer.FetchBlocks:output_type -> wheelfs.v1.FetchBlocksResponse
+	57,  // 167: wheelfs.v1.Peer.Ping:output_type -> wheelfs.v1.PingResponse
+	59,  // 168: wheelfs.v1.Peer.CreateObject:output_type -> wheelfs.v1.CreateObjectResponse
+	61,  // 169: wheelfs.v1.Peer.DropLink:output_type -> wheelfs.v1.DropLinkResponse
+	63,  // 170: wheelfs.v1.Peer.Stat:output_type -> wheelfs.v1.StatResponse
+	65,  // 171: wheelfs.v1.Peer.AddLink:output_type -> wheelfs.v1.AddLinkResponse
+	68,  // 172: wheelfs.v1.Peer.Reconcile:output_type -> wheelfs.v1.ReconcileResponse
+	91,  // 173: wheelfs.v1.PeerCache.FetchCached:output_type -> wheelfs.v1.FetchCachedResponse
+	135, // [135:174] is the sub-list for method output_type
+	96,  // [96:135] is the sub-list for method input_type
+	96,  // [96:96] is the sub-list for extension type_name
+	96,  // [96:96] is the sub-list for extension extendee
+	0,   // [0:96] is the sub-list for field type_name
 }
 
 func init() { file_wheelfs_proto_init() }
@@ -7083,13 +7188,14 @@ func file_wheelfs_proto_init() {
 	if File_wheelfs_proto != nil {
 		return
 	}
+	file_wheelfs_proto_msgTypes[10].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_wheelfs_proto_rawDesc), len(file_wheelfs_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   90,
+			NumMessages:   91,
 			NumExtensions: 0,
 			NumServices:   3,
 		},
