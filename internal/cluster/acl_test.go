@@ -22,6 +22,9 @@ var (
 	aclAlice = client.User{Uid: 2001, Gid: 2001} // named user with rw-
 	aclBob   = client.User{Uid: 2002, Gid: 2002} // named user with r--
 	aclCarol = client.User{Uid: 2003, Gid: 2003} // not named: other
+	// in a named group with rw- (a trusted in-process client's groups
+	// are taken as given)
+	aclDave = client.User{Uid: 2004, Gid: 2004, Groups: []uint32{3000}}
 )
 
 func aclEntry(tag uint16, p uint16, id uint32) perm.ACLEntry {
@@ -56,7 +59,7 @@ func aclIs(ctx context.Context, fs *client.FS, id oid.ID, name string, want perm
 // there, and enforced, after the primary crashed and a backup took over.
 func TestACLNamedUsers(t *testing.T) {
 	t.Parallel()
-	c := Start(t, Options{Sites: []string{"west", "east", "eu"}, LockTTL: 2 * time.Second})
+	c := Start(t, Options{Sites: []string{"west", "east", "eu"}, LockTTL: 2 * time.Second, ClientTimeout: 2 * time.Second})
 	ctx := opCtx(t)
 	west, east := c.Client("west"), c.Client("east")
 	if _, err := west.Mkdir(ctx, Owner(), "/d", 0o755); err != nil {
@@ -68,7 +71,7 @@ func TestACLNamedUsers(t *testing.T) {
 	f, d := mustID(t, west, "/d/f"), mustID(t, west, "/d")
 	access := perm.ACL{
 		aclEntry(perm.TagUserObj, 6, 0), aclEntry(perm.TagUser, 6, aclAlice.Uid), aclEntry(perm.TagUser, 4, aclBob.Uid),
-		aclEntry(perm.TagGroupObj, 4, 0), aclEntry(perm.TagMask, 6, 0), aclEntry(perm.TagOther, 0, 0),
+		aclEntry(perm.TagGroupObj, 4, 0), aclEntry(perm.TagGroup, 6, 3000), aclEntry(perm.TagMask, 6, 0), aclEntry(perm.TagOther, 0, 0),
 	}
 	if err := west.SetXattr(ctx, aclAlice, client.NoCues, f, perm.XattrACLAccess, access.Xattr(), 0); !errors.Is(err, fserr.ErrPerm) {
 		t.Errorf("a named user setting the ACL: %v, want EPERM", err)
@@ -108,6 +111,8 @@ func TestACLNamedUsers(t *testing.T) {
 			{aclAlice, "/d/f", true, true},
 			{aclBob, "/d/f", true, false},
 			{aclCarol, "/d/f", false, false},
+			{aclDave, "/d/f", true, true},
+			{aclDave, "/d/new", false, false},
 			{aclAlice, "/d/new", true, false}, // rwx limited by the mask r--
 			{aclBob, "/d/new", true, false},
 			{aclCarol, "/d/new", false, false},
@@ -142,7 +147,7 @@ func TestACLNamedUsers(t *testing.T) {
 		t.Fatal(err)
 	}
 	masked := slices.Clone(access)
-	masked[4].Perm = 0
+	masked[5].Perm = 0
 	if err := aclIs(ctx, east, f, perm.XattrACLAccess, masked); err != nil {
 		t.Errorf("after chmod 600: %v", err)
 	}
