@@ -59,7 +59,7 @@ func aclIs(ctx context.Context, fs *client.FS, id oid.ID, name string, want perm
 // there, and enforced, after the primary crashed and a backup took over.
 func TestACLNamedUsers(t *testing.T) {
 	t.Parallel()
-	c := Start(t, Options{Sites: []string{"west", "east", "eu"}, LockTTL: 2 * time.Second, ClientTimeout: 2 * time.Second})
+	c := Start(t, Options{Sites: []string{"west", "east", "eu"}, LockTTL: 2 * time.Second, ClientTimeout: 5 * time.Second})
 	ctx := opCtx(t)
 	west, east := c.Client("west"), c.Client("east")
 	if _, err := west.Mkdir(ctx, Owner(), "/d", 0o755); err != nil {
