@@ -5,10 +5,8 @@
 package attrs
 
 import (
-	"fmt"
 	"syscall"
 
-	"github.com/wheelfs/wheelfs/internal/fserr"
 	"github.com/wheelfs/wheelfs/internal/perm"
 	"github.com/wheelfs/wheelfs/internal/wire"
 )
@@ -100,7 +98,8 @@ func ACLNames(m *wire.Meta) []string {
 // SetACLXattr sets (value non-nil) or removes the ACL attribute name of m
 // for c, updating m's mode as Linux does for an access ACL. m is
 // unchanged on error; the error wraps fserr.ErrInvalid for a malformed
-// value and fserr.ErrNoAttr for removing an ACL m does not have.
+// value. Removing an ACL that m does not have succeeds, as on ext4 (ACLs
+// are set to "none" rather than removed as other attributes are).
 func SetACLXattr(c perm.Cred, m *wire.Meta, name string, value []byte, remove bool) error {
 	var acl perm.ACL
 	if !remove {
@@ -114,18 +113,12 @@ func SetACLXattr(c perm.Cred, m *wire.Meta, name string, value []byte, remove bo
 		if err := perm.SetDefaultACL(c, a, acl); err != nil {
 			return err
 		}
-		if remove && len(m.DefaultAcl) == 0 {
-			return fmt.Errorf("remove %s: %w", name, fserr.ErrNoAttr)
-		}
 		m.DefaultAcl = WireACL(acl)
 		return nil
 	}
 	mode, ext, err := perm.SetACL(c, a, acl)
 	if err != nil {
 		return err
-	}
-	if remove && len(m.Acl) == 0 {
-		return fmt.Errorf("remove %s: %w", name, fserr.ErrNoAttr)
 	}
 	m.Mode, m.Acl = mode&0o7777, WireACL(ext)
 	return nil

@@ -18,8 +18,8 @@ const (
 )
 
 // TestACL sets and reads POSIX ACLs with setfacl and getfacl through the
-// mount and checks that two named users get what their entries (limited
-// by the mask) give, that chmod moves the mask, and that a directory's
+// mount and checks that two named users and a named group get what their
+// entries (limited by the mask) give, that chmod moves the mask, and that a directory's
 // default ACL is inherited by what is created in it, without the umask.
 func TestACL(t *testing.T) {
 	t.Parallel()
@@ -103,6 +103,20 @@ func TestACL(t *testing.T) {
 			t.Fatal(err)
 		}
 		expect(t, aclUserA, aclUserA, 0, "append", f, "a")
+	})
+	t.Run("NamedGroup", func(t *testing.T) {
+		g := filepath.Join(mnt, "group-shared")
+		if err := os.WriteFile(g, []byte("g"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		tool("setfacl", "-m", "g:3000:r", g)
+		// uid 1003 with supplementary group 3000 reads; without it not.
+		r := run(t, "/", 30*time.Second, []string{helperEnv + "=1"}, "setpriv", "--reuid=1003", "--regid=1003",
+			"--groups=3000", "--", helperBin, "read", g)
+		if r.err != nil || strings.TrimSpace(r.stdout) != "errno=0" {
+			t.Errorf("uid 1003 in group 3000 reading: %v %q", r.err, r.out)
+		}
+		expect(t, aclOther, aclOther, syscall.EACCES, "read", g)
 	})
 	t.Run("Remove", func(t *testing.T) {
 		g := filepath.Join(mnt, "removed")
