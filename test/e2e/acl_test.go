@@ -178,3 +178,33 @@ func TestACL(t *testing.T) {
 		}
 	})
 }
+
+// TestACLAcrossMounts changes an ACL at one site and checks that the other
+// site's kernel, which caches the ACLs it enforces, follows at once: the
+// change revokes the other client's lease, which drops the kernel's copy.
+func TestACLAcrossMounts(t *testing.T) {
+	t.Parallel()
+	west, east := twoSites(t)
+	for _, m := range []string{west.Mnt, east.Mnt} {
+		if err := os.Chmod(filepath.Dir(m), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f := filepath.Join(west.Mnt, "f")
+	if err := os.WriteFile(f, []byte("x"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(f, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	fEast := filepath.Join(east.Mnt, "f")
+	for round := range 5 {
+		expect(t, aclUserA, aclUserA, syscall.EACCES, "read", f) // the kernel now caches "no ACL"
+		mustRun(t, "/", 30*time.Second, "setfacl", "-m", "u:1001:r", fEast)
+		expect(t, aclUserA, aclUserA, 0, "read", f)
+		mustRun(t, "/", 30*time.Second, "setfacl", "-x", "u:1001", fEast)
+		if t.Failed() {
+			t.Fatalf("round %d", round)
+		}
+	}
+}
