@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 need=()
-for tool in fusermount3:fuse3 rsync:rsync getfattr:attr sqlite3:sqlite3 make:make tar:tar git:git gcc:gcc; do
+for tool in fusermount3:fuse3 rsync:rsync getfattr:attr sqlite3:sqlite3 make:make tar:tar git:git gcc:gcc setfacl:acl; do
   command -v "${tool%%:*}" >/dev/null 2>&1 || need+=("${tool##*:}")
 done
 if [ "${#need[@]}" -gt 0 ]; then

@@ -37,8 +37,92 @@ func TypeOfMode(mode uint32) (wire.Type, bool) {
 // Mode returns the full st_mode (type and permission bits) of m.
 func Mode(m *wire.Meta) uint32 { return m.Mode&0o7777 | typeBits[m.Type] }
 
-// Of returns m's permission-relevant attributes.
-func Of(m *wire.Meta) perm.Attr { return perm.Attr{Mode: Mode(m), Uid: m.Uid, Gid: m.Gid} }
+// Of returns m's permission-relevant attributes, its access ACL included.
+func Of(m *wire.Meta) perm.Attr {
+	mode := Mode(m)
+	return perm.Attr{Mode: mode, Uid: m.Uid, Gid: m.Gid, ACL: ACL(m.Acl).WithMode(mode)}
+}
+
+// ACL converts ACL entries from the wire.
+func ACL(es []*wire.AclEntry) perm.ACL {
+	if len(es) == 0 {
+		return nil
+	}
+	acl := make(perm.ACL, len(es))
+	for i, e := range es {
+		acl[i] = perm.ACLEntry{Tag: uint16(e.Tag), Perm: uint16(e.Perm), ID: e.Id}
+	}
+	return acl
+}
+
+// WireACL converts ACL entries to the wire.
+func WireACL(acl perm.ACL) []*wire.AclEntry {
+	if len(acl) == 0 {
+		return nil
+	}
+	es := make([]*wire.AclEntry, len(acl))
+	for i, e := range acl {
+		es[i] = &wire.AclEntry{Tag: uint32(e.Tag), Perm: uint32(e.Perm), Id: e.ID}
+	}
+	return es
+}
+
+// ACLXattr returns the value of the ACL attribute name
+// (perm.XattrACLAccess or perm.XattrACLDefault) of m, and false when m
+// has no such ACL (ENODATA: getfacl then shows the mode).
+func ACLXattr(m *wire.Meta, name string) ([]byte, bool) {
+	var acl perm.ACL
+	if name == perm.XattrACLAccess {
+		acl = ACL(m.Acl).WithMode(Mode(m))
+	} else {
+		acl = ACL(m.DefaultAcl)
+	}
+	if acl == nil {
+		return nil, false
+	}
+	return acl.Xattr(), true
+}
+
+// ACLNames lists the ACL attributes m has, as listxattr shows them.
+func ACLNames(m *wire.Meta) []string {
+	var names []string
+	if len(m.Acl) > 0 {
+		names = append(names, perm.XattrACLAccess)
+	}
+	if len(m.DefaultAcl) > 0 {
+		names = append(names, perm.XattrACLDefault)
+	}
+	return names
+}
+
+// SetACLXattr sets (value non-nil) or removes the ACL attribute name of m
+// for c, updating m's mode as Linux does for an access ACL. m is
+// unchanged on error; the error wraps fserr.ErrInvalid for a malformed
+// value. Removing an ACL that m does not have succeeds, as on ext4 (ACLs
+// are set to "none" rather than removed as other attributes are).
+func SetACLXattr(c perm.Cred, m *wire.Meta, name string, value []byte, remove bool) error {
+	var acl perm.ACL
+	if !remove {
+		var err error
+		if acl, err = perm.ParseACLXattr(value); err != nil {
+			return err
+		}
+	}
+	a := Of(m)
+	if name == perm.XattrACLDefault {
+		if err := perm.SetDefaultACL(c, a, acl); err != nil {
+			return err
+		}
+		m.DefaultAcl = WireACL(acl)
+		return nil
+	}
+	mode, ext, err := perm.SetACL(c, a, acl)
+	if err != nil {
+		return err
+	}
+	m.Mode, m.Acl = mode&0o7777, WireACL(ext)
+	return nil
+}
 
 // Cred converts a wire caller; a missing caller is the least privileged user.
 func Cred(c *wire.Caller) perm.Cred {

@@ -222,10 +222,13 @@ func (f *FS) getAttr(ctx context.Context, u User, cues cue.Set, id oid.ID) (*wir
 // CreateArgs describes a new object.
 type CreateArgs struct {
 	Type      Type
-	Mode      uint32 // permission bits, already umasked
+	Mode      uint32 // permission bits, already umasked unless Umask is set
 	Rdev      uint32
 	Target    string // symlink target
 	Exclusive bool
+	// Umask, when set, is the creator's umask, not applied to Mode: the
+	// server applies it unless the directory has a default ACL.
+	Umask *uint32
 }
 
 // Create makes a new file, directory, symlink or special file in dir. The
@@ -262,7 +265,7 @@ func (f *FS) createRequest(u User, cues cue.Set, dir oid.ID, name string, a Crea
 		Caller: u.caller(), Dir: uint64(dir), Name: name, Type: a.Type, Mode: a.Mode,
 		Rdev: a.Rdev, Target: a.Target, Cues: wireCues(cues, a.Type), Exclusive: a.Exclusive,
 		SyncLevel: syncLevel(cues), Origin: f.cfg.Origin, ClientSite: f.cfg.Site,
-		Op: rand.Uint64() | 1,
+		Op: rand.Uint64() | 1, Umask: a.Umask,
 	}
 }
 

@@ -242,19 +242,20 @@ func (f *FS) Open(ctx context.Context, u User, cues cue.Set, id oid.ID, flags ui
 }
 
 // CreateOpen is open(2) with O_CREAT: it creates a file named name in
-// dir with mode (already umasked) and opens it with flags, in one
+// dir with a.Mode (and a.Umask) and opens it with flags, in one
 // request. The open of a file it creates gets the access flags ask for
 // whatever the file's mode (creat() with mode 0444 returns a writable
 // descriptor, as on Linux); a name that exists is opened as Open does
 // (with O_EXCL it is ErrExist).
-func (f *FS) CreateOpen(ctx context.Context, u User, cues cue.Set, dir oid.ID, name string, mode, flags uint32) (*Handle, *Attr, error) {
+func (f *FS) CreateOpen(ctx context.Context, u User, cues cue.Set, dir oid.ID, name string, a CreateArgs, flags uint32) (*Handle, *Attr, error) {
 	if err := checkName(name); err != nil {
 		return nil, nil, err
 	}
 	ctx, cancel := f.bound(ctx, cues)
 	defer cancel()
 	h := f.newHandle(u, cues, 0, flags&syscall.O_ACCMODE != syscall.O_RDONLY)
-	req := f.createRequest(h.user, cues, dir, name, CreateArgs{Type: TypeFile, Mode: mode, Exclusive: flags&syscall.O_EXCL != 0})
+	a.Type, a.Exclusive = TypeFile, flags&syscall.O_EXCL != 0
+	req := f.createRequest(h.user, cues, dir, name, a)
 	req.OpenAccess = perm.OpenAccess(flags)
 	// Its replication overlaps the writes and the commit; close() waits
 	// for both (fileState.unsynced). An eventual create answers early anyway.

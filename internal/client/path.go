@@ -84,7 +84,7 @@ func (f *FS) WriteFile(ctx context.Context, u User, path string, data []byte, mo
 	}
 	var h *Handle
 	if r.Meta == nil {
-		h, _, err = f.CreateOpen(ctx, u, r.Cues, r.Parent, r.Name, mode, syscall.O_CREAT|syscall.O_WRONLY|syscall.O_TRUNC)
+		h, _, err = f.CreateOpen(ctx, u, r.Cues, r.Parent, r.Name, CreateArgs{Mode: mode}, syscall.O_CREAT|syscall.O_WRONLY|syscall.O_TRUNC)
 	} else {
 		h, _, err = f.Open(ctx, u, r.Cues, oid.ID(r.Meta.Id), syscall.O_WRONLY|syscall.O_TRUNC)
 	}

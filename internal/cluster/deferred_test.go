@@ -34,7 +34,7 @@ func TestCreateDurableAtClose(t *testing.T) {
 	create := func(name string) (*client.Handle, time.Duration) {
 		t.Helper()
 		began := time.Now()
-		h, _, err := fs.CreateOpen(ctx, Owner(), client.NoCues, d, name, 0o644, syscall.O_CREAT|syscall.O_WRONLY)
+		h, _, err := fs.CreateOpen(ctx, Owner(), client.NoCues, d, name, client.CreateArgs{Mode: 0o644}, syscall.O_CREAT|syscall.O_WRONLY)
 		if err != nil {
 			t.Fatalf("create %s: %v", name, err)
 		}

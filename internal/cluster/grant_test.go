@@ -28,7 +28,7 @@ func createOpen(t *testing.T, fs *client.FS, u client.User, path string, mode ui
 	t.Helper()
 	ctx := opCtx(t)
 	r := resolve(t, ctx, fs, u, path)
-	h, _, err := fs.CreateOpen(ctx, u, r.Cues, r.Parent, r.Name, mode, syscall.O_CREAT|syscall.O_EXCL|syscall.O_RDWR)
+	h, _, err := fs.CreateOpen(ctx, u, r.Cues, r.Parent, r.Name, client.CreateArgs{Mode: mode}, syscall.O_CREAT|syscall.O_EXCL|syscall.O_RDWR)
 	if err != nil {
 		t.Fatalf("create+open %s with mode %o: %v", path, mode, err)
 	}

@@ -78,7 +78,7 @@ func createFile(ctx context.Context, fs *client.FS, path string, data []byte) er
 		return err
 	}
 	name := path[strings.LastIndex(path, "/")+1:]
-	h, _, err := fs.CreateOpen(ctx, Owner(), client.NoCues, dir, name, 0o644, syscall.O_CREAT|syscall.O_WRONLY|syscall.O_TRUNC)
+	h, _, err := fs.CreateOpen(ctx, Owner(), client.NoCues, dir, name, client.CreateArgs{Mode: 0o644}, syscall.O_CREAT|syscall.O_WRONLY|syscall.O_TRUNC)
 	if err != nil {
 		return err
 	}

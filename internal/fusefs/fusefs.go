@@ -72,10 +72,18 @@ func Mount(dir string, core *client.FS, o Options) (*fuse.Server, error) {
 			Debug:        o.Debug,
 			// The kernel checks permissions with the attributes we return
 			// (it knows the caller's groups exactly); the server checks again.
-			Options:              []string{"default_permissions"},
-			EnableAcl:            false,
-			DisableXAttrs:        false,
-			IgnoreSecurityLabels: true,
+			// With FUSE_POSIX_ACL it also applies the access ACLs it reads
+			// through getxattr (cached no longer than the attributes), so
+			// that an ACL may grant more than the mode; the server stays
+			// the authority. FUSE_DONT_MASK leaves the umask to us: a
+			// directory's default ACL replaces it (umaskFS).
+			Options:           []string{"default_permissions"},
+			EnableAcl:         true,
+			ExtraCapabilities: fuse.CAP_DONT_MASK,
+			DisableXAttrs:     false,
+			// Not go-fuse's: it would also hide the ACLs. Getxattr
+			// answers security.capability itself.
+			IgnoreSecurityLabels: false,
 		},
 		// Mode 0 is a mode (open(O_CREAT, 0), chmod 0): without this
 		// go-fuse would show it to the kernel as 0644/0755 while the
@@ -86,7 +94,51 @@ func Mount(dir string, core *client.FS, o Options) (*fuse.Server, error) {
 		NegativeTimeout: &neg,
 		RootStableAttr:  &fs.StableAttr{Ino: inode(oid.Root, cue.Set{}), Mode: syscall.S_IFDIR},
 	}
-	return fs.Mount(dir, top, opts)
+	server, err := fuse.NewServer(umaskFS{fs.NewNodeFS(top, opts)}, dir, &opts.MountOptions)
+	if err != nil {
+		return nil, err
+	}
+	go server.Serve()
+	if err := server.WaitMount(); err != nil {
+		return nil, err // as fs.Mount: the serve loop ends with the failed mount
+	}
+	return server, nil
+}
+
+// umaskFS hands the umask of a create, which go-fuse's node API drops, to
+// the node in the mode's spare high bits (splitUmask): with FUSE_DONT_MASK
+// the kernel sends the mode unmasked, and whether the umask applies
+// depends on the directory's default ACL, which the server knows.
+type umaskFS struct{ fuse.RawFileSystem }
+
+// umaskSet marks a mode that carries a umask in bits 16-24.
+const umaskSet = 1 << 31
+
+func withUmask(mode, umask uint32) uint32 { return mode&0xffff | umaskSet | (umask&0o777)<<16 }
+
+// splitUmask undoes withUmask; umask is nil when mode carries none (the
+// kernel then applied it already).
+func splitUmask(mode uint32) (uint32, *uint32) {
+	if mode&umaskSet == 0 {
+		return mode, nil
+	}
+	umask := mode >> 16 & 0o777
+	return mode & 0xffff, &umask
+}
+
+func (u umaskFS) Create(cancel <-chan struct{}, in *fuse.CreateIn, name string, out *fuse.CreateOut) fuse.Status {
+	in.Mode = withUmask(in.Mode, in.Umask)
+	return u.RawFileSystem.Create(cancel, in, name, out)
+}
+
+func (u umaskFS) Mkdir(cancel <-chan struct{}, in *fuse.MkdirIn, name string, out *fuse.EntryOut) fuse.Status {
+	in.Mode = withUmask(in.Mode, in.Umask)
+	return u.RawFileSystem.Mkdir(cancel, in, name, out)
+}
+
+func (u umaskFS) Mknod(cancel <-chan struct{}, in *fuse.MknodIn, name string, out *fuse.EntryOut) fuse.Status {
+	in.Mode = withUmask(in.Mode, in.Umask)
+	return u.RawFileSystem.Mknod(cancel, in, name, out)
 }
 
 type root struct {

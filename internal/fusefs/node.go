@@ -191,7 +191,8 @@ func (n *node) create(ctx context.Context, name string, a client.CreateArgs, out
 func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint32, out *fuse.EntryOut) (*fs.Inode, fs.FileHandle, uint32, syscall.Errno) {
 	ctx, done := n.root.step(ctx, true)
 	defer done()
-	h, m, err := n.root.core.CreateOpen(ctx, n.root.user(ctx), n.cues, n.id, name, mode&0o7777, flags)
+	mode, umask := splitUmask(mode)
+	h, m, err := n.root.core.CreateOpen(ctx, n.root.user(ctx), n.cues, n.id, name, client.CreateArgs{Mode: mode & 0o7777, Umask: umask}, flags)
 	if err != nil {
 		return nil, nil, 0, n.root.errno("create", err)
 	}
@@ -204,7 +205,8 @@ func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint3
 func (n *node) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
 	ctx, done := n.root.step(ctx, true)
 	defer done()
-	ino, _, errno := n.create(ctx, name, client.CreateArgs{Type: client.TypeDir, Mode: mode & 0o7777}, out)
+	mode, umask := splitUmask(mode)
+	ino, _, errno := n.create(ctx, name, client.CreateArgs{Type: client.TypeDir, Mode: mode & 0o7777, Umask: umask}, out)
 	return ino, errno
 }
 
@@ -212,7 +214,8 @@ func (n *node) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.En
 func (n *node) Mknod(ctx context.Context, name string, mode uint32, dev uint32, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
 	ctx, done := n.root.step(ctx, true)
 	defer done()
-	ino, _, errno := n.create(ctx, name, client.CreateArgs{Type: modeType(mode), Mode: mode & 0o7777, Rdev: dev}, out)
+	mode, umask := splitUmask(mode)
+	ino, _, errno := n.create(ctx, name, client.CreateArgs{Type: modeType(mode), Mode: mode & 0o7777, Rdev: dev, Umask: umask}, out)
 	return ino, errno
 }
 
@@ -317,7 +320,12 @@ func (n *node) Statfs(ctx context.Context, out *fuse.StatfsOut) syscall.Errno {
 }
 
 // Getxattr implements fs.NodeGetxattrer; InfoXattr is computed here.
+// security.capability, which the kernel asks for before every write
+// (file capabilities are not supported), is absent without a round trip.
 func (n *node) Getxattr(ctx context.Context, attr string, dest []byte) (uint32, syscall.Errno) {
+	if attr == "security.capability" {
+		return 0, syscall.ENODATA
+	}
 	ctx, done := n.root.step(ctx, true)
 	defer done()
 	var val []byte

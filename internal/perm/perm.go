@@ -82,6 +82,9 @@ func (c Cred) InGroup(gid uint32) bool {
 type Attr struct {
 	Mode     uint32 // full st_mode: S_IFMT type bits, setuid/setgid/sticky, rwx
 	Uid, Gid uint32
+	// ACL is the full access ACL, consistent with Mode (see
+	// ACL.WithMode); nil when the mode alone decides.
+	ACL ACL
 }
 
 func isDir(mode uint32) bool { return mode&modeType == syscall.S_IFDIR }
@@ -95,22 +98,31 @@ func ownerOrRoot(c Cred, a Attr) bool { return c.IsRoot() || c.Uid == a.Uid }
 func inGroupOrRoot(c Cred, gid uint32) bool { return c.IsRoot() || c.InGroup(gid) }
 
 // Access checks want (a combination of R, W and X) like generic_permission:
-// only the first matching class (owner, group, other) counts. Root bypasses
+// only the first matching class (owner, group, other) counts, or with an
+// access ACL the first matching entry as Linux's posix_acl_permission does
+// (owner, named users, then any group entry that grants, all but the owner
+// limited by the mask, then other). Root bypasses
 // R and W, and X on directories; on other objects root gets X only if some x
 // bit is set. A zero want (F_OK) always succeeds.
 func Access(c Cred, a Attr, want uint32) error {
 	if want&^(R|W|X) != 0 {
 		return fmt.Errorf("perm: access mask %#o: %w", want, fserr.ErrInvalid)
 	}
-	mode := a.Mode
-	switch {
-	case c.Uid == a.Uid:
-		mode >>= 6
-	case c.InGroup(a.Gid):
-		mode >>= 3
-	}
-	if want&^mode&7 == 0 {
-		return nil
+	if a.ACL != nil {
+		if aclAllows(c, a, want) {
+			return nil
+		}
+	} else {
+		mode := a.Mode
+		switch {
+		case c.Uid == a.Uid:
+			mode >>= 6
+		case c.InGroup(a.Gid):
+			mode >>= 3
+		}
+		if want&^mode&7 == 0 {
+			return nil
+		}
 	}
 	if c.IsRoot() && (isDir(a.Mode) || want&X == 0 || a.Mode&anyExec != 0) {
 		return nil
@@ -365,8 +377,9 @@ const (
 // MayGetXattr checks getxattr(name) (xattr_permission with MAY_READ).
 // user.*: R on regular files and directories, ENODATA on other types.
 // trusted.*: root only, ENODATA for others (it looks absent). security.*: no
-// check. system.* (POSIX ACLs) and unknown namespaces: EOPNOTSUPP, the latter
-// after an R check as in Linux. An empty name suffix is EINVAL.
+// check. system.posix_acl_access and system.posix_acl_default: no check;
+// other system.* and unknown namespaces: EOPNOTSUPP, the latter after an R
+// check as in Linux. An empty name suffix is EINVAL.
 func MayGetXattr(c Cred, a Attr, name string) error {
 	return mayXattr(c, a, name, false)
 }
@@ -375,7 +388,9 @@ func MayGetXattr(c Cred, a Attr, name string) error {
 // regular files and directories (EACCES); EPERM on other types and, for
 // sticky directories, for callers other than the owner or root. trusted.*
 // and security.*: root only (EPERM; security.* via the capability LSM).
-// system.* and unknown namespaces: EOPNOTSUPP (unknown after a W check).
+// The POSIX ACL names: the owner or root (EPERM), not on symlinks
+// (EOPNOTSUPP); SetACL and SetDefaultACL check the rest. Other system.*
+// and unknown namespaces: EOPNOTSUPP (unknown after a W check).
 func MaySetXattr(c Cred, a Attr, name string) error {
 	return mayXattr(c, a, name, true)
 }
@@ -393,6 +408,11 @@ func mayXattr(c Cred, a Attr, name string, write bool) error {
 	}
 	var suffix string
 	switch {
+	case IsACLXattr(name):
+		if write {
+			return maySetACL(c, a)
+		}
+		return nil
 	case strings.HasPrefix(name, prefixSystem):
 		return fmt.Errorf("perm: xattr %q: %w", name, fserr.ErrNotSupported)
 	case strings.HasPrefix(name, prefixSecurity):
@@ -433,3 +453,7 @@ func mayXattr(c Cred, a Attr, name string, write bool) error {
 	}
 	return nil
 }
+
+// IsACLXattr reports whether name is one of the POSIX ACL attributes, which
+// live in an object's meta-data rather than among its extended attributes.
+func IsACLXattr(name string) bool { return name == XattrACLAccess || name == XattrACLDefault }

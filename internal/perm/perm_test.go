@@ -436,7 +436,9 @@ func TestXattr(t *testing.T) {
 		{"security non-root", alice, reg(0600, 1000, 1000), "security.a", nil, fserr.ErrPerm},
 		{"security get without access", carol, reg(0, 1000, 1000), "security.a", nil, fserr.ErrPerm},
 		{"security root", root, reg(0, 1000, 1000), "security.capability", nil, nil},
-		{"system acl", alice, reg(0600, 1000, 1000), "system.posix_acl_access", fserr.ErrNotSupported, fserr.ErrNotSupported},
+		{"system acl owner", alice, reg(0600, 1000, 1000), "system.posix_acl_access", nil, nil},
+		{"system acl non-owner", carol, reg(0, 1000, 1000), "system.posix_acl_default", nil, fserr.ErrPerm},
+		{"system other", alice, reg(0600, 1000, 1000), "system.foo", fserr.ErrNotSupported, fserr.ErrNotSupported},
 		{"unknown namespace", alice, reg(0600, 1000, 1000), "foo.a", fserr.ErrNotSupported, fserr.ErrNotSupported},
 		{"unknown namespace checks access first", carol, reg(0600, 1000, 1000), "foo.a", fserr.ErrAccess, fserr.ErrAccess},
 	}

@@ -346,10 +346,23 @@ func sameCreate(e *wire.Entry, req *wire.CreateRequest) bool {
 }
 
 // newMeta returns the meta-data of a new object (without its ID) that c
-// creates in directory d.
+// creates in directory d. A default ACL of d is inherited as Linux's
+// posix_acl_create does, in place of the umask a FUSE_DONT_MASK client
+// leaves to us.
 func newMeta(c perm.Cred, d *wire.Meta, req *wire.CreateRequest, bits uint32, now int64) *wire.Meta {
-	mode, uid, gid := perm.NewObject(c, attr(d), bits|req.Mode&0o7777)
+	reqMode := req.Mode & 0o7777
+	if req.Umask != nil && len(d.DefaultAcl) == 0 {
+		reqMode &^= req.GetUmask() & 0o777
+	}
+	mode, uid, gid := perm.NewObject(c, attr(d), bits|reqMode)
+	var access, dflt perm.ACL
+	if len(d.DefaultAcl) > 0 {
+		var full perm.ACL
+		mode, full, dflt = perm.InheritACL(attrs.ACL(d.DefaultAcl), mode)
+		access = full.Extended()
+	}
 	m := &wire.Meta{
+		Acl: attrs.WireACL(access), DefaultAcl: attrs.WireACL(dflt),
 		Type: req.Type, Mode: mode & 0o7777, Uid: uid, Gid: gid,
 		Nlink: 1, AtimeNs: now, MtimeNs: now, CtimeNs: now, BtimeNs: now, Version: 1,
 		Rdev: req.Rdev, Target: req.Target, Cues: req.Cues, BlockSize: blockSize,

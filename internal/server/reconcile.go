@@ -40,12 +40,14 @@ func mergeFile(mine, theirs *wire.ObjectState) (out *wire.ObjectState, theirsWon
 }
 
 // mergeDirMeta returns a directory's reconciled meta-data: attributes
-// from the newer replica, the later mtime, the primary's link count
-// (entries merge separately) and a version above both.
+// (the ACLs with the mode they complete) from the newer replica, the
+// later mtime, the primary's link count (entries merge separately) and a
+// version above both.
 func mergeDirMeta(mine, theirs *wire.Meta) *wire.Meta {
 	out := proto.Clone(mine).(*wire.Meta)
 	if newer(theirs, mine) {
 		out.Mode, out.Uid, out.Gid = theirs.Mode, theirs.Uid, theirs.Gid
+		out.Acl, out.DefaultAcl = theirs.Acl, theirs.DefaultAcl
 		out.AtimeNs, out.CtimeNs = theirs.AtimeNs, max(mine.CtimeNs, theirs.CtimeNs)
 	}
 	out.MtimeNs = max(mine.MtimeNs, theirs.MtimeNs)

@@ -56,14 +56,19 @@ func TestMergeFile(t *testing.T) {
 
 func TestMergeDirMeta(t *testing.T) {
 	mine := &wire.Meta{Type: wire.Type_TYPE_DIR, Mode: 0o755, Version: 4, MtimeNs: 100, Nlink: 3}
-	theirs := &wire.Meta{Type: wire.Type_TYPE_DIR, Mode: 0o700, Version: 6, MtimeNs: 50, Nlink: 9}
+	theirs := &wire.Meta{Type: wire.Type_TYPE_DIR, Mode: 0o770, Version: 6, MtimeNs: 50, Nlink: 9,
+		Acl:        []*wire.AclEntry{{Tag: 2, Perm: 7, Id: 1001}, {Tag: 4, Perm: 5, Id: ^uint32(0)}},
+		DefaultAcl: []*wire.AclEntry{{Tag: 1, Perm: 7}, {Tag: 4, Perm: 5}, {Tag: 0x20, Perm: 0}}}
 	out := mergeDirMeta(mine, theirs)
-	if out.Mode != 0o700 || out.MtimeNs != 100 || out.Version != 7 || out.Nlink != 3 {
-		t.Errorf("got mode %o mtime %d version %d nlink %d, want 700 100 7 3", out.Mode, out.MtimeNs, out.Version, out.Nlink)
+	if out.Mode != 0o770 || out.MtimeNs != 100 || out.Version != 7 || out.Nlink != 3 {
+		t.Errorf("got mode %o mtime %d version %d nlink %d, want 770 100 7 3", out.Mode, out.MtimeNs, out.Version, out.Nlink)
+	}
+	if len(out.Acl) != 2 || len(out.DefaultAcl) != 3 {
+		t.Errorf("the ACLs did not come with the newer mode: %v / %v", out.Acl, out.DefaultAcl)
 	}
 	out = mergeDirMeta(theirs, mine) // the primary's copy newer
-	if out.Mode != 0o700 || out.Version != 7 || out.Nlink != 9 {
-		t.Errorf("got mode %o version %d nlink %d, want 700 7 9", out.Mode, out.Version, out.Nlink)
+	if out.Mode != 0o770 || out.Version != 7 || out.Nlink != 9 || len(out.Acl) != 2 {
+		t.Errorf("got mode %o version %d nlink %d acl %v, want 770 7 9 with the ACL", out.Mode, out.Version, out.Nlink, out.Acl)
 	}
 }
 

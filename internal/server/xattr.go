@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/wheelfs/wheelfs/internal/attrs"
 	"github.com/wheelfs/wheelfs/internal/fserr"
 	"github.com/wheelfs/wheelfs/internal/oid"
 	"github.com/wheelfs/wheelfs/internal/perm"
@@ -56,6 +57,12 @@ func xattrSummary(tx *store.Tx, c *wire.Caller, m *wire.Meta) *wire.XattrSummary
 	})
 	if !whole {
 		return nil
+	}
+	// The ACLs live in m, so they are always known whole (and anyone
+	// may read them).
+	for _, n := range attrs.ACLNames(m) {
+		v, _ := attrs.ACLXattr(m, n)
+		sum.Attrs = append(sum.Attrs, &wire.Xattr{Name: n, Value: v})
 	}
 	return sum
 }
@@ -112,9 +119,15 @@ func (s *Server) GetXattr(ctx context.Context, req *wire.XattrRequest) (*wire.Xa
 		if resp.LeaseMs > 0 {
 			resp.Xattrs = xattrSummary(tx, req.Caller, m)
 		}
-		if hidden(req.Name) {
+		switch {
+		case hidden(req.Name):
 			err = fserr.ErrNoAttr
-		} else {
+		case perm.IsACLXattr(req.Name):
+			var ok bool
+			if resp.Value, ok = attrs.ACLXattr(m, req.Name); !ok {
+				err = fserr.ErrNoAttr
+			}
+		default:
 			resp.Value, err = tx.Xattr(id, req.Name)
 		}
 		if errors.Is(err, fserr.ErrNoAttr) && req.AbsentOk {
@@ -150,6 +163,7 @@ func (s *Server) ListXattr(ctx context.Context, req *wire.XattrRequest) (*wire.X
 			resp.Xattrs = xattrSummary(tx, req.Caller, m)
 		}
 		names, err := tx.Xattrs(id)
+		names = append(names, attrs.ACLNames(m)...)
 		for _, n := range names {
 			if perm.ListXattrVisible(c, n) && !hidden(n) {
 				resp.Names = append(resp.Names, n)
@@ -196,6 +210,15 @@ func (s *Server) changeXattr(ctx context.Context, req *wire.XattrRequest, remove
 		}
 		if err := perm.MaySetXattr(cred(req.Caller), attr(m), req.Name); err != nil {
 			return err
+		}
+		if perm.IsACLXattr(req.Name) {
+			// An ACL is meta-data: it replicates, and revokes leases,
+			// with m. Like Linux, the flags do not apply to it.
+			if err := attrs.SetACLXattr(cred(req.Caller), m, req.Name, req.Value, remove); err != nil {
+				return err
+			}
+			touch(m, now, false)
+			return tx.PutMeta(m)
 		}
 		_, getErr := tx.Xattr(id, req.Name)
 		exists := getErr == nil

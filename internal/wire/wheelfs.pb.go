@@ -299,24 +299,30 @@ func (x *Cues) GetEventual() bool {
 // Meta is an object's meta-data. The version increments on every close that
 // changed data and on every meta-data change.
 type Meta struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Id            uint64                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
-	Type          Type                   `protobuf:"varint,2,opt,name=type,proto3,enum=wheelfs.v1.Type" json:"type,omitempty"`
-	Mode          uint32                 `protobuf:"varint,3,opt,name=mode,proto3" json:"mode,omitempty"` // permission bits incl. setuid/setgid/sticky (no type bits)
-	Uid           uint32                 `protobuf:"varint,4,opt,name=uid,proto3" json:"uid,omitempty"`
-	Gid           uint32                 `protobuf:"varint,5,opt,name=gid,proto3" json:"gid,omitempty"`
-	Size          uint64                 `protobuf:"varint,6,opt,name=size,proto3" json:"size,omitempty"`
-	Nlink         uint32                 `protobuf:"varint,7,opt,name=nlink,proto3" json:"nlink,omitempty"`
-	AtimeNs       int64                  `protobuf:"varint,8,opt,name=atime_ns,json=atimeNs,proto3" json:"atime_ns,omitempty"`
-	MtimeNs       int64                  `protobuf:"varint,9,opt,name=mtime_ns,json=mtimeNs,proto3" json:"mtime_ns,omitempty"`
-	CtimeNs       int64                  `protobuf:"varint,10,opt,name=ctime_ns,json=ctimeNs,proto3" json:"ctime_ns,omitempty"`
-	BtimeNs       int64                  `protobuf:"varint,11,opt,name=btime_ns,json=btimeNs,proto3" json:"btime_ns,omitempty"`
-	Version       uint64                 `protobuf:"varint,12,opt,name=version,proto3" json:"version,omitempty"`
-	Rdev          uint32                 `protobuf:"varint,13,opt,name=rdev,proto3" json:"rdev,omitempty"`
-	Target        string                 `protobuf:"bytes,14,opt,name=target,proto3" json:"target,omitempty"` // symlink target
-	Cues          *Cues                  `protobuf:"bytes,15,opt,name=cues,proto3" json:"cues,omitempty"`
-	Parent        uint64                 `protobuf:"varint,16,opt,name=parent,proto3" json:"parent,omitempty"` // directories: the parent directory (for "..")
-	BlockSize     uint32                 `protobuf:"varint,17,opt,name=block_size,json=blockSize,proto3" json:"block_size,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Id        uint64                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
+	Type      Type                   `protobuf:"varint,2,opt,name=type,proto3,enum=wheelfs.v1.Type" json:"type,omitempty"`
+	Mode      uint32                 `protobuf:"varint,3,opt,name=mode,proto3" json:"mode,omitempty"` // permission bits incl. setuid/setgid/sticky (no type bits)
+	Uid       uint32                 `protobuf:"varint,4,opt,name=uid,proto3" json:"uid,omitempty"`
+	Gid       uint32                 `protobuf:"varint,5,opt,name=gid,proto3" json:"gid,omitempty"`
+	Size      uint64                 `protobuf:"varint,6,opt,name=size,proto3" json:"size,omitempty"`
+	Nlink     uint32                 `protobuf:"varint,7,opt,name=nlink,proto3" json:"nlink,omitempty"`
+	AtimeNs   int64                  `protobuf:"varint,8,opt,name=atime_ns,json=atimeNs,proto3" json:"atime_ns,omitempty"`
+	MtimeNs   int64                  `protobuf:"varint,9,opt,name=mtime_ns,json=mtimeNs,proto3" json:"mtime_ns,omitempty"`
+	CtimeNs   int64                  `protobuf:"varint,10,opt,name=ctime_ns,json=ctimeNs,proto3" json:"ctime_ns,omitempty"`
+	BtimeNs   int64                  `protobuf:"varint,11,opt,name=btime_ns,json=btimeNs,proto3" json:"btime_ns,omitempty"`
+	Version   uint64                 `protobuf:"varint,12,opt,name=version,proto3" json:"version,omitempty"`
+	Rdev      uint32                 `protobuf:"varint,13,opt,name=rdev,proto3" json:"rdev,omitempty"`
+	Target    string                 `protobuf:"bytes,14,opt,name=target,proto3" json:"target,omitempty"` // symlink target
+	Cues      *Cues                  `protobuf:"bytes,15,opt,name=cues,proto3" json:"cues,omitempty"`
+	Parent    uint64                 `protobuf:"varint,16,opt,name=parent,proto3" json:"parent,omitempty"` // directories: the parent directory (for "..")
+	BlockSize uint32                 `protobuf:"varint,17,opt,name=block_size,json=blockSize,proto3" json:"block_size,omitempty"`
+	// acl is the access ACL beyond the mode: the owning group's entry and
+	// the named user and group entries, in Linux's order; the mode's group
+	// class bits are then the mask. Empty: the mode is the whole ACL.
+	Acl []*AclEntry `protobuf:"bytes,18,rep,name=acl,proto3" json:"acl,omitempty"`
+	// default_acl is a directory's whole default ACL; empty: none.
+	DefaultAcl    []*AclEntry `protobuf:"bytes,19,rep,name=default_acl,json=defaultAcl,proto3" json:"default_acl,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -470,6 +476,82 @@ func (x *Meta) GetBlockSize() uint32 {
 	return 0
 }
 
+func (x *Meta) GetAcl() []*AclEntry {
+	if x != nil {
+		return x.Acl
+	}
+	return nil
+}
+
+func (x *Meta) GetDefaultAcl() []*AclEntry {
+	if x != nil {
+		return x.DefaultAcl
+	}
+	return nil
+}
+
+// AclEntry is one POSIX ACL entry: tag (ACL_USER_OBJ...), rwx bits, and
+// the uid or gid of a named entry.
+type AclEntry struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Tag           uint32                 `protobuf:"varint,1,opt,name=tag,proto3" json:"tag,omitempty"`
+	Perm          uint32                 `protobuf:"varint,2,opt,name=perm,proto3" json:"perm,omitempty"`
+	Id            uint32                 `protobuf:"varint,3,opt,name=id,proto3" json:"id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AclEntry) Reset() {
+	*x = AclEntry{}
+	mi := &file_wheelfs_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AclEntry) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AclEntry) ProtoMessage() {}
+
+func (x *AclEntry) ProtoReflect() protoreflect.Message {
+	mi := &file_wheelfs_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AclEntry.ProtoReflect.Descriptor instead.
+func (*AclEntry) Descriptor() ([]byte, []int) {
+	return file_wheelfs_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *AclEntry) GetTag() uint32 {
+	if x != nil {
+		return x.Tag
+	}
+	return 0
+}
+
+func (x *AclEntry) GetPerm() uint32 {
+	if x != nil {
+		return x.Perm
+	}
+	return 0
+}
+
+func (x *AclEntry) GetId() uint32 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
 // Entry is one name in a directory.
 type Entry struct {
 	state   protoimpl.MessageState `protogen:"open.v1"`
@@ -488,7 +570,7 @@ type Entry struct {
 
 func (x *Entry) Reset() {
 	*x = Entry{}
-	mi := &file_wheelfs_proto_msgTypes[2]
+	mi := &file_wheelfs_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -500,7 +582,7 @@ func (x *Entry) String() string {
 func (*Entry) ProtoMessage() {}
 
 func (x *Entry) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[2]
+	mi := &file_wheelfs_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -513,7 +595,7 @@ func (x *Entry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Entry.ProtoReflect.Descriptor instead.
 func (*Entry) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{2}
+	return file_wheelfs_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *Entry) GetName() string {
@@ -582,7 +664,7 @@ type Caller struct {
 
 func (x *Caller) Reset() {
 	*x = Caller{}
-	mi := &file_wheelfs_proto_msgTypes[3]
+	mi := &file_wheelfs_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -594,7 +676,7 @@ func (x *Caller) String() string {
 func (*Caller) ProtoMessage() {}
 
 func (x *Caller) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[3]
+	mi := &file_wheelfs_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -607,7 +689,7 @@ func (x *Caller) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Caller.ProtoReflect.Descriptor instead.
 func (*Caller) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{3}
+	return file_wheelfs_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *Caller) GetUid() uint32 {
@@ -671,7 +753,7 @@ type HandleRef struct {
 
 func (x *HandleRef) Reset() {
 	*x = HandleRef{}
-	mi := &file_wheelfs_proto_msgTypes[4]
+	mi := &file_wheelfs_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -683,7 +765,7 @@ func (x *HandleRef) String() string {
 func (*HandleRef) ProtoMessage() {}
 
 func (x *HandleRef) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[4]
+	mi := &file_wheelfs_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -696,7 +778,7 @@ func (x *HandleRef) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HandleRef.ProtoReflect.Descriptor instead.
 func (*HandleRef) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{4}
+	return file_wheelfs_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *HandleRef) GetSession() uint64 {
@@ -729,7 +811,7 @@ type LookupRequest struct {
 
 func (x *LookupRequest) Reset() {
 	*x = LookupRequest{}
-	mi := &file_wheelfs_proto_msgTypes[5]
+	mi := &file_wheelfs_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -741,7 +823,7 @@ func (x *LookupRequest) String() string {
 func (*LookupRequest) ProtoMessage() {}
 
 func (x *LookupRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[5]
+	mi := &file_wheelfs_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -754,7 +836,7 @@ func (x *LookupRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LookupRequest.ProtoReflect.Descriptor instead.
 func (*LookupRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{5}
+	return file_wheelfs_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *LookupRequest) GetCaller() *Caller {
@@ -810,7 +892,7 @@ type LookupResponse struct {
 
 func (x *LookupResponse) Reset() {
 	*x = LookupResponse{}
-	mi := &file_wheelfs_proto_msgTypes[6]
+	mi := &file_wheelfs_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -822,7 +904,7 @@ func (x *LookupResponse) String() string {
 func (*LookupResponse) ProtoMessage() {}
 
 func (x *LookupResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[6]
+	mi := &file_wheelfs_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -835,7 +917,7 @@ func (x *LookupResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LookupResponse.ProtoReflect.Descriptor instead.
 func (*LookupResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{6}
+	return file_wheelfs_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *LookupResponse) GetEntry() *Entry {
@@ -897,7 +979,7 @@ type GetAttrRequest struct {
 
 func (x *GetAttrRequest) Reset() {
 	*x = GetAttrRequest{}
-	mi := &file_wheelfs_proto_msgTypes[7]
+	mi := &file_wheelfs_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -909,7 +991,7 @@ func (x *GetAttrRequest) String() string {
 func (*GetAttrRequest) ProtoMessage() {}
 
 func (x *GetAttrRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[7]
+	mi := &file_wheelfs_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -922,7 +1004,7 @@ func (x *GetAttrRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetAttrRequest.ProtoReflect.Descriptor instead.
 func (*GetAttrRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{7}
+	return file_wheelfs_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *GetAttrRequest) GetCaller() *Caller {
@@ -950,7 +1032,7 @@ type GetAttrResponse struct {
 
 func (x *GetAttrResponse) Reset() {
 	*x = GetAttrResponse{}
-	mi := &file_wheelfs_proto_msgTypes[8]
+	mi := &file_wheelfs_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -962,7 +1044,7 @@ func (x *GetAttrResponse) String() string {
 func (*GetAttrResponse) ProtoMessage() {}
 
 func (x *GetAttrResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[8]
+	mi := &file_wheelfs_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -975,7 +1057,7 @@ func (x *GetAttrResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetAttrResponse.ProtoReflect.Descriptor instead.
 func (*GetAttrResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{8}
+	return file_wheelfs_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *GetAttrResponse) GetMeta() *Meta {
@@ -1005,7 +1087,7 @@ type CreateRequest struct {
 	Dir        uint64                 `protobuf:"varint,2,opt,name=dir,proto3" json:"dir,omitempty"`
 	Name       string                 `protobuf:"bytes,3,opt,name=name,proto3" json:"name,omitempty"`
 	Type       Type                   `protobuf:"varint,4,opt,name=type,proto3,enum=wheelfs.v1.Type" json:"type,omitempty"`
-	Mode       uint32                 `protobuf:"varint,5,opt,name=mode,proto3" json:"mode,omitempty"` // already umasked
+	Mode       uint32                 `protobuf:"varint,5,opt,name=mode,proto3" json:"mode,omitempty"` // already umasked, unless umask is set
 	Rdev       uint32                 `protobuf:"varint,6,opt,name=rdev,proto3" json:"rdev,omitempty"`
 	Target     string                 `protobuf:"bytes,7,opt,name=target,proto3" json:"target,omitempty"`        // symlink target
 	Cues       *Cues                  `protobuf:"bytes,8,opt,name=cues,proto3" json:"cues,omitempty"`            // persistent cues for the new object
@@ -1021,19 +1103,23 @@ type CreateRequest struct {
 	// the same op finds its own entry instead of a clash.
 	Op      uint64 `protobuf:"varint,14,opt,name=op,proto3" json:"op,omitempty"`
 	Attempt uint32 `protobuf:"varint,15,opt,name=attempt,proto3" json:"attempt,omitempty"`
+	// umask, when set, was not applied to mode (the kernel leaves it to us,
+	// FUSE_DONT_MASK): the server applies it unless the directory has a
+	// default ACL, which replaces the umask (Linux posix_acl_create).
+	Umask *uint32 `protobuf:"varint,16,opt,name=umask,proto3,oneof" json:"umask,omitempty"`
 	// defer_sync: answer once the create is committed at the primary (and
 	// leases on what it changed are revoked), without waiting for the
 	// backups; the answer lists what to wait for (pending), which the
 	// client does before close() or fsync() returns (Sync, or the commit's
 	// own replication). Not with .EventualConsistency.
-	DeferSync     bool `protobuf:"varint,16,opt,name=defer_sync,json=deferSync,proto3" json:"defer_sync,omitempty"`
+	DeferSync     bool `protobuf:"varint,17,opt,name=defer_sync,json=deferSync,proto3" json:"defer_sync,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *CreateRequest) Reset() {
 	*x = CreateRequest{}
-	mi := &file_wheelfs_proto_msgTypes[9]
+	mi := &file_wheelfs_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1045,7 +1131,7 @@ func (x *CreateRequest) String() string {
 func (*CreateRequest) ProtoMessage() {}
 
 func (x *CreateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[9]
+	mi := &file_wheelfs_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1058,7 +1144,7 @@ func (x *CreateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateRequest.ProtoReflect.Descriptor instead.
 func (*CreateRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{9}
+	return file_wheelfs_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *CreateRequest) GetCaller() *Caller {
@@ -1166,6 +1252,13 @@ func (x *CreateRequest) GetAttempt() uint32 {
 	return 0
 }
 
+func (x *CreateRequest) GetUmask() uint32 {
+	if x != nil && x.Umask != nil {
+		return *x.Umask
+	}
+	return 0
+}
+
 func (x *CreateRequest) GetDeferSync() bool {
 	if x != nil {
 		return x.DeferSync
@@ -1190,7 +1283,7 @@ type CreateResponse struct {
 
 func (x *CreateResponse) Reset() {
 	*x = CreateResponse{}
-	mi := &file_wheelfs_proto_msgTypes[10]
+	mi := &file_wheelfs_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1202,7 +1295,7 @@ func (x *CreateResponse) String() string {
 func (*CreateResponse) ProtoMessage() {}
 
 func (x *CreateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[10]
+	mi := &file_wheelfs_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1215,7 +1308,7 @@ func (x *CreateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateResponse.ProtoReflect.Descriptor instead.
 func (*CreateResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{10}
+	return file_wheelfs_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *CreateResponse) GetEntry() *Entry {
@@ -1277,7 +1370,7 @@ type Unsynced struct {
 
 func (x *Unsynced) Reset() {
 	*x = Unsynced{}
-	mi := &file_wheelfs_proto_msgTypes[11]
+	mi := &file_wheelfs_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1289,7 +1382,7 @@ func (x *Unsynced) String() string {
 func (*Unsynced) ProtoMessage() {}
 
 func (x *Unsynced) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[11]
+	mi := &file_wheelfs_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1302,7 +1395,7 @@ func (x *Unsynced) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Unsynced.ProtoReflect.Descriptor instead.
 func (*Unsynced) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{11}
+	return file_wheelfs_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *Unsynced) GetSlice() uint32 {
@@ -1347,7 +1440,7 @@ type SyncRequest struct {
 
 func (x *SyncRequest) Reset() {
 	*x = SyncRequest{}
-	mi := &file_wheelfs_proto_msgTypes[12]
+	mi := &file_wheelfs_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1359,7 +1452,7 @@ func (x *SyncRequest) String() string {
 func (*SyncRequest) ProtoMessage() {}
 
 func (x *SyncRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[12]
+	mi := &file_wheelfs_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1372,7 +1465,7 @@ func (x *SyncRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SyncRequest.ProtoReflect.Descriptor instead.
 func (*SyncRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{12}
+	return file_wheelfs_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *SyncRequest) GetCaller() *Caller {
@@ -1404,7 +1497,7 @@ type SyncResponse struct {
 
 func (x *SyncResponse) Reset() {
 	*x = SyncResponse{}
-	mi := &file_wheelfs_proto_msgTypes[13]
+	mi := &file_wheelfs_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1416,7 +1509,7 @@ func (x *SyncResponse) String() string {
 func (*SyncResponse) ProtoMessage() {}
 
 func (x *SyncResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[13]
+	mi := &file_wheelfs_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1429,7 +1522,7 @@ func (x *SyncResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SyncResponse.ProtoReflect.Descriptor instead.
 func (*SyncResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{13}
+	return file_wheelfs_proto_rawDescGZIP(), []int{14}
 }
 
 type LinkRequest struct {
@@ -1444,7 +1537,7 @@ type LinkRequest struct {
 
 func (x *LinkRequest) Reset() {
 	*x = LinkRequest{}
-	mi := &file_wheelfs_proto_msgTypes[14]
+	mi := &file_wheelfs_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1456,7 +1549,7 @@ func (x *LinkRequest) String() string {
 func (*LinkRequest) ProtoMessage() {}
 
 func (x *LinkRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[14]
+	mi := &file_wheelfs_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1469,7 +1562,7 @@ func (x *LinkRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LinkRequest.ProtoReflect.Descriptor instead.
 func (*LinkRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{14}
+	return file_wheelfs_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *LinkRequest) GetCaller() *Caller {
@@ -1509,7 +1602,7 @@ type LinkResponse struct {
 
 func (x *LinkResponse) Reset() {
 	*x = LinkResponse{}
-	mi := &file_wheelfs_proto_msgTypes[15]
+	mi := &file_wheelfs_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1521,7 +1614,7 @@ func (x *LinkResponse) String() string {
 func (*LinkResponse) ProtoMessage() {}
 
 func (x *LinkResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[15]
+	mi := &file_wheelfs_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1534,7 +1627,7 @@ func (x *LinkResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LinkResponse.ProtoReflect.Descriptor instead.
 func (*LinkResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{15}
+	return file_wheelfs_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *LinkResponse) GetMeta() *Meta {
@@ -1558,7 +1651,7 @@ type RemoveRequest struct {
 
 func (x *RemoveRequest) Reset() {
 	*x = RemoveRequest{}
-	mi := &file_wheelfs_proto_msgTypes[16]
+	mi := &file_wheelfs_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1570,7 +1663,7 @@ func (x *RemoveRequest) String() string {
 func (*RemoveRequest) ProtoMessage() {}
 
 func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[16]
+	mi := &file_wheelfs_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1583,7 +1676,7 @@ func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveRequest.ProtoReflect.Descriptor instead.
 func (*RemoveRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{16}
+	return file_wheelfs_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *RemoveRequest) GetCaller() *Caller {
@@ -1637,7 +1730,7 @@ type RemoveResponse struct {
 
 func (x *RemoveResponse) Reset() {
 	*x = RemoveResponse{}
-	mi := &file_wheelfs_proto_msgTypes[17]
+	mi := &file_wheelfs_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1649,7 +1742,7 @@ func (x *RemoveResponse) String() string {
 func (*RemoveResponse) ProtoMessage() {}
 
 func (x *RemoveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[17]
+	mi := &file_wheelfs_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1662,7 +1755,7 @@ func (x *RemoveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveResponse.ProtoReflect.Descriptor instead.
 func (*RemoveResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{17}
+	return file_wheelfs_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *RemoveResponse) GetMeta() *Meta {
@@ -1686,7 +1779,7 @@ type RenameRequest struct {
 
 func (x *RenameRequest) Reset() {
 	*x = RenameRequest{}
-	mi := &file_wheelfs_proto_msgTypes[18]
+	mi := &file_wheelfs_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1698,7 +1791,7 @@ func (x *RenameRequest) String() string {
 func (*RenameRequest) ProtoMessage() {}
 
 func (x *RenameRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[18]
+	mi := &file_wheelfs_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1711,7 +1804,7 @@ func (x *RenameRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenameRequest.ProtoReflect.Descriptor instead.
 func (*RenameRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{18}
+	return file_wheelfs_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *RenameRequest) GetCaller() *Caller {
@@ -1765,7 +1858,7 @@ type RenameResponse struct {
 
 func (x *RenameResponse) Reset() {
 	*x = RenameResponse{}
-	mi := &file_wheelfs_proto_msgTypes[19]
+	mi := &file_wheelfs_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1777,7 +1870,7 @@ func (x *RenameResponse) String() string {
 func (*RenameResponse) ProtoMessage() {}
 
 func (x *RenameResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[19]
+	mi := &file_wheelfs_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1790,7 +1883,7 @@ func (x *RenameResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenameResponse.ProtoReflect.Descriptor instead.
 func (*RenameResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{19}
+	return file_wheelfs_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *RenameResponse) GetReplaced() *Meta {
@@ -1821,7 +1914,7 @@ type SetAttrRequest struct {
 
 func (x *SetAttrRequest) Reset() {
 	*x = SetAttrRequest{}
-	mi := &file_wheelfs_proto_msgTypes[20]
+	mi := &file_wheelfs_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1833,7 +1926,7 @@ func (x *SetAttrRequest) String() string {
 func (*SetAttrRequest) ProtoMessage() {}
 
 func (x *SetAttrRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[20]
+	mi := &file_wheelfs_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1846,7 +1939,7 @@ func (x *SetAttrRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetAttrRequest.ProtoReflect.Descriptor instead.
 func (*SetAttrRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{20}
+	return file_wheelfs_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *SetAttrRequest) GetCaller() *Caller {
@@ -1949,7 +2042,7 @@ type SetAttrResponse struct {
 
 func (x *SetAttrResponse) Reset() {
 	*x = SetAttrResponse{}
-	mi := &file_wheelfs_proto_msgTypes[21]
+	mi := &file_wheelfs_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1961,7 +2054,7 @@ func (x *SetAttrResponse) String() string {
 func (*SetAttrResponse) ProtoMessage() {}
 
 func (x *SetAttrResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[21]
+	mi := &file_wheelfs_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1974,7 +2067,7 @@ func (x *SetAttrResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetAttrResponse.ProtoReflect.Descriptor instead.
 func (*SetAttrResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{21}
+	return file_wheelfs_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *SetAttrResponse) GetMeta() *Meta {
@@ -2000,7 +2093,7 @@ type ReadDirRequest struct {
 
 func (x *ReadDirRequest) Reset() {
 	*x = ReadDirRequest{}
-	mi := &file_wheelfs_proto_msgTypes[22]
+	mi := &file_wheelfs_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2012,7 +2105,7 @@ func (x *ReadDirRequest) String() string {
 func (*ReadDirRequest) ProtoMessage() {}
 
 func (x *ReadDirRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[22]
+	mi := &file_wheelfs_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2025,7 +2118,7 @@ func (x *ReadDirRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadDirRequest.ProtoReflect.Descriptor instead.
 func (*ReadDirRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{22}
+	return file_wheelfs_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ReadDirRequest) GetCaller() *Caller {
@@ -2092,7 +2185,7 @@ type ReadDirResponse struct {
 
 func (x *ReadDirResponse) Reset() {
 	*x = ReadDirResponse{}
-	mi := &file_wheelfs_proto_msgTypes[23]
+	mi := &file_wheelfs_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2104,7 +2197,7 @@ func (x *ReadDirResponse) String() string {
 func (*ReadDirResponse) ProtoMessage() {}
 
 func (x *ReadDirResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[23]
+	mi := &file_wheelfs_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2117,7 +2210,7 @@ func (x *ReadDirResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadDirResponse.ProtoReflect.Descriptor instead.
 func (*ReadDirResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{23}
+	return file_wheelfs_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ReadDirResponse) GetEntries() []*Entry {
@@ -2195,7 +2288,7 @@ type BlockRef struct {
 
 func (x *BlockRef) Reset() {
 	*x = BlockRef{}
-	mi := &file_wheelfs_proto_msgTypes[24]
+	mi := &file_wheelfs_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2207,7 +2300,7 @@ func (x *BlockRef) String() string {
 func (*BlockRef) ProtoMessage() {}
 
 func (x *BlockRef) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[24]
+	mi := &file_wheelfs_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2220,7 +2313,7 @@ func (x *BlockRef) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BlockRef.ProtoReflect.Descriptor instead.
 func (*BlockRef) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{24}
+	return file_wheelfs_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *BlockRef) GetIndex() uint64 {
@@ -2256,7 +2349,7 @@ type GetBlocksRequest struct {
 
 func (x *GetBlocksRequest) Reset() {
 	*x = GetBlocksRequest{}
-	mi := &file_wheelfs_proto_msgTypes[25]
+	mi := &file_wheelfs_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2268,7 +2361,7 @@ func (x *GetBlocksRequest) String() string {
 func (*GetBlocksRequest) ProtoMessage() {}
 
 func (x *GetBlocksRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[25]
+	mi := &file_wheelfs_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2281,7 +2374,7 @@ func (x *GetBlocksRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetBlocksRequest.ProtoReflect.Descriptor instead.
 func (*GetBlocksRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{25}
+	return file_wheelfs_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *GetBlocksRequest) GetCaller() *Caller {
@@ -2322,7 +2415,7 @@ type GetBlocksResponse struct {
 
 func (x *GetBlocksResponse) Reset() {
 	*x = GetBlocksResponse{}
-	mi := &file_wheelfs_proto_msgTypes[26]
+	mi := &file_wheelfs_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2334,7 +2427,7 @@ func (x *GetBlocksResponse) String() string {
 func (*GetBlocksResponse) ProtoMessage() {}
 
 func (x *GetBlocksResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[26]
+	mi := &file_wheelfs_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2347,7 +2440,7 @@ func (x *GetBlocksResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetBlocksResponse.ProtoReflect.Descriptor instead.
 func (*GetBlocksResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{26}
+	return file_wheelfs_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *GetBlocksResponse) GetMeta() *Meta {
@@ -2378,7 +2471,7 @@ type ReadBlocksRequest struct {
 
 func (x *ReadBlocksRequest) Reset() {
 	*x = ReadBlocksRequest{}
-	mi := &file_wheelfs_proto_msgTypes[27]
+	mi := &file_wheelfs_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2390,7 +2483,7 @@ func (x *ReadBlocksRequest) String() string {
 func (*ReadBlocksRequest) ProtoMessage() {}
 
 func (x *ReadBlocksRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[27]
+	mi := &file_wheelfs_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2403,7 +2496,7 @@ func (x *ReadBlocksRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadBlocksRequest.ProtoReflect.Descriptor instead.
 func (*ReadBlocksRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{27}
+	return file_wheelfs_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ReadBlocksRequest) GetCaller() *Caller {
@@ -2443,7 +2536,7 @@ type ReadBlocksResponse struct {
 
 func (x *ReadBlocksResponse) Reset() {
 	*x = ReadBlocksResponse{}
-	mi := &file_wheelfs_proto_msgTypes[28]
+	mi := &file_wheelfs_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2455,7 +2548,7 @@ func (x *ReadBlocksResponse) String() string {
 func (*ReadBlocksResponse) ProtoMessage() {}
 
 func (x *ReadBlocksResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[28]
+	mi := &file_wheelfs_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2468,7 +2561,7 @@ func (x *ReadBlocksResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadBlocksResponse.ProtoReflect.Descriptor instead.
 func (*ReadBlocksResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{28}
+	return file_wheelfs_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ReadBlocksResponse) GetData() [][]byte {
@@ -2489,7 +2582,7 @@ type PutBlocksRequest struct {
 
 func (x *PutBlocksRequest) Reset() {
 	*x = PutBlocksRequest{}
-	mi := &file_wheelfs_proto_msgTypes[29]
+	mi := &file_wheelfs_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2501,7 +2594,7 @@ func (x *PutBlocksRequest) String() string {
 func (*PutBlocksRequest) ProtoMessage() {}
 
 func (x *PutBlocksRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[29]
+	mi := &file_wheelfs_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2514,7 +2607,7 @@ func (x *PutBlocksRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutBlocksRequest.ProtoReflect.Descriptor instead.
 func (*PutBlocksRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{29}
+	return file_wheelfs_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *PutBlocksRequest) GetCaller() *Caller {
@@ -2547,7 +2640,7 @@ type PutBlocksResponse struct {
 
 func (x *PutBlocksResponse) Reset() {
 	*x = PutBlocksResponse{}
-	mi := &file_wheelfs_proto_msgTypes[30]
+	mi := &file_wheelfs_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2559,7 +2652,7 @@ func (x *PutBlocksResponse) String() string {
 func (*PutBlocksResponse) ProtoMessage() {}
 
 func (x *PutBlocksResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[30]
+	mi := &file_wheelfs_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2572,7 +2665,7 @@ func (x *PutBlocksResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutBlocksResponse.ProtoReflect.Descriptor instead.
 func (*PutBlocksResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{30}
+	return file_wheelfs_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *PutBlocksResponse) GetHashes() [][]byte {
@@ -2603,7 +2696,7 @@ type CommitRequest struct {
 
 func (x *CommitRequest) Reset() {
 	*x = CommitRequest{}
-	mi := &file_wheelfs_proto_msgTypes[31]
+	mi := &file_wheelfs_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2615,7 +2708,7 @@ func (x *CommitRequest) String() string {
 func (*CommitRequest) ProtoMessage() {}
 
 func (x *CommitRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[31]
+	mi := &file_wheelfs_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2628,7 +2721,7 @@ func (x *CommitRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitRequest.ProtoReflect.Descriptor instead.
 func (*CommitRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{31}
+	return file_wheelfs_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *CommitRequest) GetCaller() *Caller {
@@ -2698,7 +2791,7 @@ type CommitResponse struct {
 
 func (x *CommitResponse) Reset() {
 	*x = CommitResponse{}
-	mi := &file_wheelfs_proto_msgTypes[32]
+	mi := &file_wheelfs_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2710,7 +2803,7 @@ func (x *CommitResponse) String() string {
 func (*CommitResponse) ProtoMessage() {}
 
 func (x *CommitResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[32]
+	mi := &file_wheelfs_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2723,7 +2816,7 @@ func (x *CommitResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitResponse.ProtoReflect.Descriptor instead.
 func (*CommitResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{32}
+	return file_wheelfs_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *CommitResponse) GetMeta() *Meta {
@@ -2756,7 +2849,7 @@ type XattrRequest struct {
 
 func (x *XattrRequest) Reset() {
 	*x = XattrRequest{}
-	mi := &file_wheelfs_proto_msgTypes[33]
+	mi := &file_wheelfs_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2768,7 +2861,7 @@ func (x *XattrRequest) String() string {
 func (*XattrRequest) ProtoMessage() {}
 
 func (x *XattrRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[33]
+	mi := &file_wheelfs_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2781,7 +2874,7 @@ func (x *XattrRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use XattrRequest.ProtoReflect.Descriptor instead.
 func (*XattrRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{33}
+	return file_wheelfs_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *XattrRequest) GetCaller() *Caller {
@@ -2842,7 +2935,7 @@ type XattrResponse struct {
 
 func (x *XattrResponse) Reset() {
 	*x = XattrResponse{}
-	mi := &file_wheelfs_proto_msgTypes[34]
+	mi := &file_wheelfs_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2854,7 +2947,7 @@ func (x *XattrResponse) String() string {
 func (*XattrResponse) ProtoMessage() {}
 
 func (x *XattrResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[34]
+	mi := &file_wheelfs_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2867,7 +2960,7 @@ func (x *XattrResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use XattrResponse.ProtoReflect.Descriptor instead.
 func (*XattrResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{34}
+	return file_wheelfs_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *XattrResponse) GetValue() []byte {
@@ -2921,7 +3014,7 @@ type StatFSRequest struct {
 
 func (x *StatFSRequest) Reset() {
 	*x = StatFSRequest{}
-	mi := &file_wheelfs_proto_msgTypes[35]
+	mi := &file_wheelfs_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2933,7 +3026,7 @@ func (x *StatFSRequest) String() string {
 func (*StatFSRequest) ProtoMessage() {}
 
 func (x *StatFSRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[35]
+	mi := &file_wheelfs_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2946,7 +3039,7 @@ func (x *StatFSRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatFSRequest.ProtoReflect.Descriptor instead.
 func (*StatFSRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{35}
+	return file_wheelfs_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *StatFSRequest) GetCaller() *Caller {
@@ -2971,7 +3064,7 @@ type StatFSResponse struct {
 
 func (x *StatFSResponse) Reset() {
 	*x = StatFSResponse{}
-	mi := &file_wheelfs_proto_msgTypes[36]
+	mi := &file_wheelfs_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2983,7 +3076,7 @@ func (x *StatFSResponse) String() string {
 func (*StatFSResponse) ProtoMessage() {}
 
 func (x *StatFSResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[36]
+	mi := &file_wheelfs_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2996,7 +3089,7 @@ func (x *StatFSResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatFSResponse.ProtoReflect.Descriptor instead.
 func (*StatFSResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{36}
+	return file_wheelfs_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *StatFSResponse) GetBlocks() uint64 {
@@ -3064,7 +3157,7 @@ type OpenRequest struct {
 
 func (x *OpenRequest) Reset() {
 	*x = OpenRequest{}
-	mi := &file_wheelfs_proto_msgTypes[37]
+	mi := &file_wheelfs_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3076,7 +3169,7 @@ func (x *OpenRequest) String() string {
 func (*OpenRequest) ProtoMessage() {}
 
 func (x *OpenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[37]
+	mi := &file_wheelfs_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3089,7 +3182,7 @@ func (x *OpenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OpenRequest.ProtoReflect.Descriptor instead.
 func (*OpenRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{37}
+	return file_wheelfs_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *OpenRequest) GetCaller() *Caller {
@@ -3138,7 +3231,7 @@ type OpenResponse struct {
 
 func (x *OpenResponse) Reset() {
 	*x = OpenResponse{}
-	mi := &file_wheelfs_proto_msgTypes[38]
+	mi := &file_wheelfs_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3150,7 +3243,7 @@ func (x *OpenResponse) String() string {
 func (*OpenResponse) ProtoMessage() {}
 
 func (x *OpenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[38]
+	mi := &file_wheelfs_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3163,7 +3256,7 @@ func (x *OpenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OpenResponse.ProtoReflect.Descriptor instead.
 func (*OpenResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{38}
+	return file_wheelfs_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *OpenResponse) GetMeta() *Meta {
@@ -3197,7 +3290,7 @@ type ReleaseRequest struct {
 
 func (x *ReleaseRequest) Reset() {
 	*x = ReleaseRequest{}
-	mi := &file_wheelfs_proto_msgTypes[39]
+	mi := &file_wheelfs_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3209,7 +3302,7 @@ func (x *ReleaseRequest) String() string {
 func (*ReleaseRequest) ProtoMessage() {}
 
 func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[39]
+	mi := &file_wheelfs_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3222,7 +3315,7 @@ func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{39}
+	return file_wheelfs_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *ReleaseRequest) GetId() uint64 {
@@ -3247,7 +3340,7 @@ type ReleaseResponse struct {
 
 func (x *ReleaseResponse) Reset() {
 	*x = ReleaseResponse{}
-	mi := &file_wheelfs_proto_msgTypes[40]
+	mi := &file_wheelfs_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3259,7 +3352,7 @@ func (x *ReleaseResponse) String() string {
 func (*ReleaseResponse) ProtoMessage() {}
 
 func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[40]
+	mi := &file_wheelfs_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3272,7 +3365,7 @@ func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{40}
+	return file_wheelfs_proto_rawDescGZIP(), []int{41}
 }
 
 // Revoke withdraws the session's leases on ids.
@@ -3289,7 +3382,7 @@ type Revoke struct {
 
 func (x *Revoke) Reset() {
 	*x = Revoke{}
-	mi := &file_wheelfs_proto_msgTypes[41]
+	mi := &file_wheelfs_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3301,7 +3394,7 @@ func (x *Revoke) String() string {
 func (*Revoke) ProtoMessage() {}
 
 func (x *Revoke) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[41]
+	mi := &file_wheelfs_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3314,7 +3407,7 @@ func (x *Revoke) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Revoke.ProtoReflect.Descriptor instead.
 func (*Revoke) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{41}
+	return file_wheelfs_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *Revoke) GetSeq() uint64 {
@@ -3348,7 +3441,7 @@ type LeaseUpdate struct {
 
 func (x *LeaseUpdate) Reset() {
 	*x = LeaseUpdate{}
-	mi := &file_wheelfs_proto_msgTypes[42]
+	mi := &file_wheelfs_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3360,7 +3453,7 @@ func (x *LeaseUpdate) String() string {
 func (*LeaseUpdate) ProtoMessage() {}
 
 func (x *LeaseUpdate) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[42]
+	mi := &file_wheelfs_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3373,7 +3466,7 @@ func (x *LeaseUpdate) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaseUpdate.ProtoReflect.Descriptor instead.
 func (*LeaseUpdate) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{42}
+	return file_wheelfs_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *LeaseUpdate) GetId() uint64 {
@@ -3403,7 +3496,7 @@ type CallbackAck struct {
 
 func (x *CallbackAck) Reset() {
 	*x = CallbackAck{}
-	mi := &file_wheelfs_proto_msgTypes[43]
+	mi := &file_wheelfs_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3415,7 +3508,7 @@ func (x *CallbackAck) String() string {
 func (*CallbackAck) ProtoMessage() {}
 
 func (x *CallbackAck) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[43]
+	mi := &file_wheelfs_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3428,7 +3521,7 @@ func (x *CallbackAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CallbackAck.ProtoReflect.Descriptor instead.
 func (*CallbackAck) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{43}
+	return file_wheelfs_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *CallbackAck) GetSession() uint64 {
@@ -3465,7 +3558,7 @@ type Mutation struct {
 
 func (x *Mutation) Reset() {
 	*x = Mutation{}
-	mi := &file_wheelfs_proto_msgTypes[44]
+	mi := &file_wheelfs_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3477,7 +3570,7 @@ func (x *Mutation) String() string {
 func (*Mutation) ProtoMessage() {}
 
 func (x *Mutation) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[44]
+	mi := &file_wheelfs_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3490,7 +3583,7 @@ func (x *Mutation) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Mutation.ProtoReflect.Descriptor instead.
 func (*Mutation) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{44}
+	return file_wheelfs_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *Mutation) GetKind() MutationKind {
@@ -3539,7 +3632,7 @@ type Batch struct {
 
 func (x *Batch) Reset() {
 	*x = Batch{}
-	mi := &file_wheelfs_proto_msgTypes[45]
+	mi := &file_wheelfs_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3551,7 +3644,7 @@ func (x *Batch) String() string {
 func (*Batch) ProtoMessage() {}
 
 func (x *Batch) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[45]
+	mi := &file_wheelfs_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3564,7 +3657,7 @@ func (x *Batch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Batch.ProtoReflect.Descriptor instead.
 func (*Batch) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{45}
+	return file_wheelfs_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *Batch) GetSeq() uint64 {
@@ -3596,7 +3689,7 @@ type ReplicateRequest struct {
 
 func (x *ReplicateRequest) Reset() {
 	*x = ReplicateRequest{}
-	mi := &file_wheelfs_proto_msgTypes[46]
+	mi := &file_wheelfs_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3608,7 +3701,7 @@ func (x *ReplicateRequest) String() string {
 func (*ReplicateRequest) ProtoMessage() {}
 
 func (x *ReplicateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[46]
+	mi := &file_wheelfs_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3621,7 +3714,7 @@ func (x *ReplicateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicateRequest.ProtoReflect.Descriptor instead.
 func (*ReplicateRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{46}
+	return file_wheelfs_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *ReplicateRequest) GetSlice() uint32 {
@@ -3664,7 +3757,7 @@ type ReplicateResponse struct {
 
 func (x *ReplicateResponse) Reset() {
 	*x = ReplicateResponse{}
-	mi := &file_wheelfs_proto_msgTypes[47]
+	mi := &file_wheelfs_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3676,7 +3769,7 @@ func (x *ReplicateResponse) String() string {
 func (*ReplicateResponse) ProtoMessage() {}
 
 func (x *ReplicateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[47]
+	mi := &file_wheelfs_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3689,7 +3782,7 @@ func (x *ReplicateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicateResponse.ProtoReflect.Descriptor instead.
 func (*ReplicateResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{47}
+	return file_wheelfs_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *ReplicateResponse) GetStatus() ReplStatus {
@@ -3729,7 +3822,7 @@ type DigestRequest struct {
 
 func (x *DigestRequest) Reset() {
 	*x = DigestRequest{}
-	mi := &file_wheelfs_proto_msgTypes[48]
+	mi := &file_wheelfs_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3741,7 +3834,7 @@ func (x *DigestRequest) String() string {
 func (*DigestRequest) ProtoMessage() {}
 
 func (x *DigestRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[48]
+	mi := &file_wheelfs_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3754,7 +3847,7 @@ func (x *DigestRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DigestRequest.ProtoReflect.Descriptor instead.
 func (*DigestRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{48}
+	return file_wheelfs_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *DigestRequest) GetSlice() uint32 {
@@ -3779,7 +3872,7 @@ type DigestResponse struct {
 
 func (x *DigestResponse) Reset() {
 	*x = DigestResponse{}
-	mi := &file_wheelfs_proto_msgTypes[49]
+	mi := &file_wheelfs_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3791,7 +3884,7 @@ func (x *DigestResponse) String() string {
 func (*DigestResponse) ProtoMessage() {}
 
 func (x *DigestResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[49]
+	mi := &file_wheelfs_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3804,7 +3897,7 @@ func (x *DigestResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DigestResponse.ProtoReflect.Descriptor instead.
 func (*DigestResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{49}
+	return file_wheelfs_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *DigestResponse) GetEpoch() int64 {
@@ -3856,7 +3949,7 @@ type ObjectState struct {
 
 func (x *ObjectState) Reset() {
 	*x = ObjectState{}
-	mi := &file_wheelfs_proto_msgTypes[50]
+	mi := &file_wheelfs_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3868,7 +3961,7 @@ func (x *ObjectState) String() string {
 func (*ObjectState) ProtoMessage() {}
 
 func (x *ObjectState) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[50]
+	mi := &file_wheelfs_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3881,7 +3974,7 @@ func (x *ObjectState) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ObjectState.ProtoReflect.Descriptor instead.
 func (*ObjectState) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{50}
+	return file_wheelfs_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *ObjectState) GetMeta() *Meta {
@@ -3937,7 +4030,7 @@ type InstallRequest struct {
 
 func (x *InstallRequest) Reset() {
 	*x = InstallRequest{}
-	mi := &file_wheelfs_proto_msgTypes[51]
+	mi := &file_wheelfs_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3949,7 +4042,7 @@ func (x *InstallRequest) String() string {
 func (*InstallRequest) ProtoMessage() {}
 
 func (x *InstallRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[51]
+	mi := &file_wheelfs_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3962,7 +4055,7 @@ func (x *InstallRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InstallRequest.ProtoReflect.Descriptor instead.
 func (*InstallRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{51}
+	return file_wheelfs_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *InstallRequest) GetSlice() uint32 {
@@ -4031,7 +4124,7 @@ type InstallResponse struct {
 
 func (x *InstallResponse) Reset() {
 	*x = InstallResponse{}
-	mi := &file_wheelfs_proto_msgTypes[52]
+	mi := &file_wheelfs_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4043,7 +4136,7 @@ func (x *InstallResponse) String() string {
 func (*InstallResponse) ProtoMessage() {}
 
 func (x *InstallResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[52]
+	mi := &file_wheelfs_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4056,7 +4149,7 @@ func (x *InstallResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InstallResponse.ProtoReflect.Descriptor instead.
 func (*InstallResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{52}
+	return file_wheelfs_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *InstallResponse) GetStatus() ReplStatus {
@@ -4083,7 +4176,7 @@ type DiffRequest struct {
 
 func (x *DiffRequest) Reset() {
 	*x = DiffRequest{}
-	mi := &file_wheelfs_proto_msgTypes[53]
+	mi := &file_wheelfs_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4095,7 +4188,7 @@ func (x *DiffRequest) String() string {
 func (*DiffRequest) ProtoMessage() {}
 
 func (x *DiffRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[53]
+	mi := &file_wheelfs_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4108,7 +4201,7 @@ func (x *DiffRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DiffRequest.ProtoReflect.Descriptor instead.
 func (*DiffRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{53}
+	return file_wheelfs_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *DiffRequest) GetSlice() uint32 {
@@ -4134,7 +4227,7 @@ type FetchBlocksRequest struct {
 
 func (x *FetchBlocksRequest) Reset() {
 	*x = FetchBlocksRequest{}
-	mi := &file_wheelfs_proto_msgTypes[54]
+	mi := &file_wheelfs_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4146,7 +4239,7 @@ func (x *FetchBlocksRequest) String() string {
 func (*FetchBlocksRequest) ProtoMessage() {}
 
 func (x *FetchBlocksRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[54]
+	mi := &file_wheelfs_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4159,7 +4252,7 @@ func (x *FetchBlocksRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FetchBlocksRequest.ProtoReflect.Descriptor instead.
 func (*FetchBlocksRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{54}
+	return file_wheelfs_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *FetchBlocksRequest) GetHashes() [][]byte {
@@ -4178,7 +4271,7 @@ type FetchBlocksResponse struct {
 
 func (x *FetchBlocksResponse) Reset() {
 	*x = FetchBlocksResponse{}
-	mi := &file_wheelfs_proto_msgTypes[55]
+	mi := &file_wheelfs_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4190,7 +4283,7 @@ func (x *FetchBlocksResponse) String() string {
 func (*FetchBlocksResponse) ProtoMessage() {}
 
 func (x *FetchBlocksResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[55]
+	mi := &file_wheelfs_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4203,7 +4296,7 @@ func (x *FetchBlocksResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FetchBlocksResponse.ProtoReflect.Descriptor instead.
 func (*FetchBlocksResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{55}
+	return file_wheelfs_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *FetchBlocksResponse) GetData() [][]byte {
@@ -4221,7 +4314,7 @@ type PingRequest struct {
 
 func (x *PingRequest) Reset() {
 	*x = PingRequest{}
-	mi := &file_wheelfs_proto_msgTypes[56]
+	mi := &file_wheelfs_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4233,7 +4326,7 @@ func (x *PingRequest) String() string {
 func (*PingRequest) ProtoMessage() {}
 
 func (x *PingRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[56]
+	mi := &file_wheelfs_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4246,7 +4339,7 @@ func (x *PingRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PingRequest.ProtoReflect.Descriptor instead.
 func (*PingRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{56}
+	return file_wheelfs_proto_rawDescGZIP(), []int{57}
 }
 
 type PingResponse struct {
@@ -4258,7 +4351,7 @@ type PingResponse struct {
 
 func (x *PingResponse) Reset() {
 	*x = PingResponse{}
-	mi := &file_wheelfs_proto_msgTypes[57]
+	mi := &file_wheelfs_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4270,7 +4363,7 @@ func (x *PingResponse) String() string {
 func (*PingResponse) ProtoMessage() {}
 
 func (x *PingResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[57]
+	mi := &file_wheelfs_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4283,7 +4376,7 @@ func (x *PingResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PingResponse.ProtoReflect.Descriptor instead.
 func (*PingResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{57}
+	return file_wheelfs_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *PingResponse) GetId() string {
@@ -4311,7 +4404,7 @@ type CreateObjectRequest struct {
 
 func (x *CreateObjectRequest) Reset() {
 	*x = CreateObjectRequest{}
-	mi := &file_wheelfs_proto_msgTypes[58]
+	mi := &file_wheelfs_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4323,7 +4416,7 @@ func (x *CreateObjectRequest) String() string {
 func (*CreateObjectRequest) ProtoMessage() {}
 
 func (x *CreateObjectRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[58]
+	mi := &file_wheelfs_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4336,7 +4429,7 @@ func (x *CreateObjectRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateObjectRequest.ProtoReflect.Descriptor instead.
 func (*CreateObjectRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{58}
+	return file_wheelfs_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *CreateObjectRequest) GetMeta() *Meta {
@@ -4390,7 +4483,7 @@ type CreateObjectResponse struct {
 
 func (x *CreateObjectResponse) Reset() {
 	*x = CreateObjectResponse{}
-	mi := &file_wheelfs_proto_msgTypes[59]
+	mi := &file_wheelfs_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4402,7 +4495,7 @@ func (x *CreateObjectResponse) String() string {
 func (*CreateObjectResponse) ProtoMessage() {}
 
 func (x *CreateObjectResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[59]
+	mi := &file_wheelfs_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4415,7 +4508,7 @@ func (x *CreateObjectResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateObjectResponse.ProtoReflect.Descriptor instead.
 func (*CreateObjectResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{59}
+	return file_wheelfs_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *CreateObjectResponse) GetMeta() *Meta {
@@ -4442,7 +4535,7 @@ type DropLinkRequest struct {
 
 func (x *DropLinkRequest) Reset() {
 	*x = DropLinkRequest{}
-	mi := &file_wheelfs_proto_msgTypes[60]
+	mi := &file_wheelfs_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4454,7 +4547,7 @@ func (x *DropLinkRequest) String() string {
 func (*DropLinkRequest) ProtoMessage() {}
 
 func (x *DropLinkRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[60]
+	mi := &file_wheelfs_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4467,7 +4560,7 @@ func (x *DropLinkRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DropLinkRequest.ProtoReflect.Descriptor instead.
 func (*DropLinkRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{60}
+	return file_wheelfs_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *DropLinkRequest) GetId() uint64 {
@@ -4528,7 +4621,7 @@ type DropLinkResponse struct {
 
 func (x *DropLinkResponse) Reset() {
 	*x = DropLinkResponse{}
-	mi := &file_wheelfs_proto_msgTypes[61]
+	mi := &file_wheelfs_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4540,7 +4633,7 @@ func (x *DropLinkResponse) String() string {
 func (*DropLinkResponse) ProtoMessage() {}
 
 func (x *DropLinkResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[61]
+	mi := &file_wheelfs_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4553,7 +4646,7 @@ func (x *DropLinkResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DropLinkResponse.ProtoReflect.Descriptor instead.
 func (*DropLinkResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{61}
+	return file_wheelfs_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *DropLinkResponse) GetMeta() *Meta {
@@ -4572,7 +4665,7 @@ type StatRequest struct {
 
 func (x *StatRequest) Reset() {
 	*x = StatRequest{}
-	mi := &file_wheelfs_proto_msgTypes[62]
+	mi := &file_wheelfs_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4584,7 +4677,7 @@ func (x *StatRequest) String() string {
 func (*StatRequest) ProtoMessage() {}
 
 func (x *StatRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[62]
+	mi := &file_wheelfs_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4597,7 +4690,7 @@ func (x *StatRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatRequest.ProtoReflect.Descriptor instead.
 func (*StatRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{62}
+	return file_wheelfs_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *StatRequest) GetId() uint64 {
@@ -4616,7 +4709,7 @@ type StatResponse struct {
 
 func (x *StatResponse) Reset() {
 	*x = StatResponse{}
-	mi := &file_wheelfs_proto_msgTypes[63]
+	mi := &file_wheelfs_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4628,7 +4721,7 @@ func (x *StatResponse) String() string {
 func (*StatResponse) ProtoMessage() {}
 
 func (x *StatResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[63]
+	mi := &file_wheelfs_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4641,7 +4734,7 @@ func (x *StatResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatResponse.ProtoReflect.Descriptor instead.
 func (*StatResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{63}
+	return file_wheelfs_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *StatResponse) GetMeta() *Meta {
@@ -4673,7 +4766,7 @@ type AddLinkRequest struct {
 
 func (x *AddLinkRequest) Reset() {
 	*x = AddLinkRequest{}
-	mi := &file_wheelfs_proto_msgTypes[64]
+	mi := &file_wheelfs_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4685,7 +4778,7 @@ func (x *AddLinkRequest) String() string {
 func (*AddLinkRequest) ProtoMessage() {}
 
 func (x *AddLinkRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[64]
+	mi := &file_wheelfs_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4698,7 +4791,7 @@ func (x *AddLinkRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddLinkRequest.ProtoReflect.Descriptor instead.
 func (*AddLinkRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{64}
+	return file_wheelfs_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *AddLinkRequest) GetCaller() *Caller {
@@ -4769,7 +4862,7 @@ type AddLinkResponse struct {
 
 func (x *AddLinkResponse) Reset() {
 	*x = AddLinkResponse{}
-	mi := &file_wheelfs_proto_msgTypes[65]
+	mi := &file_wheelfs_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4781,7 +4874,7 @@ func (x *AddLinkResponse) String() string {
 func (*AddLinkResponse) ProtoMessage() {}
 
 func (x *AddLinkResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[65]
+	mi := &file_wheelfs_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4794,7 +4887,7 @@ func (x *AddLinkResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddLinkResponse.ProtoReflect.Descriptor instead.
 func (*AddLinkResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{65}
+	return file_wheelfs_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *AddLinkResponse) GetReplaced() *Meta {
@@ -4826,7 +4919,7 @@ type EntryChange struct {
 
 func (x *EntryChange) Reset() {
 	*x = EntryChange{}
-	mi := &file_wheelfs_proto_msgTypes[66]
+	mi := &file_wheelfs_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4838,7 +4931,7 @@ func (x *EntryChange) String() string {
 func (*EntryChange) ProtoMessage() {}
 
 func (x *EntryChange) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[66]
+	mi := &file_wheelfs_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4851,7 +4944,7 @@ func (x *EntryChange) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EntryChange.ProtoReflect.Descriptor instead.
 func (*EntryChange) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{66}
+	return file_wheelfs_proto_rawDescGZIP(), []int{67}
 }
 
 func (x *EntryChange) GetDir() uint64 {
@@ -4898,7 +4991,7 @@ type ReconcileRequest struct {
 
 func (x *ReconcileRequest) Reset() {
 	*x = ReconcileRequest{}
-	mi := &file_wheelfs_proto_msgTypes[67]
+	mi := &file_wheelfs_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4910,7 +5003,7 @@ func (x *ReconcileRequest) String() string {
 func (*ReconcileRequest) ProtoMessage() {}
 
 func (x *ReconcileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[67]
+	mi := &file_wheelfs_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4923,7 +5016,7 @@ func (x *ReconcileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReconcileRequest.ProtoReflect.Descriptor instead.
 func (*ReconcileRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{67}
+	return file_wheelfs_proto_rawDescGZIP(), []int{68}
 }
 
 func (x *ReconcileRequest) GetSlice() uint32 {
@@ -4963,7 +5056,7 @@ type ReconcileResponse struct {
 
 func (x *ReconcileResponse) Reset() {
 	*x = ReconcileResponse{}
-	mi := &file_wheelfs_proto_msgTypes[68]
+	mi := &file_wheelfs_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4975,7 +5068,7 @@ func (x *ReconcileResponse) String() string {
 func (*ReconcileResponse) ProtoMessage() {}
 
 func (x *ReconcileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[68]
+	mi := &file_wheelfs_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4988,7 +5081,7 @@ func (x *ReconcileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReconcileResponse.ProtoReflect.Descriptor instead.
 func (*ReconcileResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{68}
+	return file_wheelfs_proto_rawDescGZIP(), []int{69}
 }
 
 func (x *ReconcileResponse) GetStatus() ReplStatus {
@@ -5012,7 +5105,7 @@ type XattrSummary struct {
 
 func (x *XattrSummary) Reset() {
 	*x = XattrSummary{}
-	mi := &file_wheelfs_proto_msgTypes[69]
+	mi := &file_wheelfs_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5024,7 +5117,7 @@ func (x *XattrSummary) String() string {
 func (*XattrSummary) ProtoMessage() {}
 
 func (x *XattrSummary) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[69]
+	mi := &file_wheelfs_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5037,7 +5130,7 @@ func (x *XattrSummary) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use XattrSummary.ProtoReflect.Descriptor instead.
 func (*XattrSummary) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{69}
+	return file_wheelfs_proto_rawDescGZIP(), []int{70}
 }
 
 func (x *XattrSummary) GetVersion() uint64 {
@@ -5065,7 +5158,7 @@ type Xattr struct {
 
 func (x *Xattr) Reset() {
 	*x = Xattr{}
-	mi := &file_wheelfs_proto_msgTypes[70]
+	mi := &file_wheelfs_proto_msgTypes[71]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5077,7 +5170,7 @@ func (x *Xattr) String() string {
 func (*Xattr) ProtoMessage() {}
 
 func (x *Xattr) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[70]
+	mi := &file_wheelfs_proto_msgTypes[71]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5090,7 +5183,7 @@ func (x *Xattr) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Xattr.ProtoReflect.Descriptor instead.
 func (*Xattr) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{70}
+	return file_wheelfs_proto_rawDescGZIP(), []int{71}
 }
 
 func (x *Xattr) GetName() string {
@@ -5128,7 +5221,7 @@ type Coord struct {
 
 func (x *Coord) Reset() {
 	*x = Coord{}
-	mi := &file_wheelfs_proto_msgTypes[71]
+	mi := &file_wheelfs_proto_msgTypes[72]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5140,7 +5233,7 @@ func (x *Coord) String() string {
 func (*Coord) ProtoMessage() {}
 
 func (x *Coord) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[71]
+	mi := &file_wheelfs_proto_msgTypes[72]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5153,7 +5246,7 @@ func (x *Coord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Coord.ProtoReflect.Descriptor instead.
 func (*Coord) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{71}
+	return file_wheelfs_proto_rawDescGZIP(), []int{72}
 }
 
 func (x *Coord) GetVec() []float64 {
@@ -5197,7 +5290,7 @@ type CoordSample struct {
 
 func (x *CoordSample) Reset() {
 	*x = CoordSample{}
-	mi := &file_wheelfs_proto_msgTypes[72]
+	mi := &file_wheelfs_proto_msgTypes[73]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5209,7 +5302,7 @@ func (x *CoordSample) String() string {
 func (*CoordSample) ProtoMessage() {}
 
 func (x *CoordSample) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[72]
+	mi := &file_wheelfs_proto_msgTypes[73]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5222,7 +5315,7 @@ func (x *CoordSample) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CoordSample.ProtoReflect.Descriptor instead.
 func (*CoordSample) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{72}
+	return file_wheelfs_proto_rawDescGZIP(), []int{73}
 }
 
 func (x *CoordSample) GetCoord() *Coord {
@@ -5247,7 +5340,7 @@ type ProbeRequest struct {
 
 func (x *ProbeRequest) Reset() {
 	*x = ProbeRequest{}
-	mi := &file_wheelfs_proto_msgTypes[73]
+	mi := &file_wheelfs_proto_msgTypes[74]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5259,7 +5352,7 @@ func (x *ProbeRequest) String() string {
 func (*ProbeRequest) ProtoMessage() {}
 
 func (x *ProbeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[73]
+	mi := &file_wheelfs_proto_msgTypes[74]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5272,7 +5365,7 @@ func (x *ProbeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProbeRequest.ProtoReflect.Descriptor instead.
 func (*ProbeRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{73}
+	return file_wheelfs_proto_rawDescGZIP(), []int{74}
 }
 
 type ProbeResponse struct {
@@ -5283,7 +5376,7 @@ type ProbeResponse struct {
 
 func (x *ProbeResponse) Reset() {
 	*x = ProbeResponse{}
-	mi := &file_wheelfs_proto_msgTypes[74]
+	mi := &file_wheelfs_proto_msgTypes[75]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5295,7 +5388,7 @@ func (x *ProbeResponse) String() string {
 func (*ProbeResponse) ProtoMessage() {}
 
 func (x *ProbeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[74]
+	mi := &file_wheelfs_proto_msgTypes[75]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5308,7 +5401,7 @@ func (x *ProbeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProbeResponse.ProtoReflect.Descriptor instead.
 func (*ProbeResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{74}
+	return file_wheelfs_proto_rawDescGZIP(), []int{75}
 }
 
 // BlockRange is blocks first .. first+count-1 of a file.
@@ -5322,7 +5415,7 @@ type BlockRange struct {
 
 func (x *BlockRange) Reset() {
 	*x = BlockRange{}
-	mi := &file_wheelfs_proto_msgTypes[75]
+	mi := &file_wheelfs_proto_msgTypes[76]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5334,7 +5427,7 @@ func (x *BlockRange) String() string {
 func (*BlockRange) ProtoMessage() {}
 
 func (x *BlockRange) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[75]
+	mi := &file_wheelfs_proto_msgTypes[76]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5347,7 +5440,7 @@ func (x *BlockRange) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BlockRange.ProtoReflect.Descriptor instead.
 func (*BlockRange) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{75}
+	return file_wheelfs_proto_rawDescGZIP(), []int{76}
 }
 
 func (x *BlockRange) GetFirst() uint64 {
@@ -5377,7 +5470,7 @@ type HeldBlocks struct {
 
 func (x *HeldBlocks) Reset() {
 	*x = HeldBlocks{}
-	mi := &file_wheelfs_proto_msgTypes[76]
+	mi := &file_wheelfs_proto_msgTypes[77]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5389,7 +5482,7 @@ func (x *HeldBlocks) String() string {
 func (*HeldBlocks) ProtoMessage() {}
 
 func (x *HeldBlocks) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[76]
+	mi := &file_wheelfs_proto_msgTypes[77]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5402,7 +5495,7 @@ func (x *HeldBlocks) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeldBlocks.ProtoReflect.Descriptor instead.
 func (*HeldBlocks) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{76}
+	return file_wheelfs_proto_rawDescGZIP(), []int{77}
 }
 
 func (x *HeldBlocks) GetCaller() *Caller {
@@ -5446,7 +5539,7 @@ type ReportHoldingRequest struct {
 
 func (x *ReportHoldingRequest) Reset() {
 	*x = ReportHoldingRequest{}
-	mi := &file_wheelfs_proto_msgTypes[77]
+	mi := &file_wheelfs_proto_msgTypes[78]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5458,7 +5551,7 @@ func (x *ReportHoldingRequest) String() string {
 func (*ReportHoldingRequest) ProtoMessage() {}
 
 func (x *ReportHoldingRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[77]
+	mi := &file_wheelfs_proto_msgTypes[78]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5471,7 +5564,7 @@ func (x *ReportHoldingRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportHoldingRequest.ProtoReflect.Descriptor instead.
 func (*ReportHoldingRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{77}
+	return file_wheelfs_proto_rawDescGZIP(), []int{78}
 }
 
 func (x *ReportHoldingRequest) GetNode() string {
@@ -5517,7 +5610,7 @@ type ReportHoldingResponse struct {
 
 func (x *ReportHoldingResponse) Reset() {
 	*x = ReportHoldingResponse{}
-	mi := &file_wheelfs_proto_msgTypes[78]
+	mi := &file_wheelfs_proto_msgTypes[79]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5529,7 +5622,7 @@ func (x *ReportHoldingResponse) String() string {
 func (*ReportHoldingResponse) ProtoMessage() {}
 
 func (x *ReportHoldingResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[78]
+	mi := &file_wheelfs_proto_msgTypes[79]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5542,7 +5635,7 @@ func (x *ReportHoldingResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportHoldingResponse.ProtoReflect.Descriptor instead.
 func (*ReportHoldingResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{78}
+	return file_wheelfs_proto_rawDescGZIP(), []int{79}
 }
 
 type HoldersRequest struct {
@@ -5562,7 +5655,7 @@ type HoldersRequest struct {
 
 func (x *HoldersRequest) Reset() {
 	*x = HoldersRequest{}
-	mi := &file_wheelfs_proto_msgTypes[79]
+	mi := &file_wheelfs_proto_msgTypes[80]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5574,7 +5667,7 @@ func (x *HoldersRequest) String() string {
 func (*HoldersRequest) ProtoMessage() {}
 
 func (x *HoldersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[79]
+	mi := &file_wheelfs_proto_msgTypes[80]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5587,7 +5680,7 @@ func (x *HoldersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HoldersRequest.ProtoReflect.Descriptor instead.
 func (*HoldersRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{79}
+	return file_wheelfs_proto_rawDescGZIP(), []int{80}
 }
 
 func (x *HoldersRequest) GetCaller() *Caller {
@@ -5666,7 +5759,7 @@ type Holder struct {
 
 func (x *Holder) Reset() {
 	*x = Holder{}
-	mi := &file_wheelfs_proto_msgTypes[80]
+	mi := &file_wheelfs_proto_msgTypes[81]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5678,7 +5771,7 @@ func (x *Holder) String() string {
 func (*Holder) ProtoMessage() {}
 
 func (x *Holder) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[80]
+	mi := &file_wheelfs_proto_msgTypes[81]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5691,7 +5784,7 @@ func (x *Holder) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Holder.ProtoReflect.Descriptor instead.
 func (*Holder) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{80}
+	return file_wheelfs_proto_rawDescGZIP(), []int{81}
 }
 
 func (x *Holder) GetNode() string {
@@ -5743,7 +5836,7 @@ type HoldersResponse struct {
 
 func (x *HoldersResponse) Reset() {
 	*x = HoldersResponse{}
-	mi := &file_wheelfs_proto_msgTypes[81]
+	mi := &file_wheelfs_proto_msgTypes[82]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5755,7 +5848,7 @@ func (x *HoldersResponse) String() string {
 func (*HoldersResponse) ProtoMessage() {}
 
 func (x *HoldersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[81]
+	mi := &file_wheelfs_proto_msgTypes[82]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5768,7 +5861,7 @@ func (x *HoldersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HoldersResponse.ProtoReflect.Descriptor instead.
 func (*HoldersResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{81}
+	return file_wheelfs_proto_rawDescGZIP(), []int{82}
 }
 
 func (x *HoldersResponse) GetVersion() uint64 {
@@ -5804,7 +5897,7 @@ type LoginChallengeRequest struct {
 
 func (x *LoginChallengeRequest) Reset() {
 	*x = LoginChallengeRequest{}
-	mi := &file_wheelfs_proto_msgTypes[82]
+	mi := &file_wheelfs_proto_msgTypes[83]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5816,7 +5909,7 @@ func (x *LoginChallengeRequest) String() string {
 func (*LoginChallengeRequest) ProtoMessage() {}
 
 func (x *LoginChallengeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[82]
+	mi := &file_wheelfs_proto_msgTypes[83]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5829,7 +5922,7 @@ func (x *LoginChallengeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LoginChallengeRequest.ProtoReflect.Descriptor instead.
 func (*LoginChallengeRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{82}
+	return file_wheelfs_proto_rawDescGZIP(), []int{83}
 }
 
 func (x *LoginChallengeRequest) GetUid() uint32 {
@@ -5863,7 +5956,7 @@ type LoginChallengeResponse struct {
 
 func (x *LoginChallengeResponse) Reset() {
 	*x = LoginChallengeResponse{}
-	mi := &file_wheelfs_proto_msgTypes[83]
+	mi := &file_wheelfs_proto_msgTypes[84]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5875,7 +5968,7 @@ func (x *LoginChallengeResponse) String() string {
 func (*LoginChallengeResponse) ProtoMessage() {}
 
 func (x *LoginChallengeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[83]
+	mi := &file_wheelfs_proto_msgTypes[84]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5888,7 +5981,7 @@ func (x *LoginChallengeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LoginChallengeResponse.ProtoReflect.Descriptor instead.
 func (*LoginChallengeResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{83}
+	return file_wheelfs_proto_rawDescGZIP(), []int{84}
 }
 
 func (x *LoginChallengeResponse) GetNonce() []byte {
@@ -5934,7 +6027,7 @@ type LoginRequest struct {
 
 func (x *LoginRequest) Reset() {
 	*x = LoginRequest{}
-	mi := &file_wheelfs_proto_msgTypes[84]
+	mi := &file_wheelfs_proto_msgTypes[85]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5946,7 +6039,7 @@ func (x *LoginRequest) String() string {
 func (*LoginRequest) ProtoMessage() {}
 
 func (x *LoginRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[84]
+	mi := &file_wheelfs_proto_msgTypes[85]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5959,7 +6052,7 @@ func (x *LoginRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LoginRequest.ProtoReflect.Descriptor instead.
 func (*LoginRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{84}
+	return file_wheelfs_proto_rawDescGZIP(), []int{85}
 }
 
 func (x *LoginRequest) GetUid() uint32 {
@@ -6009,7 +6102,7 @@ type LoginResponse struct {
 
 func (x *LoginResponse) Reset() {
 	*x = LoginResponse{}
-	mi := &file_wheelfs_proto_msgTypes[85]
+	mi := &file_wheelfs_proto_msgTypes[86]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6021,7 +6114,7 @@ func (x *LoginResponse) String() string {
 func (*LoginResponse) ProtoMessage() {}
 
 func (x *LoginResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[85]
+	mi := &file_wheelfs_proto_msgTypes[86]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6034,7 +6127,7 @@ func (x *LoginResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LoginResponse.ProtoReflect.Descriptor instead.
 func (*LoginResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{85}
+	return file_wheelfs_proto_rawDescGZIP(), []int{86}
 }
 
 func (x *LoginResponse) GetUid() uint32 {
@@ -6068,7 +6161,7 @@ type SessionRequest struct {
 
 func (x *SessionRequest) Reset() {
 	*x = SessionRequest{}
-	mi := &file_wheelfs_proto_msgTypes[86]
+	mi := &file_wheelfs_proto_msgTypes[87]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6080,7 +6173,7 @@ func (x *SessionRequest) String() string {
 func (*SessionRequest) ProtoMessage() {}
 
 func (x *SessionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[86]
+	mi := &file_wheelfs_proto_msgTypes[87]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6093,7 +6186,7 @@ func (x *SessionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionRequest.ProtoReflect.Descriptor instead.
 func (*SessionRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{86}
+	return file_wheelfs_proto_rawDescGZIP(), []int{87}
 }
 
 func (x *SessionRequest) GetUid() uint32 {
@@ -6111,7 +6204,7 @@ type LogoutResponse struct {
 
 func (x *LogoutResponse) Reset() {
 	*x = LogoutResponse{}
-	mi := &file_wheelfs_proto_msgTypes[87]
+	mi := &file_wheelfs_proto_msgTypes[88]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6123,7 +6216,7 @@ func (x *LogoutResponse) String() string {
 func (*LogoutResponse) ProtoMessage() {}
 
 func (x *LogoutResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[87]
+	mi := &file_wheelfs_proto_msgTypes[88]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6136,7 +6229,7 @@ func (x *LogoutResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LogoutResponse.ProtoReflect.Descriptor instead.
 func (*LogoutResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{87}
+	return file_wheelfs_proto_rawDescGZIP(), []int{88}
 }
 
 // Grant is a primary's short-lived permission for one client (asker) to
@@ -6155,7 +6248,7 @@ type Grant struct {
 
 func (x *Grant) Reset() {
 	*x = Grant{}
-	mi := &file_wheelfs_proto_msgTypes[88]
+	mi := &file_wheelfs_proto_msgTypes[89]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6167,7 +6260,7 @@ func (x *Grant) String() string {
 func (*Grant) ProtoMessage() {}
 
 func (x *Grant) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[88]
+	mi := &file_wheelfs_proto_msgTypes[89]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6180,7 +6273,7 @@ func (x *Grant) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Grant.ProtoReflect.Descriptor instead.
 func (*Grant) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{88}
+	return file_wheelfs_proto_rawDescGZIP(), []int{89}
 }
 
 func (x *Grant) GetBody() []byte {
@@ -6220,7 +6313,7 @@ type GrantBody struct {
 
 func (x *GrantBody) Reset() {
 	*x = GrantBody{}
-	mi := &file_wheelfs_proto_msgTypes[89]
+	mi := &file_wheelfs_proto_msgTypes[90]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6232,7 +6325,7 @@ func (x *GrantBody) String() string {
 func (*GrantBody) ProtoMessage() {}
 
 func (x *GrantBody) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[89]
+	mi := &file_wheelfs_proto_msgTypes[90]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6245,7 +6338,7 @@ func (x *GrantBody) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GrantBody.ProtoReflect.Descriptor instead.
 func (*GrantBody) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{89}
+	return file_wheelfs_proto_rawDescGZIP(), []int{90}
 }
 
 func (x *GrantBody) GetId() uint64 {
@@ -6314,7 +6407,7 @@ type FetchCachedRequest struct {
 
 func (x *FetchCachedRequest) Reset() {
 	*x = FetchCachedRequest{}
-	mi := &file_wheelfs_proto_msgTypes[90]
+	mi := &file_wheelfs_proto_msgTypes[91]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6326,7 +6419,7 @@ func (x *FetchCachedRequest) String() string {
 func (*FetchCachedRequest) ProtoMessage() {}
 
 func (x *FetchCachedRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[90]
+	mi := &file_wheelfs_proto_msgTypes[91]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6339,7 +6432,7 @@ func (x *FetchCachedRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FetchCachedRequest.ProtoReflect.Descriptor instead.
 func (*FetchCachedRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{90}
+	return file_wheelfs_proto_rawDescGZIP(), []int{91}
 }
 
 func (x *FetchCachedRequest) GetGrant() *Grant {
@@ -6366,7 +6459,7 @@ type FetchCachedResponse struct {
 
 func (x *FetchCachedResponse) Reset() {
 	*x = FetchCachedResponse{}
-	mi := &file_wheelfs_proto_msgTypes[91]
+	mi := &file_wheelfs_proto_msgTypes[92]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6378,7 +6471,7 @@ func (x *FetchCachedResponse) String() string {
 func (*FetchCachedResponse) ProtoMessage() {}
 
 func (x *FetchCachedResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[91]
+	mi := &file_wheelfs_proto_msgTypes[92]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6391,7 +6484,7 @@ func (x *FetchCachedResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FetchCachedResponse.ProtoReflect.Descriptor instead.
 func (*FetchCachedResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{91}
+	return file_wheelfs_proto_rawDescGZIP(), []int{92}
 }
 
 func (x *FetchCachedResponse) GetData() [][]byte {
@@ -6415,7 +6508,7 @@ type FileData struct {
 
 func (x *FileData) Reset() {
 	*x = FileData{}
-	mi := &file_wheelfs_proto_msgTypes[92]
+	mi := &file_wheelfs_proto_msgTypes[93]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6427,7 +6520,7 @@ func (x *FileData) String() string {
 func (*FileData) ProtoMessage() {}
 
 func (x *FileData) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[92]
+	mi := &file_wheelfs_proto_msgTypes[93]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6440,7 +6533,7 @@ func (x *FileData) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FileData.ProtoReflect.Descriptor instead.
 func (*FileData) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{92}
+	return file_wheelfs_proto_rawDescGZIP(), []int{93}
 }
 
 func (x *FileData) GetVersion() uint64 {
@@ -6475,7 +6568,7 @@ type BlockData struct {
 
 func (x *BlockData) Reset() {
 	*x = BlockData{}
-	mi := &file_wheelfs_proto_msgTypes[93]
+	mi := &file_wheelfs_proto_msgTypes[94]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6487,7 +6580,7 @@ func (x *BlockData) String() string {
 func (*BlockData) ProtoMessage() {}
 
 func (x *BlockData) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[93]
+	mi := &file_wheelfs_proto_msgTypes[94]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6500,7 +6593,7 @@ func (x *BlockData) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BlockData.ProtoReflect.Descriptor instead.
 func (*BlockData) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{93}
+	return file_wheelfs_proto_rawDescGZIP(), []int{94}
 }
 
 func (x *BlockData) GetIndex() uint64 {
@@ -6528,7 +6621,7 @@ const file_wheelfs_proto_rawDesc = "" +
 	"\rkeep_together\x18\x02 \x01(\bR\fkeepTogether\x12\x1b\n" +
 	"\trep_sites\x18\x03 \x01(\x05R\brepSites\x12\x1b\n" +
 	"\trep_level\x18\x04 \x01(\x05R\brepLevel\x12\x1a\n" +
-	"\beventual\x18\x05 \x01(\bR\beventual\"\xad\x03\n" +
+	"\beventual\x18\x05 \x01(\bR\beventual\"\x8c\x04\n" +
 	"\x04Meta\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12$\n" +
 	"\x04type\x18\x02 \x01(\x0e2\x10.wheelfs.v1.TypeR\x04type\x12\x12\n" +
@@ -6548,7 +6641,14 @@ const file_wheelfs_proto_rawDesc = "" +
 	"\x04cues\x18\x0f \x01(\v2\x10.wheelfs.v1.CuesR\x04cues\x12\x16\n" +
 	"\x06parent\x18\x10 \x01(\x04R\x06parent\x12\x1d\n" +
 	"\n" +
-	"block_size\x18\x11 \x01(\rR\tblockSize\"\x95\x01\n" +
+	"block_size\x18\x11 \x01(\rR\tblockSize\x12&\n" +
+	"\x03acl\x18\x12 \x03(\v2\x14.wheelfs.v1.AclEntryR\x03acl\x125\n" +
+	"\vdefault_acl\x18\x13 \x03(\v2\x14.wheelfs.v1.AclEntryR\n" +
+	"defaultAcl\"@\n" +
+	"\bAclEntry\x12\x10\n" +
+	"\x03tag\x18\x01 \x01(\rR\x03tag\x12\x12\n" +
+	"\x04perm\x18\x02 \x01(\rR\x04perm\x12\x0e\n" +
+	"\x02id\x18\x03 \x01(\rR\x02id\"\x95\x01\n" +
 	"\x05Entry\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x0e\n" +
 	"\x02id\x18\x02 \x01(\x04R\x02id\x12$\n" +
@@ -6587,7 +6687,7 @@ const file_wheelfs_proto_rawDesc = "" +
 	"\x0fGetAttrResponse\x12$\n" +
 	"\x04meta\x18\x01 \x01(\v2\x10.wheelfs.v1.MetaR\x04meta\x12\x19\n" +
 	"\blease_ms\x18\x02 \x01(\rR\aleaseMs\x120\n" +
-	"\x06xattrs\x18\x03 \x01(\v2\x18.wheelfs.v1.XattrSummaryR\x06xattrs\"\xcd\x03\n" +
+	"\x06xattrs\x18\x03 \x01(\v2\x18.wheelfs.v1.XattrSummaryR\x06xattrs\"\xf2\x03\n" +
 	"\rCreateRequest\x12*\n" +
 	"\x06caller\x18\x01 \x01(\v2\x12.wheelfs.v1.CallerR\x06caller\x12\x10\n" +
 	"\x03dir\x18\x02 \x01(\x04R\x03dir\x12\x12\n" +
@@ -6607,9 +6707,11 @@ const file_wheelfs_proto_rawDesc = "" +
 	"\vopen_access\x18\r \x01(\rR\n" +
 	"openAccess\x12\x0e\n" +
 	"\x02op\x18\x0e \x01(\x04R\x02op\x12\x18\n" +
-	"\aattempt\x18\x0f \x01(\rR\aattempt\x12\x1d\n" +
+	"\aattempt\x18\x0f \x01(\rR\aattempt\x12\x19\n" +
+	"\x05umask\x18\x10 \x01(\rH\x00R\x05umask\x88\x01\x01\x12\x1d\n" +
 	"\n" +
-	"defer_sync\x18\x10 \x01(\bR\tdeferSync\"\xe5\x01\n" +
+	"defer_sync\x18\x11 \x01(\bR\tdeferSyncB\b\n" +
+	"\x06_umask\"\xe5\x01\n" +
 	"\x0eCreateResponse\x12'\n" +
 	"\x05entry\x18\x01 \x01(\v2\x11.wheelfs.v1.EntryR\x05entry\x12$\n" +
 	"\x04meta\x18\x02 \x01(\v2\x10.wheelfs.v1.MetaR\x04meta\x12\"\n" +
@@ -7077,291 +7179,294 @@ func file_wheelfs_proto_rawDescGZIP() []byte {
 }
 
 var file_wheelfs_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_wheelfs_proto_msgTypes = make([]protoimpl.MessageInfo, 94)
+var file_wheelfs_proto_msgTypes = make([]protoimpl.MessageInfo, 95)
 var file_wheelfs_proto_goTypes = []any{
 	(Type)(0),                      // 0: wheelfs.v1.Type
 	(MutationKind)(0),              // 1: wheelfs.v1.MutationKind
 	(ReplStatus)(0),                // 2: wheelfs.v1.ReplStatus
 	(*Cues)(nil),                   // 3: wheelfs.v1.Cues
 	(*Meta)(nil),                   // 4: wheelfs.v1.Meta
-	(*Entry)(nil),                  // 5: wheelfs.v1.Entry
-	(*Caller)(nil),                 // 6: wheelfs.v1.Caller
-	(*HandleRef)(nil),              // 7: wheelfs.v1.HandleRef
-	(*LookupRequest)(nil),          // 8: wheelfs.v1.LookupRequest
-	(*LookupResponse)(nil),         // 9: wheelfs.v1.LookupResponse
-	(*GetAttrRequest)(nil),         // 10: wheelfs.v1.GetAttrRequest
-	(*GetAttrResponse)(nil),        // 11: wheelfs.v1.GetAttrResponse
-	(*CreateRequest)(nil),          // 12: wheelfs.v1.CreateRequest
-	(*CreateResponse)(nil),         // 13: wheelfs.v1.CreateResponse
-	(*Unsynced)(nil),               // 14: wheelfs.v1.Unsynced
-	(*SyncRequest)(nil),            // 15: wheelfs.v1.SyncRequest
-	(*SyncResponse)(nil),           // 16: wheelfs.v1.SyncResponse
-	(*LinkRequest)(nil),            // 17: wheelfs.v1.LinkRequest
-	(*LinkResponse)(nil),           // 18: wheelfs.v1.LinkResponse
-	(*RemoveRequest)(nil),          // 19: wheelfs.v1.RemoveRequest
-	(*RemoveResponse)(nil),         // 20: wheelfs.v1.RemoveResponse
-	(*RenameRequest)(nil),          // 21: wheelfs.v1.RenameRequest
-	(*RenameResponse)(nil),         // 22: wheelfs.v1.RenameResponse
-	(*SetAttrRequest)(nil),         // 23: wheelfs.v1.SetAttrRequest
-	(*SetAttrResponse)(nil),        // 24: wheelfs.v1.SetAttrResponse
-	(*ReadDirRequest)(nil),         // 25: wheelfs.v1.ReadDirRequest
-	(*ReadDirResponse)(nil),        // 26: wheelfs.v1.ReadDirResponse
-	(*BlockRef)(nil),               // 27: wheelfs.v1.BlockRef
-	(*GetBlocksRequest)(nil),       // 28: wheelfs.v1.GetBlocksRequest
-	(*GetBlocksResponse)(nil),      // 29: wheelfs.v1.GetBlocksResponse
-	(*ReadBlocksRequest)(nil),      // 30: wheelfs.v1.ReadBlocksRequest
-	(*ReadBlocksResponse)(nil),     // 31: wheelfs.v1.ReadBlocksResponse
-	(*PutBlocksRequest)(nil),       // 32: wheelfs.v1.PutBlocksRequest
-	(*PutBlocksResponse)(nil),      // 33: wheelfs.v1.PutBlocksResponse
-	(*CommitRequest)(nil),          // 34: wheelfs.v1.CommitRequest
-	(*CommitResponse)(nil),         // 35: wheelfs.v1.CommitResponse
-	(*XattrRequest)(nil),           // 36: wheelfs.v1.XattrRequest
-	(*XattrResponse)(nil),          // 37: wheelfs.v1.XattrResponse
-	(*StatFSRequest)(nil),          // 38: wheelfs.v1.StatFSRequest
-	(*StatFSResponse)(nil),         // 39: wheelfs.v1.StatFSResponse
-	(*OpenRequest)(nil),            // 40: wheelfs.v1.OpenRequest
-	(*OpenResponse)(nil),           // 41: wheelfs.v1.OpenResponse
-	(*ReleaseRequest)(nil),         // 42: wheelfs.v1.ReleaseRequest
-	(*ReleaseResponse)(nil),        // 43: wheelfs.v1.ReleaseResponse
-	(*Revoke)(nil),                 // 44: wheelfs.v1.Revoke
-	(*LeaseUpdate)(nil),            // 45: wheelfs.v1.LeaseUpdate
-	(*CallbackAck)(nil),            // 46: wheelfs.v1.CallbackAck
-	(*Mutation)(nil),               // 47: wheelfs.v1.Mutation
-	(*Batch)(nil),                  // 48: wheelfs.v1.Batch
-	(*ReplicateRequest)(nil),       // 49: wheelfs.v1.ReplicateRequest
-	(*ReplicateResponse)(nil),      // 50: wheelfs.v1.ReplicateResponse
-	(*DigestRequest)(nil),          // 51: wheelfs.v1.DigestRequest
-	(*DigestResponse)(nil),         // 52: wheelfs.v1.DigestResponse
-	(*ObjectState)(nil),            // 53: wheelfs.v1.ObjectState
-	(*InstallRequest)(nil),         // 54: wheelfs.v1.InstallRequest
-	(*InstallResponse)(nil),        // 55: wheelfs.v1.InstallResponse
-	(*DiffRequest)(nil),            // 56: wheelfs.v1.DiffRequest
-	(*FetchBlocksRequest)(nil),     // 57: wheelfs.v1.FetchBlocksRequest
-	(*FetchBlocksResponse)(nil),    // 58: wheelfs.v1.FetchBlocksResponse
-	(*PingRequest)(nil),            // 59: wheelfs.v1.PingRequest
-	(*PingResponse)(nil),           // 60: wheelfs.v1.PingResponse
-	(*CreateObjectRequest)(nil),    // 61: wheelfs.v1.CreateObjectRequest
-	(*CreateObjectResponse)(nil),   // 62: wheelfs.v1.CreateObjectResponse
-	(*DropLinkRequest)(nil),        // 63: wheelfs.v1.DropLinkRequest
-	(*DropLinkResponse)(nil),       // 64: wheelfs.v1.DropLinkResponse
-	(*StatRequest)(nil),            // 65: wheelfs.v1.StatRequest
-	(*StatResponse)(nil),           // 66: wheelfs.v1.StatResponse
-	(*AddLinkRequest)(nil),         // 67: wheelfs.v1.AddLinkRequest
-	(*AddLinkResponse)(nil),        // 68: wheelfs.v1.AddLinkResponse
-	(*EntryChange)(nil),            // 69: wheelfs.v1.EntryChange
-	(*ReconcileRequest)(nil),       // 70: wheelfs.v1.ReconcileRequest
-	(*ReconcileResponse)(nil),      // 71: wheelfs.v1.ReconcileResponse
-	(*XattrSummary)(nil),           // 72: wheelfs.v1.XattrSummary
-	(*Xattr)(nil),                  // 73: wheelfs.v1.Xattr
-	(*Coord)(nil),                  // 74: wheelfs.v1.Coord
-	(*CoordSample)(nil),            // 75: wheelfs.v1.CoordSample
-	(*ProbeRequest)(nil),           // 76: wheelfs.v1.ProbeRequest
-	(*ProbeResponse)(nil),          // 77: wheelfs.v1.ProbeResponse
-	(*BlockRange)(nil),             // 78: wheelfs.v1.BlockRange
-	(*HeldBlocks)(nil),             // 79: wheelfs.v1.HeldBlocks
-	(*ReportHoldingRequest)(nil),   // 80: wheelfs.v1.ReportHoldingRequest
-	(*ReportHoldingResponse)(nil),  // 81: wheelfs.v1.ReportHoldingResponse
-	(*HoldersRequest)(nil),         // 82: wheelfs.v1.HoldersRequest
-	(*Holder)(nil),                 // 83: wheelfs.v1.Holder
-	(*HoldersResponse)(nil),        // 84: wheelfs.v1.HoldersResponse
-	(*LoginChallengeRequest)(nil),  // 85: wheelfs.v1.LoginChallengeRequest
-	(*LoginChallengeResponse)(nil), // 86: wheelfs.v1.LoginChallengeResponse
-	(*LoginRequest)(nil),           // 87: wheelfs.v1.LoginRequest
-	(*LoginResponse)(nil),          // 88: wheelfs.v1.LoginResponse
-	(*SessionRequest)(nil),         // 89: wheelfs.v1.SessionRequest
-	(*LogoutResponse)(nil),         // 90: wheelfs.v1.LogoutResponse
-	(*Grant)(nil),                  // 91: wheelfs.v1.Grant
-	(*GrantBody)(nil),              // 92: wheelfs.v1.GrantBody
-	(*FetchCachedRequest)(nil),     // 93: wheelfs.v1.FetchCachedRequest
-	(*FetchCachedResponse)(nil),    // 94: wheelfs.v1.FetchCachedResponse
-	(*FileData)(nil),               // 95: wheelfs.v1.FileData
-	(*BlockData)(nil),              // 96: wheelfs.v1.BlockData
+	(*AclEntry)(nil),               // 5: wheelfs.v1.AclEntry
+	(*Entry)(nil),                  // 6: wheelfs.v1.Entry
+	(*Caller)(nil),                 // 7: wheelfs.v1.Caller
+	(*HandleRef)(nil),              // 8: wheelfs.v1.HandleRef
+	(*LookupRequest)(nil),          // 9: wheelfs.v1.LookupRequest
+	(*LookupResponse)(nil),         // 10: wheelfs.v1.LookupResponse
+	(*GetAttrRequest)(nil),         // 11: wheelfs.v1.GetAttrRequest
+	(*GetAttrResponse)(nil),        // 12: wheelfs.v1.GetAttrResponse
+	(*CreateRequest)(nil),          // 13: wheelfs.v1.CreateRequest
+	(*CreateResponse)(nil),         // 14: wheelfs.v1.CreateResponse
+	(*Unsynced)(nil),               // 15: wheelfs.v1.Unsynced
+	(*SyncRequest)(nil),            // 16: wheelfs.v1.SyncRequest
+	(*SyncResponse)(nil),           // 17: wheelfs.v1.SyncResponse
+	(*LinkRequest)(nil),            // 18: wheelfs.v1.LinkRequest
+	(*LinkResponse)(nil),           // 19: wheelfs.v1.LinkResponse
+	(*RemoveRequest)(nil),          // 20: wheelfs.v1.RemoveRequest
+	(*RemoveResponse)(nil),         // 21: wheelfs.v1.RemoveResponse
+	(*RenameRequest)(nil),          // 22: wheelfs.v1.RenameRequest
+	(*RenameResponse)(nil),         // 23: wheelfs.v1.RenameResponse
+	(*SetAttrRequest)(nil),         // 24: wheelfs.v1.SetAttrRequest
+	(*SetAttrResponse)(nil),        // 25: wheelfs.v1.SetAttrResponse
+	(*ReadDirRequest)(nil),         // 26: wheelfs.v1.ReadDirRequest
+	(*ReadDirResponse)(nil),        // 27: wheelfs.v1.ReadDirResponse
+	(*BlockRef)(nil),               // 28: wheelfs.v1.BlockRef
+	(*GetBlocksRequest)(nil),       // 29: wheelfs.v1.GetBlocksRequest
+	(*GetBlocksResponse)(nil),      // 30: wheelfs.v1.GetBlocksResponse
+	(*ReadBlocksRequest)(nil),      // 31: wheelfs.v1.ReadBlocksRequest
+	(*ReadBlocksResponse)(nil),     // 32: wheelfs.v1.ReadBlocksResponse
+	(*PutBlocksRequest)(nil),       // 33: wheelfs.v1.PutBlocksRequest
+	(*PutBlocksResponse)(nil),      // 34: wheelfs.v1.PutBlocksResponse
+	(*CommitRequest)(nil),          // 35: wheelfs.v1.CommitRequest
+	(*CommitResponse)(nil),         // 36: wheelfs.v1.CommitResponse
+	(*XattrRequest)(nil),           // 37: wheelfs.v1.XattrRequest
+	(*XattrResponse)(nil),          // 38: wheelfs.v1.XattrResponse
+	(*StatFSRequest)(nil),          // 39: wheelfs.v1.StatFSRequest
+	(*StatFSResponse)(nil),         // 40: wheelfs.v1.StatFSResponse
+	(*OpenRequest)(nil),            // 41: wheelfs.v1.OpenRequest
+	(*OpenResponse)(nil),           // 42: wheelfs.v1.OpenResponse
+	(*ReleaseRequest)(nil),         // 43: wheelfs.v1.ReleaseRequest
+	(*ReleaseResponse)(nil),        // 44: wheelfs.v1.ReleaseResponse
+	(*Revoke)(nil),                 // 45: wheelfs.v1.Revoke
+	(*LeaseUpdate)(nil),            // 46: wheelfs.v1.LeaseUpdate
+	(*CallbackAck)(nil),            // 47: wheelfs.v1.CallbackAck
+	(*Mutation)(nil),               // 48: wheelfs.v1.Mutation
+	(*Batch)(nil),                  // 49: wheelfs.v1.Batch
+	(*ReplicateRequest)(nil),       // 50: wheelfs.v1.ReplicateRequest
+	(*ReplicateResponse)(nil),      // 51: wheelfs.v1.ReplicateResponse
+	(*DigestRequest)(nil),          // 52: wheelfs.v1.DigestRequest
+	(*DigestResponse)(nil),         // 53: wheelfs.v1.DigestResponse
+	(*ObjectState)(nil),            // 54: wheelfs.v1.ObjectState
+	(*InstallRequest)(nil),         // 55: wheelfs.v1.InstallRequest
+	(*InstallResponse)(nil),        // 56: wheelfs.v1.InstallResponse
+	(*DiffRequest)(nil),            // 57: wheelfs.v1.DiffRequest
+	(*FetchBlocksRequest)(nil),     // 58: wheelfs.v1.FetchBlocksRequest
+	(*FetchBlocksResponse)(nil),    // 59: wheelfs.v1.FetchBlocksResponse
+	(*PingRequest)(nil),            // 60: wheelfs.v1.PingRequest
+	(*PingResponse)(nil),           // 61: wheelfs.v1.PingResponse
+	(*CreateObjectRequest)(nil),    // 62: wheelfs.v1.CreateObjectRequest
+	(*CreateObjectResponse)(nil),   // 63: wheelfs.v1.CreateObjectResponse
+	(*DropLinkRequest)(nil),        // 64: wheelfs.v1.DropLinkRequest
+	(*DropLinkResponse)(nil),       // 65: wheelfs.v1.DropLinkResponse
+	(*StatRequest)(nil),            // 66: wheelfs.v1.StatRequest
+	(*StatResponse)(nil),           // 67: wheelfs.v1.StatResponse
+	(*AddLinkRequest)(nil),         // 68: wheelfs.v1.AddLinkRequest
+	(*AddLinkResponse)(nil),        // 69: wheelfs.v1.AddLinkResponse
+	(*EntryChange)(nil),            // 70: wheelfs.v1.EntryChange
+	(*ReconcileRequest)(nil),       // 71: wheelfs.v1.ReconcileRequest
+	(*ReconcileResponse)(nil),      // 72: wheelfs.v1.ReconcileResponse
+	(*XattrSummary)(nil),           // 73: wheelfs.v1.XattrSummary
+	(*Xattr)(nil),                  // 74: wheelfs.v1.Xattr
+	(*Coord)(nil),                  // 75: wheelfs.v1.Coord
+	(*CoordSample)(nil),            // 76: wheelfs.v1.CoordSample
+	(*ProbeRequest)(nil),           // 77: wheelfs.v1.ProbeRequest
+	(*ProbeResponse)(nil),          // 78: wheelfs.v1.ProbeResponse
+	(*BlockRange)(nil),             // 79: wheelfs.v1.BlockRange
+	(*HeldBlocks)(nil),             // 80: wheelfs.v1.HeldBlocks
+	(*ReportHoldingRequest)(nil),   // 81: wheelfs.v1.ReportHoldingRequest
+	(*ReportHoldingResponse)(nil),  // 82: wheelfs.v1.ReportHoldingResponse
+	(*HoldersRequest)(nil),         // 83: wheelfs.v1.HoldersRequest
+	(*Holder)(nil),                 // 84: wheelfs.v1.Holder
+	(*HoldersResponse)(nil),        // 85: wheelfs.v1.HoldersResponse
+	(*LoginChallengeRequest)(nil),  // 86: wheelfs.v1.LoginChallengeRequest
+	(*LoginChallengeResponse)(nil), // 87: wheelfs.v1.LoginChallengeResponse
+	(*LoginRequest)(nil),           // 88: wheelfs.v1.LoginRequest
+	(*LoginResponse)(nil),          // 89: wheelfs.v1.LoginResponse
+	(*SessionRequest)(nil),         // 90: wheelfs.v1.SessionRequest
+	(*LogoutResponse)(nil),         // 91: wheelfs.v1.LogoutResponse
+	(*Grant)(nil),                  // 92: wheelfs.v1.Grant
+	(*GrantBody)(nil),              // 93: wheelfs.v1.GrantBody
+	(*FetchCachedRequest)(nil),     // 94: wheelfs.v1.FetchCachedRequest
+	(*FetchCachedResponse)(nil),    // 95: wheelfs.v1.FetchCachedResponse
+	(*FileData)(nil),               // 96: wheelfs.v1.FileData
+	(*BlockData)(nil),              // 97: wheelfs.v1.BlockData
 }
 var file_wheelfs_proto_depIdxs = []int32{
 	0,   // 0: wheelfs.v1.Meta.type:type_name -> wheelfs.v1.Type
 	3,   // 1: wheelfs.v1.Meta.cues:type_name -> wheelfs.v1.Cues
-	0,   // 2: wheelfs.v1.Entry.type:type_name -> wheelfs.v1.Type
-	7,   // 3: wheelfs.v1.Caller.handle:type_name -> wheelfs.v1.HandleRef
-	6,   // 4: wheelfs.v1.LookupRequest.caller:type_name -> wheelfs.v1.Caller
-	5,   // 5: wheelfs.v1.LookupResponse.entry:type_name -> wheelfs.v1.Entry
-	4,   // 6: wheelfs.v1.LookupResponse.meta:type_name -> wheelfs.v1.Meta
-	4,   // 7: wheelfs.v1.LookupResponse.dir:type_name -> wheelfs.v1.Meta
-	72,  // 8: wheelfs.v1.LookupResponse.xattrs:type_name -> wheelfs.v1.XattrSummary
-	95,  // 9: wheelfs.v1.LookupResponse.data:type_name -> wheelfs.v1.FileData
-	6,   // 10: wheelfs.v1.GetAttrRequest.caller:type_name -> wheelfs.v1.Caller
-	4,   // 11: wheelfs.v1.GetAttrResponse.meta:type_name -> wheelfs.v1.Meta
-	72,  // 12: wheelfs.v1.GetAttrResponse.xattrs:type_name -> wheelfs.v1.XattrSummary
-	6,   // 13: wheelfs.v1.CreateRequest.caller:type_name -> wheelfs.v1.Caller
-	0,   // 14: wheelfs.v1.CreateRequest.type:type_name -> wheelfs.v1.Type
-	3,   // 15: wheelfs.v1.CreateRequest.cues:type_name -> wheelfs.v1.Cues
-	5,   // 16: wheelfs.v1.CreateResponse.entry:type_name -> wheelfs.v1.Entry
-	4,   // 17: wheelfs.v1.CreateResponse.meta:type_name -> wheelfs.v1.Meta
-	4,   // 18: wheelfs.v1.CreateResponse.dir:type_name -> wheelfs.v1.Meta
-	14,  // 19: wheelfs.v1.CreateResponse.pending:type_name -> wheelfs.v1.Unsynced
-	6,   // 20: wheelfs.v1.SyncRequest.caller:type_name -> wheelfs.v1.Caller
-	14,  // 21: wheelfs.v1.SyncRequest.changes:type_name -> wheelfs.v1.Unsynced
-	6,   // 22: wheelfs.v1.LinkRequest.caller:type_name -> wheelfs.v1.Caller
-	4,   // 23: wheelfs.v1.LinkResponse.meta:type_name -> wheelfs.v1.Meta
-	6,   // 24: wheelfs.v1.RemoveRequest.caller:type_name -> wheelfs.v1.Caller
-	4,   // 25: wheelfs.v1.RemoveResponse.meta:type_name -> wheelfs.v1.Meta
-	6,   // 26: wheelfs.v1.RenameRequest.caller:type_name -> wheelfs.v1.Caller
-	4,   // 27: wheelfs.v1.RenameResponse.replaced:type_name -> wheelfs.v1.Meta
-	6,   // 28: wheelfs.v1.SetAttrRequest.caller:type_name -> wheelfs.v1.Caller
-	4,   // 29: wheelfs.v1.SetAttrResponse.meta:type_name -> wheelfs.v1.Meta
-	6,   // 30: wheelfs.v1.ReadDirRequest.caller:type_name -> wheelfs.v1.Caller
-	5,   // 31: wheelfs.v1.ReadDirResponse.entries:type_name -> wheelfs.v1.Entry
-	4,   // 32: wheelfs.v1.ReadDirResponse.metas:type_name -> wheelfs.v1.Meta
-	4,   // 33: wheelfs.v1.ReadDirResponse.dir:type_name -> wheelfs.v1.Meta
-	72,  // 34: wheelfs.v1.ReadDirResponse.dir_xattrs:type_name -> wheelfs.v1.XattrSummary
-	72,  // 35: wheelfs.v1.ReadDirResponse.xattrs:type_name -> wheelfs.v1.XattrSummary
-	95,  // 36: wheelfs.v1.ReadDirResponse.datas:type_name -> wheelfs.v1.FileData
-	6,   // 37: wheelfs.v1.GetBlocksRequest.caller:type_name -> wheelfs.v1.Caller
-	4,   // 38: wheelfs.v1.GetBlocksResponse.meta:type_name -> wheelfs.v1.Meta
-	27,  // 39: wheelfs.v1.GetBlocksResponse.blocks:type_name -> wheelfs.v1.BlockRef
-	6,   // 40: wheelfs.v1.ReadBlocksRequest.caller:type_name -> wheelfs.v1.Caller
-	91,  // 41: wheelfs.v1.ReadBlocksRequest.grant:type_name -> wheelfs.v1.Grant
-	6,   // 42: wheelfs.v1.PutBlocksRequest.caller:type_name -> wheelfs.v1.Caller
-	6,   // 43: wheelfs.v1.CommitRequest.caller:type_name -> wheelfs.v1.Caller
-	27,  // 44: wheelfs.v1.CommitRequest.blocks:type_name -> wheelfs.v1.BlockRef
-	23,  // 45: wheelfs.v1.CommitRequest.attrs:type_name -> wheelfs.v1.SetAttrRequest
-	96,  // 46: wheelfs.v1.CommitRequest.inline:type_name -> wheelfs.v1.BlockData
-	4,   // 47: wheelfs.v1.CommitResponse.meta:type_name -> wheelfs.v1.Meta
-	6,   // 48: wheelfs.v1.XattrRequest.caller:type_name -> wheelfs.v1.Caller
-	4,   // 49: wheelfs.v1.XattrResponse.meta:type_name -> wheelfs.v1.Meta
-	72,  // 50: wheelfs.v1.XattrResponse.xattrs:type_name -> wheelfs.v1.XattrSummary
-	6,   // 51: wheelfs.v1.StatFSRequest.caller:type_name -> wheelfs.v1.Caller
-	6,   // 52: wheelfs.v1.OpenRequest.caller:type_name -> wheelfs.v1.Caller
-	4,   // 53: wheelfs.v1.OpenResponse.meta:type_name -> wheelfs.v1.Meta
-	95,  // 54: wheelfs.v1.OpenResponse.data:type_name -> wheelfs.v1.FileData
-	7,   // 55: wheelfs.v1.ReleaseRequest.handle:type_name -> wheelfs.v1.HandleRef
-	45,  // 56: wheelfs.v1.Revoke.updates:type_name -> wheelfs.v1.LeaseUpdate
-	4,   // 57: wheelfs.v1.LeaseUpdate.meta:type_name -> wheelfs.v1.Meta
-	1,   // 58: wheelfs.v1.Mutation.kind:type_name -> wheelfs.v1.MutationKind
-	47,  // 59: wheelfs.v1.Batch.mutations:type_name -> wheelfs.v1.Mutation
-	48,  // 60: wheelfs.v1.ReplicateRequest.batches:type_name -> wheelfs.v1.Batch
-	2,   // 61: wheelfs.v1.ReplicateResponse.status:type_name -> wheelfs.v1.ReplStatus
-	4,   // 62: wheelfs.v1.ObjectState.meta:type_name -> wheelfs.v1.Meta
-	5,   // 63: wheelfs.v1.ObjectState.entries:type_name -> wheelfs.v1.Entry
-	27,  // 64: wheelfs.v1.ObjectState.blocks:type_name -> wheelfs.v1.BlockRef
-	53,  // 65: wheelfs.v1.InstallRequest.objects:type_name -> wheelfs.v1.ObjectState
-	2,   // 66: wheelfs.v1.InstallResponse.status:type_name -> wheelfs.v1.ReplStatus
-	52,  // 67: wheelfs.v1.DiffRequest.digest:type_name -> wheelfs.v1.DigestResponse
-	4,   // 68: wheelfs.v1.CreateObjectRequest.meta:type_name -> wheelfs.v1.Meta
-	3,   // 69: wheelfs.v1.CreateObjectRequest.cues:type_name -> wheelfs.v1.Cues
-	3,   // 70: wheelfs.v1.CreateObjectRequest.policy:type_name -> wheelfs.v1.Cues
-	7,   // 71: wheelfs.v1.CreateObjectRequest.handle:type_name -> wheelfs.v1.HandleRef
-	4,   // 72: wheelfs.v1.CreateObjectResponse.meta:type_name -> wheelfs.v1.Meta
-	6,   // 73: wheelfs.v1.DropLinkRequest.caller:type_name -> wheelfs.v1.Caller
-	4,   // 74: wheelfs.v1.DropLinkRequest.dir:type_name -> wheelfs.v1.Meta
-	7,   // 75: wheelfs.v1.DropLinkRequest.handle:type_name -> wheelfs.v1.HandleRef
-	4,   // 76: wheelfs.v1.DropLinkResponse.meta:type_name -> wheelfs.v1.Meta
-	4,   // 77: wheelfs.v1.StatResponse.meta:type_name -> wheelfs.v1.Meta
-	6,   // 78: wheelfs.v1.AddLinkRequest.caller:type_name -> wheelfs.v1.Caller
-	4,   // 79: wheelfs.v1.AddLinkRequest.object:type_name -> wheelfs.v1.Meta
-	4,   // 80: wheelfs.v1.AddLinkResponse.replaced:type_name -> wheelfs.v1.Meta
-	5,   // 81: wheelfs.v1.EntryChange.entry:type_name -> wheelfs.v1.Entry
-	53,  // 82: wheelfs.v1.ReconcileRequest.objects:type_name -> wheelfs.v1.ObjectState
-	69,  // 83: wheelfs.v1.ReconcileRequest.entries:type_name -> wheelfs.v1.EntryChange
-	2,   // 84: wheelfs.v1.ReconcileResponse.status:type_name -> wheelfs.v1.ReplStatus
-	73,  // 85: wheelfs.v1.XattrSummary.attrs:type_name -> wheelfs.v1.Xattr
-	74,  // 86: wheelfs.v1.CoordSample.coord:type_name -> wheelfs.v1.Coord
-	6,   // 87: wheelfs.v1.HeldBlocks.caller:type_name -> wheelfs.v1.Caller
-	78,  // 88: wheelfs.v1.HeldBlocks.blocks:type_name -> wheelfs.v1.BlockRange
-	74,  // 89: wheelfs.v1.ReportHoldingRequest.coord:type_name -> wheelfs.v1.Coord
-	79,  // 90: wheelfs.v1.ReportHoldingRequest.held:type_name -> wheelfs.v1.HeldBlocks
-	6,   // 91: wheelfs.v1.HoldersRequest.caller:type_name -> wheelfs.v1.Caller
-	78,  // 92: wheelfs.v1.HoldersRequest.blocks:type_name -> wheelfs.v1.BlockRange
-	74,  // 93: wheelfs.v1.HoldersRequest.coord:type_name -> wheelfs.v1.Coord
-	78,  // 94: wheelfs.v1.Holder.blocks:type_name -> wheelfs.v1.BlockRange
-	83,  // 95: wheelfs.v1.HoldersResponse.holders:type_name -> wheelfs.v1.Holder
-	91,  // 96: wheelfs.v1.HoldersResponse.grant:type_name -> wheelfs.v1.Grant
-	91,  // 97: wheelfs.v1.FetchCachedRequest.grant:type_name -> wheelfs.v1.Grant
-	27,  // 98: wheelfs.v1.FileData.blocks:type_name -> wheelfs.v1.BlockRef
-	8,   // 99: wheelfs.v1.Storage.Lookup:input_type -> wheelfs.v1.LookupRequest
-	10,  // 100: wheelfs.v1.Storage.GetAttr:input_type -> wheelfs.v1.GetAttrRequest
-	12,  // 101: wheelfs.v1.Storage.Create:input_type -> wheelfs.v1.CreateRequest
-	17,  // 102: wheelfs.v1.Storage.Link:input_type -> wheelfs.v1.LinkRequest
-	19,  // 103: wheelfs.v1.Storage.Remove:input_type -> wheelfs.v1.RemoveRequest
-	21,  // 104: wheelfs.v1.Storage.Rename:input_type -> wheelfs.v1.RenameRequest
-	23,  // 105: wheelfs.v1.Storage.SetAttr:input_type -> wheelfs.v1.SetAttrRequest
-	25,  // 106: wheelfs.v1.Storage.ReadDir:input_type -> wheelfs.v1.ReadDirRequest
-	28,  // 107: wheelfs.v1.Storage.GetBlocks:input_type -> wheelfs.v1.GetBlocksRequest
-	30,  // 108: wheelfs.v1.Storage.ReadBlocks:input_type -> wheelfs.v1.ReadBlocksRequest
-	32,  // 109: wheelfs.v1.Storage.PutBlocks:input_type -> wheelfs.v1.PutBlocksRequest
-	34,  // 110: wheelfs.v1.Storage.Commit:input_type -> wheelfs.v1.CommitRequest
-	36,  // 111: wheelfs.v1.Storage.GetXattr:input_type -> wheelfs.v1.XattrRequest
-	36,  // 112: wheelfs.v1.Storage.ListXattr:input_type -> wheelfs.v1.XattrRequest
-	36,  // 113: wheelfs.v1.Storage.SetXattr:input_type -> wheelfs.v1.XattrRequest
-	36,  // 114: wheelfs.v1.Storage.RemoveXattr:input_type -> wheelfs.v1.XattrRequest
-	38,  // 115: wheelfs.v1.Storage.StatFS:input_type -> wheelfs.v1.StatFSRequest
-	40,  // 116: wheelfs.v1.Storage.Open:input_type -> wheelfs.v1.OpenRequest
-	42,  // 117: wheelfs.v1.Storage.Release:input_type -> wheelfs.v1.ReleaseRequest
-	15,  // 118: wheelfs.v1.Storage.Sync:input_type -> wheelfs.v1.SyncRequest
-	46,  // 119: wheelfs.v1.Storage.Callbacks:input_type -> wheelfs.v1.CallbackAck
-	76,  // 120: wheelfs.v1.Storage.Probe:input_type -> wheelfs.v1.ProbeRequest
-	80,  // 121: wheelfs.v1.Storage.ReportHolding:input_type -> wheelfs.v1.ReportHoldingRequest
-	82,  // 122: wheelfs.v1.Storage.Holders:input_type -> wheelfs.v1.HoldersRequest
-	85,  // 123: wheelfs.v1.Storage.LoginChallenge:input_type -> wheelfs.v1.LoginChallengeRequest
-	87,  // 124: wheelfs.v1.Storage.Login:input_type -> wheelfs.v1.LoginRequest
-	89,  // 125: wheelfs.v1.Storage.RenewSession:input_type -> wheelfs.v1.SessionRequest
-	89,  // 126: wheelfs.v1.Storage.Logout:input_type -> wheelfs.v1.SessionRequest
-	49,  // 127: wheelfs.v1.Peer.Replicate:input_type -> wheelfs.v1.ReplicateRequest
-	51,  // 128: wheelfs.v1.Peer.Digest:input_type -> wheelfs.v1.DigestRequest
-	56,  // 129: wheelfs.v1.Peer.Diff:input_type -> wheelfs.v1.DiffRequest
-	54,  // 130: wheelfs.v1.Peer.Install:input_type -> wheelfs.v1.InstallRequest
-	57,  // 131: wheelfs.v1.Peer.FetchBlocks:input_type -> wheelfs.v1.FetchBlocksRequest
-	59,  // 132: wheelfs.v1.Peer.Ping:input_type -> wheelfs.v1.PingRequest
-	61,  // 133: wheelfs.v1.Peer.CreateObject:input_type -> wheelfs.v1.CreateObjectRequest
-	63,  // 134: wheelfs.v1.Peer.DropLink:input_type -> wheelfs.v1.DropLinkRequest
-	65,  // 135: wheelfs.v1.Peer.Stat:input_type -> wheelfs.v1.StatRequest
-	67,  // 136: wheelfs.v1.Peer.AddLink:input_type -> wheelfs.v1.AddLinkRequest
-	70,  // 137: wheelfs.v1.Peer.Reconcile:input_type -> wheelfs.v1.ReconcileRequest
-	93,  // 138: wheelfs.v1.PeerCache.FetchCached:input_type -> wheelfs.v1.FetchCachedRequest
-	9,   // 139: wheelfs.v1.Storage.Lookup:output_type -> wheelfs.v1.LookupResponse
-	11,  // 140: wheelfs.v1.Storage.GetAttr:output_type -> wheelfs.v1.GetAttrResponse
-	13,  // 141: wheelfs.v1.Storage.Create:output_type -> wheelfs.v1.CreateResponse
-	18,  // 142: wheelfs.v1.Storage.Link:output_type -> wheelfs.v1.LinkResponse
-	20,  // 143: wheelfs.v1.Storage.Remove:output_type -> wheelfs.v1.RemoveResponse
-	22,  // 144: wheelfs.v1.Storage.Rename:output_type -> wheelfs.v1.RenameResponse
-	24,  // 145: wheelfs.v1.Storage.SetAttr:output_type -> wheelfs.v1.SetAttrResponse
-	26,  // 146: wheelfs.v1.Storage.ReadDir:output_type -> wheelfs.v1.ReadDirResponse
-	29,  // 147: wheelfs.v1.Storage.GetBlocks:output_type -> wheelfs.v1.GetBlocksResponse
-	31,  // 148: wheelfs.v1.Storage.ReadBlocks:output_type -> wheelfs.v1.ReadBlocksResponse
-	33,  // 149: wheelfs.v1.Storage.PutBlocks:output_type -> wheelfs.v1.PutBlocksResponse
-	35,  // 150: wheelfs.v1.Storage.Commit:output_type -> wheelfs.v1.CommitResponse
-	37,  // 151: wheelfs.v1.Storage.GetXattr:output_type -> wheelfs.v1.XattrResponse
-	37,  // 152: wheelfs.v1.Storage.ListXattr:output_type -> wheelfs.v1.XattrResponse
-	37,  // 153: wheelfs.v1.Storage.SetXattr:output_type -> wheelfs.v1.XattrResponse
-	37,  // 154: wheelfs.v1.Storage.RemoveXattr:output_type -> wheelfs.v1.XattrResponse
-	39,  // 155: wheelfs.v1.Storage.StatFS:output_type -> wheelfs.v1.StatFSResponse
-	41,  // 156: wheelfs.v1.Storage.Open:output_type -> wheelfs.v1.OpenResponse
-	43,  // 157: wheelfs.v1.Storage.Release:output_type -> wheelfs.v1.ReleaseResponse
-	16,  // 158: wheelfs.v1.Storage.Sync:output_type -> wheelfs.v1.SyncResponse
-	44,  // 159: wheelfs.v1.Storage.Callbacks:output_type -> wheelfs.v1.Revoke
-	77,  // 160: wheelfs.v1.Storage.Probe:output_type -> wheelfs.v1.ProbeResponse
-	81,  // 161: wheelfs.v1.Storage.ReportHolding:output_type -> wheelfs.v1.ReportHoldingResponse
-	84,  // 162: wheelfs.v1.Storage.Holders:output_type -> wheelfs.v1.HoldersResponse
-	86,  // 163: wheelfs.v1.Storage.LoginChallenge:output_type -> wheelfs.v1.LoginChallengeResponse
-	88,  // 164: wheelfs.v1.Storage.Login:output_type -> wheelfs.v1.LoginResponse
-	88,  // 165: wheelfs.v1.Storage.RenewSession:output_type -> wheelfs.v1.LoginResponse
-	90,  // 166: wheelfs.v1.Storage.Logout:output_type -> wheelfs.v1.LogoutResponse
-	50,  // 167: wheelfs.v1.Peer.Replicate:output_type -> wheelfs.v1.ReplicateResponse
-	52,  // 168: wheelfs.v1.Peer.Digest:output_type -> wheelfs.v1.DigestResponse
-	54,  // 169: wheelfs.v1.Peer.Diff:output_type -> wheelfs.v1.InstallRequest
-	55,  // 170: wheelfs.v1.Peer.Install:output_type -> wheelfs.v1.InstallResponse
-	58,  // 171: wheelfs.v1.Peer.FetchBlocks:output_type -> wheelfs.v1.FetchBlocksResponse
-	60,  // 172: wheelfs.v1.Peer.Ping:output_type -> wheelfs.v1.PingResponse
-	62,  // 173: wheelfs.v1.Peer.CreateObject:output_type -> wheelfs.v1.CreateObjectResponse
-	64,  // 174: wheelfs.v1.Peer.DropLink:output_type -> wheelfs.v1.DropLinkResponse
-	66,  // 175: wheelfs.v1.Peer.Stat:output_type -> wheelfs.v1.StatResponse
-	68,  // 176: wheelfs.v1.Peer.AddLink:output_type -> wheelfs.v1.AddLinkResponse
-	71,  // 177: wheelfs.v1.Peer.Reconcile:output_type -> wheelfs.v1.ReconcileResponse
-	94,  // 178: wheelfs.v1.PeerCache.FetchCached:output_type -> wheelfs.v1.FetchCachedResponse
-	139, // [139:179] is the sub-list for method output_type
-	99,  // [99:139] is the sub-list for method input_type
-	99,  // [99:99] is the sub-list for extension type_name
-	99,  // [99:99] is the sub-list for extension extendee
-	0,   // [0:99] is the sub-list for field type_name
+	5,   // 2: wheelfs.v1.Meta.acl:type_name -> wheelfs.v1.AclEntry
+	5,   // 3: wheelfs.v1.Meta.default_acl:type_name -> wheelfs.v1.AclEntry
+	0,   // 4: wheelfs.v1.Entry.type:type_name -> wheelfs.v1.Type
+	8,   // 5: wheelfs.v1.Caller.handle:type_name -> wheelfs.v1.HandleRef
+	7,   // 6: wheelfs.v1.LookupRequest.caller:type_name -> wheelfs.v1.Caller
+	6,   // 7: wheelfs.v1.LookupResponse.entry:type_name -> wheelfs.v1.Entry
+	4,   // 8: wheelfs.v1.LookupResponse.meta:type_name -> wheelfs.v1.Meta
+	4,   // 9: wheelfs.v1.LookupResponse.dir:type_name -> wheelfs.v1.Meta
+	73,  // 10: wheelfs.v1.LookupResponse.xattrs:type_name -> wheelfs.v1.XattrSummary
+	96,  // 11: wheelfs.v1.LookupResponse.data:type_name -> wheelfs.v1.FileData
+	7,   // 12: wheelfs.v1.GetAttrRequest.caller:type_name -> wheelfs.v1.Caller
+	4,   // 13: wheelfs.v1.GetAttrResponse.meta:type_name -> wheelfs.v1.Meta
+	73,  // 14: wheelfs.v1.GetAttrResponse.xattrs:type_name -> wheelfs.v1.XattrSummary
+	7,   // 15: wheelfs.v1.CreateRequest.caller:type_name -> wheelfs.v1.Caller
+	0,   // 16: wheelfs.v1.CreateRequest.type:type_name -> wheelfs.v1.Type
+	3,   // 17: wheelfs.v1.CreateRequest.cues:type_name -> wheelfs.v1.Cues
+	6,   // 18: wheelfs.v1.CreateResponse.entry:type_name -> wheelfs.v1.Entry
+	4,   // 19: wheelfs.v1.CreateResponse.meta:type_name -> wheelfs.v1.Meta
+	4,   // 20: wheelfs.v1.CreateResponse.dir:type_name -> wheelfs.v1.Meta
+	15,  // 21: wheelfs.v1.CreateResponse.pending:type_name -> wheelfs.v1.Unsynced
+	7,   // 22: wheelfs.v1.SyncRequest.caller:type_name -> wheelfs.v1.Caller
+	15,  // 23: wheelfs.v1.SyncRequest.changes:type_name -> wheelfs.v1.Unsynced
+	7,   // 24: wheelfs.v1.LinkRequest.caller:type_name -> wheelfs.v1.Caller
+	4,   // 25: wheelfs.v1.LinkResponse.meta:type_name -> wheelfs.v1.Meta
+	7,   // 26: wheelfs.v1.RemoveRequest.caller:type_name -> wheelfs.v1.Caller
+	4,   // 27: wheelfs.v1.RemoveResponse.meta:type_name -> wheelfs.v1.Meta
+	7,   // 28: wheelfs.v1.RenameRequest.caller:type_name -> wheelfs.v1.Caller
+	4,   // 29: wheelfs.v1.RenameResponse.replaced:type_name -> wheelfs.v1.Meta
+	7,   // 30: wheelfs.v1.SetAttrRequest.caller:type_name -> wheelfs.v1.Caller
+	4,   // 31: wheelfs.v1.SetAttrResponse.meta:type_name -> wheelfs.v1.Meta
+	7,   // 32: wheelfs.v1.ReadDirRequest.caller:type_name -> wheelfs.v1.Caller
+	6,   // 33: wheelfs.v1.ReadDirResponse.entries:type_name -> wheelfs.v1.Entry
+	4,   // 34: wheelfs.v1.ReadDirResponse.metas:type_name -> wheelfs.v1.Meta
+	4,   // 35: wheelfs.v1.ReadDirResponse.dir:type_name -> wheelfs.v1.Meta
+	73,  // 36: wheelfs.v1.ReadDirResponse.dir_xattrs:type_name -> wheelfs.v1.XattrSummary
+	73,  // 37: wheelfs.v1.ReadDirResponse.xattrs:type_name -> wheelfs.v1.XattrSummary
+	96,  // 38: wheelfs.v1.ReadDirResponse.datas:type_name -> wheelfs.v1.FileData
+	7,   // 39: wheelfs.v1.GetBlocksRequest.caller:type_name -> wheelfs.v1.Caller
+	4,   // 40: wheelfs.v1.GetBlocksResponse.meta:type_name -> wheelfs.v1.Meta
+	28,  // 41: wheelfs.v1.GetBlocksResponse.blocks:type_name -> wheelfs.v1.BlockRef
+	7,   // 42: wheelfs.v1.ReadBlocksRequest.caller:type_name -> wheelfs.v1.Caller
+	92,  // 43: wheelfs.v1.ReadBlocksRequest.grant:type_name -> wheelfs.v1.Grant
+	7,   // 44: wheelfs.v1.PutBlocksRequest.caller:type_name -> wheelfs.v1.Caller
+	7,   // 45: wheelfs.v1.CommitRequest.caller:type_name -> wheelfs.v1.Caller
+	28,  // 46: wheelfs.v1.CommitRequest.blocks:type_name -> wheelfs.v1.BlockRef
+	24,  // 47: wheelfs.v1.CommitRequest.attrs:type_name -> wheelfs.v1.SetAttrRequest
+	97,  // 48: wheelfs.v1.CommitRequest.inline:type_name -> wheelfs.v1.BlockData
+	4,   // 49: wheelfs.v1.CommitResponse.meta:type_name -> wheelfs.v1.Meta
+	7,   // 50: wheelfs.v1.XattrRequest.caller:type_name -> wheelfs.v1.Caller
+	4,   // 51: wheelfs.v1.XattrResponse.meta:type_name -> wheelfs.v1.Meta
+	73,  // 52: wheelfs.v1.XattrResponse.xattrs:type_name -> wheelfs.v1.XattrSummary
+	7,   // 53: wheelfs.v1.StatFSRequest.caller:type_name -> wheelfs.v1.Caller
+	7,   // 54: wheelfs.v1.OpenRequest.caller:type_name -> wheelfs.v1.Caller
+	4,   // 55: wheelfs.v1.OpenResponse.meta:type_name -> wheelfs.v1.Meta
+	96,  // 56: wheelfs.v1.OpenResponse.data:type_name -> wheelfs.v1.FileData
+	8,   // 57: wheelfs.v1.ReleaseRequest.handle:type_name -> wheelfs.v1.HandleRef
+	46,  // 58: wheelfs.v1.Revoke.updates:type_name -> wheelfs.v1.LeaseUpdate
+	4,   // 59: wheelfs.v1.LeaseUpdate.meta:type_name -> wheelfs.v1.Meta
+	1,   // 60: wheelfs.v1.Mutation.kind:type_name -> wheelfs.v1.MutationKind
+	48,  // 61: wheelfs.v1.Batch.mutations:type_name -> wheelfs.v1.Mutation
+	49,  // 62: wheelfs.v1.ReplicateRequest.batches:type_name -> wheelfs.v1.Batch
+	2,   // 63: wheelfs.v1.ReplicateResponse.status:type_name -> wheelfs.v1.ReplStatus
+	4,   // 64: wheelfs.v1.ObjectState.meta:type_name -> wheelfs.v1.Meta
+	6,   // 65: wheelfs.v1.ObjectState.entries:type_name -> wheelfs.v1.Entry
+	28,  // 66: wheelfs.v1.ObjectState.blocks:type_name -> wheelfs.v1.BlockRef
+	54,  // 67: wheelfs.v1.InstallRequest.objects:type_name -> wheelfs.v1.ObjectState
+	2,   // 68: wheelfs.v1.InstallResponse.status:type_name -> wheelfs.v1.ReplStatus
+	53,  // 69: wheelfs.v1.DiffRequest.digest:type_name -> wheelfs.v1.DigestResponse
+	4,   // 70: wheelfs.v1.CreateObjectRequest.meta:type_name -> wheelfs.v1.Meta
+	3,   // 71: wheelfs.v1.CreateObjectRequest.cues:type_name -> wheelfs.v1.Cues
+	3,   // 72: wheelfs.v1.CreateObjectRequest.policy:type_name -> wheelfs.v1.Cues
+	8,   // 73: wheelfs.v1.CreateObjectRequest.handle:type_name -> wheelfs.v1.HandleRef
+	4,   // 74: wheelfs.v1.CreateObjectResponse.meta:type_name -> wheelfs.v1.Meta
+	7,   // 75: wheelfs.v1.DropLinkRequest.caller:type_name -> wheelfs.v1.Caller
+	4,   // 76: wheelfs.v1.DropLinkRequest.dir:type_name -> wheelfs.v1.Meta
+	8,   // 77: wheelfs.v1.DropLinkRequest.handle:type_name -> wheelfs.v1.HandleRef
+	4,   // 78: wheelfs.v1.DropLinkResponse.meta:type_name -> wheelfs.v1.Meta
+	4,   // 79: wheelfs.v1.StatResponse.meta:type_name -> wheelfs.v1.Meta
+	7,   // 80: wheelfs.v1.AddLinkRequest.caller:type_name -> wheelfs.v1.Caller
+	4,   // 81: wheelfs.v1.AddLinkRequest.object:type_name -> wheelfs.v1.Meta
+	4,   // 82: wheelfs.v1.AddLinkResponse.replaced:type_name -> wheelfs.v1.Meta
+	6,   // 83: wheelfs.v1.EntryChange.entry:type_name -> wheelfs.v1.Entry
+	54,  // 84: wheelfs.v1.ReconcileRequest.objects:type_name -> wheelfs.v1.ObjectState
+	70,  // 85: wheelfs.v1.ReconcileRequest.entries:type_name -> wheelfs.v1.EntryChange
+	2,   // 86: wheelfs.v1.ReconcileResponse.status:type_name -> wheelfs.v1.ReplStatus
+	74,  // 87: wheelfs.v1.XattrSummary.attrs:type_name -> wheelfs.v1.Xattr
+	75,  // 88: wheelfs.v1.CoordSample.coord:type_name -> wheelfs.v1.Coord
+	7,   // 89: wheelfs.v1.HeldBlocks.caller:type_name -> wheelfs.v1.Caller
+	79,  // 90: wheelfs.v1.HeldBlocks.blocks:type_name -> wheelfs.v1.BlockRange
+	75,  // 91: wheelfs.v1.ReportHoldingRequest.coord:type_name -> wheelfs.v1.Coord
+	80,  // 92: wheelfs.v1.ReportHoldingRequest.held:type_name -> wheelfs.v1.HeldBlocks
+	7,   // 93: wheelfs.v1.HoldersRequest.caller:type_name -> wheelfs.v1.Caller
+	79,  // 94: wheelfs.v1.HoldersRequest.blocks:type_name -> wheelfs.v1.BlockRange
+	75,  // 95: wheelfs.v1.HoldersRequest.coord:type_name -> wheelfs.v1.Coord
+	79,  // 96: wheelfs.v1.Holder.blocks:type_name -> wheelfs.v1.BlockRange
+	84,  // 97: wheelfs.v1.HoldersResponse.holders:type_name -> wheelfs.v1.Holder
+	92,  // 98: wheelfs.v1.HoldersResponse.grant:type_name -> wheelfs.v1.Grant
+	92,  // 99: wheelfs.v1.FetchCachedRequest.grant:type_name -> wheelfs.v1.Grant
+	28,  // 100: wheelfs.v1.FileData.blocks:type_name -> wheelfs.v1.BlockRef
+	9,   // 101: wheelfs.v1.Storage.Lookup:input_type -> wheelfs.v1.LookupRequest
+	11,  // 102: wheelfs.v1.Storage.GetAttr:input_type -> wheelfs.v1.GetAttrRequest
+	13,  // 103: wheelfs.v1.Storage.Create:input_type -> wheelfs.v1.CreateRequest
+	18,  // 104: wheelfs.v1.Storage.Link:input_type -> wheelfs.v1.LinkRequest
+	20,  // 105: wheelfs.v1.Storage.Remove:input_type -> wheelfs.v1.RemoveRequest
+	22,  // 106: wheelfs.v1.Storage.Rename:input_type -> wheelfs.v1.RenameRequest
+	24,  // 107: wheelfs.v1.Storage.SetAttr:input_type -> wheelfs.v1.SetAttrRequest
+	26,  // 108: wheelfs.v1.Storage.ReadDir:input_type -> wheelfs.v1.ReadDirRequest
+	29,  // 109: wheelfs.v1.Storage.GetBlocks:input_type -> wheelfs.v1.GetBlocksRequest
+	31,  // 110: wheelfs.v1.Storage.ReadBlocks:input_type -> wheelfs.v1.ReadBlocksRequest
+	33,  // 111: wheelfs.v1.Storage.PutBlocks:input_type -> wheelfs.v1.PutBlocksRequest
+	35,  // 112: wheelfs.v1.Storage.Commit:input_type -> wheelfs.v1.CommitRequest
+	37,  // 113: wheelfs.v1.Storage.GetXattr:input_type -> wheelfs.v1.XattrRequest
+	37,  // 114: wheelfs.v1.Storage.ListXattr:input_type -> wheelfs.v1.XattrRequest
+	37,  // 115: wheelfs.v1.Storage.SetXattr:input_type -> wheelfs.v1.XattrRequest
+	37,  // 116: wheelfs.v1.Storage.RemoveXattr:input_type -> wheelfs.v1.XattrRequest
+	39,  // 117: wheelfs.v1.Storage.StatFS:input_type -> wheelfs.v1.StatFSRequest
+	41,  // 118: wheelfs.v1.Storage.Open:input_type -> wheelfs.v1.OpenRequest
+	43,  // 119: wheelfs.v1.Storage.Release:input_type -> wheelfs.v1.ReleaseRequest
+	16,  // 120: wheelfs.v1.Storage.Sync:input_type -> wheelfs.v1.SyncRequest
+	47,  // 121: wheelfs.v1.Storage.Callbacks:input_type -> wheelfs.v1.CallbackAck
+	77,  // 122: wheelfs.v1.Storage.Probe:input_type -> wheelfs.v1.ProbeRequest
+	81,  // 123: wheelfs.v1.Storage.ReportHolding:input_type -> wheelfs.v1.ReportHoldingRequest
+	83,  // 124: wheelfs.v1.Storage.Holders:input_type -> wheelfs.v1.HoldersRequest
+	86,  // 125: wheelfs.v1.Storage.LoginChallenge:input_type -> wheelfs.v1.LoginChallengeRequest
+	88,  // 126: wheelfs.v1.Storage.Login:input_type -> wheelfs.v1.LoginRequest
+	90,  // 127: wheelfs.v1.Storage.RenewSession:input_type -> wheelfs.v1.SessionRequest
+	90,  // 128: wheelfs.v1.Storage.Logout:input_type -> wheelfs.v1.SessionRequest
+	50,  // 129: wheelfs.v1.Peer.Replicate:input_type -> wheelfs.v1.ReplicateRequest
+	52,  // 130: wheelfs.v1.Peer.Digest:input_type -> wheelfs.v1.DigestRequest
+	57,  // 131: wheelfs.v1.Peer.Diff:input_type -> wheelfs.v1.DiffRequest
+	55,  // 132: wheelfs.v1.Peer.Install:input_type -> wheelfs.v1.InstallRequest
+	58,  // 133: wheelfs.v1.Peer.FetchBlocks:input_type -> wheelfs.v1.FetchBlocksRequest
+	60,  // 134: wheelfs.v1.Peer.Ping:input_type -> wheelfs.v1.PingRequest
+	62,  // 135: wheelfs.v1.Peer.CreateObject:input_type -> wheelfs.v1.CreateObjectRequest
+	64,  // 136: wheelfs.v1.Peer.DropLink:input_type -> wheelfs.v1.DropLinkRequest
+	66,  // 137: wheelfs.v1.Peer.Stat:input_type -> wheelfs.v1.StatRequest
+	68,  // 138: wheelfs.v1.Peer.AddLink:input_type -> wheelfs.v1.AddLinkRequest
+	71,  // 139: wheelfs.v1.Peer.Reconcile:input_type -> wheelfs.v1.ReconcileRequest
+	94,  // 140: wheelfs.v1.PeerCache.FetchCached:input_type -> wheelfs.v1.FetchCachedRequest
+	10,  // 141: wheelfs.v1.Storage.Lookup:output_type -> wheelfs.v1.LookupResponse
+	12,  // 142: wheelfs.v1.Storage.GetAttr:output_type -> wheelfs.v1.GetAttrResponse
+	14,  // 143: wheelfs.v1.Storage.Create:output_type -> wheelfs.v1.CreateResponse
+	19,  // 144: wheelfs.v1.Storage.Link:output_type -> wheelfs.v1.LinkResponse
+	21,  // 145: wheelfs.v1.Storage.Remove:output_type -> wheelfs.v1.RemoveResponse
+	23,  // 146: wheelfs.v1.Storage.Rename:output_type -> wheelfs.v1.RenameResponse
+	25,  // 147: wheelfs.v1.Storage.SetAttr:output_type -> wheelfs.v1.SetAttrResponse
+	27,  // 148: wheelfs.v1.Storage.ReadDir:output_type -> wheelfs.v1.ReadDirResponse
+	30,  // 149: wheelfs.v1.Storage.GetBlocks:output_type -> wheelfs.v1.GetBlocksResponse
+	32,  // 150: wheelfs.v1.Storage.ReadBlocks:output_type -> wheelfs.v1.ReadBlocksResponse
+	34,  // 151: wheelfs.v1.Storage.PutBlocks:output_type -> wheelfs.v1.PutBlocksResponse
+	36,  // 152: wheelfs.v1.Storage.Commit:output_type -> wheelfs.v1.CommitResponse
+	38,  // 153: wheelfs.v1.Storage.GetXattr:output_type -> wheelfs.v1.XattrResponse
+	38,  // 154: wheelfs.v1.Storage.ListXattr:output_type -> wheelfs.v1.XattrResponse
+	38,  // 155: wheelfs.v1.Storage.SetXattr:output_type -> wheelfs.v1.XattrResponse
+	38,  // 156: wheelfs.v1.Storage.RemoveXattr:output_type -> wheelfs.v1.XattrResponse
+	40,  // 157: wheelfs.v1.Storage.StatFS:output_type -> wheelfs.v1.StatFSResponse
+	42,  // 158: wheelfs.v1.Storage.Open:output_type -> wheelfs.v1.OpenResponse
+	44,  // 159: wheelfs.v1.Storage.Release:output_type -> wheelfs.v1.ReleaseResponse
+	17,  // 160: wheelfs.v1.Storage.Sync:output_type -> wheelfs.v1.SyncResponse
+	45,  // 161: wheelfs.v1.Storage.Callbacks:output_type -> wheelfs.v1.Revoke
+	78,  // 162: wheelfs.v1.Storage.Probe:output_type -> wheelfs.v1.ProbeResponse
+	82,  // 163: wheelfs.v1.Storage.ReportHolding:output_type -> wheelfs.v1.ReportHoldingResponse
+	85,  // 164: wheelfs.v1.Storage.Holders:output_type -> wheelfs.v1.HoldersResponse
+	87,  // 165: wheelfs.v1.Storage.LoginChallenge:output_type -> wheelfs.v1.LoginChallengeResponse
+	89,  // 166: wheelfs.v1.Storage.Login:output_type -> wheelfs.v1.LoginResponse
+	89,  // 167: wheelfs.v1.Storage.RenewSession:output_type -> wheelfs.v1.LoginResponse
+	91,  // 168: wheelfs.v1.Storage.Logout:output_type -> wheelfs.v1.LogoutResponse
+	51,  // 169: wheelfs.v1.Peer.Replicate:output_type -> wheelfs.v1.ReplicateResponse
+	53,  // 170: wheelfs.v1.Peer.Digest:output_type -> wheelfs.v1.DigestResponse
+	55,  // 171: wheelfs.v1.Peer.Diff:output_type -> wheelfs.v1.InstallRequest
+	56,  // 172: wheelfs.v1.Peer.Install:output_type -> wheelfs.v1.InstallResponse
+	59,  // 173: wheelfs.v1.Peer.FetchBlocks:output_type -> wheelfs.v1.FetchBlocksResponse
+	61,  // 174: wheelfs.v1.Peer.Ping:output_type -> wheelfs.v1.PingResponse
+	63,  // 175: wheelfs.v1.Peer.CreateObject:output_type -> wheelfs.v1.CreateObjectResponse
+	65,  // 176: wheelfs.v1.Peer.DropLink:output_type -> wheelfs.v1.DropLinkResponse
+	67,  // 177: wheelfs.v1.Peer.Stat:output_type -> wheelfs.v1.StatResponse
+	69,  // 178: wheelfs.v1.Peer.AddLink:output_type -> wheelfs.v1.AddLinkResponse
+	72,  // 179: wheelfs.v1.Peer.Reconcile:output_type -> wheelfs.v1.ReconcileResponse
+	95,  // 180: wheelfs.v1.PeerCache.FetchCached:output_type -> wheelfs.v1.FetchCachedResponse
+	141, // [141:181] is the sub-list for method output_type
+	101, // [101:141] is the sub-list for method input_type
+	101, // [101:101] is the sub-list for extension type_name
+	101, // [101:101] is the sub-list for extension extendee
+	0,   // [0:101] is the sub-list for field type_name
 }
 
 func init() { file_wheelfs_proto_init() }
@@ -7369,13 +7474,14 @@ func file_wheelfs_proto_init() {
 	if File_wheelfs_proto != nil {
 		return
 	}
+	file_wheelfs_proto_msgTypes[10].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_wheelfs_proto_rawDesc), len(file_wheelfs_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   94,
+			NumMessages:   95,
 			NumExtensions: 0,
 			NumServices:   3,
 		},

@@ -42,7 +42,8 @@ func copyHelper(dst string) error {
 
 // helperMain runs one operation: read PATH | create PATH | append PATH DATA |
 // unlink PATH | rename OLD NEW | chmod PATH OCTAL | mkdir PATH | readdir PATH |
-// creatrw PATH OCTAL DATA | openrw PATH.
+// creatrw PATH OCTAL DATA | openrw PATH | createmode PATH OCTAL UMASK |
+// mkdirmode PATH OCTAL UMASK.
 // It prints "errno=N" (0 on success) and exits 0; usage errors exit 2.
 func helperMain(args []string) int {
 	if len(args) < 2 {
@@ -86,6 +87,22 @@ func helperMain(args []string) int {
 		}
 	case "mkdir":
 		err = syscall.Mkdir(path, 0o755)
+	case "createmode", "mkdirmode":
+		// createmode/mkdirmode PATH MODE UMASK (octal): creat or mkdir
+		// with that mode under that umask.
+		var mode, umask uint64
+		if mode, err = strconv.ParseUint(arg(2), 8, 32); err == nil {
+			if umask, err = strconv.ParseUint(arg(3), 8, 32); err == nil {
+				syscall.Umask(int(umask))
+				if op == "mkdirmode" {
+					err = syscall.Mkdir(path, uint32(mode))
+				} else if fd, cerr := syscall.Open(path, syscall.O_CREAT|syscall.O_WRONLY|syscall.O_EXCL, uint32(mode)); cerr != nil {
+					err = cerr
+				} else {
+					err = syscall.Close(fd)
+				}
+			}
+		}
 	case "creatrw":
 		var mode uint64
 		if mode, err = strconv.ParseUint(arg(2), 8, 32); err == nil {
