@@ -71,6 +71,7 @@ type cached struct {
 	listed  bool
 	sorted  bool      // list is in name order (as servers send it): missing names are known
 	at      time.Time // last filled
+	used    bool      // served from since filled by a push (Revoke.updates)
 }
 
 // maxAbsent bounds the missing names remembered per directory.
@@ -295,10 +296,15 @@ func (l *leases) lookup(id oid.ID, stale bool, use func(c *cached) bool) bool {
 	if c == nil {
 		return false
 	}
-	if !l.validLocked(c, time.Now()) && !(stale && time.Since(c.at) < staleKeep) {
+	valid := l.validLocked(c, time.Now())
+	if !valid && !(stale && time.Since(c.at) < staleKeep) {
 		return false
 	}
-	return use(c)
+	ok := use(c)
+	if ok && valid {
+		c.used = true
+	}
+	return ok
 }
 
 // left is how long id's lease still lasts (0: none).
@@ -373,9 +379,10 @@ func (l *leases) markRevokedLocked(ids []oid.ID, now time.Time) {
 }
 
 // revoke handles a revocation from server bc: the objects' cached state
-// becomes stale, the kernel is told, and open registrations of these
-// objects in flight finish first (so the update sees them).
-func (l *leases) revoke(ids []uint64, bc *backChannel, gen uint64, updates []*wire.LeaseUpdate) {
+// becomes stale (or, for updates pushed with it, current again: kept),
+// the kernel is told, and open registrations of these objects in flight
+// finish first (so the update sees them).
+func (l *leases) revoke(ids []uint64, bc *backChannel, gen uint64, updates []*wire.LeaseUpdate) (kept []uint64) {
 	oids := make([]oid.ID, len(ids))
 	now := time.Now()
 	for i, v := range ids {
@@ -383,13 +390,14 @@ func (l *leases) revoke(ids []uint64, bc *backChannel, gen uint64, updates []*wi
 	}
 	l.mu.Lock()
 	l.markRevokedLocked(oids, now)
-	l.updateLocked(bc, gen, updates)
+	kept = l.updateLocked(bc, gen, updates)
 	cb := l.onRevoke
 	l.mu.Unlock()
 	l.f.waitRegistrations(oids)
 	if cb != nil {
 		cb(oids)
 	}
+	return kept
 }
 
 // updateLocked adopts the state a change left (Revoke.updates), which the
@@ -399,16 +407,21 @@ func (l *leases) revoke(ids []uint64, bc *backChannel, gen uint64, updates []*wi
 // unknown at the new version). A cache entry leased through another
 // server or incarnation, or already newer, stays as the revocation left
 // it (stale).
-func (l *leases) updateLocked(bc *backChannel, gen uint64, updates []*wire.LeaseUpdate) {
+func (l *leases) updateLocked(bc *backChannel, gen uint64, updates []*wire.LeaseUpdate) (kept []uint64) {
 	for _, u := range updates {
 		c := l.objs[oid.ID(u.Id)]
-		if c == nil || c.server != bc.id || c.chanGen != gen || u.Meta == nil ||
+		// Only what was used since: a directory another site keeps
+		// changing while this one does not look costs the writer a
+		// revocation per change for as long as the lease is kept.
+		if c == nil || !c.used || c.server != bc.id || c.chanGen != gen || u.Meta == nil ||
 			c.meta != nil && c.meta.Version > u.Meta.Version {
 			continue
 		}
-		c.meta, c.xattrs, c.stale = u.Meta, nil, false
+		c.meta, c.xattrs, c.stale, c.used = u.Meta, nil, false, false
 		c.entries, c.absent, c.list, c.listed, c.sorted = nil, nil, nil, false, false
+		kept = append(kept, u.Id)
 	}
+	return kept
 }
 
 // run keeps the back channel to one server open; while it is down, what
@@ -465,9 +478,9 @@ func (l *leases) serve(bc *backChannel, sc wire.StorageClient) bool {
 			}
 			return true
 		}
-		l.revoke(r.Ids, bc, gen, r.Updates)
+		kept := l.revoke(r.Ids, bc, gen, r.Updates)
 		bc.sendMu.Lock()
-		err = stream.Send(&wire.CallbackAck{Session: l.session, Seq: r.Seq})
+		err = stream.Send(&wire.CallbackAck{Session: l.session, Seq: r.Seq, Kept: kept})
 		bc.sendMu.Unlock()
 		if err != nil {
 			return true

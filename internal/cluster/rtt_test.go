@@ -393,3 +393,33 @@ func TestClosedClientReleasesLeases(t *testing.T) {
 		t.Errorf("rewriting a file a closed client had listed took %v (its lease: %v)", took, lease)
 	}
 }
+
+// TestPushedDirectoryLeaseLapsesUnused: a revocation that pushes a
+// directory's new attributes keeps the holder's lease only if it used the
+// directory since; a site that does not look costs a writer with
+// .SyncLevel=1 (nothing else to wait for) a revocation for the first
+// changes only, not for every change while its lease lasts.
+func TestPushedDirectoryLeaseLapsesUnused(t *testing.T) {
+	t.Parallel()
+	const rtt = 200 * time.Millisecond
+	c := Start(t, Options{RTT: UniformRTT(rtt), LockTTL: 10 * time.Second})
+	ctx := opCtx(t)
+	west, east := c.Servers("west")[0].Client(), c.Client("east")
+	if _, err := west.Mkdir(ctx, Owner(), "/d", 0o755); err != nil {
+		t.Fatal(err)
+	}
+	mustID(t, east, "/d/..")
+	mustID(t, east, "/d/..")
+	var took []time.Duration
+	for i := range 4 {
+		start := time.Now()
+		if err := west.WriteFile(ctx, Owner(), fmt.Sprintf("/.SyncLevel=1/d/f%d", i), []byte("x"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		took = append(took, time.Since(start))
+	}
+	t.Logf("create+write+close at SyncLevel 1, east leasing /d but not looking: %v", took)
+	if last := took[len(took)-1]; last >= rtt/2 {
+		t.Errorf("the 4th create took %v: east's unused lease on /d is still revoked on every change", last)
+	}
+}

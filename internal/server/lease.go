@@ -81,7 +81,7 @@ type callbackStream struct {
 
 	mu   sync.Mutex
 	seq  uint64
-	acks map[uint64]chan struct{}
+	acks map[uint64]*pendingAck
 
 	released atomic.Bool // the client said bye: its leases are void
 }
@@ -310,7 +310,7 @@ func (l *leases) revokePushing(ctx context.Context, ids []oid.ID, eventual bool,
 		ids     []uint64
 		updates []*wire.LeaseUpdate
 		until   time.Time
-		acked   bool
+		kept    []uint64 // the pushed updates it adopted
 		err     error
 	}
 	var pushed map[oid.ID]*wire.LeaseUpdate
@@ -361,7 +361,7 @@ func (l *leases) revokePushing(ctx context.Context, ids []oid.ID, eventual bool,
 	}
 	var wg sync.WaitGroup
 	for _, c := range calls {
-		wg.Go(func() { c.acked, c.err = l.callBack(wctx, c.stream, c.ids, c.updates, c.until) })
+		wg.Go(func() { c.kept, c.err = l.callBack(wctx, c.stream, c.ids, c.updates, c.until) })
 	}
 	wg.Wait()
 	// Forget the leases withdrawn, keep the others: no lease on ids was
@@ -377,7 +377,7 @@ func (l *leases) revokePushing(ctx context.Context, ids []oid.ID, eventual bool,
 			h, ok := l.holders[oid.ID(v)][sess]
 			switch {
 			case !ok || h.until.After(c.until):
-			case c.acked && pushed[oid.ID(v)] != nil:
+			case pushed[oid.ID(v)] != nil && slices.Contains(c.kept, v):
 				// It holds what the change left: its lease goes on.
 			case c.err == nil:
 				delete(l.holders[oid.ID(v)], sess)
@@ -413,24 +413,28 @@ func halfLeft(ctx context.Context) time.Duration {
 // acknowledgement, for its stream to be replaced (a client that
 // reconnects has dropped everything it cached from this server), or for
 // the lease to expire.
-func (l *leases) callBack(ctx context.Context, st *callbackStream, ids []uint64, updates []*wire.LeaseUpdate, until time.Time) (acked bool, err error) {
+func (l *leases) callBack(ctx context.Context, st *callbackStream, ids []uint64, updates []*wire.LeaseUpdate, until time.Time) (kept []uint64, err error) {
 	ack := st.send(ctx, ids, updates)
+	var done chan struct{}
+	if ack != nil {
+		done = ack.done
+	}
 	dead := st.dead
 	expiry := time.NewTimer(time.Until(until))
 	defer expiry.Stop()
 	for {
 		select {
-		case <-ack:
-			return true, nil
+		case <-done:
+			return ack.kept, nil
 		case <-expiry.C:
-			return false, nil
+			return nil, nil
 		case <-dead:
 			if l.replaced(st) || st.released.Load() {
-				return false, nil
+				return nil, nil
 			}
-			dead, ack = nil, nil // wait for the expiry
+			dead, done = nil, nil // wait for the expiry
 		case <-ctx.Done():
-			return false, fmt.Errorf("revoking leases of client session %x (lease left %v): %w",
+			return nil, fmt.Errorf("revoking leases of client session %x (lease left %v): %w",
 				st.session, time.Until(until).Round(time.Millisecond), fserr.ErrTimeout)
 		}
 	}
@@ -447,16 +451,16 @@ func (l *leases) replaced(st *callbackStream) bool {
 // send queues a revocation and returns the channel closed on its ack
 // (nil when the stream is gone, or its queue stayed full until ctx ended:
 // a holder cut off stops reading it).
-func (st *callbackStream) send(ctx context.Context, ids []uint64, updates []*wire.LeaseUpdate) chan struct{} {
+func (st *callbackStream) send(ctx context.Context, ids []uint64, updates []*wire.LeaseUpdate) *pendingAck {
 	st.mu.Lock()
 	st.seq++
 	seq := st.seq
-	ch := make(chan struct{})
-	st.acks[seq] = ch
+	ack := &pendingAck{done: make(chan struct{})}
+	st.acks[seq] = ack
 	st.mu.Unlock()
 	select {
 	case st.out <- &wire.Revoke{Seq: seq, Ids: ids, Updates: updates}:
-		return ch
+		return ack
 	case <-st.dead:
 	case <-ctx.Done():
 	}
@@ -466,11 +470,19 @@ func (st *callbackStream) send(ctx context.Context, ids []uint64, updates []*wir
 	return nil
 }
 
-func (st *callbackStream) acked(seq uint64) {
+// pendingAck is a revocation sent and not acknowledged yet; kept is set
+// before done closes.
+type pendingAck struct {
+	done chan struct{}
+	kept []uint64
+}
+
+func (st *callbackStream) acked(seq uint64, kept []uint64) {
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	if ch, ok := st.acks[seq]; ok {
-		close(ch)
+	if a, ok := st.acks[seq]; ok {
+		a.kept = kept
+		close(a.done)
 		delete(st.acks, seq)
 	}
 }
@@ -479,7 +491,7 @@ func (st *callbackStream) acked(seq uint64) {
 // is forgotten (the client dropped what it had cached from us).
 func (l *leases) attach(session uint64) *callbackStream {
 	st := &callbackStream{session: session, out: make(chan *wire.Revoke, 64),
-		dead: make(chan struct{}), acks: map[uint64]chan struct{}{}}
+		dead: make(chan struct{}), acks: map[uint64]*pendingAck{}}
 	l.mu.Lock()
 	old := l.sessions[session]
 	l.sessions[session] = st
@@ -569,7 +581,7 @@ func (s *Server) Callbacks(stream grpc.BidiStreamingServer[wire.CallbackAck, wir
 				errc <- nil
 				return
 			}
-			st.acked(a.Seq)
+			st.acked(a.Seq, a.Kept)
 		}
 	}()
 	for {

@@ -3370,7 +3370,8 @@ func (*ReleaseResponse) Descriptor() ([]byte, []int) {
 
 // Revoke withdraws the session's leases on ids.
 // updates: for some of ids (directories), the meta-data the change left;
-// the holder keeps its lease on it (its listing and names are dropped).
+// a holder that adopts it (CallbackAck.kept) keeps its lease on it (its
+// listing and names are dropped).
 type Revoke struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Seq           uint64                 `protobuf:"varint,1,opt,name=seq,proto3" json:"seq,omitempty"`
@@ -3485,11 +3486,14 @@ func (x *LeaseUpdate) GetMeta() *Meta {
 
 // bye: the client core is closing and has dropped everything this
 // server leased it; the server forgets its leases instead of waiting them out.
+// kept: of the updates a revocation pushed, the objects the client
+// adopted (it used them lately); the others' leases end with the ack.
 type CallbackAck struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Session       uint64                 `protobuf:"varint,1,opt,name=session,proto3" json:"session,omitempty"`
 	Seq           uint64                 `protobuf:"varint,2,opt,name=seq,proto3" json:"seq,omitempty"`
 	Bye           bool                   `protobuf:"varint,3,opt,name=bye,proto3" json:"bye,omitempty"`
+	Kept          []uint64               `protobuf:"varint,4,rep,packed,name=kept,proto3" json:"kept,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3543,6 +3547,13 @@ func (x *CallbackAck) GetBye() bool {
 		return x.Bye
 	}
 	return false
+}
+
+func (x *CallbackAck) GetKept() []uint64 {
+	if x != nil {
+		return x.Kept
+	}
+	return nil
 }
 
 type Mutation struct {
@@ -6875,11 +6886,12 @@ const file_wheelfs_proto_rawDesc = "" +
 	"\aupdates\x18\x03 \x03(\v2\x17.wheelfs.v1.LeaseUpdateR\aupdates\"C\n" +
 	"\vLeaseUpdate\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12$\n" +
-	"\x04meta\x18\x02 \x01(\v2\x10.wheelfs.v1.MetaR\x04meta\"K\n" +
+	"\x04meta\x18\x02 \x01(\v2\x10.wheelfs.v1.MetaR\x04meta\"_\n" +
 	"\vCallbackAck\x12\x18\n" +
 	"\asession\x18\x01 \x01(\x04R\asession\x12\x10\n" +
 	"\x03seq\x18\x02 \x01(\x04R\x03seq\x12\x10\n" +
-	"\x03bye\x18\x03 \x01(\bR\x03bye\"\x86\x01\n" +
+	"\x03bye\x18\x03 \x01(\bR\x03bye\x12\x12\n" +
+	"\x04kept\x18\x04 \x03(\x04R\x04kept\"\x86\x01\n" +
 	"\bMutation\x12,\n" +
 	"\x04kind\x18\x01 \x01(\x0e2\x18.wheelfs.v1.MutationKindR\x04kind\x12\x0e\n" +
 	"\x02id\x18\x02 \x01(\x04R\x02id\x12\x12\n" +
