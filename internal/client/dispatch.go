@@ -110,26 +110,17 @@ func callVia[Req, Resp any](ctx context.Context, f *FS, id oid.ID, rpc rpcFunc[R
 			// away, not busy (waiting out a lease, say).
 			var away atomic.Bool
 			probed := make(chan struct{})
-			pctx, stopProbe := context.WithCancel(ctx)
 			probe := time.AfterFunc(half(ctx), func() {
 				defer close(probed)
-				back := alive(pctx, c)
-				if pctx.Err() == nil || ctx.Err() != nil { // not stopped below
-					away.Store(!back)
-				}
+				away.Store(!alive(ctx, c))
 			})
 			resp, err = rpc(c, ctx, req)
-			if !probe.Stop() {
-				// The probe runs: once the call ran out its verdict decides
-				// whether the primary is marked silent, so wait for it (it
-				// ends with ctx; under load it may end after rpc returned).
-				// An earlier answer makes it moot.
-				if ctx.Err() == nil {
-					stopProbe()
-				}
+			if !probe.Stop() && ctx.Err() != nil {
+				// The call ran out while the probe ran: its verdict decides
+				// whether the primary is marked silent, and it ends with ctx
+				// too (under load, maybe after rpc returned).
 				<-probed
 			}
-			stopProbe()
 			if err == nil {
 				return resp, nil
 			}
