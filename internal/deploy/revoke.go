@@ -27,11 +27,14 @@ func (h *Host) followDenied(ctx context.Context) {
 	go func() {
 		defer close(done)
 		seen := false
+		var prev []string
 		for list := range ds.WatchDenied(wctx) {
 			names := make([]string, len(list))
 			for i, d := range list {
 				names[i] = d.Name
 			}
+			h.followRevokedUsers(wctx, prev, names)
+			prev = names
 			for _, n := range h.Creds.Deny.Set(names) {
 				if n == h.id.Server {
 					h.log.Error("this node is revoked: every other node refuses it", "revoked", n)

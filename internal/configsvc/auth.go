@@ -1,0 +1,147 @@
+package configsvc
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// NodeRole is the etcd role of every node's etcd user: read and write on
+// the service's prefix, nothing else (no user, role or member changes).
+const NodeRole = "wheelfs-node"
+
+// rootUser is etcd's administrator. With client-certificate auth, etcd
+// takes the user name from the certificate's CommonName, so only a
+// certificate named "root" (pki.RootCredentials: the CA key's holder) acts
+// as it. The user has no password: nobody logs in with one.
+const rootUser = "root"
+
+// Config-service authentication (issue 13). With auth enabled, etcd
+// refuses any client whose certificate name has no etcd user, so removing
+// a revoked node's user shuts it out of the configuration service itself,
+// where the deny list alone only shuts it out of WheelFS's own handshakes.
+// Every call below needs the administrator (a client dialed with the root
+// credentials), or auth not yet enabled.
+
+// EnableAuth turns etcd auth on: the root user and role, NodeRole with
+// read-write on the prefix, a user for each of nodes, then auth. It is
+// idempotent, so a host that stopped halfway may run it again.
+func (s *EtcdService) EnableAuth(ctx context.Context, nodes ...string) error {
+	if err := s.authCall(ctx, "add root user", func(ctx context.Context) error {
+		_, err := s.cli.UserAddWithOptions(ctx, rootUser, "", &clientv3.UserAddOptions{NoPassword: true})
+		return ignore(err, rpctypes.ErrUserAlreadyExist)
+	}); err != nil {
+		return err
+	}
+	if err := s.authCall(ctx, "grant root role", func(ctx context.Context) error {
+		_, err := s.cli.UserGrantRole(ctx, rootUser, rootUser)
+		return err
+	}); err != nil {
+		return err
+	}
+	if err := s.authCall(ctx, "add node role", func(ctx context.Context) error {
+		if _, err := s.cli.RoleAdd(ctx, NodeRole); ignore(err, rpctypes.ErrRoleAlreadyExist) != nil {
+			return err
+		}
+		end := clientv3.GetPrefixRangeEnd(s.opts.Prefix)
+		_, err := s.cli.RoleGrantPermission(ctx, NodeRole, s.opts.Prefix, end, clientv3.PermissionType(clientv3.PermReadWrite))
+		return err
+	}); err != nil {
+		return err
+	}
+	for _, n := range nodes {
+		if err := s.AddNodeUser(ctx, n); err != nil {
+			return err
+		}
+	}
+	return s.authCall(ctx, "enable auth", func(ctx context.Context) error {
+		_, err := s.cli.AuthEnable(ctx)
+		return err
+	})
+}
+
+// AuthEnabled reports whether etcd auth is on.
+func (s *EtcdService) AuthEnabled(ctx context.Context) (bool, error) {
+	var on bool
+	err := s.authCall(ctx, "auth status", func(ctx context.Context) error {
+		st, err := s.cli.AuthStatus(ctx)
+		if err == nil {
+			on = st.Enabled
+		}
+		return err
+	})
+	return on, err
+}
+
+// AddNodeUser lets the node with certificate name name use the
+// configuration service (its etcd user, with NodeRole). Adding an existing
+// user only grants the role again.
+func (s *EtcdService) AddNodeUser(ctx context.Context, name string) error {
+	if err := checkDenialName(name); err != nil || name == rootUser {
+		return fmt.Errorf("configsvc: add node user: invalid name %q", name)
+	}
+	return s.authCall(ctx, "add node user "+name, func(ctx context.Context) error {
+		_, err := s.cli.UserAddWithOptions(ctx, name, "", &clientv3.UserAddOptions{NoPassword: true})
+		if ignore(err, rpctypes.ErrUserAlreadyExist) != nil {
+			return err
+		}
+		_, err = s.cli.UserGrantRole(ctx, name, NodeRole)
+		return err
+	})
+}
+
+// DeleteNodeUser removes the node's etcd user: with auth on, etcd refuses
+// every further request made with its certificate. A missing user is no
+// error (existed is then false).
+func (s *EtcdService) DeleteNodeUser(ctx context.Context, name string) (existed bool, err error) {
+	if name == rootUser {
+		return false, fmt.Errorf("configsvc: delete node user: %q is the administrator", name)
+	}
+	err = s.authCall(ctx, "delete node user "+name, func(ctx context.Context) error {
+		_, err := s.cli.UserDelete(ctx, name)
+		existed = err == nil
+		return ignore(err, rpctypes.ErrUserNotFound)
+	})
+	return existed, err
+}
+
+// NodeUsers lists the etcd users other than root.
+func (s *EtcdService) NodeUsers(ctx context.Context) ([]string, error) {
+	var out []string
+	err := s.authCall(ctx, "list users", func(ctx context.Context) error {
+		resp, err := s.cli.UserList(ctx)
+		if err != nil {
+			return err
+		}
+		for _, u := range resp.Users {
+			if u != rootUser {
+				out = append(out, u)
+			}
+		}
+		return nil
+	})
+	return out, err
+}
+
+func (s *EtcdService) authCall(ctx context.Context, what string, f func(context.Context) error) error {
+	if s.isClosed() {
+		return ErrClosed
+	}
+	cctx, cancel := s.rpcCtx(ctx)
+	defer cancel()
+	if err := f(cctx); err != nil {
+		return fmt.Errorf("configsvc: %s: %w", what, err)
+	}
+	return nil
+}
+
+// ignore returns nil for err matching target, err otherwise.
+func ignore(err, target error) error {
+	if errors.Is(err, target) || (err != nil && err.Error() == target.Error()) {
+		return nil
+	}
+	return err
+}
