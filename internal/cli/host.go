@@ -41,6 +41,7 @@ type hostFlags struct {
 	cacheDir               string
 	readyFile              string
 	trustUIDs              bool
+	configAuth             bool
 	sessionTTL             time.Duration
 	peerListen, peerRate   string
 	peerConc               int
@@ -54,6 +55,7 @@ func (f *hostFlags) register(cmd *cobra.Command, roles deploy.Roles) {
 	fl.StringVar(&f.nodeDir, "node-dir", "", "node credentials `DIR` issued by 'wheelfs ca issue' (instead of --ca)")
 	fl.DurationVar(&f.configWait, "config-wait", 30*time.Second, "how long to wait for the configuration service at start")
 	fl.StringVar(&f.readyFile, "ready-file", "", "create this `FILE` once the host serves (the mount answers, if any); removed on exit")
+	fl.BoolVar(&f.configAuth, "config-auth", false, "turn on the configuration service's authentication (etcd auth, a user per node certificate name, so that 'wheelfs ca revoke' shuts a node out of etcd too); needs the CA key here; other nodes then need 'wheelfs ca issue --config' (docs/SECURITY.md)")
 	fl.StringVar(&f.pprofAddr, "pprof", "", "serve Go profiling endpoints (net/http/pprof) on this loopback address")
 	if roles&deploy.RoleMember == 0 {
 		fl.StringVar(&f.config, "config", "", "configuration service: comma-separated HOST:PORT of one or more config members (required)")
@@ -117,6 +119,7 @@ func (f *hostFlags) deployConfig(g *globalFlags, roles deploy.Roles) (deploy.Con
 	cfg.MemberTTL = f.memberTTL
 	cfg.Server.LeaseTTL = f.lease
 	cfg.TrustClientUIDs, cfg.SessionTTL = f.trustUIDs, f.sessionTTL
+	cfg.ConfigAuth = f.configAuth
 	cfg.Server.RateLimit = f.rate
 	if f.ca != "" && f.nodeDir != "" {
 		return cfg, errors.New("give either --ca or --node-dir, not both")

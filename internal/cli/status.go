@@ -143,25 +143,15 @@ func statusCredentials(data, caDir, nodeDir string) (*pki.Credentials, func(), e
 		c, err := pki.LoadCredentials(nodeDir)
 		return c, none, err
 	case caDir != "":
+		// The configuration service's administrator, in memory: what
+		// the CA key's holder is anyway, and the name etcd accepts when
+		// its authentication is on.
 		ca, err := pki.LoadCA(caDir)
 		if err != nil {
 			return nil, none, err
 		}
-		tmp, err := os.MkdirTemp("", "wheelfs-status-")
-		if err != nil {
-			return nil, none, err
-		}
-		cleanup := func() { os.RemoveAll(tmp) }
-		if err := ca.IssueNodeDir(tmp, "status", nil, nil); err != nil {
-			cleanup()
-			return nil, none, err
-		}
-		c, err := pki.LoadCredentials(tmp)
-		if err != nil {
-			cleanup()
-			return nil, none, err
-		}
-		return c, cleanup, nil
+		c, err := ca.RootCredentials()
+		return c, none, err
 	}
 	c, err := pki.LoadCredentials(filepath.Join(data, "node"))
 	if err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -25,6 +26,20 @@ const rootUser = "root"
 // where the deny list alone only shuts it out of WheelFS's own handshakes.
 // Every call below needs the administrator (a client dialed with the root
 // credentials), or auth not yet enabled.
+
+// ErrNoUser means etcd, with auth on, refuses the client's certificate
+// name: the node has no etcd user (never added, or revoked).
+var ErrNoUser = errors.New("configsvc: the configuration service refuses this node (authentication is on and the node has no user there: add it with `wheelfs ca issue --config`, unless it is revoked)")
+
+// authRefused reports whether err is etcd's refusal of the caller.
+func authRefused(err error) bool {
+	for _, e := range []error{rpctypes.ErrPermissionDenied, rpctypes.ErrUserNotFound, rpctypes.ErrUserEmpty} {
+		if errors.Is(err, e) || strings.Contains(err.Error(), e.Error()) {
+			return true
+		}
+	}
+	return false
+}
 
 // EnableAuth turns etcd auth on: the root user and role, NodeRole with
 // read-write on the prefix, a user for each of nodes, then auth. It is

@@ -207,6 +207,9 @@ func Dial(ctx context.Context, endpoints []string, tlsConfig *tls.Config, opts O
 	defer cancel()
 	if _, err := cli.Get(pctx, opts.Prefix+"deployment", clientv3.WithSerializable(), clientv3.WithCountOnly()); err != nil {
 		cli.Close()
+		if authRefused(err) {
+			return nil, fmt.Errorf("%w (etcd at %v: %v)", ErrNoUser, endpoints, err)
+		}
 		return nil, fmt.Errorf("configsvc: cannot reach etcd at %v: %w", endpoints, err)
 	}
 	s, err := NewEtcd(cli, opts)

@@ -448,6 +448,9 @@ func (h *Host) dialConfig(ctx context.Context, endpoints []string) error {
 		if err == nil {
 			conf, err = configsvc.Dial(wctx, endpoints, h.Creds.ClientTLS(""), opts)
 		}
+		if errors.Is(err, configsvc.ErrNoUser) {
+			return fmt.Errorf("deploy: node %q: %w", h.Creds.Name, err)
+		}
 		if errors.Is(err, configsvc.ErrRefused) {
 			if refusedSince.IsZero() {
 				refusedSince = time.Now()
