@@ -49,7 +49,7 @@ with 'wheelfs ca issue' (--node-dir).`,
 	var caDir, nodeName, out, config string
 	var hosts []string
 	var days int
-	var renew bool
+	var renew, server bool
 	issue := &cobra.Command{
 		Use:   "issue --ca DIR --name NAME --out NODEDIR",
 		Short: "Issue a node directory (ca.crt, node.crt, node.key) for a node that does not get the CA key",
@@ -63,7 +63,8 @@ certificate check period (an hour) or at its next start.
 
 With --config HOST:PORT, the node also gets its user in the configuration
 service, which it needs once that service's authentication is on
-(--config-auth, docs/SECURITY.md).`,
+(--config-auth, docs/SECURITY.md): a client host's user may only read the
+tables; give --server for a node that runs a server or a config member.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if caDir == "" || out == "" || (nodeName == "" && !renew) {
@@ -119,10 +120,10 @@ service, which it needs once that service's authentication is on
 				return err
 			}
 			defer admin.Close()
-			if err := admin.AddNodeUser(ctx, nodeName); err != nil {
+			if err := admin.AddNodeUser(ctx, nodeName, server); err != nil {
 				return err
 			}
-			fmt.Printf("node %q may use the configuration service\n", nodeName)
+			fmt.Printf("node %q may use the configuration service (as a %s)\n", nodeName, map[bool]string{true: "server", false: "client"}[server])
 			return nil
 		},
 	}
@@ -134,6 +135,7 @@ service, which it needs once that service's authentication is on
 	fl.IntVar(&days, "days", int(pki.DefaultNodeValidity/(24*time.Hour)), "certificate lifetime in days")
 	fl.BoolVar(&renew, "renew", false, "replace the credentials in --out with fresh ones for the same node")
 	fl.StringVar(&config, "config", "", "configuration service (HOST:PORT,...): also add the node's user there, needed when its authentication is on")
+	fl.BoolVar(&server, "server", false, "with --config: the node runs a server or a config member (its etcd user may write the tables)")
 	ca.AddCommand(initCmd, issue, newRevoke(g))
 	return ca
 }
@@ -221,10 +223,14 @@ from --node-dir, --ca or --data, as for 'wheelfs status'.`,
 					if on, err := conf.AuthEnabled(ctx); err != nil {
 						return err
 					} else if on {
-						if err := conf.AddNodeUser(ctx, args[0]); err != nil {
+						has, err := conf.HasNodeUser(ctx, args[0])
+						if err == nil && !has {
+							err = conf.AddNodeUser(ctx, args[0], false)
+						}
+						if err != nil {
 							return err
 						}
-						fmt.Printf("node %q may use the configuration service again\n", args[0])
+						fmt.Printf("node %q may use the configuration service again (a server needs 'wheelfs ca issue --renew --config --server' too, unless it holds the CA key)\n", args[0])
 					}
 				}
 				return nil

@@ -354,8 +354,8 @@ func (c *Cluster) start() error {
 	return errors.Join(errs...)
 }
 
-// enableConfigAuth turns etcd auth on, as the administrator, with users
-// for nodes.
+// enableConfigAuth turns etcd auth on, as the administrator, with server
+// users for nodes.
 func enableConfigAuth(ctx context.Context, endpoints []string, ca *pki.CA, nodes ...string) error {
 	root, err := ca.RootCredentials()
 	if err != nil {

@@ -186,4 +186,22 @@ func TestRevokedNodeShutOutOfConfig(t *testing.T) {
 	if err := readIs(ctx, west, "/f", data); err != nil {
 		t.Fatalf("west after east's revocation: %v", err)
 	}
+
+	// A client host that is not revoked only reads the tables and
+	// publishes its coordinate: it can neither lift a revocation nor
+	// write itself a login.
+	wconf := c.ClientNode("west").Host().Conf.(*configsvc.EtcdService)
+	if _, err := wconf.Table(ctx); err != nil {
+		t.Fatalf("west's etcd client reads: %v", err)
+	}
+	if err := wconf.PublishCoord(ctx, configsvc.NodeCoord{ID: c.ClientNode("west").ID(), Site: "west"}, time.Minute); err != nil {
+		t.Fatalf("west publishes its coordinate: %v", err)
+	}
+	if err := wconf.Undeny(ctx, node.ID()); err == nil {
+		t.Fatal("a client host took a node off the deny list")
+	}
+	login := configsvc.Login{Node: c.ClientNode("west").ID(), UID: 1000, User: "alice", Key: "SHA256:x", Expires: time.Now().Add(time.Hour)}
+	if err := wconf.PutLogin(ctx, login); err == nil {
+		t.Fatal("a client host wrote itself a login")
+	}
 }

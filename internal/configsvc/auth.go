@@ -10,9 +10,17 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
-// NodeRole is the etcd role of every node's etcd user: read and write on
-// the service's prefix, nothing else (no user, role or member changes).
-const NodeRole = "wheelfs-node"
+// The etcd roles of nodes' users. Neither may change users, roles or
+// members (the administrator's calls).
+const (
+	// ServerRole: read and write on the service's prefix. Servers are
+	// the trusted base (they write slices, locks, logins, the deny list).
+	ServerRole = "wheelfs-server"
+	// ClientRole: read on the prefix, and write only the client's
+	// published coordinate. A client host that could write a login
+	// record (logins/<node>/<uid>) would give itself any user's session.
+	ClientRole = "wheelfs-client"
+)
 
 // rootUser is etcd's administrator. With client-certificate auth, etcd
 // takes the user name from the certificate's CommonName, so only a
@@ -41,10 +49,10 @@ func authRefused(err error) bool {
 	return false
 }
 
-// EnableAuth turns etcd auth on: the root user and role, NodeRole with
-// read-write on the prefix, a user for each of nodes, then auth. It is
-// idempotent, so a host that stopped halfway may run it again.
-func (s *EtcdService) EnableAuth(ctx context.Context, nodes ...string) error {
+// EnableAuth turns etcd auth on: the root user and role, the node roles,
+// a server user for each of servers, then auth. It is idempotent, so a
+// host that stopped halfway may run it again.
+func (s *EtcdService) EnableAuth(ctx context.Context, servers ...string) error {
 	if err := s.authCall(ctx, "add root user", func(ctx context.Context) error {
 		_, err := s.cli.UserAddWithOptions(ctx, rootUser, "", &clientv3.UserAddOptions{NoPassword: true})
 		return ignore(err, rpctypes.ErrUserAlreadyExist)
@@ -57,18 +65,29 @@ func (s *EtcdService) EnableAuth(ctx context.Context, nodes ...string) error {
 	}); err != nil {
 		return err
 	}
-	if err := s.authCall(ctx, "add node role", func(ctx context.Context) error {
-		if _, err := s.cli.RoleAdd(ctx, NodeRole); ignore(err, rpctypes.ErrRoleAlreadyExist) != nil {
+	end := clientv3.GetPrefixRangeEnd(s.opts.Prefix)
+	coords := s.coordsPfx()
+	perms := []struct {
+		role, key, end string
+		typ            clientv3.PermissionType
+	}{
+		{ServerRole, s.opts.Prefix, end, clientv3.PermissionType(clientv3.PermReadWrite)},
+		{ClientRole, s.opts.Prefix, end, clientv3.PermissionType(clientv3.PermRead)},
+		{ClientRole, coords, clientv3.GetPrefixRangeEnd(coords), clientv3.PermissionType(clientv3.PermReadWrite)},
+	}
+	for _, p := range perms {
+		if err := s.authCall(ctx, "add role "+p.role, func(ctx context.Context) error {
+			if _, err := s.cli.RoleAdd(ctx, p.role); ignore(err, rpctypes.ErrRoleAlreadyExist) != nil {
+				return err
+			}
+			_, err := s.cli.RoleGrantPermission(ctx, p.role, p.key, p.end, p.typ)
+			return err
+		}); err != nil {
 			return err
 		}
-		end := clientv3.GetPrefixRangeEnd(s.opts.Prefix)
-		_, err := s.cli.RoleGrantPermission(ctx, NodeRole, s.opts.Prefix, end, clientv3.PermissionType(clientv3.PermReadWrite))
-		return err
-	}); err != nil {
-		return err
 	}
-	for _, n := range nodes {
-		if err := s.AddNodeUser(ctx, n); err != nil {
+	for _, n := range servers {
+		if err := s.AddNodeUser(ctx, n, true); err != nil {
 			return err
 		}
 	}
@@ -92,9 +111,14 @@ func (s *EtcdService) AuthEnabled(ctx context.Context) (bool, error) {
 }
 
 // AddNodeUser lets the node with certificate name name use the
-// configuration service (its etcd user, with NodeRole). Adding an existing
-// user only grants the role again.
-func (s *EtcdService) AddNodeUser(ctx context.Context, name string) error {
+// configuration service: its etcd user, with ServerRole or ClientRole.
+// Adding an existing user grants the role (a client made a server keeps
+// both).
+func (s *EtcdService) AddNodeUser(ctx context.Context, name string, server bool) error {
+	role := ClientRole
+	if server {
+		role = ServerRole
+	}
 	if err := checkDenialName(name); err != nil || name == rootUser {
 		return fmt.Errorf("configsvc: add node user: invalid name %q", name)
 	}
@@ -103,7 +127,7 @@ func (s *EtcdService) AddNodeUser(ctx context.Context, name string) error {
 		if ignore(err, rpctypes.ErrUserAlreadyExist) != nil {
 			return err
 		}
-		_, err = s.cli.UserGrantRole(ctx, name, NodeRole)
+		_, err = s.cli.UserGrantRole(ctx, name, role)
 		return err
 	})
 }
@@ -121,6 +145,17 @@ func (s *EtcdService) DeleteNodeUser(ctx context.Context, name string) (existed 
 		return ignore(err, rpctypes.ErrUserNotFound)
 	})
 	return existed, err
+}
+
+// HasNodeUser reports whether name has an etcd user.
+func (s *EtcdService) HasNodeUser(ctx context.Context, name string) (bool, error) {
+	var has bool
+	err := s.authCall(ctx, "get user "+name, func(ctx context.Context) error {
+		_, err := s.cli.UserGet(ctx, name)
+		has = err == nil
+		return ignore(err, rpctypes.ErrUserNotFound)
+	})
+	return has, err
 }
 
 // NodeUsers lists the etcd users other than root.

@@ -1003,6 +1003,18 @@ func (s *EtcdService) Deployment(ctx context.Context) (string, error) {
 	if s.isClosed() {
 		return "", ErrClosed
 	}
+	// A read first: most callers find the ID, and a client host (which
+	// may not write the key once etcd auth is on) must not need the
+	// transaction below, whose every branch etcd checks.
+	gctx, gcancel := s.rpcCtx(ctx)
+	got, err := s.cli.Get(gctx, s.deploymentKey)
+	gcancel()
+	if err != nil {
+		return "", fmt.Errorf("configsvc: deployment: %w", err)
+	}
+	if len(got.Kvs) > 0 {
+		return string(got.Kvs[0].Value), nil
+	}
 	var b [16]byte
 	if _, err := rand.Read(b[:]); err != nil {
 		return "", err

@@ -59,14 +59,20 @@ func (h *Host) ensureConfigUser(ctx context.Context, endpoints []string, opts co
 	if err != nil {
 		return err
 	}
+	// A config member or a server writes the tables; a client host
+	// only reads them (and publishes its coordinate).
+	server := h.cfg.Roles&(RoleServer|RoleMember) != 0
 	on := false
 	if h.cfg.ConfigAuth {
-		if err = admin.EnableAuth(ctx, h.Creds.Name); err == nil {
+		if err = admin.EnableAuth(ctx); err == nil {
 			on = true
 			h.log.Info("configuration service authentication on", "node", h.Creds.Name)
 		}
-	} else if on, err = admin.AuthEnabled(ctx); err == nil && on {
-		err = admin.AddNodeUser(ctx, h.Creds.Name)
+	} else {
+		on, err = admin.AuthEnabled(ctx)
+	}
+	if err == nil && on {
+		err = admin.AddNodeUser(ctx, h.Creds.Name, server)
 	}
 	if err != nil || !on {
 		admin.Close()
@@ -79,7 +85,9 @@ func (h *Host) ensureConfigUser(ctx context.Context, endpoints []string, opts co
 
 // followRevokedUsers makes etcd refuse the nodes on the deny list, at a host
 // that administers the configuration service (h.admin): a newly denied
-// node's etcd user is deleted, and one taken off the list gets it back.
+// node's etcd user is deleted, and one taken off the list gets a client
+// user back (a server's role is not recorded: it gets its own back when
+// it starts with the CA key, or from `wheelfs ca issue --config --server`).
 // It runs for every list the host receives, so a revocation written with
 // a server's credentials (which cannot change users) takes effect in
 // etcd as soon as one such host sees it.
@@ -104,7 +112,11 @@ func (h *Host) followRevokedUsers(ctx context.Context, prev, now []string) {
 		if slices.Contains(now, n) {
 			continue
 		}
-		if err := h.admin.AddNodeUser(ctx, n); err != nil {
+		has, err := h.admin.HasNodeUser(ctx, n)
+		if err == nil && !has {
+			err = h.admin.AddNodeUser(ctx, n, false)
+		}
+		if err != nil {
 			h.log.Warn("configuration service user of a node taken off the deny list not restored", "node", n, "err", err)
 		}
 	}
