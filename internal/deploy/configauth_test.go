@@ -2,11 +2,18 @@ package deploy_test
 
 import (
 	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/wheelfs/wheelfs/internal/configsvc"
 	"github.com/wheelfs/wheelfs/internal/deploy"
 	"github.com/wheelfs/wheelfs/internal/deploy/deploytest"
+	"github.com/wheelfs/wheelfs/internal/pki"
+	"github.com/wheelfs/wheelfs/internal/poll"
 )
 
 // BenchmarkConfigRequest measures configuration-service round trips (a
@@ -51,4 +58,43 @@ func BenchmarkConfigRequest(b *testing.B) {
 			})
 		})
 	}
+}
+
+// TestRenewThroughServer (issue 13): a client-only host without the CA
+// key whose certificate is in its last third of life gets a new one from
+// a server that holds the key, installs it and presents it.
+func TestRenewThroughServer(t *testing.T) {
+	var data, cliData string
+	deploytest.Start(t, func(c *deploy.Config) { data = c.DataDir })
+	ca, err := pki.LoadCA(filepath.Join(data, "ca"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ca.NodeValidity = 20 * time.Minute // 1h20m with the backdated hour: due at once
+	issued := t.TempDir()
+	if err := ca.IssueNodeDir(issued, "cli-renew", nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	old, err := pki.LoadCredentials(issued)
+	if err != nil {
+		t.Fatal(err)
+	}
+	eps, err := os.ReadFile(deploy.EndpointsFile(data))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cli := deploytest.Start(t, func(c *deploy.Config) {
+		c.Roles, c.NodeDir, cliData = deploy.RoleClient, issued, c.DataDir
+		c.Etcd = strings.Split(strings.TrimSpace(string(eps)), ",")
+	})
+	poll.Until(t, 20*time.Second, "the client host's certificate renewed", func() error {
+		if na := cli.Creds.Current().Leaf.NotAfter; !na.After(old.Cert.Leaf.NotAfter.Add(24 * time.Hour)) {
+			return fmt.Errorf("certificate expires %v", na)
+		}
+		return nil
+	})
+	if _, na, err := pki.Expiry(filepath.Join(cliData, "node")); err != nil || na.Before(time.Now().Add(300*24*time.Hour)) {
+		t.Fatalf("node directory's certificate: expires %v, %v", na, err)
+	}
+
 }

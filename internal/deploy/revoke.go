@@ -98,7 +98,10 @@ func (h *Host) renewCerts() {
 		}
 	}
 	nd := h.nodeDir()
-	check := func() {
+	// remote: a host without the CA key may ask a server that holds it
+	// (not during Start: servers may be far or down, and the certificate
+	// is still valid for a third of its life).
+	check := func(ctx context.Context, remote bool) {
 		if caDir != "" {
 			did, err := pki.Renew(caDir, nd, h.cfg.CertValidity, time.Now())
 			if err != nil {
@@ -122,19 +125,34 @@ func (h *Host) renewCerts() {
 				return
 			}
 		}
-		if leaf != nil && pki.RenewDue(leaf, time.Now()) {
-			h.log.Warn("node certificate expires soon; re-issue it with `wheelfs ca issue` and restart",
-				"node", h.id.Server, "expires", leaf.NotAfter, "dir", nd)
+		if leaf == nil || !pki.RenewDue(leaf, time.Now()) {
+			return
 		}
+		if !remote && caDir == "" {
+			return // the background check, at once, asks a server first
+		}
+		if caDir == "" {
+			err := h.renewRemote(ctx)
+			if err == nil {
+				return
+			}
+			h.log.Warn("node certificate renewal by a server failed", "err", err)
+		}
+		h.log.Warn("node certificate expires soon; re-issue it with `wheelfs ca issue` and restart",
+			"node", h.id.Server, "expires", leaf.NotAfter, "dir", nd)
 	}
-	check()
+	ctx, cancel := context.WithCancel(context.Background())
+	check(ctx, false)
 	period := h.cfg.CertCheckPeriod
 	if period <= 0 {
 		period = time.Hour
 	}
-	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
-	go func() { defer close(done); every.Do(ctx, period, nil, check) }()
+	go func() {
+		defer close(done)
+		check(ctx, true)
+		every.Do(ctx, period, nil, func() { check(ctx, true) })
+	}()
 	stop := func() error { cancel(); <-done; return nil }
 	h.onClose(stop, stop)
 }

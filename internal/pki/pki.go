@@ -251,9 +251,21 @@ func (ca *CA) sign(name string, dnsNames []string, ips []net.IP) (certDER, keyPE
 	if err != nil {
 		return nil, nil, err
 	}
-	serial, err := newSerial()
+	if certDER, err = ca.signKey(key.Public(), name, dnsNames, ips); err != nil {
+		return nil, nil, err
+	}
+	keyPEM, err = encodeKey(key)
 	if err != nil {
 		return nil, nil, err
+	}
+	return certDER, keyPEM, nil
+}
+
+// signKey certifies pub as the node name.
+func (ca *CA) signKey(pub crypto.PublicKey, name string, dnsNames []string, ips []net.IP) ([]byte, error) {
+	serial, err := newSerial()
+	if err != nil {
+		return nil, err
 	}
 	now := time.Now()
 	validity := ca.NodeValidity
@@ -280,15 +292,7 @@ func (ca *CA) sign(name string, dnsNames []string, ips []net.IP) (certDER, keyPE
 		DNSNames:              dns,
 		IPAddresses:           addrs,
 	}
-	certDER, err = x509.CreateCertificate(rand.Reader, tmpl, ca.Cert, key.Public(), ca.Key)
-	if err != nil {
-		return nil, nil, err
-	}
-	keyPEM, err = encodeKey(key)
-	if err != nil {
-		return nil, nil, err
-	}
-	return certDER, keyPEM, nil
+	return x509.CreateCertificate(rand.Reader, tmpl, ca.Cert, pub, ca.Key)
 }
 
 // sans returns the deduplicated subject alternative names of a node

@@ -92,6 +92,9 @@ type Config struct {
 	GrantCheck *blockgrant.Verifier
 	// RateLimit bounds each client node's request rate (ratelimit.go).
 	RateLimit RateLimit
+	// Certs, when set, renews the certificates of nodes that ask
+	// (RenewCertificate): the host holds the CA key. Nil: refused.
+	Certs CertRenewer
 }
 
 // Server implements wire.StorageServer.
