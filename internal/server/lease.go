@@ -507,11 +507,13 @@ func (l *leases) attach(session uint64) *callbackStream {
 	return st
 }
 
-// attachedTo reports whether session has a Callbacks stream here.
-func (l *leases) attachedTo(session uint64) bool {
+// attachedSessions adds the sessions with a Callbacks stream here to out.
+func (l *leases) attachedSessions(out map[uint64]bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return l.sessions[session] != nil
+	for s := range l.sessions {
+		out[s] = true
+	}
 }
 
 func (l *leases) detach(st *callbackStream) {

@@ -247,16 +247,13 @@ func (f *openFiles) openNew(h *wire.HandleRef, id oid.ID, access uint32) bool {
 	return true
 }
 
-// hasSession reports whether an open of session is recorded here.
-func (f *openFiles) hasSession(session uint64) bool {
+// handleSessions adds the sessions with an open recorded here to out.
+func (f *openFiles) handleSessions(out map[uint64]bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	for k := range f.grants {
-		if k.session == session {
-			return true
-		}
+		out[k.session] = true
 	}
-	return false
 }
 
 // forget drops the grant of h on id, if any (not the count).

@@ -183,7 +183,7 @@ func New(cfg Config, st *store.Store, conf ConfigService, lockTTL time.Duration)
 		maintSem: make(chan struct{}, 8),
 	}
 	s.leases = newLeases(cfg.LeaseTTL, s.lockValidity)
-	s.owners = newSessionOwners(s.holds)
+	s.owners = newSessionOwners(s.heldSessions)
 	s.holders = holders.New(cfg.Holders)
 	s.xfer = newTransfers(cfg.PeerTimeout)
 	s.limits = newRateLimits(cfg.RateLimit, s.log)

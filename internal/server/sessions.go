@@ -24,9 +24,10 @@ const ownerIdle = 10 * time.Minute
 // lease revocations, to take its leases, or to use or release its
 // handles — is refused: knowing the number is not enough.
 type sessionOwners struct {
-	// keep reports whether something of a session is still held here
-	// (its binding must then stay, however long it was idle).
-	keep func(session uint64) bool
+	// held lists the sessions of which something is still held here
+	// (their bindings stay, however long they were idle).
+	held func() map[uint64]bool
+	now  func() time.Time // time.Now; tests move it
 
 	mu    sync.Mutex
 	m     map[uint64]*sessionOwner
@@ -38,8 +39,8 @@ type sessionOwner struct {
 	used time.Time
 }
 
-func newSessionOwners(keep func(uint64) bool) *sessionOwners {
-	return &sessionOwners{keep: keep, m: map[uint64]*sessionOwner{}}
+func newSessionOwners(held func() map[uint64]bool) *sessionOwners {
+	return &sessionOwners{held: held, now: time.Now, m: map[uint64]*sessionOwner{}}
 }
 
 // claim binds session to node, or checks that it is bound to node
@@ -48,7 +49,7 @@ func (o *sessionOwners) claim(node string, session uint64) error {
 	if session == 0 {
 		return nil
 	}
-	now := time.Now()
+	now := o.now()
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if now.Sub(o.swept) > ownerIdle {
@@ -71,8 +72,12 @@ func (o *sessionOwners) claim(node string, session uint64) error {
 // bound (each binding costs it a request, within its rate limit).
 func (o *sessionOwners) sweepLocked(now time.Time) {
 	o.swept = now
+	var held map[uint64]bool
+	if o.held != nil {
+		held = o.held()
+	}
 	for s, w := range o.m {
-		if now.Sub(w.used) > ownerIdle && (o.keep == nil || !o.keep(s)) {
+		if now.Sub(w.used) > ownerIdle && !held[s] {
 			delete(o.m, s)
 		}
 	}
@@ -125,8 +130,11 @@ func (s *Server) checkSessions(ctx context.Context, req any) error {
 	return nil
 }
 
-// holds reports whether session still has a Callbacks stream attached or
-// an open handle at this server.
-func (s *Server) holds(session uint64) bool {
-	return s.leases.attachedTo(session) || s.files.hasSession(session)
+// heldSessions lists the sessions with a Callbacks stream attached or an
+// open handle at this server.
+func (s *Server) heldSessions() map[uint64]bool {
+	out := map[uint64]bool{}
+	s.leases.attachedSessions(out)
+	s.files.handleSessions(out)
+	return out
 }
