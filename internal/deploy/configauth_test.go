@@ -2,7 +2,9 @@ package deploy_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -97,4 +99,74 @@ func TestRenewThroughServer(t *testing.T) {
 		t.Fatalf("node directory's certificate: expires %v, %v", na, err)
 	}
 
+}
+
+// TestConfigAuthHosts: a deployment created with ConfigAuth restarts
+// without the flag (auth stays on, the host re-adds its own user); a
+// client host whose node has no etcd user fails to start at once, saying
+// why, and starts once `ca issue --config` (AddNodeUser) gave it one.
+func TestConfigAuthHosts(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	dir := t.TempDir()
+	cfg := deploy.NewConfig(dir)
+	cfg.ConfigAuth, cfg.Logger = true, slog.New(slog.DiscardHandler)
+	h, err := deploy.Start(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.Close()
+	cfg.ConfigAuth = false
+	h, err = deploy.Start(ctx, cfg)
+	if err != nil {
+		t.Fatalf("restart: %v", err)
+	}
+	defer h.Close()
+	if _, err := h.Conf.Table(ctx); err != nil {
+		t.Fatalf("after the restart: %v", err)
+	}
+
+	ca, err := pki.LoadCA(filepath.Join(dir, "ca"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	issued := t.TempDir()
+	if err := ca.IssueNodeDir(issued, "cli-late", nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	eps, err := os.ReadFile(deploy.EndpointsFile(dir))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ccfg := deploy.NewConfig(t.TempDir())
+	ccfg.Roles, ccfg.NodeDir, ccfg.Logger = deploy.RoleClient, issued, cfg.Logger
+	ccfg.Etcd = strings.Split(strings.TrimSpace(string(eps)), ",")
+	began := time.Now()
+	if c, err := deploy.Start(ctx, ccfg); err == nil {
+		c.Close()
+		t.Fatal("a node without an etcd user started")
+	} else if !errors.Is(err, configsvc.ErrNoUser) {
+		t.Fatalf("start without an etcd user: %v, want ErrNoUser", err)
+	}
+	if took := time.Since(began); took > 5*time.Second { // not the 30 s ConfigWait
+
+		t.Errorf("refusal took %v", took)
+	}
+	root, err := ca.RootCredentials()
+	if err != nil {
+		t.Fatal(err)
+	}
+	admin, err := configsvc.Dial(ctx, ccfg.Etcd, root.ClientTLS(""), configsvc.Options{OneShot: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close()
+	if err := admin.AddNodeUser(ctx, "cli-late", false); err != nil {
+		t.Fatal(err)
+	}
+	c, err := deploy.Start(ctx, ccfg)
+	if err != nil {
+		t.Fatalf("start with an etcd user: %v", err)
+	}
+	c.Close()
 }
