@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
@@ -53,17 +54,32 @@ func authRefused(err error) bool {
 // a server user for each of servers, then auth. It is idempotent, so a
 // host that stopped halfway may run it again.
 func (s *EtcdService) EnableAuth(ctx context.Context, servers ...string) error {
-	if err := s.authCall(ctx, "add root user", func(ctx context.Context) error {
-		_, err := s.cli.UserAddWithOptions(ctx, rootUser, "", &clientv3.UserAddOptions{NoPassword: true})
-		return ignore(err, rpctypes.ErrUserAlreadyExist)
+	// What exists is read first: etcd logs a warning for every refused
+	// change (an existing user or role), and a restart runs this again.
+	users, err := s.users(ctx)
+	if err != nil {
+		return err
+	}
+	var roles []string
+	if err := s.authCall(ctx, "list roles", func(ctx context.Context) error {
+		resp, err := s.cli.RoleList(ctx)
+		if err == nil {
+			roles = resp.Roles
+		}
+		return err
 	}); err != nil {
 		return err
 	}
-	if err := s.authCall(ctx, "grant root role", func(ctx context.Context) error {
-		_, err := s.cli.UserGrantRole(ctx, rootUser, rootUser)
-		return err
-	}); err != nil {
-		return err
+	if !users[rootUser] {
+		if err := s.authCall(ctx, "add root user", func(ctx context.Context) error {
+			if _, err := s.cli.UserAddWithOptions(ctx, rootUser, "", &clientv3.UserAddOptions{NoPassword: true}); err != nil {
+				return err
+			}
+			_, err := s.cli.UserGrantRole(ctx, rootUser, rootUser)
+			return err
+		}); err != nil {
+			return err
+		}
 	}
 	end := clientv3.GetPrefixRangeEnd(s.opts.Prefix)
 	coords := s.coordsPfx()
@@ -77,8 +93,11 @@ func (s *EtcdService) EnableAuth(ctx context.Context, servers ...string) error {
 	}
 	for _, p := range perms {
 		if err := s.authCall(ctx, "add role "+p.role, func(ctx context.Context) error {
-			if _, err := s.cli.RoleAdd(ctx, p.role); ignore(err, rpctypes.ErrRoleAlreadyExist) != nil {
-				return err
+			if !slices.Contains(roles, p.role) {
+				if _, err := s.cli.RoleAdd(ctx, p.role); err != nil {
+					return err
+				}
+				roles = append(roles, p.role)
 			}
 			_, err := s.cli.RoleGrantPermission(ctx, p.role, p.key, p.end, p.typ)
 			return err
@@ -91,10 +110,29 @@ func (s *EtcdService) EnableAuth(ctx context.Context, servers ...string) error {
 			return err
 		}
 	}
+	if on, err := s.AuthEnabled(ctx); err != nil || on {
+		return err
+	}
 	return s.authCall(ctx, "enable auth", func(ctx context.Context) error {
 		_, err := s.cli.AuthEnable(ctx)
 		return err
 	})
+}
+
+// users returns the etcd users.
+func (s *EtcdService) users(ctx context.Context) (map[string]bool, error) {
+	out := map[string]bool{}
+	err := s.authCall(ctx, "list users", func(ctx context.Context) error {
+		resp, err := s.cli.UserList(ctx)
+		if err != nil {
+			return err
+		}
+		for _, u := range resp.Users {
+			out[u] = true
+		}
+		return nil
+	})
+	return out, err
 }
 
 // AuthEnabled reports whether etcd auth is on.
@@ -122,12 +160,35 @@ func (s *EtcdService) AddNodeUser(ctx context.Context, name string, server bool)
 	if err := checkDenialName(name); err != nil || name == rootUser {
 		return fmt.Errorf("configsvc: add node user: invalid name %q", name)
 	}
-	return s.authCall(ctx, "add node user "+name, func(ctx context.Context) error {
-		_, err := s.cli.UserAddWithOptions(ctx, name, "", &clientv3.UserAddOptions{NoPassword: true})
-		if ignore(err, rpctypes.ErrUserAlreadyExist) != nil {
+	var has []string
+	found := true
+	if err := s.authCall(ctx, "get user "+name, func(ctx context.Context) error {
+		users, err := s.users(ctx)
+		if err != nil || !users[name] {
+			found = false
 			return err
 		}
-		_, err = s.cli.UserGrantRole(ctx, name, role)
+		resp, err := s.cli.UserGet(ctx, name)
+		if err == nil {
+			has = resp.Roles
+		}
+		return err
+	}); err != nil {
+		return err
+	}
+	if slices.Contains(has, role) {
+		return nil
+	}
+	return s.authCall(ctx, "add node user "+name, func(ctx context.Context) error {
+		if !found {
+			// Another administrator (a host following the deny list)
+			// may add it at the same moment.
+			_, err := s.cli.UserAddWithOptions(ctx, name, "", &clientv3.UserAddOptions{NoPassword: true})
+			if ignore(err, rpctypes.ErrUserAlreadyExist) != nil {
+				return err
+			}
+		}
+		_, err := s.cli.UserGrantRole(ctx, name, role)
 		return err
 	})
 }
@@ -139,41 +200,25 @@ func (s *EtcdService) DeleteNodeUser(ctx context.Context, name string) (existed 
 	if name == rootUser {
 		return false, fmt.Errorf("configsvc: delete node user: %q is the administrator", name)
 	}
+	if existed, err = s.HasNodeUser(ctx, name); err != nil || !existed {
+		return false, err
+	}
 	err = s.authCall(ctx, "delete node user "+name, func(ctx context.Context) error {
 		_, err := s.cli.UserDelete(ctx, name)
-		existed = err == nil
-		return ignore(err, rpctypes.ErrUserNotFound)
+		if ignore(err, rpctypes.ErrUserNotFound) == nil && err != nil {
+			existed = false // another administrator was first
+			return nil
+		}
+		return err
 	})
 	return existed, err
 }
 
-// HasNodeUser reports whether name has an etcd user.
+// HasNodeUser reports whether name has an etcd user (from the list of
+// users: a lookup of a missing one is logged by etcd as a failure).
 func (s *EtcdService) HasNodeUser(ctx context.Context, name string) (bool, error) {
-	var has bool
-	err := s.authCall(ctx, "get user "+name, func(ctx context.Context) error {
-		_, err := s.cli.UserGet(ctx, name)
-		has = err == nil
-		return ignore(err, rpctypes.ErrUserNotFound)
-	})
-	return has, err
-}
-
-// NodeUsers lists the etcd users other than root.
-func (s *EtcdService) NodeUsers(ctx context.Context) ([]string, error) {
-	var out []string
-	err := s.authCall(ctx, "list users", func(ctx context.Context) error {
-		resp, err := s.cli.UserList(ctx)
-		if err != nil {
-			return err
-		}
-		for _, u := range resp.Users {
-			if u != rootUser {
-				out = append(out, u)
-			}
-		}
-		return nil
-	})
-	return out, err
+	users, err := s.users(ctx)
+	return users[name], err
 }
 
 func (s *EtcdService) authCall(ctx context.Context, what string, f func(context.Context) error) error {
