@@ -260,7 +260,7 @@ from --node-dir, --ca or --data, as for 'wheelfs status'.`,
 	fl.StringVar(&data, "data", "", "data `DIR` of a host on this machine (credentials, and endpoints without --config)")
 	fl.StringVar(&config, "config", "", "configuration service: comma-separated HOST:PORT of config members")
 	fl.StringVar(&etcd, "etcd", "", "endpoints of an existing etcd (instead of --config)")
-	fl.StringVar(&caDir, "ca", "", "deployment CA `DIR` to issue a throw-away client certificate from")
+	fl.StringVar(&caDir, "ca", "", "deployment CA `DIR`: act as the configuration service's administrator with an in-memory certificate from it")
 	fl.StringVar(&nodeDir, "node-dir", "", "node credentials `DIR` to authenticate with")
 	fl.StringVar(&reason, "reason", "", "why, recorded with the entry")
 	fl.BoolVar(&undo, "undo", false, "take NAME off the deny list")

@@ -55,7 +55,6 @@ func (f *hostFlags) register(cmd *cobra.Command, roles deploy.Roles) {
 	fl.StringVar(&f.nodeDir, "node-dir", "", "node credentials `DIR` issued by 'wheelfs ca issue' (instead of --ca)")
 	fl.DurationVar(&f.configWait, "config-wait", 30*time.Second, "how long to wait for the configuration service at start")
 	fl.StringVar(&f.readyFile, "ready-file", "", "create this `FILE` once the host serves (the mount answers, if any); removed on exit")
-	fl.BoolVar(&f.configAuth, "config-auth", false, "turn on the configuration service's authentication (etcd auth, a user per node certificate name, so that 'wheelfs ca revoke' shuts a node out of etcd too); needs the CA key here; other nodes then need 'wheelfs ca issue --config' (docs/SECURITY.md)")
 	fl.StringVar(&f.pprofAddr, "pprof", "", "serve Go profiling endpoints (net/http/pprof) on this loopback address")
 	if roles&deploy.RoleMember == 0 {
 		fl.StringVar(&f.config, "config", "", "configuration service: comma-separated HOST:PORT of one or more config members (required)")
@@ -63,6 +62,9 @@ func (f *hostFlags) register(cmd *cobra.Command, roles deploy.Roles) {
 	}
 	if roles&(deploy.RoleServer|deploy.RoleClient) != 0 {
 		fl.StringVar(&f.site, "site", "local", "this node's site name")
+	}
+	if roles&(deploy.RoleServer|deploy.RoleMember) != 0 {
+		fl.BoolVar(&f.configAuth, "config-auth", false, "turn on the configuration service's authentication (etcd auth, a user per node certificate name, so that 'wheelfs ca revoke' shuts a node out of etcd too); needs the CA key here; other nodes then need 'wheelfs ca issue --config' (docs/SECURITY.md)")
 	}
 	if roles&deploy.RoleServer != 0 {
 		fl.StringVar(&f.listen, "listen", "127.0.0.1:0", "storage server gRPC listen address HOST:PORT")
