@@ -581,7 +581,7 @@ func (s *Server) Callbacks(stream grpc.BidiStreamingServer[wire.CallbackAck, wir
 	// Only the node that uses a session may hear (and acknowledge) its
 	// revocations: another one could otherwise displace its stream.
 	node, _ := pki.PeerName(stream.Context())
-	if err := s.owners.claim(node, first.Session); err != nil {
+	if err := s.owners.claim(s.sessionNode(node), first.Session); err != nil {
 		s.log.Warn("callback stream for another node's client session refused", "node", node)
 		return status.Error(codes.PermissionDenied, "callbacks: the session belongs to another node")
 	}

@@ -115,19 +115,30 @@ func sessionsOf(req any) []uint64 {
 // names is the calling node's (bound on first use). In-process calls
 // (no TLS peer) are this server's own client: they bind to "".
 func (s *Server) checkSessions(ctx context.Context, req any) error {
-	node, _ := pki.PeerName(ctx)
+	name, _ := pki.PeerName(ctx)
+	node := s.sessionNode(name)
 	for _, sess := range sessionsOf(req) {
 		if err := s.owners.claim(node, sess); err != nil {
 			s.log.Warn("request names another node's client session", "node", node)
 			return err
 		}
 	}
-	if r, ok := req.(*wire.ReleaseRequest); ok && node != "" && r.GetHandle().GetId() == 0 {
+	if r, ok := req.(*wire.ReleaseRequest); ok && name != "" && r.GetHandle().GetId() == 0 {
 		// Every remote open is counted under a named handle (Open):
 		// an anonymous release would end someone else's.
 		return fmt.Errorf("release without a handle: %w", fserr.ErrPerm)
 	}
 	return nil
+}
+
+// sessionNode is the node a session is bound to for a caller named name
+// ("" in-process): this server's own name is this process too, so that
+// its client is one node whether it calls in-process or over TLS.
+func (s *Server) sessionNode(name string) string {
+	if name == s.cfg.ID {
+		return ""
+	}
+	return name
 }
 
 // heldSessions lists the sessions with a Callbacks stream attached or an

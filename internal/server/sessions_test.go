@@ -133,3 +133,37 @@ func TestSessionBoundToNode(t *testing.T) {
 		t.Fatalf("getattr after the last release of an unlinked file: %v, want ENOENT", err)
 	}
 }
+
+// TestForwardedOpenBindsSession: the object half of a two-step create
+// (Peer.CreateObject) binds the open's session to the client's node, as
+// the directory's primary saw it, so another node cannot use that open
+// at the object's primary either; a second forwarded create for the
+// session from another node is refused.
+func TestForwardedOpenBindsSession(t *testing.T) {
+	r := startRig(t, func(c *deploy.Config) { c.TrustClientUIDs = true })
+	peer := wire.NewPeerClient(r.dial(t, r.h.ServerID())) // as a registered server
+	a := wire.NewStorageClient(r.dial(t, "cli-owner"))
+	b := wire.NewStorageClient(r.dial(t, "cli-thief"))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+
+	const sess = 0xf0_4a4d
+	handle := &wire.HandleRef{Session: sess, Id: 1}
+	meta := &wire.Meta{Type: wire.Type_TYPE_FILE, Mode: 0o644, Nlink: 1}
+	cr, err := peer.CreateObject(ctx, &wire.CreateObjectRequest{Meta: meta, Handle: handle, OpenAccess: 6, ClientNode: "cli-owner"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := cr.Meta.Id
+	_, err = b.SetAttr(ctx, &wire.SetAttrRequest{Caller: &wire.Caller{Handle: handle}, Id: f, Valid: wire.SetSize, Size: 1, ViaHandle: true})
+	if fserr.Errno(fserr.FromStatus(err)) != syscall.EPERM {
+		t.Fatalf("ftruncate through the forwarded open by another node: %v, want EPERM", err)
+	}
+	if _, err := a.SetAttr(ctx, &wire.SetAttrRequest{Caller: &wire.Caller{Handle: handle}, Id: f, Valid: wire.SetSize, Size: 1, ViaHandle: true}); err != nil {
+		t.Fatalf("ftruncate through its own forwarded open: %v", err)
+	}
+	_, err = peer.CreateObject(ctx, &wire.CreateObjectRequest{Meta: meta, Handle: &wire.HandleRef{Session: sess, Id: 2}, OpenAccess: 6, ClientNode: "cli-thief"})
+	if fserr.Errno(fserr.FromStatus(err)) != syscall.EPERM {
+		t.Fatalf("forwarded create for the owner's session from another node: %v, want EPERM", err)
+	}
+}

@@ -4407,8 +4407,12 @@ type CreateObjectRequest struct {
 	SyncLevel uint32                 `protobuf:"varint,4,opt,name=sync_level,json=syncLevel,proto3" json:"sync_level,omitempty"`
 	// handle and open_access: open the new object for the creating client
 	// (CreateRequest.open_access), in the same transaction.
-	Handle        *HandleRef `protobuf:"bytes,5,opt,name=handle,proto3" json:"handle,omitempty"`
-	OpenAccess    uint32     `protobuf:"varint,6,opt,name=open_access,json=openAccess,proto3" json:"open_access,omitempty"`
+	Handle     *HandleRef `protobuf:"bytes,5,opt,name=handle,proto3" json:"handle,omitempty"`
+	OpenAccess uint32     `protobuf:"varint,6,opt,name=open_access,json=openAccess,proto3" json:"open_access,omitempty"`
+	// client_node: the certificate name of the node that made the create
+	// (empty: the asking server's own client), to which handle's session
+	// is bound here as at the asking server (server/sessions.go).
+	ClientNode    string `protobuf:"bytes,7,opt,name=client_node,json=clientNode,proto3" json:"client_node,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -4483,6 +4487,13 @@ func (x *CreateObjectRequest) GetOpenAccess() uint32 {
 		return x.OpenAccess
 	}
 	return 0
+}
+
+func (x *CreateObjectRequest) GetClientNode() string {
+	if x != nil {
+		return x.ClientNode
+	}
+	return ""
 }
 
 type CreateObjectResponse struct {
@@ -7039,7 +7050,7 @@ const file_wheelfs_proto_rawDesc = "" +
 	"\x04data\x18\x01 \x03(\fR\x04data\"\r\n" +
 	"\vPingRequest\"\x1e\n" +
 	"\fPingResponse\x12\x0e\n" +
-	"\x02id\x18\x01 \x01(\tR\x02id\"\xfa\x01\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\"\x9b\x02\n" +
 	"\x13CreateObjectRequest\x12$\n" +
 	"\x04meta\x18\x01 \x01(\v2\x10.wheelfs.v1.MetaR\x04meta\x12$\n" +
 	"\x04cues\x18\x02 \x01(\v2\x10.wheelfs.v1.CuesR\x04cues\x12(\n" +
@@ -7048,7 +7059,9 @@ const file_wheelfs_proto_rawDesc = "" +
 	"sync_level\x18\x04 \x01(\rR\tsyncLevel\x12-\n" +
 	"\x06handle\x18\x05 \x01(\v2\x15.wheelfs.v1.HandleRefR\x06handle\x12\x1f\n" +
 	"\vopen_access\x18\x06 \x01(\rR\n" +
-	"openAccess\"<\n" +
+	"openAccess\x12\x1f\n" +
+	"\vclient_node\x18\a \x01(\tR\n" +
+	"clientNode\"<\n" +
 	"\x14CreateObjectResponse\x12$\n" +
 	"\x04meta\x18\x01 \x01(\v2\x10.wheelfs.v1.MetaR\x04meta\"\xf7\x01\n" +
 	"\x0fDropLinkRequest\x12\x0e\n" +
