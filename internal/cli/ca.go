@@ -46,10 +46,10 @@ with 'wheelfs ca issue' (--node-dir).`,
 	}
 	initCmd.Flags().StringVar(&name, "name", "wheelfs", "deployment name written into the CA certificate")
 
-	var caDir, nodeName, out string
+	var caDir, nodeName, out, config string
 	var hosts []string
 	var days int
-	var renew bool
+	var renew, server bool
 	issue := &cobra.Command{
 		Use:   "issue --ca DIR --name NAME --out NODEDIR",
 		Short: "Issue a node directory (ca.crt, node.crt, node.key) for a node that does not get the CA key",
@@ -59,7 +59,12 @@ their own when a third of that is left, others warn in their log and in
 'wheelfs status', and need a re-issue: --renew replaces the credentials in
 NODEDIR (a running node's DATA/node directory, for instance) with fresh ones
 for the same name and addresses, and the node picks them up within its
-certificate check period (an hour) or at its next start.`,
+certificate check period (an hour) or at its next start.
+
+With --config HOST:PORT, the node also gets its user in the configuration
+service, which it needs once that service's authentication is on
+(--config-auth, docs/SECURITY.md): a client host's user may only read the
+tables; give --server for a node that runs a server or a config member.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if caDir == "" || out == "" || (nodeName == "" && !renew) {
@@ -105,6 +110,20 @@ certificate check period (an hour) or at its next start.`,
 				return err
 			}
 			fmt.Printf("node %q credentials written to %s; start the node with --node-dir %s\n", nodeName, out, out)
+			if config == "" {
+				return nil
+			}
+			ctx, cancel := context.WithTimeout(cmd.Context(), 10*time.Second)
+			defer cancel()
+			admin, err := dialAdmin(ctx, g, c, splitList(config))
+			if err != nil {
+				return err
+			}
+			defer admin.Close()
+			if err := admin.AddNodeUser(ctx, nodeName, server); err != nil {
+				return err
+			}
+			fmt.Printf("node %q may use the configuration service (as a %s)\n", nodeName, map[bool]string{true: "server", false: "client"}[server])
 			return nil
 		},
 	}
@@ -115,8 +134,20 @@ certificate check period (an hour) or at its next start.`,
 	fl.StringSliceVar(&hosts, "host", nil, "host names or IP addresses the node is reached at (repeatable)")
 	fl.IntVar(&days, "days", int(pki.DefaultNodeValidity/(24*time.Hour)), "certificate lifetime in days")
 	fl.BoolVar(&renew, "renew", false, "replace the credentials in --out with fresh ones for the same node")
+	fl.StringVar(&config, "config", "", "configuration service (HOST:PORT,...): also add the node's user there, needed when its authentication is on")
+	fl.BoolVar(&server, "server", false, "with --config: the node runs a server or a config member (its etcd user may write the tables)")
 	ca.AddCommand(initCmd, issue, newRevoke(g))
 	return ca
+}
+
+// dialAdmin connects to the configuration service as its administrator
+// (pki.RootCredentials from the CA key).
+func dialAdmin(ctx context.Context, g *globalFlags, ca *pki.CA, endpoints []string) (*configsvc.EtcdService, error) {
+	root, err := ca.RootCredentials()
+	if err != nil {
+		return nil, err
+	}
+	return configsvc.Dial(ctx, endpoints, root.ClientTLS(""), configsvc.Options{Logger: g.logger(), OneShot: true})
 }
 
 func newRevoke(g *globalFlags) *cobra.Command {
@@ -133,10 +164,13 @@ ones it has. A revoked server leaves the server table and loses its slice locks,
 so its slices are re-replicated as if it had died. --undo takes NAME off the
 list; --list prints it.
 
-The revoked node can still reach the configuration service (etcd checks only
-that a certificate comes from the CA): to shut it out completely, rotate the CA
-(docs/SECURITY.md). Credentials come from --node-dir, --ca or --data, as for
-'wheelfs status'.`,
+With the configuration service's authentication on (--config-auth), the
+node's etcd user is deleted too, so etcd refuses it: at once with --ca (which
+acts as the service's administrator), otherwise as soon as a host holding the
+CA key sees the deny list. Without it, the revoked node can still reach the
+configuration service (etcd checks only that a certificate comes from the CA):
+to shut it out completely, rotate the CA (docs/SECURITY.md). Credentials come
+from --node-dir, --ca or --data, as for 'wheelfs status'.`,
 		Args: func(cmd *cobra.Command, args []string) error {
 			if list {
 				return cobra.NoArgs(cmd, args)
@@ -185,6 +219,20 @@ that a certificate comes from the CA): to shut it out completely, rotate the CA
 					return err
 				}
 				fmt.Printf("node %q taken off the deny list\n", args[0])
+				if creds.Name == pki.ConfigRoot {
+					if on, err := conf.AuthEnabled(ctx); err != nil {
+						return err
+					} else if on {
+						has, err := conf.HasNodeUser(ctx, args[0])
+						if err == nil && !has {
+							err = conf.AddNodeUser(ctx, args[0], false)
+						}
+						if err != nil {
+							return err
+						}
+						fmt.Printf("node %q may use the configuration service again (a server needs 'wheelfs ca issue --renew --config --server' too, unless it holds the CA key)\n", args[0])
+					}
+				}
 				return nil
 			}
 			if args[0] == creds.Name {
@@ -194,6 +242,17 @@ that a certificate comes from the CA): to shut it out completely, rotate the CA
 				return err
 			}
 			fmt.Printf("node %q revoked; every node refuses it within seconds\n", args[0])
+			if creds.Name != pki.ConfigRoot {
+				return nil
+			}
+			if on, err := conf.AuthEnabled(ctx); err != nil {
+				return err
+			} else if on {
+				if _, err := conf.DeleteNodeUser(ctx, args[0]); err != nil {
+					return err
+				}
+				fmt.Printf("node %q's configuration service user deleted: etcd refuses it\n", args[0])
+			}
 			return nil
 		},
 	}
@@ -201,7 +260,7 @@ that a certificate comes from the CA): to shut it out completely, rotate the CA
 	fl.StringVar(&data, "data", "", "data `DIR` of a host on this machine (credentials, and endpoints without --config)")
 	fl.StringVar(&config, "config", "", "configuration service: comma-separated HOST:PORT of config members")
 	fl.StringVar(&etcd, "etcd", "", "endpoints of an existing etcd (instead of --config)")
-	fl.StringVar(&caDir, "ca", "", "deployment CA `DIR` to issue a throw-away client certificate from")
+	fl.StringVar(&caDir, "ca", "", "deployment CA `DIR`: act as the configuration service's administrator with an in-memory certificate from it")
 	fl.StringVar(&nodeDir, "node-dir", "", "node credentials `DIR` to authenticate with")
 	fl.StringVar(&reason, "reason", "", "why, recorded with the entry")
 	fl.BoolVar(&undo, "undo", false, "take NAME off the deny list")

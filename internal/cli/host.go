@@ -41,6 +41,7 @@ type hostFlags struct {
 	cacheDir               string
 	readyFile              string
 	trustUIDs              bool
+	configAuth             bool
 	sessionTTL             time.Duration
 	peerListen, peerRate   string
 	peerConc               int
@@ -61,6 +62,9 @@ func (f *hostFlags) register(cmd *cobra.Command, roles deploy.Roles) {
 	}
 	if roles&(deploy.RoleServer|deploy.RoleClient) != 0 {
 		fl.StringVar(&f.site, "site", "local", "this node's site name")
+	}
+	if roles&(deploy.RoleServer|deploy.RoleMember) != 0 {
+		fl.BoolVar(&f.configAuth, "config-auth", false, "turn on the configuration service's authentication (etcd auth, a user per node certificate name, so that 'wheelfs ca revoke' shuts a node out of etcd too); needs the CA key here; other nodes then need 'wheelfs ca issue --config' (docs/SECURITY.md)")
 	}
 	if roles&deploy.RoleServer != 0 {
 		fl.StringVar(&f.listen, "listen", "127.0.0.1:0", "storage server gRPC listen address HOST:PORT")
@@ -117,6 +121,7 @@ func (f *hostFlags) deployConfig(g *globalFlags, roles deploy.Roles) (deploy.Con
 	cfg.MemberTTL = f.memberTTL
 	cfg.Server.LeaseTTL = f.lease
 	cfg.TrustClientUIDs, cfg.SessionTTL = f.trustUIDs, f.sessionTTL
+	cfg.ConfigAuth = f.configAuth
 	cfg.Server.RateLimit = f.rate
 	if f.ca != "" && f.nodeDir != "" {
 		return cfg, errors.New("give either --ca or --node-dir, not both")

@@ -32,8 +32,8 @@ func newStatus(g *globalFlags) *cobra.Command {
 		Short: "Show a deployment's sites, servers, config members and slices with their health",
 		Long: `Show a deployment's sites, servers, configuration-service members and slices.
 
-Credentials come from --node-dir, from --ca (a throw-away certificate is issued
-for the query), or from the data directory of a host on this machine (--data,
+Credentials come from --node-dir, from --ca (an in-memory certificate of the
+configuration service's administrator is made for the query), or from the data directory of a host on this machine (--data,
 default the 'wheelfs up' data directory). Without --config, the endpoints of
 the config member in --data are used.`,
 		Args: cobra.NoArgs,
@@ -97,7 +97,7 @@ the config member in --data are used.`,
 	fl.StringVar(&data, "data", "", "data `DIR` of a host on this machine (credentials, and endpoints without --config)")
 	fl.StringVar(&config, "config", "", "configuration service: comma-separated HOST:PORT of config members")
 	fl.StringVar(&etcd, "etcd", "", "endpoints of an existing etcd (instead of --config)")
-	fl.StringVar(&caDir, "ca", "", "deployment CA `DIR` to issue a throw-away client certificate from")
+	fl.StringVar(&caDir, "ca", "", "deployment CA `DIR`: act as the configuration service's administrator with an in-memory certificate from it")
 	fl.StringVar(&nodeDir, "node-dir", "", "node credentials `DIR` to authenticate with")
 	fl.BoolVar(&asJSON, "json", false, "print JSON")
 	fl.DurationVar(&timeout, "timeout", 10*time.Second, "give up after this long")
@@ -143,25 +143,15 @@ func statusCredentials(data, caDir, nodeDir string) (*pki.Credentials, func(), e
 		c, err := pki.LoadCredentials(nodeDir)
 		return c, none, err
 	case caDir != "":
+		// The configuration service's administrator, in memory: what
+		// the CA key's holder is anyway, and the name etcd accepts when
+		// its authentication is on.
 		ca, err := pki.LoadCA(caDir)
 		if err != nil {
 			return nil, none, err
 		}
-		tmp, err := os.MkdirTemp("", "wheelfs-status-")
-		if err != nil {
-			return nil, none, err
-		}
-		cleanup := func() { os.RemoveAll(tmp) }
-		if err := ca.IssueNodeDir(tmp, "status", nil, nil); err != nil {
-			cleanup()
-			return nil, none, err
-		}
-		c, err := pki.LoadCredentials(tmp)
-		if err != nil {
-			cleanup()
-			return nil, none, err
-		}
-		return c, cleanup, nil
+		c, err := ca.RootCredentials()
+		return c, none, err
 	}
 	c, err := pki.LoadCredentials(filepath.Join(data, "node"))
 	if err != nil {

@@ -142,6 +142,11 @@ func (c countingClient) Logout(ctx context.Context, in *wire.SessionRequest, opt
 	return c.c.Logout(ctx, in, opts...)
 }
 
+func (c countingClient) RenewCertificate(ctx context.Context, in *wire.RenewCertificateRequest, opts ...grpc.CallOption) (*wire.RenewCertificateResponse, error) {
+	c.counts.add("RenewCertificate")
+	return c.c.RenewCertificate(ctx, in, opts...)
+}
+
 func (c countingClient) Lookup(ctx context.Context, in *wire.LookupRequest, opts ...grpc.CallOption) (*wire.LookupResponse, error) {
 	c.counts.add("Lookup")
 	return c.c.Lookup(ctx, in, opts...)

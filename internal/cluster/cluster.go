@@ -96,6 +96,10 @@ type Options struct {
 	Logins bool
 	// UsersPeriod is how often servers check the users file (default 1 s).
 	UsersPeriod time.Duration
+	// ConfigAuth turns on the configuration service's authentication
+	// (etcd auth, a user per node; docs/SECURITY.md) before any host
+	// starts; the hosts, which hold the CA key, add their own users.
+	ConfigAuth bool
 }
 
 // RTT returns the round-trip time between sites a and b (a may equal b).
@@ -296,6 +300,11 @@ func (c *Cluster) start() error {
 	if err := ca.IssueNodeDir(obs, "observer", nil, nil); err != nil {
 		return err
 	}
+	if o.ConfigAuth {
+		if err := enableConfigAuth(ctx, c.endpoints(), ca, "observer"); err != nil {
+			return err
+		}
+	}
 	creds, err := pki.LoadCredentials(obs)
 	if err != nil {
 		return err
@@ -343,6 +352,21 @@ func (c *Cluster) start() error {
 	}
 	wg.Wait()
 	return errors.Join(errs...)
+}
+
+// enableConfigAuth turns etcd auth on, as the administrator, with server
+// users for nodes.
+func enableConfigAuth(ctx context.Context, endpoints []string, ca *pki.CA, nodes ...string) error {
+	root, err := ca.RootCredentials()
+	if err != nil {
+		return err
+	}
+	admin, err := configsvc.Dial(ctx, endpoints, root.ClientTLS(""), configsvc.Options{OneShot: true})
+	if err != nil {
+		return err
+	}
+	defer admin.Close()
+	return admin.EnableAuth(ctx, nodes...)
 }
 
 // endpoints are the client URLs of all configuration members.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -125,5 +126,82 @@ func TestRevokedNodes(t *testing.T) {
 	})
 	if err := readIs(ctx, west, "/f", data); err != nil {
 		t.Fatalf("read after the primary's revocation: %v", err)
+	}
+}
+
+// TestRevokedNodeShutOutOfConfig (issue 13): with the configuration
+// service's authentication on, a revoked node is refused by etcd itself
+// (its etcd user is deleted by the hosts holding the CA key, which follow
+// the deny list): its etcd client can neither read the tables nor take
+// itself off the deny list. Other nodes go on.
+func TestRevokedNodeShutOutOfConfig(t *testing.T) {
+	c := Start(t, Options{ConfigAuth: true})
+	ctx := opCtx(t)
+	west, east := c.Client("west"), c.Client("east")
+	data := []byte("written with etcd auth on")
+	if err := west.WriteFile(ctx, Owner(), "/f", data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := readIs(ctx, east, "/f", data); err != nil {
+		t.Fatal(err)
+	}
+	node := c.ClientNode("east")
+	conf := node.Host().Conf
+	if _, err := conf.Table(ctx); err != nil {
+		t.Fatalf("east's etcd client before the revocation: %v", err)
+	}
+
+	if err := c.Conf.(configsvc.Denials).Deny(ctx, configsvc.Denial{Name: node.ID(), Reason: "test"}); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	poll.Until(t, 10*time.Second, "east refused by etcd", func() error {
+		rctx, cancel := context.WithTimeout(ctx, time.Second)
+		defer cancel()
+		if _, err := conf.Table(rctx); err == nil {
+			return errors.New("east still reads the tables")
+		}
+		return nil
+	})
+	t.Logf("revoked node refused by etcd after %v", time.Since(start).Round(time.Millisecond))
+	_, err := conf.Table(ctx)
+	if !strings.Contains(fmt.Sprint(err), "permission denied") && !strings.Contains(fmt.Sprint(err), "user name not found") {
+		t.Fatalf("east's read: %v, want etcd's refusal", err)
+	}
+	if err := conf.(configsvc.Denials).Undeny(ctx, node.ID()); err == nil {
+		t.Fatal("the revoked node took itself off the deny list")
+	}
+	var denied bool
+	wctx, stop := context.WithCancel(ctx)
+	for _, d := range <-c.Conf.(configsvc.Denials).WatchDenied(wctx) {
+		denied = denied || d.Name == node.ID()
+	}
+	stop()
+	if !denied {
+		t.Fatal("the deny entry is gone")
+	}
+	if _, err := c.Conf.Table(ctx); err != nil {
+		t.Fatalf("another node's etcd client: %v", err)
+	}
+	if err := readIs(ctx, west, "/f", data); err != nil {
+		t.Fatalf("west after east's revocation: %v", err)
+	}
+
+	// A client host that is not revoked only reads the tables and
+	// publishes its coordinate: it can neither lift a revocation nor
+	// write itself a login.
+	wconf := c.ClientNode("west").Host().Conf.(*configsvc.EtcdService)
+	if _, err := wconf.Table(ctx); err != nil {
+		t.Fatalf("west's etcd client reads: %v", err)
+	}
+	if err := wconf.PublishCoord(ctx, configsvc.NodeCoord{ID: c.ClientNode("west").ID(), Site: "west"}, time.Minute); err != nil {
+		t.Fatalf("west publishes its coordinate: %v", err)
+	}
+	if err := wconf.Undeny(ctx, node.ID()); err == nil {
+		t.Fatal("a client host took a node off the deny list")
+	}
+	login := configsvc.Login{Node: c.ClientNode("west").ID(), UID: 1000, User: "alice", Key: "SHA256:x", Expires: time.Now().Add(time.Hour)}
+	if err := wconf.PutLogin(ctx, login); err == nil {
+		t.Fatal("a client host wrote itself a login")
 	}
 }

@@ -207,6 +207,9 @@ func Dial(ctx context.Context, endpoints []string, tlsConfig *tls.Config, opts O
 	defer cancel()
 	if _, err := cli.Get(pctx, opts.Prefix+"deployment", clientv3.WithSerializable(), clientv3.WithCountOnly()); err != nil {
 		cli.Close()
+		if authRefused(err) {
+			return nil, fmt.Errorf("%w (etcd at %v: %v)", ErrNoUser, endpoints, err)
+		}
 		return nil, fmt.Errorf("configsvc: cannot reach etcd at %v: %w", endpoints, err)
 	}
 	s, err := NewEtcd(cli, opts)
@@ -999,6 +1002,18 @@ func (s *EtcdService) Release(ctx context.Context, l Lock) error {
 func (s *EtcdService) Deployment(ctx context.Context) (string, error) {
 	if s.isClosed() {
 		return "", ErrClosed
+	}
+	// A read first: most callers find the ID, and a client host (which
+	// may not write the key once etcd auth is on) must not need the
+	// transaction below, whose every branch etcd checks.
+	gctx, gcancel := s.rpcCtx(ctx)
+	got, err := s.cli.Get(gctx, s.deploymentKey)
+	gcancel()
+	if err != nil {
+		return "", fmt.Errorf("configsvc: deployment: %w", err)
+	}
+	if len(got.Kvs) > 0 {
+		return string(got.Kvs[0].Value), nil
 	}
 	var b [16]byte
 	if _, err := rand.Read(b[:]); err != nil {

@@ -117,6 +117,13 @@ type Config struct {
 	// sends (NFS AUTH_SYS style). Without it, a client node that runs no
 	// server needs a session per uid (`wheelfs login`, issue 13).
 	TrustClientUIDs bool
+	// ConfigAuth turns on the configuration service's own authentication
+	// (etcd auth, one etcd user per node certificate name; see
+	// docs/SECURITY.md): the host, which must hold the CA key, enables it
+	// when it starts. Once on, hosts holding the CA key add their own
+	// user, and other nodes need theirs added by `wheelfs ca issue
+	// --config`.
+	ConfigAuth bool
 	// SessionTTL is how long a login lasts unless renewed (default
 	// auth.DefaultSessionTTL).
 	SessionTTL time.Duration
@@ -166,11 +173,14 @@ var (
 
 // Host is a running WheelFS host. Fields of roles that are not running are nil.
 type Host struct {
-	cfg      Config
-	log      *slog.Logger
-	id       identity
-	member   *embedded.Member
-	etcd     *configsvc.EtcdService
+	cfg    Config
+	log    *slog.Logger
+	id     identity
+	member *embedded.Member
+	etcd   *configsvc.EtcdService
+	// admin is the configuration service's administrator client, kept
+	// by a host that holds the CA key while etcd auth is on (configauth.go).
+	admin    *configsvc.EtcdService
 	Conf     configsvc.Service
 	Store    *store.Store
 	Server   *server.Server
@@ -425,8 +435,22 @@ func (h *Host) dialConfig(ctx context.Context, endpoints []string) error {
 	var refusedSince time.Time
 	refusedGrace := min(h.cfg.ConfigWait, 3*time.Second)
 	lastErr := ""
+	usersReady := false
 	for {
-		conf, err := configsvc.Dial(wctx, endpoints, h.Creds.ClientTLS(""), opts)
+		var conf *configsvc.EtcdService
+		var err error
+		if !usersReady {
+			// Before the host's own client needs its etcd user.
+			if err = h.ensureConfigUser(wctx, endpoints, opts); err == nil {
+				usersReady = true
+			}
+		}
+		if err == nil {
+			conf, err = configsvc.Dial(wctx, endpoints, h.Creds.ClientTLS(""), opts)
+		}
+		if errors.Is(err, configsvc.ErrNoUser) {
+			return fmt.Errorf("deploy: node %q: %w", h.Creds.Name, err)
+		}
 		if errors.Is(err, configsvc.ErrRefused) {
 			if refusedSince.IsZero() {
 				refusedSince = time.Now()

@@ -107,8 +107,16 @@ func (h *Host) joinCluster(ctx context.Context, endpoints []string, name, peerUR
 	wctx, cancel := context.WithTimeout(ctx, h.cfg.ConfigWait)
 	defer cancel()
 	h.log.Info("joining configuration service", "endpoints", endpoints, "member", name, "peer", peerURL)
+	// Adding a member is an administrator's call once etcd auth is on:
+	// a host holding the CA key makes it as the administrator.
+	creds := h.Creds
+	if root, err := h.rootCredentials(); err != nil {
+		return "", fmt.Errorf("deploy: configuration service administrator: %w", err)
+	} else if root != nil {
+		creds = root
+	}
 	for {
-		conf, err := configsvc.Dial(wctx, endpoints, h.Creds.ClientTLS(""), configsvc.Options{Logger: h.cfg.Logger, Dial: h.dialer(), OneShot: true})
+		conf, err := configsvc.Dial(wctx, endpoints, creds.ClientTLS(""), configsvc.Options{Logger: h.cfg.Logger, Dial: h.dialer(), OneShot: true})
 		if err == nil {
 			var initial string
 			initial, err = conf.AddMember(wctx, name, peerURL)

@@ -35,6 +35,10 @@ func (h *Host) grantKeys() error {
 		return fmt.Errorf("deploy: %w", err)
 	}
 	h.cfg.Server.Grants, h.cfg.Server.GrantCheck = s, blockgrant.NewVerifier(h.Creds.CACertPool)
+	if h.caKeyDir() != "" {
+		// It may renew other nodes' certificates too (RenewCertificate).
+		h.cfg.Server.Certs = certRenewer{h}
+	}
 	return nil
 }
 

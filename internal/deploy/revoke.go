@@ -27,11 +27,14 @@ func (h *Host) followDenied(ctx context.Context) {
 	go func() {
 		defer close(done)
 		seen := false
+		var prev []string
 		for list := range ds.WatchDenied(wctx) {
 			names := make([]string, len(list))
 			for i, d := range list {
 				names[i] = d.Name
 			}
+			h.followRevokedUsers(wctx, prev, names)
+			prev = names
 			for _, n := range h.Creds.Deny.Set(names) {
 				if n == h.id.Server {
 					h.log.Error("this node is revoked: every other node refuses it", "revoked", n)
@@ -95,7 +98,10 @@ func (h *Host) renewCerts() {
 		}
 	}
 	nd := h.nodeDir()
-	check := func() {
+	// remote: a host without the CA key may ask a server that holds it
+	// (not during Start: servers may be far or down, and the certificate
+	// is still valid for a third of its life).
+	check := func(ctx context.Context, remote bool) {
 		if caDir != "" {
 			did, err := pki.Renew(caDir, nd, h.cfg.CertValidity, time.Now())
 			if err != nil {
@@ -119,19 +125,34 @@ func (h *Host) renewCerts() {
 				return
 			}
 		}
-		if leaf != nil && pki.RenewDue(leaf, time.Now()) {
-			h.log.Warn("node certificate expires soon; re-issue it with `wheelfs ca issue` and restart",
-				"node", h.id.Server, "expires", leaf.NotAfter, "dir", nd)
+		if leaf == nil || !pki.RenewDue(leaf, time.Now()) {
+			return
 		}
+		if !remote && caDir == "" {
+			return // the background check, at once, asks a server first
+		}
+		if caDir == "" {
+			err := h.renewRemote(ctx)
+			if err == nil {
+				return
+			}
+			h.log.Warn("node certificate renewal by a server failed", "err", err)
+		}
+		h.log.Warn("node certificate expires soon; re-issue it with `wheelfs ca issue` and restart",
+			"node", h.id.Server, "expires", leaf.NotAfter, "dir", nd)
 	}
-	check()
+	ctx, cancel := context.WithCancel(context.Background())
+	check(ctx, false)
 	period := h.cfg.CertCheckPeriod
 	if period <= 0 {
 		period = time.Hour
 	}
-	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
-	go func() { defer close(done); every.Do(ctx, period, nil, check) }()
+	go func() {
+		defer close(done)
+		check(ctx, true)
+		every.Do(ctx, period, nil, func() { check(ctx, true) })
+	}()
 	stop := func() error { cancel(); <-done; return nil }
 	h.onClose(stop, stop)
 }

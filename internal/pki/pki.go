@@ -224,6 +224,9 @@ func (ca *CA) issueTo(dir, certFile, keyFile, name string, dnsNames []string, ip
 	if name == "" {
 		return errors.New("pki: issue: empty name")
 	}
+	if name == ConfigRoot {
+		return fmt.Errorf("pki: issue: %q names the configuration service's administrator, not a node", name)
+	}
 	der, keyPEM, err := ca.sign(name, dnsNames, ips)
 	if err != nil {
 		return fmt.Errorf("pki: issue %q: %w", name, err)
@@ -248,9 +251,21 @@ func (ca *CA) sign(name string, dnsNames []string, ips []net.IP) (certDER, keyPE
 	if err != nil {
 		return nil, nil, err
 	}
-	serial, err := newSerial()
+	if certDER, err = ca.signKey(key.Public(), name, dnsNames, ips); err != nil {
+		return nil, nil, err
+	}
+	keyPEM, err = encodeKey(key)
 	if err != nil {
 		return nil, nil, err
+	}
+	return certDER, keyPEM, nil
+}
+
+// signKey certifies pub as the node name.
+func (ca *CA) signKey(pub crypto.PublicKey, name string, dnsNames []string, ips []net.IP) ([]byte, error) {
+	serial, err := newSerial()
+	if err != nil {
+		return nil, err
 	}
 	now := time.Now()
 	validity := ca.NodeValidity
@@ -277,15 +292,7 @@ func (ca *CA) sign(name string, dnsNames []string, ips []net.IP) (certDER, keyPE
 		DNSNames:              dns,
 		IPAddresses:           addrs,
 	}
-	certDER, err = x509.CreateCertificate(rand.Reader, tmpl, ca.Cert, key.Public(), ca.Key)
-	if err != nil {
-		return nil, nil, err
-	}
-	keyPEM, err = encodeKey(key)
-	if err != nil {
-		return nil, nil, err
-	}
-	return certDER, keyPEM, nil
+	return x509.CreateCertificate(rand.Reader, tmpl, ca.Cert, pub, ca.Key)
 }
 
 // sans returns the deduplicated subject alternative names of a node
@@ -619,4 +626,34 @@ func writeFile(path string, data []byte, perm os.FileMode, exclusive bool) (err 
 	}
 	_ = os.Remove(tmp)
 	return nil
+}
+
+// ConfigRoot is the name (CommonName) of the configuration service's
+// administrator: the etcd user "root", which etcd takes from a client
+// certificate's CommonName once auth is on. Only the holder of the CA key
+// can present it (RootCredentials); no node may be called so.
+const ConfigRoot = "root"
+
+// rootValidity bounds an administrator certificate: it lives in memory
+// for one command or one host's run of administrative calls.
+const rootValidity = 24 * time.Hour
+
+// RootCredentials returns in-memory credentials named ConfigRoot, signed
+// by the CA, for administering the configuration service (etcd users and
+// members). They are never written to disk.
+func (ca *CA) RootCredentials() (*Credentials, error) {
+	c := *ca
+	c.NodeValidity = rootValidity
+	der, keyPEM, err := c.sign(ConfigRoot, nil, nil)
+	if err != nil {
+		return nil, fmt.Errorf("pki: root credentials: %w", err)
+	}
+	certPEM := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
+	pair, err := tls.X509KeyPair(certPEM, keyPEM)
+	if err != nil {
+		return nil, fmt.Errorf("pki: root credentials: %w", err)
+	}
+	pool := x509.NewCertPool()
+	pool.AddCert(ca.Cert)
+	return &Credentials{CACertPool: pool, Cert: pair, Name: ConfigRoot, Deny: &Denylist{}}, nil
 }

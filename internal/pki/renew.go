@@ -1,11 +1,20 @@
 package pki
 
 import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
 	"fmt"
 	"path/filepath"
 	"time"
+
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/peer"
 )
 
 // RenewFraction is the part of a node certificate's lifetime left when it
@@ -81,4 +90,107 @@ func Expiry(dir string) (notBefore, notAfter time.Time, err error) {
 		return time.Time{}, time.Time{}, fmt.Errorf("pki: expiry: %w", err)
 	}
 	return leaf.NotBefore, leaf.NotAfter, nil
+}
+
+// RenewalRequest is a node's request for a new certificate from a server
+// that holds the CA key (a client-only host does not): a fresh key, kept
+// here, and a certificate request for it, sent.
+type RenewalRequest struct {
+	CSR    []byte // DER
+	keyPEM []byte
+}
+
+// NewRenewalRequest makes a fresh key and a certificate request for name.
+func NewRenewalRequest(name string) (*RenewalRequest, error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, err
+	}
+	csr, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{Subject: pkix.Name{CommonName: name}}, key)
+	if err != nil {
+		return nil, fmt.Errorf("pki: renewal request: %w", err)
+	}
+	keyPEM, err := encodeKey(key)
+	if err != nil {
+		return nil, err
+	}
+	return &RenewalRequest{CSR: csr, keyPEM: keyPEM}, nil
+}
+
+// Install writes the certificate a server signed for r (PEM) with r's key
+// into the node directory dir, after checking that it certifies r's key
+// for the same node under the CA of dir's ca.crt. Reload then presents it.
+func (r *RenewalRequest) Install(dir string, certPEM []byte) error {
+	pair, err := tls.X509KeyPair(certPEM, r.keyPEM)
+	if err != nil {
+		return fmt.Errorf("pki: install renewal: %w", err)
+	}
+	old, err := LoadCredentials(dir)
+	if err != nil {
+		return fmt.Errorf("pki: install renewal: %w", err)
+	}
+	leaf := pair.Leaf
+	if leaf.Subject.CommonName != old.Name {
+		return fmt.Errorf("pki: install renewal: certificate names %q, not %q", leaf.Subject.CommonName, old.Name)
+	}
+	if _, err := leaf.Verify(x509.VerifyOptions{Roots: old.CACertPool, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth}}); err != nil {
+		return fmt.Errorf("pki: install renewal: %w", err)
+	}
+	// Key before certificate, as issueTo: a present certificate implies its key.
+	if err := writeFile(filepath.Join(dir, NodeKeyFile), r.keyPEM, 0o600, false); err != nil {
+		return fmt.Errorf("pki: install renewal: %w", err)
+	}
+	if err := writeFile(filepath.Join(dir, NodeCertFile), certPEM, 0o644, false); err != nil {
+		return fmt.Errorf("pki: install renewal: %w", err)
+	}
+	return nil
+}
+
+// SignRenewal answers a renewal request from the node whose current
+// certificate is current (as its TLS handshake presented it): a
+// certificate for the request's key with current's name and subject
+// alternative names — never what the request asks for — valid for the
+// CA's NodeValidity. It refuses a certificate that is not from this CA
+// or not yet due (RenewDue at now), and the administrator's name.
+func (ca *CA) SignRenewal(current *x509.Certificate, csrDER []byte, now time.Time) ([]byte, error) {
+	name := current.Subject.CommonName
+	if name == "" || name == ConfigRoot {
+		return nil, fmt.Errorf("pki: renewal for %q refused", name)
+	}
+	if err := current.CheckSignatureFrom(ca.Cert); err != nil {
+		return nil, fmt.Errorf("pki: renewal for %q: certificate is not from this CA: %w", name, err)
+	}
+	if !RenewDue(current, now) {
+		return nil, fmt.Errorf("pki: renewal for %q refused: not due before %v", name,
+			current.NotAfter.Add(-current.NotAfter.Sub(current.NotBefore)/RenewFraction).UTC().Format(time.RFC3339))
+	}
+	csr, err := x509.ParseCertificateRequest(csrDER)
+	if err != nil {
+		return nil, fmt.Errorf("pki: renewal for %q: %w", name, err)
+	}
+	if err := csr.CheckSignature(); err != nil {
+		return nil, fmt.Errorf("pki: renewal for %q: request not signed by its key: %w", name, err)
+	}
+	der, err := ca.signKey(csr.PublicKey, name, current.DNSNames, current.IPAddresses)
+	if err != nil {
+		return nil, fmt.Errorf("pki: renewal for %q: %w", name, err)
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), nil
+}
+
+// PeerCertificate returns the verified certificate the peer of a gRPC call
+// presented (see PeerName).
+func PeerCertificate(ctx context.Context) (*x509.Certificate, error) {
+	if _, err := PeerName(ctx); err != nil {
+		return nil, err
+	}
+	p, _ := peer.FromContext(ctx)
+	var state tls.ConnectionState
+	switch ai := p.AuthInfo.(type) {
+	case credentials.TLSInfo:
+		state = ai.State
+	case *credentials.TLSInfo:
+		state = ai.State
+	}
+	return state.VerifiedChains[0][0], nil
 }

@@ -78,6 +78,9 @@ func (s *Server) admitClient(ctx context.Context, req any) error {
 	if err := checkRequest(req); err != nil {
 		return err
 	}
+	if err := s.checkSessions(ctx, req); err != nil {
+		return err
+	}
 	return s.checkUser(ctx, req)
 }
 

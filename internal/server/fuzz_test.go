@@ -101,6 +101,7 @@ var (
 		rpc[wire.LoginRequest, wire.LoginResponse](wire.Storage_Login_FullMethodName),
 		rpc[wire.SessionRequest, wire.LoginResponse](wire.Storage_RenewSession_FullMethodName),
 		rpc[wire.SessionRequest, wire.LogoutResponse](wire.Storage_Logout_FullMethodName),
+		rpc[wire.RenewCertificateRequest, wire.RenewCertificateResponse](wire.Storage_RenewCertificate_FullMethodName),
 	}
 )
 
@@ -311,8 +312,9 @@ func FuzzPeer(f *testing.F) {
 	})
 }
 
-// FuzzSession: the Callbacks stream (leases' back channel), logins and
-// block holders, with sessions required (no --trust-client-uids).
+// FuzzSession: the Callbacks stream (leases' back channel), logins,
+// block holders and certificate renewal, with sessions required (no
+// --trust-client-uids).
 func FuzzSession(f *testing.F) {
 	seeds := []proto.Message{
 		&wire.CallbackAck{Session: 42, Seq: 1},
@@ -323,6 +325,8 @@ func FuzzSession(f *testing.F) {
 		&wire.LoginChallengeRequest{Uid: 1000, User: "alice"},
 		&wire.LoginRequest{Uid: 1000, User: "alice", Nonce: make([]byte, 32), PublicKey: []byte("k"), Signature: []byte("s")},
 		&wire.SessionRequest{Uid: 1000},
+		&wire.SessionRequest{Uid: 1000},
+		&wire.RenewCertificateRequest{Csr: []byte("not a certificate request")},
 	}
 	for i, s := range seeds {
 		data, _ := proto.Marshal(s)

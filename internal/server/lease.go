@@ -16,6 +16,7 @@ import (
 
 	"github.com/wheelfs/wheelfs/internal/fserr"
 	"github.com/wheelfs/wheelfs/internal/oid"
+	"github.com/wheelfs/wheelfs/internal/pki"
 	"github.com/wheelfs/wheelfs/internal/wire"
 )
 
@@ -434,8 +435,10 @@ func (l *leases) callBack(ctx context.Context, st *callbackStream, ids []uint64,
 			}
 			dead, done = nil, nil // wait for the expiry
 		case <-ctx.Done():
-			return nil, fmt.Errorf("revoking leases of client session %x (lease left %v): %w",
-				st.session, time.Until(until).Round(time.Millisecond), fserr.ErrTimeout)
+			// The error goes to the writer, another client: it must not
+			// learn the holder's session number.
+			return nil, fmt.Errorf("revoking the leases of another client (lease left %v): %w",
+				time.Until(until).Round(time.Millisecond), fserr.ErrTimeout)
 		}
 	}
 }
@@ -504,6 +507,15 @@ func (l *leases) attach(session uint64) *callbackStream {
 	return st
 }
 
+// attachedSessions adds the sessions with a Callbacks stream here to out.
+func (l *leases) attachedSessions(out map[uint64]bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for s := range l.sessions {
+		out[s] = true
+	}
+}
+
 func (l *leases) detach(st *callbackStream) {
 	l.mu.Lock()
 	if l.sessions[st.session] == st {
@@ -565,6 +577,13 @@ func (s *Server) Callbacks(stream grpc.BidiStreamingServer[wire.CallbackAck, wir
 	}
 	if first.Session == 0 {
 		return status.Error(codes.InvalidArgument, "callbacks: the first message must name a session")
+	}
+	// Only the node that uses a session may hear (and acknowledge) its
+	// revocations: another one could otherwise displace its stream.
+	node, _ := pki.PeerName(stream.Context())
+	if err := s.owners.claim(s.sessionNode(node), first.Session); err != nil {
+		s.log.Warn("callback stream for another node's client session refused", "node", node)
+		return status.Error(codes.PermissionDenied, "callbacks: the session belongs to another node")
 	}
 	st := s.leases.attach(first.Session)
 	defer s.leases.detach(st)

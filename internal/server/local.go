@@ -119,6 +119,10 @@ func (l localClient) Logout(ctx context.Context, in *wire.SessionRequest, _ ...g
 	return callUnary(ctx, l.edge, l.s, wire.Storage_Logout_FullMethodName, in, l.s.Logout)
 }
 
+func (l localClient) RenewCertificate(ctx context.Context, in *wire.RenewCertificateRequest, _ ...grpc.CallOption) (*wire.RenewCertificateResponse, error) {
+	return callUnary(ctx, l.edge, l.s, wire.Storage_RenewCertificate_FullMethodName, in, l.s.RenewCertificate)
+}
+
 // Callbacks connects an in-process client's lease back channel through a
 // pair of channels.
 func (l localClient) Callbacks(ctx context.Context, _ ...grpc.CallOption) (grpc.BidiStreamingClient[wire.CallbackAck, wire.Revoke], error) {

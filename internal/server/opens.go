@@ -9,6 +9,7 @@ import (
 	"github.com/wheelfs/wheelfs/internal/fserr"
 	"github.com/wheelfs/wheelfs/internal/oid"
 	"github.com/wheelfs/wheelfs/internal/perm"
+	"github.com/wheelfs/wheelfs/internal/pki"
 	"github.com/wheelfs/wheelfs/internal/store"
 	"github.com/wheelfs/wheelfs/internal/wire"
 )
@@ -31,8 +32,13 @@ func (s *Server) Open(ctx context.Context, req *wire.OpenRequest) (*wire.OpenRes
 	// point keeps the object as an orphan instead of deleting it under us.
 	// A backup (eventual open) counts nothing: releases go to the
 	// primary, and an unlink in backup mode deletes at once.
-	counted := s.primary(id) == nil
+	// A remote node's open counts only under a named handle, which only
+	// that node can release (checkSessions): an anonymous count could be
+	// ended by anyone.
 	h := req.Caller.GetHandle()
+	_, perr := pki.PeerName(ctx)
+	inProcess := perr != nil
+	counted := s.primary(id) == nil && (h.GetId() != 0 || inProcess)
 	dying := s.files.open(id, counted, h)
 	// undo ends the count (and the grant of a retried open) of a failed one.
 	undo := func() {
@@ -239,6 +245,15 @@ func (f *openFiles) openNew(h *wire.HandleRef, id oid.ID, access uint32) bool {
 	f.opens[id]++
 	f.grants[k] = grant{obj: id, access: access}
 	return true
+}
+
+// handleSessions adds the sessions with an open recorded here to out.
+func (f *openFiles) handleSessions(out map[uint64]bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for k := range f.grants {
+		out[k.session] = true
+	}
 }
 
 // forget drops the grant of h on id, if any (not the count).

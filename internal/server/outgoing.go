@@ -9,6 +9,7 @@ import (
 	"github.com/wheelfs/wheelfs/internal/configsvc"
 	"github.com/wheelfs/wheelfs/internal/fserr"
 	"github.com/wheelfs/wheelfs/internal/oid"
+	"github.com/wheelfs/wheelfs/internal/pki"
 	"github.com/wheelfs/wheelfs/internal/store"
 	"github.com/wheelfs/wheelfs/internal/wire"
 	"google.golang.org/grpc/codes"
@@ -51,8 +52,10 @@ func (s *Server) createAt(ctx context.Context, target string, pol configsvc.Poli
 	}
 	cctx, cancel := context.WithTimeout(ctx, s.cfg.PeerTimeout)
 	defer cancel()
+	// The open's session is bound there to the same node as here.
+	node, _ := pki.PeerName(ctx)
 	resp, err := p.CreateObject(cctx, &wire.CreateObjectRequest{Meta: tmpl, Policy: cuesFromPolicy(pol), SyncLevel: sync,
-		Handle: h, OpenAccess: access})
+		Handle: h, OpenAccess: access, ClientNode: node})
 	if err != nil {
 		return nil, err
 	}

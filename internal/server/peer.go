@@ -6,6 +6,7 @@ import (
 
 	"github.com/wheelfs/wheelfs/internal/fserr"
 	"github.com/wheelfs/wheelfs/internal/oid"
+	"github.com/wheelfs/wheelfs/internal/pki"
 	"github.com/wheelfs/wheelfs/internal/store"
 	"github.com/wheelfs/wheelfs/internal/wire"
 )
@@ -101,6 +102,18 @@ func (p *peerServer) CreateObject(ctx context.Context, req *wire.CreateObjectReq
 	s := p.s
 	if req.Meta == nil {
 		return nil, fmt.Errorf("create object without meta-data: %w", fserr.ErrInvalid)
+	}
+	if req.OpenAccess != 0 && req.Handle.GetSession() != 0 {
+		// The client's later calls here come from its node, or, for the
+		// asking server's own client, from that server.
+		node := req.ClientNode
+		if node == "" {
+			node, _ = pki.PeerName(ctx)
+		}
+		if err := s.owners.claim(s.sessionNode(node), req.Handle.GetSession()); err != nil {
+			s.log.Warn("create names another node's client session", "node", node)
+			return nil, err
+		}
 	}
 	m, err := s.createObject(ctx, policyFromCues(req.Policy), req.Meta, req.SyncLevel, req.Handle, req.OpenAccess)
 	if err != nil {

@@ -92,6 +92,9 @@ type Config struct {
 	GrantCheck *blockgrant.Verifier
 	// RateLimit bounds each client node's request rate (ratelimit.go).
 	RateLimit RateLimit
+	// Certs, when set, renews the certificates of nodes that ask
+	// (RenewCertificate): the host holds the CA key. Nil: refused.
+	Certs CertRenewer
 }
 
 // Server implements wire.StorageServer.
@@ -126,6 +129,7 @@ type Server struct {
 	blockBytes atomic.Int64
 
 	leases *leases
+	owners *sessionOwners // which node each client session is (sessions.go)
 	names  nameLocks
 	// holders: which clients cache which blocks of this primary's files.
 	holders *holders.Table
@@ -179,6 +183,7 @@ func New(cfg Config, st *store.Store, conf ConfigService, lockTTL time.Duration)
 		maintSem: make(chan struct{}, 8),
 	}
 	s.leases = newLeases(cfg.LeaseTTL, s.lockValidity)
+	s.owners = newSessionOwners(s.heldSessions)
 	s.holders = holders.New(cfg.Holders)
 	s.xfer = newTransfers(cfg.PeerTimeout)
 	s.limits = newRateLimits(cfg.RateLimit, s.log)

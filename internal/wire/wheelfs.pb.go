@@ -4407,8 +4407,12 @@ type CreateObjectRequest struct {
 	SyncLevel uint32                 `protobuf:"varint,4,opt,name=sync_level,json=syncLevel,proto3" json:"sync_level,omitempty"`
 	// handle and open_access: open the new object for the creating client
 	// (CreateRequest.open_access), in the same transaction.
-	Handle        *HandleRef `protobuf:"bytes,5,opt,name=handle,proto3" json:"handle,omitempty"`
-	OpenAccess    uint32     `protobuf:"varint,6,opt,name=open_access,json=openAccess,proto3" json:"open_access,omitempty"`
+	Handle     *HandleRef `protobuf:"bytes,5,opt,name=handle,proto3" json:"handle,omitempty"`
+	OpenAccess uint32     `protobuf:"varint,6,opt,name=open_access,json=openAccess,proto3" json:"open_access,omitempty"`
+	// client_node: the certificate name of the node that made the create
+	// (empty: the asking server's own client), to which handle's session
+	// is bound here as at the asking server (server/sessions.go).
+	ClientNode    string `protobuf:"bytes,7,opt,name=client_node,json=clientNode,proto3" json:"client_node,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -4483,6 +4487,13 @@ func (x *CreateObjectRequest) GetOpenAccess() uint32 {
 		return x.OpenAccess
 	}
 	return 0
+}
+
+func (x *CreateObjectRequest) GetClientNode() string {
+	if x != nil {
+		return x.ClientNode
+	}
+	return ""
 }
 
 type CreateObjectResponse struct {
@@ -6621,6 +6632,98 @@ func (x *BlockData) GetData() []byte {
 	return nil
 }
 
+// RenewCertificateRequest carries a certificate request (DER) for the
+// caller's fresh key; name and addresses come from the certificate the
+// caller authenticated with, not from the request.
+type RenewCertificateRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Csr           []byte                 `protobuf:"bytes,1,opt,name=csr,proto3" json:"csr,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RenewCertificateRequest) Reset() {
+	*x = RenewCertificateRequest{}
+	mi := &file_wheelfs_proto_msgTypes[95]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RenewCertificateRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RenewCertificateRequest) ProtoMessage() {}
+
+func (x *RenewCertificateRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_wheelfs_proto_msgTypes[95]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RenewCertificateRequest.ProtoReflect.Descriptor instead.
+func (*RenewCertificateRequest) Descriptor() ([]byte, []int) {
+	return file_wheelfs_proto_rawDescGZIP(), []int{95}
+}
+
+func (x *RenewCertificateRequest) GetCsr() []byte {
+	if x != nil {
+		return x.Csr
+	}
+	return nil
+}
+
+// RenewCertificateResponse: the new certificate (PEM).
+type RenewCertificateResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Cert          []byte                 `protobuf:"bytes,1,opt,name=cert,proto3" json:"cert,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RenewCertificateResponse) Reset() {
+	*x = RenewCertificateResponse{}
+	mi := &file_wheelfs_proto_msgTypes[96]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RenewCertificateResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RenewCertificateResponse) ProtoMessage() {}
+
+func (x *RenewCertificateResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_wheelfs_proto_msgTypes[96]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RenewCertificateResponse.ProtoReflect.Descriptor instead.
+func (*RenewCertificateResponse) Descriptor() ([]byte, []int) {
+	return file_wheelfs_proto_rawDescGZIP(), []int{96}
+}
+
+func (x *RenewCertificateResponse) GetCert() []byte {
+	if x != nil {
+		return x.Cert
+	}
+	return nil
+}
+
 var File_wheelfs_proto protoreflect.FileDescriptor
 
 const file_wheelfs_proto_rawDesc = "" +
@@ -6947,7 +7050,7 @@ const file_wheelfs_proto_rawDesc = "" +
 	"\x04data\x18\x01 \x03(\fR\x04data\"\r\n" +
 	"\vPingRequest\"\x1e\n" +
 	"\fPingResponse\x12\x0e\n" +
-	"\x02id\x18\x01 \x01(\tR\x02id\"\xfa\x01\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\"\x9b\x02\n" +
 	"\x13CreateObjectRequest\x12$\n" +
 	"\x04meta\x18\x01 \x01(\v2\x10.wheelfs.v1.MetaR\x04meta\x12$\n" +
 	"\x04cues\x18\x02 \x01(\v2\x10.wheelfs.v1.CuesR\x04cues\x12(\n" +
@@ -6956,7 +7059,9 @@ const file_wheelfs_proto_rawDesc = "" +
 	"sync_level\x18\x04 \x01(\rR\tsyncLevel\x12-\n" +
 	"\x06handle\x18\x05 \x01(\v2\x15.wheelfs.v1.HandleRefR\x06handle\x12\x1f\n" +
 	"\vopen_access\x18\x06 \x01(\rR\n" +
-	"openAccess\"<\n" +
+	"openAccess\x12\x1f\n" +
+	"\vclient_node\x18\a \x01(\tR\n" +
+	"clientNode\"<\n" +
 	"\x14CreateObjectResponse\x12$\n" +
 	"\x04meta\x18\x01 \x01(\v2\x10.wheelfs.v1.MetaR\x04meta\"\xf7\x01\n" +
 	"\x0fDropLinkRequest\x12\x0e\n" +
@@ -7102,7 +7207,11 @@ const file_wheelfs_proto_rawDesc = "" +
 	"\x04data\x18\x03 \x03(\fR\x04data\"5\n" +
 	"\tBlockData\x12\x14\n" +
 	"\x05index\x18\x01 \x01(\x04R\x05index\x12\x12\n" +
-	"\x04data\x18\x02 \x01(\fR\x04data*\x8a\x01\n" +
+	"\x04data\x18\x02 \x01(\fR\x04data\"+\n" +
+	"\x17RenewCertificateRequest\x12\x10\n" +
+	"\x03csr\x18\x01 \x01(\fR\x03csr\".\n" +
+	"\x18RenewCertificateResponse\x12\x12\n" +
+	"\x04cert\x18\x01 \x01(\fR\x04cert*\x8a\x01\n" +
 	"\x04Type\x12\x14\n" +
 	"\x10TYPE_UNSPECIFIED\x10\x00\x12\r\n" +
 	"\tTYPE_FILE\x10\x01\x12\f\n" +
@@ -7132,7 +7241,7 @@ const file_wheelfs_proto_rawDesc = "" +
 	"\x0eREPL_NEED_SYNC\x10\x01\x12\x14\n" +
 	"\x10REPL_STALE_EPOCH\x10\x02\x12\x17\n" +
 	"\x13REPL_MISSING_BLOCKS\x10\x03\x12\r\n" +
-	"\tREPL_BUSY\x10\x042\xef\x0e\n" +
+	"\tREPL_BUSY\x10\x042\xce\x0f\n" +
 	"\aStorage\x12?\n" +
 	"\x06Lookup\x12\x19.wheelfs.v1.LookupRequest\x1a\x1a.wheelfs.v1.LookupResponse\x12B\n" +
 	"\aGetAttr\x12\x1a.wheelfs.v1.GetAttrRequest\x1a\x1b.wheelfs.v1.GetAttrResponse\x12?\n" +
@@ -7162,7 +7271,8 @@ const file_wheelfs_proto_rawDesc = "" +
 	"\x0eLoginChallenge\x12!.wheelfs.v1.LoginChallengeRequest\x1a\".wheelfs.v1.LoginChallengeResponse\x12<\n" +
 	"\x05Login\x12\x18.wheelfs.v1.LoginRequest\x1a\x19.wheelfs.v1.LoginResponse\x12E\n" +
 	"\fRenewSession\x12\x1a.wheelfs.v1.SessionRequest\x1a\x19.wheelfs.v1.LoginResponse\x12@\n" +
-	"\x06Logout\x12\x1a.wheelfs.v1.SessionRequest\x1a\x1a.wheelfs.v1.LogoutResponse2\x80\x06\n" +
+	"\x06Logout\x12\x1a.wheelfs.v1.SessionRequest\x1a\x1a.wheelfs.v1.LogoutResponse\x12]\n" +
+	"\x10RenewCertificate\x12#.wheelfs.v1.RenewCertificateRequest\x1a$.wheelfs.v1.RenewCertificateResponse2\x80\x06\n" +
 	"\x04Peer\x12H\n" +
 	"\tReplicate\x12\x1c.wheelfs.v1.ReplicateRequest\x1a\x1d.wheelfs.v1.ReplicateResponse\x12?\n" +
 	"\x06Digest\x12\x19.wheelfs.v1.DigestRequest\x1a\x1a.wheelfs.v1.DigestResponse\x12;\n" +
@@ -7191,106 +7301,108 @@ func file_wheelfs_proto_rawDescGZIP() []byte {
 }
 
 var file_wheelfs_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_wheelfs_proto_msgTypes = make([]protoimpl.MessageInfo, 95)
+var file_wheelfs_proto_msgTypes = make([]protoimpl.MessageInfo, 97)
 var file_wheelfs_proto_goTypes = []any{
-	(Type)(0),                      // 0: wheelfs.v1.Type
-	(MutationKind)(0),              // 1: wheelfs.v1.MutationKind
-	(ReplStatus)(0),                // 2: wheelfs.v1.ReplStatus
-	(*Cues)(nil),                   // 3: wheelfs.v1.Cues
-	(*Meta)(nil),                   // 4: wheelfs.v1.Meta
-	(*AclEntry)(nil),               // 5: wheelfs.v1.AclEntry
-	(*Entry)(nil),                  // 6: wheelfs.v1.Entry
-	(*Caller)(nil),                 // 7: wheelfs.v1.Caller
-	(*HandleRef)(nil),              // 8: wheelfs.v1.HandleRef
-	(*LookupRequest)(nil),          // 9: wheelfs.v1.LookupRequest
-	(*LookupResponse)(nil),         // 10: wheelfs.v1.LookupResponse
-	(*GetAttrRequest)(nil),         // 11: wheelfs.v1.GetAttrRequest
-	(*GetAttrResponse)(nil),        // 12: wheelfs.v1.GetAttrResponse
-	(*CreateRequest)(nil),          // 13: wheelfs.v1.CreateRequest
-	(*CreateResponse)(nil),         // 14: wheelfs.v1.CreateResponse
-	(*Unsynced)(nil),               // 15: wheelfs.v1.Unsynced
-	(*SyncRequest)(nil),            // 16: wheelfs.v1.SyncRequest
-	(*SyncResponse)(nil),           // 17: wheelfs.v1.SyncResponse
-	(*LinkRequest)(nil),            // 18: wheelfs.v1.LinkRequest
-	(*LinkResponse)(nil),           // 19: wheelfs.v1.LinkResponse
-	(*RemoveRequest)(nil),          // 20: wheelfs.v1.RemoveRequest
-	(*RemoveResponse)(nil),         // 21: wheelfs.v1.RemoveResponse
-	(*RenameRequest)(nil),          // 22: wheelfs.v1.RenameRequest
-	(*RenameResponse)(nil),         // 23: wheelfs.v1.RenameResponse
-	(*SetAttrRequest)(nil),         // 24: wheelfs.v1.SetAttrRequest
-	(*SetAttrResponse)(nil),        // 25: wheelfs.v1.SetAttrResponse
-	(*ReadDirRequest)(nil),         // 26: wheelfs.v1.ReadDirRequest
-	(*ReadDirResponse)(nil),        // 27: wheelfs.v1.ReadDirResponse
-	(*BlockRef)(nil),               // 28: wheelfs.v1.BlockRef
-	(*GetBlocksRequest)(nil),       // 29: wheelfs.v1.GetBlocksRequest
-	(*GetBlocksResponse)(nil),      // 30: wheelfs.v1.GetBlocksResponse
-	(*ReadBlocksRequest)(nil),      // 31: wheelfs.v1.ReadBlocksRequest
-	(*ReadBlocksResponse)(nil),     // 32: wheelfs.v1.ReadBlocksResponse
-	(*PutBlocksRequest)(nil),       // 33: wheelfs.v1.PutBlocksRequest
-	(*PutBlocksResponse)(nil),      // 34: wheelfs.v1.PutBlocksResponse
-	(*CommitRequest)(nil),          // 35: wheelfs.v1.CommitRequest
-	(*CommitResponse)(nil),         // 36: wheelfs.v1.CommitResponse
-	(*XattrRequest)(nil),           // 37: wheelfs.v1.XattrRequest
-	(*XattrResponse)(nil),          // 38: wheelfs.v1.XattrResponse
-	(*StatFSRequest)(nil),          // 39: wheelfs.v1.StatFSRequest
-	(*StatFSResponse)(nil),         // 40: wheelfs.v1.StatFSResponse
-	(*OpenRequest)(nil),            // 41: wheelfs.v1.OpenRequest
-	(*OpenResponse)(nil),           // 42: wheelfs.v1.OpenResponse
-	(*ReleaseRequest)(nil),         // 43: wheelfs.v1.ReleaseRequest
-	(*ReleaseResponse)(nil),        // 44: wheelfs.v1.ReleaseResponse
-	(*Revoke)(nil),                 // 45: wheelfs.v1.Revoke
-	(*LeaseUpdate)(nil),            // 46: wheelfs.v1.LeaseUpdate
-	(*CallbackAck)(nil),            // 47: wheelfs.v1.CallbackAck
-	(*Mutation)(nil),               // 48: wheelfs.v1.Mutation
-	(*Batch)(nil),                  // 49: wheelfs.v1.Batch
-	(*ReplicateRequest)(nil),       // 50: wheelfs.v1.ReplicateRequest
-	(*ReplicateResponse)(nil),      // 51: wheelfs.v1.ReplicateResponse
-	(*DigestRequest)(nil),          // 52: wheelfs.v1.DigestRequest
-	(*DigestResponse)(nil),         // 53: wheelfs.v1.DigestResponse
-	(*ObjectState)(nil),            // 54: wheelfs.v1.ObjectState
-	(*InstallRequest)(nil),         // 55: wheelfs.v1.InstallRequest
-	(*InstallResponse)(nil),        // 56: wheelfs.v1.InstallResponse
-	(*DiffRequest)(nil),            // 57: wheelfs.v1.DiffRequest
-	(*FetchBlocksRequest)(nil),     // 58: wheelfs.v1.FetchBlocksRequest
-	(*FetchBlocksResponse)(nil),    // 59: wheelfs.v1.FetchBlocksResponse
-	(*PingRequest)(nil),            // 60: wheelfs.v1.PingRequest
-	(*PingResponse)(nil),           // 61: wheelfs.v1.PingResponse
-	(*CreateObjectRequest)(nil),    // 62: wheelfs.v1.CreateObjectRequest
-	(*CreateObjectResponse)(nil),   // 63: wheelfs.v1.CreateObjectResponse
-	(*DropLinkRequest)(nil),        // 64: wheelfs.v1.DropLinkRequest
-	(*DropLinkResponse)(nil),       // 65: wheelfs.v1.DropLinkResponse
-	(*StatRequest)(nil),            // 66: wheelfs.v1.StatRequest
-	(*StatResponse)(nil),           // 67: wheelfs.v1.StatResponse
-	(*AddLinkRequest)(nil),         // 68: wheelfs.v1.AddLinkRequest
-	(*AddLinkResponse)(nil),        // 69: wheelfs.v1.AddLinkResponse
-	(*EntryChange)(nil),            // 70: wheelfs.v1.EntryChange
-	(*ReconcileRequest)(nil),       // 71: wheelfs.v1.ReconcileRequest
-	(*ReconcileResponse)(nil),      // 72: wheelfs.v1.ReconcileResponse
-	(*XattrSummary)(nil),           // 73: wheelfs.v1.XattrSummary
-	(*Xattr)(nil),                  // 74: wheelfs.v1.Xattr
-	(*Coord)(nil),                  // 75: wheelfs.v1.Coord
-	(*CoordSample)(nil),            // 76: wheelfs.v1.CoordSample
-	(*ProbeRequest)(nil),           // 77: wheelfs.v1.ProbeRequest
-	(*ProbeResponse)(nil),          // 78: wheelfs.v1.ProbeResponse
-	(*BlockRange)(nil),             // 79: wheelfs.v1.BlockRange
-	(*HeldBlocks)(nil),             // 80: wheelfs.v1.HeldBlocks
-	(*ReportHoldingRequest)(nil),   // 81: wheelfs.v1.ReportHoldingRequest
-	(*ReportHoldingResponse)(nil),  // 82: wheelfs.v1.ReportHoldingResponse
-	(*HoldersRequest)(nil),         // 83: wheelfs.v1.HoldersRequest
-	(*Holder)(nil),                 // 84: wheelfs.v1.Holder
-	(*HoldersResponse)(nil),        // 85: wheelfs.v1.HoldersResponse
-	(*LoginChallengeRequest)(nil),  // 86: wheelfs.v1.LoginChallengeRequest
-	(*LoginChallengeResponse)(nil), // 87: wheelfs.v1.LoginChallengeResponse
-	(*LoginRequest)(nil),           // 88: wheelfs.v1.LoginRequest
-	(*LoginResponse)(nil),          // 89: wheelfs.v1.LoginResponse
-	(*SessionRequest)(nil),         // 90: wheelfs.v1.SessionRequest
-	(*LogoutResponse)(nil),         // 91: wheelfs.v1.LogoutResponse
-	(*Grant)(nil),                  // 92: wheelfs.v1.Grant
-	(*GrantBody)(nil),              // 93: wheelfs.v1.GrantBody
-	(*FetchCachedRequest)(nil),     // 94: wheelfs.v1.FetchCachedRequest
-	(*FetchCachedResponse)(nil),    // 95: wheelfs.v1.FetchCachedResponse
-	(*FileData)(nil),               // 96: wheelfs.v1.FileData
-	(*BlockData)(nil),              // 97: wheelfs.v1.BlockData
+	(Type)(0),                        // 0: wheelfs.v1.Type
+	(MutationKind)(0),                // 1: wheelfs.v1.MutationKind
+	(ReplStatus)(0),                  // 2: wheelfs.v1.ReplStatus
+	(*Cues)(nil),                     // 3: wheelfs.v1.Cues
+	(*Meta)(nil),                     // 4: wheelfs.v1.Meta
+	(*AclEntry)(nil),                 // 5: wheelfs.v1.AclEntry
+	(*Entry)(nil),                    // 6: wheelfs.v1.Entry
+	(*Caller)(nil),                   // 7: wheelfs.v1.Caller
+	(*HandleRef)(nil),                // 8: wheelfs.v1.HandleRef
+	(*LookupRequest)(nil),            // 9: wheelfs.v1.LookupRequest
+	(*LookupResponse)(nil),           // 10: wheelfs.v1.LookupResponse
+	(*GetAttrRequest)(nil),           // 11: wheelfs.v1.GetAttrRequest
+	(*GetAttrResponse)(nil),          // 12: wheelfs.v1.GetAttrResponse
+	(*CreateRequest)(nil),            // 13: wheelfs.v1.CreateRequest
+	(*CreateResponse)(nil),           // 14: wheelfs.v1.CreateResponse
+	(*Unsynced)(nil),                 // 15: wheelfs.v1.Unsynced
+	(*SyncRequest)(nil),              // 16: wheelfs.v1.SyncRequest
+	(*SyncResponse)(nil),             // 17: wheelfs.v1.SyncResponse
+	(*LinkRequest)(nil),              // 18: wheelfs.v1.LinkRequest
+	(*LinkResponse)(nil),             // 19: wheelfs.v1.LinkResponse
+	(*RemoveRequest)(nil),            // 20: wheelfs.v1.RemoveRequest
+	(*RemoveResponse)(nil),           // 21: wheelfs.v1.RemoveResponse
+	(*RenameRequest)(nil),            // 22: wheelfs.v1.RenameRequest
+	(*RenameResponse)(nil),           // 23: wheelfs.v1.RenameResponse
+	(*SetAttrRequest)(nil),           // 24: wheelfs.v1.SetAttrRequest
+	(*SetAttrResponse)(nil),          // 25: wheelfs.v1.SetAttrResponse
+	(*ReadDirRequest)(nil),           // 26: wheelfs.v1.ReadDirRequest
+	(*ReadDirResponse)(nil),          // 27: wheelfs.v1.ReadDirResponse
+	(*BlockRef)(nil),                 // 28: wheelfs.v1.BlockRef
+	(*GetBlocksRequest)(nil),         // 29: wheelfs.v1.GetBlocksRequest
+	(*GetBlocksResponse)(nil),        // 30: wheelfs.v1.GetBlocksResponse
+	(*ReadBlocksRequest)(nil),        // 31: wheelfs.v1.ReadBlocksRequest
+	(*ReadBlocksResponse)(nil),       // 32: wheelfs.v1.ReadBlocksResponse
+	(*PutBlocksRequest)(nil),         // 33: wheelfs.v1.PutBlocksRequest
+	(*PutBlocksResponse)(nil),        // 34: wheelfs.v1.PutBlocksResponse
+	(*CommitRequest)(nil),            // 35: wheelfs.v1.CommitRequest
+	(*CommitResponse)(nil),           // 36: wheelfs.v1.CommitResponse
+	(*XattrRequest)(nil),             // 37: wheelfs.v1.XattrRequest
+	(*XattrResponse)(nil),            // 38: wheelfs.v1.XattrResponse
+	(*StatFSRequest)(nil),            // 39: wheelfs.v1.StatFSRequest
+	(*StatFSResponse)(nil),           // 40: wheelfs.v1.StatFSResponse
+	(*OpenRequest)(nil),              // 41: wheelfs.v1.OpenRequest
+	(*OpenResponse)(nil),             // 42: wheelfs.v1.OpenResponse
+	(*ReleaseRequest)(nil),           // 43: wheelfs.v1.ReleaseRequest
+	(*ReleaseResponse)(nil),          // 44: wheelfs.v1.ReleaseResponse
+	(*Revoke)(nil),                   // 45: wheelfs.v1.Revoke
+	(*LeaseUpdate)(nil),              // 46: wheelfs.v1.LeaseUpdate
+	(*CallbackAck)(nil),              // 47: wheelfs.v1.CallbackAck
+	(*Mutation)(nil),                 // 48: wheelfs.v1.Mutation
+	(*Batch)(nil),                    // 49: wheelfs.v1.Batch
+	(*ReplicateRequest)(nil),         // 50: wheelfs.v1.ReplicateRequest
+	(*ReplicateResponse)(nil),        // 51: wheelfs.v1.ReplicateResponse
+	(*DigestRequest)(nil),            // 52: wheelfs.v1.DigestRequest
+	(*DigestResponse)(nil),           // 53: wheelfs.v1.DigestResponse
+	(*ObjectState)(nil),              // 54: wheelfs.v1.ObjectState
+	(*InstallRequest)(nil),           // 55: wheelfs.v1.InstallRequest
+	(*InstallResponse)(nil),          // 56: wheelfs.v1.InstallResponse
+	(*DiffRequest)(nil),              // 57: wheelfs.v1.DiffRequest
+	(*FetchBlocksRequest)(nil),       // 58: wheelfs.v1.FetchBlocksRequest
+	(*FetchBlocksResponse)(nil),      // 59: wheelfs.v1.FetchBlocksResponse
+	(*PingRequest)(nil),              // 60: wheelfs.v1.PingRequest
+	(*PingResponse)(nil),             // 61: wheelfs.v1.PingResponse
+	(*CreateObjectRequest)(nil),      // 62: wheelfs.v1.CreateObjectRequest
+	(*CreateObjectResponse)(nil),     // 63: wheelfs.v1.CreateObjectResponse
+	(*DropLinkRequest)(nil),          // 64: wheelfs.v1.DropLinkRequest
+	(*DropLinkResponse)(nil),         // 65: wheelfs.v1.DropLinkResponse
+	(*StatRequest)(nil),              // 66: wheelfs.v1.StatRequest
+	(*StatResponse)(nil),             // 67: wheelfs.v1.StatResponse
+	(*AddLinkRequest)(nil),           // 68: wheelfs.v1.AddLinkRequest
+	(*AddLinkResponse)(nil),          // 69: wheelfs.v1.AddLinkResponse
+	(*EntryChange)(nil),              // 70: wheelfs.v1.EntryChange
+	(*ReconcileRequest)(nil),         // 71: wheelfs.v1.ReconcileRequest
+	(*ReconcileResponse)(nil),        // 72: wheelfs.v1.ReconcileResponse
+	(*XattrSummary)(nil),             // 73: wheelfs.v1.XattrSummary
+	(*Xattr)(nil),                    // 74: wheelfs.v1.Xattr
+	(*Coord)(nil),                    // 75: wheelfs.v1.Coord
+	(*CoordSample)(nil),              // 76: wheelfs.v1.CoordSample
+	(*ProbeRequest)(nil),             // 77: wheelfs.v1.ProbeRequest
+	(*ProbeResponse)(nil),            // 78: wheelfs.v1.ProbeResponse
+	(*BlockRange)(nil),               // 79: wheelfs.v1.BlockRange
+	(*HeldBlocks)(nil),               // 80: wheelfs.v1.HeldBlocks
+	(*ReportHoldingRequest)(nil),     // 81: wheelfs.v1.ReportHoldingRequest
+	(*ReportHoldingResponse)(nil),    // 82: wheelfs.v1.ReportHoldingResponse
+	(*HoldersRequest)(nil),           // 83: wheelfs.v1.HoldersRequest
+	(*Holder)(nil),                   // 84: wheelfs.v1.Holder
+	(*HoldersResponse)(nil),          // 85: wheelfs.v1.HoldersResponse
+	(*LoginChallengeRequest)(nil),    // 86: wheelfs.v1.LoginChallengeRequest
+	(*LoginChallengeResponse)(nil),   // 87: wheelfs.v1.LoginChallengeResponse
+	(*LoginRequest)(nil),             // 88: wheelfs.v1.LoginRequest
+	(*LoginResponse)(nil),            // 89: wheelfs.v1.LoginResponse
+	(*SessionRequest)(nil),           // 90: wheelfs.v1.SessionRequest
+	(*LogoutResponse)(nil),           // 91: wheelfs.v1.LogoutResponse
+	(*Grant)(nil),                    // 92: wheelfs.v1.Grant
+	(*GrantBody)(nil),                // 93: wheelfs.v1.GrantBody
+	(*FetchCachedRequest)(nil),       // 94: wheelfs.v1.FetchCachedRequest
+	(*FetchCachedResponse)(nil),      // 95: wheelfs.v1.FetchCachedResponse
+	(*FileData)(nil),                 // 96: wheelfs.v1.FileData
+	(*BlockData)(nil),                // 97: wheelfs.v1.BlockData
+	(*RenewCertificateRequest)(nil),  // 98: wheelfs.v1.RenewCertificateRequest
+	(*RenewCertificateResponse)(nil), // 99: wheelfs.v1.RenewCertificateResponse
 }
 var file_wheelfs_proto_depIdxs = []int32{
 	0,   // 0: wheelfs.v1.Meta.type:type_name -> wheelfs.v1.Type
@@ -7422,60 +7534,62 @@ var file_wheelfs_proto_depIdxs = []int32{
 	88,  // 126: wheelfs.v1.Storage.Login:input_type -> wheelfs.v1.LoginRequest
 	90,  // 127: wheelfs.v1.Storage.RenewSession:input_type -> wheelfs.v1.SessionRequest
 	90,  // 128: wheelfs.v1.Storage.Logout:input_type -> wheelfs.v1.SessionRequest
-	50,  // 129: wheelfs.v1.Peer.Replicate:input_type -> wheelfs.v1.ReplicateRequest
-	52,  // 130: wheelfs.v1.Peer.Digest:input_type -> wheelfs.v1.DigestRequest
-	57,  // 131: wheelfs.v1.Peer.Diff:input_type -> wheelfs.v1.DiffRequest
-	55,  // 132: wheelfs.v1.Peer.Install:input_type -> wheelfs.v1.InstallRequest
-	58,  // 133: wheelfs.v1.Peer.FetchBlocks:input_type -> wheelfs.v1.FetchBlocksRequest
-	60,  // 134: wheelfs.v1.Peer.Ping:input_type -> wheelfs.v1.PingRequest
-	62,  // 135: wheelfs.v1.Peer.CreateObject:input_type -> wheelfs.v1.CreateObjectRequest
-	64,  // 136: wheelfs.v1.Peer.DropLink:input_type -> wheelfs.v1.DropLinkRequest
-	66,  // 137: wheelfs.v1.Peer.Stat:input_type -> wheelfs.v1.StatRequest
-	68,  // 138: wheelfs.v1.Peer.AddLink:input_type -> wheelfs.v1.AddLinkRequest
-	71,  // 139: wheelfs.v1.Peer.Reconcile:input_type -> wheelfs.v1.ReconcileRequest
-	94,  // 140: wheelfs.v1.PeerCache.FetchCached:input_type -> wheelfs.v1.FetchCachedRequest
-	10,  // 141: wheelfs.v1.Storage.Lookup:output_type -> wheelfs.v1.LookupResponse
-	12,  // 142: wheelfs.v1.Storage.GetAttr:output_type -> wheelfs.v1.GetAttrResponse
-	14,  // 143: wheelfs.v1.Storage.Create:output_type -> wheelfs.v1.CreateResponse
-	19,  // 144: wheelfs.v1.Storage.Link:output_type -> wheelfs.v1.LinkResponse
-	21,  // 145: wheelfs.v1.Storage.Remove:output_type -> wheelfs.v1.RemoveResponse
-	23,  // 146: wheelfs.v1.Storage.Rename:output_type -> wheelfs.v1.RenameResponse
-	25,  // 147: wheelfs.v1.Storage.SetAttr:output_type -> wheelfs.v1.SetAttrResponse
-	27,  // 148: wheelfs.v1.Storage.ReadDir:output_type -> wheelfs.v1.ReadDirResponse
-	30,  // 149: wheelfs.v1.Storage.GetBlocks:output_type -> wheelfs.v1.GetBlocksResponse
-	32,  // 150: wheelfs.v1.Storage.ReadBlocks:output_type -> wheelfs.v1.ReadBlocksResponse
-	34,  // 151: wheelfs.v1.Storage.PutBlocks:output_type -> wheelfs.v1.PutBlocksResponse
-	36,  // 152: wheelfs.v1.Storage.Commit:output_type -> wheelfs.v1.CommitResponse
-	38,  // 153: wheelfs.v1.Storage.GetXattr:output_type -> wheelfs.v1.XattrResponse
-	38,  // 154: wheelfs.v1.Storage.ListXattr:output_type -> wheelfs.v1.XattrResponse
-	38,  // 155: wheelfs.v1.Storage.SetXattr:output_type -> wheelfs.v1.XattrResponse
-	38,  // 156: wheelfs.v1.Storage.RemoveXattr:output_type -> wheelfs.v1.XattrResponse
-	40,  // 157: wheelfs.v1.Storage.StatFS:output_type -> wheelfs.v1.StatFSResponse
-	42,  // 158: wheelfs.v1.Storage.Open:output_type -> wheelfs.v1.OpenResponse
-	44,  // 159: wheelfs.v1.Storage.Release:output_type -> wheelfs.v1.ReleaseResponse
-	17,  // 160: wheelfs.v1.Storage.Sync:output_type -> wheelfs.v1.SyncResponse
-	45,  // 161: wheelfs.v1.Storage.Callbacks:output_type -> wheelfs.v1.Revoke
-	78,  // 162: wheelfs.v1.Storage.Probe:output_type -> wheelfs.v1.ProbeResponse
-	82,  // 163: wheelfs.v1.Storage.ReportHolding:output_type -> wheelfs.v1.ReportHoldingResponse
-	85,  // 164: wheelfs.v1.Storage.Holders:output_type -> wheelfs.v1.HoldersResponse
-	87,  // 165: wheelfs.v1.Storage.LoginChallenge:output_type -> wheelfs.v1.LoginChallengeResponse
-	89,  // 166: wheelfs.v1.Storage.Login:output_type -> wheelfs.v1.LoginResponse
-	89,  // 167: wheelfs.v1.Storage.RenewSession:output_type -> wheelfs.v1.LoginResponse
-	91,  // 168: wheelfs.v1.Storage.Logout:output_type -> wheelfs.v1.LogoutResponse
-	51,  // 169: wheelfs.v1.Peer.Replicate:output_type -> wheelfs.v1.ReplicateResponse
-	53,  // 170: wheelfs.v1.Peer.Digest:output_type -> wheelfs.v1.DigestResponse
-	55,  // 171: wheelfs.v1.Peer.Diff:output_type -> wheelfs.v1.InstallRequest
-	56,  // 172: wheelfs.v1.Peer.Install:output_type -> wheelfs.v1.InstallResponse
-	59,  // 173: wheelfs.v1.Peer.FetchBlocks:output_type -> wheelfs.v1.FetchBlocksResponse
-	61,  // 174: wheelfs.v1.Peer.Ping:output_type -> wheelfs.v1.PingResponse
-	63,  // 175: wheelfs.v1.Peer.CreateObject:output_type -> wheelfs.v1.CreateObjectResponse
-	65,  // 176: wheelfs.v1.Peer.DropLink:output_type -> wheelfs.v1.DropLinkResponse
-	67,  // 177: wheelfs.v1.Peer.Stat:output_type -> wheelfs.v1.StatResponse
-	69,  // 178: wheelfs.v1.Peer.AddLink:output_type -> wheelfs.v1.AddLinkResponse
-	72,  // 179: wheelfs.v1.Peer.Reconcile:output_type -> wheelfs.v1.ReconcileResponse
-	95,  // 180: wheelfs.v1.PeerCache.FetchCached:output_type -> wheelfs.v1.FetchCachedResponse
-	141, // [141:181] is the sub-list for method output_type
-	101, // [101:141] is the sub-list for method input_type
+	98,  // 129: wheelfs.v1.Storage.RenewCertificate:input_type -> wheelfs.v1.RenewCertificateRequest
+	50,  // 130: wheelfs.v1.Peer.Replicate:input_type -> wheelfs.v1.ReplicateRequest
+	52,  // 131: wheelfs.v1.Peer.Digest:input_type -> wheelfs.v1.DigestRequest
+	57,  // 132: wheelfs.v1.Peer.Diff:input_type -> wheelfs.v1.DiffRequest
+	55,  // 133: wheelfs.v1.Peer.Install:input_type -> wheelfs.v1.InstallRequest
+	58,  // 134: wheelfs.v1.Peer.FetchBlocks:input_type -> wheelfs.v1.FetchBlocksRequest
+	60,  // 135: wheelfs.v1.Peer.Ping:input_type -> wheelfs.v1.PingRequest
+	62,  // 136: wheelfs.v1.Peer.CreateObject:input_type -> wheelfs.v1.CreateObjectRequest
+	64,  // 137: wheelfs.v1.Peer.DropLink:input_type -> wheelfs.v1.DropLinkRequest
+	66,  // 138: wheelfs.v1.Peer.Stat:input_type -> wheelfs.v1.StatRequest
+	68,  // 139: wheelfs.v1.Peer.AddLink:input_type -> wheelfs.v1.AddLinkRequest
+	71,  // 140: wheelfs.v1.Peer.Reconcile:input_type -> wheelfs.v1.ReconcileRequest
+	94,  // 141: wheelfs.v1.PeerCache.FetchCached:input_type -> wheelfs.v1.FetchCachedRequest
+	10,  // 142: wheelfs.v1.Storage.Lookup:output_type -> wheelfs.v1.LookupResponse
+	12,  // 143: wheelfs.v1.Storage.GetAttr:output_type -> wheelfs.v1.GetAttrResponse
+	14,  // 144: wheelfs.v1.Storage.Create:output_type -> wheelfs.v1.CreateResponse
+	19,  // 145: wheelfs.v1.Storage.Link:output_type -> wheelfs.v1.LinkResponse
+	21,  // 146: wheelfs.v1.Storage.Remove:output_type -> wheelfs.v1.RemoveResponse
+	23,  // 147: wheelfs.v1.Storage.Rename:output_type -> wheelfs.v1.RenameResponse
+	25,  // 148: wheelfs.v1.Storage.SetAttr:output_type -> wheelfs.v1.SetAttrResponse
+	27,  // 149: wheelfs.v1.Storage.ReadDir:output_type -> wheelfs.v1.ReadDirResponse
+	30,  // 150: wheelfs.v1.Storage.GetBlocks:output_type -> wheelfs.v1.GetBlocksResponse
+	32,  // 151: wheelfs.v1.Storage.ReadBlocks:output_type -> wheelfs.v1.ReadBlocksResponse
+	34,  // 152: wheelfs.v1.Storage.PutBlocks:output_type -> wheelfs.v1.PutBlocksResponse
+	36,  // 153: wheelfs.v1.Storage.Commit:output_type -> wheelfs.v1.CommitResponse
+	38,  // 154: wheelfs.v1.Storage.GetXattr:output_type -> wheelfs.v1.XattrResponse
+	38,  // 155: wheelfs.v1.Storage.ListXattr:output_type -> wheelfs.v1.XattrResponse
+	38,  // 156: wheelfs.v1.Storage.SetXattr:output_type -> wheelfs.v1.XattrResponse
+	38,  // 157: wheelfs.v1.Storage.RemoveXattr:output_type -> wheelfs.v1.XattrResponse
+	40,  // 158: wheelfs.v1.Storage.StatFS:output_type -> wheelfs.v1.StatFSResponse
+	42,  // 159: wheelfs.v1.Storage.Open:output_type -> wheelfs.v1.OpenResponse
+	44,  // 160: wheelfs.v1.Storage.Release:output_type -> wheelfs.v1.ReleaseResponse
+	17,  // 161: wheelfs.v1.Storage.Sync:output_type -> wheelfs.v1.SyncResponse
+	45,  // 162: wheelfs.v1.Storage.Callbacks:output_type -> wheelfs.v1.Revoke
+	78,  // 163: wheelfs.v1.Storage.Probe:output_type -> wheelfs.v1.ProbeResponse
+	82,  // 164: wheelfs.v1.Storage.ReportHolding:output_type -> wheelfs.v1.ReportHoldingResponse
+	85,  // 165: wheelfs.v1.Storage.Holders:output_type -> wheelfs.v1.HoldersResponse
+	87,  // 166: wheelfs.v1.Storage.LoginChallenge:output_type -> wheelfs.v1.LoginChallengeResponse
+	89,  // 167: wheelfs.v1.Storage.Login:output_type -> wheelfs.v1.LoginResponse
+	89,  // 168: wheelfs.v1.Storage.RenewSession:output_type -> wheelfs.v1.LoginResponse
+	91,  // 169: wheelfs.v1.Storage.Logout:output_type -> wheelfs.v1.LogoutResponse
+	99,  // 170: wheelfs.v1.Storage.RenewCertificate:output_type -> wheelfs.v1.RenewCertificateResponse
+	51,  // 171: wheelfs.v1.Peer.Replicate:output_type -> wheelfs.v1.ReplicateResponse
+	53,  // 172: wheelfs.v1.Peer.Digest:output_type -> wheelfs.v1.DigestResponse
+	55,  // 173: wheelfs.v1.Peer.Diff:output_type -> wheelfs.v1.InstallRequest
+	56,  // 174: wheelfs.v1.Peer.Install:output_type -> wheelfs.v1.InstallResponse
+	59,  // 175: wheelfs.v1.Peer.FetchBlocks:output_type -> wheelfs.v1.FetchBlocksResponse
+	61,  // 176: wheelfs.v1.Peer.Ping:output_type -> wheelfs.v1.PingResponse
+	63,  // 177: wheelfs.v1.Peer.CreateObject:output_type -> wheelfs.v1.CreateObjectResponse
+	65,  // 178: wheelfs.v1.Peer.DropLink:output_type -> wheelfs.v1.DropLinkResponse
+	67,  // 179: wheelfs.v1.Peer.Stat:output_type -> wheelfs.v1.StatResponse
+	69,  // 180: wheelfs.v1.Peer.AddLink:output_type -> wheelfs.v1.AddLinkResponse
+	72,  // 181: wheelfs.v1.Peer.Reconcile:output_type -> wheelfs.v1.ReconcileResponse
+	95,  // 182: wheelfs.v1.PeerCache.FetchCached:output_type -> wheelfs.v1.FetchCachedResponse
+	142, // [142:183] is the sub-list for method output_type
+	101, // [101:142] is the sub-list for method input_type
 	101, // [101:101] is the sub-list for extension type_name
 	101, // [101:101] is the sub-list for extension extendee
 	0,   // [0:101] is the sub-list for field type_name
@@ -7493,7 +7607,7 @@ func file_wheelfs_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_wheelfs_proto_rawDesc), len(file_wheelfs_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   95,
+			NumMessages:   97,
 			NumExtensions: 0,
 			NumServices:   3,
 		},

@@ -21,34 +21,35 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	Storage_Lookup_FullMethodName         = "/wheelfs.v1.Storage/Lookup"
-	Storage_GetAttr_FullMethodName        = "/wheelfs.v1.Storage/GetAttr"
-	Storage_Create_FullMethodName         = "/wheelfs.v1.Storage/Create"
-	Storage_Link_FullMethodName           = "/wheelfs.v1.Storage/Link"
-	Storage_Remove_FullMethodName         = "/wheelfs.v1.Storage/Remove"
-	Storage_Rename_FullMethodName         = "/wheelfs.v1.Storage/Rename"
-	Storage_SetAttr_FullMethodName        = "/wheelfs.v1.Storage/SetAttr"
-	Storage_ReadDir_FullMethodName        = "/wheelfs.v1.Storage/ReadDir"
-	Storage_GetBlocks_FullMethodName      = "/wheelfs.v1.Storage/GetBlocks"
-	Storage_ReadBlocks_FullMethodName     = "/wheelfs.v1.Storage/ReadBlocks"
-	Storage_PutBlocks_FullMethodName      = "/wheelfs.v1.Storage/PutBlocks"
-	Storage_Commit_FullMethodName         = "/wheelfs.v1.Storage/Commit"
-	Storage_GetXattr_FullMethodName       = "/wheelfs.v1.Storage/GetXattr"
-	Storage_ListXattr_FullMethodName      = "/wheelfs.v1.Storage/ListXattr"
-	Storage_SetXattr_FullMethodName       = "/wheelfs.v1.Storage/SetXattr"
-	Storage_RemoveXattr_FullMethodName    = "/wheelfs.v1.Storage/RemoveXattr"
-	Storage_StatFS_FullMethodName         = "/wheelfs.v1.Storage/StatFS"
-	Storage_Open_FullMethodName           = "/wheelfs.v1.Storage/Open"
-	Storage_Release_FullMethodName        = "/wheelfs.v1.Storage/Release"
-	Storage_Sync_FullMethodName           = "/wheelfs.v1.Storage/Sync"
-	Storage_Callbacks_FullMethodName      = "/wheelfs.v1.Storage/Callbacks"
-	Storage_Probe_FullMethodName          = "/wheelfs.v1.Storage/Probe"
-	Storage_ReportHolding_FullMethodName  = "/wheelfs.v1.Storage/ReportHolding"
-	Storage_Holders_FullMethodName        = "/wheelfs.v1.Storage/Holders"
-	Storage_LoginChallenge_FullMethodName = "/wheelfs.v1.Storage/LoginChallenge"
-	Storage_Login_FullMethodName          = "/wheelfs.v1.Storage/Login"
-	Storage_RenewSession_FullMethodName   = "/wheelfs.v1.Storage/RenewSession"
-	Storage_Logout_FullMethodName         = "/wheelfs.v1.Storage/Logout"
+	Storage_Lookup_FullMethodName           = "/wheelfs.v1.Storage/Lookup"
+	Storage_GetAttr_FullMethodName          = "/wheelfs.v1.Storage/GetAttr"
+	Storage_Create_FullMethodName           = "/wheelfs.v1.Storage/Create"
+	Storage_Link_FullMethodName             = "/wheelfs.v1.Storage/Link"
+	Storage_Remove_FullMethodName           = "/wheelfs.v1.Storage/Remove"
+	Storage_Rename_FullMethodName           = "/wheelfs.v1.Storage/Rename"
+	Storage_SetAttr_FullMethodName          = "/wheelfs.v1.Storage/SetAttr"
+	Storage_ReadDir_FullMethodName          = "/wheelfs.v1.Storage/ReadDir"
+	Storage_GetBlocks_FullMethodName        = "/wheelfs.v1.Storage/GetBlocks"
+	Storage_ReadBlocks_FullMethodName       = "/wheelfs.v1.Storage/ReadBlocks"
+	Storage_PutBlocks_FullMethodName        = "/wheelfs.v1.Storage/PutBlocks"
+	Storage_Commit_FullMethodName           = "/wheelfs.v1.Storage/Commit"
+	Storage_GetXattr_FullMethodName         = "/wheelfs.v1.Storage/GetXattr"
+	Storage_ListXattr_FullMethodName        = "/wheelfs.v1.Storage/ListXattr"
+	Storage_SetXattr_FullMethodName         = "/wheelfs.v1.Storage/SetXattr"
+	Storage_RemoveXattr_FullMethodName      = "/wheelfs.v1.Storage/RemoveXattr"
+	Storage_StatFS_FullMethodName           = "/wheelfs.v1.Storage/StatFS"
+	Storage_Open_FullMethodName             = "/wheelfs.v1.Storage/Open"
+	Storage_Release_FullMethodName          = "/wheelfs.v1.Storage/Release"
+	Storage_Sync_FullMethodName             = "/wheelfs.v1.Storage/Sync"
+	Storage_Callbacks_FullMethodName        = "/wheelfs.v1.Storage/Callbacks"
+	Storage_Probe_FullMethodName            = "/wheelfs.v1.Storage/Probe"
+	Storage_ReportHolding_FullMethodName    = "/wheelfs.v1.Storage/ReportHolding"
+	Storage_Holders_FullMethodName          = "/wheelfs.v1.Storage/Holders"
+	Storage_LoginChallenge_FullMethodName   = "/wheelfs.v1.Storage/LoginChallenge"
+	Storage_Login_FullMethodName            = "/wheelfs.v1.Storage/Login"
+	Storage_RenewSession_FullMethodName     = "/wheelfs.v1.Storage/RenewSession"
+	Storage_Logout_FullMethodName           = "/wheelfs.v1.Storage/Logout"
+	Storage_RenewCertificate_FullMethodName = "/wheelfs.v1.Storage/RenewCertificate"
 )
 
 // StorageClient is the client API for Storage service.
@@ -98,6 +99,10 @@ type StorageClient interface {
 	Login(ctx context.Context, in *LoginRequest, opts ...grpc.CallOption) (*LoginResponse, error)
 	RenewSession(ctx context.Context, in *SessionRequest, opts ...grpc.CallOption) (*LoginResponse, error)
 	Logout(ctx context.Context, in *SessionRequest, opts ...grpc.CallOption) (*LogoutResponse, error)
+	// RenewCertificate (issue 13): a node without the CA key whose
+	// certificate is in its last third of life gets a new one, for the
+	// same name, from a server that holds the key.
+	RenewCertificate(ctx context.Context, in *RenewCertificateRequest, opts ...grpc.CallOption) (*RenewCertificateResponse, error)
 }
 
 type storageClient struct {
@@ -391,6 +396,16 @@ func (c *storageClient) Logout(ctx context.Context, in *SessionRequest, opts ...
 	return out, nil
 }
 
+func (c *storageClient) RenewCertificate(ctx context.Context, in *RenewCertificateRequest, opts ...grpc.CallOption) (*RenewCertificateResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RenewCertificateResponse)
+	err := c.cc.Invoke(ctx, Storage_RenewCertificate_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // StorageServer is the server API for Storage service.
 // All implementations must embed UnimplementedStorageServer
 // for forward compatibility.
@@ -438,6 +453,10 @@ type StorageServer interface {
 	Login(context.Context, *LoginRequest) (*LoginResponse, error)
 	RenewSession(context.Context, *SessionRequest) (*LoginResponse, error)
 	Logout(context.Context, *SessionRequest) (*LogoutResponse, error)
+	// RenewCertificate (issue 13): a node without the CA key whose
+	// certificate is in its last third of life gets a new one, for the
+	// same name, from a server that holds the key.
+	RenewCertificate(context.Context, *RenewCertificateRequest) (*RenewCertificateResponse, error)
 	mustEmbedUnimplementedStorageServer()
 }
 
@@ -531,6 +550,9 @@ func (UnimplementedStorageServer) RenewSession(context.Context, *SessionRequest)
 }
 func (UnimplementedStorageServer) Logout(context.Context, *SessionRequest) (*LogoutResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Logout not implemented")
+}
+func (UnimplementedStorageServer) RenewCertificate(context.Context, *RenewCertificateRequest) (*RenewCertificateResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method RenewCertificate not implemented")
 }
 func (UnimplementedStorageServer) mustEmbedUnimplementedStorageServer() {}
 func (UnimplementedStorageServer) testEmbeddedByValue()                 {}
@@ -1046,6 +1068,24 @@ func _Storage_Logout_Handler(srv interface{}, ctx context.Context, dec func(inte
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Storage_RenewCertificate_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RenewCertificateRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(StorageServer).RenewCertificate(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Storage_RenewCertificate_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(StorageServer).RenewCertificate(ctx, req.(*RenewCertificateRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Storage_ServiceDesc is the grpc.ServiceDesc for Storage service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -1160,6 +1200,10 @@ var Storage_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Logout",
 			Handler:    _Storage_Logout_Handler,
+		},
+		{
+			MethodName: "RenewCertificate",
+			Handler:    _Storage_RenewCertificate_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

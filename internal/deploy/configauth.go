@@ -1,0 +1,123 @@
+package deploy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"slices"
+
+	"github.com/wheelfs/wheelfs/internal/configsvc"
+	"github.com/wheelfs/wheelfs/internal/pki"
+)
+
+// caKeyDir is the CA directory whose key this host holds (--ca, or the
+// DataDir/ca of `wheelfs up`), "" if none.
+func (h *Host) caKeyDir() string {
+	for _, d := range []string{h.cfg.CADir, h.caDir()} {
+		if d != "" && exists(filepath.Join(d, pki.CAKeyFile)) {
+			return d
+		}
+	}
+	return ""
+}
+
+// rootCredentials are the configuration service's administrator
+// credentials, made from the CA key this host holds (nil without one).
+func (h *Host) rootCredentials() (*pki.Credentials, error) {
+	dir := h.caKeyDir()
+	if dir == "" {
+		return nil, nil
+	}
+	ca, err := pki.LoadCA(dir)
+	if err != nil {
+		return nil, err
+	}
+	return ca.RootCredentials()
+}
+
+// ensureConfigUser prepares the configuration service's authentication
+// for this host before its own client dials (docs/SECURITY.md): with
+// ConfigAuth it turns etcd auth on; when auth is on, it adds this node's
+// etcd user. Both need the CA key; a host without it relies on `wheelfs
+// ca issue --config` having added its user. A host holding the key keeps
+// its administrator client while auth is on, to follow the deny list
+// into etcd's users (followDenied).
+func (h *Host) ensureConfigUser(ctx context.Context, endpoints []string, opts configsvc.Options) error {
+	root, err := h.rootCredentials()
+	if err != nil {
+		return fmt.Errorf("deploy: configuration service administrator: %w", err)
+	}
+	if root == nil {
+		if h.cfg.ConfigAuth {
+			return errors.New("deploy: --config-auth needs the CA key (--ca DIR with ca.key, or the CA of `wheelfs up`)")
+		}
+		return nil
+	}
+	opts.OneShot = true
+	admin, err := configsvc.Dial(ctx, endpoints, root.ClientTLS(""), opts)
+	if err != nil {
+		return err
+	}
+	// A config member or a server writes the tables; a client host
+	// only reads them (and publishes its coordinate).
+	server := h.cfg.Roles&(RoleServer|RoleMember) != 0
+	on := false
+	if h.cfg.ConfigAuth {
+		if err = admin.EnableAuth(ctx); err == nil {
+			on = true
+			h.log.Info("configuration service authentication on", "node", h.Creds.Name)
+		}
+	} else {
+		on, err = admin.AuthEnabled(ctx)
+	}
+	if err == nil && on {
+		err = admin.AddNodeUser(ctx, h.Creds.Name, server)
+	}
+	if err != nil || !on {
+		admin.Close()
+		return err
+	}
+	h.admin = admin
+	h.onClose(admin.Close, admin.Close)
+	return nil
+}
+
+// followRevokedUsers makes etcd refuse the nodes on the deny list, at a host
+// that administers the configuration service (h.admin): a newly denied
+// node's etcd user is deleted, and one taken off the list gets a client
+// user back (a server's role is not recorded: it gets its own back when
+// it starts with the CA key, or from `wheelfs ca issue --config --server`).
+// It runs for every list the host receives, so a revocation written with
+// a server's credentials (which cannot change users) takes effect in
+// etcd as soon as one such host sees it.
+func (h *Host) followRevokedUsers(ctx context.Context, prev, now []string) {
+	if h.admin == nil {
+		return
+	}
+	for _, n := range now {
+		if slices.Contains(prev, n) {
+			continue
+		}
+		if n == h.Creds.Name {
+			continue // this host revoked: it must not lock itself out further
+		}
+		if existed, err := h.admin.DeleteNodeUser(ctx, n); err != nil {
+			h.log.Warn("revoked node's configuration service user not deleted", "revoked", n, "err", err)
+		} else if existed {
+			h.log.Info("revoked node's configuration service user deleted", "revoked", n)
+		}
+	}
+	for _, n := range prev {
+		if slices.Contains(now, n) {
+			continue
+		}
+		has, err := h.admin.HasNodeUser(ctx, n)
+		if err == nil && !has {
+			err = h.admin.AddNodeUser(ctx, n, false)
+		}
+		if err != nil {
+			h.log.Warn("configuration service user of a node taken off the deny list not restored", "node", n, "err", err)
+		}
+	}
+}

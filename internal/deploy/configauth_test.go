@@ -1,0 +1,172 @@
+package deploy_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/wheelfs/wheelfs/internal/configsvc"
+	"github.com/wheelfs/wheelfs/internal/deploy"
+	"github.com/wheelfs/wheelfs/internal/deploy/deploytest"
+	"github.com/wheelfs/wheelfs/internal/pki"
+	"github.com/wheelfs/wheelfs/internal/poll"
+)
+
+// BenchmarkConfigRequest measures configuration-service round trips (a
+// put and a linearizable get under the prefix; a get alone) from a host's own etcd
+// client over mutual TLS, with etcd's authentication off and on (a user
+// per certificate name: etcd then looks the user and its role's ranges
+// up for every request).
+//
+//	go test ./internal/deploy -run '^$' -bench ConfigRequest -benchtime 3000x -count 3
+func BenchmarkConfigRequest(b *testing.B) {
+	for _, on := range []bool{false, true} {
+		name := "auth=off"
+		if on {
+			name = "auth=on"
+		}
+		b.Run(name, func(b *testing.B) {
+			h := deploytest.Start(b, func(c *deploy.Config) { c.ConfigAuth = on })
+			cli := h.Conf.(*configsvc.EtcdService).Client()
+			ctx := context.Background()
+			const key = "/wheelfs/bench"
+			if _, err := cli.Put(ctx, key, "v"); err != nil {
+				b.Fatal(err)
+			}
+			b.Run("put+get", func(b *testing.B) {
+				b.ReportAllocs()
+				for b.Loop() {
+					if _, err := cli.Put(ctx, key, "v"); err != nil {
+						b.Fatal(err)
+					}
+					if _, err := cli.Get(ctx, key); err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
+			b.Run("get", func(b *testing.B) {
+				b.ReportAllocs()
+				for b.Loop() {
+					if _, err := cli.Get(ctx, key); err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
+		})
+	}
+}
+
+// TestRenewThroughServer (issue 13): a client-only host without the CA
+// key whose certificate is in its last third of life gets a new one from
+// a server that holds the key, installs it and presents it.
+func TestRenewThroughServer(t *testing.T) {
+	var data, cliData string
+	deploytest.Start(t, func(c *deploy.Config) { data = c.DataDir })
+	ca, err := pki.LoadCA(filepath.Join(data, "ca"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ca.NodeValidity = 20 * time.Minute // 1h20m with the backdated hour: due at once
+	issued := t.TempDir()
+	if err := ca.IssueNodeDir(issued, "cli-renew", nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	old, err := pki.LoadCredentials(issued)
+	if err != nil {
+		t.Fatal(err)
+	}
+	eps, err := os.ReadFile(deploy.EndpointsFile(data))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cli := deploytest.Start(t, func(c *deploy.Config) {
+		c.Roles, c.NodeDir, cliData = deploy.RoleClient, issued, c.DataDir
+		c.Etcd = strings.Split(strings.TrimSpace(string(eps)), ",")
+	})
+	poll.Until(t, 20*time.Second, "the client host's certificate renewed", func() error {
+		if na := cli.Creds.Current().Leaf.NotAfter; !na.After(old.Cert.Leaf.NotAfter.Add(24 * time.Hour)) {
+			return fmt.Errorf("certificate expires %v", na)
+		}
+		return nil
+	})
+	if _, na, err := pki.Expiry(filepath.Join(cliData, "node")); err != nil || na.Before(time.Now().Add(300*24*time.Hour)) {
+		t.Fatalf("node directory's certificate: expires %v, %v", na, err)
+	}
+
+}
+
+// TestConfigAuthHosts: a deployment created with ConfigAuth restarts
+// without the flag (auth stays on, the host re-adds its own user); a
+// client host whose node has no etcd user fails to start at once, saying
+// why, and starts once `ca issue --config` (AddNodeUser) gave it one.
+func TestConfigAuthHosts(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	dir := t.TempDir()
+	cfg := deploy.NewConfig(dir)
+	cfg.ConfigAuth, cfg.Logger = true, slog.New(slog.DiscardHandler)
+	h, err := deploy.Start(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.Close()
+	cfg.ConfigAuth = false
+	h, err = deploy.Start(ctx, cfg)
+	if err != nil {
+		t.Fatalf("restart: %v", err)
+	}
+	defer h.Close()
+	if _, err := h.Conf.Table(ctx); err != nil {
+		t.Fatalf("after the restart: %v", err)
+	}
+
+	ca, err := pki.LoadCA(filepath.Join(dir, "ca"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	issued := t.TempDir()
+	if err := ca.IssueNodeDir(issued, "cli-late", nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	eps, err := os.ReadFile(deploy.EndpointsFile(dir))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ccfg := deploy.NewConfig(t.TempDir())
+	ccfg.Roles, ccfg.NodeDir, ccfg.Logger = deploy.RoleClient, issued, cfg.Logger
+	ccfg.Etcd = strings.Split(strings.TrimSpace(string(eps)), ",")
+	began := time.Now()
+	if c, err := deploy.Start(ctx, ccfg); err == nil {
+		c.Close()
+		t.Fatal("a node without an etcd user started")
+	} else if !errors.Is(err, configsvc.ErrNoUser) {
+		t.Fatalf("start without an etcd user: %v, want ErrNoUser", err)
+	}
+	if took := time.Since(began); took > 5*time.Second { // not the 30 s ConfigWait
+
+		t.Errorf("refusal took %v", took)
+	}
+	root, err := ca.RootCredentials()
+	if err != nil {
+		t.Fatal(err)
+	}
+	admin, err := configsvc.Dial(ctx, ccfg.Etcd, root.ClientTLS(""), configsvc.Options{OneShot: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close()
+	if err := admin.AddNodeUser(ctx, "cli-late", false); err != nil {
+		t.Fatal(err)
+	}
+	c, err := deploy.Start(ctx, ccfg)
+	if err != nil {
+		t.Fatalf("start with an etcd user: %v", err)
+	}
+	c.Close()
+}
