@@ -66,7 +66,7 @@ func newStats() *cobra.Command {
 
 // mountStats reads the request counts of the mount holding path.
 func mountStats(path string) (client.Stats, error) {
-	st, err := fusefs.ReadStats(path)
+	st, err := mountinfo.Stats(path)
 	if err != nil && !onWheelFS(path) {
 		return st, fmt.Errorf("%w (it is not on a WheelFS mount)", err)
 	}

@@ -13,7 +13,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/wheelfs/wheelfs/internal/fusefs"
+	"github.com/wheelfs/wheelfs/internal/mountinfo"
 	"github.com/wheelfs/wheelfs/internal/testbed"
 )
 
@@ -57,7 +57,7 @@ func runDice(ctx context.Context, env *Env) (*Result, error) {
 		fmt.Sprintf("tree: %s (%d files, %d directories); home site west, remote site east; 3 sites, RepLevel 3", tree, files, dirs),
 		"cold: first access at that site; warm: the same command right after",
 		"RTT/dir: (remote − home) / RTT / directories, the round trips a remote walk spends per directory beyond the home site's time",
-		"requests: what the mount's client sent (fusefs.StatsXattr), by method; the stats reads themselves add one GetAttr at most",
+		"requests: what the mount's client sent (mountinfo.StatsXattr), by method; the stats reads themselves add one GetAttr at most",
 	}}
 	for i, rtt := range rtts {
 		if err := testbed.SetRTT(env.Dir, testbed.Uniform(sites, rtt)); err != nil {
@@ -126,12 +126,12 @@ func runDice(ctx context.Context, env *Env) (*Result, error) {
 }
 
 // timedAt times fn and counts the requests the client of the mount at mnt
-// sent meanwhile (fusefs.StatsXattr; background ones, such as releases,
+// sent meanwhile (mountinfo.StatsXattr; background ones, such as releases,
 // as far as they were sent by the end).
 func timedAt(mnt string, fn func() error) (time.Duration, error, string) {
-	before, serr := fusefs.ReadStats(mnt)
+	before, serr := mountinfo.Stats(mnt)
 	d, err := timed(fn)
-	after, aerr := fusefs.ReadStats(mnt)
+	after, aerr := mountinfo.Stats(mnt)
 	if serr != nil || aerr != nil {
 		return d, err, fmt.Sprintf("(%v)", errors.Join(serr, aerr))
 	}

@@ -7,7 +7,6 @@ package fusefs
 import (
 	"context"
 	"encoding/json"
-	"fmt"
 	"hash/fnv"
 	"log/slog"
 	"os"
@@ -19,12 +18,12 @@ import (
 
 	"github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
-	"golang.org/x/sys/unix"
 
 	"github.com/wheelfs/wheelfs/internal/attrs"
 	"github.com/wheelfs/wheelfs/internal/client"
 	"github.com/wheelfs/wheelfs/internal/cue"
 	"github.com/wheelfs/wheelfs/internal/fserr"
+	"github.com/wheelfs/wheelfs/internal/mountinfo"
 	"github.com/wheelfs/wheelfs/internal/oid"
 )
 
@@ -32,9 +31,8 @@ import (
 const InfoXattr = "user.wheelfs.info"
 
 // StatsXattr is the virtual extended attribute, on any object, that
-// counts the requests this mount's client sent (client.Stats as JSON):
-// the round trips of an operation are the difference around it.
-const StatsXattr = "user.wheelfs.stats"
+// counts the requests this mount's client sent (mountinfo.Stats reads it).
+const StatsXattr = mountinfo.StatsXattr
 
 // Options configures a mount.
 type Options struct {
@@ -265,21 +263,6 @@ func fillAttr(m *client.Attr, cues cue.Set, out *fuse.Attr) {
 	setTime(m.AtimeNs, &out.Atime, &out.Atimensec)
 	setTime(m.MtimeNs, &out.Mtime, &out.Mtimensec)
 	setTime(m.CtimeNs, &out.Ctime, &out.Ctimensec)
-}
-
-// ReadStats reads StatsXattr of path: the request counts of the client of
-// the mount path is on.
-func ReadStats(path string) (client.Stats, error) {
-	var st client.Stats
-	buf := make([]byte, 64<<10)
-	n, err := unix.Lgetxattr(path, StatsXattr, buf)
-	if err != nil {
-		return st, fmt.Errorf("%s: %w", path, err)
-	}
-	if err := json.Unmarshal(buf[:n], &st); err != nil {
-		return st, fmt.Errorf("%s: bad stats: %w", path, err)
-	}
-	return st, nil
 }
 
 func infoJSON(info *client.Info) ([]byte, error) {
