@@ -419,6 +419,11 @@ func TestPushedDirectoryLeaseLapsesUnused(t *testing.T) {
 		took = append(took, time.Since(start))
 	}
 	t.Logf("create+write+close at SyncLevel 1, east leasing /d but not looking: %v", took)
+	if took[0] < rtt/2 {
+		// Close-to-open: the first close returns only once east dropped
+		// its lease on /d, even with nothing to replicate.
+		t.Errorf("the first create took %v: its close did not wait for east's revocation", took[0])
+	}
 	if last := took[len(took)-1]; last >= rtt/2 {
 		t.Errorf("the 4th create took %v: east's unused lease on /d is still revoked on every change", last)
 	}

@@ -49,15 +49,23 @@ func (d *deferral) add(r *sliceRepl, seq uint64) {
 
 // settle adds ids to the changes of their slices, for Sync to wait until
 // no revocation of their leases is under way.
-func (d *deferral) settle(ids []oid.ID) {
+func (d *deferral) settle(s *Server, ids []oid.ID) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+next:
 	for _, id := range ids {
 		for _, u := range d.pending {
-			if oid.Slice(u.Slice) == id.Slice() && !slices.Contains(u.Settle, uint64(id)) {
-				u.Settle = append(u.Settle, uint64(id))
-				break
+			if oid.Slice(u.Slice) == id.Slice() {
+				if !slices.Contains(u.Settle, uint64(id)) {
+					u.Settle = append(u.Settle, uint64(id))
+				}
+				continue next
 			}
+		}
+		// Nothing to replicate in its slice (SyncLevel 1): only the
+		// revocations to wait for (seq 0).
+		if r := s.owned.repl(id.Slice()); r != nil {
+			d.pending = append(d.pending, &wire.Unsynced{Slice: uint32(r.slice), Epoch: uint64(r.epoch), Settle: []uint64{uint64(id)}})
 		}
 	}
 }

@@ -94,7 +94,12 @@ func (s *Server) updateUndo(ctx context.Context, sync uint32, fn func(tx *store.
 			if d := deferralOf(ctx); d != nil {
 				// The client waits for the revocations with the
 				// replication (Sync), before its close() returns.
-				d.settle(claimed)
+				switch {
+				case len(others) > 0:
+					d.settle(s, claimed) // earlier updates' fences too
+				case len(f.ids) > 0:
+					d.settle(s, f.ids)
+				}
 				return nil
 			}
 			// Its own fence first: for an eventual update, it is down
@@ -303,7 +308,9 @@ func (s *Server) updateOnce(ctx context.Context, sync uint32, fn func(tx *store.
 	}
 	if deferred != nil {
 		for _, w := range waits {
-			deferred.add(w.r, w.seq)
+			if s.need(w.r, sync) > 1 { // else durable already: its own disk
+				deferred.add(w.r, w.seq)
+			}
 		}
 		return nil
 	}
