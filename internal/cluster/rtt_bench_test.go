@@ -26,7 +26,7 @@ import (
 //	go test ./internal/cluster/ -run '^$' -bench WideArea -benchtime 1x -v
 func BenchmarkWideArea(b *testing.B) {
 	const long = 10 * time.Minute
-	c := Start(b, Options{RTT: UniformRTT(benchRTT), LockTTL: long, Adjust: func(n *Node, cfg *deploy.Config) {
+	c := Start(b, Options{RTT: UniformRTT(benchRTT), LockTTL: long, ClientTimeout: 4 * long, Adjust: func(n *Node, cfg *deploy.Config) {
 		cfg.Server.LeaseTTL = long
 	}})
 	ctx := context.Background()
@@ -131,7 +131,7 @@ func BenchmarkWideArea(b *testing.B) {
 //	go test ./internal/cluster/ -run '^$' -bench WideAreaWholeFile -benchtime 1x -v
 func BenchmarkWideAreaWholeFile(b *testing.B) {
 	const long = 10 * time.Minute
-	c := Start(b, Options{RTT: UniformRTT(benchRTT), LockTTL: long, Adjust: func(n *Node, cfg *deploy.Config) {
+	c := Start(b, Options{RTT: UniformRTT(benchRTT), LockTTL: long, ClientTimeout: 4 * long, Adjust: func(n *Node, cfg *deploy.Config) {
 		cfg.Server.LeaseTTL = long
 	}})
 	ctx := context.Background()
