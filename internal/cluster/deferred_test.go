@@ -3,7 +3,6 @@ package cluster
 import (
 	"bytes"
 	"errors"
-	"fmt"
 	"syscall"
 	"testing"
 	"time"
@@ -32,15 +31,9 @@ func TestCreateDurableAtClose(t *testing.T) {
 		t.Fatal(err)
 	}
 	d := mustID(t, fs, "/d")
-	// Until west's server has learnt of the others and recruited them as
-	// backups it gives what it has (one copy): wait for three.
-	c.WaitFor(30*time.Second, "/d on three replicas", func() error {
-		info, err := fs.Info(ctx, Owner(), client.NoCues, d)
-		if err == nil && len(info.Replicas) < 3 {
-			err = fmt.Errorf("replicas %+v", info.Replicas)
-		}
-		return err
-	})
+	// Not waiting for /d to reach its backups: right after start west's
+	// table may list no other server, and the close must still wait for
+	// three copies (issue 16 item 12).
 	create := func(name string) (*client.Handle, time.Duration) {
 		t.Helper()
 		began := time.Now()

@@ -82,17 +82,6 @@ func (s *Server) addCommitted(d *deferral, sl oid.Slice) {
 	}
 }
 
-// need is how many copies (this one included) an update of r's slice at
-// sync level sync waits for: sync, or the slice's RepLevel for 0, capped
-// by what the deployment has (deploymentSize).
-func (s *Server) need(r *sliceRepl, sync uint32) int {
-	n := int(sync)
-	if n <= 0 {
-		n = r.repLevel
-	}
-	return min(n, s.deploymentSize())
-}
-
 // Sync waits until the changes listed are at the sync level's replicas.
 // A change made under another epoch of the slice (its primary changed
 // since) cannot be told apart from one the takeover lost: the answer is
@@ -125,7 +114,7 @@ func (s *Server) Sync(ctx context.Context, req *wire.SyncRequest) (*wire.SyncRes
 	if seq > 0 {
 		r.kick() // held back for a commit that did not come (commitQuiet)
 		// Acknowledgements are cumulative: the last change covers the others.
-		if err := r.wait(ctx, seq, s.need(r, req.SyncLevel)-1); err != nil {
+		if err := r.wait(ctx, seq, s.need(ctx, r, req.SyncLevel)-1); err != nil {
 			return nil, fmt.Errorf("sync of slice %d: %w", sl, err)
 		}
 	}

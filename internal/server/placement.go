@@ -2,9 +2,11 @@ package server
 
 import (
 	"cmp"
+	"context"
 	"hash/fnv"
 	"math/rand/v2"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/wheelfs/wheelfs/internal/configsvc"
@@ -113,7 +115,8 @@ func keepFloor(want, old []string, repLevel int) []string {
 // deploymentSize is how many servers the deployment has: the registered
 // ones and every server named in a replica list (paper §5.2.1: membership
 // is the union of the replica lists), so that a server briefly down still
-// counts. It caps how many replicas a write can wait for.
+// counts. It caps how many replicas a write can wait for. It is read from
+// the local table, which can lag: see confirmedSize.
 func (s *Server) deploymentSize() int {
 	t := s.table.Load()
 	if t == nil {
@@ -122,7 +125,13 @@ func (s *Server) deploymentSize() int {
 	if c := s.sizeCache.Load(); c != nil && c.table == t {
 		return c.n
 	}
-	ids := map[string]bool{s.cfg.ID: true}
+	n := sizeOfTable(t, s.cfg.ID)
+	s.sizeCache.Store(&sizeOf{table: t, n: n})
+	return n
+}
+
+func sizeOfTable(t *configsvc.Table, self string) int {
+	ids := map[string]bool{self: true}
 	for id := range t.Servers {
 		ids[id] = true
 	}
@@ -131,7 +140,6 @@ func (s *Server) deploymentSize() int {
 			ids[id] = true
 		}
 	}
-	s.sizeCache.Store(&sizeOf{table: t, n: len(ids)})
 	return len(ids)
 }
 
@@ -139,6 +147,71 @@ func (s *Server) deploymentSize() int {
 type sizeOf struct {
 	table *configsvc.Table
 	n     int
+}
+
+// sizeConfirmFor is how long a deployment size read from the
+// configuration service stands in for the local table's. A server that
+// registers within it may not yet count toward a write: it holds no
+// copy of anything yet either.
+const sizeConfirmFor = time.Second
+
+// sizeCheck is the last deployment size read from the configuration
+// service itself.
+type sizeCheck struct {
+	mu sync.Mutex
+	n  int
+	at time.Time
+}
+
+// need is how many copies (this one included) an update of r's slice at
+// sync level sync waits for: sync, or the slice's RepLevel for 0, capped
+// by what the deployment has. The cap is never taken from the local table
+// alone: right after start, or while cut off from the configuration
+// service, that table may not list servers that exist, and a write would
+// be acknowledged with fewer copies than promised. A size that caps is
+// confirmed by a read of the configuration service; if that read fails
+// nothing is capped, and the write waits for its replicas (within its
+// call's bound) like any other.
+func (s *Server) need(ctx context.Context, r *sliceRepl, sync uint32) int {
+	n := int(sync)
+	if n <= 0 {
+		n = r.repLevel
+	}
+	if n <= s.deploymentSize() {
+		return n
+	}
+	size, err := s.confirmedSize(ctx)
+	if err != nil {
+		s.log.Debug("deployment size unconfirmed; waiting for every copy the policy asks for", "want", n, "err", err)
+		return n
+	}
+	return min(n, size)
+}
+
+// confirmedSize reads the deployment size from the configuration service
+// at most once per sizeConfirmFor (callers meanwhile share the answer),
+// and adopts the table read if it is newer than the local one, so that
+// maintenance recruits the servers it names.
+func (s *Server) confirmedSize(ctx context.Context) (int, error) {
+	c := &s.sizeCheck
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.at.IsZero() && time.Since(c.at) < sizeConfirmFor {
+		return c.n, nil
+	}
+	t, err := s.conf.Table(ctx)
+	if err != nil {
+		return 0, err
+	}
+	c.n, c.at = sizeOfTable(t, s.cfg.ID), time.Now()
+	if old := s.table.Load(); old == nil || t.Revision > old.Revision {
+		s.table.CompareAndSwap(old, t)
+		select {
+		case s.tableC <- struct{}{}:
+		default:
+		}
+	}
+	return c.n, nil
 }
 
 // placeReplicas is chooseReplicas over a given server registry.

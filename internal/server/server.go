@@ -121,6 +121,7 @@ type Server struct {
 	table atomic.Pointer[configsvc.Table]
 	// sizeCache is deploymentSize of the current table.
 	sizeCache atomic.Pointer[sizeOf]
+	sizeCheck sizeCheck     // deploymentSize confirmed at the config service
 	tableC    chan struct{} // a new table arrived (maintenance wakes up)
 	// maintSem bounds how many slices' maintenance runs at once.
 	maintSem chan struct{}
