@@ -159,6 +159,9 @@ type Cluster struct {
 	Conf configsvc.Service
 
 	etcd *configsvc.EtcdService // = Conf
+	// locks hears every server's slice lock events; a takeover before
+	// the previous holder's lock could expire fails the test.
+	locks *lockWatch
 
 	t     testing.TB
 	opts  Options
@@ -246,7 +249,14 @@ func Start(t testing.TB, o Options) *Cluster {
 	c := &Cluster{t: t, opts: o, log: o.Logger.With("component", "cluster"), dir: t.TempDir(),
 		clients: map[string]*Node{}, isolated: map[string]bool{}}
 	c.Network = transport.NewNetwork(transport.WithLogger(o.Logger))
+	c.locks = newLockWatch()
 	t.Cleanup(c.close)
+	t.Cleanup(func() { // before close: stopping releases locks
+		for _, v := range c.locks.violations() {
+			t.Errorf("early takeover: %s", v)
+		}
+		c.log.Info("slice locks checked", "takeovers", c.locks.takeovers())
+	})
 	if err := c.start(); err != nil {
 		t.Fatalf("cluster: start: %v", err)
 	}
@@ -796,4 +806,12 @@ func (c *Cluster) close() {
 		c.etcd.Close()
 	}
 	c.log.Info("cluster stopped", "hosts", hostsDone.Sub(began), "members", time.Since(hostsDone))
+}
+
+// Deny puts a node on the configuration service's deny list (as `wheelfs
+// ca revoke` does). Its slice locks are deleted at once, by design, so the
+// lock check does not hold its takeovers against it.
+func (c *Cluster) Deny(ctx context.Context, name, reason string) error {
+	c.locks.deny(name)
+	return c.Conf.(configsvc.Denials).Deny(ctx, configsvc.Denial{Name: name, Reason: reason})
 }

@@ -14,6 +14,7 @@ func applyHooks(c *Cluster, n *Node, cfg *deploy.Config) {
 	cfg.CADir = c.caDir
 	cfg.InitCA = false
 	cfg.Network = c.Network
+	cfg.Server.OnLock = c.locks.record
 }
 
 func crashHost(h *deploy.Host)  { h.Crash() }

@@ -71,7 +71,7 @@ func TestRevokedNodes(t *testing.T) {
 		return err
 	})
 	victim := before[1]
-	if err := deny.Deny(ctx, configsvc.Denial{Name: victim}); err != nil {
+	if err := c.Deny(ctx, victim, "test"); err != nil {
 		t.Fatal(err)
 	}
 	poll.Until(t, 20*time.Second, "a new replica in place of the revoked server", func() error {
@@ -111,7 +111,7 @@ func TestRevokedNodes(t *testing.T) {
 		primary, backup = s.Replicas[0], s.Replicas[1]
 		return nil
 	})
-	if err := deny.Deny(ctx, configsvc.Denial{Name: primary}); err != nil {
+	if err := c.Deny(ctx, primary, "test"); err != nil {
 		t.Fatal(err)
 	}
 	poll.Until(t, 20*time.Second, "the backup holds the slice", func() error {

@@ -27,6 +27,7 @@ package configsvc
 import (
 	"context"
 	"errors"
+	"time"
 
 	"github.com/wheelfs/wheelfs/internal/oid"
 )
@@ -80,6 +81,11 @@ type Lock struct {
 	Slice  oid.Slice
 	Holder string
 	Epoch  int64
+	// Since is when the lock's lease last started running, at the latest
+	// (set by Acquire): the holder may count the lock held until
+	// Since + LockTTL, no longer. A new lock joins its holder's shared
+	// lease, which may have been renewed well before the Acquire.
+	Since time.Time
 }
 
 var (

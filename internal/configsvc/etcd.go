@@ -117,7 +117,7 @@ type EtcdService struct {
 	// are attached to (a Chubby session): renewing a server's locks costs
 	// one keep-alive however many slices it holds, and they all expire
 	// together when it stops.
-	sessions map[string]clientv3.LeaseID
+	sessions map[string]lockSession
 	// coordLeases holds, per node, the lease its published coordinate is
 	// attached to (PublishCoord).
 	coordLeases map[string]clientv3.LeaseID
@@ -753,7 +753,7 @@ func (s *EtcdService) Acquire(ctx context.Context, sl oid.Slice, holder string, 
 func (s *EtcdService) tryAcquire(ctx context.Context, sl oid.Slice, holder, lk, sk, lv, rec string) (_ Lock, retry bool, _ error) {
 	cctx, cancel := s.rpcCtx(ctx)
 	defer cancel()
-	lease, err := s.session(cctx, holder)
+	lease, since, err := s.session(cctx, holder)
 	if err != nil {
 		return Lock{}, false, err
 	}
@@ -771,7 +771,7 @@ func (s *EtcdService) tryAcquire(ctx context.Context, sl oid.Slice, holder, lk, 
 		return Lock{}, false, fmt.Errorf("configsvc: acquire: %w", err)
 	}
 	if resp.Succeeded {
-		return Lock{Slice: sl, Holder: holder, Epoch: resp.Header.Revision}, false, nil
+		return Lock{Slice: sl, Holder: holder, Epoch: resp.Header.Revision, Since: since}, false, nil
 	}
 	if resp.Responses[1].GetResponseRange().Count > 0 {
 		return Lock{}, false, fmt.Errorf("configsvc: acquire slice %x for %q: %w", uint32(sl), holder, ErrDenied)
@@ -799,6 +799,7 @@ func (s *EtcdService) tryAcquire(ctx context.Context, sl oid.Slice, holder, lk, 
 	if !up.Succeeded {
 		return Lock{}, true, nil
 	}
+	renewed := time.Now()
 	ka, err := s.cli.KeepAliveOnce(cctx, clientv3.LeaseID(kvs[0].Lease))
 	if errors.Is(err, rpctypes.ErrLeaseNotFound) || (err == nil && ka.TTL <= 0) {
 		return Lock{}, true, nil
@@ -806,38 +807,60 @@ func (s *EtcdService) tryAcquire(ctx context.Context, sl oid.Slice, holder, lk, 
 	if err != nil {
 		return Lock{}, false, fmt.Errorf("configsvc: acquire: renew: %w", err)
 	}
-	return Lock{Slice: sl, Holder: holder, Epoch: epoch}, false, nil
+	s.sessionRenewed(clientv3.LeaseID(kvs[0].Lease), renewed)
+	return Lock{Slice: sl, Holder: holder, Epoch: epoch, Since: renewed}, false, nil
 }
 
-// session returns holder's session lease, granting one if it has none.
-func (s *EtcdService) session(ctx context.Context, holder string) (clientv3.LeaseID, error) {
+// lockSession is a holder's lease and when it last started running (the
+// moment its grant or latest keep-alive was sent).
+type lockSession struct {
+	id    clientv3.LeaseID
+	since time.Time
+}
+
+// session returns holder's session lease, granting one if it has none, and
+// since when it runs.
+func (s *EtcdService) session(ctx context.Context, holder string) (clientv3.LeaseID, time.Time, error) {
 	s.mu.Lock()
-	id, ok := s.sessions[holder]
+	cur, ok := s.sessions[holder]
 	s.mu.Unlock()
 	if ok {
-		return id, nil
+		return cur.id, cur.since, nil
 	}
+	granted := time.Now()
 	g, err := s.cli.Grant(ctx, s.lockTTL)
 	if err != nil {
-		return 0, fmt.Errorf("configsvc: acquire: grant lease: %w", err)
+		return 0, time.Time{}, fmt.Errorf("configsvc: acquire: grant lease: %w", err)
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.sessions == nil {
-		s.sessions = map[string]clientv3.LeaseID{}
+		s.sessions = map[string]lockSession{}
 	}
 	if cur, ok := s.sessions[holder]; ok { // a concurrent Acquire won
 		go s.revoke(g.ID)
-		return cur, nil
+		return cur.id, cur.since, nil
 	}
-	s.sessions[holder] = g.ID
-	return g.ID, nil
+	s.sessions[holder] = lockSession{id: g.ID, since: granted}
+	return g.ID, granted, nil
+}
+
+// sessionRenewed records a keep-alive of lease id sent at t.
+func (s *EtcdService) sessionRenewed(id clientv3.LeaseID, t time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for h, ses := range s.sessions {
+		if ses.id == id && t.After(ses.since) {
+			ses.since = t
+			s.sessions[h] = ses
+		}
+	}
 }
 
 // dropSession forgets holder's session lease if it is still id.
 func (s *EtcdService) dropSession(holder string, id clientv3.LeaseID) {
 	s.mu.Lock()
-	if s.sessions[holder] == id {
+	if s.sessions[holder].id == id {
 		delete(s.sessions, holder)
 	}
 	s.mu.Unlock()
@@ -872,6 +895,7 @@ func (s *EtcdService) RenewAll(ctx context.Context, locks []Lock) (lost []Lock, 
 		leases[clientv3.LeaseID(kv.Lease)] = append(leases[clientv3.LeaseID(kv.Lease)], l)
 	}
 	for id, ls := range leases {
+		sent := time.Now()
 		ka, err := s.cli.KeepAliveOnce(cctx, id)
 		if errors.Is(err, rpctypes.ErrLeaseNotFound) || (err == nil && ka.TTL <= 0) {
 			lost = append(lost, ls...)
@@ -881,6 +905,7 @@ func (s *EtcdService) RenewAll(ctx context.Context, locks []Lock) (lost []Lock, 
 		if err != nil {
 			return lost, fmt.Errorf("configsvc: renew: %w", err)
 		}
+		s.sessionRenewed(id, sent)
 	}
 	return lost, nil
 }
@@ -909,6 +934,7 @@ func (s *EtcdService) Renew(ctx context.Context, l Lock) error {
 	if !s.checkLock(resp.Kvs, l) {
 		return ErrLockLost
 	}
+	sent := time.Now()
 	ka, err := s.cli.KeepAliveOnce(cctx, clientv3.LeaseID(resp.Kvs[0].Lease))
 	if errors.Is(err, rpctypes.ErrLeaseNotFound) || (err == nil && ka.TTL <= 0) {
 		return ErrLockLost
@@ -916,6 +942,7 @@ func (s *EtcdService) Renew(ctx context.Context, l Lock) error {
 	if err != nil {
 		return fmt.Errorf("configsvc: renew: %w", err)
 	}
+	s.sessionRenewed(clientv3.LeaseID(resp.Kvs[0].Lease), sent)
 	return nil
 }
 

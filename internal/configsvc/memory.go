@@ -237,13 +237,14 @@ func (c *memClient) Acquire(ctx context.Context, sl oid.Slice, holder string, p 
 		ses = &memSession{}
 		sp.sessions[holder] = ses
 	}
-	ses.expires = time.Now().Add(c.opts.LockTTL)
+	now := time.Now()
+	ses.expires = now.Add(c.opts.LockTTL)
 	s.Policy, s.Replicas = p, slices.Clone(replicas)
 	sp.changedLocked()
 	if s.Holder == "" {
 		s.Holder, s.Epoch = holder, sp.rev
 	}
-	return Lock{Slice: sl, Holder: holder, Epoch: s.Epoch}, nil
+	return Lock{Slice: sl, Holder: holder, Epoch: s.Epoch, Since: now}, nil
 }
 
 func (c *memClient) Renew(ctx context.Context, l Lock) error {

@@ -29,6 +29,7 @@ func testService(t *testing.T, newDeployment func(t *testing.T) connector) {
 		{"RegisterEndsWithContext", testRegisterEndsWithContext},
 		{"LockLifecycle", testLockLifecycle},
 		{"EpochIncreasesAcrossExpiry", testEpochIncreasesAcrossExpiry},
+		{"SinceBoundsExpiry", testSinceBoundsExpiry},
 		{"ConcurrentAcquireOneWinner", testConcurrentAcquireOneWinner},
 		{"Watch", testWatch},
 		{"WatchEndsOnClose", testWatchEndsOnClose},
@@ -128,8 +129,8 @@ func testLockLifecycle(t *testing.T, connect connector) {
 	}
 	// Re-acquiring one's own live lock keeps the epoch.
 	again, err := a.Acquire(ctx, sl, "A", pol, []string{"A", "C"})
-	if err != nil || again != la {
-		t.Fatalf("re-acquire: %+v %v (want %+v)", again, err, la)
+	if err != nil || again.Epoch != la.Epoch || again.Holder != "A" || again.Since.Before(la.Since) {
+		t.Fatalf("re-acquire: %+v %v (want %+v, renewed)", again, err, la)
 	}
 	if err := a.Renew(ctx, la); err != nil {
 		t.Fatalf("renew: %v", err)
@@ -224,6 +225,39 @@ func testEpochIncreasesAcrossExpiry(t *testing.T, connect connector) {
 			t.Fatalf("renew: %v", err)
 		}
 	}
+}
+
+// testSinceBoundsExpiry: a lock taken on its holder's existing lease runs
+// from that lease's last renewal (Lock.Since), which may be well before the
+// Acquire. It never expires before Since + LockTTL; a holder that counted
+// from its Acquire instead could outlive its lock.
+func testSinceBoundsExpiry(t *testing.T, connect connector) {
+	o := configsvc.Options{LockTTL: time.Second}
+	a, b := connect(o), connect(o)
+	ctx := tctx(t)
+	pol := configsvc.Policy{Site: "s1", RepLevel: 1}
+	if _, err := a.Acquire(ctx, 1, "A", pol, []string{"A"}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(600 * time.Millisecond) // the shared lease ages
+	asked := time.Now()
+	l, err := a.Acquire(ctx, 2, "A", pol, []string{"A"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l.Since.IsZero() || l.Since.After(time.Now()) {
+		t.Fatalf("Since %v: want the time the lease last started running", l.Since)
+	}
+	var taken time.Time
+	waitFor(t, b, 10*time.Second, "slice 2 free", func(*configsvc.Table) bool {
+		_, err := b.Acquire(ctx, 2, "B", pol, []string{"B"})
+		taken = time.Now()
+		return err == nil
+	})
+	if early := l.Since.Add(o.LockTTL).Sub(taken); early > 0 {
+		t.Fatalf("lock taken by another %v before Since + LockTTL", early)
+	}
+	t.Logf("Since %v before the Acquire; taken over %v after the Acquire", asked.Sub(l.Since).Round(time.Millisecond), taken.Sub(asked).Round(time.Millisecond))
 }
 
 func testConcurrentAcquireOneWinner(t *testing.T, connect connector) {

@@ -159,6 +159,7 @@ func (s *Server) takeOver(ctx context.Context, sl configsvc.Slice) error {
 	if err != nil {
 		return fmt.Errorf("take over slice %d: %w", sl.ID, err)
 	}
+	s.lockEvent(LockTaken, l, heldUntil(l, start, s.lockTTL))
 	// Our own eventual changes, read before collecting overwrites them.
 	own, err := s.pendingPush(sl.ID)
 	if err != nil {
@@ -168,7 +169,7 @@ func (s *Server) takeOver(ctx context.Context, sl configsvc.Slice) error {
 	if err != nil {
 		// Give the lock back so that another replica can try.
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.PeerTimeout)
-		_ = s.conf.Release(rctx, l)
+		_ = s.release(rctx, l)
 		cancel()
 		return fmt.Errorf("take over slice %d: %w", sl.ID, err)
 	}
@@ -469,7 +470,7 @@ func (s *Server) handOver(ctx context.Context, l configsvc.Lock, r *sliceRepl, t
 	}
 	s.maint.markHanded(l.Slice)
 	s.lostSlice(l.Slice, l.Epoch, "handed to "+target+" at the policy's home site")
-	if err := s.conf.Release(ctx, l); err != nil {
+	if err := s.release(ctx, l); err != nil {
 		return err
 	}
 	s.log.Info("handed slice home", "slice", l.Slice, "to", target)

@@ -95,6 +95,10 @@ type Config struct {
 	// Certs, when set, renews the certificates of nodes that ask
 	// (RenewCertificate): the host holds the CA key. Nil: refused.
 	Certs CertRenewer
+	// OnLock, for fault tests, hears of every slice lock this server
+	// takes, renews or gives up, with until when it counts the lock held:
+	// a takeover before that is a safety violation (lockevent.go).
+	OnLock func(LockEvent)
 }
 
 // Server implements wire.StorageServer.
@@ -267,7 +271,7 @@ func (s *Server) Close() error {
 	defer cancel()
 	var errs []error
 	for _, l := range locks {
-		if err := s.conf.Release(ctx, l); err != nil {
+		if err := s.release(ctx, l); err != nil {
 			errs = append(errs, err)
 		}
 	}

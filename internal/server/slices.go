@@ -32,6 +32,7 @@ func (s *Server) acquire(ctx context.Context, id oid.Slice, p configsvc.Policy) 
 	if err != nil {
 		return fmt.Errorf("server: acquire slice %d: %w", id, err)
 	}
+	s.lockEvent(LockTaken, l, heldUntil(l, start, s.lockTTL))
 	var at pos
 	if err := s.store.Update(ctx, func(tx *store.Tx) error {
 		at = readPos(tx, id)
@@ -100,7 +101,9 @@ func (s *Server) renewAll(ctx context.Context, locks []configsvc.Lock) {
 		}
 		return
 	}
-	s.owned.renewed(locks, gone, start, s.lockTTL)
+	for _, l := range s.owned.renewed(locks, gone, start, s.lockTTL) {
+		s.lockEvent(LockRenewed, l, start.Add(s.lockTTL))
+	}
 }
 
 // Slices returns the slices this server is primary for.
@@ -132,8 +135,6 @@ type ownership struct {
 	repls    map[oid.Slice]*sliceRepl
 	valid    map[oid.Slice]time.Time // lock believed held until
 	moving   map[oid.Slice]bool      // being handed to another server
-	// lastRenew is when the last successful renewal of the session began.
-	lastRenew time.Time
 }
 
 func newOwnership() ownership {
@@ -154,13 +155,7 @@ func (o *ownership) add(l configsvc.Lock, p configsvc.Policy, r *sliceRepl, lock
 	defer o.mu.Unlock()
 	old = o.repls[l.Slice]
 	o.locks[l.Slice] = l
-	// The lock shares the session lease, which may have been renewed
-	// last before this acquisition: count from the earlier of the two.
-	from := locked
-	if !o.lastRenew.IsZero() && o.lastRenew.Before(from) {
-		from = o.lastRenew
-	}
-	o.valid[l.Slice] = from.Add(ttl)
+	o.valid[l.Slice] = heldUntil(l, locked, ttl)
 	o.policies[l.Slice] = p
 	o.repls[l.Slice] = r
 	delete(o.moving, l.Slice)
@@ -208,15 +203,16 @@ func (o *ownership) dropAll() ([]configsvc.Lock, map[oid.Slice]*sliceRepl) {
 
 // renewed extends the validity of the locks renewed at start, except
 // those gone or since replaced.
-func (o *ownership) renewed(locks []configsvc.Lock, gone map[oid.Slice]bool, start time.Time, ttl time.Duration) {
+func (o *ownership) renewed(locks []configsvc.Lock, gone map[oid.Slice]bool, start time.Time, ttl time.Duration) (kept []configsvc.Lock) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	o.lastRenew = start
 	for _, l := range locks {
 		if cur, ok := o.locks[l.Slice]; ok && cur.Epoch == l.Epoch && !gone[l.Slice] {
 			o.valid[l.Slice] = start.Add(ttl)
+			kept = append(kept, l)
 		}
 	}
+	return kept
 }
 
 func (o *ownership) heldLocks() []configsvc.Lock {
