@@ -158,6 +158,7 @@ type FS struct {
 	silent silence
 
 	handles atomic.Uint64 // numbers this client's opens (handleRef.id)
+	ops     *opSeq        // numbers its mutations (exactly-once retries)
 
 	logins *logins // users' sessions at this client (login.go)
 
@@ -213,6 +214,7 @@ func New(cfg Config, router Router) *FS {
 		reports:  newHoldReports(),
 		logins:   newLogins(),
 		listing:  map[oid.ID]chan struct{}{},
+		ops:      newOpSeq(),
 	}
 	f.leases = newLeases(f)
 	f.peer.init(cfg.Peers)

@@ -41,9 +41,9 @@ func (f *FS) server(ctx context.Context, id oid.ID) (Conn, error) {
 // slice has no reachable primary (failover, a refusal by a server that is
 // no longer primary, a connection that cannot be made) it retries with
 // backoff until ctx ends, then fails with ErrTimeout wrapping the last
-// error. A request whose connection broke after it was sent may be
-// applied twice; every RPC is idempotent except an exclusive create,
-// which may then report EEXIST for a file it made itself.
+// error. A request whose connection broke after it was sent may reach a
+// server twice: mutations go through update, whose op makes the second
+// attempt answer as the first did.
 func call[Req, Resp any](ctx context.Context, f *FS, id oid.ID, rpc rpcFunc[Req, Resp], req Req) (Resp, error) {
 	return callVia(ctx, f, id, rpc, req, callOpts{})
 }
@@ -222,7 +222,12 @@ func readNewest[Req request, Resp any](ctx context.Context, f *FS, eventual bool
 
 // update runs a state-changing RPC on id's primary, or with
 // .EventualConsistency on a backup when the primary cannot be reached.
+// Its retries are one operation (Caller.op): a server that applied it
+// already answers as it did then.
 func update[Req request, Resp any](ctx context.Context, f *FS, cues cue.Set, id oid.ID, rpc rpcFunc[Req, Resp], req Req) (Resp, error) {
+	if c := req.GetCaller(); c != nil {
+		defer f.ops.stamp(c)()
+	}
 	if cues.EventualConsistency {
 		return writeEventual(ctx, f, id, rpc, req)
 	}

@@ -288,7 +288,9 @@ func (st *fileState) commit(ctx context.Context, f *FS, u User, cues cue.Set) er
 		req = st.commitRequest(u, cues)
 		idxs, bufs = nil, nil
 	}
+	done := f.ops.stamp(req.Caller) // a retried commit must not undo a later writer's
 	resp, err := call(ctx, f, st.id, wire.StorageClient.Commit, req)
+	done()
 	if err != nil {
 		return fmt.Errorf("commit %v: %w", st.id, err)
 	}

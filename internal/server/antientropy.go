@@ -50,7 +50,7 @@ func (s *Server) reconcile(ctx context.Context) {
 // with its own and resends a snapshot to one that differs (a change no
 // stream batch or divergence record describes, e.g. a backup restored
 // from an old disk); every 5 it collects the tombstones every replica
-// has.
+// has; every opSweepPeriods it sweeps expired outcome records.
 func (s *Server) checkReplicas(ctx context.Context, sl oid.Slice, replicas []string, r *sliceRepl) {
 	if low, ok := r.everyoneHas(replicas); ok {
 		if err := s.clearAcked(ctx, sl, low); err != nil {
@@ -59,6 +59,17 @@ func (s *Server) checkReplicas(ctx context.Context, sl oid.Slice, replicas []str
 	}
 	if r.due(&r.checked, 30*s.cfg.MaintainPeriod) {
 		s.compareDigests(ctx, sl, r)
+	}
+	if r.due(&r.swept, opSweepPeriods*s.cfg.MaintainPeriod) && r.takeOutcomes() {
+		n, left, err := s.sweepOutcomes(ctx, sl)
+		if err != nil || left > 0 {
+			r.markOutcomes() // again next time
+		}
+		if err != nil {
+			s.log.Warn("sweep outcome records", "slice", sl, "err", err)
+		} else if n > 0 {
+			s.log.Debug("outcome records swept", "slice", sl, "count", n, "left", left)
+		}
 	}
 	if !r.due(&r.collected, 5*s.cfg.MaintainPeriod) {
 		return

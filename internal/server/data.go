@@ -180,10 +180,13 @@ func (s *Server) Commit(ctx context.Context, req *wire.CommitRequest) (*wire.Com
 	if aerr != nil {
 		return nil, aerr
 	}
+	resp := &wire.CommitResponse{}
+	op := s.once(ctx, req.Caller, id, resp)
+	if done, err := op.replay(ctx, req.SyncLevel); done {
+		return resp, err
+	}
 	c := cred(req.Caller)
 	now := time.Now().UnixNano()
-	var out *wire.Meta
-	var hashes [][]byte
 	blocks := req.Blocks
 	if len(req.Inline) > 0 {
 		// A small write sends its blocks with the commit: stored first,
@@ -204,11 +207,11 @@ func (s *Server) Commit(ctx context.Context, req *wire.CommitRequest) (*wire.Com
 		}
 		blocks = slices.Clone(blocks)
 		for i, b := range req.Inline {
-			hashes = append(hashes, hs[i][:])
+			resp.Hashes = append(resp.Hashes, hs[i][:])
 			blocks = append(blocks, &wire.BlockRef{Index: b.Index, Hash: hs[i][:], Len: uint32(len(b.Data))})
 		}
 	}
-	err := s.update(ctx, req.SyncLevel, func(tx *store.Tx) error {
+	err := s.update(ctx, req.SyncLevel, op.wrap(func(tx *store.Tx) error {
 		m, err := tx.Meta(id)
 		if err != nil {
 			return err
@@ -247,13 +250,16 @@ func (s *Server) Commit(ctx context.Context, req *wire.CommitRequest) (*wire.Com
 			}
 		}
 		touch(m, now, false)
-		out = m
+		resp.Meta = m
 		return tx.PutMeta(m)
-	})
+	}))
+	if err == nil {
+		err = op.settle(ctx, req.SyncLevel)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("commit %v: %w", id, err)
 	}
-	return &wire.CommitResponse{Meta: out, Hashes: hashes}, nil
+	return resp, nil
 }
 
 // StatFS implements wire.StorageServer.

@@ -43,6 +43,11 @@ func (s *Server) UnaryInterceptor() grpc.UnaryServerInterceptor {
 		if err != nil {
 			return nil, fserr.ToStatus(err)
 		}
+		if h := s.cfg.AfterApply; h != nil && !strings.HasPrefix(info.FullMethod, peerMethods) {
+			if err := h(info.FullMethod, req); err != nil {
+				return nil, status.Error(codes.Unavailable, err.Error())
+			}
+		}
 		return resp, nil
 	}
 }

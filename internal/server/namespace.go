@@ -164,6 +164,12 @@ func (s *Server) Create(ctx context.Context, req *wire.CreateRequest) (*wire.Cre
 	if bits == 0 {
 		return nil, fmt.Errorf("create type %v: %w", req.Type, fserr.ErrInvalid)
 	}
+	resp := &wire.CreateResponse{}
+	deferSync := req.DeferSync && !req.Caller.GetEventual()
+	op := s.once(ctx, req.Caller, dir, resp)
+	if op.recorded() {
+		return s.createReplayed(ctx, op, req, deferSync)
+	}
 	c := cred(req.Caller)
 	now := time.Now().UnixNano()
 	hk := req.Caller.GetHandle()
@@ -217,9 +223,8 @@ func (s *Server) Create(ctx context.Context, req *wire.CreateRequest) (*wire.Cre
 			return nil, err
 		}
 	}
-	resp := &wire.CreateResponse{}
 	uctx, deferred := ctx, (*deferral)(nil)
-	if req.DeferSync && !req.Caller.GetEventual() {
+	if deferSync {
 		deferred = &deferral{}
 		uctx = withDeferral(ctx, deferred)
 	}
@@ -231,7 +236,7 @@ func (s *Server) Create(ctx context.Context, req *wire.CreateRequest) (*wire.Cre
 			opened = 0
 		}
 	}
-	err := s.updateUndo(uctx, req.SyncLevel, func(tx *store.Tx) error {
+	err := s.updateUndo(uctx, req.SyncLevel, op.wrap(func(tx *store.Tx) error {
 		unopen()
 		*resp = wire.CreateResponse{}
 		again = false
@@ -308,9 +313,15 @@ func (s *Server) Create(ctx context.Context, req *wire.CreateRequest) (*wire.Cre
 		touch(d, now, true)
 		resp.Entry, resp.Meta, resp.Dir = e, m, d
 		return tx.PutMeta(d)
-	}, unopen)
+	}), unopen)
 	if err != nil {
 		unopen()
+	}
+	if op.replayed() {
+		again = true
+		if err == nil && deferred == nil {
+			err = op.settle(ctx, req.SyncLevel)
+		}
 	}
 	if remote != nil && (err != nil || resp.Entry.GetId() != remote.Id) {
 		// The name went elsewhere: no link to it, nor the open made with it.
@@ -337,6 +348,27 @@ func (s *Server) Create(ctx context.Context, req *wire.CreateRequest) (*wire.Cre
 	if err != nil {
 		return nil, fmt.Errorf("create %q: %w", req.Name, err)
 	}
+	return resp, nil
+}
+
+// createReplayed answers a retried create whose first attempt's outcome
+// is recorded (op.resp): as durable as that attempt promised, or with
+// what is left to wait for when the create is deferred.
+func (s *Server) createReplayed(ctx context.Context, op *onceOp, req *wire.CreateRequest, deferSync bool) (*wire.CreateResponse, error) {
+	resp := op.resp.(*wire.CreateResponse)
+	if !deferSync {
+		if err := op.settle(ctx, req.SyncLevel); err != nil {
+			return nil, fmt.Errorf("create %q: %w", req.Name, err)
+		}
+		return resp, nil
+	}
+	d := &deferral{}
+	dir := oid.ID(req.Dir)
+	s.addCommitted(d, dir.Slice())
+	if id := oid.ID(resp.Entry.GetId()); id != 0 && id.Slice() != dir.Slice() {
+		s.addCommitted(d, id.Slice())
+	}
+	resp.Pending = d.pending
 	return resp, nil
 }
 
@@ -388,10 +420,14 @@ func (s *Server) Link(ctx context.Context, req *wire.LinkRequest) (*wire.LinkRes
 	if !s.local(ctx, id) {
 		return nil, fmt.Errorf("link across servers: %w", fserr.ErrCrossDevice)
 	}
+	resp := &wire.LinkResponse{}
+	op := s.once(ctx, req.Caller, dir, resp)
+	if done, err := op.replay(ctx, 0); done {
+		return resp, err
+	}
 	c := cred(req.Caller)
 	now := time.Now().UnixNano()
-	var out *wire.Meta
-	err := s.update(ctx, 0, func(tx *store.Tx) error {
+	err := s.update(ctx, 0, op.wrap(func(tx *store.Tx) error {
 		d, err := s.dirMeta(tx, dir)
 		if err != nil {
 			return err
@@ -418,13 +454,16 @@ func (s *Server) Link(ctx context.Context, req *wire.LinkRequest) (*wire.LinkRes
 			return err
 		}
 		touch(d, now, true)
-		out = m
+		resp.Meta = m
 		return tx.PutMeta(d)
-	})
+	}))
+	if err == nil {
+		err = op.settle(ctx, 0)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("link %q: %w", req.Name, err)
 	}
-	return &wire.LinkResponse{Meta: out}, nil
+	return resp, nil
 }
 
 // unlinkObject drops one link to m (already removed from its directory)
@@ -469,18 +508,25 @@ func (s *Server) Remove(ctx context.Context, req *wire.RemoveRequest) (*wire.Rem
 		return nil, aerr
 	}
 	defer s.names.lock(nameKey(dir, req.Name))()
+	resp := &wire.RemoveResponse{}
+	op := s.once(ctx, req.Caller, dir, resp)
+	if done, err := op.replay(ctx, req.SyncLevel); done {
+		return resp, err
+	}
 	c := cred(req.Caller)
 	now := time.Now().UnixNano()
-	if out, done, err := s.removeRemote(ctx, req); done {
+	if out, done, err := s.removeRemote(ctx, req, op); done {
 		if err != nil {
 			return nil, fmt.Errorf("remove %q: %w", req.Name, err)
 		}
-		return &wire.RemoveResponse{Meta: out}, nil
+		if !op.replayed() {
+			resp.Meta = out
+		}
+		return resp, nil
 	}
-	var out *wire.Meta
 	var dying []oid.ID
 	defer func() { s.buried(dying) }()
-	err := s.updateUndo(ctx, req.SyncLevel, func(tx *store.Tx) error {
+	err := s.updateUndo(ctx, req.SyncLevel, op.wrap(func(tx *store.Tx) error {
 		d, err := s.dirMeta(tx, dir)
 		if err != nil {
 			return err
@@ -518,19 +564,22 @@ func (s *Server) Remove(ctx context.Context, req *wire.RemoveRequest) (*wire.Rem
 			return err
 		}
 		touch(d, now, true)
-		out = m
+		resp.Meta = m
 		return tx.PutMeta(d)
-	}, func() { s.buried(dying); dying = nil })
+	}), func() { s.buried(dying); dying = nil })
+	if err == nil {
+		err = op.settle(ctx, req.SyncLevel)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("remove %q: %w", req.Name, err)
 	}
-	return &wire.RemoveResponse{Meta: out}, nil
+	return resp, nil
 }
 
 // removeRemote removes a name whose object another server is primary
 // for: that server drops the link (checking permissions and emptiness),
 // then the name goes. done is false when the object is local.
-func (s *Server) removeRemote(ctx context.Context, req *wire.RemoveRequest) (out *wire.Meta, done bool, err error) {
+func (s *Server) removeRemote(ctx context.Context, req *wire.RemoveRequest, op *onceOp) (out *wire.Meta, done bool, err error) {
 	dir := oid.ID(req.Dir)
 	var e *wire.Entry
 	var d *wire.Meta
@@ -552,7 +601,7 @@ func (s *Server) removeRemote(ctx context.Context, req *wire.RemoveRequest) (out
 		return nil, false, nil
 	}
 	if e.Type != wire.Type_TYPE_DIR {
-		out, err = s.removeRemoteFile(ctx, req, d, e)
+		out, err = s.removeRemoteFile(ctx, req, d, e, op)
 		return out, true, err
 	}
 	owner := s.primaryOf(id.Slice())
@@ -577,7 +626,10 @@ func (s *Server) removeRemote(ctx context.Context, req *wire.RemoveRequest) (out
 		return nil, true, fserr.FromStatus(err)
 	}
 	now := time.Now().UnixNano()
-	err = s.update(ctx, req.SyncLevel, func(tx *store.Tx) error {
+	if resp != nil {
+		op.setAnswer(&wire.RemoveResponse{Meta: resp.Meta})
+	}
+	err = s.update(ctx, req.SyncLevel, op.wrap(func(tx *store.Tx) error {
 		d, err := s.dirMeta(tx, dir)
 		if err != nil {
 			return err
@@ -594,7 +646,10 @@ func (s *Server) removeRemote(ctx context.Context, req *wire.RemoveRequest) (out
 		}
 		touch(d, now, true)
 		return tx.PutMeta(d)
-	})
+	}))
+	if err == nil {
+		err = op.settle(ctx, req.SyncLevel)
+	}
 	if resp != nil {
 		out = resp.Meta
 	}
@@ -610,7 +665,7 @@ func (s *Server) removeRemote(ctx context.Context, req *wire.RemoveRequest) (out
 // (the directory's primary cut off or paused) stretched that to seconds
 // (TestLinearizableUnderFaults, "spread"). A failure between them now
 // leaves a file with a link and no name, as an eventual remove does.
-func (s *Server) removeRemoteFile(ctx context.Context, req *wire.RemoveRequest, d *wire.Meta, e *wire.Entry) (*wire.Meta, error) {
+func (s *Server) removeRemoteFile(ctx context.Context, req *wire.RemoveRequest, d *wire.Meta, e *wire.Entry, op *onceOp) (*wire.Meta, error) {
 	dir, id := oid.ID(req.Dir), oid.ID(e.Id)
 	if req.DirOnly {
 		return nil, fserr.ErrNotDir
@@ -629,7 +684,7 @@ func (s *Server) removeRemoteFile(ctx context.Context, req *wire.RemoveRequest, 
 		return nil, err
 	}
 	now := time.Now().UnixNano()
-	err := s.update(ctx, req.SyncLevel, func(tx *store.Tx) error {
+	err := s.update(ctx, req.SyncLevel, op.wrap(func(tx *store.Tx) error {
 		d, err := s.dirMeta(tx, dir)
 		if err != nil {
 			return err
@@ -646,7 +701,11 @@ func (s *Server) removeRemoteFile(ctx context.Context, req *wire.RemoveRequest, 
 		}
 		touch(d, now, true)
 		return tx.PutMeta(d)
-	})
+	}))
+	if err == nil && op.replayed() {
+		// Done by an earlier attempt, which dropped the link too.
+		return nil, op.settle(ctx, req.SyncLevel)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -683,10 +742,14 @@ func (s *Server) SetAttr(ctx context.Context, req *wire.SetAttrRequest) (*wire.S
 	if aerr != nil {
 		return nil, aerr
 	}
+	resp := &wire.SetAttrResponse{}
+	op := s.once(ctx, req.Caller, id, resp)
+	if done, err := op.replay(ctx, req.SyncLevel); done {
+		return resp, err
+	}
 	c := cred(req.Caller)
 	now := time.Now().UnixNano()
-	var out *wire.Meta
-	err := s.update(ctx, req.SyncLevel, func(tx *store.Tx) error {
+	err := s.update(ctx, req.SyncLevel, op.wrap(func(tx *store.Tx) error {
 		m, err := tx.Meta(id)
 		if err != nil {
 			return err
@@ -700,13 +763,16 @@ func (s *Server) SetAttr(ctx context.Context, req *wire.SetAttrRequest) (*wire.S
 			}
 		}
 		touch(m, now, false)
-		out = m
+		resp.Meta = m
 		return tx.PutMeta(m)
-	})
+	}))
+	if err == nil {
+		err = op.settle(ctx, req.SyncLevel)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("setattr %v: %w", id, err)
 	}
-	return &wire.SetAttrResponse{Meta: out}, nil
+	return resp, nil
 }
 
 // ReadDir implements wire.StorageServer.

@@ -33,16 +33,20 @@ func (s *Server) Rename(ctx context.Context, req *wire.RenameRequest) (*wire.Ren
 		return nil, aerr
 	}
 	defer s.names.lock(nameKey(src, req.SrcName), nameKey(dst, req.DstName))()
+	resp := &wire.RenameResponse{}
+	op := s.once(ctx, req.Caller, src, resp)
+	if done, err := op.replay(ctx, 0); done {
+		return resp, err
+	}
 	if !s.local(ctx, dst) {
 		if s.primary(src) != nil {
 			// Backup mode cannot coordinate with another server.
 			return nil, fmt.Errorf("rename across servers: %w", fserr.ErrCrossDevice)
 		}
-		return s.renameAcross(ctx, req) // xrename.go
+		return s.renameAcross(ctx, req, op) // xrename.go
 	}
 	c := cred(req.Caller)
 	now := time.Now().UnixNano()
-	resp := &wire.RenameResponse{}
 	var dying []oid.ID
 	defer func() { s.buried(dying) }()
 	// Objects on other servers: their meta-data for the permission checks.
@@ -81,7 +85,7 @@ func (s *Server) Rename(ctx context.Context, req *wire.RenameRequest) (*wire.Ren
 		return tx.Meta(oid.ID(id))
 	}
 	var dropRemote uint64 // a replaced remote file, unlinked after the commit
-	err := s.updateUndo(ctx, 0, func(tx *store.Tx) error {
+	err := s.updateUndo(ctx, 0, op.wrap(func(tx *store.Tx) error {
 		sd, err := s.dirMeta(tx, src)
 		if err != nil {
 			return err
@@ -165,7 +169,10 @@ func (s *Server) Rename(ctx context.Context, req *wire.RenameRequest) (*wire.Ren
 			}
 		}
 		return putDirs(tx, sd, dd, now)
-	}, func() { s.buried(dying); dying = nil })
+	}), func() { s.buried(dying); dying = nil })
+	if err == nil {
+		err = op.settle(ctx, 0)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("rename %q to %q: %w", req.SrcName, req.DstName, err)
 	}

@@ -81,12 +81,16 @@ type sliceRepl struct {
 	followers map[string]*follower
 	wg        sync.WaitGroup
 	tombs     bool // the slice may hold tombstones to collect
+	// noOutcomes: no outcome records (once.go) were written since the
+	// last sweep; false at first, so a new primary sweeps once.
+	noOutcomes bool
 	// listed is the replica list this primary wrote last, over replaced
 	// (currentList).
 	listed, replaced []string
 	pinging          map[string]bool // backups pingIdle is pinging
 	checked          time.Time       // last digest comparison (checkReplicas)
 	collected        time.Time       // last tombstone collection
+	swept            time.Time       // last sweep of outcome records
 	quiet            *time.Timer     // sends what commitQuiet held back
 }
 
@@ -672,6 +676,24 @@ func (r *sliceRepl) markTombs() {
 	r.mu.Lock()
 	r.tombs = true
 	r.mu.Unlock()
+}
+
+// markOutcomes notes that the slice holds outcome records (once.go) for
+// maintenance to sweep.
+func (r *sliceRepl) markOutcomes() {
+	r.mu.Lock()
+	r.noOutcomes = false
+	r.mu.Unlock()
+}
+
+// takeOutcomes reports whether outcome records were written since it was
+// last called.
+func (r *sliceRepl) takeOutcomes() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	had := !r.noOutcomes
+	r.noOutcomes = true
+	return had
 }
 
 func (r *sliceRepl) hasTombs() bool {

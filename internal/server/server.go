@@ -95,6 +95,10 @@ type Config struct {
 	// Certs, when set, renews the certificates of nodes that ask
 	// (RenewCertificate): the host holds the CA key. Nil: refused.
 	Certs CertRenewer
+	// AfterApply, for fault tests, runs after a Storage request's handler
+	// succeeded; an error replaces the answer by codes.Unavailable, as a
+	// connection that broke after the change was applied.
+	AfterApply func(method string, req any) error
 	// OnLock, for fault tests, hears of every slice lock this server
 	// takes, renews or gives up, with until when it counts the lock held:
 	// a takeover before that is a safety violation (lockevent.go).

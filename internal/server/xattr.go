@@ -202,8 +202,13 @@ func (s *Server) changeXattr(ctx context.Context, req *wire.XattrRequest, remove
 	if len(req.Value) > wire.XattrSizeMax {
 		return nil, fmt.Errorf("xattr value of %d bytes: %w", len(req.Value), fserr.ErrArgTooBig)
 	}
+	resp := &wire.XattrResponse{}
+	op := s.once(ctx, req.Caller, id, resp)
+	if done, err := op.replay(ctx, 0); done {
+		return resp, err
+	}
 	now := time.Now().UnixNano()
-	err := s.update(ctx, 0, func(tx *store.Tx) error {
+	err := s.update(ctx, 0, op.wrap(func(tx *store.Tx) error {
 		m, err := tx.Meta(id)
 		if err != nil {
 			return err
@@ -238,9 +243,12 @@ func (s *Server) changeXattr(ctx context.Context, req *wire.XattrRequest, remove
 		}
 		touch(m, now, false)
 		return tx.PutMeta(m)
-	})
+	}))
+	if err == nil {
+		err = op.settle(ctx, 0)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("xattr %q: %w", req.Name, err)
 	}
-	return &wire.XattrResponse{}, nil
+	return resp, nil
 }

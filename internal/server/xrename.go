@@ -39,15 +39,15 @@ import (
 
 // renameAcross runs a rename whose destination directory another server
 // is primary for; src is this server's.
-func (s *Server) renameAcross(ctx context.Context, req *wire.RenameRequest) (*wire.RenameResponse, error) {
-	resp, err := s.renameAcrossSteps(ctx, req)
+func (s *Server) renameAcross(ctx context.Context, req *wire.RenameRequest, op *onceOp) (*wire.RenameResponse, error) {
+	resp, err := s.renameAcrossSteps(ctx, req, op)
 	if err != nil {
 		return nil, fmt.Errorf("rename %q to %q on another server: %w", req.SrcName, req.DstName, err)
 	}
 	return resp, nil
 }
 
-func (s *Server) renameAcrossSteps(ctx context.Context, req *wire.RenameRequest) (*wire.RenameResponse, error) {
+func (s *Server) renameAcrossSteps(ctx context.Context, req *wire.RenameRequest, op *onceOp) (*wire.RenameResponse, error) {
 	src, dst := oid.ID(req.SrcDir), oid.ID(req.DstDir)
 	if req.Flags&wire.RenameExchange != 0 {
 		return nil, fmt.Errorf("exchange across servers: %w", fserr.ErrCrossDevice)
@@ -137,7 +137,8 @@ func (s *Server) renameAcrossSteps(ctx context.Context, req *wire.RenameRequest)
 	var dying []oid.ID
 	defer func() { s.buried(dying) }()
 	removed := false
-	err = s.update(ctx, 0, func(tx *store.Tx) error {
+	op.setAnswer(&wire.RenameResponse{Replaced: added.Replaced})
+	err = s.update(ctx, 0, op.wrap(func(tx *store.Tx) error {
 		removed = false
 		sd, err := s.dirMeta(tx, src)
 		if err != nil {
@@ -164,7 +165,10 @@ func (s *Server) renameAcrossSteps(ctx context.Context, req *wire.RenameRequest)
 			return err
 		}
 		return s.unlinkObject(tx, m, now, &dying)
-	})
+	}))
+	if err == nil && op.replayed() {
+		return op.resp.(*wire.RenameResponse), op.settle(ctx, 0)
+	}
 	if err != nil {
 		// Both names stay, both counted.
 		return nil, fmt.Errorf("after adding %q: %w", req.DstName, err)

@@ -25,6 +25,10 @@ func (t *Tx) record(kind wire.MutationKind, id uint64, data []byte, name string,
 	t.rec = append(t.rec, &wire.Mutation{Kind: kind, Id: id, Data: data, Name: name, Index: index})
 }
 
+// Changed reports whether the running Update function has changed
+// anything so far.
+func (t *Tx) Changed() bool { return len(t.rec) > 0 }
+
 // Mutations returns the changes the running Update function has made so
 // far, in order, and forgets them.
 func (t *Tx) Mutations() []*wire.Mutation {

@@ -657,7 +657,10 @@ type Caller struct {
 	// handle is the open a data transfer, commit or ftruncate goes through:
 	// the object's primary checks what that open was granted instead of
 	// the file's mode (permission belongs to the open, as on Linux).
-	Handle        *HandleRef `protobuf:"bytes,7,opt,name=handle,proto3" json:"handle,omitempty"`
+	Handle *HandleRef `protobuf:"bytes,7,opt,name=handle,proto3" json:"handle,omitempty"`
+	// op names a mutation for exactly-once execution: a retry (same op)
+	// gets the answer the first attempt recorded instead of running again.
+	Op            *OpRef `protobuf:"bytes,8,opt,name=op,proto3" json:"op,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -741,6 +744,142 @@ func (x *Caller) GetHandle() *HandleRef {
 	return nil
 }
 
+func (x *Caller) GetOp() *OpRef {
+	if x != nil {
+		return x.Op
+	}
+	return nil
+}
+
+// OpRef identifies one mutation of a client core: its op session (random
+// per client core instance) and a sequence number that the retries of
+// the operation share. done_below says every op of the session numbered
+// lower has been answered, so its recorded outcome may go.
+type OpRef struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Session       uint64                 `protobuf:"varint,1,opt,name=session,proto3" json:"session,omitempty"`
+	Seq           uint64                 `protobuf:"varint,2,opt,name=seq,proto3" json:"seq,omitempty"`
+	DoneBelow     uint64                 `protobuf:"varint,3,opt,name=done_below,json=doneBelow,proto3" json:"done_below,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *OpRef) Reset() {
+	*x = OpRef{}
+	mi := &file_wheelfs_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *OpRef) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*OpRef) ProtoMessage() {}
+
+func (x *OpRef) ProtoReflect() protoreflect.Message {
+	mi := &file_wheelfs_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use OpRef.ProtoReflect.Descriptor instead.
+func (*OpRef) Descriptor() ([]byte, []int) {
+	return file_wheelfs_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *OpRef) GetSession() uint64 {
+	if x != nil {
+		return x.Session
+	}
+	return 0
+}
+
+func (x *OpRef) GetSeq() uint64 {
+	if x != nil {
+		return x.Seq
+	}
+	return 0
+}
+
+func (x *OpRef) GetDoneBelow() uint64 {
+	if x != nil {
+		return x.DoneBelow
+	}
+	return 0
+}
+
+// OpOutcome is what a server records of an applied mutation, in the same
+// transaction as the change and replicated with it (a hidden attribute
+// of the object the request names first): the node that asked, until
+// when a retry may come (the call's deadline and a margin), and the
+// answer, encoded as the method's response message.
+type OpOutcome struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Node          string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	ExpiresMs     int64                  `protobuf:"varint,2,opt,name=expires_ms,json=expiresMs,proto3" json:"expires_ms,omitempty"`
+	Response      []byte                 `protobuf:"bytes,3,opt,name=response,proto3" json:"response,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *OpOutcome) Reset() {
+	*x = OpOutcome{}
+	mi := &file_wheelfs_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *OpOutcome) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*OpOutcome) ProtoMessage() {}
+
+func (x *OpOutcome) ProtoReflect() protoreflect.Message {
+	mi := &file_wheelfs_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use OpOutcome.ProtoReflect.Descriptor instead.
+func (*OpOutcome) Descriptor() ([]byte, []int) {
+	return file_wheelfs_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *OpOutcome) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *OpOutcome) GetExpiresMs() int64 {
+	if x != nil {
+		return x.ExpiresMs
+	}
+	return 0
+}
+
+func (x *OpOutcome) GetResponse() []byte {
+	if x != nil {
+		return x.Response
+	}
+	return nil
+}
+
 // HandleRef names one open of a file: the client core's random session
 // and a number the client chose for the handle.
 type HandleRef struct {
@@ -753,7 +892,7 @@ type HandleRef struct {
 
 func (x *HandleRef) Reset() {
 	*x = HandleRef{}
-	mi := &file_wheelfs_proto_msgTypes[5]
+	mi := &file_wheelfs_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -765,7 +904,7 @@ func (x *HandleRef) String() string {
 func (*HandleRef) ProtoMessage() {}
 
 func (x *HandleRef) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[5]
+	mi := &file_wheelfs_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -778,7 +917,7 @@ func (x *HandleRef) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HandleRef.ProtoReflect.Descriptor instead.
 func (*HandleRef) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{5}
+	return file_wheelfs_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *HandleRef) GetSession() uint64 {
@@ -811,7 +950,7 @@ type LookupRequest struct {
 
 func (x *LookupRequest) Reset() {
 	*x = LookupRequest{}
-	mi := &file_wheelfs_proto_msgTypes[6]
+	mi := &file_wheelfs_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -823,7 +962,7 @@ func (x *LookupRequest) String() string {
 func (*LookupRequest) ProtoMessage() {}
 
 func (x *LookupRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[6]
+	mi := &file_wheelfs_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -836,7 +975,7 @@ func (x *LookupRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LookupRequest.ProtoReflect.Descriptor instead.
 func (*LookupRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{6}
+	return file_wheelfs_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *LookupRequest) GetCaller() *Caller {
@@ -892,7 +1031,7 @@ type LookupResponse struct {
 
 func (x *LookupResponse) Reset() {
 	*x = LookupResponse{}
-	mi := &file_wheelfs_proto_msgTypes[7]
+	mi := &file_wheelfs_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -904,7 +1043,7 @@ func (x *LookupResponse) String() string {
 func (*LookupResponse) ProtoMessage() {}
 
 func (x *LookupResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[7]
+	mi := &file_wheelfs_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -917,7 +1056,7 @@ func (x *LookupResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LookupResponse.ProtoReflect.Descriptor instead.
 func (*LookupResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{7}
+	return file_wheelfs_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *LookupResponse) GetEntry() *Entry {
@@ -979,7 +1118,7 @@ type GetAttrRequest struct {
 
 func (x *GetAttrRequest) Reset() {
 	*x = GetAttrRequest{}
-	mi := &file_wheelfs_proto_msgTypes[8]
+	mi := &file_wheelfs_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -991,7 +1130,7 @@ func (x *GetAttrRequest) String() string {
 func (*GetAttrRequest) ProtoMessage() {}
 
 func (x *GetAttrRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[8]
+	mi := &file_wheelfs_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1004,7 +1143,7 @@ func (x *GetAttrRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetAttrRequest.ProtoReflect.Descriptor instead.
 func (*GetAttrRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{8}
+	return file_wheelfs_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *GetAttrRequest) GetCaller() *Caller {
@@ -1032,7 +1171,7 @@ type GetAttrResponse struct {
 
 func (x *GetAttrResponse) Reset() {
 	*x = GetAttrResponse{}
-	mi := &file_wheelfs_proto_msgTypes[9]
+	mi := &file_wheelfs_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1044,7 +1183,7 @@ func (x *GetAttrResponse) String() string {
 func (*GetAttrResponse) ProtoMessage() {}
 
 func (x *GetAttrResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[9]
+	mi := &file_wheelfs_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1057,7 +1196,7 @@ func (x *GetAttrResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetAttrResponse.ProtoReflect.Descriptor instead.
 func (*GetAttrResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{9}
+	return file_wheelfs_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *GetAttrResponse) GetMeta() *Meta {
@@ -1119,7 +1258,7 @@ type CreateRequest struct {
 
 func (x *CreateRequest) Reset() {
 	*x = CreateRequest{}
-	mi := &file_wheelfs_proto_msgTypes[10]
+	mi := &file_wheelfs_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1131,7 +1270,7 @@ func (x *CreateRequest) String() string {
 func (*CreateRequest) ProtoMessage() {}
 
 func (x *CreateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[10]
+	mi := &file_wheelfs_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1144,7 +1283,7 @@ func (x *CreateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateRequest.ProtoReflect.Descriptor instead.
 func (*CreateRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{10}
+	return file_wheelfs_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *CreateRequest) GetCaller() *Caller {
@@ -1283,7 +1422,7 @@ type CreateResponse struct {
 
 func (x *CreateResponse) Reset() {
 	*x = CreateResponse{}
-	mi := &file_wheelfs_proto_msgTypes[11]
+	mi := &file_wheelfs_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1295,7 +1434,7 @@ func (x *CreateResponse) String() string {
 func (*CreateResponse) ProtoMessage() {}
 
 func (x *CreateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[11]
+	mi := &file_wheelfs_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1308,7 +1447,7 @@ func (x *CreateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateResponse.ProtoReflect.Descriptor instead.
 func (*CreateResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{11}
+	return file_wheelfs_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *CreateResponse) GetEntry() *Entry {
@@ -1370,7 +1509,7 @@ type Unsynced struct {
 
 func (x *Unsynced) Reset() {
 	*x = Unsynced{}
-	mi := &file_wheelfs_proto_msgTypes[12]
+	mi := &file_wheelfs_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1382,7 +1521,7 @@ func (x *Unsynced) String() string {
 func (*Unsynced) ProtoMessage() {}
 
 func (x *Unsynced) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[12]
+	mi := &file_wheelfs_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1395,7 +1534,7 @@ func (x *Unsynced) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Unsynced.ProtoReflect.Descriptor instead.
 func (*Unsynced) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{12}
+	return file_wheelfs_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *Unsynced) GetSlice() uint32 {
@@ -1440,7 +1579,7 @@ type SyncRequest struct {
 
 func (x *SyncRequest) Reset() {
 	*x = SyncRequest{}
-	mi := &file_wheelfs_proto_msgTypes[13]
+	mi := &file_wheelfs_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1452,7 +1591,7 @@ func (x *SyncRequest) String() string {
 func (*SyncRequest) ProtoMessage() {}
 
 func (x *SyncRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[13]
+	mi := &file_wheelfs_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1465,7 +1604,7 @@ func (x *SyncRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SyncRequest.ProtoReflect.Descriptor instead.
 func (*SyncRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{13}
+	return file_wheelfs_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *SyncRequest) GetCaller() *Caller {
@@ -1497,7 +1636,7 @@ type SyncResponse struct {
 
 func (x *SyncResponse) Reset() {
 	*x = SyncResponse{}
-	mi := &file_wheelfs_proto_msgTypes[14]
+	mi := &file_wheelfs_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1509,7 +1648,7 @@ func (x *SyncResponse) String() string {
 func (*SyncResponse) ProtoMessage() {}
 
 func (x *SyncResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[14]
+	mi := &file_wheelfs_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1522,7 +1661,7 @@ func (x *SyncResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SyncResponse.ProtoReflect.Descriptor instead.
 func (*SyncResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{14}
+	return file_wheelfs_proto_rawDescGZIP(), []int{16}
 }
 
 type LinkRequest struct {
@@ -1537,7 +1676,7 @@ type LinkRequest struct {
 
 func (x *LinkRequest) Reset() {
 	*x = LinkRequest{}
-	mi := &file_wheelfs_proto_msgTypes[15]
+	mi := &file_wheelfs_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1549,7 +1688,7 @@ func (x *LinkRequest) String() string {
 func (*LinkRequest) ProtoMessage() {}
 
 func (x *LinkRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[15]
+	mi := &file_wheelfs_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1562,7 +1701,7 @@ func (x *LinkRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LinkRequest.ProtoReflect.Descriptor instead.
 func (*LinkRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{15}
+	return file_wheelfs_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *LinkRequest) GetCaller() *Caller {
@@ -1602,7 +1741,7 @@ type LinkResponse struct {
 
 func (x *LinkResponse) Reset() {
 	*x = LinkResponse{}
-	mi := &file_wheelfs_proto_msgTypes[16]
+	mi := &file_wheelfs_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1614,7 +1753,7 @@ func (x *LinkResponse) String() string {
 func (*LinkResponse) ProtoMessage() {}
 
 func (x *LinkResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[16]
+	mi := &file_wheelfs_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1627,7 +1766,7 @@ func (x *LinkResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LinkResponse.ProtoReflect.Descriptor instead.
 func (*LinkResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{16}
+	return file_wheelfs_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *LinkResponse) GetMeta() *Meta {
@@ -1651,7 +1790,7 @@ type RemoveRequest struct {
 
 func (x *RemoveRequest) Reset() {
 	*x = RemoveRequest{}
-	mi := &file_wheelfs_proto_msgTypes[17]
+	mi := &file_wheelfs_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1663,7 +1802,7 @@ func (x *RemoveRequest) String() string {
 func (*RemoveRequest) ProtoMessage() {}
 
 func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[17]
+	mi := &file_wheelfs_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1676,7 +1815,7 @@ func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveRequest.ProtoReflect.Descriptor instead.
 func (*RemoveRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{17}
+	return file_wheelfs_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *RemoveRequest) GetCaller() *Caller {
@@ -1730,7 +1869,7 @@ type RemoveResponse struct {
 
 func (x *RemoveResponse) Reset() {
 	*x = RemoveResponse{}
-	mi := &file_wheelfs_proto_msgTypes[18]
+	mi := &file_wheelfs_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1742,7 +1881,7 @@ func (x *RemoveResponse) String() string {
 func (*RemoveResponse) ProtoMessage() {}
 
 func (x *RemoveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[18]
+	mi := &file_wheelfs_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1755,7 +1894,7 @@ func (x *RemoveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveResponse.ProtoReflect.Descriptor instead.
 func (*RemoveResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{18}
+	return file_wheelfs_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *RemoveResponse) GetMeta() *Meta {
@@ -1779,7 +1918,7 @@ type RenameRequest struct {
 
 func (x *RenameRequest) Reset() {
 	*x = RenameRequest{}
-	mi := &file_wheelfs_proto_msgTypes[19]
+	mi := &file_wheelfs_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1791,7 +1930,7 @@ func (x *RenameRequest) String() string {
 func (*RenameRequest) ProtoMessage() {}
 
 func (x *RenameRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[19]
+	mi := &file_wheelfs_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1804,7 +1943,7 @@ func (x *RenameRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenameRequest.ProtoReflect.Descriptor instead.
 func (*RenameRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{19}
+	return file_wheelfs_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *RenameRequest) GetCaller() *Caller {
@@ -1858,7 +1997,7 @@ type RenameResponse struct {
 
 func (x *RenameResponse) Reset() {
 	*x = RenameResponse{}
-	mi := &file_wheelfs_proto_msgTypes[20]
+	mi := &file_wheelfs_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1870,7 +2009,7 @@ func (x *RenameResponse) String() string {
 func (*RenameResponse) ProtoMessage() {}
 
 func (x *RenameResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[20]
+	mi := &file_wheelfs_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1883,7 +2022,7 @@ func (x *RenameResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenameResponse.ProtoReflect.Descriptor instead.
 func (*RenameResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{20}
+	return file_wheelfs_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *RenameResponse) GetReplaced() *Meta {
@@ -1914,7 +2053,7 @@ type SetAttrRequest struct {
 
 func (x *SetAttrRequest) Reset() {
 	*x = SetAttrRequest{}
-	mi := &file_wheelfs_proto_msgTypes[21]
+	mi := &file_wheelfs_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1926,7 +2065,7 @@ func (x *SetAttrRequest) String() string {
 func (*SetAttrRequest) ProtoMessage() {}
 
 func (x *SetAttrRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[21]
+	mi := &file_wheelfs_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1939,7 +2078,7 @@ func (x *SetAttrRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetAttrRequest.ProtoReflect.Descriptor instead.
 func (*SetAttrRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{21}
+	return file_wheelfs_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *SetAttrRequest) GetCaller() *Caller {
@@ -2042,7 +2181,7 @@ type SetAttrResponse struct {
 
 func (x *SetAttrResponse) Reset() {
 	*x = SetAttrResponse{}
-	mi := &file_wheelfs_proto_msgTypes[22]
+	mi := &file_wheelfs_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2054,7 +2193,7 @@ func (x *SetAttrResponse) String() string {
 func (*SetAttrResponse) ProtoMessage() {}
 
 func (x *SetAttrResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[22]
+	mi := &file_wheelfs_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2067,7 +2206,7 @@ func (x *SetAttrResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetAttrResponse.ProtoReflect.Descriptor instead.
 func (*SetAttrResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{22}
+	return file_wheelfs_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *SetAttrResponse) GetMeta() *Meta {
@@ -2093,7 +2232,7 @@ type ReadDirRequest struct {
 
 func (x *ReadDirRequest) Reset() {
 	*x = ReadDirRequest{}
-	mi := &file_wheelfs_proto_msgTypes[23]
+	mi := &file_wheelfs_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2105,7 +2244,7 @@ func (x *ReadDirRequest) String() string {
 func (*ReadDirRequest) ProtoMessage() {}
 
 func (x *ReadDirRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[23]
+	mi := &file_wheelfs_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2118,7 +2257,7 @@ func (x *ReadDirRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadDirRequest.ProtoReflect.Descriptor instead.
 func (*ReadDirRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{23}
+	return file_wheelfs_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ReadDirRequest) GetCaller() *Caller {
@@ -2185,7 +2324,7 @@ type ReadDirResponse struct {
 
 func (x *ReadDirResponse) Reset() {
 	*x = ReadDirResponse{}
-	mi := &file_wheelfs_proto_msgTypes[24]
+	mi := &file_wheelfs_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2197,7 +2336,7 @@ func (x *ReadDirResponse) String() string {
 func (*ReadDirResponse) ProtoMessage() {}
 
 func (x *ReadDirResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[24]
+	mi := &file_wheelfs_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2210,7 +2349,7 @@ func (x *ReadDirResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadDirResponse.ProtoReflect.Descriptor instead.
 func (*ReadDirResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{24}
+	return file_wheelfs_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ReadDirResponse) GetEntries() []*Entry {
@@ -2288,7 +2427,7 @@ type BlockRef struct {
 
 func (x *BlockRef) Reset() {
 	*x = BlockRef{}
-	mi := &file_wheelfs_proto_msgTypes[25]
+	mi := &file_wheelfs_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2300,7 +2439,7 @@ func (x *BlockRef) String() string {
 func (*BlockRef) ProtoMessage() {}
 
 func (x *BlockRef) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[25]
+	mi := &file_wheelfs_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2313,7 +2452,7 @@ func (x *BlockRef) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BlockRef.ProtoReflect.Descriptor instead.
 func (*BlockRef) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{25}
+	return file_wheelfs_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *BlockRef) GetIndex() uint64 {
@@ -2349,7 +2488,7 @@ type GetBlocksRequest struct {
 
 func (x *GetBlocksRequest) Reset() {
 	*x = GetBlocksRequest{}
-	mi := &file_wheelfs_proto_msgTypes[26]
+	mi := &file_wheelfs_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2361,7 +2500,7 @@ func (x *GetBlocksRequest) String() string {
 func (*GetBlocksRequest) ProtoMessage() {}
 
 func (x *GetBlocksRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[26]
+	mi := &file_wheelfs_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2374,7 +2513,7 @@ func (x *GetBlocksRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetBlocksRequest.ProtoReflect.Descriptor instead.
 func (*GetBlocksRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{26}
+	return file_wheelfs_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *GetBlocksRequest) GetCaller() *Caller {
@@ -2415,7 +2554,7 @@ type GetBlocksResponse struct {
 
 func (x *GetBlocksResponse) Reset() {
 	*x = GetBlocksResponse{}
-	mi := &file_wheelfs_proto_msgTypes[27]
+	mi := &file_wheelfs_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2427,7 +2566,7 @@ func (x *GetBlocksResponse) String() string {
 func (*GetBlocksResponse) ProtoMessage() {}
 
 func (x *GetBlocksResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[27]
+	mi := &file_wheelfs_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2440,7 +2579,7 @@ func (x *GetBlocksResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetBlocksResponse.ProtoReflect.Descriptor instead.
 func (*GetBlocksResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{27}
+	return file_wheelfs_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *GetBlocksResponse) GetMeta() *Meta {
@@ -2471,7 +2610,7 @@ type ReadBlocksRequest struct {
 
 func (x *ReadBlocksRequest) Reset() {
 	*x = ReadBlocksRequest{}
-	mi := &file_wheelfs_proto_msgTypes[28]
+	mi := &file_wheelfs_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2483,7 +2622,7 @@ func (x *ReadBlocksRequest) String() string {
 func (*ReadBlocksRequest) ProtoMessage() {}
 
 func (x *ReadBlocksRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[28]
+	mi := &file_wheelfs_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2496,7 +2635,7 @@ func (x *ReadBlocksRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadBlocksRequest.ProtoReflect.Descriptor instead.
 func (*ReadBlocksRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{28}
+	return file_wheelfs_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *ReadBlocksRequest) GetCaller() *Caller {
@@ -2536,7 +2675,7 @@ type ReadBlocksResponse struct {
 
 func (x *ReadBlocksResponse) Reset() {
 	*x = ReadBlocksResponse{}
-	mi := &file_wheelfs_proto_msgTypes[29]
+	mi := &file_wheelfs_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2548,7 +2687,7 @@ func (x *ReadBlocksResponse) String() string {
 func (*ReadBlocksResponse) ProtoMessage() {}
 
 func (x *ReadBlocksResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[29]
+	mi := &file_wheelfs_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2561,7 +2700,7 @@ func (x *ReadBlocksResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadBlocksResponse.ProtoReflect.Descriptor instead.
 func (*ReadBlocksResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{29}
+	return file_wheelfs_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ReadBlocksResponse) GetData() [][]byte {
@@ -2582,7 +2721,7 @@ type PutBlocksRequest struct {
 
 func (x *PutBlocksRequest) Reset() {
 	*x = PutBlocksRequest{}
-	mi := &file_wheelfs_proto_msgTypes[30]
+	mi := &file_wheelfs_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2594,7 +2733,7 @@ func (x *PutBlocksRequest) String() string {
 func (*PutBlocksRequest) ProtoMessage() {}
 
 func (x *PutBlocksRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[30]
+	mi := &file_wheelfs_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2607,7 +2746,7 @@ func (x *PutBlocksRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutBlocksRequest.ProtoReflect.Descriptor instead.
 func (*PutBlocksRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{30}
+	return file_wheelfs_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *PutBlocksRequest) GetCaller() *Caller {
@@ -2640,7 +2779,7 @@ type PutBlocksResponse struct {
 
 func (x *PutBlocksResponse) Reset() {
 	*x = PutBlocksResponse{}
-	mi := &file_wheelfs_proto_msgTypes[31]
+	mi := &file_wheelfs_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2652,7 +2791,7 @@ func (x *PutBlocksResponse) String() string {
 func (*PutBlocksResponse) ProtoMessage() {}
 
 func (x *PutBlocksResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[31]
+	mi := &file_wheelfs_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2665,7 +2804,7 @@ func (x *PutBlocksResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutBlocksResponse.ProtoReflect.Descriptor instead.
 func (*PutBlocksResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{31}
+	return file_wheelfs_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *PutBlocksResponse) GetHashes() [][]byte {
@@ -2696,7 +2835,7 @@ type CommitRequest struct {
 
 func (x *CommitRequest) Reset() {
 	*x = CommitRequest{}
-	mi := &file_wheelfs_proto_msgTypes[32]
+	mi := &file_wheelfs_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2708,7 +2847,7 @@ func (x *CommitRequest) String() string {
 func (*CommitRequest) ProtoMessage() {}
 
 func (x *CommitRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[32]
+	mi := &file_wheelfs_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2721,7 +2860,7 @@ func (x *CommitRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitRequest.ProtoReflect.Descriptor instead.
 func (*CommitRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{32}
+	return file_wheelfs_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *CommitRequest) GetCaller() *Caller {
@@ -2791,7 +2930,7 @@ type CommitResponse struct {
 
 func (x *CommitResponse) Reset() {
 	*x = CommitResponse{}
-	mi := &file_wheelfs_proto_msgTypes[33]
+	mi := &file_wheelfs_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2803,7 +2942,7 @@ func (x *CommitResponse) String() string {
 func (*CommitResponse) ProtoMessage() {}
 
 func (x *CommitResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[33]
+	mi := &file_wheelfs_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2816,7 +2955,7 @@ func (x *CommitResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitResponse.ProtoReflect.Descriptor instead.
 func (*CommitResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{33}
+	return file_wheelfs_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *CommitResponse) GetMeta() *Meta {
@@ -2849,7 +2988,7 @@ type XattrRequest struct {
 
 func (x *XattrRequest) Reset() {
 	*x = XattrRequest{}
-	mi := &file_wheelfs_proto_msgTypes[34]
+	mi := &file_wheelfs_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2861,7 +3000,7 @@ func (x *XattrRequest) String() string {
 func (*XattrRequest) ProtoMessage() {}
 
 func (x *XattrRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[34]
+	mi := &file_wheelfs_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2874,7 +3013,7 @@ func (x *XattrRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use XattrRequest.ProtoReflect.Descriptor instead.
 func (*XattrRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{34}
+	return file_wheelfs_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *XattrRequest) GetCaller() *Caller {
@@ -2935,7 +3074,7 @@ type XattrResponse struct {
 
 func (x *XattrResponse) Reset() {
 	*x = XattrResponse{}
-	mi := &file_wheelfs_proto_msgTypes[35]
+	mi := &file_wheelfs_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2947,7 +3086,7 @@ func (x *XattrResponse) String() string {
 func (*XattrResponse) ProtoMessage() {}
 
 func (x *XattrResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[35]
+	mi := &file_wheelfs_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2960,7 +3099,7 @@ func (x *XattrResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use XattrResponse.ProtoReflect.Descriptor instead.
 func (*XattrResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{35}
+	return file_wheelfs_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *XattrResponse) GetValue() []byte {
@@ -3014,7 +3153,7 @@ type StatFSRequest struct {
 
 func (x *StatFSRequest) Reset() {
 	*x = StatFSRequest{}
-	mi := &file_wheelfs_proto_msgTypes[36]
+	mi := &file_wheelfs_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3026,7 +3165,7 @@ func (x *StatFSRequest) String() string {
 func (*StatFSRequest) ProtoMessage() {}
 
 func (x *StatFSRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[36]
+	mi := &file_wheelfs_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3039,7 +3178,7 @@ func (x *StatFSRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatFSRequest.ProtoReflect.Descriptor instead.
 func (*StatFSRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{36}
+	return file_wheelfs_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *StatFSRequest) GetCaller() *Caller {
@@ -3064,7 +3203,7 @@ type StatFSResponse struct {
 
 func (x *StatFSResponse) Reset() {
 	*x = StatFSResponse{}
-	mi := &file_wheelfs_proto_msgTypes[37]
+	mi := &file_wheelfs_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3076,7 +3215,7 @@ func (x *StatFSResponse) String() string {
 func (*StatFSResponse) ProtoMessage() {}
 
 func (x *StatFSResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[37]
+	mi := &file_wheelfs_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3089,7 +3228,7 @@ func (x *StatFSResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatFSResponse.ProtoReflect.Descriptor instead.
 func (*StatFSResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{37}
+	return file_wheelfs_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *StatFSResponse) GetBlocks() uint64 {
@@ -3157,7 +3296,7 @@ type OpenRequest struct {
 
 func (x *OpenRequest) Reset() {
 	*x = OpenRequest{}
-	mi := &file_wheelfs_proto_msgTypes[38]
+	mi := &file_wheelfs_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3169,7 +3308,7 @@ func (x *OpenRequest) String() string {
 func (*OpenRequest) ProtoMessage() {}
 
 func (x *OpenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[38]
+	mi := &file_wheelfs_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3182,7 +3321,7 @@ func (x *OpenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OpenRequest.ProtoReflect.Descriptor instead.
 func (*OpenRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{38}
+	return file_wheelfs_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *OpenRequest) GetCaller() *Caller {
@@ -3231,7 +3370,7 @@ type OpenResponse struct {
 
 func (x *OpenResponse) Reset() {
 	*x = OpenResponse{}
-	mi := &file_wheelfs_proto_msgTypes[39]
+	mi := &file_wheelfs_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3243,7 +3382,7 @@ func (x *OpenResponse) String() string {
 func (*OpenResponse) ProtoMessage() {}
 
 func (x *OpenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[39]
+	mi := &file_wheelfs_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3256,7 +3395,7 @@ func (x *OpenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OpenResponse.ProtoReflect.Descriptor instead.
 func (*OpenResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{39}
+	return file_wheelfs_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *OpenResponse) GetMeta() *Meta {
@@ -3290,7 +3429,7 @@ type ReleaseRequest struct {
 
 func (x *ReleaseRequest) Reset() {
 	*x = ReleaseRequest{}
-	mi := &file_wheelfs_proto_msgTypes[40]
+	mi := &file_wheelfs_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3302,7 +3441,7 @@ func (x *ReleaseRequest) String() string {
 func (*ReleaseRequest) ProtoMessage() {}
 
 func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[40]
+	mi := &file_wheelfs_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3315,7 +3454,7 @@ func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{40}
+	return file_wheelfs_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *ReleaseRequest) GetId() uint64 {
@@ -3340,7 +3479,7 @@ type ReleaseResponse struct {
 
 func (x *ReleaseResponse) Reset() {
 	*x = ReleaseResponse{}
-	mi := &file_wheelfs_proto_msgTypes[41]
+	mi := &file_wheelfs_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3352,7 +3491,7 @@ func (x *ReleaseResponse) String() string {
 func (*ReleaseResponse) ProtoMessage() {}
 
 func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[41]
+	mi := &file_wheelfs_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3365,7 +3504,7 @@ func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{41}
+	return file_wheelfs_proto_rawDescGZIP(), []int{43}
 }
 
 // Revoke withdraws the session's leases on ids.
@@ -3383,7 +3522,7 @@ type Revoke struct {
 
 func (x *Revoke) Reset() {
 	*x = Revoke{}
-	mi := &file_wheelfs_proto_msgTypes[42]
+	mi := &file_wheelfs_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3395,7 +3534,7 @@ func (x *Revoke) String() string {
 func (*Revoke) ProtoMessage() {}
 
 func (x *Revoke) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[42]
+	mi := &file_wheelfs_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3408,7 +3547,7 @@ func (x *Revoke) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Revoke.ProtoReflect.Descriptor instead.
 func (*Revoke) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{42}
+	return file_wheelfs_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *Revoke) GetSeq() uint64 {
@@ -3442,7 +3581,7 @@ type LeaseUpdate struct {
 
 func (x *LeaseUpdate) Reset() {
 	*x = LeaseUpdate{}
-	mi := &file_wheelfs_proto_msgTypes[43]
+	mi := &file_wheelfs_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3454,7 +3593,7 @@ func (x *LeaseUpdate) String() string {
 func (*LeaseUpdate) ProtoMessage() {}
 
 func (x *LeaseUpdate) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[43]
+	mi := &file_wheelfs_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3467,7 +3606,7 @@ func (x *LeaseUpdate) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaseUpdate.ProtoReflect.Descriptor instead.
 func (*LeaseUpdate) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{43}
+	return file_wheelfs_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *LeaseUpdate) GetId() uint64 {
@@ -3500,7 +3639,7 @@ type CallbackAck struct {
 
 func (x *CallbackAck) Reset() {
 	*x = CallbackAck{}
-	mi := &file_wheelfs_proto_msgTypes[44]
+	mi := &file_wheelfs_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3512,7 +3651,7 @@ func (x *CallbackAck) String() string {
 func (*CallbackAck) ProtoMessage() {}
 
 func (x *CallbackAck) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[44]
+	mi := &file_wheelfs_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3525,7 +3664,7 @@ func (x *CallbackAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CallbackAck.ProtoReflect.Descriptor instead.
 func (*CallbackAck) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{44}
+	return file_wheelfs_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *CallbackAck) GetSession() uint64 {
@@ -3569,7 +3708,7 @@ type Mutation struct {
 
 func (x *Mutation) Reset() {
 	*x = Mutation{}
-	mi := &file_wheelfs_proto_msgTypes[45]
+	mi := &file_wheelfs_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3581,7 +3720,7 @@ func (x *Mutation) String() string {
 func (*Mutation) ProtoMessage() {}
 
 func (x *Mutation) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[45]
+	mi := &file_wheelfs_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3594,7 +3733,7 @@ func (x *Mutation) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Mutation.ProtoReflect.Descriptor instead.
 func (*Mutation) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{45}
+	return file_wheelfs_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *Mutation) GetKind() MutationKind {
@@ -3643,7 +3782,7 @@ type Batch struct {
 
 func (x *Batch) Reset() {
 	*x = Batch{}
-	mi := &file_wheelfs_proto_msgTypes[46]
+	mi := &file_wheelfs_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3655,7 +3794,7 @@ func (x *Batch) String() string {
 func (*Batch) ProtoMessage() {}
 
 func (x *Batch) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[46]
+	mi := &file_wheelfs_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3668,7 +3807,7 @@ func (x *Batch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Batch.ProtoReflect.Descriptor instead.
 func (*Batch) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{46}
+	return file_wheelfs_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *Batch) GetSeq() uint64 {
@@ -3700,7 +3839,7 @@ type ReplicateRequest struct {
 
 func (x *ReplicateRequest) Reset() {
 	*x = ReplicateRequest{}
-	mi := &file_wheelfs_proto_msgTypes[47]
+	mi := &file_wheelfs_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3712,7 +3851,7 @@ func (x *ReplicateRequest) String() string {
 func (*ReplicateRequest) ProtoMessage() {}
 
 func (x *ReplicateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[47]
+	mi := &file_wheelfs_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3725,7 +3864,7 @@ func (x *ReplicateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicateRequest.ProtoReflect.Descriptor instead.
 func (*ReplicateRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{47}
+	return file_wheelfs_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *ReplicateRequest) GetSlice() uint32 {
@@ -3768,7 +3907,7 @@ type ReplicateResponse struct {
 
 func (x *ReplicateResponse) Reset() {
 	*x = ReplicateResponse{}
-	mi := &file_wheelfs_proto_msgTypes[48]
+	mi := &file_wheelfs_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3780,7 +3919,7 @@ func (x *ReplicateResponse) String() string {
 func (*ReplicateResponse) ProtoMessage() {}
 
 func (x *ReplicateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[48]
+	mi := &file_wheelfs_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3793,7 +3932,7 @@ func (x *ReplicateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicateResponse.ProtoReflect.Descriptor instead.
 func (*ReplicateResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{48}
+	return file_wheelfs_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *ReplicateResponse) GetStatus() ReplStatus {
@@ -3833,7 +3972,7 @@ type DigestRequest struct {
 
 func (x *DigestRequest) Reset() {
 	*x = DigestRequest{}
-	mi := &file_wheelfs_proto_msgTypes[49]
+	mi := &file_wheelfs_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3845,7 +3984,7 @@ func (x *DigestRequest) String() string {
 func (*DigestRequest) ProtoMessage() {}
 
 func (x *DigestRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[49]
+	mi := &file_wheelfs_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3858,7 +3997,7 @@ func (x *DigestRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DigestRequest.ProtoReflect.Descriptor instead.
 func (*DigestRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{49}
+	return file_wheelfs_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *DigestRequest) GetSlice() uint32 {
@@ -3883,7 +4022,7 @@ type DigestResponse struct {
 
 func (x *DigestResponse) Reset() {
 	*x = DigestResponse{}
-	mi := &file_wheelfs_proto_msgTypes[50]
+	mi := &file_wheelfs_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3895,7 +4034,7 @@ func (x *DigestResponse) String() string {
 func (*DigestResponse) ProtoMessage() {}
 
 func (x *DigestResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[50]
+	mi := &file_wheelfs_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3908,7 +4047,7 @@ func (x *DigestResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DigestResponse.ProtoReflect.Descriptor instead.
 func (*DigestResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{50}
+	return file_wheelfs_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *DigestResponse) GetEpoch() int64 {
@@ -3960,7 +4099,7 @@ type ObjectState struct {
 
 func (x *ObjectState) Reset() {
 	*x = ObjectState{}
-	mi := &file_wheelfs_proto_msgTypes[51]
+	mi := &file_wheelfs_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3972,7 +4111,7 @@ func (x *ObjectState) String() string {
 func (*ObjectState) ProtoMessage() {}
 
 func (x *ObjectState) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[51]
+	mi := &file_wheelfs_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3985,7 +4124,7 @@ func (x *ObjectState) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ObjectState.ProtoReflect.Descriptor instead.
 func (*ObjectState) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{51}
+	return file_wheelfs_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *ObjectState) GetMeta() *Meta {
@@ -4041,7 +4180,7 @@ type InstallRequest struct {
 
 func (x *InstallRequest) Reset() {
 	*x = InstallRequest{}
-	mi := &file_wheelfs_proto_msgTypes[52]
+	mi := &file_wheelfs_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4053,7 +4192,7 @@ func (x *InstallRequest) String() string {
 func (*InstallRequest) ProtoMessage() {}
 
 func (x *InstallRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[52]
+	mi := &file_wheelfs_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4066,7 +4205,7 @@ func (x *InstallRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InstallRequest.ProtoReflect.Descriptor instead.
 func (*InstallRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{52}
+	return file_wheelfs_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *InstallRequest) GetSlice() uint32 {
@@ -4135,7 +4274,7 @@ type InstallResponse struct {
 
 func (x *InstallResponse) Reset() {
 	*x = InstallResponse{}
-	mi := &file_wheelfs_proto_msgTypes[53]
+	mi := &file_wheelfs_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4147,7 +4286,7 @@ func (x *InstallResponse) String() string {
 func (*InstallResponse) ProtoMessage() {}
 
 func (x *InstallResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[53]
+	mi := &file_wheelfs_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4160,7 +4299,7 @@ func (x *InstallResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InstallResponse.ProtoReflect.Descriptor instead.
 func (*InstallResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{53}
+	return file_wheelfs_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *InstallResponse) GetStatus() ReplStatus {
@@ -4187,7 +4326,7 @@ type DiffRequest struct {
 
 func (x *DiffRequest) Reset() {
 	*x = DiffRequest{}
-	mi := &file_wheelfs_proto_msgTypes[54]
+	mi := &file_wheelfs_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4199,7 +4338,7 @@ func (x *DiffRequest) String() string {
 func (*DiffRequest) ProtoMessage() {}
 
 func (x *DiffRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[54]
+	mi := &file_wheelfs_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4212,7 +4351,7 @@ func (x *DiffRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DiffRequest.ProtoReflect.Descriptor instead.
 func (*DiffRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{54}
+	return file_wheelfs_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *DiffRequest) GetSlice() uint32 {
@@ -4238,7 +4377,7 @@ type FetchBlocksRequest struct {
 
 func (x *FetchBlocksRequest) Reset() {
 	*x = FetchBlocksRequest{}
-	mi := &file_wheelfs_proto_msgTypes[55]
+	mi := &file_wheelfs_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4250,7 +4389,7 @@ func (x *FetchBlocksRequest) String() string {
 func (*FetchBlocksRequest) ProtoMessage() {}
 
 func (x *FetchBlocksRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[55]
+	mi := &file_wheelfs_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4263,7 +4402,7 @@ func (x *FetchBlocksRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FetchBlocksRequest.ProtoReflect.Descriptor instead.
 func (*FetchBlocksRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{55}
+	return file_wheelfs_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *FetchBlocksRequest) GetHashes() [][]byte {
@@ -4282,7 +4421,7 @@ type FetchBlocksResponse struct {
 
 func (x *FetchBlocksResponse) Reset() {
 	*x = FetchBlocksResponse{}
-	mi := &file_wheelfs_proto_msgTypes[56]
+	mi := &file_wheelfs_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4294,7 +4433,7 @@ func (x *FetchBlocksResponse) String() string {
 func (*FetchBlocksResponse) ProtoMessage() {}
 
 func (x *FetchBlocksResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[56]
+	mi := &file_wheelfs_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4307,7 +4446,7 @@ func (x *FetchBlocksResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FetchBlocksResponse.ProtoReflect.Descriptor instead.
 func (*FetchBlocksResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{56}
+	return file_wheelfs_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *FetchBlocksResponse) GetData() [][]byte {
@@ -4325,7 +4464,7 @@ type PingRequest struct {
 
 func (x *PingRequest) Reset() {
 	*x = PingRequest{}
-	mi := &file_wheelfs_proto_msgTypes[57]
+	mi := &file_wheelfs_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4337,7 +4476,7 @@ func (x *PingRequest) String() string {
 func (*PingRequest) ProtoMessage() {}
 
 func (x *PingRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[57]
+	mi := &file_wheelfs_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4350,7 +4489,7 @@ func (x *PingRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PingRequest.ProtoReflect.Descriptor instead.
 func (*PingRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{57}
+	return file_wheelfs_proto_rawDescGZIP(), []int{59}
 }
 
 type PingResponse struct {
@@ -4362,7 +4501,7 @@ type PingResponse struct {
 
 func (x *PingResponse) Reset() {
 	*x = PingResponse{}
-	mi := &file_wheelfs_proto_msgTypes[58]
+	mi := &file_wheelfs_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4374,7 +4513,7 @@ func (x *PingResponse) String() string {
 func (*PingResponse) ProtoMessage() {}
 
 func (x *PingResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[58]
+	mi := &file_wheelfs_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4387,7 +4526,7 @@ func (x *PingResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PingResponse.ProtoReflect.Descriptor instead.
 func (*PingResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{58}
+	return file_wheelfs_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *PingResponse) GetId() string {
@@ -4419,7 +4558,7 @@ type CreateObjectRequest struct {
 
 func (x *CreateObjectRequest) Reset() {
 	*x = CreateObjectRequest{}
-	mi := &file_wheelfs_proto_msgTypes[59]
+	mi := &file_wheelfs_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4431,7 +4570,7 @@ func (x *CreateObjectRequest) String() string {
 func (*CreateObjectRequest) ProtoMessage() {}
 
 func (x *CreateObjectRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[59]
+	mi := &file_wheelfs_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4444,7 +4583,7 @@ func (x *CreateObjectRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateObjectRequest.ProtoReflect.Descriptor instead.
 func (*CreateObjectRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{59}
+	return file_wheelfs_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *CreateObjectRequest) GetMeta() *Meta {
@@ -4505,7 +4644,7 @@ type CreateObjectResponse struct {
 
 func (x *CreateObjectResponse) Reset() {
 	*x = CreateObjectResponse{}
-	mi := &file_wheelfs_proto_msgTypes[60]
+	mi := &file_wheelfs_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4517,7 +4656,7 @@ func (x *CreateObjectResponse) String() string {
 func (*CreateObjectResponse) ProtoMessage() {}
 
 func (x *CreateObjectResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[60]
+	mi := &file_wheelfs_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4530,7 +4669,7 @@ func (x *CreateObjectResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateObjectResponse.ProtoReflect.Descriptor instead.
 func (*CreateObjectResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{60}
+	return file_wheelfs_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *CreateObjectResponse) GetMeta() *Meta {
@@ -4557,7 +4696,7 @@ type DropLinkRequest struct {
 
 func (x *DropLinkRequest) Reset() {
 	*x = DropLinkRequest{}
-	mi := &file_wheelfs_proto_msgTypes[61]
+	mi := &file_wheelfs_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4569,7 +4708,7 @@ func (x *DropLinkRequest) String() string {
 func (*DropLinkRequest) ProtoMessage() {}
 
 func (x *DropLinkRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[61]
+	mi := &file_wheelfs_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4582,7 +4721,7 @@ func (x *DropLinkRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DropLinkRequest.ProtoReflect.Descriptor instead.
 func (*DropLinkRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{61}
+	return file_wheelfs_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *DropLinkRequest) GetId() uint64 {
@@ -4643,7 +4782,7 @@ type DropLinkResponse struct {
 
 func (x *DropLinkResponse) Reset() {
 	*x = DropLinkResponse{}
-	mi := &file_wheelfs_proto_msgTypes[62]
+	mi := &file_wheelfs_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4655,7 +4794,7 @@ func (x *DropLinkResponse) String() string {
 func (*DropLinkResponse) ProtoMessage() {}
 
 func (x *DropLinkResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[62]
+	mi := &file_wheelfs_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4668,7 +4807,7 @@ func (x *DropLinkResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DropLinkResponse.ProtoReflect.Descriptor instead.
 func (*DropLinkResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{62}
+	return file_wheelfs_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *DropLinkResponse) GetMeta() *Meta {
@@ -4687,7 +4826,7 @@ type StatRequest struct {
 
 func (x *StatRequest) Reset() {
 	*x = StatRequest{}
-	mi := &file_wheelfs_proto_msgTypes[63]
+	mi := &file_wheelfs_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4699,7 +4838,7 @@ func (x *StatRequest) String() string {
 func (*StatRequest) ProtoMessage() {}
 
 func (x *StatRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[63]
+	mi := &file_wheelfs_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4712,7 +4851,7 @@ func (x *StatRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatRequest.ProtoReflect.Descriptor instead.
 func (*StatRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{63}
+	return file_wheelfs_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *StatRequest) GetId() uint64 {
@@ -4731,7 +4870,7 @@ type StatResponse struct {
 
 func (x *StatResponse) Reset() {
 	*x = StatResponse{}
-	mi := &file_wheelfs_proto_msgTypes[64]
+	mi := &file_wheelfs_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4743,7 +4882,7 @@ func (x *StatResponse) String() string {
 func (*StatResponse) ProtoMessage() {}
 
 func (x *StatResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[64]
+	mi := &file_wheelfs_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4756,7 +4895,7 @@ func (x *StatResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatResponse.ProtoReflect.Descriptor instead.
 func (*StatResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{64}
+	return file_wheelfs_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *StatResponse) GetMeta() *Meta {
@@ -4788,7 +4927,7 @@ type AddLinkRequest struct {
 
 func (x *AddLinkRequest) Reset() {
 	*x = AddLinkRequest{}
-	mi := &file_wheelfs_proto_msgTypes[65]
+	mi := &file_wheelfs_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4800,7 +4939,7 @@ func (x *AddLinkRequest) String() string {
 func (*AddLinkRequest) ProtoMessage() {}
 
 func (x *AddLinkRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[65]
+	mi := &file_wheelfs_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4813,7 +4952,7 @@ func (x *AddLinkRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddLinkRequest.ProtoReflect.Descriptor instead.
 func (*AddLinkRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{65}
+	return file_wheelfs_proto_rawDescGZIP(), []int{67}
 }
 
 func (x *AddLinkRequest) GetCaller() *Caller {
@@ -4884,7 +5023,7 @@ type AddLinkResponse struct {
 
 func (x *AddLinkResponse) Reset() {
 	*x = AddLinkResponse{}
-	mi := &file_wheelfs_proto_msgTypes[66]
+	mi := &file_wheelfs_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4896,7 +5035,7 @@ func (x *AddLinkResponse) String() string {
 func (*AddLinkResponse) ProtoMessage() {}
 
 func (x *AddLinkResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[66]
+	mi := &file_wheelfs_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4909,7 +5048,7 @@ func (x *AddLinkResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddLinkResponse.ProtoReflect.Descriptor instead.
 func (*AddLinkResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{66}
+	return file_wheelfs_proto_rawDescGZIP(), []int{68}
 }
 
 func (x *AddLinkResponse) GetReplaced() *Meta {
@@ -4941,7 +5080,7 @@ type EntryChange struct {
 
 func (x *EntryChange) Reset() {
 	*x = EntryChange{}
-	mi := &file_wheelfs_proto_msgTypes[67]
+	mi := &file_wheelfs_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4953,7 +5092,7 @@ func (x *EntryChange) String() string {
 func (*EntryChange) ProtoMessage() {}
 
 func (x *EntryChange) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[67]
+	mi := &file_wheelfs_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4966,7 +5105,7 @@ func (x *EntryChange) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EntryChange.ProtoReflect.Descriptor instead.
 func (*EntryChange) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{67}
+	return file_wheelfs_proto_rawDescGZIP(), []int{69}
 }
 
 func (x *EntryChange) GetDir() uint64 {
@@ -5013,7 +5152,7 @@ type ReconcileRequest struct {
 
 func (x *ReconcileRequest) Reset() {
 	*x = ReconcileRequest{}
-	mi := &file_wheelfs_proto_msgTypes[68]
+	mi := &file_wheelfs_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5025,7 +5164,7 @@ func (x *ReconcileRequest) String() string {
 func (*ReconcileRequest) ProtoMessage() {}
 
 func (x *ReconcileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[68]
+	mi := &file_wheelfs_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5038,7 +5177,7 @@ func (x *ReconcileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReconcileRequest.ProtoReflect.Descriptor instead.
 func (*ReconcileRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{68}
+	return file_wheelfs_proto_rawDescGZIP(), []int{70}
 }
 
 func (x *ReconcileRequest) GetSlice() uint32 {
@@ -5078,7 +5217,7 @@ type ReconcileResponse struct {
 
 func (x *ReconcileResponse) Reset() {
 	*x = ReconcileResponse{}
-	mi := &file_wheelfs_proto_msgTypes[69]
+	mi := &file_wheelfs_proto_msgTypes[71]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5090,7 +5229,7 @@ func (x *ReconcileResponse) String() string {
 func (*ReconcileResponse) ProtoMessage() {}
 
 func (x *ReconcileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[69]
+	mi := &file_wheelfs_proto_msgTypes[71]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5103,7 +5242,7 @@ func (x *ReconcileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReconcileResponse.ProtoReflect.Descriptor instead.
 func (*ReconcileResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{69}
+	return file_wheelfs_proto_rawDescGZIP(), []int{71}
 }
 
 func (x *ReconcileResponse) GetStatus() ReplStatus {
@@ -5127,7 +5266,7 @@ type XattrSummary struct {
 
 func (x *XattrSummary) Reset() {
 	*x = XattrSummary{}
-	mi := &file_wheelfs_proto_msgTypes[70]
+	mi := &file_wheelfs_proto_msgTypes[72]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5139,7 +5278,7 @@ func (x *XattrSummary) String() string {
 func (*XattrSummary) ProtoMessage() {}
 
 func (x *XattrSummary) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[70]
+	mi := &file_wheelfs_proto_msgTypes[72]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5152,7 +5291,7 @@ func (x *XattrSummary) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use XattrSummary.ProtoReflect.Descriptor instead.
 func (*XattrSummary) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{70}
+	return file_wheelfs_proto_rawDescGZIP(), []int{72}
 }
 
 func (x *XattrSummary) GetVersion() uint64 {
@@ -5180,7 +5319,7 @@ type Xattr struct {
 
 func (x *Xattr) Reset() {
 	*x = Xattr{}
-	mi := &file_wheelfs_proto_msgTypes[71]
+	mi := &file_wheelfs_proto_msgTypes[73]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5192,7 +5331,7 @@ func (x *Xattr) String() string {
 func (*Xattr) ProtoMessage() {}
 
 func (x *Xattr) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[71]
+	mi := &file_wheelfs_proto_msgTypes[73]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5205,7 +5344,7 @@ func (x *Xattr) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Xattr.ProtoReflect.Descriptor instead.
 func (*Xattr) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{71}
+	return file_wheelfs_proto_rawDescGZIP(), []int{73}
 }
 
 func (x *Xattr) GetName() string {
@@ -5243,7 +5382,7 @@ type Coord struct {
 
 func (x *Coord) Reset() {
 	*x = Coord{}
-	mi := &file_wheelfs_proto_msgTypes[72]
+	mi := &file_wheelfs_proto_msgTypes[74]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5255,7 +5394,7 @@ func (x *Coord) String() string {
 func (*Coord) ProtoMessage() {}
 
 func (x *Coord) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[72]
+	mi := &file_wheelfs_proto_msgTypes[74]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5268,7 +5407,7 @@ func (x *Coord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Coord.ProtoReflect.Descriptor instead.
 func (*Coord) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{72}
+	return file_wheelfs_proto_rawDescGZIP(), []int{74}
 }
 
 func (x *Coord) GetVec() []float64 {
@@ -5312,7 +5451,7 @@ type CoordSample struct {
 
 func (x *CoordSample) Reset() {
 	*x = CoordSample{}
-	mi := &file_wheelfs_proto_msgTypes[73]
+	mi := &file_wheelfs_proto_msgTypes[75]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5324,7 +5463,7 @@ func (x *CoordSample) String() string {
 func (*CoordSample) ProtoMessage() {}
 
 func (x *CoordSample) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[73]
+	mi := &file_wheelfs_proto_msgTypes[75]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5337,7 +5476,7 @@ func (x *CoordSample) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CoordSample.ProtoReflect.Descriptor instead.
 func (*CoordSample) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{73}
+	return file_wheelfs_proto_rawDescGZIP(), []int{75}
 }
 
 func (x *CoordSample) GetCoord() *Coord {
@@ -5362,7 +5501,7 @@ type ProbeRequest struct {
 
 func (x *ProbeRequest) Reset() {
 	*x = ProbeRequest{}
-	mi := &file_wheelfs_proto_msgTypes[74]
+	mi := &file_wheelfs_proto_msgTypes[76]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5374,7 +5513,7 @@ func (x *ProbeRequest) String() string {
 func (*ProbeRequest) ProtoMessage() {}
 
 func (x *ProbeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[74]
+	mi := &file_wheelfs_proto_msgTypes[76]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5387,7 +5526,7 @@ func (x *ProbeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProbeRequest.ProtoReflect.Descriptor instead.
 func (*ProbeRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{74}
+	return file_wheelfs_proto_rawDescGZIP(), []int{76}
 }
 
 type ProbeResponse struct {
@@ -5398,7 +5537,7 @@ type ProbeResponse struct {
 
 func (x *ProbeResponse) Reset() {
 	*x = ProbeResponse{}
-	mi := &file_wheelfs_proto_msgTypes[75]
+	mi := &file_wheelfs_proto_msgTypes[77]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5410,7 +5549,7 @@ func (x *ProbeResponse) String() string {
 func (*ProbeResponse) ProtoMessage() {}
 
 func (x *ProbeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[75]
+	mi := &file_wheelfs_proto_msgTypes[77]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5423,7 +5562,7 @@ func (x *ProbeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProbeResponse.ProtoReflect.Descriptor instead.
 func (*ProbeResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{75}
+	return file_wheelfs_proto_rawDescGZIP(), []int{77}
 }
 
 // BlockRange is blocks first .. first+count-1 of a file.
@@ -5437,7 +5576,7 @@ type BlockRange struct {
 
 func (x *BlockRange) Reset() {
 	*x = BlockRange{}
-	mi := &file_wheelfs_proto_msgTypes[76]
+	mi := &file_wheelfs_proto_msgTypes[78]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5449,7 +5588,7 @@ func (x *BlockRange) String() string {
 func (*BlockRange) ProtoMessage() {}
 
 func (x *BlockRange) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[76]
+	mi := &file_wheelfs_proto_msgTypes[78]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5462,7 +5601,7 @@ func (x *BlockRange) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BlockRange.ProtoReflect.Descriptor instead.
 func (*BlockRange) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{76}
+	return file_wheelfs_proto_rawDescGZIP(), []int{78}
 }
 
 func (x *BlockRange) GetFirst() uint64 {
@@ -5492,7 +5631,7 @@ type HeldBlocks struct {
 
 func (x *HeldBlocks) Reset() {
 	*x = HeldBlocks{}
-	mi := &file_wheelfs_proto_msgTypes[77]
+	mi := &file_wheelfs_proto_msgTypes[79]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5504,7 +5643,7 @@ func (x *HeldBlocks) String() string {
 func (*HeldBlocks) ProtoMessage() {}
 
 func (x *HeldBlocks) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[77]
+	mi := &file_wheelfs_proto_msgTypes[79]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5517,7 +5656,7 @@ func (x *HeldBlocks) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeldBlocks.ProtoReflect.Descriptor instead.
 func (*HeldBlocks) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{77}
+	return file_wheelfs_proto_rawDescGZIP(), []int{79}
 }
 
 func (x *HeldBlocks) GetCaller() *Caller {
@@ -5561,7 +5700,7 @@ type ReportHoldingRequest struct {
 
 func (x *ReportHoldingRequest) Reset() {
 	*x = ReportHoldingRequest{}
-	mi := &file_wheelfs_proto_msgTypes[78]
+	mi := &file_wheelfs_proto_msgTypes[80]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5573,7 +5712,7 @@ func (x *ReportHoldingRequest) String() string {
 func (*ReportHoldingRequest) ProtoMessage() {}
 
 func (x *ReportHoldingRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[78]
+	mi := &file_wheelfs_proto_msgTypes[80]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5586,7 +5725,7 @@ func (x *ReportHoldingRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportHoldingRequest.ProtoReflect.Descriptor instead.
 func (*ReportHoldingRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{78}
+	return file_wheelfs_proto_rawDescGZIP(), []int{80}
 }
 
 func (x *ReportHoldingRequest) GetNode() string {
@@ -5632,7 +5771,7 @@ type ReportHoldingResponse struct {
 
 func (x *ReportHoldingResponse) Reset() {
 	*x = ReportHoldingResponse{}
-	mi := &file_wheelfs_proto_msgTypes[79]
+	mi := &file_wheelfs_proto_msgTypes[81]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5644,7 +5783,7 @@ func (x *ReportHoldingResponse) String() string {
 func (*ReportHoldingResponse) ProtoMessage() {}
 
 func (x *ReportHoldingResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[79]
+	mi := &file_wheelfs_proto_msgTypes[81]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5657,7 +5796,7 @@ func (x *ReportHoldingResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportHoldingResponse.ProtoReflect.Descriptor instead.
 func (*ReportHoldingResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{79}
+	return file_wheelfs_proto_rawDescGZIP(), []int{81}
 }
 
 type HoldersRequest struct {
@@ -5677,7 +5816,7 @@ type HoldersRequest struct {
 
 func (x *HoldersRequest) Reset() {
 	*x = HoldersRequest{}
-	mi := &file_wheelfs_proto_msgTypes[80]
+	mi := &file_wheelfs_proto_msgTypes[82]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5689,7 +5828,7 @@ func (x *HoldersRequest) String() string {
 func (*HoldersRequest) ProtoMessage() {}
 
 func (x *HoldersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[80]
+	mi := &file_wheelfs_proto_msgTypes[82]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5702,7 +5841,7 @@ func (x *HoldersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HoldersRequest.ProtoReflect.Descriptor instead.
 func (*HoldersRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{80}
+	return file_wheelfs_proto_rawDescGZIP(), []int{82}
 }
 
 func (x *HoldersRequest) GetCaller() *Caller {
@@ -5781,7 +5920,7 @@ type Holder struct {
 
 func (x *Holder) Reset() {
 	*x = Holder{}
-	mi := &file_wheelfs_proto_msgTypes[81]
+	mi := &file_wheelfs_proto_msgTypes[83]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5793,7 +5932,7 @@ func (x *Holder) String() string {
 func (*Holder) ProtoMessage() {}
 
 func (x *Holder) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[81]
+	mi := &file_wheelfs_proto_msgTypes[83]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5806,7 +5945,7 @@ func (x *Holder) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Holder.ProtoReflect.Descriptor instead.
 func (*Holder) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{81}
+	return file_wheelfs_proto_rawDescGZIP(), []int{83}
 }
 
 func (x *Holder) GetNode() string {
@@ -5858,7 +5997,7 @@ type HoldersResponse struct {
 
 func (x *HoldersResponse) Reset() {
 	*x = HoldersResponse{}
-	mi := &file_wheelfs_proto_msgTypes[82]
+	mi := &file_wheelfs_proto_msgTypes[84]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5870,7 +6009,7 @@ func (x *HoldersResponse) String() string {
 func (*HoldersResponse) ProtoMessage() {}
 
 func (x *HoldersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[82]
+	mi := &file_wheelfs_proto_msgTypes[84]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5883,7 +6022,7 @@ func (x *HoldersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HoldersResponse.ProtoReflect.Descriptor instead.
 func (*HoldersResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{82}
+	return file_wheelfs_proto_rawDescGZIP(), []int{84}
 }
 
 func (x *HoldersResponse) GetVersion() uint64 {
@@ -5919,7 +6058,7 @@ type LoginChallengeRequest struct {
 
 func (x *LoginChallengeRequest) Reset() {
 	*x = LoginChallengeRequest{}
-	mi := &file_wheelfs_proto_msgTypes[83]
+	mi := &file_wheelfs_proto_msgTypes[85]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5931,7 +6070,7 @@ func (x *LoginChallengeRequest) String() string {
 func (*LoginChallengeRequest) ProtoMessage() {}
 
 func (x *LoginChallengeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[83]
+	mi := &file_wheelfs_proto_msgTypes[85]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5944,7 +6083,7 @@ func (x *LoginChallengeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LoginChallengeRequest.ProtoReflect.Descriptor instead.
 func (*LoginChallengeRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{83}
+	return file_wheelfs_proto_rawDescGZIP(), []int{85}
 }
 
 func (x *LoginChallengeRequest) GetUid() uint32 {
@@ -5978,7 +6117,7 @@ type LoginChallengeResponse struct {
 
 func (x *LoginChallengeResponse) Reset() {
 	*x = LoginChallengeResponse{}
-	mi := &file_wheelfs_proto_msgTypes[84]
+	mi := &file_wheelfs_proto_msgTypes[86]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5990,7 +6129,7 @@ func (x *LoginChallengeResponse) String() string {
 func (*LoginChallengeResponse) ProtoMessage() {}
 
 func (x *LoginChallengeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[84]
+	mi := &file_wheelfs_proto_msgTypes[86]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6003,7 +6142,7 @@ func (x *LoginChallengeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LoginChallengeResponse.ProtoReflect.Descriptor instead.
 func (*LoginChallengeResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{84}
+	return file_wheelfs_proto_rawDescGZIP(), []int{86}
 }
 
 func (x *LoginChallengeResponse) GetNonce() []byte {
@@ -6049,7 +6188,7 @@ type LoginRequest struct {
 
 func (x *LoginRequest) Reset() {
 	*x = LoginRequest{}
-	mi := &file_wheelfs_proto_msgTypes[85]
+	mi := &file_wheelfs_proto_msgTypes[87]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6061,7 +6200,7 @@ func (x *LoginRequest) String() string {
 func (*LoginRequest) ProtoMessage() {}
 
 func (x *LoginRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[85]
+	mi := &file_wheelfs_proto_msgTypes[87]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6074,7 +6213,7 @@ func (x *LoginRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LoginRequest.ProtoReflect.Descriptor instead.
 func (*LoginRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{85}
+	return file_wheelfs_proto_rawDescGZIP(), []int{87}
 }
 
 func (x *LoginRequest) GetUid() uint32 {
@@ -6124,7 +6263,7 @@ type LoginResponse struct {
 
 func (x *LoginResponse) Reset() {
 	*x = LoginResponse{}
-	mi := &file_wheelfs_proto_msgTypes[86]
+	mi := &file_wheelfs_proto_msgTypes[88]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6136,7 +6275,7 @@ func (x *LoginResponse) String() string {
 func (*LoginResponse) ProtoMessage() {}
 
 func (x *LoginResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[86]
+	mi := &file_wheelfs_proto_msgTypes[88]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6149,7 +6288,7 @@ func (x *LoginResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LoginResponse.ProtoReflect.Descriptor instead.
 func (*LoginResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{86}
+	return file_wheelfs_proto_rawDescGZIP(), []int{88}
 }
 
 func (x *LoginResponse) GetUid() uint32 {
@@ -6183,7 +6322,7 @@ type SessionRequest struct {
 
 func (x *SessionRequest) Reset() {
 	*x = SessionRequest{}
-	mi := &file_wheelfs_proto_msgTypes[87]
+	mi := &file_wheelfs_proto_msgTypes[89]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6195,7 +6334,7 @@ func (x *SessionRequest) String() string {
 func (*SessionRequest) ProtoMessage() {}
 
 func (x *SessionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[87]
+	mi := &file_wheelfs_proto_msgTypes[89]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6208,7 +6347,7 @@ func (x *SessionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionRequest.ProtoReflect.Descriptor instead.
 func (*SessionRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{87}
+	return file_wheelfs_proto_rawDescGZIP(), []int{89}
 }
 
 func (x *SessionRequest) GetUid() uint32 {
@@ -6226,7 +6365,7 @@ type LogoutResponse struct {
 
 func (x *LogoutResponse) Reset() {
 	*x = LogoutResponse{}
-	mi := &file_wheelfs_proto_msgTypes[88]
+	mi := &file_wheelfs_proto_msgTypes[90]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6238,7 +6377,7 @@ func (x *LogoutResponse) String() string {
 func (*LogoutResponse) ProtoMessage() {}
 
 func (x *LogoutResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[88]
+	mi := &file_wheelfs_proto_msgTypes[90]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6251,7 +6390,7 @@ func (x *LogoutResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LogoutResponse.ProtoReflect.Descriptor instead.
 func (*LogoutResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{88}
+	return file_wheelfs_proto_rawDescGZIP(), []int{90}
 }
 
 // Grant is a primary's short-lived permission for one client (asker) to
@@ -6270,7 +6409,7 @@ type Grant struct {
 
 func (x *Grant) Reset() {
 	*x = Grant{}
-	mi := &file_wheelfs_proto_msgTypes[89]
+	mi := &file_wheelfs_proto_msgTypes[91]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6282,7 +6421,7 @@ func (x *Grant) String() string {
 func (*Grant) ProtoMessage() {}
 
 func (x *Grant) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[89]
+	mi := &file_wheelfs_proto_msgTypes[91]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6295,7 +6434,7 @@ func (x *Grant) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Grant.ProtoReflect.Descriptor instead.
 func (*Grant) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{89}
+	return file_wheelfs_proto_rawDescGZIP(), []int{91}
 }
 
 func (x *Grant) GetBody() []byte {
@@ -6335,7 +6474,7 @@ type GrantBody struct {
 
 func (x *GrantBody) Reset() {
 	*x = GrantBody{}
-	mi := &file_wheelfs_proto_msgTypes[90]
+	mi := &file_wheelfs_proto_msgTypes[92]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6347,7 +6486,7 @@ func (x *GrantBody) String() string {
 func (*GrantBody) ProtoMessage() {}
 
 func (x *GrantBody) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[90]
+	mi := &file_wheelfs_proto_msgTypes[92]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6360,7 +6499,7 @@ func (x *GrantBody) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GrantBody.ProtoReflect.Descriptor instead.
 func (*GrantBody) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{90}
+	return file_wheelfs_proto_rawDescGZIP(), []int{92}
 }
 
 func (x *GrantBody) GetId() uint64 {
@@ -6429,7 +6568,7 @@ type FetchCachedRequest struct {
 
 func (x *FetchCachedRequest) Reset() {
 	*x = FetchCachedRequest{}
-	mi := &file_wheelfs_proto_msgTypes[91]
+	mi := &file_wheelfs_proto_msgTypes[93]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6441,7 +6580,7 @@ func (x *FetchCachedRequest) String() string {
 func (*FetchCachedRequest) ProtoMessage() {}
 
 func (x *FetchCachedRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[91]
+	mi := &file_wheelfs_proto_msgTypes[93]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6454,7 +6593,7 @@ func (x *FetchCachedRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FetchCachedRequest.ProtoReflect.Descriptor instead.
 func (*FetchCachedRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{91}
+	return file_wheelfs_proto_rawDescGZIP(), []int{93}
 }
 
 func (x *FetchCachedRequest) GetGrant() *Grant {
@@ -6481,7 +6620,7 @@ type FetchCachedResponse struct {
 
 func (x *FetchCachedResponse) Reset() {
 	*x = FetchCachedResponse{}
-	mi := &file_wheelfs_proto_msgTypes[92]
+	mi := &file_wheelfs_proto_msgTypes[94]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6493,7 +6632,7 @@ func (x *FetchCachedResponse) String() string {
 func (*FetchCachedResponse) ProtoMessage() {}
 
 func (x *FetchCachedResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[92]
+	mi := &file_wheelfs_proto_msgTypes[94]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6506,7 +6645,7 @@ func (x *FetchCachedResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FetchCachedResponse.ProtoReflect.Descriptor instead.
 func (*FetchCachedResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{92}
+	return file_wheelfs_proto_rawDescGZIP(), []int{94}
 }
 
 func (x *FetchCachedResponse) GetData() [][]byte {
@@ -6530,7 +6669,7 @@ type FileData struct {
 
 func (x *FileData) Reset() {
 	*x = FileData{}
-	mi := &file_wheelfs_proto_msgTypes[93]
+	mi := &file_wheelfs_proto_msgTypes[95]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6542,7 +6681,7 @@ func (x *FileData) String() string {
 func (*FileData) ProtoMessage() {}
 
 func (x *FileData) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[93]
+	mi := &file_wheelfs_proto_msgTypes[95]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6555,7 +6694,7 @@ func (x *FileData) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FileData.ProtoReflect.Descriptor instead.
 func (*FileData) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{93}
+	return file_wheelfs_proto_rawDescGZIP(), []int{95}
 }
 
 func (x *FileData) GetVersion() uint64 {
@@ -6590,7 +6729,7 @@ type BlockData struct {
 
 func (x *BlockData) Reset() {
 	*x = BlockData{}
-	mi := &file_wheelfs_proto_msgTypes[94]
+	mi := &file_wheelfs_proto_msgTypes[96]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6602,7 +6741,7 @@ func (x *BlockData) String() string {
 func (*BlockData) ProtoMessage() {}
 
 func (x *BlockData) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[94]
+	mi := &file_wheelfs_proto_msgTypes[96]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6615,7 +6754,7 @@ func (x *BlockData) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BlockData.ProtoReflect.Descriptor instead.
 func (*BlockData) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{94}
+	return file_wheelfs_proto_rawDescGZIP(), []int{96}
 }
 
 func (x *BlockData) GetIndex() uint64 {
@@ -6644,7 +6783,7 @@ type RenewCertificateRequest struct {
 
 func (x *RenewCertificateRequest) Reset() {
 	*x = RenewCertificateRequest{}
-	mi := &file_wheelfs_proto_msgTypes[95]
+	mi := &file_wheelfs_proto_msgTypes[97]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6656,7 +6795,7 @@ func (x *RenewCertificateRequest) String() string {
 func (*RenewCertificateRequest) ProtoMessage() {}
 
 func (x *RenewCertificateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[95]
+	mi := &file_wheelfs_proto_msgTypes[97]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6669,7 +6808,7 @@ func (x *RenewCertificateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewCertificateRequest.ProtoReflect.Descriptor instead.
 func (*RenewCertificateRequest) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{95}
+	return file_wheelfs_proto_rawDescGZIP(), []int{97}
 }
 
 func (x *RenewCertificateRequest) GetCsr() []byte {
@@ -6689,7 +6828,7 @@ type RenewCertificateResponse struct {
 
 func (x *RenewCertificateResponse) Reset() {
 	*x = RenewCertificateResponse{}
-	mi := &file_wheelfs_proto_msgTypes[96]
+	mi := &file_wheelfs_proto_msgTypes[98]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6701,7 +6840,7 @@ func (x *RenewCertificateResponse) String() string {
 func (*RenewCertificateResponse) ProtoMessage() {}
 
 func (x *RenewCertificateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_wheelfs_proto_msgTypes[96]
+	mi := &file_wheelfs_proto_msgTypes[98]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6714,7 +6853,7 @@ func (x *RenewCertificateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewCertificateResponse.ProtoReflect.Descriptor instead.
 func (*RenewCertificateResponse) Descriptor() ([]byte, []int) {
-	return file_wheelfs_proto_rawDescGZIP(), []int{96}
+	return file_wheelfs_proto_rawDescGZIP(), []int{98}
 }
 
 func (x *RenewCertificateResponse) GetCert() []byte {
@@ -6769,7 +6908,7 @@ const file_wheelfs_proto_rawDesc = "" +
 	"\x04type\x18\x03 \x01(\x0e2\x10.wheelfs.v1.TypeR\x04type\x12\x18\n" +
 	"\aversion\x18\x04 \x01(\x04R\aversion\x12\x0e\n" +
 	"\x02op\x18\x05 \x01(\x04R\x02op\x12\x18\n" +
-	"\aattempt\x18\x06 \x01(\rR\aattempt\"\xbb\x01\n" +
+	"\aattempt\x18\x06 \x01(\rR\aattempt\"\xde\x01\n" +
 	"\x06Caller\x12\x10\n" +
 	"\x03uid\x18\x01 \x01(\rR\x03uid\x12\x10\n" +
 	"\x03gid\x18\x02 \x01(\rR\x03gid\x12\x16\n" +
@@ -6777,7 +6916,18 @@ const file_wheelfs_proto_rawDesc = "" +
 	"\x03pid\x18\x04 \x01(\rR\x03pid\x12\x18\n" +
 	"\asession\x18\x05 \x01(\x04R\asession\x12\x1a\n" +
 	"\beventual\x18\x06 \x01(\bR\beventual\x12-\n" +
-	"\x06handle\x18\a \x01(\v2\x15.wheelfs.v1.HandleRefR\x06handle\"5\n" +
+	"\x06handle\x18\a \x01(\v2\x15.wheelfs.v1.HandleRefR\x06handle\x12!\n" +
+	"\x02op\x18\b \x01(\v2\x11.wheelfs.v1.OpRefR\x02op\"R\n" +
+	"\x05OpRef\x12\x18\n" +
+	"\asession\x18\x01 \x01(\x04R\asession\x12\x10\n" +
+	"\x03seq\x18\x02 \x01(\x04R\x03seq\x12\x1d\n" +
+	"\n" +
+	"done_below\x18\x03 \x01(\x04R\tdoneBelow\"Z\n" +
+	"\tOpOutcome\x12\x12\n" +
+	"\x04node\x18\x01 \x01(\tR\x04node\x12\x1d\n" +
+	"\n" +
+	"expires_ms\x18\x02 \x01(\x03R\texpiresMs\x12\x1a\n" +
+	"\bresponse\x18\x03 \x01(\fR\bresponse\"5\n" +
 	"\tHandleRef\x12\x18\n" +
 	"\asession\x18\x01 \x01(\x04R\asession\x12\x0e\n" +
 	"\x02id\x18\x02 \x01(\x04R\x02id\"\x9b\x01\n" +
@@ -7301,7 +7451,7 @@ func file_wheelfs_proto_rawDescGZIP() []byte {
 }
 
 var file_wheelfs_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_wheelfs_proto_msgTypes = make([]protoimpl.MessageInfo, 97)
+var file_wheelfs_proto_msgTypes = make([]protoimpl.MessageInfo, 99)
 var file_wheelfs_proto_goTypes = []any{
 	(Type)(0),                        // 0: wheelfs.v1.Type
 	(MutationKind)(0),                // 1: wheelfs.v1.MutationKind
@@ -7311,98 +7461,100 @@ var file_wheelfs_proto_goTypes = []any{
 	(*AclEntry)(nil),                 // 5: wheelfs.v1.AclEntry
 	(*Entry)(nil),                    // 6: wheelfs.v1.Entry
 	(*Caller)(nil),                   // 7: wheelfs.v1.Caller
-	(*HandleRef)(nil),                // 8: wheelfs.v1.HandleRef
-	(*LookupRequest)(nil),            // 9: wheelfs.v1.LookupRequest
-	(*LookupResponse)(nil),           // 10: wheelfs.v1.LookupResponse
-	(*GetAttrRequest)(nil),           // 11: wheelfs.v1.GetAttrRequest
-	(*GetAttrResponse)(nil),          // 12: wheelfs.v1.GetAttrResponse
-	(*CreateRequest)(nil),            // 13: wheelfs.v1.CreateRequest
-	(*CreateResponse)(nil),           // 14: wheelfs.v1.CreateResponse
-	(*Unsynced)(nil),                 // 15: wheelfs.v1.Unsynced
-	(*SyncRequest)(nil),              // 16: wheelfs.v1.SyncRequest
-	(*SyncResponse)(nil),             // 17: wheelfs.v1.SyncResponse
-	(*LinkRequest)(nil),              // 18: wheelfs.v1.LinkRequest
-	(*LinkResponse)(nil),             // 19: wheelfs.v1.LinkResponse
-	(*RemoveRequest)(nil),            // 20: wheelfs.v1.RemoveRequest
-	(*RemoveResponse)(nil),           // 21: wheelfs.v1.RemoveResponse
-	(*RenameRequest)(nil),            // 22: wheelfs.v1.RenameRequest
-	(*RenameResponse)(nil),           // 23: wheelfs.v1.RenameResponse
-	(*SetAttrRequest)(nil),           // 24: wheelfs.v1.SetAttrRequest
-	(*SetAttrResponse)(nil),          // 25: wheelfs.v1.SetAttrResponse
-	(*ReadDirRequest)(nil),           // 26: wheelfs.v1.ReadDirRequest
-	(*ReadDirResponse)(nil),          // 27: wheelfs.v1.ReadDirResponse
-	(*BlockRef)(nil),                 // 28: wheelfs.v1.BlockRef
-	(*GetBlocksRequest)(nil),         // 29: wheelfs.v1.GetBlocksRequest
-	(*GetBlocksResponse)(nil),        // 30: wheelfs.v1.GetBlocksResponse
-	(*ReadBlocksRequest)(nil),        // 31: wheelfs.v1.ReadBlocksRequest
-	(*ReadBlocksResponse)(nil),       // 32: wheelfs.v1.ReadBlocksResponse
-	(*PutBlocksRequest)(nil),         // 33: wheelfs.v1.PutBlocksRequest
-	(*PutBlocksResponse)(nil),        // 34: wheelfs.v1.PutBlocksResponse
-	(*CommitRequest)(nil),            // 35: wheelfs.v1.CommitRequest
-	(*CommitResponse)(nil),           // 36: wheelfs.v1.CommitResponse
-	(*XattrRequest)(nil),             // 37: wheelfs.v1.XattrRequest
-	(*XattrResponse)(nil),            // 38: wheelfs.v1.XattrResponse
-	(*StatFSRequest)(nil),            // 39: wheelfs.v1.StatFSRequest
-	(*StatFSResponse)(nil),           // 40: wheelfs.v1.StatFSResponse
-	(*OpenRequest)(nil),              // 41: wheelfs.v1.OpenRequest
-	(*OpenResponse)(nil),             // 42: wheelfs.v1.OpenResponse
-	(*ReleaseRequest)(nil),           // 43: wheelfs.v1.ReleaseRequest
-	(*ReleaseResponse)(nil),          // 44: wheelfs.v1.ReleaseResponse
-	(*Revoke)(nil),                   // 45: wheelfs.v1.Revoke
-	(*LeaseUpdate)(nil),              // 46: wheelfs.v1.LeaseUpdate
-	(*CallbackAck)(nil),              // 47: wheelfs.v1.CallbackAck
-	(*Mutation)(nil),                 // 48: wheelfs.v1.Mutation
-	(*Batch)(nil),                    // 49: wheelfs.v1.Batch
-	(*ReplicateRequest)(nil),         // 50: wheelfs.v1.ReplicateRequest
-	(*ReplicateResponse)(nil),        // 51: wheelfs.v1.ReplicateResponse
-	(*DigestRequest)(nil),            // 52: wheelfs.v1.DigestRequest
-	(*DigestResponse)(nil),           // 53: wheelfs.v1.DigestResponse
-	(*ObjectState)(nil),              // 54: wheelfs.v1.ObjectState
-	(*InstallRequest)(nil),           // 55: wheelfs.v1.InstallRequest
-	(*InstallResponse)(nil),          // 56: wheelfs.v1.InstallResponse
-	(*DiffRequest)(nil),              // 57: wheelfs.v1.DiffRequest
-	(*FetchBlocksRequest)(nil),       // 58: wheelfs.v1.FetchBlocksRequest
-	(*FetchBlocksResponse)(nil),      // 59: wheelfs.v1.FetchBlocksResponse
-	(*PingRequest)(nil),              // 60: wheelfs.v1.PingRequest
-	(*PingResponse)(nil),             // 61: wheelfs.v1.PingResponse
-	(*CreateObjectRequest)(nil),      // 62: wheelfs.v1.CreateObjectRequest
-	(*CreateObjectResponse)(nil),     // 63: wheelfs.v1.CreateObjectResponse
-	(*DropLinkRequest)(nil),          // 64: wheelfs.v1.DropLinkRequest
-	(*DropLinkResponse)(nil),         // 65: wheelfs.v1.DropLinkResponse
-	(*StatRequest)(nil),              // 66: wheelfs.v1.StatRequest
-	(*StatResponse)(nil),             // 67: wheelfs.v1.StatResponse
-	(*AddLinkRequest)(nil),           // 68: wheelfs.v1.AddLinkRequest
-	(*AddLinkResponse)(nil),          // 69: wheelfs.v1.AddLinkResponse
-	(*EntryChange)(nil),              // 70: wheelfs.v1.EntryChange
-	(*ReconcileRequest)(nil),         // 71: wheelfs.v1.ReconcileRequest
-	(*ReconcileResponse)(nil),        // 72: wheelfs.v1.ReconcileResponse
-	(*XattrSummary)(nil),             // 73: wheelfs.v1.XattrSummary
-	(*Xattr)(nil),                    // 74: wheelfs.v1.Xattr
-	(*Coord)(nil),                    // 75: wheelfs.v1.Coord
-	(*CoordSample)(nil),              // 76: wheelfs.v1.CoordSample
-	(*ProbeRequest)(nil),             // 77: wheelfs.v1.ProbeRequest
-	(*ProbeResponse)(nil),            // 78: wheelfs.v1.ProbeResponse
-	(*BlockRange)(nil),               // 79: wheelfs.v1.BlockRange
-	(*HeldBlocks)(nil),               // 80: wheelfs.v1.HeldBlocks
-	(*ReportHoldingRequest)(nil),     // 81: wheelfs.v1.ReportHoldingRequest
-	(*ReportHoldingResponse)(nil),    // 82: wheelfs.v1.ReportHoldingResponse
-	(*HoldersRequest)(nil),           // 83: wheelfs.v1.HoldersRequest
-	(*Holder)(nil),                   // 84: wheelfs.v1.Holder
-	(*HoldersResponse)(nil),          // 85: wheelfs.v1.HoldersResponse
-	(*LoginChallengeRequest)(nil),    // 86: wheelfs.v1.LoginChallengeRequest
-	(*LoginChallengeResponse)(nil),   // 87: wheelfs.v1.LoginChallengeResponse
-	(*LoginRequest)(nil),             // 88: wheelfs.v1.LoginRequest
-	(*LoginResponse)(nil),            // 89: wheelfs.v1.LoginResponse
-	(*SessionRequest)(nil),           // 90: wheelfs.v1.SessionRequest
-	(*LogoutResponse)(nil),           // 91: wheelfs.v1.LogoutResponse
-	(*Grant)(nil),                    // 92: wheelfs.v1.Grant
-	(*GrantBody)(nil),                // 93: wheelfs.v1.GrantBody
-	(*FetchCachedRequest)(nil),       // 94: wheelfs.v1.FetchCachedRequest
-	(*FetchCachedResponse)(nil),      // 95: wheelfs.v1.FetchCachedResponse
-	(*FileData)(nil),                 // 96: wheelfs.v1.FileData
-	(*BlockData)(nil),                // 97: wheelfs.v1.BlockData
-	(*RenewCertificateRequest)(nil),  // 98: wheelfs.v1.RenewCertificateRequest
-	(*RenewCertificateResponse)(nil), // 99: wheelfs.v1.RenewCertificateResponse
+	(*OpRef)(nil),                    // 8: wheelfs.v1.OpRef
+	(*OpOutcome)(nil),                // 9: wheelfs.v1.OpOutcome
+	(*HandleRef)(nil),                // 10: wheelfs.v1.HandleRef
+	(*LookupRequest)(nil),            // 11: wheelfs.v1.LookupRequest
+	(*LookupResponse)(nil),           // 12: wheelfs.v1.LookupResponse
+	(*GetAttrRequest)(nil),           // 13: wheelfs.v1.GetAttrRequest
+	(*GetAttrResponse)(nil),          // 14: wheelfs.v1.GetAttrResponse
+	(*CreateRequest)(nil),            // 15: wheelfs.v1.CreateRequest
+	(*CreateResponse)(nil),           // 16: wheelfs.v1.CreateResponse
+	(*Unsynced)(nil),                 // 17: wheelfs.v1.Unsynced
+	(*SyncRequest)(nil),              // 18: wheelfs.v1.SyncRequest
+	(*SyncResponse)(nil),             // 19: wheelfs.v1.SyncResponse
+	(*LinkRequest)(nil),              // 20: wheelfs.v1.LinkRequest
+	(*LinkResponse)(nil),             // 21: wheelfs.v1.LinkResponse
+	(*RemoveRequest)(nil),            // 22: wheelfs.v1.RemoveRequest
+	(*RemoveResponse)(nil),           // 23: wheelfs.v1.RemoveResponse
+	(*RenameRequest)(nil),            // 24: wheelfs.v1.RenameRequest
+	(*RenameResponse)(nil),           // 25: wheelfs.v1.RenameResponse
+	(*SetAttrRequest)(nil),           // 26: wheelfs.v1.SetAttrRequest
+	(*SetAttrResponse)(nil),          // 27: wheelfs.v1.SetAttrResponse
+	(*ReadDirRequest)(nil),           // 28: wheelfs.v1.ReadDirRequest
+	(*ReadDirResponse)(nil),          // 29: wheelfs.v1.ReadDirResponse
+	(*BlockRef)(nil),                 // 30: wheelfs.v1.BlockRef
+	(*GetBlocksRequest)(nil),         // 31: wheelfs.v1.GetBlocksRequest
+	(*GetBlocksResponse)(nil),        // 32: wheelfs.v1.GetBlocksResponse
+	(*ReadBlocksRequest)(nil),        // 33: wheelfs.v1.ReadBlocksRequest
+	(*ReadBlocksResponse)(nil),       // 34: wheelfs.v1.ReadBlocksResponse
+	(*PutBlocksRequest)(nil),         // 35: wheelfs.v1.PutBlocksRequest
+	(*PutBlocksResponse)(nil),        // 36: wheelfs.v1.PutBlocksResponse
+	(*CommitRequest)(nil),            // 37: wheelfs.v1.CommitRequest
+	(*CommitResponse)(nil),           // 38: wheelfs.v1.CommitResponse
+	(*XattrRequest)(nil),             // 39: wheelfs.v1.XattrRequest
+	(*XattrResponse)(nil),            // 40: wheelfs.v1.XattrResponse
+	(*StatFSRequest)(nil),            // 41: wheelfs.v1.StatFSRequest
+	(*StatFSResponse)(nil),           // 42: wheelfs.v1.StatFSResponse
+	(*OpenRequest)(nil),              // 43: wheelfs.v1.OpenRequest
+	(*OpenResponse)(nil),             // 44: wheelfs.v1.OpenResponse
+	(*ReleaseRequest)(nil),           // 45: wheelfs.v1.ReleaseRequest
+	(*ReleaseResponse)(nil),          // 46: wheelfs.v1.ReleaseResponse
+	(*Revoke)(nil),                   // 47: wheelfs.v1.Revoke
+	(*LeaseUpdate)(nil),              // 48: wheelfs.v1.LeaseUpdate
+	(*CallbackAck)(nil),              // 49: wheelfs.v1.CallbackAck
+	(*Mutation)(nil),                 // 50: wheelfs.v1.Mutation
+	(*Batch)(nil),                    // 51: wheelfs.v1.Batch
+	(*ReplicateRequest)(nil),         // 52: wheelfs.v1.ReplicateRequest
+	(*ReplicateResponse)(nil),        // 53: wheelfs.v1.ReplicateResponse
+	(*DigestRequest)(nil),            // 54: wheelfs.v1.DigestRequest
+	(*DigestResponse)(nil),           // 55: wheelfs.v1.DigestResponse
+	(*ObjectState)(nil),              // 56: wheelfs.v1.ObjectState
+	(*InstallRequest)(nil),           // 57: wheelfs.v1.InstallRequest
+	(*InstallResponse)(nil),          // 58: wheelfs.v1.InstallResponse
+	(*DiffRequest)(nil),              // 59: wheelfs.v1.DiffRequest
+	(*FetchBlocksRequest)(nil),       // 60: wheelfs.v1.FetchBlocksRequest
+	(*FetchBlocksResponse)(nil),      // 61: wheelfs.v1.FetchBlocksResponse
+	(*PingRequest)(nil),              // 62: wheelfs.v1.PingRequest
+	(*PingResponse)(nil),             // 63: wheelfs.v1.PingResponse
+	(*CreateObjectRequest)(nil),      // 64: wheelfs.v1.CreateObjectRequest
+	(*CreateObjectResponse)(nil),     // 65: wheelfs.v1.CreateObjectResponse
+	(*DropLinkRequest)(nil),          // 66: wheelfs.v1.DropLinkRequest
+	(*DropLinkResponse)(nil),         // 67: wheelfs.v1.DropLinkResponse
+	(*StatRequest)(nil),              // 68: wheelfs.v1.StatRequest
+	(*StatResponse)(nil),             // 69: wheelfs.v1.StatResponse
+	(*AddLinkRequest)(nil),           // 70: wheelfs.v1.AddLinkRequest
+	(*AddLinkResponse)(nil),          // 71: wheelfs.v1.AddLinkResponse
+	(*EntryChange)(nil),              // 72: wheelfs.v1.EntryChange
+	(*ReconcileRequest)(nil),         // 73: wheelfs.v1.ReconcileRequest
+	(*ReconcileResponse)(nil),        // 74: wheelfs.v1.ReconcileResponse
+	(*XattrSummary)(nil),             // 75: wheelfs.v1.XattrSummary
+	(*Xattr)(nil),                    // 76: wheelfs.v1.Xattr
+	(*Coord)(nil),                    // 77: wheelfs.v1.Coord
+	(*CoordSample)(nil),              // 78: wheelfs.v1.CoordSample
+	(*ProbeRequest)(nil),             // 79: wheelfs.v1.ProbeRequest
+	(*ProbeResponse)(nil),            // 80: wheelfs.v1.ProbeResponse
+	(*BlockRange)(nil),               // 81: wheelfs.v1.BlockRange
+	(*HeldBlocks)(nil),               // 82: wheelfs.v1.HeldBlocks
+	(*ReportHoldingRequest)(nil),     // 83: wheelfs.v1.ReportHoldingRequest
+	(*ReportHoldingResponse)(nil),    // 84: wheelfs.v1.ReportHoldingResponse
+	(*HoldersRequest)(nil),           // 85: wheelfs.v1.HoldersRequest
+	(*Holder)(nil),                   // 86: wheelfs.v1.Holder
+	(*HoldersResponse)(nil),          // 87: wheelfs.v1.HoldersResponse
+	(*LoginChallengeRequest)(nil),    // 88: wheelfs.v1.LoginChallengeRequest
+	(*LoginChallengeResponse)(nil),   // 89: wheelfs.v1.LoginChallengeResponse
+	(*LoginRequest)(nil),             // 90: wheelfs.v1.LoginRequest
+	(*LoginResponse)(nil),            // 91: wheelfs.v1.LoginResponse
+	(*SessionRequest)(nil),           // 92: wheelfs.v1.SessionRequest
+	(*LogoutResponse)(nil),           // 93: wheelfs.v1.LogoutResponse
+	(*Grant)(nil),                    // 94: wheelfs.v1.Grant
+	(*GrantBody)(nil),                // 95: wheelfs.v1.GrantBody
+	(*FetchCachedRequest)(nil),       // 96: wheelfs.v1.FetchCachedRequest
+	(*FetchCachedResponse)(nil),      // 97: wheelfs.v1.FetchCachedResponse
+	(*FileData)(nil),                 // 98: wheelfs.v1.FileData
+	(*BlockData)(nil),                // 99: wheelfs.v1.BlockData
+	(*RenewCertificateRequest)(nil),  // 100: wheelfs.v1.RenewCertificateRequest
+	(*RenewCertificateResponse)(nil), // 101: wheelfs.v1.RenewCertificateResponse
 }
 var file_wheelfs_proto_depIdxs = []int32{
 	0,   // 0: wheelfs.v1.Meta.type:type_name -> wheelfs.v1.Type
@@ -7410,189 +7562,190 @@ var file_wheelfs_proto_depIdxs = []int32{
 	5,   // 2: wheelfs.v1.Meta.acl:type_name -> wheelfs.v1.AclEntry
 	5,   // 3: wheelfs.v1.Meta.default_acl:type_name -> wheelfs.v1.AclEntry
 	0,   // 4: wheelfs.v1.Entry.type:type_name -> wheelfs.v1.Type
-	8,   // 5: wheelfs.v1.Caller.handle:type_name -> wheelfs.v1.HandleRef
-	7,   // 6: wheelfs.v1.LookupRequest.caller:type_name -> wheelfs.v1.Caller
-	6,   // 7: wheelfs.v1.LookupResponse.entry:type_name -> wheelfs.v1.Entry
-	4,   // 8: wheelfs.v1.LookupResponse.meta:type_name -> wheelfs.v1.Meta
-	4,   // 9: wheelfs.v1.LookupResponse.dir:type_name -> wheelfs.v1.Meta
-	73,  // 10: wheelfs.v1.LookupResponse.xattrs:type_name -> wheelfs.v1.XattrSummary
-	96,  // 11: wheelfs.v1.LookupResponse.data:type_name -> wheelfs.v1.FileData
-	7,   // 12: wheelfs.v1.GetAttrRequest.caller:type_name -> wheelfs.v1.Caller
-	4,   // 13: wheelfs.v1.GetAttrResponse.meta:type_name -> wheelfs.v1.Meta
-	73,  // 14: wheelfs.v1.GetAttrResponse.xattrs:type_name -> wheelfs.v1.XattrSummary
-	7,   // 15: wheelfs.v1.CreateRequest.caller:type_name -> wheelfs.v1.Caller
-	0,   // 16: wheelfs.v1.CreateRequest.type:type_name -> wheelfs.v1.Type
-	3,   // 17: wheelfs.v1.CreateRequest.cues:type_name -> wheelfs.v1.Cues
-	6,   // 18: wheelfs.v1.CreateResponse.entry:type_name -> wheelfs.v1.Entry
-	4,   // 19: wheelfs.v1.CreateResponse.meta:type_name -> wheelfs.v1.Meta
-	4,   // 20: wheelfs.v1.CreateResponse.dir:type_name -> wheelfs.v1.Meta
-	15,  // 21: wheelfs.v1.CreateResponse.pending:type_name -> wheelfs.v1.Unsynced
-	7,   // 22: wheelfs.v1.SyncRequest.caller:type_name -> wheelfs.v1.Caller
-	15,  // 23: wheelfs.v1.SyncRequest.changes:type_name -> wheelfs.v1.Unsynced
-	7,   // 24: wheelfs.v1.LinkRequest.caller:type_name -> wheelfs.v1.Caller
-	4,   // 25: wheelfs.v1.LinkResponse.meta:type_name -> wheelfs.v1.Meta
-	7,   // 26: wheelfs.v1.RemoveRequest.caller:type_name -> wheelfs.v1.Caller
-	4,   // 27: wheelfs.v1.RemoveResponse.meta:type_name -> wheelfs.v1.Meta
-	7,   // 28: wheelfs.v1.RenameRequest.caller:type_name -> wheelfs.v1.Caller
-	4,   // 29: wheelfs.v1.RenameResponse.replaced:type_name -> wheelfs.v1.Meta
-	7,   // 30: wheelfs.v1.SetAttrRequest.caller:type_name -> wheelfs.v1.Caller
-	4,   // 31: wheelfs.v1.SetAttrResponse.meta:type_name -> wheelfs.v1.Meta
-	7,   // 32: wheelfs.v1.ReadDirRequest.caller:type_name -> wheelfs.v1.Caller
-	6,   // 33: wheelfs.v1.ReadDirResponse.entries:type_name -> wheelfs.v1.Entry
-	4,   // 34: wheelfs.v1.ReadDirResponse.metas:type_name -> wheelfs.v1.Meta
-	4,   // 35: wheelfs.v1.ReadDirResponse.dir:type_name -> wheelfs.v1.Meta
-	73,  // 36: wheelfs.v1.ReadDirResponse.dir_xattrs:type_name -> wheelfs.v1.XattrSummary
-	73,  // 37: wheelfs.v1.ReadDirResponse.xattrs:type_name -> wheelfs.v1.XattrSummary
-	96,  // 38: wheelfs.v1.ReadDirResponse.datas:type_name -> wheelfs.v1.FileData
-	7,   // 39: wheelfs.v1.GetBlocksRequest.caller:type_name -> wheelfs.v1.Caller
-	4,   // 40: wheelfs.v1.GetBlocksResponse.meta:type_name -> wheelfs.v1.Meta
-	28,  // 41: wheelfs.v1.GetBlocksResponse.blocks:type_name -> wheelfs.v1.BlockRef
-	7,   // 42: wheelfs.v1.ReadBlocksRequest.caller:type_name -> wheelfs.v1.Caller
-	92,  // 43: wheelfs.v1.ReadBlocksRequest.grant:type_name -> wheelfs.v1.Grant
-	7,   // 44: wheelfs.v1.PutBlocksRequest.caller:type_name -> wheelfs.v1.Caller
-	7,   // 45: wheelfs.v1.CommitRequest.caller:type_name -> wheelfs.v1.Caller
-	28,  // 46: wheelfs.v1.CommitRequest.blocks:type_name -> wheelfs.v1.BlockRef
-	24,  // 47: wheelfs.v1.CommitRequest.attrs:type_name -> wheelfs.v1.SetAttrRequest
-	97,  // 48: wheelfs.v1.CommitRequest.inline:type_name -> wheelfs.v1.BlockData
-	4,   // 49: wheelfs.v1.CommitResponse.meta:type_name -> wheelfs.v1.Meta
-	7,   // 50: wheelfs.v1.XattrRequest.caller:type_name -> wheelfs.v1.Caller
-	4,   // 51: wheelfs.v1.XattrResponse.meta:type_name -> wheelfs.v1.Meta
-	73,  // 52: wheelfs.v1.XattrResponse.xattrs:type_name -> wheelfs.v1.XattrSummary
-	7,   // 53: wheelfs.v1.StatFSRequest.caller:type_name -> wheelfs.v1.Caller
-	7,   // 54: wheelfs.v1.OpenRequest.caller:type_name -> wheelfs.v1.Caller
-	4,   // 55: wheelfs.v1.OpenResponse.meta:type_name -> wheelfs.v1.Meta
-	96,  // 56: wheelfs.v1.OpenResponse.data:type_name -> wheelfs.v1.FileData
-	8,   // 57: wheelfs.v1.ReleaseRequest.handle:type_name -> wheelfs.v1.HandleRef
-	46,  // 58: wheelfs.v1.Revoke.updates:type_name -> wheelfs.v1.LeaseUpdate
-	4,   // 59: wheelfs.v1.LeaseUpdate.meta:type_name -> wheelfs.v1.Meta
-	1,   // 60: wheelfs.v1.Mutation.kind:type_name -> wheelfs.v1.MutationKind
-	48,  // 61: wheelfs.v1.Batch.mutations:type_name -> wheelfs.v1.Mutation
-	49,  // 62: wheelfs.v1.ReplicateRequest.batches:type_name -> wheelfs.v1.Batch
-	2,   // 63: wheelfs.v1.ReplicateResponse.status:type_name -> wheelfs.v1.ReplStatus
-	4,   // 64: wheelfs.v1.ObjectState.meta:type_name -> wheelfs.v1.Meta
-	6,   // 65: wheelfs.v1.ObjectState.entries:type_name -> wheelfs.v1.Entry
-	28,  // 66: wheelfs.v1.ObjectState.blocks:type_name -> wheelfs.v1.BlockRef
-	54,  // 67: wheelfs.v1.InstallRequest.objects:type_name -> wheelfs.v1.ObjectState
-	2,   // 68: wheelfs.v1.InstallResponse.status:type_name -> wheelfs.v1.ReplStatus
-	53,  // 69: wheelfs.v1.DiffRequest.digest:type_name -> wheelfs.v1.DigestResponse
-	4,   // 70: wheelfs.v1.CreateObjectRequest.meta:type_name -> wheelfs.v1.Meta
-	3,   // 71: wheelfs.v1.CreateObjectRequest.cues:type_name -> wheelfs.v1.Cues
-	3,   // 72: wheelfs.v1.CreateObjectRequest.policy:type_name -> wheelfs.v1.Cues
-	8,   // 73: wheelfs.v1.CreateObjectRequest.handle:type_name -> wheelfs.v1.HandleRef
-	4,   // 74: wheelfs.v1.CreateObjectResponse.meta:type_name -> wheelfs.v1.Meta
-	7,   // 75: wheelfs.v1.DropLinkRequest.caller:type_name -> wheelfs.v1.Caller
-	4,   // 76: wheelfs.v1.DropLinkRequest.dir:type_name -> wheelfs.v1.Meta
-	8,   // 77: wheelfs.v1.DropLinkRequest.handle:type_name -> wheelfs.v1.HandleRef
-	4,   // 78: wheelfs.v1.DropLinkResponse.meta:type_name -> wheelfs.v1.Meta
-	4,   // 79: wheelfs.v1.StatResponse.meta:type_name -> wheelfs.v1.Meta
-	7,   // 80: wheelfs.v1.AddLinkRequest.caller:type_name -> wheelfs.v1.Caller
-	4,   // 81: wheelfs.v1.AddLinkRequest.object:type_name -> wheelfs.v1.Meta
-	4,   // 82: wheelfs.v1.AddLinkResponse.replaced:type_name -> wheelfs.v1.Meta
-	6,   // 83: wheelfs.v1.EntryChange.entry:type_name -> wheelfs.v1.Entry
-	54,  // 84: wheelfs.v1.ReconcileRequest.objects:type_name -> wheelfs.v1.ObjectState
-	70,  // 85: wheelfs.v1.ReconcileRequest.entries:type_name -> wheelfs.v1.EntryChange
-	2,   // 86: wheelfs.v1.ReconcileResponse.status:type_name -> wheelfs.v1.ReplStatus
-	74,  // 87: wheelfs.v1.XattrSummary.attrs:type_name -> wheelfs.v1.Xattr
-	75,  // 88: wheelfs.v1.CoordSample.coord:type_name -> wheelfs.v1.Coord
-	7,   // 89: wheelfs.v1.HeldBlocks.caller:type_name -> wheelfs.v1.Caller
-	79,  // 90: wheelfs.v1.HeldBlocks.blocks:type_name -> wheelfs.v1.BlockRange
-	75,  // 91: wheelfs.v1.ReportHoldingRequest.coord:type_name -> wheelfs.v1.Coord
-	80,  // 92: wheelfs.v1.ReportHoldingRequest.held:type_name -> wheelfs.v1.HeldBlocks
-	7,   // 93: wheelfs.v1.HoldersRequest.caller:type_name -> wheelfs.v1.Caller
-	79,  // 94: wheelfs.v1.HoldersRequest.blocks:type_name -> wheelfs.v1.BlockRange
-	75,  // 95: wheelfs.v1.HoldersRequest.coord:type_name -> wheelfs.v1.Coord
-	79,  // 96: wheelfs.v1.Holder.blocks:type_name -> wheelfs.v1.BlockRange
-	84,  // 97: wheelfs.v1.HoldersResponse.holders:type_name -> wheelfs.v1.Holder
-	92,  // 98: wheelfs.v1.HoldersResponse.grant:type_name -> wheelfs.v1.Grant
-	92,  // 99: wheelfs.v1.FetchCachedRequest.grant:type_name -> wheelfs.v1.Grant
-	28,  // 100: wheelfs.v1.FileData.blocks:type_name -> wheelfs.v1.BlockRef
-	9,   // 101: wheelfs.v1.Storage.Lookup:input_type -> wheelfs.v1.LookupRequest
-	11,  // 102: wheelfs.v1.Storage.GetAttr:input_type -> wheelfs.v1.GetAttrRequest
-	13,  // 103: wheelfs.v1.Storage.Create:input_type -> wheelfs.v1.CreateRequest
-	18,  // 104: wheelfs.v1.Storage.Link:input_type -> wheelfs.v1.LinkRequest
-	20,  // 105: wheelfs.v1.Storage.Remove:input_type -> wheelfs.v1.RemoveRequest
-	22,  // 106: wheelfs.v1.Storage.Rename:input_type -> wheelfs.v1.RenameRequest
-	24,  // 107: wheelfs.v1.Storage.SetAttr:input_type -> wheelfs.v1.SetAttrRequest
-	26,  // 108: wheelfs.v1.Storage.ReadDir:input_type -> wheelfs.v1.ReadDirRequest
-	29,  // 109: wheelfs.v1.Storage.GetBlocks:input_type -> wheelfs.v1.GetBlocksRequest
-	31,  // 110: wheelfs.v1.Storage.ReadBlocks:input_type -> wheelfs.v1.ReadBlocksRequest
-	33,  // 111: wheelfs.v1.Storage.PutBlocks:input_type -> wheelfs.v1.PutBlocksRequest
-	35,  // 112: wheelfs.v1.Storage.Commit:input_type -> wheelfs.v1.CommitRequest
-	37,  // 113: wheelfs.v1.Storage.GetXattr:input_type -> wheelfs.v1.XattrRequest
-	37,  // 114: wheelfs.v1.Storage.ListXattr:input_type -> wheelfs.v1.XattrRequest
-	37,  // 115: wheelfs.v1.Storage.SetXattr:input_type -> wheelfs.v1.XattrRequest
-	37,  // 116: wheelfs.v1.Storage.RemoveXattr:input_type -> wheelfs.v1.XattrRequest
-	39,  // 117: wheelfs.v1.Storage.StatFS:input_type -> wheelfs.v1.StatFSRequest
-	41,  // 118: wheelfs.v1.Storage.Open:input_type -> wheelfs.v1.OpenRequest
-	43,  // 119: wheelfs.v1.Storage.Release:input_type -> wheelfs.v1.ReleaseRequest
-	16,  // 120: wheelfs.v1.Storage.Sync:input_type -> wheelfs.v1.SyncRequest
-	47,  // 121: wheelfs.v1.Storage.Callbacks:input_type -> wheelfs.v1.CallbackAck
-	77,  // 122: wheelfs.v1.Storage.Probe:input_type -> wheelfs.v1.ProbeRequest
-	81,  // 123: wheelfs.v1.Storage.ReportHolding:input_type -> wheelfs.v1.ReportHoldingRequest
-	83,  // 124: wheelfs.v1.Storage.Holders:input_type -> wheelfs.v1.HoldersRequest
-	86,  // 125: wheelfs.v1.Storage.LoginChallenge:input_type -> wheelfs.v1.LoginChallengeRequest
-	88,  // 126: wheelfs.v1.Storage.Login:input_type -> wheelfs.v1.LoginRequest
-	90,  // 127: wheelfs.v1.Storage.RenewSession:input_type -> wheelfs.v1.SessionRequest
-	90,  // 128: wheelfs.v1.Storage.Logout:input_type -> wheelfs.v1.SessionRequest
-	98,  // 129: wheelfs.v1.Storage.RenewCertificate:input_type -> wheelfs.v1.RenewCertificateRequest
-	50,  // 130: wheelfs.v1.Peer.Replicate:input_type -> wheelfs.v1.ReplicateRequest
-	52,  // 131: wheelfs.v1.Peer.Digest:input_type -> wheelfs.v1.DigestRequest
-	57,  // 132: wheelfs.v1.Peer.Diff:input_type -> wheelfs.v1.DiffRequest
-	55,  // 133: wheelfs.v1.Peer.Install:input_type -> wheelfs.v1.InstallRequest
-	58,  // 134: wheelfs.v1.Peer.FetchBlocks:input_type -> wheelfs.v1.FetchBlocksRequest
-	60,  // 135: wheelfs.v1.Peer.Ping:input_type -> wheelfs.v1.PingRequest
-	62,  // 136: wheelfs.v1.Peer.CreateObject:input_type -> wheelfs.v1.CreateObjectRequest
-	64,  // 137: wheelfs.v1.Peer.DropLink:input_type -> wheelfs.v1.DropLinkRequest
-	66,  // 138: wheelfs.v1.Peer.Stat:input_type -> wheelfs.v1.StatRequest
-	68,  // 139: wheelfs.v1.Peer.AddLink:input_type -> wheelfs.v1.AddLinkRequest
-	71,  // 140: wheelfs.v1.Peer.Reconcile:input_type -> wheelfs.v1.ReconcileRequest
-	94,  // 141: wheelfs.v1.PeerCache.FetchCached:input_type -> wheelfs.v1.FetchCachedRequest
-	10,  // 142: wheelfs.v1.Storage.Lookup:output_type -> wheelfs.v1.LookupResponse
-	12,  // 143: wheelfs.v1.Storage.GetAttr:output_type -> wheelfs.v1.GetAttrResponse
-	14,  // 144: wheelfs.v1.Storage.Create:output_type -> wheelfs.v1.CreateResponse
-	19,  // 145: wheelfs.v1.Storage.Link:output_type -> wheelfs.v1.LinkResponse
-	21,  // 146: wheelfs.v1.Storage.Remove:output_type -> wheelfs.v1.RemoveResponse
-	23,  // 147: wheelfs.v1.Storage.Rename:output_type -> wheelfs.v1.RenameResponse
-	25,  // 148: wheelfs.v1.Storage.SetAttr:output_type -> wheelfs.v1.SetAttrResponse
-	27,  // 149: wheelfs.v1.Storage.ReadDir:output_type -> wheelfs.v1.ReadDirResponse
-	30,  // 150: wheelfs.v1.Storage.GetBlocks:output_type -> wheelfs.v1.GetBlocksResponse
-	32,  // 151: wheelfs.v1.Storage.ReadBlocks:output_type -> wheelfs.v1.ReadBlocksResponse
-	34,  // 152: wheelfs.v1.Storage.PutBlocks:output_type -> wheelfs.v1.PutBlocksResponse
-	36,  // 153: wheelfs.v1.Storage.Commit:output_type -> wheelfs.v1.CommitResponse
-	38,  // 154: wheelfs.v1.Storage.GetXattr:output_type -> wheelfs.v1.XattrResponse
-	38,  // 155: wheelfs.v1.Storage.ListXattr:output_type -> wheelfs.v1.XattrResponse
-	38,  // 156: wheelfs.v1.Storage.SetXattr:output_type -> wheelfs.v1.XattrResponse
-	38,  // 157: wheelfs.v1.Storage.RemoveXattr:output_type -> wheelfs.v1.XattrResponse
-	40,  // 158: wheelfs.v1.Storage.StatFS:output_type -> wheelfs.v1.StatFSResponse
-	42,  // 159: wheelfs.v1.Storage.Open:output_type -> wheelfs.v1.OpenResponse
-	44,  // 160: wheelfs.v1.Storage.Release:output_type -> wheelfs.v1.ReleaseResponse
-	17,  // 161: wheelfs.v1.Storage.Sync:output_type -> wheelfs.v1.SyncResponse
-	45,  // 162: wheelfs.v1.Storage.Callbacks:output_type -> wheelfs.v1.Revoke
-	78,  // 163: wheelfs.v1.Storage.Probe:output_type -> wheelfs.v1.ProbeResponse
-	82,  // 164: wheelfs.v1.Storage.ReportHolding:output_type -> wheelfs.v1.ReportHoldingResponse
-	85,  // 165: wheelfs.v1.Storage.Holders:output_type -> wheelfs.v1.HoldersResponse
-	87,  // 166: wheelfs.v1.Storage.LoginChallenge:output_type -> wheelfs.v1.LoginChallengeResponse
-	89,  // 167: wheelfs.v1.Storage.Login:output_type -> wheelfs.v1.LoginResponse
-	89,  // 168: wheelfs.v1.Storage.RenewSession:output_type -> wheelfs.v1.LoginResponse
-	91,  // 169: wheelfs.v1.Storage.Logout:output_type -> wheelfs.v1.LogoutResponse
-	99,  // 170: wheelfs.v1.Storage.RenewCertificate:output_type -> wheelfs.v1.RenewCertificateResponse
-	51,  // 171: wheelfs.v1.Peer.Replicate:output_type -> wheelfs.v1.ReplicateResponse
-	53,  // 172: wheelfs.v1.Peer.Digest:output_type -> wheelfs.v1.DigestResponse
-	55,  // 173: wheelfs.v1.Peer.Diff:output_type -> wheelfs.v1.InstallRequest
-	56,  // 174: wheelfs.v1.Peer.Install:output_type -> wheelfs.v1.InstallResponse
-	59,  // 175: wheelfs.v1.Peer.FetchBlocks:output_type -> wheelfs.v1.FetchBlocksResponse
-	61,  // 176: wheelfs.v1.Peer.Ping:output_type -> wheelfs.v1.PingResponse
-	63,  // 177: wheelfs.v1.Peer.CreateObject:output_type -> wheelfs.v1.CreateObjectResponse
-	65,  // 178: wheelfs.v1.Peer.DropLink:output_type -> wheelfs.v1.DropLinkResponse
-	67,  // 179: wheelfs.v1.Peer.Stat:output_type -> wheelfs.v1.StatResponse
-	69,  // 180: wheelfs.v1.Peer.AddLink:output_type -> wheelfs.v1.AddLinkResponse
-	72,  // 181: wheelfs.v1.Peer.Reconcile:output_type -> wheelfs.v1.ReconcileResponse
-	95,  // 182: wheelfs.v1.PeerCache.FetchCached:output_type -> wheelfs.v1.FetchCachedResponse
-	142, // [142:183] is the sub-list for method output_type
-	101, // [101:142] is the sub-list for method input_type
-	101, // [101:101] is the sub-list for extension type_name
-	101, // [101:101] is the sub-list for extension extendee
-	0,   // [0:101] is the sub-list for field type_name
+	10,  // 5: wheelfs.v1.Caller.handle:type_name -> wheelfs.v1.HandleRef
+	8,   // 6: wheelfs.v1.Caller.op:type_name -> wheelfs.v1.OpRef
+	7,   // 7: wheelfs.v1.LookupRequest.caller:type_name -> wheelfs.v1.Caller
+	6,   // 8: wheelfs.v1.LookupResponse.entry:type_name -> wheelfs.v1.Entry
+	4,   // 9: wheelfs.v1.LookupResponse.meta:type_name -> wheelfs.v1.Meta
+	4,   // 10: wheelfs.v1.LookupResponse.dir:type_name -> wheelfs.v1.Meta
+	75,  // 11: wheelfs.v1.LookupResponse.xattrs:type_name -> wheelfs.v1.XattrSummary
+	98,  // 12: wheelfs.v1.LookupResponse.data:type_name -> wheelfs.v1.FileData
+	7,   // 13: wheelfs.v1.GetAttrRequest.caller:type_name -> wheelfs.v1.Caller
+	4,   // 14: wheelfs.v1.GetAttrResponse.meta:type_name -> wheelfs.v1.Meta
+	75,  // 15: wheelfs.v1.GetAttrResponse.xattrs:type_name -> wheelfs.v1.XattrSummary
+	7,   // 16: wheelfs.v1.CreateRequest.caller:type_name -> wheelfs.v1.Caller
+	0,   // 17: wheelfs.v1.CreateRequest.type:type_name -> wheelfs.v1.Type
+	3,   // 18: wheelfs.v1.CreateRequest.cues:type_name -> wheelfs.v1.Cues
+	6,   // 19: wheelfs.v1.CreateResponse.entry:type_name -> wheelfs.v1.Entry
+	4,   // 20: wheelfs.v1.CreateResponse.meta:type_name -> wheelfs.v1.Meta
+	4,   // 21: wheelfs.v1.CreateResponse.dir:type_name -> wheelfs.v1.Meta
+	17,  // 22: wheelfs.v1.CreateResponse.pending:type_name -> wheelfs.v1.Unsynced
+	7,   // 23: wheelfs.v1.SyncRequest.caller:type_name -> wheelfs.v1.Caller
+	17,  // 24: wheelfs.v1.SyncRequest.changes:type_name -> wheelfs.v1.Unsynced
+	7,   // 25: wheelfs.v1.LinkRequest.caller:type_name -> wheelfs.v1.Caller
+	4,   // 26: wheelfs.v1.LinkResponse.meta:type_name -> wheelfs.v1.Meta
+	7,   // 27: wheelfs.v1.RemoveRequest.caller:type_name -> wheelfs.v1.Caller
+	4,   // 28: wheelfs.v1.RemoveResponse.meta:type_name -> wheelfs.v1.Meta
+	7,   // 29: wheelfs.v1.RenameRequest.caller:type_name -> wheelfs.v1.Caller
+	4,   // 30: wheelfs.v1.RenameResponse.replaced:type_name -> wheelfs.v1.Meta
+	7,   // 31: wheelfs.v1.SetAttrRequest.caller:type_name -> wheelfs.v1.Caller
+	4,   // 32: wheelfs.v1.SetAttrResponse.meta:type_name -> wheelfs.v1.Meta
+	7,   // 33: wheelfs.v1.ReadDirRequest.caller:type_name -> wheelfs.v1.Caller
+	6,   // 34: wheelfs.v1.ReadDirResponse.entries:type_name -> wheelfs.v1.Entry
+	4,   // 35: wheelfs.v1.ReadDirResponse.metas:type_name -> wheelfs.v1.Meta
+	4,   // 36: wheelfs.v1.ReadDirResponse.dir:type_name -> wheelfs.v1.Meta
+	75,  // 37: wheelfs.v1.ReadDirResponse.dir_xattrs:type_name -> wheelfs.v1.XattrSummary
+	75,  // 38: wheelfs.v1.ReadDirResponse.xattrs:type_name -> wheelfs.v1.XattrSummary
+	98,  // 39: wheelfs.v1.ReadDirResponse.datas:type_name -> wheelfs.v1.FileData
+	7,   // 40: wheelfs.v1.GetBlocksRequest.caller:type_name -> wheelfs.v1.Caller
+	4,   // 41: wheelfs.v1.GetBlocksResponse.meta:type_name -> wheelfs.v1.Meta
+	30,  // 42: wheelfs.v1.GetBlocksResponse.blocks:type_name -> wheelfs.v1.BlockRef
+	7,   // 43: wheelfs.v1.ReadBlocksRequest.caller:type_name -> wheelfs.v1.Caller
+	94,  // 44: wheelfs.v1.ReadBlocksRequest.grant:type_name -> wheelfs.v1.Grant
+	7,   // 45: wheelfs.v1.PutBlocksRequest.caller:type_name -> wheelfs.v1.Caller
+	7,   // 46: wheelfs.v1.CommitRequest.caller:type_name -> wheelfs.v1.Caller
+	30,  // 47: wheelfs.v1.CommitRequest.blocks:type_name -> wheelfs.v1.BlockRef
+	26,  // 48: wheelfs.v1.CommitRequest.attrs:type_name -> wheelfs.v1.SetAttrRequest
+	99,  // 49: wheelfs.v1.CommitRequest.inline:type_name -> wheelfs.v1.BlockData
+	4,   // 50: wheelfs.v1.CommitResponse.meta:type_name -> wheelfs.v1.Meta
+	7,   // 51: wheelfs.v1.XattrRequest.caller:type_name -> wheelfs.v1.Caller
+	4,   // 52: wheelfs.v1.XattrResponse.meta:type_name -> wheelfs.v1.Meta
+	75,  // 53: wheelfs.v1.XattrResponse.xattrs:type_name -> wheelfs.v1.XattrSummary
+	7,   // 54: wheelfs.v1.StatFSRequest.caller:type_name -> wheelfs.v1.Caller
+	7,   // 55: wheelfs.v1.OpenRequest.caller:type_name -> wheelfs.v1.Caller
+	4,   // 56: wheelfs.v1.OpenResponse.meta:type_name -> wheelfs.v1.Meta
+	98,  // 57: wheelfs.v1.OpenResponse.data:type_name -> wheelfs.v1.FileData
+	10,  // 58: wheelfs.v1.ReleaseRequest.handle:type_name -> wheelfs.v1.HandleRef
+	48,  // 59: wheelfs.v1.Revoke.updates:type_name -> wheelfs.v1.LeaseUpdate
+	4,   // 60: wheelfs.v1.LeaseUpdate.meta:type_name -> wheelfs.v1.Meta
+	1,   // 61: wheelfs.v1.Mutation.kind:type_name -> wheelfs.v1.MutationKind
+	50,  // 62: wheelfs.v1.Batch.mutations:type_name -> wheelfs.v1.Mutation
+	51,  // 63: wheelfs.v1.ReplicateRequest.batches:type_name -> wheelfs.v1.Batch
+	2,   // 64: wheelfs.v1.ReplicateResponse.status:type_name -> wheelfs.v1.ReplStatus
+	4,   // 65: wheelfs.v1.ObjectState.meta:type_name -> wheelfs.v1.Meta
+	6,   // 66: wheelfs.v1.ObjectState.entries:type_name -> wheelfs.v1.Entry
+	30,  // 67: wheelfs.v1.ObjectState.blocks:type_name -> wheelfs.v1.BlockRef
+	56,  // 68: wheelfs.v1.InstallRequest.objects:type_name -> wheelfs.v1.ObjectState
+	2,   // 69: wheelfs.v1.InstallResponse.status:type_name -> wheelfs.v1.ReplStatus
+	55,  // 70: wheelfs.v1.DiffRequest.digest:type_name -> wheelfs.v1.DigestResponse
+	4,   // 71: wheelfs.v1.CreateObjectRequest.meta:type_name -> wheelfs.v1.Meta
+	3,   // 72: wheelfs.v1.CreateObjectRequest.cues:type_name -> wheelfs.v1.Cues
+	3,   // 73: wheelfs.v1.CreateObjectRequest.policy:type_name -> wheelfs.v1.Cues
+	10,  // 74: wheelfs.v1.CreateObjectRequest.handle:type_name -> wheelfs.v1.HandleRef
+	4,   // 75: wheelfs.v1.CreateObjectResponse.meta:type_name -> wheelfs.v1.Meta
+	7,   // 76: wheelfs.v1.DropLinkRequest.caller:type_name -> wheelfs.v1.Caller
+	4,   // 77: wheelfs.v1.DropLinkRequest.dir:type_name -> wheelfs.v1.Meta
+	10,  // 78: wheelfs.v1.DropLinkRequest.handle:type_name -> wheelfs.v1.HandleRef
+	4,   // 79: wheelfs.v1.DropLinkResponse.meta:type_name -> wheelfs.v1.Meta
+	4,   // 80: wheelfs.v1.StatResponse.meta:type_name -> wheelfs.v1.Meta
+	7,   // 81: wheelfs.v1.AddLinkRequest.caller:type_name -> wheelfs.v1.Caller
+	4,   // 82: wheelfs.v1.AddLinkRequest.object:type_name -> wheelfs.v1.Meta
+	4,   // 83: wheelfs.v1.AddLinkResponse.replaced:type_name -> wheelfs.v1.Meta
+	6,   // 84: wheelfs.v1.EntryChange.entry:type_name -> wheelfs.v1.Entry
+	56,  // 85: wheelfs.v1.ReconcileRequest.objects:type_name -> wheelfs.v1.ObjectState
+	72,  // 86: wheelfs.v1.ReconcileRequest.entries:type_name -> wheelfs.v1.EntryChange
+	2,   // 87: wheelfs.v1.ReconcileResponse.status:type_name -> wheelfs.v1.ReplStatus
+	76,  // 88: wheelfs.v1.XattrSummary.attrs:type_name -> wheelfs.v1.Xattr
+	77,  // 89: wheelfs.v1.CoordSample.coord:type_name -> wheelfs.v1.Coord
+	7,   // 90: wheelfs.v1.HeldBlocks.caller:type_name -> wheelfs.v1.Caller
+	81,  // 91: wheelfs.v1.HeldBlocks.blocks:type_name -> wheelfs.v1.BlockRange
+	77,  // 92: wheelfs.v1.ReportHoldingRequest.coord:type_name -> wheelfs.v1.Coord
+	82,  // 93: wheelfs.v1.ReportHoldingRequest.held:type_name -> wheelfs.v1.HeldBlocks
+	7,   // 94: wheelfs.v1.HoldersRequest.caller:type_name -> wheelfs.v1.Caller
+	81,  // 95: wheelfs.v1.HoldersRequest.blocks:type_name -> wheelfs.v1.BlockRange
+	77,  // 96: wheelfs.v1.HoldersRequest.coord:type_name -> wheelfs.v1.Coord
+	81,  // 97: wheelfs.v1.Holder.blocks:type_name -> wheelfs.v1.BlockRange
+	86,  // 98: wheelfs.v1.HoldersResponse.holders:type_name -> wheelfs.v1.Holder
+	94,  // 99: wheelfs.v1.HoldersResponse.grant:type_name -> wheelfs.v1.Grant
+	94,  // 100: wheelfs.v1.FetchCachedRequest.grant:type_name -> wheelfs.v1.Grant
+	30,  // 101: wheelfs.v1.FileData.blocks:type_name -> wheelfs.v1.BlockRef
+	11,  // 102: wheelfs.v1.Storage.Lookup:input_type -> wheelfs.v1.LookupRequest
+	13,  // 103: wheelfs.v1.Storage.GetAttr:input_type -> wheelfs.v1.GetAttrRequest
+	15,  // 104: wheelfs.v1.Storage.Create:input_type -> wheelfs.v1.CreateRequest
+	20,  // 105: wheelfs.v1.Storage.Link:input_type -> wheelfs.v1.LinkRequest
+	22,  // 106: wheelfs.v1.Storage.Remove:input_type -> wheelfs.v1.RemoveRequest
+	24,  // 107: wheelfs.v1.Storage.Rename:input_type -> wheelfs.v1.RenameRequest
+	26,  // 108: wheelfs.v1.Storage.SetAttr:input_type -> wheelfs.v1.SetAttrRequest
+	28,  // 109: wheelfs.v1.Storage.ReadDir:input_type -> wheelfs.v1.ReadDirRequest
+	31,  // 110: wheelfs.v1.Storage.GetBlocks:input_type -> wheelfs.v1.GetBlocksRequest
+	33,  // 111: wheelfs.v1.Storage.ReadBlocks:input_type -> wheelfs.v1.ReadBlocksRequest
+	35,  // 112: wheelfs.v1.Storage.PutBlocks:input_type -> wheelfs.v1.PutBlocksRequest
+	37,  // 113: wheelfs.v1.Storage.Commit:input_type -> wheelfs.v1.CommitRequest
+	39,  // 114: wheelfs.v1.Storage.GetXattr:input_type -> wheelfs.v1.XattrRequest
+	39,  // 115: wheelfs.v1.Storage.ListXattr:input_type -> wheelfs.v1.XattrRequest
+	39,  // 116: wheelfs.v1.Storage.SetXattr:input_type -> wheelfs.v1.XattrRequest
+	39,  // 117: wheelfs.v1.Storage.RemoveXattr:input_type -> wheelfs.v1.XattrRequest
+	41,  // 118: wheelfs.v1.Storage.StatFS:input_type -> wheelfs.v1.StatFSRequest
+	43,  // 119: wheelfs.v1.Storage.Open:input_type -> wheelfs.v1.OpenRequest
+	45,  // 120: wheelfs.v1.Storage.Release:input_type -> wheelfs.v1.ReleaseRequest
+	18,  // 121: wheelfs.v1.Storage.Sync:input_type -> wheelfs.v1.SyncRequest
+	49,  // 122: wheelfs.v1.Storage.Callbacks:input_type -> wheelfs.v1.CallbackAck
+	79,  // 123: wheelfs.v1.Storage.Probe:input_type -> wheelfs.v1.ProbeRequest
+	83,  // 124: wheelfs.v1.Storage.ReportHolding:input_type -> wheelfs.v1.ReportHoldingRequest
+	85,  // 125: wheelfs.v1.Storage.Holders:input_type -> wheelfs.v1.HoldersRequest
+	88,  // 126: wheelfs.v1.Storage.LoginChallenge:input_type -> wheelfs.v1.LoginChallengeRequest
+	90,  // 127: wheelfs.v1.Storage.Login:input_type -> wheelfs.v1.LoginRequest
+	92,  // 128: wheelfs.v1.Storage.RenewSession:input_type -> wheelfs.v1.SessionRequest
+	92,  // 129: wheelfs.v1.Storage.Logout:input_type -> wheelfs.v1.SessionRequest
+	100, // 130: wheelfs.v1.Storage.RenewCertificate:input_type -> wheelfs.v1.RenewCertificateRequest
+	52,  // 131: wheelfs.v1.Peer.Replicate:input_type -> wheelfs.v1.ReplicateRequest
+	54,  // 132: wheelfs.v1.Peer.Digest:input_type -> wheelfs.v1.DigestRequest
+	59,  // 133: wheelfs.v1.Peer.Diff:input_type -> wheelfs.v1.DiffRequest
+	57,  // 134: wheelfs.v1.Peer.Install:input_type -> wheelfs.v1.InstallRequest
+	60,  // 135: wheelfs.v1.Peer.FetchBlocks:input_type -> wheelfs.v1.FetchBlocksRequest
+	62,  // 136: wheelfs.v1.Peer.Ping:input_type -> wheelfs.v1.PingRequest
+	64,  // 137: wheelfs.v1.Peer.CreateObject:input_type -> wheelfs.v1.CreateObjectRequest
+	66,  // 138: wheelfs.v1.Peer.DropLink:input_type -> wheelfs.v1.DropLinkRequest
+	68,  // 139: wheelfs.v1.Peer.Stat:input_type -> wheelfs.v1.StatRequest
+	70,  // 140: wheelfs.v1.Peer.AddLink:input_type -> wheelfs.v1.AddLinkRequest
+	73,  // 141: wheelfs.v1.Peer.Reconcile:input_type -> wheelfs.v1.ReconcileRequest
+	96,  // 142: wheelfs.v1.PeerCache.FetchCached:input_type -> wheelfs.v1.FetchCachedRequest
+	12,  // 143: wheelfs.v1.Storage.Lookup:output_type -> wheelfs.v1.LookupResponse
+	14,  // 144: wheelfs.v1.Storage.GetAttr:output_type -> wheelfs.v1.GetAttrResponse
+	16,  // 145: wheelfs.v1.Storage.Create:output_type -> wheelfs.v1.CreateResponse
+	21,  // 146: wheelfs.v1.Storage.Link:output_type -> wheelfs.v1.LinkResponse
+	23,  // 147: wheelfs.v1.Storage.Remove:output_type -> wheelfs.v1.RemoveResponse
+	25,  // 148: wheelfs.v1.Storage.Rename:output_type -> wheelfs.v1.RenameResponse
+	27,  // 149: wheelfs.v1.Storage.SetAttr:output_type -> wheelfs.v1.SetAttrResponse
+	29,  // 150: wheelfs.v1.Storage.ReadDir:output_type -> wheelfs.v1.ReadDirResponse
+	32,  // 151: wheelfs.v1.Storage.GetBlocks:output_type -> wheelfs.v1.GetBlocksResponse
+	34,  // 152: wheelfs.v1.Storage.ReadBlocks:output_type -> wheelfs.v1.ReadBlocksResponse
+	36,  // 153: wheelfs.v1.Storage.PutBlocks:output_type -> wheelfs.v1.PutBlocksResponse
+	38,  // 154: wheelfs.v1.Storage.Commit:output_type -> wheelfs.v1.CommitResponse
+	40,  // 155: wheelfs.v1.Storage.GetXattr:output_type -> wheelfs.v1.XattrResponse
+	40,  // 156: wheelfs.v1.Storage.ListXattr:output_type -> wheelfs.v1.XattrResponse
+	40,  // 157: wheelfs.v1.Storage.SetXattr:output_type -> wheelfs.v1.XattrResponse
+	40,  // 158: wheelfs.v1.Storage.RemoveXattr:output_type -> wheelfs.v1.XattrResponse
+	42,  // 159: wheelfs.v1.Storage.StatFS:output_type -> wheelfs.v1.StatFSResponse
+	44,  // 160: wheelfs.v1.Storage.Open:output_type -> wheelfs.v1.OpenResponse
+	46,  // 161: wheelfs.v1.Storage.Release:output_type -> wheelfs.v1.ReleaseResponse
+	19,  // 162: wheelfs.v1.Storage.Sync:output_type -> wheelfs.v1.SyncResponse
+	47,  // 163: wheelfs.v1.Storage.Callbacks:output_type -> wheelfs.v1.Revoke
+	80,  // 164: wheelfs.v1.Storage.Probe:output_type -> wheelfs.v1.ProbeResponse
+	84,  // 165: wheelfs.v1.Storage.ReportHolding:output_type -> wheelfs.v1.ReportHoldingResponse
+	87,  // 166: wheelfs.v1.Storage.Holders:output_type -> wheelfs.v1.HoldersResponse
+	89,  // 167: wheelfs.v1.Storage.LoginChallenge:output_type -> wheelfs.v1.LoginChallengeResponse
+	91,  // 168: wheelfs.v1.Storage.Login:output_type -> wheelfs.v1.LoginResponse
+	91,  // 169: wheelfs.v1.Storage.RenewSession:output_type -> wheelfs.v1.LoginResponse
+	93,  // 170: wheelfs.v1.Storage.Logout:output_type -> wheelfs.v1.LogoutResponse
+	101, // 171: wheelfs.v1.Storage.RenewCertificate:output_type -> wheelfs.v1.RenewCertificateResponse
+	53,  // 172: wheelfs.v1.Peer.Replicate:output_type -> wheelfs.v1.ReplicateResponse
+	55,  // 173: wheelfs.v1.Peer.Digest:output_type -> wheelfs.v1.DigestResponse
+	57,  // 174: wheelfs.v1.Peer.Diff:output_type -> wheelfs.v1.InstallRequest
+	58,  // 175: wheelfs.v1.Peer.Install:output_type -> wheelfs.v1.InstallResponse
+	61,  // 176: wheelfs.v1.Peer.FetchBlocks:output_type -> wheelfs.v1.FetchBlocksResponse
+	63,  // 177: wheelfs.v1.Peer.Ping:output_type -> wheelfs.v1.PingResponse
+	65,  // 178: wheelfs.v1.Peer.CreateObject:output_type -> wheelfs.v1.CreateObjectResponse
+	67,  // 179: wheelfs.v1.Peer.DropLink:output_type -> wheelfs.v1.DropLinkResponse
+	69,  // 180: wheelfs.v1.Peer.Stat:output_type -> wheelfs.v1.StatResponse
+	71,  // 181: wheelfs.v1.Peer.AddLink:output_type -> wheelfs.v1.AddLinkResponse
+	74,  // 182: wheelfs.v1.Peer.Reconcile:output_type -> wheelfs.v1.ReconcileResponse
+	97,  // 183: wheelfs.v1.PeerCache.FetchCached:output_type -> wheelfs.v1.FetchCachedResponse
+	143, // [143:184] is the sub-list for method output_type
+	102, // [102:143] is the sub-list for method input_type
+	102, // [102:102] is the sub-list for extension type_name
+	102, // [102:102] is the sub-list for extension extendee
+	0,   // [0:102] is the sub-list for field type_name
 }
 
 func init() { file_wheelfs_proto_init() }
@@ -7600,14 +7753,14 @@ func file_wheelfs_proto_init() {
 	if File_wheelfs_proto != nil {
 		return
 	}
-	file_wheelfs_proto_msgTypes[10].OneofWrappers = []any{}
+	file_wheelfs_proto_msgTypes[12].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_wheelfs_proto_rawDesc), len(file_wheelfs_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   97,
+			NumMessages:   99,
 			NumExtensions: 0,
 			NumServices:   3,
 		},

@@ -1,0 +1,196 @@
+package cluster
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/wheelfs/wheelfs/internal/client"
+	"github.com/wheelfs/wheelfs/internal/deploy"
+	"github.com/wheelfs/wheelfs/internal/oid"
+)
+
+// Exactly-once mutations (issue 16 item 2, server/once.go): the answer to
+// a change is lost after the primary applied it, the client retries, and
+// the retry must get the original answer — not EEXIST for its own create,
+// not ENOENT for its own unlink — at the same server and across a
+// failover.
+
+// replyLoss drops the answer of the next request of an armed method at
+// the servers (Config.AfterApply), after the change was applied.
+type replyLoss struct {
+	mu    sync.Mutex
+	armed map[string]int
+	then  func() // runs when an answer is dropped (e.g. crash the server)
+	lost  []string
+}
+
+func (l *replyLoss) arm(method string, then func()) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.armed == nil {
+		l.armed = map[string]int{}
+	}
+	l.armed[method]++
+	l.then = then
+}
+
+func (l *replyLoss) hook(method string, _ any) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for m, n := range l.armed {
+		if n > 0 && strings.HasSuffix(method, "/"+m) {
+			l.armed[m]--
+			l.lost = append(l.lost, m)
+			if l.then != nil {
+				go l.then()
+			}
+			return errors.New("reply lost after the change was applied (fault injection)")
+		}
+	}
+	return nil
+}
+
+func (l *replyLoss) dropped() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]string(nil), l.lost...)
+}
+
+func startWithReplyLoss(t *testing.T, o Options) (*Cluster, *replyLoss) {
+	loss := &replyLoss{}
+	o.Adjust = func(_ *Node, cfg *deploy.Config) { cfg.Server.AfterApply = loss.hook }
+	return Start(t, o), loss
+}
+
+func TestRetryAfterLostReplyGetsOriginalAnswer(t *testing.T) {
+	t.Parallel()
+	c, loss := startWithReplyLoss(t, Options{Sites: []string{"west", "east", "eu"}})
+	ctx := opCtx(t)
+	fs, u := c.Client("west"), Owner()
+	if _, err := fs.Mkdir(ctx, u, "/d", 0o755); err != nil {
+		t.Fatal(err)
+	}
+	d := resolve(t, ctx, fs, u, "/d").Meta.Id
+	dir := oid.ID(d)
+
+	steps := []struct {
+		method string
+		do     func() error
+	}{
+		{"Create", func() error { // O_EXCL
+			_, err := fs.Create(ctx, u, client.NoCues, dir, "x", client.CreateArgs{Type: client.TypeFile, Mode: 0o644, Exclusive: true})
+			return err
+		}},
+		{"Create", func() error { // mkdir
+			_, err := fs.Create(ctx, u, client.NoCues, dir, "sub", client.CreateArgs{Type: client.TypeDir, Mode: 0o755})
+			return err
+		}},
+		{"Link", func() error {
+			x := resolve(t, ctx, fs, u, "/d/x").Meta.Id
+			_, err := fs.Link(ctx, u, client.NoCues, dir, "y", oid.ID(x))
+			return err
+		}},
+		{"Rename", func() error {
+			return fs.Rename(ctx, u, client.NoCues, dir, "y", dir, "z", 0)
+		}},
+		{"Remove", func() error { // unlink
+			return fs.Remove(ctx, u, client.NoCues, dir, "z", false)
+		}},
+		{"Remove", func() error { // rmdir
+			return fs.Remove(ctx, u, client.NoCues, dir, "sub", true)
+		}},
+		{"SetXattr", func() error { // XATTR_CREATE
+			return fs.SetXattr(ctx, u, client.NoCues, dir, "user.k", []byte("v"), 1)
+		}},
+	}
+	for i, st := range steps {
+		loss.arm(st.method, nil)
+		if err := st.do(); err != nil {
+			t.Fatalf("step %d (%s) after its answer was lost: %v", i, st.method, err)
+		}
+	}
+	if got := loss.dropped(); len(got) != len(steps) {
+		t.Fatalf("answers dropped: %v, want one per step (%d)", got, len(steps))
+	}
+	// The namespace is what the steps made, once each.
+	ents, _, err := fs.ReadDir(ctx, u, client.NoCues, dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, e := range ents {
+		names = append(names, e.Name)
+	}
+	if fmt.Sprint(names) != "[x]" {
+		t.Fatalf("/d lists %v, want [x]", names)
+	}
+	x := resolve(t, ctx, fs, u, "/d/x").Meta
+	if x.Nlink != 1 {
+		t.Fatalf("/d/x has nlink %d after link, rename and unlink, want 1", x.Nlink)
+	}
+	if v, err := fs.GetXattr(ctx, u, client.NoCues, dir, "user.k"); err != nil || string(v) != "v" {
+		t.Fatalf("user.k = %q, %v", v, err)
+	}
+	// Answered records go when the session's next change reaches the
+	// object: at most the last one stays.
+	p, err := c.Primary(ctx, dir.Slice())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, err := srv(t, p).Outcomes(dir); err != nil || n > 1 {
+		t.Fatalf("%d outcome records left on /d (%v), want at most 1", n, err)
+	}
+}
+
+// TestRetryAcrossFailoverGetsOriginalAnswer: the primary applies a mkdir,
+// replicates it, and crashes before answering; the client's retry reaches
+// the new primary, which answers from the replicated record.
+func TestRetryAcrossFailoverGetsOriginalAnswer(t *testing.T) {
+	t.Parallel()
+	c, loss := startWithReplyLoss(t, Options{Sites: []string{"west", "east", "eu"}, ServersPerSite: 2, LockTTL: 2 * time.Second})
+	ctx := opCtx(t)
+	fs, u := c.Client("east"), Owner()
+	if _, err := fs.Mkdir(ctx, u, "/.Site=west/d", 0o755); err != nil {
+		t.Fatal(err)
+	}
+	dir := oid.ID(resolve(t, ctx, fs, u, "/d").Meta.Id)
+	c.WaitFor(20*time.Second, "/d on three replicas", func() error {
+		in, err := info(ctx, fs, "/d")
+		if err == nil && len(in.Replicas) != 3 {
+			err = fmt.Errorf("replicas %v", in.Replicas)
+		}
+		return err
+	})
+	primary, err := c.Primary(ctx, dir.Slice())
+	if err != nil {
+		t.Fatal(err)
+	}
+	loss.arm("Create", func() { c.Crash(primary) })
+	began := time.Now()
+	if _, err := fs.Create(ctx, u, client.NoCues, dir, "made", client.CreateArgs{Type: client.TypeDir, Mode: 0o755, Exclusive: true}); err != nil {
+		t.Fatalf("mkdir whose primary crashed before answering: %v", err)
+	}
+	t.Logf("mkdir answered %v after its primary %s crashed", time.Since(began).Round(time.Millisecond), primary)
+	if got := loss.dropped(); len(got) != 1 {
+		t.Fatalf("answers dropped: %v, want 1", got)
+	}
+	if p, err := c.Primary(ctx, dir.Slice()); err != nil || p == primary {
+		t.Fatalf("primary after the crash: %v (%v), want another than %s", p, err, primary)
+	}
+	c.WaitFor(20*time.Second, "/d/made seen from every site", func() error {
+		for _, site := range c.Sites() {
+			r, err := c.Client(site).Resolve(ctx, u, "/d/made")
+			if err != nil {
+				return err
+			}
+			if r.Meta == nil {
+				return fmt.Errorf("%s: /d/made missing", site)
+			}
+		}
+		return nil
+	})
+}

@@ -1,0 +1,292 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+
+	"github.com/wheelfs/wheelfs/internal/fserr"
+	"github.com/wheelfs/wheelfs/internal/oid"
+	"github.com/wheelfs/wheelfs/internal/store"
+	"github.com/wheelfs/wheelfs/internal/wire"
+)
+
+// Exactly-once mutations (the idea of NFSv4.1 sessions and of Raft's
+// client sessions). A client stamps every mutation with its op session
+// and a sequence number that the operation's retries share (Caller.op).
+// The primary records the answer in the same transaction as the change,
+// as a hidden attribute of the object the request names first (the
+// directory of a create, remove, link or rename; the object of a
+// setattr or an xattr change): replicated, snapshotted and installed with
+// that object, so a retry after a broken connection, a timeout or a
+// failover finds the original answer wherever the change itself is, and
+// runs again wherever the change is not.
+//
+// A record lives until the client says it has the answer (done_below,
+// checked whenever the session records another outcome on the same
+// object) or until its retries can no longer come: the call's deadline
+// and opMargin for clock skew (opRetention without a deadline). Expired
+// records are also swept per slice by maintenance (sweepOutcomes).
+//
+// Only changes are recorded: a request that failed, or changed nothing
+// (an open(O_CREAT) of an existing file), runs again on a retry, which
+// is equivalent (nothing happened in between on its behalf).
+const opPrefix = "\x00op/"
+
+const (
+	opMargin    = time.Minute
+	opRetention = 5 * time.Minute
+	// opSweepPeriods is how many maintenance periods apart a primary
+	// sweeps a slice that had records written.
+	opSweepPeriods = 60
+	// opPurgeMax bounds the stale records one transaction removes.
+	opPurgeMax = 64
+)
+
+func isOutcome(xattr string) bool { return strings.HasPrefix(xattr, opPrefix) }
+
+func opSessionPrefix(session uint64) string { return fmt.Sprintf("%s%016x/", opPrefix, session) }
+
+func opKey(session, seq uint64) string {
+	return fmt.Sprintf("%s%016x", opSessionPrefix(session), seq)
+}
+
+// parseOpKey returns the session and seq of an outcome attribute name.
+func parseOpKey(name string) (session, seq uint64, ok bool) {
+	_, err := fmt.Sscanf(strings.TrimPrefix(name, opPrefix), "%016x/%016x", &session, &seq)
+	return session, seq, err == nil && isOutcome(name)
+}
+
+// onceOp is one mutation's exactly-once state at this server.
+type onceOp struct {
+	s       *Server
+	anchor  oid.ID
+	ref     *wire.OpRef
+	node    string
+	expires int64 // unix ms
+	resp    proto.Message
+	// answered is set when the answer came from a record: the change
+	// was made by an earlier attempt.
+	answered bool
+}
+
+// once prepares exactly-once execution of the mutation c asks for, whose
+// answer fn fills into resp, recorded on anchor. It returns nil (run as
+// usual) when the request carries no op.
+func (s *Server) once(ctx context.Context, c *wire.Caller, anchor oid.ID, resp proto.Message) *onceOp {
+	ref := c.GetOp()
+	if ref.GetSeq() == 0 {
+		return nil
+	}
+	node, _ := s.clientNode(ctx)
+	exp := time.Now().Add(opRetention)
+	if d, ok := ctx.Deadline(); ok {
+		exp = d.Add(opMargin)
+	}
+	return &onceOp{s: s, anchor: anchor, ref: ref, node: node, expires: exp.UnixMilli(), resp: resp}
+}
+
+// lookup reads tx for this op's recorded answer and, if there is one,
+// decodes it into resp.
+func (o *onceOp) lookup(tx *store.Tx) bool {
+	v, err := tx.Xattr(o.anchor, opKey(o.ref.Session, o.ref.Seq))
+	if err != nil {
+		return false
+	}
+	var out wire.OpOutcome
+	if proto.Unmarshal(v, &out) != nil || out.Node != o.node {
+		return false // not this node's: never shown to another
+	}
+	proto.Reset(o.resp)
+	if proto.Unmarshal(out.Response, o.resp) != nil {
+		return false
+	}
+	o.answered = true
+	return true
+}
+
+// recorded reports, before any work, whether an earlier attempt already
+// made the change (resp then holds its answer). The check inside the
+// transaction (wrap) is what counts; this one saves a retry the steps a
+// request takes before its transaction (placement, other servers).
+func (o *onceOp) recorded() bool {
+	if o == nil {
+		return false
+	}
+	found := false
+	_ = o.s.store.View(func(tx *store.Tx) error {
+		found = o.lookup(tx)
+		return nil
+	})
+	return found
+}
+
+// replayed reports whether the answer came from an earlier attempt's
+// record.
+func (o *onceOp) replayed() bool { return o != nil && o.answered }
+
+// setAnswer makes m the answer to record (for a request whose answer
+// comes from a step before its transaction).
+func (o *onceOp) setAnswer(m proto.Message) {
+	if o != nil {
+		proto.Reset(o.resp)
+		proto.Merge(o.resp, m)
+	}
+}
+
+// replay answers a retry from its record before any work: true when
+// resp holds the answer (and err whether it could be made durable).
+func (o *onceOp) replay(ctx context.Context, sync uint32) (bool, error) {
+	if !o.recorded() {
+		return false, nil
+	}
+	return true, o.settle(ctx, sync)
+}
+
+// wrap returns fn made exactly-once: the transaction answers from the
+// record when there is one, and otherwise runs fn and, if fn changed
+// anything, records resp with the change.
+func (o *onceOp) wrap(fn func(tx *store.Tx) error) func(tx *store.Tx) error {
+	if o == nil {
+		return fn
+	}
+	return func(tx *store.Tx) error {
+		o.answered = false
+		if o.lookup(tx) {
+			return nil
+		}
+		if err := fn(tx); err != nil {
+			return err
+		}
+		if !tx.Changed() {
+			return nil
+		}
+		if _, err := tx.Meta(o.anchor); err != nil {
+			return nil // the anchor itself went (rmdir of a directory in itself cannot; rename over it can)
+		}
+		return o.record(tx)
+	}
+}
+
+// record writes the outcome and removes this session's answered records
+// and any expired ones on the anchor (at most opPurgeMax).
+func (o *onceOp) record(tx *store.Tx) error {
+	resp, err := proto.Marshal(o.resp)
+	if err != nil {
+		return err
+	}
+	v, err := proto.Marshal(&wire.OpOutcome{Node: o.node, ExpiresMs: o.expires, Response: resp})
+	if err != nil {
+		return err
+	}
+	var stale []string
+	now := time.Now().UnixMilli()
+	tx.EachXattr(o.anchor, opPrefix, func(name string, v []byte) bool {
+		if !isOutcome(name) || len(stale) >= opPurgeMax {
+			return false
+		}
+		sess, seq, ok := parseOpKey(name)
+		if ok && sess == o.ref.Session && seq < o.ref.DoneBelow || outcomeExpired(v, now) {
+			stale = append(stale, name)
+		}
+		return true
+	})
+	for _, name := range stale {
+		if err := tx.RemoveXattr(o.anchor, name); err != nil {
+			return err
+		}
+	}
+	if r := o.s.owned.repl(o.anchor.Slice()); r != nil {
+		r.markOutcomes()
+	}
+	return tx.SetXattr(o.anchor, opKey(o.ref.Session, o.ref.Seq), v)
+}
+
+// outcomeExpired reports whether an outcome record (v) can no longer be
+// asked for; an undecodable one is.
+func outcomeExpired(v []byte, nowMs int64) bool {
+	var out wire.OpOutcome
+	return proto.Unmarshal(v, &out) != nil || out.ExpiresMs < nowMs
+}
+
+// settle makes a replayed answer as durable as the first attempt promised:
+// the first attempt may still be replicating, or revoking leases, when
+// its retry arrives. Acknowledgements are cumulative, so waiting for the
+// slice's last committed change covers it.
+func (o *onceOp) settle(ctx context.Context, sync uint32) error {
+	if !o.replayed() {
+		return nil
+	}
+	s := o.s
+	if r := s.owned.repl(o.anchor.Slice()); r != nil && !(isEventual(ctx) && sync == 0) {
+		r.mu.Lock()
+		seq := r.committed
+		r.mu.Unlock()
+		r.kick()
+		if err := r.wait(ctx, seq, s.need(ctx, r, sync)-1); err != nil {
+			return err
+		}
+	}
+	return s.leases.settle(ctx, o.anchor)
+}
+
+// sweepOutcomes removes the expired outcome records of slice sl and
+// returns how many it removed and how many it left (not expired yet).
+func (s *Server) sweepOutcomes(ctx context.Context, sl oid.Slice) (removed, left int, err error) {
+	type rec struct {
+		id   oid.ID
+		name string
+	}
+	var old []rec
+	now := time.Now().UnixMilli()
+	err = s.store.View(func(tx *store.Tx) error {
+		return tx.SliceMetas(sl, func(m *wire.Meta) bool {
+			id := oid.ID(m.Id)
+			tx.EachXattr(id, opPrefix, func(name string, v []byte) bool {
+				if !isOutcome(name) {
+					return false
+				}
+				if outcomeExpired(v, now) {
+					old = append(old, rec{id, name})
+				} else {
+					left++
+				}
+				return true
+			})
+			return true
+		})
+	})
+	if err != nil || len(old) == 0 {
+		return 0, left, err
+	}
+	err = s.update(withEventual(ctx), 0, func(tx *store.Tx) error {
+		for _, r := range old {
+			if err := tx.RemoveXattr(r.id, r.name); err != nil && !errors.Is(err, fserr.ErrNoAttr) {
+				return err
+			}
+		}
+		return nil
+	})
+	return len(old), left, err
+}
+
+// Outcomes returns the number of outcome records on this server's copy
+// of id (tests check that they are bounded and collected).
+func (s *Server) Outcomes(id oid.ID) (int, error) {
+	n := 0
+	err := s.store.View(func(tx *store.Tx) error {
+		tx.EachXattr(id, opPrefix, func(name string, _ []byte) bool {
+			if !isOutcome(name) {
+				return false
+			}
+			n++
+			return true
+		})
+		return nil
+	})
+	return n, err
+}
