@@ -96,16 +96,13 @@ type Input struct {
 type Output struct {
 	// Unknown: the step may or may not have taken effect.
 	Unknown bool
-	// Found is false when Unlink or Rename reported ENOENT.
+	// Found is false when Unlink or Rename reported ENOENT (a retry of a
+	// step that took effect answers as its first attempt did: the
+	// servers execute mutations exactly once, server/once.go).
 	Found bool
-	// MaybeApplied qualifies Found false: the ENOENT may come from a
-	// retry of a call whose first attempt took effect (a client that
-	// resends a non-idempotent request after a broken connection), so the
-	// step either found nothing or happened. Recorder.RetriedENOENT sets it.
-	MaybeApplied bool
-	Obj          uint64   // Lookup's result, 0 when absent
-	Token        string   // Read's result
-	Names        []string // ReadDir's result, sorted
+	Obj   uint64   // Lookup's result, 0 when absent
+	Token string   // Read's result
+	Names []string // ReadDir's result, sorted
 }
 
 // Recorder collects steps from concurrent clients. Its methods are safe
@@ -116,10 +113,6 @@ type Recorder struct {
 	ops     []porcupine.Operation
 	clients int // next client ID for an abandoned (unknown) step
 	now     func() time.Time
-
-	// RetriedENOENT makes End mark every ENOENT answer of Unlink and
-	// Rename with Output.MaybeApplied. Set it before the first step.
-	RetriedENOENT bool
 }
 
 // NewRecorder returns an empty recorder; clients number themselves from 0
@@ -149,9 +142,6 @@ func (r *Recorder) stamp() int64 { return int64(r.now().Sub(r.start)) }
 
 // End records the step's definite outcome.
 func (s *Step) End(out Output) {
-	if s.r.RetriedENOENT && (s.in.Kind == Unlink || s.in.Kind == Rename) && !out.Found {
-		out.MaybeApplied = true
-	}
 	if s.in.Kind == ReadDir {
 		out.Names = slices.Clone(out.Names)
 		sort.Strings(out.Names)
@@ -288,7 +278,7 @@ func step(st any, input, output any) (bool, any) {
 			return out.Unknown || !out.Found, s
 		}
 		delete(m, in.Name)
-		return out.Unknown || out.Found || out.MaybeApplied, encodeDir(m)
+		return out.Unknown || out.Found, encodeDir(m)
 	case Rename:
 		obj, ok := m[in.Name]
 		if !ok {
@@ -298,7 +288,7 @@ func step(st any, input, output any) (bool, any) {
 			delete(m, in.Name)
 			m[in.To] = obj
 		}
-		return out.Unknown || out.Found || out.MaybeApplied, encodeDir(m)
+		return out.Unknown || out.Found, encodeDir(m)
 	}
 	return false, s
 }
@@ -345,9 +335,6 @@ func describe(input, output any) string {
 		res = fmt.Sprint(out.Names)
 	case in.Kind == Unlink || in.Kind == Rename:
 		res = map[bool]string{true: "ok", false: "ENOENT"}[out.Found]
-		if out.MaybeApplied {
-			res = "ENOENT (or applied)"
-		}
 	default:
 		res = "ok"
 	}

@@ -55,12 +55,6 @@ func TestModel(t *testing.T) {
 			op(0, 2, 3, Input{Kind: Rename, Dir: d, Name: "a", To: "b"}, Output{}),
 			op(1, 4, 5, Input{Kind: Lookup, Dir: d, Name: "b"}, Output{Obj: 7}),
 		}, porcupine.Illegal},
-		{"ENOENT from a rename that happened, retries allowed", []porcupine.Operation{
-			op(0, 0, 1, Input{Kind: Put, Dir: d, Name: "a", Obj: 7}, Output{}),
-			op(0, 2, 3, Input{Kind: Rename, Dir: d, Name: "a", To: "b"}, Output{MaybeApplied: true}),
-			op(1, 4, 5, Input{Kind: Lookup, Dir: d, Name: "b"}, Output{Obj: 7}),
-			op(1, 6, 7, Input{Kind: Unlink, Dir: d, Name: "a"}, Output{MaybeApplied: true}),
-		}, porcupine.Ok},
 		{"rename moves the object", []porcupine.Operation{
 			op(0, 0, 1, Input{Kind: Put, Dir: d, Name: "a", Obj: 7}, Output{}),
 			op(0, 2, 3, Input{Kind: Put, Dir: d, Name: "b", Obj: 8}, Output{}),
@@ -96,7 +90,6 @@ func TestModel(t *testing.T) {
 
 func TestRecorder(t *testing.T) {
 	r := NewRecorder(2)
-	r.RetriedENOENT = true
 	r.Begin(0, Input{Kind: Write, Obj: 1, Token: "a"}).End(Output{})
 	r.Begin(0, Input{Kind: Put, Dir: "d", Name: "b", Obj: 1}).End(Output{})
 	r.Begin(0, Input{Kind: Put, Dir: "d", Name: "a", Obj: 1}).End(Output{})
@@ -114,7 +107,7 @@ func TestRecorder(t *testing.T) {
 	if ops[1].ClientId != 2 || ops[1].Return <= ops[2].Return {
 		t.Errorf("unknown step: client %d return %d, want a fresh client and the last return", ops[1].ClientId, ops[1].Return)
 	}
-	if out := ops[1].Output.(Output); !out.Unknown || out.MaybeApplied {
+	if out := ops[1].Output.(Output); !out.Unknown {
 		t.Errorf("unknown unlink recorded as %+v", out)
 	}
 	if got := ops[2].Output.(Output).Names; got[0] != "a" || got[1] != "b" {
