@@ -24,34 +24,45 @@ import (
 type replyLoss struct {
 	mu    sync.Mutex
 	armed map[string]int
-	then  func() // runs when an answer is dropped (e.g. crash the server)
-	lost  []string
+	// then runs when an answer is dropped: in the background (crash the
+	// server), or first, before the client hears anything (thenFirst).
+	then      func()
+	thenFirst bool
+	lost      []string
 }
 
-func (l *replyLoss) arm(method string, then func()) {
+func (l *replyLoss) arm(method string, then func(), first bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.armed == nil {
 		l.armed = map[string]int{}
 	}
 	l.armed[method]++
-	l.then = then
+	l.then, l.thenFirst = then, first
 }
 
 func (l *replyLoss) hook(method string, _ any) error {
 	l.mu.Lock()
-	defer l.mu.Unlock()
+	var then func()
+	first, hit := l.thenFirst, false
 	for m, n := range l.armed {
 		if n > 0 && strings.HasSuffix(method, "/"+m) {
 			l.armed[m]--
 			l.lost = append(l.lost, m)
-			if l.then != nil {
-				go l.then()
-			}
-			return errors.New("reply lost after the change was applied (fault injection)")
+			then, l.then, hit = l.then, nil, true
+			break
 		}
 	}
-	return nil
+	l.mu.Unlock()
+	if !hit {
+		return nil
+	}
+	if then != nil && first {
+		then()
+	} else if then != nil {
+		go then()
+	}
+	return errors.New("reply lost after the change was applied (fault injection)")
 }
 
 func (l *replyLoss) dropped() []string {
@@ -108,7 +119,7 @@ func TestRetryAfterLostReplyGetsOriginalAnswer(t *testing.T) {
 		}},
 	}
 	for i, st := range steps {
-		loss.arm(st.method, nil)
+		loss.arm(st.method, nil, false)
 		if err := st.do(); err != nil {
 			t.Fatalf("step %d (%s) after its answer was lost: %v", i, st.method, err)
 		}
@@ -169,7 +180,7 @@ func TestRetryAcrossFailoverGetsOriginalAnswer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	loss.arm("Create", func() { c.Crash(primary) })
+	loss.arm("Create", func() { c.Crash(primary) }, false)
 	began := time.Now()
 	if _, err := fs.Create(ctx, u, client.NoCues, dir, "made", client.CreateArgs{Type: client.TypeDir, Mode: 0o755, Exclusive: true}); err != nil {
 		t.Fatalf("mkdir whose primary crashed before answering: %v", err)
@@ -193,4 +204,45 @@ func TestRetryAcrossFailoverGetsOriginalAnswer(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// TestRetriedUnlinkKeepsALaterPut is the shape of the histories the
+// linearizability checker could not place (issue 16 item 1): an unlink
+// whose answer is lost, a put of the same name by another client that
+// completes in between, and the unlink's retry. Run again, the retry
+// removed the new name: a readdir then missed a name whose put had
+// finished after the unlink.
+func TestRetriedUnlinkKeepsALaterPut(t *testing.T) {
+	t.Parallel()
+	c, loss := startWithReplyLoss(t, Options{Sites: []string{"west", "east", "eu"}})
+	ctx := opCtx(t)
+	u := Owner()
+	west, east := c.Client("west"), c.Client("east")
+	if _, err := west.Mkdir(ctx, u, "/d", 0o777); err != nil {
+		t.Fatal(err)
+	}
+	if err := west.WriteFile(ctx, u, "/d/n", []byte("old"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	dir := oid.ID(resolve(t, ctx, west, u, "/d").Meta.Id)
+	putErr := make(chan error, 1)
+	loss.arm("Remove", func() {
+		// Another client's put of n: a temporary file renamed over it.
+		err := east.WriteFile(ctx, u, "/d/tmp", []byte("new"), 0o644)
+		if err == nil {
+			err = east.Rename(ctx, u, client.NoCues, dir, "tmp", dir, "n", 0)
+		}
+		putErr <- err
+	}, true)
+	if err := west.Remove(ctx, u, client.NoCues, dir, "n", false); err != nil {
+		t.Fatalf("unlink whose answer was lost: %v", err)
+	}
+	if err := <-putErr; err != nil {
+		t.Fatalf("put between the unlink and its retry: %v", err)
+	}
+	for _, fs := range []*client.FS{west, east} {
+		if err := readIs(ctx, fs, "/d/n", []byte("new")); err != nil {
+			t.Fatalf("the put that completed after the unlink: %v", err)
+		}
+	}
 }
