@@ -182,9 +182,6 @@ func (s *Server) Commit(ctx context.Context, req *wire.CommitRequest) (*wire.Com
 	}
 	resp := &wire.CommitResponse{}
 	op := s.once(ctx, req.Caller, id, resp)
-	if done, err := op.replay(ctx, req.SyncLevel); done {
-		return resp, err
-	}
 	c := cred(req.Caller)
 	now := time.Now().UnixNano()
 	blocks := req.Blocks

@@ -75,10 +75,7 @@ next:
 // replication nobody may have waited for.
 func (s *Server) addCommitted(d *deferral, sl oid.Slice) {
 	if r := s.owned.repl(sl); r != nil {
-		r.mu.Lock()
-		seq := r.committed
-		r.mu.Unlock()
-		d.add(r, seq)
+		d.add(r, r.lastCommitted())
 	}
 }
 

@@ -54,8 +54,11 @@ func TestCreateOpenGrantsWhatItAsked(t *testing.T) {
 	if _, err := s.SetAttr(ctx, &wire.SetAttrRequest{Caller: rootCaller, Id: dir.Id, Valid: wire.SetMode, Mode: 0o777}); err != nil {
 		t.Fatal(err)
 	}
-	// open("d/f", O_CREAT|O_RDWR, 0) by uid 1000.
-	req := &wire.CreateRequest{Caller: as(1000, 1), Dir: dir.Id, Name: "f", Type: wire.Type_TYPE_FILE,
+	// open("d/f", O_CREAT|O_RDWR, 0) by uid 1000, as the client's
+	// operation 1 (its retries carry the same op).
+	creator := as(1000, 1)
+	creator.Op = &wire.OpRef{Session: 7, Seq: 1, DoneBelow: 1}
+	req := &wire.CreateRequest{Caller: creator, Dir: dir.Id, Name: "f", Type: wire.Type_TYPE_FILE,
 		Mode: 0, Exclusive: true, OpenAccess: perm.R | perm.W}
 	resp, err := s.Create(ctx, req)
 	if err != nil {

@@ -258,12 +258,6 @@ func (s *Server) Create(ctx context.Context, req *wire.CreateRequest) (*wire.Cre
 				}
 				return err
 			}
-			if _, ok := s.files.granted(hk, oid.ID(e.Id)); open && ok {
-				// A retry of this create+open whose answer was lost.
-				resp.Entry, resp.Opened, again = e, true, true
-				resp.Meta, err = tx.Meta(oid.ID(e.Id))
-				return err
-			}
 			if req.Exclusive || req.Type != wire.Type_TYPE_FILE || e.Type != wire.Type_TYPE_FILE {
 				return fmt.Errorf("%q: %w", req.Name, fserr.ErrExist)
 			}
@@ -422,9 +416,6 @@ func (s *Server) Link(ctx context.Context, req *wire.LinkRequest) (*wire.LinkRes
 	}
 	resp := &wire.LinkResponse{}
 	op := s.once(ctx, req.Caller, dir, resp)
-	if done, err := op.replay(ctx, 0); done {
-		return resp, err
-	}
 	c := cred(req.Caller)
 	now := time.Now().UnixNano()
 	err := s.update(ctx, 0, op.wrap(func(tx *store.Tx) error {
@@ -744,9 +735,6 @@ func (s *Server) SetAttr(ctx context.Context, req *wire.SetAttrRequest) (*wire.S
 	}
 	resp := &wire.SetAttrResponse{}
 	op := s.once(ctx, req.Caller, id, resp)
-	if done, err := op.replay(ctx, req.SyncLevel); done {
-		return resp, err
-	}
 	c := cred(req.Caller)
 	now := time.Now().UnixNano()
 	err := s.update(ctx, req.SyncLevel, op.wrap(func(tx *store.Tx) error {

@@ -26,11 +26,12 @@ import (
 // failover finds the original answer wherever the change itself is, and
 // runs again wherever the change is not.
 //
-// A record lives until the client says it has the answer (done_below,
-// checked whenever the session records another outcome on the same
-// object) or until its retries can no longer come: the call's deadline
-// and opMargin for clock skew (opRetention without a deadline). Expired
-// records are also swept per slice by maintenance (sweepOutcomes).
+// A record lives until the client says it has the answer (done_below:
+// the session's lower records on the object go when it records another
+// there, in the same transaction) or until its retries can no longer
+// come: the call's deadline and opMargin for clock skew (opRetention
+// without a deadline), after which maintenance sweeps it (sweepOutcomes).
+// The update path reads only the session's own records, in seq order.
 //
 // Only changes are recorded: a request that failed, or changed nothing
 // (an open(O_CREAT) of an existing file), runs again on a retry, which
@@ -43,22 +44,22 @@ const (
 	// opSweepPeriods is how many maintenance periods apart a primary
 	// sweeps a slice that had records written.
 	opSweepPeriods = 60
-	// opPurgeMax bounds the stale records one transaction removes.
-	opPurgeMax = 64
 )
-
-func isOutcome(xattr string) bool { return strings.HasPrefix(xattr, opPrefix) }
 
 func opSessionPrefix(session uint64) string { return fmt.Sprintf("%s%016x/", opPrefix, session) }
 
+// opKey names a record; fixed-width hex keeps a session's records in seq
+// order.
 func opKey(session, seq uint64) string {
 	return fmt.Sprintf("%s%016x", opSessionPrefix(session), seq)
 }
 
-// parseOpKey returns the session and seq of an outcome attribute name.
-func parseOpKey(name string) (session, seq uint64, ok bool) {
-	_, err := fmt.Sscanf(strings.TrimPrefix(name, opPrefix), "%016x/%016x", &session, &seq)
-	return session, seq, err == nil && isOutcome(name)
+// eachOutcome calls fn for id's records whose names start with prefix
+// (opPrefix or a session's), in name order, until fn returns false.
+func eachOutcome(tx *store.Tx, id oid.ID, prefix string, fn func(name string, v []byte) bool) {
+	tx.EachXattr(id, prefix, func(name string, v []byte) bool {
+		return strings.HasPrefix(name, prefix) && fn(name, v)
+	})
 }
 
 // onceOp is one mutation's exactly-once state at this server.
@@ -111,8 +112,9 @@ func (o *onceOp) lookup(tx *store.Tx) bool {
 
 // recorded reports, before any work, whether an earlier attempt already
 // made the change (resp then holds its answer). The check inside the
-// transaction (wrap) is what counts; this one saves a retry the steps a
-// request takes before its transaction (placement, other servers).
+// transaction (wrap) is what counts; this one keeps a retry from
+// repeating steps on other servers before its transaction (placement at
+// another server, a remote link dropped, a rename's new name added).
 func (o *onceOp) recorded() bool {
 	if o == nil {
 		return false
@@ -138,8 +140,10 @@ func (o *onceOp) setAnswer(m proto.Message) {
 	}
 }
 
-// replay answers a retry from its record before any work: true when
-// resp holds the answer (and err whether it could be made durable).
+// replay answers a retry from its record before any work, for a request
+// whose steps before its transaction act on other servers (a remove or
+// rename across servers): true when resp holds the answer (and err
+// whether it could be made durable). Others rely on wrap alone.
 func (o *onceOp) replay(ctx context.Context, sync uint32) (bool, error) {
 	if !o.recorded() {
 		return false, nil
@@ -166,14 +170,14 @@ func (o *onceOp) wrap(fn func(tx *store.Tx) error) func(tx *store.Tx) error {
 			return nil
 		}
 		if _, err := tx.Meta(o.anchor); err != nil {
-			return nil // the anchor itself went (rmdir of a directory in itself cannot; rename over it can)
+			return nil // the anchor went with the change: nothing to keep the record on
 		}
 		return o.record(tx)
 	}
 }
 
-// record writes the outcome and removes this session's answered records
-// and any expired ones on the anchor (at most opPurgeMax).
+// record writes the outcome and removes the session's answered records
+// on the anchor (below done_below: at most its operations in flight).
 func (o *onceOp) record(tx *store.Tx) error {
 	resp, err := proto.Marshal(o.resp)
 	if err != nil {
@@ -184,15 +188,12 @@ func (o *onceOp) record(tx *store.Tx) error {
 		return err
 	}
 	var stale []string
-	now := time.Now().UnixMilli()
-	tx.EachXattr(o.anchor, opPrefix, func(name string, v []byte) bool {
-		if !isOutcome(name) || len(stale) >= opPurgeMax {
+	below := opKey(o.ref.Session, o.ref.DoneBelow)
+	eachOutcome(tx, o.anchor, opSessionPrefix(o.ref.Session), func(name string, _ []byte) bool {
+		if name >= below {
 			return false
 		}
-		sess, seq, ok := parseOpKey(name)
-		if ok && sess == o.ref.Session && seq < o.ref.DoneBelow || outcomeExpired(v, now) {
-			stale = append(stale, name)
-		}
+		stale = append(stale, name)
 		return true
 	})
 	for _, name := range stale {
@@ -223,11 +224,8 @@ func (o *onceOp) settle(ctx context.Context, sync uint32) error {
 	}
 	s := o.s
 	if r := s.owned.repl(o.anchor.Slice()); r != nil && !(isEventual(ctx) && sync == 0) {
-		r.mu.Lock()
-		seq := r.committed
-		r.mu.Unlock()
 		r.kick()
-		if err := r.wait(ctx, seq, s.need(ctx, r, sync)-1); err != nil {
+		if err := r.wait(ctx, r.lastCommitted(), s.need(ctx, r, sync)-1); err != nil {
 			return err
 		}
 	}
@@ -246,10 +244,7 @@ func (s *Server) sweepOutcomes(ctx context.Context, sl oid.Slice) (removed, left
 	err = s.store.View(func(tx *store.Tx) error {
 		return tx.SliceMetas(sl, func(m *wire.Meta) bool {
 			id := oid.ID(m.Id)
-			tx.EachXattr(id, opPrefix, func(name string, v []byte) bool {
-				if !isOutcome(name) {
-					return false
-				}
+			eachOutcome(tx, id, opPrefix, func(name string, v []byte) bool {
 				if outcomeExpired(v, now) {
 					old = append(old, rec{id, name})
 				} else {
@@ -279,10 +274,7 @@ func (s *Server) sweepOutcomes(ctx context.Context, sl oid.Slice) (removed, left
 func (s *Server) Outcomes(id oid.ID) (int, error) {
 	n := 0
 	err := s.store.View(func(tx *store.Tx) error {
-		tx.EachXattr(id, opPrefix, func(name string, _ []byte) bool {
-			if !isOutcome(name) {
-				return false
-			}
+		eachOutcome(tx, id, opPrefix, func(string, []byte) bool {
 			n++
 			return true
 		})

@@ -678,6 +678,13 @@ func (r *sliceRepl) markTombs() {
 	r.mu.Unlock()
 }
 
+// lastCommitted is the slice's last change durable at the primary.
+func (r *sliceRepl) lastCommitted() uint64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.committed
+}
+
 // markOutcomes notes that the slice holds outcome records (once.go) for
 // maintenance to sweep.
 func (r *sliceRepl) markOutcomes() {

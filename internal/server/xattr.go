@@ -204,9 +204,6 @@ func (s *Server) changeXattr(ctx context.Context, req *wire.XattrRequest, remove
 	}
 	resp := &wire.XattrResponse{}
 	op := s.once(ctx, req.Caller, id, resp)
-	if done, err := op.replay(ctx, 0); done {
-		return resp, err
-	}
 	now := time.Now().UnixNano()
 	err := s.update(ctx, 0, op.wrap(func(tx *store.Tx) error {
 		m, err := tx.Meta(id)
