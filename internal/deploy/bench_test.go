@@ -62,3 +62,21 @@ func BenchmarkCoreCreate(b *testing.B) {
 		i++
 	}
 }
+
+// BenchmarkCoreCreateRemove creates and removes one file per iteration
+// (the unlink half of tar -x / rm -rf workloads, and both sides of the
+// exactly-once records: one written, the previous one purged).
+func BenchmarkCoreCreateRemove(b *testing.B) {
+	h := startHost(&testing.T{}, b.TempDir())
+	defer h.Close()
+	ctx := context.Background()
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := h.Client.Create(ctx, root, client.NoCues, oid.Root, "f", client.CreateArgs{Type: wire.Type_TYPE_FILE, Mode: 0o644}); err != nil {
+			b.Fatal(err)
+		}
+		if err := h.Client.Remove(ctx, root, client.NoCues, oid.Root, "f", false); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

@@ -167,9 +167,6 @@ func (s *Server) Create(ctx context.Context, req *wire.CreateRequest) (*wire.Cre
 	resp := &wire.CreateResponse{}
 	deferSync := req.DeferSync && !req.Caller.GetEventual()
 	op := s.once(ctx, req.Caller, dir, resp)
-	if op.recorded() {
-		return s.createReplayed(ctx, op, req, deferSync)
-	}
 	c := cred(req.Caller)
 	now := time.Now().UnixNano()
 	hk := req.Caller.GetHandle()
@@ -181,6 +178,9 @@ func (s *Server) Create(ctx context.Context, req *wire.CreateRequest) (*wire.Cre
 	if target != s.cfg.ID {
 		var tmpl *wire.Meta
 		err := s.store.View(func(tx *store.Tx) error {
+			if op.lookup(tx) {
+				return nil // done by an earlier attempt: not placed again
+			}
 			d, err := s.dirMeta(tx, dir)
 			if err != nil {
 				return err
@@ -197,6 +197,9 @@ func (s *Server) Create(ctx context.Context, req *wire.CreateRequest) (*wire.Cre
 		})
 		if err != nil {
 			return nil, fmt.Errorf("create %q: %w", req.Name, err)
+		}
+		if op.replayed() {
+			return s.createReplayed(ctx, op, req, deferSync)
 		}
 		// Try the placement target, then (suspecting it) the next choice.
 		for attempt := 0; tmpl != nil && target != s.cfg.ID && attempt < 3; attempt++ {
@@ -501,9 +504,6 @@ func (s *Server) Remove(ctx context.Context, req *wire.RemoveRequest) (*wire.Rem
 	defer s.names.lock(nameKey(dir, req.Name))()
 	resp := &wire.RemoveResponse{}
 	op := s.once(ctx, req.Caller, dir, resp)
-	if done, err := op.replay(ctx, req.SyncLevel); done {
-		return resp, err
-	}
 	c := cred(req.Caller)
 	now := time.Now().UnixNano()
 	if out, done, err := s.removeRemote(ctx, req, op); done {
@@ -575,6 +575,9 @@ func (s *Server) removeRemote(ctx context.Context, req *wire.RemoveRequest, op *
 	var e *wire.Entry
 	var d *wire.Meta
 	err = s.store.View(func(tx *store.Tx) error {
+		if op.lookup(tx) {
+			return nil // done by an earlier attempt: no link dropped again
+		}
 		if d, err = s.dirMeta(tx, dir); err != nil {
 			return err
 		}
@@ -586,6 +589,9 @@ func (s *Server) removeRemote(ctx context.Context, req *wire.RemoveRequest, op *
 	})
 	if err != nil {
 		return nil, true, err
+	}
+	if op.replayed() {
+		return nil, true, op.settle(ctx, req.SyncLevel)
 	}
 	id := oid.ID(e.Id)
 	if s.local(ctx, id) {

@@ -92,8 +92,15 @@ func (s *Server) once(ctx context.Context, c *wire.Caller, anchor oid.ID, resp p
 }
 
 // lookup reads tx for this op's recorded answer and, if there is one,
-// decodes it into resp.
+// decodes it into resp. Requests whose steps before their transaction act
+// on other servers (placement elsewhere, a remove or rename across
+// servers) call it in the view they read first, so that a retry does not
+// repeat those steps; the check inside the transaction (wrap) is what
+// counts for the change itself.
 func (o *onceOp) lookup(tx *store.Tx) bool {
+	if o == nil {
+		return false
+	}
 	v, err := tx.Xattr(o.anchor, opKey(o.ref.Session, o.ref.Seq))
 	if err != nil {
 		return false
@@ -110,23 +117,6 @@ func (o *onceOp) lookup(tx *store.Tx) bool {
 	return true
 }
 
-// recorded reports, before any work, whether an earlier attempt already
-// made the change (resp then holds its answer). The check inside the
-// transaction (wrap) is what counts; this one keeps a retry from
-// repeating steps on other servers before its transaction (placement at
-// another server, a remote link dropped, a rename's new name added).
-func (o *onceOp) recorded() bool {
-	if o == nil {
-		return false
-	}
-	found := false
-	_ = o.s.store.View(func(tx *store.Tx) error {
-		found = o.lookup(tx)
-		return nil
-	})
-	return found
-}
-
 // replayed reports whether the answer came from an earlier attempt's
 // record.
 func (o *onceOp) replayed() bool { return o != nil && o.answered }
@@ -138,17 +128,6 @@ func (o *onceOp) setAnswer(m proto.Message) {
 		proto.Reset(o.resp)
 		proto.Merge(o.resp, m)
 	}
-}
-
-// replay answers a retry from its record before any work, for a request
-// whose steps before its transaction act on other servers (a remove or
-// rename across servers): true when resp holds the answer (and err
-// whether it could be made durable). Others rely on wrap alone.
-func (o *onceOp) replay(ctx context.Context, sync uint32) (bool, error) {
-	if !o.recorded() {
-		return false, nil
-	}
-	return true, o.settle(ctx, sync)
 }
 
 // wrap returns fn made exactly-once: the transaction answers from the

@@ -35,9 +35,6 @@ func (s *Server) Rename(ctx context.Context, req *wire.RenameRequest) (*wire.Ren
 	defer s.names.lock(nameKey(src, req.SrcName), nameKey(dst, req.DstName))()
 	resp := &wire.RenameResponse{}
 	op := s.once(ctx, req.Caller, src, resp)
-	if done, err := op.replay(ctx, 0); done {
-		return resp, err
-	}
 	if !s.local(ctx, dst) {
 		if s.primary(src) != nil {
 			// Backup mode cannot coordinate with another server.

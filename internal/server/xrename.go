@@ -60,6 +60,9 @@ func (s *Server) renameAcrossSteps(ctx context.Context, req *wire.RenameRequest,
 	var sd *wire.Meta
 	var se *wire.Entry
 	err := s.store.View(func(tx *store.Tx) (err error) {
+		if op.lookup(tx) {
+			return nil // done by an earlier attempt: no link counted or added again
+		}
 		if sd, err = s.dirMeta(tx, src); err != nil {
 			return err
 		}
@@ -68,6 +71,9 @@ func (s *Server) renameAcrossSteps(ctx context.Context, req *wire.RenameRequest,
 	})
 	if err != nil {
 		return nil, err
+	}
+	if op.replayed() {
+		return op.resp.(*wire.RenameResponse), op.settle(ctx, 0)
 	}
 	if se.Type == wire.Type_TYPE_DIR {
 		return nil, fmt.Errorf("moving a directory across servers: %w", fserr.ErrCrossDevice)
