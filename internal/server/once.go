@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"google.golang.org/protobuf/proto"
@@ -31,7 +33,11 @@ import (
 // there, in the same transaction) or until its retries can no longer
 // come: the call's deadline and opMargin for clock skew (opRetention
 // without a deadline), after which maintenance sweeps it (sweepOutcomes).
-// The update path reads only the session's own records, in seq order.
+// The update path finds the session's lower records in memory
+// (outcomeIndex) and deletes them by key: a scan of the object's
+// attributes would walk every record deleted since the store's last
+// checkpoint. Records the index does not know (written before a restart
+// or a failover) are left to the sweep.
 //
 // Only changes are recorded: a request that failed, or changed nothing
 // (an open(O_CREAT) of an existing file), runs again on a retry, which
@@ -155,8 +161,67 @@ func (o *onceOp) wrap(fn func(tx *store.Tx) error) func(tx *store.Tx) error {
 	}
 }
 
+// outcomeIndex remembers, per session and anchor, the records this
+// server wrote and has not removed yet: soft state, bounded by the
+// operations in flight per session and anchor and by the sweep, which
+// forgets the expired ones.
+type outcomeIndex struct {
+	mu sync.Mutex
+	m  map[outcomeAt][]outcomeSeq
+}
+
+type outcomeAt struct {
+	session uint64
+	anchor  oid.ID
+}
+
+type outcomeSeq struct {
+	seq     uint64
+	expires int64 // unix ms
+}
+
+// swap adds seq to (session, anchor) (once: a transaction function may
+// run again) and takes out the seqs below doneBelow, which it returns.
+func (x *outcomeIndex) swap(at outcomeAt, add outcomeSeq, doneBelow uint64) (answered []uint64) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if x.m == nil {
+		x.m = map[outcomeAt][]outcomeSeq{}
+	}
+	keep, have := x.m[at][:0], false
+	for _, e := range x.m[at] {
+		switch {
+		case e.seq < doneBelow:
+			answered = append(answered, e.seq)
+		default:
+			have = have || e.seq == add.seq
+			keep = append(keep, e)
+		}
+	}
+	if !have {
+		keep = append(keep, add)
+	}
+	x.m[at] = keep
+	return answered
+}
+
+// forgetExpired drops entries whose records have expired (the sweep
+// removes the records themselves).
+func (x *outcomeIndex) forgetExpired(nowMs int64) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	for at, es := range x.m {
+		es = slices.DeleteFunc(es, func(e outcomeSeq) bool { return e.expires < nowMs })
+		if len(es) == 0 {
+			delete(x.m, at)
+		} else {
+			x.m[at] = es
+		}
+	}
+}
+
 // record writes the outcome and removes the session's answered records
-// on the anchor (below done_below: at most its operations in flight).
+// on the anchor (below done_below) that this server wrote.
 func (o *onceOp) record(tx *store.Tx) error {
 	resp, err := proto.Marshal(o.resp)
 	if err != nil {
@@ -166,17 +231,12 @@ func (o *onceOp) record(tx *store.Tx) error {
 	if err != nil {
 		return err
 	}
-	var stale []string
-	below := opKey(o.ref.Session, o.ref.DoneBelow)
-	eachOutcome(tx, o.anchor, opSessionPrefix(o.ref.Session), func(name string, _ []byte) bool {
-		if name >= below {
-			return false
-		}
-		stale = append(stale, name)
-		return true
-	})
-	for _, name := range stale {
-		if err := tx.RemoveXattr(o.anchor, name); err != nil {
+	// A transaction that does not commit leaves the index ahead of the
+	// store: a key removed twice is absent (ignored), one forgotten here
+	// but kept by the store waits for the sweep.
+	at := outcomeAt{o.ref.Session, o.anchor}
+	for _, seq := range o.s.outcomes.swap(at, outcomeSeq{o.ref.Seq, o.expires}, o.ref.DoneBelow) {
+		if err := tx.RemoveXattr(o.anchor, opKey(o.ref.Session, seq)); err != nil && !errors.Is(err, fserr.ErrNoAttr) {
 			return err
 		}
 	}
@@ -220,6 +280,7 @@ func (s *Server) sweepOutcomes(ctx context.Context, sl oid.Slice) (removed, left
 	}
 	var old []rec
 	now := time.Now().UnixMilli()
+	s.outcomes.forgetExpired(now)
 	err = s.store.View(func(tx *store.Tx) error {
 		return tx.SliceMetas(sl, func(m *wire.Meta) bool {
 			id := oid.ID(m.Id)

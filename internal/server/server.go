@@ -116,6 +116,7 @@ type Server struct {
 
 	owned    ownership // the slices this server is primary for
 	files    openFiles // open handles and orphans
+	outcomes outcomeIndex
 	maint    maintState
 	cancel   context.CancelFunc
 	done     chan struct{}
