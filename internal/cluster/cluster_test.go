@@ -126,9 +126,12 @@ func TestPartitionSite(t *testing.T) {
 	c := Start(t, Options{Sites: []string{"west", "east", "eu"}, ConfigMembers: 3, ClientTimeout: timeout})
 	ctx := opCtx(t)
 	data := []byte("v1")
-	if err := c.Client("west").WriteFile(ctx, Owner(), "/f", data, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	// The first write waits for the root's backups to be recruited (a
+	// write is never acknowledged with fewer copies than promised), which
+	// on busy cores can outlast the short bound this test uses.
+	c.WaitFor(30*time.Second, "the first write at SyncLevel 3", func() error {
+		return c.Client("west").WriteFile(ctx, Owner(), "/f", data, 0o644)
+	})
 	if err := readIs(ctx, c.Client("east"), "/f", data); err != nil {
 		t.Fatal(err)
 	}
@@ -196,12 +199,14 @@ func TestPartitionedPrimaryLosesLocks(t *testing.T) {
 	}
 	c.PartitionSite(p.Site)
 	cut := time.Now()
-	c.WaitFor(20*time.Second, "the root slice's lock expires", func() error {
+	// The lock expires, and a backup at another site may take it at once:
+	// what counts is that the cut-off server no longer holds it.
+	c.WaitFor(20*time.Second, "the root slice's lock leaves the cut-off primary", func() error {
 		tb, err := c.Conf.Table(ctx)
 		if err != nil {
 			return err
 		}
-		if h := tb.Slices[oid.RootSlice].Holder; h != "" {
+		if h := tb.Slices[oid.RootSlice].Holder; h == p.ID() {
 			return fmt.Errorf("still held by %s", h)
 		}
 		return nil
