@@ -207,7 +207,9 @@ func (m *endpointMonitor) applyLocked() {
 	}
 	if !slices.Equal(eps, m.applied) {
 		m.applied = slices.Clone(eps)
+		m.s.endpointsMu.Lock()
 		m.s.cli.SetEndpoints(eps...)
+		m.s.endpointsMu.Unlock()
 		m.s.log.Debug("config endpoints", "endpoints", eps)
 	}
 	if gained {

@@ -95,8 +95,13 @@ func ttlSeconds(d time.Duration) int64 {
 
 // EtcdService implements Service on etcd.
 type EtcdService struct {
-	cli        *clientv3.Client
-	ownsClient bool
+	cli *clientv3.Client
+	// endpointsMu orders the endpoint monitor's SetEndpoints (writer)
+	// after calls that dial one member (Status, readers): etcd's
+	// Client.Dial reads the client's endpoint list without its lock
+	// (client/v3 v3.7.3, client.go dial), a data race otherwise.
+	endpointsMu sync.RWMutex
+	ownsClient  bool
 	opts       Options
 	log        *slog.Logger
 	lockTTL    int64 // seconds

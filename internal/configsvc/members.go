@@ -29,7 +29,9 @@ func (s *EtcdService) Members(ctx context.Context) ([]Member, error) {
 			continue
 		}
 		wg.Go(func() {
+			s.endpointsMu.RLock() // see endpointsMu; bounded by RPCTimeout
 			st, err := s.cli.Status(cctx, m.ClientURLs[0])
+			s.endpointsMu.RUnlock()
 			if err != nil {
 				s.log.Debug("member status", "member", m.Name, "err", err)
 				return

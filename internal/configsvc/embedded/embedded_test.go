@@ -141,21 +141,28 @@ func TestRestartKeepsState(t *testing.T) {
 	}
 }
 
-// leader returns the index of the member that leads the cluster.
+// leader returns the index of the member that leads the cluster (asked
+// through the service, whose endpoint monitor may be changing the
+// client's endpoints meanwhile).
 func leader(t *testing.T, s *configsvc.EtcdService, members []*embedded.Member) int {
 	t.Helper()
-	for i, m := range members {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		st, err := s.Client().Status(ctx, m.ClientEndpoints()[0])
-		cancel()
-		if err != nil {
-			t.Fatalf("status of %s: %v", m.Name(), err)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	ms, err := s.Members(ctx)
+	if err != nil {
+		t.Fatalf("members: %v", err)
+	}
+	for _, m := range ms {
+		if !m.Leader {
+			continue
 		}
-		if st.Leader == st.Header.MemberId {
-			return i
+		for i, e := range members {
+			if e.Name() == m.Name {
+				return i
+			}
 		}
 	}
-	t.Fatal("no leader")
+	t.Fatalf("no leader among %+v", ms)
 	return -1
 }
 
