@@ -102,10 +102,10 @@ type EtcdService struct {
 	// (client/v3 v3.7.3, client.go dial), a data race otherwise.
 	endpointsMu sync.RWMutex
 	ownsClient  bool
-	opts       Options
-	log        *slog.Logger
-	lockTTL    int64 // seconds
-	memberTTL  int64 // seconds
+	opts        Options
+	log         *slog.Logger
+	lockTTL     int64 // seconds
+	memberTTL   int64 // seconds
 
 	serversPfx, slicesPfx, locksPfx, deploymentKey string
 
