@@ -2,7 +2,7 @@
 # Records a one-host benchmark and compares it with the last recorded one
 # (issue 15's regression guard; never run by CI: timings do not gate).
 #
-#   sudo bash scripts/bench-guard.sh [wheelfs bench flags...]
+#   bash scripts/bench-guard.sh [wheelfs bench flags...]
 #
 # Builds wheelfs from this tree, runs `wheelfs bench --json` (extra
 # arguments are passed on, e.g. --size 256MiB --files 5000), writes the
