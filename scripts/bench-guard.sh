@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Records a one-host benchmark and compares it with the last recorded one
-# (issue 15's regression guard; never run by CI: timings do not gate).
+# (issue 15's regression guard). Run it as root (cold reads drop the
+# kernel's caches) on a quiet machine; CI never runs it: timings do not gate.
 #
 #   bash scripts/bench-guard.sh [wheelfs bench flags...]
 #
@@ -23,7 +24,7 @@ mkdir -p docs/bench
 last=$(ls docs/bench/*.json 2>/dev/null | sort | tail -n 1 || true)
 
 bin=$(mktemp -d)/wheelfs
-trap 'rm -rf "$(dirname "$bin")"' EXIT
+trap 'rm -rf "$(dirname "$bin")" "$out.tmp"' EXIT
 echo "bench-guard: building $bin" >&2
 go build -o "$bin" ./cmd/wheelfs
 
