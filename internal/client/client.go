@@ -244,6 +244,14 @@ func (f *FS) OnRevoke(fn func(ids []oid.ID)) {
 // without asking its primary (0: it may not).
 func (f *FS) LeaseLeft(id oid.ID) time.Duration { return f.leases.left(id) }
 
+// RevocationMark numbers the revocations this client has seen so far.
+func (f *FS) RevocationMark() uint64 { return f.leases.revocationMark() }
+
+// LeaseLeftSince is LeaseLeft for what a request that began at mark (a
+// RevocationMark) learnt: 0 when id was revoked after mark, as that
+// request's answer may predate the revocation.
+func (f *FS) LeaseLeftSince(id oid.ID, mark uint64) time.Duration { return f.leases.leftSince(id, mark) }
+
 // CacheStats reports the block cache's memory tier (hits, misses, bytes)
 // and its disk tier.
 func (f *FS) CacheStats() (hits, misses uint64, used int64, disk blockcache.DiskStats) {

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"sync/atomic"
 	"syscall"
+	"time"
 
 	"github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
@@ -25,6 +26,13 @@ type node struct {
 	cues cue.Set
 	// version is the file version the kernel's page cache holds.
 	version atomic.Uint64
+	// kernelUntil (Unix ns) is when the attributes last handed to the
+	// kernel with a timeout expire there, plus slack; a revocation tells
+	// the kernel only before then (notify.go).
+	kernelUntil atomic.Int64
+	// changedAt (Unix ns) is when the object last changed, as far as this
+	// mount knows (a revocation, or a create or link here).
+	changedAt atomic.Int64
 }
 
 var (
@@ -50,15 +58,20 @@ var (
 	_ fs.NodeAllocater     = (*node)(nil)
 )
 
-// child returns the inode for m seen with cues, creating it if needed.
-func (n *node) child(ctx context.Context, m *client.Attr, cues cue.Set, out *fuse.EntryOut) *fs.Inode {
+// child returns the inode for m seen with cues, creating it if needed;
+// changed says that this request made or linked it.
+func (n *node) child(ctx context.Context, m *client.Attr, cues cue.Set, out *fuse.EntryOut, changed bool) *fs.Inode {
 	fillAttr(m, cues, &out.Attr)
 	id := oid.ID(m.Id)
 	out.SetEntryTimeout(0) // names are revalidated with the core's leases (notify.go)
-	out.SetAttrTimeout(n.root.timeout(id))
 	c := &node{root: n.root, id: id, cues: cues}
 	ino := n.NewInode(ctx, c, fs.StableAttr{Mode: attrs.TypeBits(m.Type), Ino: out.Attr.Ino})
-	n.root.track(ino.Operations().(*node))
+	got := ino.Operations().(*node)
+	n.root.track(got)
+	if changed {
+		got.changedAt.Store(time.Now().UnixNano())
+	}
+	out.SetAttrTimeout(n.root.attrTimeout(ctx, got))
 	return ino
 }
 
@@ -99,13 +112,13 @@ func (n *node) lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs
 		if m.Type != client.TypeDir {
 			return nil, syscall.ENOTDIR
 		}
-		return n.child(ctx, m, cues, out), 0
+		return n.child(ctx, m, cues, out, false), 0
 	}
 	m, err := r.core.Lookup(ctx, u, n.cues, n.id, name)
 	if err != nil {
 		return nil, r.errno("lookup", err)
 	}
-	return n.child(ctx, m, n.cues, out), 0
+	return n.child(ctx, m, n.cues, out, false), 0
 }
 
 // Getattr implements fs.NodeGetattrer.
@@ -133,7 +146,7 @@ func (n *node) Getattr(ctx context.Context, f fs.FileHandle, out *fuse.AttrOut) 
 		return n.root.errno("getattr", err)
 	}
 	fillAttr(m, n.cues, &out.Attr)
-	out.SetTimeout(n.root.timeout(n.id))
+	out.SetTimeout(n.root.attrTimeout(ctx, n))
 	return 0
 }
 
@@ -173,7 +186,7 @@ func (n *node) Setattr(ctx context.Context, f fs.FileHandle, in *fuse.SetAttrIn,
 		return n.root.errno("setattr", err)
 	}
 	fillAttr(m, n.cues, &out.Attr)
-	out.SetTimeout(n.root.timeout(n.id))
+	out.SetTimeout(n.root.attrTimeout(ctx, n))
 	return 0
 }
 
@@ -182,7 +195,7 @@ func (n *node) create(ctx context.Context, name string, a client.CreateArgs, out
 	if err != nil {
 		return nil, nil, n.root.errno("create", err)
 	}
-	return n.child(ctx, m, n.cues, out), m, 0
+	return n.child(ctx, m, n.cues, out, true), m, 0
 }
 
 // Create implements fs.NodeCreater: open(2) with O_CREAT, one request
@@ -196,7 +209,7 @@ func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint3
 	if err != nil {
 		return nil, nil, 0, n.root.errno("create", err)
 	}
-	ino := n.child(ctx, m, n.cues, out)
+	ino := n.child(ctx, m, n.cues, out, true)
 	ino.Operations().(*node).version.Store(m.Version)
 	return ino, &handle{node: ino.Operations().(*node), h: h}, 0, 0
 }
@@ -247,7 +260,7 @@ func (n *node) Link(ctx context.Context, target fs.InodeEmbedder, name string, o
 	if err != nil {
 		return nil, n.root.errno("link", err)
 	}
-	return n.child(ctx, m, n.cues, out), 0
+	return n.child(ctx, m, n.cues, out, true), 0
 }
 
 // Unlink implements fs.NodeUnlinker.

@@ -46,18 +46,30 @@ func (n *node) OnForget() {
 
 // revoked invalidates the kernel's cached attributes of ids because the
 // core's leases on them were revoked, so the kernel never serves what the
-// core would not. Only attributes: dropping pages or names makes the kernel
+// core would not; inodes whose attributes the kernel cannot hold (none
+// handed out, or expired) cost no notification, which a one-host tar -x
+// otherwise paid several times per file (docs/BENCHMARKS.md). Only attributes: dropping pages or names makes the kernel
 // wait for locks that a request of this mount may hold while it waits for
 // the very update being revoked, and a mount killed then stays unkillable
 // (we saw it: kill -9 of wheelfs up left it in D state). The kernel keeps
 // no names at all (entry timeout 0, answered from the core's leases), and
 // its pages are kept at open only when the version is unchanged.
 func (r *root) revoked(ids []oid.ID) {
+	now := time.Now().UnixNano()
+	type held struct {
+		n     *node
+		until int64
+	}
+	var nodes []held
 	r.mu.Lock()
-	var nodes []*node
 	for _, id := range ids {
 		for n := range r.inodes.byID[id] {
-			nodes = append(nodes, n)
+			n.changedAt.Store(now)
+			// Only where the kernel may hold attributes: after a
+			// notification it holds none until a reply gives it some.
+			if until := n.kernelUntil.Load(); until > now {
+				nodes = append(nodes, held{n, until})
+			}
 		}
 	}
 	r.mu.Unlock()
@@ -67,8 +79,9 @@ func (r *root) revoked(ids []oid.ID) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		for _, n := range nodes {
-			n.EmbeddedInode().NotifyContent(-1, 0)
+		for _, h := range nodes {
+			h.n.EmbeddedInode().NotifyContent(-1, 0)
+			h.n.kernelUntil.CompareAndSwap(h.until, 0) // unless a reply gave more since
 		}
 	}()
 	select {
