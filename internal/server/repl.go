@@ -611,19 +611,21 @@ func (r *sliceRepl) setBusy(f *follower) {
 	r.mu.Unlock()
 }
 
-// resync makes backup id get a snapshot (its copy differs from ours).
-func (r *sliceRepl) resync(id string) {
+// resync makes backup id get a snapshot (its copy differs from ours);
+// false if id is not a backup of the slice.
+func (r *sliceRepl) resync(id string) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	f, ok := r.followers[id]
 	if !ok {
-		return
+		return false
 	}
 	f.synced, f.force = false, true
 	select {
 	case f.kick <- struct{}{}:
 	default:
 	}
+	return true
 }
 
 // due reports whether a periodic task last run at *last is due (every
