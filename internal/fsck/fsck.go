@@ -99,6 +99,7 @@ type Finding struct {
 	id, dir oid.ID
 	typ     wire.Type
 	version uint64
+	differ  []oid.ID // replica-differs: the objects
 }
 
 // key identifies a finding across the two scans.
@@ -411,7 +412,8 @@ func replicaFindings(sc *scanned) []Finding {
 			slices.Sort(differ)
 			out = append(out, Finding{Kind: ReplicaDiffers, Slice: uint32(id), Server: sv,
 				Detail: fmt.Sprintf("%d objects differ from the primary %s's at position %d/%d (first %v)",
-					len(differ), e.Holder, a.epoch, a.seq, differ[0])})
+					len(differ), e.Holder, a.epoch, a.seq, differ[0]),
+				differ: differ})
 		}
 	}
 	return out

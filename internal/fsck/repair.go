@@ -44,8 +44,14 @@ func (r *run) repair(ctx context.Context, sc *scanned, found []Finding) {
 					err = r.adopt(ctx, sc, lf, f)
 				}
 			case ReplicaDiffers:
+				// The objects go whole: a directory's entries may differ
+				// where the snapshot's digest (meta-data) agrees.
+				var ids []uint64
+				for _, id := range f.differ[:min(len(f.differ), wire.MaxListEntries)] {
+					ids = append(ids, uint64(id))
+				}
 				err = r.apply(ctx, sc, oid.Slice(f.Slice), "", &wire.FsckRepairRequest{Kind: wire.FsckRepairKind_FSCK_RESYNC,
-					Slice: f.Slice, Server: f.Server})
+					Slice: f.Slice, Server: f.Server, Ids: ids})
 			case StaleCopy:
 				if _, ok := sc.table.Slices[oid.Slice(f.Slice)]; !ok {
 					err = errors.New("left alone: the slice is not in the slice table (its copies may be the only ones)")

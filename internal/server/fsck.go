@@ -265,7 +265,13 @@ func (s *Server) fsckRepair(ctx context.Context, req *wire.FsckRepairRequest) (*
 		if r == nil {
 			return nil, fmt.Errorf("slice %d: %w", req.Slice, fserr.ErrNotPrimary)
 		}
-		resp.Changed = r.resync(req.Server)
+		var extra []oid.ID
+		for _, id := range req.Ids {
+			if oid.ID(id).Slice() == oid.Slice(req.Slice) {
+				extra = append(extra, oid.ID(id))
+			}
+		}
+		resp.Changed = r.resync(req.Server, extra...)
 		return resp, nil
 	case wire.FsckRepairKind_FSCK_DROP_COPY:
 		changed, err := s.dropCopy(ctx, oid.Slice(req.Slice))

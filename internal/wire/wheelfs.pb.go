@@ -7287,17 +7287,20 @@ func (x *FsckListResponse) GetDiverged() bool {
 
 // FsckRepairRequest is one repair; which fields count depends on kind.
 type FsckRepairRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Kind          FsckRepairKind         `protobuf:"varint,1,opt,name=kind,proto3,enum=wheelfs.v1.FsckRepairKind" json:"kind,omitempty"`
-	Slice         uint32                 `protobuf:"varint,2,opt,name=slice,proto3" json:"slice,omitempty"`
-	Id            uint64                 `protobuf:"varint,3,opt,name=id,proto3" json:"id,omitempty"`
-	Dir           uint64                 `protobuf:"varint,4,opt,name=dir,proto3" json:"dir,omitempty"`
-	Name          string                 `protobuf:"bytes,5,opt,name=name,proto3" json:"name,omitempty"`
-	Type          Type                   `protobuf:"varint,6,opt,name=type,proto3,enum=wheelfs.v1.Type" json:"type,omitempty"`
-	Nlink         uint32                 `protobuf:"varint,7,opt,name=nlink,proto3" json:"nlink,omitempty"`
-	Parent        uint64                 `protobuf:"varint,8,opt,name=parent,proto3" json:"parent,omitempty"`
-	Version       uint64                 `protobuf:"varint,9,opt,name=version,proto3" json:"version,omitempty"`
-	Server        string                 `protobuf:"bytes,10,opt,name=server,proto3" json:"server,omitempty"`
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Kind    FsckRepairKind         `protobuf:"varint,1,opt,name=kind,proto3,enum=wheelfs.v1.FsckRepairKind" json:"kind,omitempty"`
+	Slice   uint32                 `protobuf:"varint,2,opt,name=slice,proto3" json:"slice,omitempty"`
+	Id      uint64                 `protobuf:"varint,3,opt,name=id,proto3" json:"id,omitempty"`
+	Dir     uint64                 `protobuf:"varint,4,opt,name=dir,proto3" json:"dir,omitempty"`
+	Name    string                 `protobuf:"bytes,5,opt,name=name,proto3" json:"name,omitempty"`
+	Type    Type                   `protobuf:"varint,6,opt,name=type,proto3,enum=wheelfs.v1.Type" json:"type,omitempty"`
+	Nlink   uint32                 `protobuf:"varint,7,opt,name=nlink,proto3" json:"nlink,omitempty"`
+	Parent  uint64                 `protobuf:"varint,8,opt,name=parent,proto3" json:"parent,omitempty"`
+	Version uint64                 `protobuf:"varint,9,opt,name=version,proto3" json:"version,omitempty"`
+	Server  string                 `protobuf:"bytes,10,opt,name=server,proto3" json:"server,omitempty"`
+	// FSCK_RESYNC: objects to send whole, whatever the digests say (a
+	// directory whose entries differ at the same meta-data version).
+	Ids           []uint64 `protobuf:"varint,11,rep,packed,name=ids,proto3" json:"ids,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -7400,6 +7403,13 @@ func (x *FsckRepairRequest) GetServer() string {
 		return x.Server
 	}
 	return ""
+}
+
+func (x *FsckRepairRequest) GetIds() []uint64 {
+	if x != nil {
+		return x.Ids
+	}
+	return nil
 }
 
 // FsckRepairResponse: changed is false when the state was no longer the
@@ -7981,7 +7991,7 @@ const file_wheelfs_proto_rawDesc = "" +
 	"\tnext_name\x18\x04 \x01(\tR\bnextName\x12\x14\n" +
 	"\x05epoch\x18\x05 \x01(\x03R\x05epoch\x12\x10\n" +
 	"\x03seq\x18\x06 \x01(\x04R\x03seq\x12\x1a\n" +
-	"\bdiverged\x18\a \x01(\bR\bdiverged\"\x95\x02\n" +
+	"\bdiverged\x18\a \x01(\bR\bdiverged\"\xa7\x02\n" +
 	"\x11FsckRepairRequest\x12.\n" +
 	"\x04kind\x18\x01 \x01(\x0e2\x1a.wheelfs.v1.FsckRepairKindR\x04kind\x12\x14\n" +
 	"\x05slice\x18\x02 \x01(\rR\x05slice\x12\x0e\n" +
@@ -7993,7 +8003,8 @@ const file_wheelfs_proto_rawDesc = "" +
 	"\x06parent\x18\b \x01(\x04R\x06parent\x12\x18\n" +
 	"\aversion\x18\t \x01(\x04R\aversion\x12\x16\n" +
 	"\x06server\x18\n" +
-	" \x01(\tR\x06server\">\n" +
+	" \x01(\tR\x06server\x12\x10\n" +
+	"\x03ids\x18\v \x03(\x04R\x03ids\">\n" +
 	"\x12FsckRepairResponse\x12\x18\n" +
 	"\achanged\x18\x01 \x01(\bR\achanged\x12\x0e\n" +
 	"\x02id\x18\x02 \x01(\x04R\x02id*\x8a\x01\n" +
