@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/wheelfs/wheelfs/internal/fserr"
 	"github.com/wheelfs/wheelfs/internal/fsck"
+	"github.com/wheelfs/wheelfs/internal/fserr"
 	"github.com/wheelfs/wheelfs/internal/oid"
 	"github.com/wheelfs/wheelfs/internal/pki"
 	"github.com/wheelfs/wheelfs/internal/store"
@@ -102,16 +102,18 @@ func TestFsckFindsAndRepairsDamage(t *testing.T) {
 	c := Start(t, Options{Sites: []string{"west", "east"}, ServersPerSite: 2})
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
-	fs := c.Client("west")
-	if _, err := fs.Mkdir(ctx, Owner(), "/d", 0o755); err != nil {
+	// The files at east (write-local), their names at west: repairs
+	// reach the primaries of several slices.
+	if _, err := c.Client("west").Mkdir(ctx, Owner(), "/d", 0o755); err != nil {
 		t.Fatal(err)
 	}
 	for _, p := range []string{"/d/a", "/d/b", "/leak", "/nl"} {
-		if err := fs.WriteFile(ctx, Owner(), p, []byte("data of "+p), 0o644); err != nil {
+		if err := c.Client("east").WriteFile(ctx, Owner(), p, []byte("data of "+p), 0o644); err != nil {
 			t.Fatal(err)
 		}
 	}
 	d, a, leak, nl := idOf(ctx, t, c, "/d"), idOf(ctx, t, c, "/d/a"), idOf(ctx, t, c, "/leak"), idOf(ctx, t, c, "/nl")
+	t.Logf("/d %v, /d/a %v, /leak %v, /nl %v", d, a, leak, nl)
 
 	// A healthy deployment is clean (replication settles first).
 	c.WaitFor(time.Minute, "a clean fsck before the damage", func() error {
