@@ -24,7 +24,7 @@ const fsckDamageLeft = 4
 func newFsck(g *globalFlags) *cobra.Command {
 	var data, config, etcd, caDir, nodeDir string
 	var repair, asJSON bool
-	var timeout, settle time.Duration
+	var timeout, settle, young time.Duration
 	cmd := &cobra.Command{
 		Use:   "fsck [--repair] [--json]",
 		Short: "Check a live deployment's replicas and namespace, and repair them",
@@ -74,7 +74,7 @@ clean or all repaired; 4: damage left; 1: fsck could not run.`,
 			remote := fsck.NewRemote(retryTables{conf}, creds, nil)
 			defer remote.Close()
 			bar := newProgressLine(cmd.ErrOrStderr())
-			rep, err := fsck.Check(ctx, remote, fsck.Options{Repair: repair, Settle: settle,
+			rep, err := fsck.Check(ctx, remote, fsck.Options{Repair: repair, Settle: settle, Young: young,
 				Progress: bar.show, Logger: g.logger()})
 			bar.done()
 			if err != nil {
@@ -105,6 +105,7 @@ clean or all repaired; 4: damage left; 1: fsck could not run.`,
 	fl.StringVar(&nodeDir, "node-dir", "", "node credentials `DIR` to authenticate with (a server's)")
 	fl.DurationVar(&timeout, "timeout", time.Hour, "give up after this long")
 	fl.DurationVar(&settle, "settle", 2*time.Second, "wait this long before the scan that confirms findings")
+	fl.DurationVar(&young, "young", time.Minute, "an object changed more recently than this is never called leaked (a create may still be adding its name)")
 	return cmd
 }
 

@@ -33,7 +33,7 @@ func runFsck(ctx context.Context, t *testing.T, c *Cluster, repair bool) *fsck.R
 		t.Fatal(err)
 	}
 	rep, err := fsck.Check(ctx, fsckRemote(t, c, creds), fsck.Options{Repair: repair,
-		Settle: 500 * time.Millisecond, CallTimeout: 20 * time.Second})
+		Settle: 500 * time.Millisecond, CallTimeout: 20 * time.Second, Young: -1})
 	if err != nil {
 		t.Fatalf("fsck: %v", err)
 	}

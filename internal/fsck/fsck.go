@@ -42,6 +42,11 @@ type Options struct {
 	Settle time.Duration
 	// CallTimeout bounds each call to a server (default 30 s).
 	CallTimeout time.Duration
+	// Young: an object changed (ctime) less than this before the scan is
+	// not called leaked, whatever the scans show — a two-step create may
+	// be slow to add its name (default 1 minute; negative: no grace).
+	// Servers' clocks are compared with this host's.
+	Young time.Duration
 	// Progress, if set, hears how far the scans are.
 	Progress func(Progress)
 	// Logger (default slog.Default()).
@@ -144,6 +149,9 @@ func Check(ctx context.Context, d Deployment, opts Options) (*Report, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
+	if opts.Young == 0 {
+		opts.Young = time.Minute
+	}
 	r := &run{d: d, opts: opts, log: opts.Logger.With("component", "fsck")}
 	first, err := r.scan(ctx, "scan")
 	if err != nil {
@@ -219,6 +227,8 @@ type scanned struct {
 	// held is which slices each reachable server keeps a copy of.
 	held      map[string][]oid.Slice
 	unchecked []string
+	// young: objects changed after this (ns) are not called leaked.
+	young int64
 }
 
 func (r *run) progress(phase string, done, total int) {
@@ -237,7 +247,7 @@ func (r *run) scan(ctx context.Context, phase string) (*scanned, error) {
 		return nil, fmt.Errorf("fsck: read the slice table: %w", err)
 	}
 	sc := &scanned{table: t, lists: map[oid.Slice]map[string]*listing{}, auth: map[oid.Slice]*listing{},
-		held: map[string][]oid.Slice{}}
+		held: map[string][]oid.Slice{}, young: time.Now().Add(-r.opts.Young).UnixNano()}
 	servers := make([]string, 0, len(t.Servers))
 	for id := range t.Servers {
 		servers = append(servers, id)
@@ -487,6 +497,9 @@ func namespaceFindings(sc *scanned) []Finding {
 				continue // unlinked while open
 			case n == 0 && elsewhere[id]:
 				sc.unchecked = append(sc.unchecked, fmt.Sprintf("object %v: named only in a backup's unreconciled copy", id))
+				continue
+			case n == 0 && o.CtimeNs > sc.young:
+				sc.unchecked = append(sc.unchecked, fmt.Sprintf("object %v: named by no entry, but changed too recently to call it leaked", id))
 				continue
 			case n == 0:
 				nl := want

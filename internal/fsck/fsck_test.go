@@ -98,6 +98,16 @@ func TestAnalyze(t *testing.T) {
 				l.byID[fileF].Orphan, l.byID[fileF].Nlink = true, 0
 			}
 		}},
+		{name: "a young object is not leaked", unchecked: "too recently", damage: func(sc *scanned) {
+			for _, l := range sc.lists[1] {
+				r := l.byID[oid.Root]
+				r.Entries = r.Entries[:1]
+			}
+			sc.young = 10
+			for _, l := range sc.lists[2] {
+				l.byID[fileF].CtimeNs = 11
+			}
+		}},
 		{name: "named only at a backup", unchecked: "named only in a backup", damage: func(sc *scanned) {
 			r := sc.auth[1].byID[oid.Root]
 			r.Entries = r.Entries[:1]

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/wheelfs/wheelfs/internal/configsvc"
 	"github.com/wheelfs/wheelfs/internal/fserr"
 	"github.com/wheelfs/wheelfs/internal/oid"
 	"github.com/wheelfs/wheelfs/internal/pki"
@@ -303,13 +304,28 @@ func (s *Server) lostFound(ctx context.Context) (*wire.FsckRepairResponse, error
 // a chunk of objects per transaction (not replicated: the copy is this
 // server's alone). It refuses while this server is in the slice's replica
 // list or holds its lock, or holds eventual changes of it not yet pushed.
-// changed: there was something to delete.
+// changed: there was something to delete. The replica list is read
+// from the configuration service first, not from the watched table, which
+// may lag a recruitment whose snapshot is already arriving.
 func (s *Server) dropCopy(ctx context.Context, sl oid.Slice) (changed bool, err error) {
+	mine := func(t *configsvc.Table) error {
+		if e, ok := t.Slices[sl]; ok && (slices.Contains(e.Replicas, s.cfg.ID) || e.Holder == s.cfg.ID) {
+			return fmt.Errorf("slice %d is replicated here: %w", sl, fserr.ErrBusy)
+		}
+		return nil
+	}
+	t, err := s.conf.Table(ctx)
+	if err != nil {
+		return false, fmt.Errorf("read the slice table: %w", err)
+	}
+	if err := mine(t); err != nil {
+		return false, err
+	}
 	for {
 		if t := s.table.Load(); t == nil {
 			return changed, fmt.Errorf("no slice table yet: %w", fserr.ErrAgain)
-		} else if e, ok := t.Slices[sl]; ok && (slices.Contains(e.Replicas, s.cfg.ID) || e.Holder == s.cfg.ID) {
-			return changed, fmt.Errorf("slice %d is replicated here: %w", sl, fserr.ErrBusy)
+		} else if err := mine(t); err != nil {
+			return changed, err
 		}
 		if s.owned.repl(sl) != nil {
 			return changed, fmt.Errorf("slice %d is served here: %w", sl, fserr.ErrBusy)
