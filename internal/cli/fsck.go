@@ -17,9 +17,13 @@ import (
 	"github.com/wheelfs/wheelfs/internal/fsck"
 )
 
-// fsckDamageLeft is the exit status when damage was found and not
-// repaired (fsck(8)'s "errors left uncorrected").
-const fsckDamageLeft = 4
+// Exit statuses as fsck(8)'s: damage found and not repaired ("errors
+// left uncorrected"); some servers could not be read ("operational
+// error"), so a clean report is not the whole deployment's.
+const (
+	fsckDamageLeft = 4
+	fsckIncomplete = 8
+)
 
 func newFsck(g *globalFlags) *cobra.Command {
 	var data, config, etcd, caDir, nodeDir string
@@ -43,7 +47,8 @@ through the primaries' update path, so they replicate like any change.
 Credentials as for 'wheelfs status': --ca (the CA key's holder), --node-dir
 or --data of a server host; a client node's are refused. Progress goes to
 stderr, the report to stdout (--json: machine-readable). Exit status 0:
-clean or all repaired; 4: damage left; 1: fsck could not run.`,
+clean or all repaired; 4: damage left; 8: some servers could not be read;
+1: fsck could not run.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if data == "" {
@@ -65,8 +70,10 @@ clean or all repaired; 4: damage left; 1: fsck could not run.`,
 			}
 			ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
 			defer cancel()
-			conf, err := configsvc.Dial(ctx, endpoints, creds.ClientTLS(""),
+			dctx, dcancel := context.WithTimeout(ctx, 30*time.Second)
+			conf, err := configsvc.Dial(dctx, endpoints, creds.ClientTLS(""),
 				configsvc.Options{Logger: g.logger(), RPCTimeout: 10 * time.Second, OneShot: true})
+			dcancel()
 			if err != nil {
 				return err
 			}
@@ -91,6 +98,9 @@ clean or all repaired; 4: damage left; 1: fsck could not run.`,
 			}
 			if n := rep.Unrepaired(); n > 0 {
 				return exitError{code: fsckDamageLeft, err: fmt.Errorf("%d findings not repaired", n)}
+			}
+			if len(rep.Errors) > 0 {
+				return exitError{code: fsckIncomplete, err: fmt.Errorf("%d calls to servers failed: not everything was checked", len(rep.Errors))}
 			}
 			return nil
 		},
@@ -142,14 +152,22 @@ func renderFsck(w io.Writer, rep *fsck.Report) error {
 			return err
 		}
 	}
+	if len(rep.Errors) > 0 {
+		fmt.Fprintln(w, "\nfailed (not checked):")
+		for _, u := range rep.Errors {
+			fmt.Fprintln(w, "  "+u)
+		}
+	}
 	if len(rep.Unchecked) > 0 {
-		fmt.Fprintln(w, "\nnot checked:")
+		fmt.Fprintln(w, "\nnot judged:")
 		for _, u := range rep.Unchecked {
 			fmt.Fprintln(w, "  "+u)
 		}
 	}
 	n, left := len(rep.Findings), rep.Unrepaired()
 	switch {
+	case n == 0 && len(rep.Errors) > 0:
+		fmt.Fprintln(w, "\nno damage found in what could be read")
 	case n == 0:
 		fmt.Fprintln(w, "\nclean")
 	case left == 0:

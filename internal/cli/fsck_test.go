@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -11,6 +12,7 @@ import (
 	"github.com/wheelfs/wheelfs/internal/deploy/deploytest"
 	"github.com/wheelfs/wheelfs/internal/fsck"
 	"github.com/wheelfs/wheelfs/internal/oid"
+	"github.com/wheelfs/wheelfs/internal/pki"
 	"github.com/wheelfs/wheelfs/internal/store"
 )
 
@@ -70,6 +72,21 @@ func TestFsckCommand(t *testing.T) {
 	}
 	if _, out, err = run(); err != nil || !strings.Contains(out, "clean") {
 		t.Fatalf("fsck after the repair: %v\n%s", err, out)
+	}
+
+	// A client node's credentials are refused: nothing is read, and the
+	// report says so rather than "clean".
+	ca, err := pki.LoadCA(filepath.Join(data, "ca"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	nodeDir := t.TempDir()
+	if err := ca.IssueNodeDir(nodeDir, "cli-x", nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	rep, _, err = run("--json", "--node-dir", nodeDir)
+	if !errors.As(err, &ee) || ee.code != fsckIncomplete || len(rep.Errors) == 0 || !strings.Contains(rep.Errors[0], "not a registered server") {
+		t.Errorf("fsck as a client node: %v, errors %q; want exit status %d", err, rep.Errors, fsckIncomplete)
 	}
 }
 

@@ -43,6 +43,9 @@ func runFsck(ctx context.Context, t *testing.T, c *Cluster, repair bool) *fsck.R
 	for _, u := range rep.Unchecked {
 		t.Logf("fsck: unchecked: %s", u)
 	}
+	for _, e := range rep.Errors {
+		t.Errorf("fsck: %s", e)
+	}
 	return rep
 }
 

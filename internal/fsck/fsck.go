@@ -119,8 +119,11 @@ type Report struct {
 	Objects  int       `json:"objects"`
 	Entries  int       `json:"entries"`
 	Findings []Finding `json:"findings"`
-	// Unchecked says what could not be checked, and why (an unreachable
-	// server, replicas that kept moving, unreconciled eventual changes).
+	// Errors are the calls that failed (an unreachable server, refused
+	// credentials): what they would have read is not checked.
+	Errors []string `json:"errors"`
+	// Unchecked says what was left unjudged, and why (replicas that kept
+	// moving, unreconciled eventual changes, objects too young).
 	Unchecked []string `json:"unchecked"`
 	Repair    bool     `json:"repair"`
 }
@@ -184,6 +187,7 @@ func Check(ctx context.Context, d Deployment, opts Options) (*Report, error) {
 	}
 	rep.Servers, rep.Slices = len(final.table.Servers), len(final.table.Slices)
 	rep.Unchecked = append([]string{}, final.unchecked...)
+	rep.Errors = append([]string{}, final.errors...)
 	for _, l := range final.auth {
 		rep.Objects += len(l.objs)
 		for _, o := range l.objs {
@@ -226,6 +230,7 @@ type scanned struct {
 	auth map[oid.Slice]*listing
 	// held is which slices each reachable server keeps a copy of.
 	held      map[string][]oid.Slice
+	errors    []string
 	unchecked []string
 	// young: objects changed after this (ns) are not called leaked.
 	young int64
@@ -265,7 +270,7 @@ func (r *run) scan(ctx context.Context, phase string) (*scanned, error) {
 	for _, sv := range servers {
 		held, err := r.heldSlices(ctx, sv)
 		if err != nil {
-			sc.unchecked = append(sc.unchecked, fmt.Sprintf("server %s: which slices it keeps: %v", sv, err))
+			sc.errors = append(sc.errors, fmt.Sprintf("server %s: which slices it keeps: %v", sv, err))
 		} else {
 			sc.held[sv] = held
 		}
@@ -277,9 +282,9 @@ func (r *run) scan(ctx context.Context, phase string) (*scanned, error) {
 		sc.lists[id] = map[string]*listing{}
 		for _, sv := range replicasOf(e) {
 			if _, ok := t.Servers[sv]; !ok {
-				sc.unchecked = append(sc.unchecked, fmt.Sprintf("slice %d at %s: server not registered", id, sv))
+				sc.errors = append(sc.errors, fmt.Sprintf("slice %d at %s: server not registered", id, sv))
 			} else if l, err := r.list(ctx, sv, id); err != nil {
-				sc.unchecked = append(sc.unchecked, fmt.Sprintf("slice %d at %s: %v", id, sv, err))
+				sc.errors = append(sc.errors, fmt.Sprintf("slice %d at %s: %v", id, sv, err))
 			} else {
 				sc.lists[id][sv] = l
 			}
