@@ -94,8 +94,8 @@ func kinds(rep *fsck.Report) map[fsck.Kind][]fsck.Finding {
 }
 
 // TestFsckFindsAndRepairsDamage injects each kind of damage fsck knows
-// straight into servers' stores — a dangling entry, a wrong link count, a
-// leaked object, a backup whose directory entries differ from its
+// straight into servers' stores — a dangling entry, a wrong link count,
+// a leaked file and a leaked directory, a backup whose directory entries differ from its
 // primary's at the same position, a copy of a slice at a server not in
 // its replica list — and checks that fsck reports each, that --repair
 // fixes each through the servers, and that a second fsck is clean.
@@ -115,8 +115,15 @@ func TestFsckFindsAndRepairsDamage(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	if _, err := c.Client("east").Mkdir(ctx, Owner(), "/ld", 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Client("east").WriteFile(ctx, Owner(), "/ld/in", []byte("data of /ld/in"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	d, a, leak, nl := idOf(ctx, t, c, "/d"), idOf(ctx, t, c, "/d/a"), idOf(ctx, t, c, "/leak"), idOf(ctx, t, c, "/nl")
-	t.Logf("/d %v, /d/a %v, /leak %v, /nl %v", d, a, leak, nl)
+	ld := idOf(ctx, t, c, "/ld")
+	t.Logf("/d %v, /d/a %v, /leak %v, /nl %v, /ld %v", d, a, leak, nl, ld)
 
 	// A healthy deployment is clean (replication settles first).
 	c.WaitFor(time.Minute, "a clean fsck before the damage", func() error {
@@ -143,6 +150,19 @@ func TestFsckFindsAndRepairsDamage(t *testing.T) {
 	// Leaked: the name of /leak gone, its object left (an interrupted
 	// two-step create or a remove in backup mode).
 	onReplicas(ctx, t, c, oid.Root.Slice(), func(tx *store.Tx) error { return tx.DeleteEntry(oid.Root, "leak") })
+	// A leaked directory: its name gone and the root's link count with
+	// it, as a remove whose second step never ran leaves them.
+	onReplicas(ctx, t, c, oid.Root.Slice(), func(tx *store.Tx) error {
+		if err := tx.DeleteEntry(oid.Root, "ld"); err != nil {
+			return err
+		}
+		m, err := tx.Meta(oid.Root)
+		if err != nil {
+			return err
+		}
+		m.Nlink--
+		return tx.PutMeta(m)
+	})
 	// Replicas differ: one backup of /d has an entry the others lack
 	// (the snapshot digest, meta-data only, does not see it).
 	tab, err := c.Conf.Table(ctx)
@@ -203,10 +223,11 @@ func TestFsckFindsAndRepairsDamage(t *testing.T) {
 	want(fsck.Dangling, func(f fsck.Finding) bool { return f.Name == "ghost" && f.Dir == d.String() && f.ID == ghost.String() })
 	want(fsck.LinkCount, func(f fsck.Finding) bool { return f.ID == nl.String() && f.Nlink == 3 && f.Want == 1 })
 	want(fsck.Leaked, func(f fsck.Finding) bool { return f.ID == leak.String() })
+	want(fsck.Leaked, func(f fsck.Finding) bool { return f.ID == ld.String() })
 	want(fsck.ReplicaDiffers, func(f fsck.Finding) bool { return f.Server == backup && f.Slice == uint32(d.Slice()) })
 	want(fsck.StaleCopy, func(f fsck.Finding) bool { return f.Server == stale && f.Slice == uint32(oid.RootSlice) })
-	if len(rep.Findings) != 5 {
-		t.Errorf("%d findings, want the 5 injected", len(rep.Findings))
+	if len(rep.Findings) != 6 {
+		t.Errorf("%d findings, want the 6 injected", len(rep.Findings))
 	}
 	if rep.Unrepaired() != len(rep.Findings) {
 		t.Errorf("a check without --repair repaired %d", len(rep.Findings)-rep.Unrepaired())
@@ -216,7 +237,7 @@ func TestFsckFindsAndRepairsDamage(t *testing.T) {
 	}
 
 	rep = runFsck(ctx, t, c, true)
-	if len(rep.Findings) != 5 || rep.Unrepaired() != 0 {
+	if len(rep.Findings) != 6 || rep.Unrepaired() != 0 {
 		t.Fatalf("repair: %d findings, %d not repaired", len(rep.Findings), rep.Unrepaired())
 	}
 	// The resync is asynchronous (the primary's follower sends it).
@@ -232,6 +253,14 @@ func TestFsckFindsAndRepairsDamage(t *testing.T) {
 	lost := fmt.Sprintf("/lost+found/#%016x", uint64(leak))
 	if got, err := east.ReadFile(ctx, Owner(), lost); err != nil || string(got) != "data of /leak" {
 		t.Errorf("read %s: %q, %v", lost, got, err)
+	}
+	lostDir := fmt.Sprintf("/lost+found/#%016x/in", uint64(ld))
+	if got, err := east.ReadFile(ctx, Owner(), lostDir); err != nil || string(got) != "data of /ld/in" {
+		t.Errorf("read %s: %q, %v", lostDir, got, err)
+	}
+	if r, err := east.Resolve(ctx, Owner(), "/lost+found/"+fmt.Sprintf("#%016x", uint64(ld))); err != nil || r.Meta == nil ||
+		r.Meta.Parent != uint64(idOf(ctx, t, c, "/lost+found")) || r.Meta.Nlink != 2 {
+		t.Errorf("the adopted directory: %v, %v; want its parent /lost+found, 2 links", r, err)
 	}
 	if r, err := east.Resolve(ctx, Owner(), "/d/ghost"); err != nil || r.Meta != nil {
 		t.Errorf("/d/ghost after the repair: %v, %v", r, err)
