@@ -54,7 +54,7 @@ func Mount(dir string, core *client.FS, o Options) (*fuse.Server, error) {
 		o.Logger = slog.Default()
 	}
 	r := &root{core: core, log: o.Logger.With("component", "fuse"), groups: map[uint32]groupEntry{},
-		maxAttrTimeout: o.AttrTimeout, inodes: inodes{byID: map[oid.ID]map[*node]struct{}{}}, walks: map[uint32]walk{}}
+		maxAttrTimeout: o.AttrTimeout, inodes: inodes{byID: map[oid.ID]map[*node]struct{}{}, byIno: map[uint64]*kernelState{}}, walks: map[uint32]walk{}}
 	top := &node{root: r, id: oid.Root}
 	r.track(top)
 	core.OnRevoke(r.revoked)
@@ -165,18 +165,19 @@ const replySlack = 5 * time.Second
 // nothing for an object that changed within the last timeout — caching
 // what keeps changing saves little, and every change of what the kernel
 // holds costs a notification there. It records the kernel's hold in
-// n.kernelUntil before it reads the lease, so that a revocation that
+// n.kernel before it reads the lease, so that a revocation that
 // comes after the read sees it and tells the kernel (revoked).
 func (r *root) attrTimeout(ctx context.Context, n *node) time.Duration {
 	now := time.Now()
-	prev := n.kernelUntil.Load()
+	k := n.kernel
+	prev := k.until.Load()
 	held := max(prev, now.Add(r.maxAttrTimeout+replySlack).UnixNano())
-	for !n.kernelUntil.CompareAndSwap(prev, held) {
-		prev = n.kernelUntil.Load()
+	for !k.until.CompareAndSwap(prev, held) {
+		prev = k.until.Load()
 		held = max(prev, held)
 	}
 	t := time.Duration(0)
-	if now.Sub(time.Unix(0, n.changedAt.Load())) >= r.maxAttrTimeout {
+	if now.Sub(time.Unix(0, k.changedAt.Load())) >= r.maxAttrTimeout {
 		mark, ok := ctx.Value(markKey{}).(uint64)
 		if !ok {
 			mark = 0 // no mark: any revocation on record voids the lease
@@ -189,7 +190,7 @@ func (r *root) attrTimeout(ctx context.Context, n *node) time.Duration {
 	if t > 0 {
 		lowered = max(prev, now.Add(t+replySlack).UnixNano())
 	}
-	n.kernelUntil.CompareAndSwap(held, lowered)
+	k.until.CompareAndSwap(held, lowered)
 	return t
 }
 

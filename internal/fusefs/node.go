@@ -26,13 +26,11 @@ type node struct {
 	cues cue.Set
 	// version is the file version the kernel's page cache holds.
 	version atomic.Uint64
-	// kernelUntil (Unix ns) is when the attributes last handed to the
-	// kernel with a timeout expire there, plus slack; a revocation tells
-	// the kernel only before then (notify.go).
-	kernelUntil atomic.Int64
-	// changedAt (Unix ns) is when the object last changed, as far as this
-	// mount knows (a revocation, or a create or link here).
-	changedAt atomic.Int64
+	// kernel is what the kernel may hold of this inode number, born
+	// when the node was tracked (notify.go; set by root.track).
+	kernel *kernelState
+	born   time.Time
+	ino    uint64 // the inode number it was tracked under
 }
 
 var (
@@ -60,16 +58,21 @@ var (
 
 // child returns the inode for m seen with cues, creating it if needed;
 // changed says that this request made or linked it.
-func (n *node) child(ctx context.Context, m *client.Attr, cues cue.Set, out *fuse.EntryOut, changed bool) *fs.Inode {
+func (n *node) child(ctx context.Context, name string, m *client.Attr, cues cue.Set, out *fuse.EntryOut, changed bool) *fs.Inode {
 	fillAttr(m, cues, &out.Attr)
 	id := oid.ID(m.Id)
 	out.SetEntryTimeout(0) // names are revalidated with the core's leases (notify.go)
-	c := &node{root: n.root, id: id, cues: cues}
-	ino := n.NewInode(ctx, c, fs.StableAttr{Mode: attrs.TypeBits(m.Type), Ino: out.Attr.Ino})
+	// The inode go-fuse keeps for this name when it is still this
+	// object's: another node would be dropped by go-fuse for it anyway.
+	ino := n.GetChild(name)
+	if ino == nil || ino.StableAttr().Ino != out.Attr.Ino {
+		c := &node{root: n.root, id: id, cues: cues}
+		ino = n.NewInode(ctx, c, fs.StableAttr{Mode: attrs.TypeBits(m.Type), Ino: out.Attr.Ino})
+	}
 	got := ino.Operations().(*node)
 	n.root.track(got)
 	if changed {
-		got.changedAt.Store(time.Now().UnixNano())
+		got.kernel.changedAt.Store(time.Now().UnixNano())
 	}
 	out.SetAttrTimeout(n.root.attrTimeout(ctx, got))
 	return ino
@@ -112,13 +115,13 @@ func (n *node) lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs
 		if m.Type != client.TypeDir {
 			return nil, syscall.ENOTDIR
 		}
-		return n.child(ctx, m, cues, out, false), 0
+		return n.child(ctx, name, m, cues, out, false), 0
 	}
 	m, err := r.core.Lookup(ctx, u, n.cues, n.id, name)
 	if err != nil {
 		return nil, r.errno("lookup", err)
 	}
-	return n.child(ctx, m, n.cues, out, false), 0
+	return n.child(ctx, name, m, n.cues, out, false), 0
 }
 
 // Getattr implements fs.NodeGetattrer.
@@ -195,7 +198,7 @@ func (n *node) create(ctx context.Context, name string, a client.CreateArgs, out
 	if err != nil {
 		return nil, nil, n.root.errno("create", err)
 	}
-	return n.child(ctx, m, n.cues, out, true), m, 0
+	return n.child(ctx, name, m, n.cues, out, true), m, 0
 }
 
 // Create implements fs.NodeCreater: open(2) with O_CREAT, one request
@@ -209,7 +212,7 @@ func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint3
 	if err != nil {
 		return nil, nil, 0, n.root.errno("create", err)
 	}
-	ino := n.child(ctx, m, n.cues, out, true)
+	ino := n.child(ctx, name, m, n.cues, out, true)
 	ino.Operations().(*node).version.Store(m.Version)
 	return ino, &handle{node: ino.Operations().(*node), h: h}, 0, 0
 }
@@ -260,7 +263,7 @@ func (n *node) Link(ctx context.Context, target fs.InodeEmbedder, name string, o
 	if err != nil {
 		return nil, n.root.errno("link", err)
 	}
-	return n.child(ctx, m, n.cues, out, true), 0
+	return n.child(ctx, name, m, n.cues, out, true), 0
 }
 
 // Unlink implements fs.NodeUnlinker.
