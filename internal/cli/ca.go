@@ -90,6 +90,9 @@ tables; give --server for a node that runs a server or a config member.`,
 				}
 				leaf := old.Cert.Leaf
 				nodeName = old.Name
+				// A re-issue keeps the role; --server adds it to a
+				// certificate issued before roles existed.
+				server = server || pki.HasServerRole(leaf)
 				for _, d := range leaf.DNSNames {
 					hosts = append(hosts, d)
 				}
@@ -106,10 +109,11 @@ tables; give --server for a node that runs a server or a config member.`,
 					dns = append(dns, h)
 				}
 			}
+			c.Server = server
 			if err := c.IssueNodeDir(out, nodeName, dns, ips); err != nil {
 				return err
 			}
-			fmt.Printf("node %q credentials written to %s; start the node with --node-dir %s\n", nodeName, out, out)
+			fmt.Printf("node %q credentials (%s) written to %s; start the node with --node-dir %s\n", nodeName, roleWord(server), out, out)
 			if config == "" {
 				return nil
 			}
@@ -123,7 +127,7 @@ tables; give --server for a node that runs a server or a config member.`,
 			if err := admin.AddNodeUser(ctx, nodeName, server); err != nil {
 				return err
 			}
-			fmt.Printf("node %q may use the configuration service (as a %s)\n", nodeName, map[bool]string{true: "server", false: "client"}[server])
+			fmt.Printf("node %q may use the configuration service (as a %s)\n", nodeName, roleWord(server))
 			return nil
 		},
 	}
@@ -135,9 +139,16 @@ tables; give --server for a node that runs a server or a config member.`,
 	fl.IntVar(&days, "days", int(pki.DefaultNodeValidity/(24*time.Hour)), "certificate lifetime in days")
 	fl.BoolVar(&renew, "renew", false, "replace the credentials in --out with fresh ones for the same node")
 	fl.StringVar(&config, "config", "", "configuration service (HOST:PORT,...): also add the node's user there, needed when its authentication is on")
-	fl.BoolVar(&server, "server", false, "with --config: the node runs a server or a config member (its etcd user may write the tables)")
+	fl.BoolVar(&server, "server", false, "the node runs a server or a config member: its certificate carries the server role (needed to sign logins) and, with --config, its etcd user may write the tables")
 	ca.AddCommand(initCmd, issue, newRevoke(g))
 	return ca
+}
+
+func roleWord(server bool) string {
+	if server {
+		return "server"
+	}
+	return "client"
 }
 
 // dialAdmin connects to the configuration service as its administrator

@@ -400,6 +400,10 @@ func (c *Cluster) hostConfig(n *Node) deploy.Config {
 	cfg.Client.Timeout = c.opts.ClientTimeout
 	cfg.TrustClientUIDs = !c.opts.Logins
 	cfg.UsersPeriod = c.opts.UsersPeriod
+	if !c.opts.ConfigAuth {
+		// The observer and the tests' own clients have no etcd users.
+		cfg.ConfigAuth = deploy.ConfigAuthOff
+	}
 	applyHooks(c, n, &cfg)
 	if c.opts.Adjust != nil {
 		c.opts.Adjust(n, &cfg)

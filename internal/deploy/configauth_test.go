@@ -32,7 +32,9 @@ func BenchmarkConfigRequest(b *testing.B) {
 			name = "auth=on"
 		}
 		b.Run(name, func(b *testing.B) {
-			h := deploytest.Start(b, func(c *deploy.Config) { c.ConfigAuth = on })
+			h := deploytest.Start(b, func(c *deploy.Config) {
+				c.ConfigAuth = map[bool]deploy.ConfigAuthMode{false: deploy.ConfigAuthOff, true: deploy.ConfigAuthOn}[on]
+			})
 			cli := h.Conf.(*configsvc.EtcdService).Client()
 			ctx := context.Background()
 			const key = "/wheelfs/bench"
@@ -101,8 +103,9 @@ func TestRenewThroughServer(t *testing.T) {
 
 }
 
-// TestConfigAuthHosts: a deployment created with ConfigAuth restarts
-// without the flag (auth stays on, the host re-adds its own user); a
+// TestConfigAuthHosts: a deployment created with auth on (the default)
+// restarts with the explicit opt-out (auth stays on, the host re-adds its
+// own user); a
 // client host whose node has no etcd user fails to start at once, saying
 // why, and starts once `ca issue --config` (AddNodeUser) gave it one.
 func TestConfigAuthHosts(t *testing.T) {
@@ -110,13 +113,13 @@ func TestConfigAuthHosts(t *testing.T) {
 	defer cancel()
 	dir := t.TempDir()
 	cfg := deploy.NewConfig(dir)
-	cfg.ConfigAuth, cfg.Logger = true, slog.New(slog.DiscardHandler)
+	cfg.Logger = slog.New(slog.DiscardHandler)
 	h, err := deploy.Start(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	h.Close()
-	cfg.ConfigAuth = false
+	cfg.ConfigAuth = deploy.ConfigAuthOff
 	h, err = deploy.Start(ctx, cfg)
 	if err != nil {
 		t.Fatalf("restart: %v", err)
