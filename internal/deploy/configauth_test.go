@@ -87,9 +87,11 @@ func TestRenewThroughServer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	endpoints := strings.Split(strings.TrimSpace(string(eps)), ",")
+	addNodeUser(t, ca, endpoints, "cli-renew", false)
 	cli := deploytest.Start(t, func(c *deploy.Config) {
 		c.Roles, c.NodeDir, cliData = deploy.RoleClient, issued, c.DataDir
-		c.Etcd = strings.Split(strings.TrimSpace(string(eps)), ",")
+		c.Etcd = endpoints
 	})
 	poll.Until(t, 20*time.Second, "the client host's certificate renewed", func() error {
 		if na := cli.Creds.Current().Leaf.NotAfter; !na.After(old.Cert.Leaf.NotAfter.Add(24 * time.Hour)) {
@@ -101,6 +103,26 @@ func TestRenewThroughServer(t *testing.T) {
 		t.Fatalf("node directory's certificate: expires %v, %v", na, err)
 	}
 
+}
+
+// addNodeUser adds the node's etcd user, as `wheelfs ca issue --config`
+// does.
+func addNodeUser(t *testing.T, ca *pki.CA, endpoints []string, name string, server bool) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+	defer cancel()
+	root, err := ca.RootCredentials()
+	if err != nil {
+		t.Fatal(err)
+	}
+	admin, err := configsvc.Dial(ctx, endpoints, root.ClientTLS(""), configsvc.Options{OneShot: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close()
+	if err := admin.AddNodeUser(ctx, name, server); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // TestConfigAuthHosts: a deployment created with auth on (the default)
@@ -155,21 +177,118 @@ func TestConfigAuthHosts(t *testing.T) {
 
 		t.Errorf("refusal took %v", took)
 	}
-	root, err := ca.RootCredentials()
-	if err != nil {
-		t.Fatal(err)
-	}
-	admin, err := configsvc.Dial(ctx, ccfg.Etcd, root.ClientTLS(""), configsvc.Options{OneShot: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer admin.Close()
-	if err := admin.AddNodeUser(ctx, "cli-late", false); err != nil {
-		t.Fatal(err)
-	}
+	addNodeUser(t, ca, ccfg.Etcd, "cli-late", false)
 	c, err := deploy.Start(ctx, ccfg)
 	if err != nil {
 		t.Fatalf("start with an etcd user: %v", err)
 	}
 	c.Close()
+}
+
+// TestConfigAuthDefault: the configuration service's authentication is on
+// by default only in a new deployment. A deployment created without it
+// (before it was the default, here with the opt-out) keeps running as it
+// was when its hosts restart with the default — a client host issued
+// without an etcd user still starts — until an operator turns it on
+// (ConfigAuthOn, `--config-auth`).
+func TestConfigAuthDefault(t *testing.T) {
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	authOn := func(h *deploy.Host) bool {
+		t.Helper()
+		on, err := h.Conf.(*configsvc.EtcdService).AuthEnabled(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return on
+	}
+	if h := deploytest.Start(t, nil); !authOn(h) {
+		t.Fatal("a new deployment with the default: authentication off")
+	}
+
+	dir := t.TempDir()
+	cfg := deploy.NewConfig(dir)
+	cfg.Logger, cfg.ConfigAuth = slog.New(slog.DiscardHandler), deploy.ConfigAuthOff
+	h, err := deploy.Start(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if authOn(h) {
+		t.Fatal("authentication on despite the opt-out")
+	}
+	h.Close()
+	cfg.ConfigAuth = deploy.ConfigAuthNew
+	if h, err = deploy.Start(ctx, cfg); err != nil {
+		t.Fatalf("restart with the default: %v", err)
+	}
+	if authOn(h) {
+		t.Fatal("the default turned authentication on in an existing deployment")
+	}
+	ca, err := pki.LoadCA(filepath.Join(dir, "ca"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	issued := t.TempDir()
+	if err := ca.IssueNodeDir(issued, "cli-old", nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	ccfg := deploy.NewConfig(t.TempDir())
+	ccfg.Roles, ccfg.NodeDir, ccfg.Logger, ccfg.Etcd = deploy.RoleClient, issued, cfg.Logger, h.ConfigEndpoints()
+	c, err := deploy.Start(ctx, ccfg)
+	if err != nil {
+		t.Fatalf("a client host without an etcd user in an existing deployment: %v", err)
+	}
+	c.Close()
+	h.Close()
+
+	cfg.ConfigAuth = deploy.ConfigAuthOn
+	if h, err = deploy.Start(ctx, cfg); err != nil {
+		t.Fatalf("restart with --config-auth: %v", err)
+	}
+	defer h.Close()
+	if !authOn(h) {
+		t.Fatal("--config-auth did not turn authentication on")
+	}
+}
+
+// TestServerRoleUpgrade: a server host holding the CA key whose
+// certificate predates roles (none) gets one with the server role at
+// start, same name, so it can sign sessions.
+func TestServerRoleUpgrade(t *testing.T) {
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	dir := t.TempDir()
+	cfg := deploy.NewConfig(dir)
+	cfg.Logger = slog.New(slog.DiscardHandler)
+	h, err := deploy.Start(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	name := h.Creds.Name
+	if !h.Creds.IsServer() {
+		t.Fatal("a new server's certificate lacks the server role")
+	}
+	h.Close()
+	ca, err := pki.LoadCA(filepath.Join(dir, "ca"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	nd := filepath.Join(dir, "node")
+	old, err := pki.LoadCredentials(nd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ca.IssueNodeDir(nd, name, old.Cert.Leaf.DNSNames, old.Cert.Leaf.IPAddresses); err != nil {
+		t.Fatal(err)
+	}
+	if legacy, err := pki.LoadCredentials(nd); err != nil || legacy.IsServer() {
+		t.Fatalf("the legacy certificate: server role %v, %v", legacy != nil && legacy.IsServer(), err)
+	}
+	if h, err = deploy.Start(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	if !h.Creds.IsServer() || h.Creds.Name != name {
+		t.Fatalf("after the restart: %q, server role %v", h.Creds.Name, h.Creds.IsServer())
+	}
 }
