@@ -68,8 +68,9 @@ func (f *hostFlags) register(cmd *cobra.Command, roles deploy.Roles) {
 		fl.StringVar(&f.site, "site", "local", "this node's site name")
 	}
 	if roles&(deploy.RoleServer|deploy.RoleMember) != 0 {
-		fl.BoolVar(&f.configAuth, "config-auth", true, "the configuration service's authentication (etcd auth, a user per node certificate name: client hosts only read it, and 'wheelfs ca revoke' shuts a node out of etcd too): "+
-			"by default a host holding the CA key turns it on when it creates the deployment (not with --etcd); =true turns it on in an existing deployment too, =false never (an opt-out). Once on, nodes without the CA key need 'wheelfs ca issue --config' (docs/SECURITY.md)")
+		fl.BoolVar(&f.configAuth, "config-auth", true, "the configuration service's authentication (etcd auth, a user per node certificate name: client hosts may only read the tables, and 'wheelfs ca revoke' shuts a node out of etcd): "+
+			"by default a host holding the CA key turns it on when it creates the deployment (not with --etcd); --config-auth turns it on in an existing deployment too, --config-auth=false never (an opt-out). "+
+			"Once it is on, nodes without the CA key need 'wheelfs ca issue --config' (docs/SECURITY.md)")
 	}
 	if roles&deploy.RoleServer != 0 {
 		fl.StringVar(&f.listen, "listen", "127.0.0.1:0", "storage server gRPC listen address HOST:PORT")
