@@ -90,17 +90,22 @@ func (s *EtcdService) ensureRoles(ctx context.Context) error {
 	}); err != nil {
 		return err
 	}
-	if !users[rootUser] {
-		if err := s.authCall(ctx, "add root user", func(ctx context.Context) error {
-			_, err := s.cli.UserAddWithOptions(ctx, rootUser, "", &clientv3.UserAddOptions{NoPassword: true})
-			if ignore(err, rpctypes.ErrUserAlreadyExist) != nil {
+	if err := s.authCall(ctx, "add root user", func(ctx context.Context) error {
+		if users[rootUser] {
+			// Another host may have added it and not yet granted
+			// the role (or stopped in between): etcd refuses to turn
+			// auth on with a root user without it.
+			resp, err := s.cli.UserGet(ctx, rootUser)
+			if err != nil || slices.Contains(resp.Roles, rootUser) {
 				return err
 			}
-			_, err = s.cli.UserGrantRole(ctx, rootUser, rootUser)
-			return err
-		}); err != nil {
+		} else if _, err := s.cli.UserAddWithOptions(ctx, rootUser, "", &clientv3.UserAddOptions{NoPassword: true}); ignore(err, rpctypes.ErrUserAlreadyExist) != nil {
 			return err
 		}
+		_, err := s.cli.UserGrantRole(ctx, rootUser, rootUser)
+		return err
+	}); err != nil {
+		return err
 	}
 	end := clientv3.GetPrefixRangeEnd(s.opts.Prefix)
 	coords := s.coordsPfx()

@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
+
 	"github.com/wheelfs/wheelfs/internal/configsvc"
 	"github.com/wheelfs/wheelfs/internal/deploy"
 	"github.com/wheelfs/wheelfs/internal/deploy/deploytest"
@@ -290,5 +292,47 @@ func TestServerRoleUpgrade(t *testing.T) {
 	defer h.Close()
 	if !h.Creds.IsServer() || h.Creds.Name != name {
 		t.Fatalf("after the restart: %q, server role %v", h.Creds.Name, h.Creds.IsServer())
+	}
+}
+
+// TestEnableAuthConcurrent: the hosts of a new deployment that hold the
+// CA key all turn the configuration service's authentication on as they
+// start, at the same moment, and one may have stopped halfway (the root
+// user added, not yet its role, which etcd needs to turn auth on): each
+// succeeds. The README's three members and three nodes failed so.
+func TestEnableAuthConcurrent(t *testing.T) {
+	var data string
+	h := deploytest.Start(t, func(c *deploy.Config) { data, c.ConfigAuth = c.DataDir, deploy.ConfigAuthOff })
+	ca, err := pki.LoadCA(filepath.Join(data, "ca"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	root, err := ca.RootCredentials()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	admins := make([]*configsvc.EtcdService, 3)
+	for i := range admins {
+		if admins[i], err = configsvc.Dial(ctx, h.ConfigEndpoints(), root.ClientTLS(""), configsvc.Options{OneShot: true}); err != nil {
+			t.Fatal(err)
+		}
+		defer admins[i].Close()
+	}
+	if _, err := admins[0].Client().UserAddWithOptions(ctx, "root", "", &clientv3.UserAddOptions{NoPassword: true}); err != nil {
+		t.Fatal(err)
+	}
+	errs := make(chan error, len(admins))
+	for i, a := range admins {
+		go func() { errs <- a.EnableAuth(ctx, fmt.Sprintf("srv-%d", i)) }()
+	}
+	for range admins {
+		if err := <-errs; err != nil {
+			t.Errorf("EnableAuth: %v", err)
+		}
+	}
+	if on, err := admins[0].AuthEnabled(ctx); err != nil || !on {
+		t.Fatalf("auth on: %v, %v", on, err)
 	}
 }
