@@ -454,9 +454,11 @@ func (h *Host) dialConfig(ctx context.Context, endpoints []string) error {
 		if err == nil {
 			conf, err = configsvc.Dial(wctx, endpoints, h.Creds.ClientTLS(""), opts)
 		}
-		if errors.Is(err, configsvc.ErrNoUser) {
+		if errors.Is(err, configsvc.ErrNoUser) && h.admin == nil {
 			return fmt.Errorf("deploy: node %q: %w", h.Creds.Name, err)
 		}
+		// This host added its own user a moment ago: the member that
+		// answered the probe (a serializable read) may not have it yet.
 		if errors.Is(err, configsvc.ErrRefused) {
 			if refusedSince.IsZero() {
 				refusedSince = time.Now()
