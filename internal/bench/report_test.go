@@ -72,7 +72,7 @@ func TestWriteTable(t *testing.T) {
 	if strings.Contains(c, "x raw") || !strings.Contains(c, "1000 (0.25x lb)") {
 		t.Errorf("create row: %q", c)
 	}
-	if s := lineWith(t, out, "stat"); !strings.Contains(s, "12000 (0.60x lb)") || !strings.Contains(s, ">= 0.5x lb: met") {
+	if s := lineWith(t, out, "stat"); !strings.Contains(s, "12000 (0.60x lb)") || !strings.Contains(s, ">= 0.9x lb: MISSED") {
 		t.Errorf("stat row: %q", s)
 	}
 	// Seconds: lower is better, so the ratio is loopback time / WheelFS time.

@@ -73,5 +73,55 @@ Progress goes to stderr, the table (or JSON) to stdout. See docs/BENCHMARKS.md.`
 	f.BoolVar(&skipLoopback, "skip-loopback", false, "do not build and measure go-fuse's loopback file system")
 	f.BoolVar(&asJSON, "json", false, "print the report as JSON on stdout (the table goes to stderr)")
 	f.BoolVar(&keep, "keep", false, "keep the scratch directory (logs, data) after the run")
+	cmd.AddCommand(newBenchCompare())
+	return cmd
+}
+
+func newBenchCompare() *cobra.Command {
+	var (
+		slack  float64
+		asJSON bool
+	)
+	cmd := &cobra.Command{
+		Use:   "compare RECORDED.json NEW.json [--slack 0.2] [--json]",
+		Short: "Flag workloads whose WheelFS ratio (to the same run's raw disk or loopback) fell by more than --slack",
+		Long: `compare reads two reports of 'wheelfs bench --json' (the last one recorded in
+docs/bench/ and a new one) and compares, per workload, WheelFS's ratio to its
+base in the same run (the raw disk for sequential I/O, the loopback mount for
+the rest). A workload whose ratio fell by more than --slack is REGRESSED, and
+the command exits with status 1. scripts/bench-guard.sh runs a new benchmark,
+records it and calls this.`,
+		Args: cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if slack <= 0 || slack >= 1 {
+				return fmt.Errorf("--slack %v: want a fraction between 0 and 1", slack)
+			}
+			old, err := bench.ReadReport(args[0])
+			if err != nil {
+				return err
+			}
+			cur, err := bench.ReadReport(args[1])
+			if err != nil {
+				return err
+			}
+			cs := bench.Compare(old, cur, slack)
+			if asJSON {
+				enc := json.NewEncoder(os.Stdout)
+				enc.SetIndent("", "  ")
+				if err := enc.Encode(cs); err != nil {
+					return err
+				}
+			} else if err := bench.WriteComparison(os.Stdout, cs, slack); err != nil {
+				return err
+			}
+			if n := bench.Regressions(cs); n > 0 {
+				cmd.SilenceUsage = true
+				return fmt.Errorf("%d workload(s) regressed against %s", n, args[0])
+			}
+			return nil
+		},
+	}
+	cmd.Flags().Float64Var(&slack, "slack", bench.DefaultSlack, "largest tolerated fall of a ratio, as a fraction")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the comparison as JSON")
 	return cmd
 }

@@ -1,6 +1,6 @@
 // Package cli implements the wheelfs command line with cobra: one
 // subcommand per role (up, config, server, mount, node) plus ca, info,
-// status and bench, each a thin layer over the deploy, client and fusefs
+// status, fsck and bench, each a thin layer over the deploy, client and fusefs
 // packages.
 package cli
 
@@ -27,10 +27,23 @@ func Main(args []string) int {
 	defer stop()
 	if err := root.ExecuteContext(ctx); err != nil {
 		fmt.Fprintln(os.Stderr, "wheelfs:", err)
+		var ee exitError
+		if errors.As(err, &ee) {
+			return ee.code
+		}
 		return 1
 	}
 	return 0
 }
+
+// exitError is an error with its own exit status (fsck's "damage left").
+type exitError struct {
+	code int
+	err  error
+}
+
+func (e exitError) Error() string { return e.err.Error() }
+func (e exitError) Unwrap() error { return e.err }
 
 type globalFlags struct {
 	logLevel string
@@ -47,7 +60,7 @@ func newRoot() *cobra.Command {
 	root.PersistentFlags().StringVar(&g.logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	root.AddCommand(newUp(g), newConfigMember(g), newServer(g), newMount(g), newNode(g), newCA(g),
 		newInfo(),
-		newStats(), newStatus(g), newBench(g), newTestbed(g), newLogin(), newLogout())
+		newStats(), newStatus(g), newFsck(g), newBench(g), newTestbed(g), newLogin(), newLogout())
 	return root
 }
 

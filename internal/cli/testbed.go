@@ -181,11 +181,11 @@ func newTestbedHeal(dirOf func() string) *cobra.Command {
 func newTestbedKill(dirOf func() string) *cobra.Command {
 	var kill9 bool
 	cmd := &cobra.Command{
-		Use:   "kill [-9] HOST",
-		Short: "Stop a host's process: SIGTERM (clean stop), or SIGKILL with -9 (a crash; its mount stays dead)",
-		Args:  cobra.ExactArgs(1),
+		Use:   "kill [-9] HOST...",
+		Short: "Stop hosts' processes together: SIGTERM (clean stop), or SIGKILL with -9 (a crash; their mounts stay dead)",
+		Args:  cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return testbed.Kill(dirOf(), args[0], kill9)
+			return testbed.Kill(dirOf(), args, kill9)
 		},
 	}
 	cmd.Flags().BoolVarP(&kill9, "kill", "9", false, "send SIGKILL")
@@ -194,11 +194,11 @@ func newTestbedKill(dirOf func() string) *cobra.Command {
 
 func newTestbedRestart(dirOf func() string) *cobra.Command {
 	return &cobra.Command{
-		Use:   "restart HOST",
-		Short: "Start a host's process again on the same data (stopping it first if it runs); waits until it serves",
-		Args:  cobra.ExactArgs(1),
+		Use:   "restart HOST...",
+		Short: "Stop hosts together (if running) and start them again on the same data; waits until every one serves",
+		Args:  cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return testbed.Restart(cmd.Context(), dirOf(), args[0])
+			return testbed.Restart(cmd.Context(), dirOf(), args)
 		},
 	}
 }

@@ -17,10 +17,12 @@ import (
 	"github.com/wheelfs/wheelfs/internal/wire"
 )
 
-// countingRouter counts the blocks clients fetch from storage servers.
+// countingRouter counts the blocks clients fetch from storage servers;
+// with remote, it shows the test's in-process server as one elsewhere.
 type countingRouter struct {
 	client.Router
 	blocks atomic.Int64
+	remote bool
 }
 
 func (r *countingRouter) Primary(ctx context.Context, s oid.Slice) (client.Conn, error) {
@@ -29,6 +31,9 @@ func (r *countingRouter) Primary(ctx context.Context, s oid.Slice) (client.Conn,
 		return c, err
 	}
 	c.StorageClient = countingStorage{c.StorageClient, r}
+	if r.remote {
+		c.InProcess = false
+	}
 	return c, nil
 }
 
@@ -66,7 +71,7 @@ func TestDiskCacheSurvivesRestart(t *testing.T) {
 	cfg.Logger = slog.New(slog.DiscardHandler)
 	cfg.CacheDir = filepath.Join(t.TempDir(), "cache")
 	read := func() *countingRouter {
-		r := &countingRouter{Router: h.Router}
+		r := &countingRouter{Router: h.Router, remote: true}
 		fs := client.New(cfg, r)
 		defer fs.Close()
 		got, err := fs.ReadFile(ctx, root, "/cached")
@@ -87,5 +92,38 @@ func TestDiskCacheSurvivesRestart(t *testing.T) {
 	cfg.CacheDir = ""
 	if r := read(); r.blocks.Load() != 21 {
 		t.Fatalf("memory-only client fetched %d blocks, want 21", r.blocks.Load())
+	}
+}
+
+// TestDiskCacheSkipsInProcessServer reads a file whose primary is the
+// server in the reader's own process: its blocks are on this disk
+// already, so none is written to the disk tier (a cold read would
+// otherwise write everything it reads), and a restarted reader fetches
+// them from that server again.
+func TestDiskCacheSkipsInProcessServer(t *testing.T) {
+	h := deploytest.Start(t, nil)
+	ctx := context.Background()
+	data := randomBytes(20*client.BlockSize+123, 6)
+	if err := h.Client.WriteFile(ctx, root, "/local", data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cfg := client.NewConfig()
+	cfg.Logger = slog.New(slog.DiscardHandler)
+	cfg.CacheDir = filepath.Join(t.TempDir(), "cache")
+	for round := range 2 {
+		r := &countingRouter{Router: h.Router}
+		fs := client.New(cfg, r)
+		got, err := fs.ReadFile(ctx, root, "/local")
+		if err != nil || !bytes.Equal(got, data) {
+			t.Fatalf("round %d: read %d bytes, %v", round, len(got), err)
+		}
+		_, _, _, disk := fs.CacheStats()
+		fs.Close()
+		if n := r.blocks.Load(); n != 21 {
+			t.Fatalf("round %d fetched %d blocks, want 21 (none from the disk tier)", round, n)
+		}
+		if disk.Written != 0 || disk.Skipped != 0 || disk.Used != 0 {
+			t.Fatalf("round %d: disk tier holds %+v, want nothing", round, disk)
+		}
 	}
 }

@@ -40,6 +40,9 @@ type Router interface {
 type Conn struct {
 	ID   string // the server's ID (its certificate name)
 	Site string
+	// InProcess is set for the server in this very process: its blocks
+	// are on this host's disk already.
+	InProcess bool
 	wire.StorageClient
 }
 
@@ -243,6 +246,16 @@ func (f *FS) OnRevoke(fn func(ids []oid.ID)) {
 // LeaseLeft is how long this client may still use id's cached meta-data
 // without asking its primary (0: it may not).
 func (f *FS) LeaseLeft(id oid.ID) time.Duration { return f.leases.left(id) }
+
+// RevocationMark numbers the revocations this client has seen so far.
+func (f *FS) RevocationMark() uint64 { return f.leases.revocationMark() }
+
+// LeaseLeftSince is LeaseLeft for what a request that began at mark (a
+// RevocationMark) learnt: 0 when id was revoked after mark, as that
+// request's answer may predate the revocation.
+func (f *FS) LeaseLeftSince(id oid.ID, mark uint64) time.Duration {
+	return f.leases.leftSince(id, mark)
+}
 
 // CacheStats reports the block cache's memory tier (hits, misses, bytes)
 // and its disk tier.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"maps"
 	"sync/atomic"
+	"time"
 
 	"github.com/wheelfs/wheelfs/internal/cue"
 	"github.com/wheelfs/wheelfs/internal/oid"
@@ -37,6 +38,13 @@ func (f *FS) adoptData(id oid.ID, fd *wire.FileData) (map[uint64]blockRef, bool)
 		return nil, false
 	}
 	hashes := make(map[uint64]blockRef, len(fd.Blocks))
+	local := false
+	if len(fd.Data) > 0 {
+		// The slice's primary answered moments ago: the route knows it.
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		local = f.primaryInProcess(ctx, id)
+		cancel()
+	}
 	for i, b := range fd.Blocks {
 		if len(b.Hash) != 32 {
 			return nil, false
@@ -44,7 +52,7 @@ func (f *FS) adoptData(id oid.ID, fd *wire.FileData) (map[uint64]blockRef, bool)
 		r := blockRef{hash: [32]byte(b.Hash), len: b.Len}
 		hashes[b.Index] = r
 		if len(fd.Data) == len(fd.Blocks) {
-			f.cache.AddOwned(uint64(id), r.hash, fd.Data[i])
+			f.cacheBlock(id, local, r.hash, fd.Data[i])
 		}
 	}
 	return hashes, true

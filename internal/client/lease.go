@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"log/slog"
 	"maps"
+	"math"
 	"slices"
 	"strings"
 	"sync"
@@ -308,15 +309,27 @@ func (l *leases) lookup(id oid.ID, stale bool, use func(c *cached) bool) bool {
 }
 
 // left is how long id's lease still lasts (0: none).
-func (l *leases) left(id oid.ID) time.Duration {
+func (l *leases) left(id oid.ID) time.Duration { return l.leftSince(id, math.MaxUint64) }
+
+// leftSince is left, but 0 also when id was revoked after mark (a value
+// of revocationMark): what a request that began at mark learnt of id may
+// predate that revocation.
+func (l *leases) leftSince(id oid.ID, mark uint64) time.Duration {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	c := l.objs[id]
 	now := time.Now()
-	if !l.validLocked(c, now) {
+	if r, ok := l.revoked[id]; ok && r.gen > mark || !l.validLocked(c, now) {
 		return 0
 	}
 	return c.until.Sub(now)
+}
+
+// revocationMark numbers the revocations so far (see leftSince).
+func (l *leases) revocationMark() uint64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.gen
 }
 
 // meta returns id's cached meta-data (see lookup).

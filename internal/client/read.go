@@ -238,8 +238,10 @@ func (f *FS) unclaim(hs [][32]byte) {
 
 // readRemote reads claimed blocks from id's primary (or a replica under
 // .EventualConsistency) into the cache, releasing each RPC's claims as
-// its blocks arrive; n is the bytes read.
+// its blocks arrive; n is the bytes read. Blocks of a primary in this
+// process stay out of the disk tier.
 func (f *FS) readRemote(ctx context.Context, u User, id oid.ID, ev bool, remote [][32]byte) (n int64, err error) {
+	local := !ev && f.primaryInProcess(ctx, id)
 	for chunk := range slices.Chunk(remote, blocksPerRPC) {
 		req := &wire.ReadBlocksRequest{Caller: u.caller(), Id: uint64(id), Hashes: make([][]byte, len(chunk))}
 		for i := range chunk {
@@ -257,12 +259,30 @@ func (f *FS) readRemote(ctx context.Context, u User, id oid.ID, ev bool, remote 
 			return n, fmt.Errorf("server returned %d of %d blocks: %w", len(resp.Data), len(chunk), fserr.ErrIO)
 		}
 		for i, h := range chunk {
-			f.cache.AddOwned(uint64(id), h, resp.Data[i])
+			f.cacheBlock(id, local, h, resp.Data[i])
 			n += int64(len(resp.Data[i]))
 		}
 		f.unclaim(chunk)
 	}
 	return n, nil
+}
+
+// primaryInProcess tells whether id's primary is the server in this
+// process, whose blocks are on this host's disk already.
+func (f *FS) primaryInProcess(ctx context.Context, id oid.ID) bool {
+	c, err := f.server(ctx, id)
+	return err == nil && c.InProcess
+}
+
+// cacheBlock keeps a block of file id: in memory only when local (its
+// primary is in this process: a disk copy would double a cold read's
+// writes and save nothing), else in both tiers.
+func (f *FS) cacheBlock(id oid.ID, local bool, h [32]byte, data []byte) {
+	if local {
+		f.cache.AddMemory(h, data)
+		return
+	}
+	f.cache.AddOwned(uint64(id), h, data)
 }
 
 // buffered returns block idx's contents if this client holds them

@@ -832,3 +832,13 @@ func (c *Cluster) Deny(ctx context.Context, name, reason string) error {
 	c.locks.deny(name)
 	return c.Conf.(configsvc.Denials).Deny(ctx, configsvc.Denial{Name: name, Reason: reason})
 }
+
+// AdminCredentials returns in-memory credentials of the deployment's
+// administrator, as the CA key's holder makes them (wheelfs fsck --ca).
+func (c *Cluster) AdminCredentials() (*pki.Credentials, error) {
+	ca, err := pki.LoadCA(c.caDir)
+	if err != nil {
+		return nil, err
+	}
+	return ca.RootCredentials()
+}

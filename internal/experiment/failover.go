@@ -82,7 +82,7 @@ func failoverRound(ctx context.Context, env *Env, st *testbed.State, ttl time.Du
 	if _, err := readCheck(filepath.Join(east, "fo", "f"), data); err != nil {
 		return nil, err
 	}
-	if err := testbed.Kill(env.Dir, "west-1", true); err != nil {
+	if err := testbed.Kill(env.Dir, []string{"west-1"}, true); err != nil {
 		return nil, err
 	}
 	killed := time.Now()

@@ -54,7 +54,7 @@ func Mount(dir string, core *client.FS, o Options) (*fuse.Server, error) {
 		o.Logger = slog.Default()
 	}
 	r := &root{core: core, log: o.Logger.With("component", "fuse"), groups: map[uint32]groupEntry{},
-		attrTimeout: o.AttrTimeout, inodes: inodes{byID: map[oid.ID]map[*node]struct{}{}}, walks: map[uint32]walk{}}
+		maxAttrTimeout: o.AttrTimeout, inodes: inodes{byID: map[oid.ID]map[*node]struct{}{}, byIno: map[uint64]*kernelState{}}, walks: map[uint32]walk{}}
 	top := &node{root: r, id: oid.Root}
 	r.track(top)
 	core.OnRevoke(r.revoked)
@@ -87,8 +87,11 @@ func Mount(dir string, core *client.FS, o Options) (*fuse.Server, error) {
 		// go-fuse would show it to the kernel as 0644/0755 while the
 		// server checks 0, and the two would disagree.
 		NullPermissions: true,
+		// Zero, not the longest: go-fuse puts its default in place of a
+		// zero timeout, and every reply sets its own (root.attrTimeout),
+		// zero included.
 		EntryTimeout:    &zero,
-		AttrTimeout:     &o.AttrTimeout,
+		AttrTimeout:     &zero,
 		NegativeTimeout: &neg,
 		RootStableAttr:  &fs.StableAttr{Ino: inode(oid.Root, cue.Set{}), Mode: syscall.S_IFDIR},
 	}
@@ -142,9 +145,9 @@ func (u umaskFS) Mknod(cancel <-chan struct{}, in *fuse.MknodIn, name string, ou
 type root struct {
 	core *client.FS
 	log  *slog.Logger
-	// attrTimeout is the longest the kernel may cache attributes and
-	// names; never longer than the core's lease on them.
-	attrTimeout time.Duration
+	// maxAttrTimeout is the longest the kernel may cache attributes;
+	// never longer than the core's lease on them.
+	maxAttrTimeout time.Duration
 
 	mu     sync.Mutex
 	groups map[uint32]groupEntry // pid -> supplementary groups
@@ -152,10 +155,47 @@ type root struct {
 	walks  map[uint32]walk // thread -> path walk in progress
 }
 
-// timeout is how long the kernel may cache what the core knows of id.
-func (r *root) timeout(id oid.ID) time.Duration {
-	return min(r.attrTimeout, r.core.LeaseLeft(id))
+// replySlack covers the time between building a reply and the kernel
+// taking it in, which starts the kernel's own attribute timeout.
+const replySlack = 5 * time.Second
+
+// attrTimeout is how long the kernel may cache the attributes of n in the
+// reply being built: no longer than the core's lease, nothing if the lease
+// was revoked since the request began (its answer may predate that), and
+// nothing for an object that changed within the last timeout — caching
+// what keeps changing saves little, and every change of what the kernel
+// holds costs a notification there. It records the kernel's hold in
+// n.kernel before it reads the lease, so that a revocation that
+// comes after the read sees it and tells the kernel (revoked).
+func (r *root) attrTimeout(ctx context.Context, n *node) time.Duration {
+	now := time.Now()
+	k := n.kernel
+	prev := k.until.Load()
+	held := max(prev, now.Add(r.maxAttrTimeout+replySlack).UnixNano())
+	for !k.until.CompareAndSwap(prev, held) {
+		prev = k.until.Load()
+		held = max(prev, held)
+	}
+	t := time.Duration(0)
+	if now.Sub(time.Unix(0, k.changedAt.Load())) >= r.maxAttrTimeout {
+		mark, ok := ctx.Value(markKey{}).(uint64)
+		if !ok {
+			mark = 0 // no mark: any revocation on record voids the lease
+		}
+		t = min(r.maxAttrTimeout, r.core.LeaseLeftSince(n.id, mark))
+	}
+	// Lower the record to what was handed out (a concurrent reply that
+	// raised it meanwhile keeps it).
+	lowered := prev
+	if t > 0 {
+		lowered = max(prev, now.Add(t+replySlack).UnixNano())
+	}
+	k.until.CompareAndSwap(held, lowered)
+	return t
 }
+
+// markKey carries the core's revocation mark taken when a request began.
+type markKey struct{}
 
 type groupEntry struct {
 	groups []uint32

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"sync/atomic"
 	"syscall"
+	"time"
 
 	"github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
@@ -25,6 +26,11 @@ type node struct {
 	cues cue.Set
 	// version is the file version the kernel's page cache holds.
 	version atomic.Uint64
+	// kernel is what the kernel may hold of this inode number, born
+	// when the node was tracked (notify.go; set by root.track).
+	kernel *kernelState
+	born   time.Time
+	ino    uint64 // the inode number it was tracked under
 }
 
 var (
@@ -50,15 +56,25 @@ var (
 	_ fs.NodeAllocater     = (*node)(nil)
 )
 
-// child returns the inode for m seen with cues, creating it if needed.
-func (n *node) child(ctx context.Context, m *client.Attr, cues cue.Set, out *fuse.EntryOut) *fs.Inode {
+// child returns the inode for m seen with cues, creating it if needed;
+// changed says that this request made or linked it.
+func (n *node) child(ctx context.Context, name string, m *client.Attr, cues cue.Set, out *fuse.EntryOut, changed bool) *fs.Inode {
 	fillAttr(m, cues, &out.Attr)
 	id := oid.ID(m.Id)
 	out.SetEntryTimeout(0) // names are revalidated with the core's leases (notify.go)
-	out.SetAttrTimeout(n.root.timeout(id))
-	c := &node{root: n.root, id: id, cues: cues}
-	ino := n.NewInode(ctx, c, fs.StableAttr{Mode: attrs.TypeBits(m.Type), Ino: out.Attr.Ino})
-	n.root.track(ino.Operations().(*node))
+	// The inode go-fuse keeps for this name when it is still this
+	// object's: another node would be dropped by go-fuse for it anyway.
+	ino := n.GetChild(name)
+	if ino == nil || ino.StableAttr().Ino != out.Attr.Ino {
+		c := &node{root: n.root, id: id, cues: cues}
+		ino = n.NewInode(ctx, c, fs.StableAttr{Mode: attrs.TypeBits(m.Type), Ino: out.Attr.Ino})
+	}
+	got := ino.Operations().(*node)
+	n.root.track(got)
+	if changed {
+		got.kernel.changedAt.Store(time.Now().UnixNano())
+	}
+	out.SetAttrTimeout(n.root.attrTimeout(ctx, got))
 	return ino
 }
 
@@ -99,13 +115,13 @@ func (n *node) lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs
 		if m.Type != client.TypeDir {
 			return nil, syscall.ENOTDIR
 		}
-		return n.child(ctx, m, cues, out), 0
+		return n.child(ctx, name, m, cues, out, false), 0
 	}
 	m, err := r.core.Lookup(ctx, u, n.cues, n.id, name)
 	if err != nil {
 		return nil, r.errno("lookup", err)
 	}
-	return n.child(ctx, m, n.cues, out), 0
+	return n.child(ctx, name, m, n.cues, out, false), 0
 }
 
 // Getattr implements fs.NodeGetattrer.
@@ -133,7 +149,7 @@ func (n *node) Getattr(ctx context.Context, f fs.FileHandle, out *fuse.AttrOut) 
 		return n.root.errno("getattr", err)
 	}
 	fillAttr(m, n.cues, &out.Attr)
-	out.SetTimeout(n.root.timeout(n.id))
+	out.SetTimeout(n.root.attrTimeout(ctx, n))
 	return 0
 }
 
@@ -173,7 +189,7 @@ func (n *node) Setattr(ctx context.Context, f fs.FileHandle, in *fuse.SetAttrIn,
 		return n.root.errno("setattr", err)
 	}
 	fillAttr(m, n.cues, &out.Attr)
-	out.SetTimeout(n.root.timeout(n.id))
+	out.SetTimeout(n.root.attrTimeout(ctx, n))
 	return 0
 }
 
@@ -182,7 +198,7 @@ func (n *node) create(ctx context.Context, name string, a client.CreateArgs, out
 	if err != nil {
 		return nil, nil, n.root.errno("create", err)
 	}
-	return n.child(ctx, m, n.cues, out), m, 0
+	return n.child(ctx, name, m, n.cues, out, true), m, 0
 }
 
 // Create implements fs.NodeCreater: open(2) with O_CREAT, one request
@@ -196,7 +212,7 @@ func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint3
 	if err != nil {
 		return nil, nil, 0, n.root.errno("create", err)
 	}
-	ino := n.child(ctx, m, n.cues, out)
+	ino := n.child(ctx, name, m, n.cues, out, true)
 	ino.Operations().(*node).version.Store(m.Version)
 	return ino, &handle{node: ino.Operations().(*node), h: h}, 0, 0
 }
@@ -247,7 +263,7 @@ func (n *node) Link(ctx context.Context, target fs.InodeEmbedder, name string, o
 	if err != nil {
 		return nil, n.root.errno("link", err)
 	}
-	return n.child(ctx, m, n.cues, out), 0
+	return n.child(ctx, name, m, n.cues, out, true), 0
 }
 
 // Unlink implements fs.NodeUnlinker.

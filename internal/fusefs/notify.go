@@ -1,6 +1,7 @@
 package fusefs
 
 import (
+	"sync/atomic"
 	"time"
 
 	"github.com/hanwen/go-fuse/v2/fs"
@@ -14,12 +15,35 @@ import (
 const notifyWait = 50 * time.Millisecond
 
 // inodes tracks the kernel-visible inodes of each object (the plain view
-// and any cue views), so that a revoked lease reaches all of them.
+// and any cue views), so that a revoked lease reaches all of them, and
+// what the kernel may hold of each inode number.
 type inodes struct {
-	byID map[oid.ID]map[*node]struct{}
+	byID  map[oid.ID]map[*node]struct{}
+	byIno map[uint64]*kernelState
 }
 
-// track records n as an inode of its object.
+// kernelState is what the kernel may hold of one inode number. It is
+// shared by every node of that number: go-fuse keeps the first node it
+// registered for a number, and a lookup that made another (a second name
+// of a file, a race) hands the kernel attributes for the same inode.
+type kernelState struct {
+	// until (Unix ns) is when the attributes last handed to the kernel
+	// with a timeout expire there, plus slack; a revocation tells the
+	// kernel only before then.
+	until atomic.Int64
+	// changedAt (Unix ns) is when the object last changed, as far as
+	// this mount knows (a revocation, or a create or link here).
+	changedAt atomic.Int64
+	refs      int // tracked nodes of this number (under root.mu)
+}
+
+// garbageAfter is how long a node go-fuse never registered (or that the
+// kernel forgot without telling) stays tracked: a registration completes
+// within the lookup that made the node.
+const garbageAfter = time.Minute
+
+// track records n as an inode of its object and gives it its number's
+// kernel state.
 func (r *root) track(n *node) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -28,36 +52,76 @@ func (r *root) track(n *node) {
 		set = map[*node]struct{}{}
 		r.inodes.byID[n.id] = set
 	}
+	if _, ok := set[n]; ok {
+		return
+	}
 	set[n] = struct{}{}
+	n.ino = n.StableAttr().Ino // the root's is 0 here (not yet mounted): it is alone anyway
+	k := r.inodes.byIno[n.ino]
+	if k == nil {
+		k = &kernelState{}
+		r.inodes.byIno[n.ino] = k
+	}
+	k.refs++
+	n.kernel = k
+	n.born = time.Now()
 }
 
-// OnForget implements fs.NodeOnForgetter: the kernel forgot the inode.
-func (n *node) OnForget() {
-	r := n.root
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if set := r.inodes.byID[n.id]; set != nil {
-		delete(set, n)
-		if len(set) == 0 {
-			delete(r.inodes.byID, n.id)
+// untrackLocked forgets n.
+func (r *root) untrackLocked(n *node) {
+	set := r.inodes.byID[n.id]
+	if _, ok := set[n]; !ok {
+		return
+	}
+	delete(set, n)
+	if len(set) == 0 {
+		delete(r.inodes.byID, n.id)
+	}
+	if k := r.inodes.byIno[n.ino]; k == n.kernel {
+		if k.refs--; k.refs == 0 {
+			delete(r.inodes.byIno, n.ino)
 		}
 	}
 }
 
+// OnForget implements fs.NodeOnForgetter: the kernel forgot the inode.
+func (n *node) OnForget() {
+	n.root.mu.Lock()
+	defer n.root.mu.Unlock()
+	n.root.untrackLocked(n)
+}
+
 // revoked invalidates the kernel's cached attributes of ids because the
 // core's leases on them were revoked, so the kernel never serves what the
-// core would not. Only attributes: dropping pages or names makes the kernel
+// core would not; inodes whose attributes the kernel cannot hold (none
+// handed out, or expired) cost no notification, which a one-host tar -x
+// otherwise paid several times per file (docs/BENCHMARKS.md). Only attributes: dropping pages or names makes the kernel
 // wait for locks that a request of this mount may hold while it waits for
 // the very update being revoked, and a mount killed then stays unkillable
 // (we saw it: kill -9 of wheelfs up left it in D state). The kernel keeps
 // no names at all (entry timeout 0, answered from the core's leases), and
 // its pages are kept at open only when the version is unchanged.
 func (r *root) revoked(ids []oid.ID) {
+	now := time.Now()
+	type held struct {
+		n     *node
+		until int64
+	}
+	var nodes []held
 	r.mu.Lock()
-	var nodes []*node
 	for _, id := range ids {
 		for n := range r.inodes.byID[id] {
-			nodes = append(nodes, n)
+			if now.Sub(n.born) > garbageAfter && !n.IsRoot() && n.Forgotten() {
+				r.untrackLocked(n) // never registered, or forgotten unannounced
+				continue
+			}
+			k := n.kernel
+			k.changedAt.Store(now.UnixNano())
+			// Only where the kernel may hold attributes: after a
+			// notification it holds none until a reply gives it some.
+			if until := k.until.Load(); until > now.UnixNano() {
+				nodes = append(nodes, held{n, until})
+			}
 		}
 	}
 	r.mu.Unlock()
@@ -67,8 +131,9 @@ func (r *root) revoked(ids []oid.ID) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		for _, n := range nodes {
-			n.EmbeddedInode().NotifyContent(-1, 0)
+		for _, h := range nodes {
+			h.n.EmbeddedInode().NotifyContent(-1, 0)
+			h.n.kernel.until.CompareAndSwap(h.until, 0) // unless a reply gave more since
 		}
 	}()
 	select {

@@ -66,7 +66,8 @@ func (r *root) endWalk(ctx context.Context) {
 // stepAs is step for a request of the given kind.
 func (r *root) stepAs(ctx context.Context, kind stepKind) (context.Context, func()) {
 	final := kind == stepFinal
-	ctx = detach(ctx)
+	// Before anything is read for this request: see root.attrTimeout.
+	ctx = context.WithValue(detach(ctx), markKey{}, r.core.RevocationMark())
 	c, ok := fuse.FromContext(ctx)
 	if !ok {
 		return ctx, func() {}

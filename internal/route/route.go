@@ -222,7 +222,7 @@ func (r *Router) Replicas(ctx context.Context, s oid.Slice) ([]client.Conn, erro
 func (r *Router) server(t *configsvc.Table, id string) (client.Conn, error) {
 	info, ok := t.Servers[id]
 	if id == r.opts.LocalID && r.opts.Local != nil {
-		return client.Conn{ID: id, Site: info.Site, StorageClient: r.opts.Local}, nil
+		return client.Conn{ID: id, Site: info.Site, StorageClient: r.opts.Local, InProcess: true}, nil
 	}
 	if !ok {
 		return client.Conn{}, fmt.Errorf("route: server %s is not registered: %w", id, fserr.ErrIO)

@@ -22,7 +22,8 @@ import (
 var peerMethods = "/" + wire.Peer_ServiceDesc.ServiceName + "/"
 
 // UnaryInterceptor is the gRPC edge of both services: it admits Peer calls
-// only from registered servers; it holds each client node to its request
+// only from registered servers (fsck's also from the CA key's holder,
+// authAdmin); it holds each client node to its request
 // rate (RateLimit), checks a Storage request's limits (limits.go) and its
 // callers' sessions (Config.Users); it maps every handler error to a
 // status (fserr.ToStatus), so handlers return plain wrapped errors; and it
@@ -32,7 +33,11 @@ var peerMethods = "/" + wire.Peer_ServiceDesc.ServiceName + "/"
 func (s *Server) UnaryInterceptor() grpc.UnaryServerInterceptor {
 	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (resp any, err error) {
 		defer s.recoverPanic(info.FullMethod, &err)
-		if strings.HasPrefix(info.FullMethod, peerMethods) {
+		if isFsckMethod(info.FullMethod) {
+			if err := s.authAdmin(ctx); err != nil {
+				return nil, fserr.ToStatus(err)
+			}
+		} else if strings.HasPrefix(info.FullMethod, peerMethods) {
 			if err := s.authPeer(ctx); err != nil {
 				return nil, fserr.ToStatus(err)
 			}

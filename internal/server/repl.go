@@ -99,11 +99,12 @@ type follower struct {
 	id      string
 	kick    chan struct{}
 	stop    context.CancelFunc
-	synced  bool   // acked is meaningful
-	acked   uint64 // last seq the backup has durably
-	pin     uint64 // a snapshot at this seq is on its way: keep later batches
-	force   bool   // send a snapshot even if the backup seems to follow
-	busy    bool   // it holds eventual changes not yet reconciled
+	synced  bool     // acked is meaningful
+	acked   uint64   // last seq the backup has durably
+	pin     uint64   // a snapshot at this seq is on its way: keep later batches
+	force   bool     // send a snapshot even if the backup seems to follow
+	extra   []oid.ID // objects the next snapshot sends whatever the digests say (fsck)
+	busy    bool     // it holds eventual changes not yet reconciled
 	lastOK  time.Time
 	failing time.Time // first failure since lastOK (zero when fine)
 }
@@ -611,19 +612,24 @@ func (r *sliceRepl) setBusy(f *follower) {
 	r.mu.Unlock()
 }
 
-// resync makes backup id get a snapshot (its copy differs from ours).
-func (r *sliceRepl) resync(id string) {
+// resync makes backup id get a snapshot (its copy differs from ours),
+// which sends the objects extra whole even where the digests agree (a
+// directory entry the digest does not cover); false if id is not a
+// backup of the slice.
+func (r *sliceRepl) resync(id string, extra ...oid.ID) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	f, ok := r.followers[id]
 	if !ok {
-		return
+		return false
 	}
 	f.synced, f.force = false, true
+	f.extra = append(f.extra, extra...)
 	select {
 	case f.kick <- struct{}{}:
 	default:
 	}
+	return true
 }
 
 // due reports whether a periodic task last run at *last is due (every

@@ -29,7 +29,12 @@ func (s *Server) digest(sl oid.Slice) (*wire.DigestResponse, error) {
 // diff computes the Install requests that make a replica with digest dig
 // equal to this server's copy of slice s, read in one consistent view.
 // The position they carry is this server's, with the given epoch.
-func (s *Server) diff(slice oid.Slice, dig *wire.DigestResponse, epoch int64) ([]*wire.InstallRequest, error) {
+// Objects named in extra are sent whatever the digest says.
+func (s *Server) diff(slice oid.Slice, dig *wire.DigestResponse, epoch int64, extra ...oid.ID) ([]*wire.InstallRequest, error) {
+	forced := make(map[uint64]bool, len(extra))
+	for _, id := range extra {
+		forced[uint64(id)] = true
+	}
 	theirs := make(map[uint64][2]uint64, len(dig.GetIds()))
 	for i, id := range dig.GetIds() {
 		if i < len(dig.Versions) && i < len(dig.Sums) {
@@ -44,7 +49,7 @@ func (s *Server) diff(slice oid.Slice, dig *wire.DigestResponse, epoch int64) ([
 		err := tx.SliceMetas(slice, func(m *wire.Meta) bool {
 			t, ok := theirs[m.Id]
 			delete(theirs, m.Id)
-			if !ok || t[0] != m.Version || t[1] != store.MetaSum(m) {
+			if !ok || t[0] != m.Version || t[1] != store.MetaSum(m) || forced[m.Id] {
 				ids = append(ids, oid.ID(m.Id))
 			}
 			return true
@@ -104,8 +109,9 @@ func (r *sliceRepl) snapshot(ctx context.Context, f *follower) error {
 		r.mu.Unlock()
 		return nil
 	}
+	extra := f.extra
 	r.mu.Unlock()
-	reqs, err := r.s.diff(r.slice, dig, r.epoch)
+	reqs, err := r.s.diff(r.slice, dig, r.epoch, extra...)
 	if err != nil {
 		return err
 	}
@@ -128,6 +134,9 @@ func (r *sliceRepl) snapshot(ctx context.Context, f *follower) error {
 		}
 	}
 	last := reqs[len(reqs)-1]
+	r.mu.Lock()
+	f.extra = f.extra[len(extra):] // those added meanwhile go next time
+	r.mu.Unlock()
 	r.s.log.Info("backup brought up to date", "slice", r.slice, "backup", f.id, "seq", last.Seq)
 	return r.outcome(f, wire.ReplStatus_REPL_OK, last.Seq)
 }

@@ -154,7 +154,16 @@ func MetaSum(m *wire.Meta) uint64 {
 // SliceMetas calls fn for every object of slice s, in ID order, until fn
 // returns false.
 func (t *Tx) SliceMetas(s oid.Slice, fn func(m *wire.Meta) bool) error {
+	return t.SliceMetasAfter(s, 0, fn)
+}
+
+// SliceMetasAfter is SliceMetas from the first object after ID after (0:
+// from the slice's start), for reading a slice in pages.
+func (t *Tx) SliceMetasAfter(s oid.Slice, after oid.ID, fn func(m *wire.Meta) bool) error {
 	seek := idKey(oid.Make(s, 0))
+	if after != 0 {
+		seek = idKey(after + 1)
+	}
 	var err error
 	t.scan(bObjects, seek[:], 0, func(k, v []byte) bool {
 		if len(k) != 8 || oid.ID(binary.BigEndian.Uint64(k)).Slice() != s {
@@ -168,6 +177,31 @@ func (t *Tx) SliceMetas(s oid.Slice, fn func(m *wire.Meta) bool) error {
 		return fn(m)
 	})
 	return err
+}
+
+// ObjectSlices returns the slices this store holds objects of, in order:
+// one seek per slice, not a scan of every object.
+func (t *Tx) ObjectSlices() []oid.Slice {
+	var out []oid.Slice
+	next := oid.Slice(0)
+	for {
+		seek := idKey(oid.Make(next, 0))
+		found := false
+		t.scan(bObjects, seek[:], 0, func(k, _ []byte) bool {
+			if len(k) == 8 {
+				next, found = oid.ID(binary.BigEndian.Uint64(k)).Slice(), true
+			}
+			return false
+		})
+		if !found {
+			return out
+		}
+		out = append(out, next)
+		if next >= oid.MaxSlice {
+			return out
+		}
+		next++
+	}
 }
 
 // ObjectState returns everything stored about object id.

@@ -2,6 +2,7 @@ package store
 
 import (
 	"math/rand/v2"
+	"slices"
 	"testing"
 
 	"google.golang.org/protobuf/proto"
@@ -182,4 +183,28 @@ func randBlockSeeded(n int) []byte {
 		b[i] = byte(r.Uint32())
 	}
 	return b
+}
+
+// TestObjectSlices lists the slices with objects, including those only
+// in the uncheckpointed overlay and the largest slice number.
+func TestObjectSlices(t *testing.T) {
+	s := openT(t, t.TempDir(), Options{})
+	want := []oid.Slice{1, 5, 6, 900, oid.MaxSlice}
+	if err := s.Update(t.Context(), func(tx *Tx) error {
+		for _, sl := range want {
+			for c := uint64(1); c <= 3; c++ {
+				if err := tx.PutMeta(&wire.Meta{Id: uint64(oid.Make(sl, c)), Type: wire.Type_TYPE_FILE, Version: 1}); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	var got []oid.Slice
+	_ = s.View(func(tx *Tx) error { got = tx.ObjectSlices(); return nil })
+	if !slices.Equal(got, want) {
+		t.Fatalf("ObjectSlices = %v, want %v", got, want)
+	}
 }

@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"text/tabwriter"
 	"time"
@@ -553,36 +554,67 @@ func withDirLock(dir string, fn func(abs string) error) error {
 	return fn(dir)
 }
 
-// Kill stops a host's process: SIGTERM (a clean stop that hands slice
-// locks back) or, with kill9, SIGKILL (a crash).
-func Kill(dir, name string, kill9 bool) error {
-	return onHost(dir, name, func(st *State, h *Host) error { return h.stop(kill9, 30*time.Second) })
+// Kill stops hosts' processes together: SIGTERM (a clean stop that hands
+// slice locks back) or, with kill9, SIGKILL (a crash). Every host is
+// signalled before any is waited for, so several hosts stop at once.
+func Kill(dir string, names []string, kill9 bool) error {
+	return onHosts(dir, names, func(st *State, hs []*Host) error { return stopAll(hs, kill9) })
 }
 
-// Restart stops a host's process if it runs and starts it again, waiting
-// until it serves.
-func Restart(ctx context.Context, dir, name string) error {
-	return onHost(dir, name, func(st *State, h *Host) error {
-		if err := h.stop(false, 30*time.Second); err != nil {
+// Restart stops hosts' processes if they run and starts them again on
+// the same data, waiting until every one serves. The hosts stop together
+// and start together, as after a power cut or a coordinated restart.
+func Restart(ctx context.Context, dir string, names []string) error {
+	return onHosts(dir, names, func(st *State, hs []*Host) error {
+		if err := stopAll(hs, false); err != nil {
 			return err
 		}
-		if err := st.start(h); err != nil {
-			return err
+		for _, h := range hs {
+			if err := st.start(h); err != nil {
+				return err
+			}
 		}
 		if err := st.Save(); err != nil {
 			return err
 		}
-		return h.waitReady(ctx, readyTimeout)
+		for _, h := range hs {
+			if err := h.waitReady(ctx, readyTimeout); err != nil {
+				return err
+			}
+		}
+		return nil
 	})
 }
 
-func onHost(dir, name string, fn func(*State, *Host) error) error {
+// stopAll signals every host, then waits for each to exit.
+func stopAll(hs []*Host, kill9 bool) error {
+	errs := make([]error, len(hs))
+	var wg sync.WaitGroup
+	for i, h := range hs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = h.stop(kill9, 30*time.Second)
+		}()
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+func onHosts(dir string, names []string, fn func(*State, []*Host) error) error {
 	return locked(dir, func(st *State) error {
-		h, err := st.Host(name)
-		if err != nil {
-			return err
+		var hs []*Host
+		for _, name := range names {
+			h, err := st.Host(name)
+			if err != nil {
+				return err
+			}
+			if slices.Contains(hs, h) {
+				return fmt.Errorf("host %s named twice", name)
+			}
+			hs = append(hs, h)
 		}
-		return fn(st, h)
+		return fn(st, hs)
 	})
 }
 

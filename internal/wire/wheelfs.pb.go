@@ -219,6 +219,77 @@ func (ReplStatus) EnumDescriptor() ([]byte, []int) {
 	return file_wheelfs_proto_rawDescGZIP(), []int{2}
 }
 
+type FsckRepairKind int32
+
+const (
+	FsckRepairKind_FSCK_REPAIR_UNSPECIFIED FsckRepairKind = 0
+	// At the directory's primary: drop entry name of dir if it still names id.
+	FsckRepairKind_FSCK_DROP_ENTRY FsckRepairKind = 1
+	// At the object's primary: set id's link count to nlink (and a
+	// directory's parent to parent, when non-zero) if its version is still
+	// version.
+	FsckRepairKind_FSCK_SET_LINKS FsckRepairKind = 2
+	// At the directory's primary: add entry name -> (id, type) to dir
+	// unless the name exists.
+	FsckRepairKind_FSCK_ADD_ENTRY FsckRepairKind = 3
+	// At the root's primary: make /lost+found (mode 0700, root's) unless it
+	// exists; answers its ID.
+	FsckRepairKind_FSCK_LOST_FOUND FsckRepairKind = 4
+	// At the slice's primary: send backup server a snapshot.
+	FsckRepairKind_FSCK_RESYNC FsckRepairKind = 5
+	// At a server not in the slice's replica list: delete its copy.
+	FsckRepairKind_FSCK_DROP_COPY FsckRepairKind = 6
+)
+
+// Enum value maps for FsckRepairKind.
+var (
+	FsckRepairKind_name = map[int32]string{
+		0: "FSCK_REPAIR_UNSPECIFIED",
+		1: "FSCK_DROP_ENTRY",
+		2: "FSCK_SET_LINKS",
+		3: "FSCK_ADD_ENTRY",
+		4: "FSCK_LOST_FOUND",
+		5: "FSCK_RESYNC",
+		6: "FSCK_DROP_COPY",
+	}
+	FsckRepairKind_value = map[string]int32{
+		"FSCK_REPAIR_UNSPECIFIED": 0,
+		"FSCK_DROP_ENTRY":         1,
+		"FSCK_SET_LINKS":          2,
+		"FSCK_ADD_ENTRY":          3,
+		"FSCK_LOST_FOUND":         4,
+		"FSCK_RESYNC":             5,
+		"FSCK_DROP_COPY":          6,
+	}
+)
+
+func (x FsckRepairKind) Enum() *FsckRepairKind {
+	p := new(FsckRepairKind)
+	*p = x
+	return p
+}
+
+func (x FsckRepairKind) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (FsckRepairKind) Descriptor() protoreflect.EnumDescriptor {
+	return file_wheelfs_proto_enumTypes[3].Descriptor()
+}
+
+func (FsckRepairKind) Type() protoreflect.EnumType {
+	return &file_wheelfs_proto_enumTypes[3]
+}
+
+func (x FsckRepairKind) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use FsckRepairKind.Descriptor instead.
+func (FsckRepairKind) EnumDescriptor() ([]byte, []int) {
+	return file_wheelfs_proto_rawDescGZIP(), []int{3}
+}
+
 // Persistent cues recorded on an object at creation (immutable).
 type Cues struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -6863,6 +6934,538 @@ func (x *RenewCertificateResponse) GetCert() []byte {
 	return nil
 }
 
+// FsckSlicesRequest asks which slices a server keeps a copy of.
+type FsckSlicesRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FsckSlicesRequest) Reset() {
+	*x = FsckSlicesRequest{}
+	mi := &file_wheelfs_proto_msgTypes[99]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FsckSlicesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FsckSlicesRequest) ProtoMessage() {}
+
+func (x *FsckSlicesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_wheelfs_proto_msgTypes[99]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FsckSlicesRequest.ProtoReflect.Descriptor instead.
+func (*FsckSlicesRequest) Descriptor() ([]byte, []int) {
+	return file_wheelfs_proto_rawDescGZIP(), []int{99}
+}
+
+// FsckSlicesResponse: the slices with objects or a stream position in
+// the server's store, in order.
+type FsckSlicesResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Slices        []uint32               `protobuf:"varint,1,rep,packed,name=slices,proto3" json:"slices,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FsckSlicesResponse) Reset() {
+	*x = FsckSlicesResponse{}
+	mi := &file_wheelfs_proto_msgTypes[100]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FsckSlicesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FsckSlicesResponse) ProtoMessage() {}
+
+func (x *FsckSlicesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_wheelfs_proto_msgTypes[100]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FsckSlicesResponse.ProtoReflect.Descriptor instead.
+func (*FsckSlicesResponse) Descriptor() ([]byte, []int) {
+	return file_wheelfs_proto_rawDescGZIP(), []int{100}
+}
+
+func (x *FsckSlicesResponse) GetSlices() []uint32 {
+	if x != nil {
+		return x.Slices
+	}
+	return nil
+}
+
+// FsckListRequest asks for one page of a server's copy of a slice, in ID
+// order: the objects after after_id or, with after_name set, the rest of
+// directory after_id's entries (after that name) first.
+type FsckListRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Slice         uint32                 `protobuf:"varint,1,opt,name=slice,proto3" json:"slice,omitempty"`
+	AfterId       uint64                 `protobuf:"varint,2,opt,name=after_id,json=afterId,proto3" json:"after_id,omitempty"`
+	AfterName     string                 `protobuf:"bytes,3,opt,name=after_name,json=afterName,proto3" json:"after_name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FsckListRequest) Reset() {
+	*x = FsckListRequest{}
+	mi := &file_wheelfs_proto_msgTypes[101]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FsckListRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FsckListRequest) ProtoMessage() {}
+
+func (x *FsckListRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_wheelfs_proto_msgTypes[101]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FsckListRequest.ProtoReflect.Descriptor instead.
+func (*FsckListRequest) Descriptor() ([]byte, []int) {
+	return file_wheelfs_proto_rawDescGZIP(), []int{101}
+}
+
+func (x *FsckListRequest) GetSlice() uint32 {
+	if x != nil {
+		return x.Slice
+	}
+	return 0
+}
+
+func (x *FsckListRequest) GetAfterId() uint64 {
+	if x != nil {
+		return x.AfterId
+	}
+	return 0
+}
+
+func (x *FsckListRequest) GetAfterName() string {
+	if x != nil {
+		return x.AfterName
+	}
+	return ""
+}
+
+// FsckObject is one object as fsck checks it.
+type FsckObject struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            uint64                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
+	Type          Type                   `protobuf:"varint,2,opt,name=type,proto3,enum=wheelfs.v1.Type" json:"type,omitempty"`
+	Version       uint64                 `protobuf:"varint,3,opt,name=version,proto3" json:"version,omitempty"`
+	Nlink         uint32                 `protobuf:"varint,4,opt,name=nlink,proto3" json:"nlink,omitempty"`
+	Sum           uint64                 `protobuf:"varint,5,opt,name=sum,proto3" json:"sum,omitempty"`        // store.MetaSum of its meta-data
+	Parent        uint64                 `protobuf:"varint,6,opt,name=parent,proto3" json:"parent,omitempty"`  // directories
+	Orphan        bool                   `protobuf:"varint,7,opt,name=orphan,proto3" json:"orphan,omitempty"`  // unlinked while open (kept until released)
+	Entries       []*Entry               `protobuf:"bytes,8,rep,name=entries,proto3" json:"entries,omitempty"` // directories: a page of entries
+	CtimeNs       int64                  `protobuf:"varint,9,opt,name=ctime_ns,json=ctimeNs,proto3" json:"ctime_ns,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FsckObject) Reset() {
+	*x = FsckObject{}
+	mi := &file_wheelfs_proto_msgTypes[102]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FsckObject) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FsckObject) ProtoMessage() {}
+
+func (x *FsckObject) ProtoReflect() protoreflect.Message {
+	mi := &file_wheelfs_proto_msgTypes[102]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FsckObject.ProtoReflect.Descriptor instead.
+func (*FsckObject) Descriptor() ([]byte, []int) {
+	return file_wheelfs_proto_rawDescGZIP(), []int{102}
+}
+
+func (x *FsckObject) GetId() uint64 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+func (x *FsckObject) GetType() Type {
+	if x != nil {
+		return x.Type
+	}
+	return Type_TYPE_UNSPECIFIED
+}
+
+func (x *FsckObject) GetVersion() uint64 {
+	if x != nil {
+		return x.Version
+	}
+	return 0
+}
+
+func (x *FsckObject) GetNlink() uint32 {
+	if x != nil {
+		return x.Nlink
+	}
+	return 0
+}
+
+func (x *FsckObject) GetSum() uint64 {
+	if x != nil {
+		return x.Sum
+	}
+	return 0
+}
+
+func (x *FsckObject) GetParent() uint64 {
+	if x != nil {
+		return x.Parent
+	}
+	return 0
+}
+
+func (x *FsckObject) GetOrphan() bool {
+	if x != nil {
+		return x.Orphan
+	}
+	return false
+}
+
+func (x *FsckObject) GetEntries() []*Entry {
+	if x != nil {
+		return x.Entries
+	}
+	return nil
+}
+
+func (x *FsckObject) GetCtimeNs() int64 {
+	if x != nil {
+		return x.CtimeNs
+	}
+	return 0
+}
+
+// FsckListResponse is a page: at most wire.MaxListEntries objects and
+// entries together. next_id/next_name continue it (eof: none). epoch and
+// seq are the slice's stream position in the page's view; diverged: the
+// server holds eventual changes of the slice not yet reconciled.
+type FsckListResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Objects       []*FsckObject          `protobuf:"bytes,1,rep,name=objects,proto3" json:"objects,omitempty"`
+	Eof           bool                   `protobuf:"varint,2,opt,name=eof,proto3" json:"eof,omitempty"`
+	NextId        uint64                 `protobuf:"varint,3,opt,name=next_id,json=nextId,proto3" json:"next_id,omitempty"`
+	NextName      string                 `protobuf:"bytes,4,opt,name=next_name,json=nextName,proto3" json:"next_name,omitempty"`
+	Epoch         int64                  `protobuf:"varint,5,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	Seq           uint64                 `protobuf:"varint,6,opt,name=seq,proto3" json:"seq,omitempty"`
+	Diverged      bool                   `protobuf:"varint,7,opt,name=diverged,proto3" json:"diverged,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FsckListResponse) Reset() {
+	*x = FsckListResponse{}
+	mi := &file_wheelfs_proto_msgTypes[103]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FsckListResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FsckListResponse) ProtoMessage() {}
+
+func (x *FsckListResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_wheelfs_proto_msgTypes[103]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FsckListResponse.ProtoReflect.Descriptor instead.
+func (*FsckListResponse) Descriptor() ([]byte, []int) {
+	return file_wheelfs_proto_rawDescGZIP(), []int{103}
+}
+
+func (x *FsckListResponse) GetObjects() []*FsckObject {
+	if x != nil {
+		return x.Objects
+	}
+	return nil
+}
+
+func (x *FsckListResponse) GetEof() bool {
+	if x != nil {
+		return x.Eof
+	}
+	return false
+}
+
+func (x *FsckListResponse) GetNextId() uint64 {
+	if x != nil {
+		return x.NextId
+	}
+	return 0
+}
+
+func (x *FsckListResponse) GetNextName() string {
+	if x != nil {
+		return x.NextName
+	}
+	return ""
+}
+
+func (x *FsckListResponse) GetEpoch() int64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *FsckListResponse) GetSeq() uint64 {
+	if x != nil {
+		return x.Seq
+	}
+	return 0
+}
+
+func (x *FsckListResponse) GetDiverged() bool {
+	if x != nil {
+		return x.Diverged
+	}
+	return false
+}
+
+// FsckRepairRequest is one repair; which fields count depends on kind.
+type FsckRepairRequest struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Kind    FsckRepairKind         `protobuf:"varint,1,opt,name=kind,proto3,enum=wheelfs.v1.FsckRepairKind" json:"kind,omitempty"`
+	Slice   uint32                 `protobuf:"varint,2,opt,name=slice,proto3" json:"slice,omitempty"`
+	Id      uint64                 `protobuf:"varint,3,opt,name=id,proto3" json:"id,omitempty"`
+	Dir     uint64                 `protobuf:"varint,4,opt,name=dir,proto3" json:"dir,omitempty"`
+	Name    string                 `protobuf:"bytes,5,opt,name=name,proto3" json:"name,omitempty"`
+	Type    Type                   `protobuf:"varint,6,opt,name=type,proto3,enum=wheelfs.v1.Type" json:"type,omitempty"`
+	Nlink   uint32                 `protobuf:"varint,7,opt,name=nlink,proto3" json:"nlink,omitempty"`
+	Parent  uint64                 `protobuf:"varint,8,opt,name=parent,proto3" json:"parent,omitempty"`
+	Version uint64                 `protobuf:"varint,9,opt,name=version,proto3" json:"version,omitempty"`
+	Server  string                 `protobuf:"bytes,10,opt,name=server,proto3" json:"server,omitempty"`
+	// FSCK_RESYNC: objects to send whole, whatever the digests say (a
+	// directory whose entries differ at the same meta-data version).
+	Ids           []uint64 `protobuf:"varint,11,rep,packed,name=ids,proto3" json:"ids,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FsckRepairRequest) Reset() {
+	*x = FsckRepairRequest{}
+	mi := &file_wheelfs_proto_msgTypes[104]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FsckRepairRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FsckRepairRequest) ProtoMessage() {}
+
+func (x *FsckRepairRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_wheelfs_proto_msgTypes[104]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FsckRepairRequest.ProtoReflect.Descriptor instead.
+func (*FsckRepairRequest) Descriptor() ([]byte, []int) {
+	return file_wheelfs_proto_rawDescGZIP(), []int{104}
+}
+
+func (x *FsckRepairRequest) GetKind() FsckRepairKind {
+	if x != nil {
+		return x.Kind
+	}
+	return FsckRepairKind_FSCK_REPAIR_UNSPECIFIED
+}
+
+func (x *FsckRepairRequest) GetSlice() uint32 {
+	if x != nil {
+		return x.Slice
+	}
+	return 0
+}
+
+func (x *FsckRepairRequest) GetId() uint64 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+func (x *FsckRepairRequest) GetDir() uint64 {
+	if x != nil {
+		return x.Dir
+	}
+	return 0
+}
+
+func (x *FsckRepairRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *FsckRepairRequest) GetType() Type {
+	if x != nil {
+		return x.Type
+	}
+	return Type_TYPE_UNSPECIFIED
+}
+
+func (x *FsckRepairRequest) GetNlink() uint32 {
+	if x != nil {
+		return x.Nlink
+	}
+	return 0
+}
+
+func (x *FsckRepairRequest) GetParent() uint64 {
+	if x != nil {
+		return x.Parent
+	}
+	return 0
+}
+
+func (x *FsckRepairRequest) GetVersion() uint64 {
+	if x != nil {
+		return x.Version
+	}
+	return 0
+}
+
+func (x *FsckRepairRequest) GetServer() string {
+	if x != nil {
+		return x.Server
+	}
+	return ""
+}
+
+func (x *FsckRepairRequest) GetIds() []uint64 {
+	if x != nil {
+		return x.Ids
+	}
+	return nil
+}
+
+// FsckRepairResponse: changed is false when the state was no longer the
+// one reported (nothing done); id answers FSCK_LOST_FOUND.
+type FsckRepairResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Changed       bool                   `protobuf:"varint,1,opt,name=changed,proto3" json:"changed,omitempty"`
+	Id            uint64                 `protobuf:"varint,2,opt,name=id,proto3" json:"id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FsckRepairResponse) Reset() {
+	*x = FsckRepairResponse{}
+	mi := &file_wheelfs_proto_msgTypes[105]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FsckRepairResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FsckRepairResponse) ProtoMessage() {}
+
+func (x *FsckRepairResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_wheelfs_proto_msgTypes[105]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FsckRepairResponse.ProtoReflect.Descriptor instead.
+func (*FsckRepairResponse) Descriptor() ([]byte, []int) {
+	return file_wheelfs_proto_rawDescGZIP(), []int{105}
+}
+
+func (x *FsckRepairResponse) GetChanged() bool {
+	if x != nil {
+		return x.Changed
+	}
+	return false
+}
+
+func (x *FsckRepairResponse) GetId() uint64 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
 var File_wheelfs_proto protoreflect.FileDescriptor
 
 const file_wheelfs_proto_rawDesc = "" +
@@ -7361,7 +7964,50 @@ const file_wheelfs_proto_rawDesc = "" +
 	"\x17RenewCertificateRequest\x12\x10\n" +
 	"\x03csr\x18\x01 \x01(\fR\x03csr\".\n" +
 	"\x18RenewCertificateResponse\x12\x12\n" +
-	"\x04cert\x18\x01 \x01(\fR\x04cert*\x8a\x01\n" +
+	"\x04cert\x18\x01 \x01(\fR\x04cert\"\x13\n" +
+	"\x11FsckSlicesRequest\",\n" +
+	"\x12FsckSlicesResponse\x12\x16\n" +
+	"\x06slices\x18\x01 \x03(\rR\x06slices\"a\n" +
+	"\x0fFsckListRequest\x12\x14\n" +
+	"\x05slice\x18\x01 \x01(\rR\x05slice\x12\x19\n" +
+	"\bafter_id\x18\x02 \x01(\x04R\aafterId\x12\x1d\n" +
+	"\n" +
+	"after_name\x18\x03 \x01(\tR\tafterName\"\xfc\x01\n" +
+	"\n" +
+	"FsckObject\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\x04R\x02id\x12$\n" +
+	"\x04type\x18\x02 \x01(\x0e2\x10.wheelfs.v1.TypeR\x04type\x12\x18\n" +
+	"\aversion\x18\x03 \x01(\x04R\aversion\x12\x14\n" +
+	"\x05nlink\x18\x04 \x01(\rR\x05nlink\x12\x10\n" +
+	"\x03sum\x18\x05 \x01(\x04R\x03sum\x12\x16\n" +
+	"\x06parent\x18\x06 \x01(\x04R\x06parent\x12\x16\n" +
+	"\x06orphan\x18\a \x01(\bR\x06orphan\x12+\n" +
+	"\aentries\x18\b \x03(\v2\x11.wheelfs.v1.EntryR\aentries\x12\x19\n" +
+	"\bctime_ns\x18\t \x01(\x03R\actimeNs\"\xd0\x01\n" +
+	"\x10FsckListResponse\x120\n" +
+	"\aobjects\x18\x01 \x03(\v2\x16.wheelfs.v1.FsckObjectR\aobjects\x12\x10\n" +
+	"\x03eof\x18\x02 \x01(\bR\x03eof\x12\x17\n" +
+	"\anext_id\x18\x03 \x01(\x04R\x06nextId\x12\x1b\n" +
+	"\tnext_name\x18\x04 \x01(\tR\bnextName\x12\x14\n" +
+	"\x05epoch\x18\x05 \x01(\x03R\x05epoch\x12\x10\n" +
+	"\x03seq\x18\x06 \x01(\x04R\x03seq\x12\x1a\n" +
+	"\bdiverged\x18\a \x01(\bR\bdiverged\"\xa7\x02\n" +
+	"\x11FsckRepairRequest\x12.\n" +
+	"\x04kind\x18\x01 \x01(\x0e2\x1a.wheelfs.v1.FsckRepairKindR\x04kind\x12\x14\n" +
+	"\x05slice\x18\x02 \x01(\rR\x05slice\x12\x0e\n" +
+	"\x02id\x18\x03 \x01(\x04R\x02id\x12\x10\n" +
+	"\x03dir\x18\x04 \x01(\x04R\x03dir\x12\x12\n" +
+	"\x04name\x18\x05 \x01(\tR\x04name\x12$\n" +
+	"\x04type\x18\x06 \x01(\x0e2\x10.wheelfs.v1.TypeR\x04type\x12\x14\n" +
+	"\x05nlink\x18\a \x01(\rR\x05nlink\x12\x16\n" +
+	"\x06parent\x18\b \x01(\x04R\x06parent\x12\x18\n" +
+	"\aversion\x18\t \x01(\x04R\aversion\x12\x16\n" +
+	"\x06server\x18\n" +
+	" \x01(\tR\x06server\x12\x10\n" +
+	"\x03ids\x18\v \x03(\x04R\x03ids\">\n" +
+	"\x12FsckRepairResponse\x12\x18\n" +
+	"\achanged\x18\x01 \x01(\bR\achanged\x12\x0e\n" +
+	"\x02id\x18\x02 \x01(\x04R\x02id*\x8a\x01\n" +
 	"\x04Type\x12\x14\n" +
 	"\x10TYPE_UNSPECIFIED\x10\x00\x12\r\n" +
 	"\tTYPE_FILE\x10\x01\x12\f\n" +
@@ -7391,7 +8037,15 @@ const file_wheelfs_proto_rawDesc = "" +
 	"\x0eREPL_NEED_SYNC\x10\x01\x12\x14\n" +
 	"\x10REPL_STALE_EPOCH\x10\x02\x12\x17\n" +
 	"\x13REPL_MISSING_BLOCKS\x10\x03\x12\r\n" +
-	"\tREPL_BUSY\x10\x042\xce\x0f\n" +
+	"\tREPL_BUSY\x10\x04*\xa4\x01\n" +
+	"\x0eFsckRepairKind\x12\x1b\n" +
+	"\x17FSCK_REPAIR_UNSPECIFIED\x10\x00\x12\x13\n" +
+	"\x0fFSCK_DROP_ENTRY\x10\x01\x12\x12\n" +
+	"\x0eFSCK_SET_LINKS\x10\x02\x12\x12\n" +
+	"\x0eFSCK_ADD_ENTRY\x10\x03\x12\x13\n" +
+	"\x0fFSCK_LOST_FOUND\x10\x04\x12\x0f\n" +
+	"\vFSCK_RESYNC\x10\x05\x12\x12\n" +
+	"\x0eFSCK_DROP_COPY\x10\x062\xce\x0f\n" +
 	"\aStorage\x12?\n" +
 	"\x06Lookup\x12\x19.wheelfs.v1.LookupRequest\x1a\x1a.wheelfs.v1.LookupResponse\x12B\n" +
 	"\aGetAttr\x12\x1a.wheelfs.v1.GetAttrRequest\x1a\x1b.wheelfs.v1.GetAttrResponse\x12?\n" +
@@ -7422,7 +8076,7 @@ const file_wheelfs_proto_rawDesc = "" +
 	"\x05Login\x12\x18.wheelfs.v1.LoginRequest\x1a\x19.wheelfs.v1.LoginResponse\x12E\n" +
 	"\fRenewSession\x12\x1a.wheelfs.v1.SessionRequest\x1a\x19.wheelfs.v1.LoginResponse\x12@\n" +
 	"\x06Logout\x12\x1a.wheelfs.v1.SessionRequest\x1a\x1a.wheelfs.v1.LogoutResponse\x12]\n" +
-	"\x10RenewCertificate\x12#.wheelfs.v1.RenewCertificateRequest\x1a$.wheelfs.v1.RenewCertificateResponse2\x80\x06\n" +
+	"\x10RenewCertificate\x12#.wheelfs.v1.RenewCertificateRequest\x1a$.wheelfs.v1.RenewCertificateResponse2\xe1\a\n" +
 	"\x04Peer\x12H\n" +
 	"\tReplicate\x12\x1c.wheelfs.v1.ReplicateRequest\x1a\x1d.wheelfs.v1.ReplicateResponse\x12?\n" +
 	"\x06Digest\x12\x19.wheelfs.v1.DigestRequest\x1a\x1a.wheelfs.v1.DigestResponse\x12;\n" +
@@ -7434,7 +8088,12 @@ const file_wheelfs_proto_rawDesc = "" +
 	"\bDropLink\x12\x1b.wheelfs.v1.DropLinkRequest\x1a\x1c.wheelfs.v1.DropLinkResponse\x129\n" +
 	"\x04Stat\x12\x17.wheelfs.v1.StatRequest\x1a\x18.wheelfs.v1.StatResponse\x12B\n" +
 	"\aAddLink\x12\x1a.wheelfs.v1.AddLinkRequest\x1a\x1b.wheelfs.v1.AddLinkResponse\x12H\n" +
-	"\tReconcile\x12\x1c.wheelfs.v1.ReconcileRequest\x1a\x1d.wheelfs.v1.ReconcileResponse2[\n" +
+	"\tReconcile\x12\x1c.wheelfs.v1.ReconcileRequest\x1a\x1d.wheelfs.v1.ReconcileResponse\x12K\n" +
+	"\n" +
+	"FsckSlices\x12\x1d.wheelfs.v1.FsckSlicesRequest\x1a\x1e.wheelfs.v1.FsckSlicesResponse\x12E\n" +
+	"\bFsckList\x12\x1b.wheelfs.v1.FsckListRequest\x1a\x1c.wheelfs.v1.FsckListResponse\x12K\n" +
+	"\n" +
+	"FsckRepair\x12\x1d.wheelfs.v1.FsckRepairRequest\x1a\x1e.wheelfs.v1.FsckRepairResponse2[\n" +
 	"\tPeerCache\x12N\n" +
 	"\vFetchCached\x12\x1e.wheelfs.v1.FetchCachedRequest\x1a\x1f.wheelfs.v1.FetchCachedResponseB*Z(github.com/wheelfs/wheelfs/internal/wireb\x06proto3"
 
@@ -7450,302 +8109,321 @@ func file_wheelfs_proto_rawDescGZIP() []byte {
 	return file_wheelfs_proto_rawDescData
 }
 
-var file_wheelfs_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_wheelfs_proto_msgTypes = make([]protoimpl.MessageInfo, 99)
+var file_wheelfs_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
+var file_wheelfs_proto_msgTypes = make([]protoimpl.MessageInfo, 106)
 var file_wheelfs_proto_goTypes = []any{
 	(Type)(0),                        // 0: wheelfs.v1.Type
 	(MutationKind)(0),                // 1: wheelfs.v1.MutationKind
 	(ReplStatus)(0),                  // 2: wheelfs.v1.ReplStatus
-	(*Cues)(nil),                     // 3: wheelfs.v1.Cues
-	(*Meta)(nil),                     // 4: wheelfs.v1.Meta
-	(*AclEntry)(nil),                 // 5: wheelfs.v1.AclEntry
-	(*Entry)(nil),                    // 6: wheelfs.v1.Entry
-	(*Caller)(nil),                   // 7: wheelfs.v1.Caller
-	(*OpRef)(nil),                    // 8: wheelfs.v1.OpRef
-	(*OpOutcome)(nil),                // 9: wheelfs.v1.OpOutcome
-	(*HandleRef)(nil),                // 10: wheelfs.v1.HandleRef
-	(*LookupRequest)(nil),            // 11: wheelfs.v1.LookupRequest
-	(*LookupResponse)(nil),           // 12: wheelfs.v1.LookupResponse
-	(*GetAttrRequest)(nil),           // 13: wheelfs.v1.GetAttrRequest
-	(*GetAttrResponse)(nil),          // 14: wheelfs.v1.GetAttrResponse
-	(*CreateRequest)(nil),            // 15: wheelfs.v1.CreateRequest
-	(*CreateResponse)(nil),           // 16: wheelfs.v1.CreateResponse
-	(*Unsynced)(nil),                 // 17: wheelfs.v1.Unsynced
-	(*SyncRequest)(nil),              // 18: wheelfs.v1.SyncRequest
-	(*SyncResponse)(nil),             // 19: wheelfs.v1.SyncResponse
-	(*LinkRequest)(nil),              // 20: wheelfs.v1.LinkRequest
-	(*LinkResponse)(nil),             // 21: wheelfs.v1.LinkResponse
-	(*RemoveRequest)(nil),            // 22: wheelfs.v1.RemoveRequest
-	(*RemoveResponse)(nil),           // 23: wheelfs.v1.RemoveResponse
-	(*RenameRequest)(nil),            // 24: wheelfs.v1.RenameRequest
-	(*RenameResponse)(nil),           // 25: wheelfs.v1.RenameResponse
-	(*SetAttrRequest)(nil),           // 26: wheelfs.v1.SetAttrRequest
-	(*SetAttrResponse)(nil),          // 27: wheelfs.v1.SetAttrResponse
-	(*ReadDirRequest)(nil),           // 28: wheelfs.v1.ReadDirRequest
-	(*ReadDirResponse)(nil),          // 29: wheelfs.v1.ReadDirResponse
-	(*BlockRef)(nil),                 // 30: wheelfs.v1.BlockRef
-	(*GetBlocksRequest)(nil),         // 31: wheelfs.v1.GetBlocksRequest
-	(*GetBlocksResponse)(nil),        // 32: wheelfs.v1.GetBlocksResponse
-	(*ReadBlocksRequest)(nil),        // 33: wheelfs.v1.ReadBlocksRequest
-	(*ReadBlocksResponse)(nil),       // 34: wheelfs.v1.ReadBlocksResponse
-	(*PutBlocksRequest)(nil),         // 35: wheelfs.v1.PutBlocksRequest
-	(*PutBlocksResponse)(nil),        // 36: wheelfs.v1.PutBlocksResponse
-	(*CommitRequest)(nil),            // 37: wheelfs.v1.CommitRequest
-	(*CommitResponse)(nil),           // 38: wheelfs.v1.CommitResponse
-	(*XattrRequest)(nil),             // 39: wheelfs.v1.XattrRequest
-	(*XattrResponse)(nil),            // 40: wheelfs.v1.XattrResponse
-	(*StatFSRequest)(nil),            // 41: wheelfs.v1.StatFSRequest
-	(*StatFSResponse)(nil),           // 42: wheelfs.v1.StatFSResponse
-	(*OpenRequest)(nil),              // 43: wheelfs.v1.OpenRequest
-	(*OpenResponse)(nil),             // 44: wheelfs.v1.OpenResponse
-	(*ReleaseRequest)(nil),           // 45: wheelfs.v1.ReleaseRequest
-	(*ReleaseResponse)(nil),          // 46: wheelfs.v1.ReleaseResponse
-	(*Revoke)(nil),                   // 47: wheelfs.v1.Revoke
-	(*LeaseUpdate)(nil),              // 48: wheelfs.v1.LeaseUpdate
-	(*CallbackAck)(nil),              // 49: wheelfs.v1.CallbackAck
-	(*Mutation)(nil),                 // 50: wheelfs.v1.Mutation
-	(*Batch)(nil),                    // 51: wheelfs.v1.Batch
-	(*ReplicateRequest)(nil),         // 52: wheelfs.v1.ReplicateRequest
-	(*ReplicateResponse)(nil),        // 53: wheelfs.v1.ReplicateResponse
-	(*DigestRequest)(nil),            // 54: wheelfs.v1.DigestRequest
-	(*DigestResponse)(nil),           // 55: wheelfs.v1.DigestResponse
-	(*ObjectState)(nil),              // 56: wheelfs.v1.ObjectState
-	(*InstallRequest)(nil),           // 57: wheelfs.v1.InstallRequest
-	(*InstallResponse)(nil),          // 58: wheelfs.v1.InstallResponse
-	(*DiffRequest)(nil),              // 59: wheelfs.v1.DiffRequest
-	(*FetchBlocksRequest)(nil),       // 60: wheelfs.v1.FetchBlocksRequest
-	(*FetchBlocksResponse)(nil),      // 61: wheelfs.v1.FetchBlocksResponse
-	(*PingRequest)(nil),              // 62: wheelfs.v1.PingRequest
-	(*PingResponse)(nil),             // 63: wheelfs.v1.PingResponse
-	(*CreateObjectRequest)(nil),      // 64: wheelfs.v1.CreateObjectRequest
-	(*CreateObjectResponse)(nil),     // 65: wheelfs.v1.CreateObjectResponse
-	(*DropLinkRequest)(nil),          // 66: wheelfs.v1.DropLinkRequest
-	(*DropLinkResponse)(nil),         // 67: wheelfs.v1.DropLinkResponse
-	(*StatRequest)(nil),              // 68: wheelfs.v1.StatRequest
-	(*StatResponse)(nil),             // 69: wheelfs.v1.StatResponse
-	(*AddLinkRequest)(nil),           // 70: wheelfs.v1.AddLinkRequest
-	(*AddLinkResponse)(nil),          // 71: wheelfs.v1.AddLinkResponse
-	(*EntryChange)(nil),              // 72: wheelfs.v1.EntryChange
-	(*ReconcileRequest)(nil),         // 73: wheelfs.v1.ReconcileRequest
-	(*ReconcileResponse)(nil),        // 74: wheelfs.v1.ReconcileResponse
-	(*XattrSummary)(nil),             // 75: wheelfs.v1.XattrSummary
-	(*Xattr)(nil),                    // 76: wheelfs.v1.Xattr
-	(*Coord)(nil),                    // 77: wheelfs.v1.Coord
-	(*CoordSample)(nil),              // 78: wheelfs.v1.CoordSample
-	(*ProbeRequest)(nil),             // 79: wheelfs.v1.ProbeRequest
-	(*ProbeResponse)(nil),            // 80: wheelfs.v1.ProbeResponse
-	(*BlockRange)(nil),               // 81: wheelfs.v1.BlockRange
-	(*HeldBlocks)(nil),               // 82: wheelfs.v1.HeldBlocks
-	(*ReportHoldingRequest)(nil),     // 83: wheelfs.v1.ReportHoldingRequest
-	(*ReportHoldingResponse)(nil),    // 84: wheelfs.v1.ReportHoldingResponse
-	(*HoldersRequest)(nil),           // 85: wheelfs.v1.HoldersRequest
-	(*Holder)(nil),                   // 86: wheelfs.v1.Holder
-	(*HoldersResponse)(nil),          // 87: wheelfs.v1.HoldersResponse
-	(*LoginChallengeRequest)(nil),    // 88: wheelfs.v1.LoginChallengeRequest
-	(*LoginChallengeResponse)(nil),   // 89: wheelfs.v1.LoginChallengeResponse
-	(*LoginRequest)(nil),             // 90: wheelfs.v1.LoginRequest
-	(*LoginResponse)(nil),            // 91: wheelfs.v1.LoginResponse
-	(*SessionRequest)(nil),           // 92: wheelfs.v1.SessionRequest
-	(*LogoutResponse)(nil),           // 93: wheelfs.v1.LogoutResponse
-	(*Grant)(nil),                    // 94: wheelfs.v1.Grant
-	(*GrantBody)(nil),                // 95: wheelfs.v1.GrantBody
-	(*FetchCachedRequest)(nil),       // 96: wheelfs.v1.FetchCachedRequest
-	(*FetchCachedResponse)(nil),      // 97: wheelfs.v1.FetchCachedResponse
-	(*FileData)(nil),                 // 98: wheelfs.v1.FileData
-	(*BlockData)(nil),                // 99: wheelfs.v1.BlockData
-	(*RenewCertificateRequest)(nil),  // 100: wheelfs.v1.RenewCertificateRequest
-	(*RenewCertificateResponse)(nil), // 101: wheelfs.v1.RenewCertificateResponse
+	(FsckRepairKind)(0),              // 3: wheelfs.v1.FsckRepairKind
+	(*Cues)(nil),                     // 4: wheelfs.v1.Cues
+	(*Meta)(nil),                     // 5: wheelfs.v1.Meta
+	(*AclEntry)(nil),                 // 6: wheelfs.v1.AclEntry
+	(*Entry)(nil),                    // 7: wheelfs.v1.Entry
+	(*Caller)(nil),                   // 8: wheelfs.v1.Caller
+	(*OpRef)(nil),                    // 9: wheelfs.v1.OpRef
+	(*OpOutcome)(nil),                // 10: wheelfs.v1.OpOutcome
+	(*HandleRef)(nil),                // 11: wheelfs.v1.HandleRef
+	(*LookupRequest)(nil),            // 12: wheelfs.v1.LookupRequest
+	(*LookupResponse)(nil),           // 13: wheelfs.v1.LookupResponse
+	(*GetAttrRequest)(nil),           // 14: wheelfs.v1.GetAttrRequest
+	(*GetAttrResponse)(nil),          // 15: wheelfs.v1.GetAttrResponse
+	(*CreateRequest)(nil),            // 16: wheelfs.v1.CreateRequest
+	(*CreateResponse)(nil),           // 17: wheelfs.v1.CreateResponse
+	(*Unsynced)(nil),                 // 18: wheelfs.v1.Unsynced
+	(*SyncRequest)(nil),              // 19: wheelfs.v1.SyncRequest
+	(*SyncResponse)(nil),             // 20: wheelfs.v1.SyncResponse
+	(*LinkRequest)(nil),              // 21: wheelfs.v1.LinkRequest
+	(*LinkResponse)(nil),             // 22: wheelfs.v1.LinkResponse
+	(*RemoveRequest)(nil),            // 23: wheelfs.v1.RemoveRequest
+	(*RemoveResponse)(nil),           // 24: wheelfs.v1.RemoveResponse
+	(*RenameRequest)(nil),            // 25: wheelfs.v1.RenameRequest
+	(*RenameResponse)(nil),           // 26: wheelfs.v1.RenameResponse
+	(*SetAttrRequest)(nil),           // 27: wheelfs.v1.SetAttrRequest
+	(*SetAttrResponse)(nil),          // 28: wheelfs.v1.SetAttrResponse
+	(*ReadDirRequest)(nil),           // 29: wheelfs.v1.ReadDirRequest
+	(*ReadDirResponse)(nil),          // 30: wheelfs.v1.ReadDirResponse
+	(*BlockRef)(nil),                 // 31: wheelfs.v1.BlockRef
+	(*GetBlocksRequest)(nil),         // 32: wheelfs.v1.GetBlocksRequest
+	(*GetBlocksResponse)(nil),        // 33: wheelfs.v1.GetBlocksResponse
+	(*ReadBlocksRequest)(nil),        // 34: wheelfs.v1.ReadBlocksRequest
+	(*ReadBlocksResponse)(nil),       // 35: wheelfs.v1.ReadBlocksResponse
+	(*PutBlocksRequest)(nil),         // 36: wheelfs.v1.PutBlocksRequest
+	(*PutBlocksResponse)(nil),        // 37: wheelfs.v1.PutBlocksResponse
+	(*CommitRequest)(nil),            // 38: wheelfs.v1.CommitRequest
+	(*CommitResponse)(nil),           // 39: wheelfs.v1.CommitResponse
+	(*XattrRequest)(nil),             // 40: wheelfs.v1.XattrRequest
+	(*XattrResponse)(nil),            // 41: wheelfs.v1.XattrResponse
+	(*StatFSRequest)(nil),            // 42: wheelfs.v1.StatFSRequest
+	(*StatFSResponse)(nil),           // 43: wheelfs.v1.StatFSResponse
+	(*OpenRequest)(nil),              // 44: wheelfs.v1.OpenRequest
+	(*OpenResponse)(nil),             // 45: wheelfs.v1.OpenResponse
+	(*ReleaseRequest)(nil),           // 46: wheelfs.v1.ReleaseRequest
+	(*ReleaseResponse)(nil),          // 47: wheelfs.v1.ReleaseResponse
+	(*Revoke)(nil),                   // 48: wheelfs.v1.Revoke
+	(*LeaseUpdate)(nil),              // 49: wheelfs.v1.LeaseUpdate
+	(*CallbackAck)(nil),              // 50: wheelfs.v1.CallbackAck
+	(*Mutation)(nil),                 // 51: wheelfs.v1.Mutation
+	(*Batch)(nil),                    // 52: wheelfs.v1.Batch
+	(*ReplicateRequest)(nil),         // 53: wheelfs.v1.ReplicateRequest
+	(*ReplicateResponse)(nil),        // 54: wheelfs.v1.ReplicateResponse
+	(*DigestRequest)(nil),            // 55: wheelfs.v1.DigestRequest
+	(*DigestResponse)(nil),           // 56: wheelfs.v1.DigestResponse
+	(*ObjectState)(nil),              // 57: wheelfs.v1.ObjectState
+	(*InstallRequest)(nil),           // 58: wheelfs.v1.InstallRequest
+	(*InstallResponse)(nil),          // 59: wheelfs.v1.InstallResponse
+	(*DiffRequest)(nil),              // 60: wheelfs.v1.DiffRequest
+	(*FetchBlocksRequest)(nil),       // 61: wheelfs.v1.FetchBlocksRequest
+	(*FetchBlocksResponse)(nil),      // 62: wheelfs.v1.FetchBlocksResponse
+	(*PingRequest)(nil),              // 63: wheelfs.v1.PingRequest
+	(*PingResponse)(nil),             // 64: wheelfs.v1.PingResponse
+	(*CreateObjectRequest)(nil),      // 65: wheelfs.v1.CreateObjectRequest
+	(*CreateObjectResponse)(nil),     // 66: wheelfs.v1.CreateObjectResponse
+	(*DropLinkRequest)(nil),          // 67: wheelfs.v1.DropLinkRequest
+	(*DropLinkResponse)(nil),         // 68: wheelfs.v1.DropLinkResponse
+	(*StatRequest)(nil),              // 69: wheelfs.v1.StatRequest
+	(*StatResponse)(nil),             // 70: wheelfs.v1.StatResponse
+	(*AddLinkRequest)(nil),           // 71: wheelfs.v1.AddLinkRequest
+	(*AddLinkResponse)(nil),          // 72: wheelfs.v1.AddLinkResponse
+	(*EntryChange)(nil),              // 73: wheelfs.v1.EntryChange
+	(*ReconcileRequest)(nil),         // 74: wheelfs.v1.ReconcileRequest
+	(*ReconcileResponse)(nil),        // 75: wheelfs.v1.ReconcileResponse
+	(*XattrSummary)(nil),             // 76: wheelfs.v1.XattrSummary
+	(*Xattr)(nil),                    // 77: wheelfs.v1.Xattr
+	(*Coord)(nil),                    // 78: wheelfs.v1.Coord
+	(*CoordSample)(nil),              // 79: wheelfs.v1.CoordSample
+	(*ProbeRequest)(nil),             // 80: wheelfs.v1.ProbeRequest
+	(*ProbeResponse)(nil),            // 81: wheelfs.v1.ProbeResponse
+	(*BlockRange)(nil),               // 82: wheelfs.v1.BlockRange
+	(*HeldBlocks)(nil),               // 83: wheelfs.v1.HeldBlocks
+	(*ReportHoldingRequest)(nil),     // 84: wheelfs.v1.ReportHoldingRequest
+	(*ReportHoldingResponse)(nil),    // 85: wheelfs.v1.ReportHoldingResponse
+	(*HoldersRequest)(nil),           // 86: wheelfs.v1.HoldersRequest
+	(*Holder)(nil),                   // 87: wheelfs.v1.Holder
+	(*HoldersResponse)(nil),          // 88: wheelfs.v1.HoldersResponse
+	(*LoginChallengeRequest)(nil),    // 89: wheelfs.v1.LoginChallengeRequest
+	(*LoginChallengeResponse)(nil),   // 90: wheelfs.v1.LoginChallengeResponse
+	(*LoginRequest)(nil),             // 91: wheelfs.v1.LoginRequest
+	(*LoginResponse)(nil),            // 92: wheelfs.v1.LoginResponse
+	(*SessionRequest)(nil),           // 93: wheelfs.v1.SessionRequest
+	(*LogoutResponse)(nil),           // 94: wheelfs.v1.LogoutResponse
+	(*Grant)(nil),                    // 95: wheelfs.v1.Grant
+	(*GrantBody)(nil),                // 96: wheelfs.v1.GrantBody
+	(*FetchCachedRequest)(nil),       // 97: wheelfs.v1.FetchCachedRequest
+	(*FetchCachedResponse)(nil),      // 98: wheelfs.v1.FetchCachedResponse
+	(*FileData)(nil),                 // 99: wheelfs.v1.FileData
+	(*BlockData)(nil),                // 100: wheelfs.v1.BlockData
+	(*RenewCertificateRequest)(nil),  // 101: wheelfs.v1.RenewCertificateRequest
+	(*RenewCertificateResponse)(nil), // 102: wheelfs.v1.RenewCertificateResponse
+	(*FsckSlicesRequest)(nil),        // 103: wheelfs.v1.FsckSlicesRequest
+	(*FsckSlicesResponse)(nil),       // 104: wheelfs.v1.FsckSlicesResponse
+	(*FsckListRequest)(nil),          // 105: wheelfs.v1.FsckListRequest
+	(*FsckObject)(nil),               // 106: wheelfs.v1.FsckObject
+	(*FsckListResponse)(nil),         // 107: wheelfs.v1.FsckListResponse
+	(*FsckRepairRequest)(nil),        // 108: wheelfs.v1.FsckRepairRequest
+	(*FsckRepairResponse)(nil),       // 109: wheelfs.v1.FsckRepairResponse
 }
 var file_wheelfs_proto_depIdxs = []int32{
 	0,   // 0: wheelfs.v1.Meta.type:type_name -> wheelfs.v1.Type
-	3,   // 1: wheelfs.v1.Meta.cues:type_name -> wheelfs.v1.Cues
-	5,   // 2: wheelfs.v1.Meta.acl:type_name -> wheelfs.v1.AclEntry
-	5,   // 3: wheelfs.v1.Meta.default_acl:type_name -> wheelfs.v1.AclEntry
+	4,   // 1: wheelfs.v1.Meta.cues:type_name -> wheelfs.v1.Cues
+	6,   // 2: wheelfs.v1.Meta.acl:type_name -> wheelfs.v1.AclEntry
+	6,   // 3: wheelfs.v1.Meta.default_acl:type_name -> wheelfs.v1.AclEntry
 	0,   // 4: wheelfs.v1.Entry.type:type_name -> wheelfs.v1.Type
-	10,  // 5: wheelfs.v1.Caller.handle:type_name -> wheelfs.v1.HandleRef
-	8,   // 6: wheelfs.v1.Caller.op:type_name -> wheelfs.v1.OpRef
-	7,   // 7: wheelfs.v1.LookupRequest.caller:type_name -> wheelfs.v1.Caller
-	6,   // 8: wheelfs.v1.LookupResponse.entry:type_name -> wheelfs.v1.Entry
-	4,   // 9: wheelfs.v1.LookupResponse.meta:type_name -> wheelfs.v1.Meta
-	4,   // 10: wheelfs.v1.LookupResponse.dir:type_name -> wheelfs.v1.Meta
-	75,  // 11: wheelfs.v1.LookupResponse.xattrs:type_name -> wheelfs.v1.XattrSummary
-	98,  // 12: wheelfs.v1.LookupResponse.data:type_name -> wheelfs.v1.FileData
-	7,   // 13: wheelfs.v1.GetAttrRequest.caller:type_name -> wheelfs.v1.Caller
-	4,   // 14: wheelfs.v1.GetAttrResponse.meta:type_name -> wheelfs.v1.Meta
-	75,  // 15: wheelfs.v1.GetAttrResponse.xattrs:type_name -> wheelfs.v1.XattrSummary
-	7,   // 16: wheelfs.v1.CreateRequest.caller:type_name -> wheelfs.v1.Caller
+	11,  // 5: wheelfs.v1.Caller.handle:type_name -> wheelfs.v1.HandleRef
+	9,   // 6: wheelfs.v1.Caller.op:type_name -> wheelfs.v1.OpRef
+	8,   // 7: wheelfs.v1.LookupRequest.caller:type_name -> wheelfs.v1.Caller
+	7,   // 8: wheelfs.v1.LookupResponse.entry:type_name -> wheelfs.v1.Entry
+	5,   // 9: wheelfs.v1.LookupResponse.meta:type_name -> wheelfs.v1.Meta
+	5,   // 10: wheelfs.v1.LookupResponse.dir:type_name -> wheelfs.v1.Meta
+	76,  // 11: wheelfs.v1.LookupResponse.xattrs:type_name -> wheelfs.v1.XattrSummary
+	99,  // 12: wheelfs.v1.LookupResponse.data:type_name -> wheelfs.v1.FileData
+	8,   // 13: wheelfs.v1.GetAttrRequest.caller:type_name -> wheelfs.v1.Caller
+	5,   // 14: wheelfs.v1.GetAttrResponse.meta:type_name -> wheelfs.v1.Meta
+	76,  // 15: wheelfs.v1.GetAttrResponse.xattrs:type_name -> wheelfs.v1.XattrSummary
+	8,   // 16: wheelfs.v1.CreateRequest.caller:type_name -> wheelfs.v1.Caller
 	0,   // 17: wheelfs.v1.CreateRequest.type:type_name -> wheelfs.v1.Type
-	3,   // 18: wheelfs.v1.CreateRequest.cues:type_name -> wheelfs.v1.Cues
-	6,   // 19: wheelfs.v1.CreateResponse.entry:type_name -> wheelfs.v1.Entry
-	4,   // 20: wheelfs.v1.CreateResponse.meta:type_name -> wheelfs.v1.Meta
-	4,   // 21: wheelfs.v1.CreateResponse.dir:type_name -> wheelfs.v1.Meta
-	17,  // 22: wheelfs.v1.CreateResponse.pending:type_name -> wheelfs.v1.Unsynced
-	7,   // 23: wheelfs.v1.SyncRequest.caller:type_name -> wheelfs.v1.Caller
-	17,  // 24: wheelfs.v1.SyncRequest.changes:type_name -> wheelfs.v1.Unsynced
-	7,   // 25: wheelfs.v1.LinkRequest.caller:type_name -> wheelfs.v1.Caller
-	4,   // 26: wheelfs.v1.LinkResponse.meta:type_name -> wheelfs.v1.Meta
-	7,   // 27: wheelfs.v1.RemoveRequest.caller:type_name -> wheelfs.v1.Caller
-	4,   // 28: wheelfs.v1.RemoveResponse.meta:type_name -> wheelfs.v1.Meta
-	7,   // 29: wheelfs.v1.RenameRequest.caller:type_name -> wheelfs.v1.Caller
-	4,   // 30: wheelfs.v1.RenameResponse.replaced:type_name -> wheelfs.v1.Meta
-	7,   // 31: wheelfs.v1.SetAttrRequest.caller:type_name -> wheelfs.v1.Caller
-	4,   // 32: wheelfs.v1.SetAttrResponse.meta:type_name -> wheelfs.v1.Meta
-	7,   // 33: wheelfs.v1.ReadDirRequest.caller:type_name -> wheelfs.v1.Caller
-	6,   // 34: wheelfs.v1.ReadDirResponse.entries:type_name -> wheelfs.v1.Entry
-	4,   // 35: wheelfs.v1.ReadDirResponse.metas:type_name -> wheelfs.v1.Meta
-	4,   // 36: wheelfs.v1.ReadDirResponse.dir:type_name -> wheelfs.v1.Meta
-	75,  // 37: wheelfs.v1.ReadDirResponse.dir_xattrs:type_name -> wheelfs.v1.XattrSummary
-	75,  // 38: wheelfs.v1.ReadDirResponse.xattrs:type_name -> wheelfs.v1.XattrSummary
-	98,  // 39: wheelfs.v1.ReadDirResponse.datas:type_name -> wheelfs.v1.FileData
-	7,   // 40: wheelfs.v1.GetBlocksRequest.caller:type_name -> wheelfs.v1.Caller
-	4,   // 41: wheelfs.v1.GetBlocksResponse.meta:type_name -> wheelfs.v1.Meta
-	30,  // 42: wheelfs.v1.GetBlocksResponse.blocks:type_name -> wheelfs.v1.BlockRef
-	7,   // 43: wheelfs.v1.ReadBlocksRequest.caller:type_name -> wheelfs.v1.Caller
-	94,  // 44: wheelfs.v1.ReadBlocksRequest.grant:type_name -> wheelfs.v1.Grant
-	7,   // 45: wheelfs.v1.PutBlocksRequest.caller:type_name -> wheelfs.v1.Caller
-	7,   // 46: wheelfs.v1.CommitRequest.caller:type_name -> wheelfs.v1.Caller
-	30,  // 47: wheelfs.v1.CommitRequest.blocks:type_name -> wheelfs.v1.BlockRef
-	26,  // 48: wheelfs.v1.CommitRequest.attrs:type_name -> wheelfs.v1.SetAttrRequest
-	99,  // 49: wheelfs.v1.CommitRequest.inline:type_name -> wheelfs.v1.BlockData
-	4,   // 50: wheelfs.v1.CommitResponse.meta:type_name -> wheelfs.v1.Meta
-	7,   // 51: wheelfs.v1.XattrRequest.caller:type_name -> wheelfs.v1.Caller
-	4,   // 52: wheelfs.v1.XattrResponse.meta:type_name -> wheelfs.v1.Meta
-	75,  // 53: wheelfs.v1.XattrResponse.xattrs:type_name -> wheelfs.v1.XattrSummary
-	7,   // 54: wheelfs.v1.StatFSRequest.caller:type_name -> wheelfs.v1.Caller
-	7,   // 55: wheelfs.v1.OpenRequest.caller:type_name -> wheelfs.v1.Caller
-	4,   // 56: wheelfs.v1.OpenResponse.meta:type_name -> wheelfs.v1.Meta
-	98,  // 57: wheelfs.v1.OpenResponse.data:type_name -> wheelfs.v1.FileData
-	10,  // 58: wheelfs.v1.ReleaseRequest.handle:type_name -> wheelfs.v1.HandleRef
-	48,  // 59: wheelfs.v1.Revoke.updates:type_name -> wheelfs.v1.LeaseUpdate
-	4,   // 60: wheelfs.v1.LeaseUpdate.meta:type_name -> wheelfs.v1.Meta
+	4,   // 18: wheelfs.v1.CreateRequest.cues:type_name -> wheelfs.v1.Cues
+	7,   // 19: wheelfs.v1.CreateResponse.entry:type_name -> wheelfs.v1.Entry
+	5,   // 20: wheelfs.v1.CreateResponse.meta:type_name -> wheelfs.v1.Meta
+	5,   // 21: wheelfs.v1.CreateResponse.dir:type_name -> wheelfs.v1.Meta
+	18,  // 22: wheelfs.v1.CreateResponse.pending:type_name -> wheelfs.v1.Unsynced
+	8,   // 23: wheelfs.v1.SyncRequest.caller:type_name -> wheelfs.v1.Caller
+	18,  // 24: wheelfs.v1.SyncRequest.changes:type_name -> wheelfs.v1.Unsynced
+	8,   // 25: wheelfs.v1.LinkRequest.caller:type_name -> wheelfs.v1.Caller
+	5,   // 26: wheelfs.v1.LinkResponse.meta:type_name -> wheelfs.v1.Meta
+	8,   // 27: wheelfs.v1.RemoveRequest.caller:type_name -> wheelfs.v1.Caller
+	5,   // 28: wheelfs.v1.RemoveResponse.meta:type_name -> wheelfs.v1.Meta
+	8,   // 29: wheelfs.v1.RenameRequest.caller:type_name -> wheelfs.v1.Caller
+	5,   // 30: wheelfs.v1.RenameResponse.replaced:type_name -> wheelfs.v1.Meta
+	8,   // 31: wheelfs.v1.SetAttrRequest.caller:type_name -> wheelfs.v1.Caller
+	5,   // 32: wheelfs.v1.SetAttrResponse.meta:type_name -> wheelfs.v1.Meta
+	8,   // 33: wheelfs.v1.ReadDirRequest.caller:type_name -> wheelfs.v1.Caller
+	7,   // 34: wheelfs.v1.ReadDirResponse.entries:type_name -> wheelfs.v1.Entry
+	5,   // 35: wheelfs.v1.ReadDirResponse.metas:type_name -> wheelfs.v1.Meta
+	5,   // 36: wheelfs.v1.ReadDirResponse.dir:type_name -> wheelfs.v1.Meta
+	76,  // 37: wheelfs.v1.ReadDirResponse.dir_xattrs:type_name -> wheelfs.v1.XattrSummary
+	76,  // 38: wheelfs.v1.ReadDirResponse.xattrs:type_name -> wheelfs.v1.XattrSummary
+	99,  // 39: wheelfs.v1.ReadDirResponse.datas:type_name -> wheelfs.v1.FileData
+	8,   // 40: wheelfs.v1.GetBlocksRequest.caller:type_name -> wheelfs.v1.Caller
+	5,   // 41: wheelfs.v1.GetBlocksResponse.meta:type_name -> wheelfs.v1.Meta
+	31,  // 42: wheelfs.v1.GetBlocksResponse.blocks:type_name -> wheelfs.v1.BlockRef
+	8,   // 43: wheelfs.v1.ReadBlocksRequest.caller:type_name -> wheelfs.v1.Caller
+	95,  // 44: wheelfs.v1.ReadBlocksRequest.grant:type_name -> wheelfs.v1.Grant
+	8,   // 45: wheelfs.v1.PutBlocksRequest.caller:type_name -> wheelfs.v1.Caller
+	8,   // 46: wheelfs.v1.CommitRequest.caller:type_name -> wheelfs.v1.Caller
+	31,  // 47: wheelfs.v1.CommitRequest.blocks:type_name -> wheelfs.v1.BlockRef
+	27,  // 48: wheelfs.v1.CommitRequest.attrs:type_name -> wheelfs.v1.SetAttrRequest
+	100, // 49: wheelfs.v1.CommitRequest.inline:type_name -> wheelfs.v1.BlockData
+	5,   // 50: wheelfs.v1.CommitResponse.meta:type_name -> wheelfs.v1.Meta
+	8,   // 51: wheelfs.v1.XattrRequest.caller:type_name -> wheelfs.v1.Caller
+	5,   // 52: wheelfs.v1.XattrResponse.meta:type_name -> wheelfs.v1.Meta
+	76,  // 53: wheelfs.v1.XattrResponse.xattrs:type_name -> wheelfs.v1.XattrSummary
+	8,   // 54: wheelfs.v1.StatFSRequest.caller:type_name -> wheelfs.v1.Caller
+	8,   // 55: wheelfs.v1.OpenRequest.caller:type_name -> wheelfs.v1.Caller
+	5,   // 56: wheelfs.v1.OpenResponse.meta:type_name -> wheelfs.v1.Meta
+	99,  // 57: wheelfs.v1.OpenResponse.data:type_name -> wheelfs.v1.FileData
+	11,  // 58: wheelfs.v1.ReleaseRequest.handle:type_name -> wheelfs.v1.HandleRef
+	49,  // 59: wheelfs.v1.Revoke.updates:type_name -> wheelfs.v1.LeaseUpdate
+	5,   // 60: wheelfs.v1.LeaseUpdate.meta:type_name -> wheelfs.v1.Meta
 	1,   // 61: wheelfs.v1.Mutation.kind:type_name -> wheelfs.v1.MutationKind
-	50,  // 62: wheelfs.v1.Batch.mutations:type_name -> wheelfs.v1.Mutation
-	51,  // 63: wheelfs.v1.ReplicateRequest.batches:type_name -> wheelfs.v1.Batch
+	51,  // 62: wheelfs.v1.Batch.mutations:type_name -> wheelfs.v1.Mutation
+	52,  // 63: wheelfs.v1.ReplicateRequest.batches:type_name -> wheelfs.v1.Batch
 	2,   // 64: wheelfs.v1.ReplicateResponse.status:type_name -> wheelfs.v1.ReplStatus
-	4,   // 65: wheelfs.v1.ObjectState.meta:type_name -> wheelfs.v1.Meta
-	6,   // 66: wheelfs.v1.ObjectState.entries:type_name -> wheelfs.v1.Entry
-	30,  // 67: wheelfs.v1.ObjectState.blocks:type_name -> wheelfs.v1.BlockRef
-	56,  // 68: wheelfs.v1.InstallRequest.objects:type_name -> wheelfs.v1.ObjectState
+	5,   // 65: wheelfs.v1.ObjectState.meta:type_name -> wheelfs.v1.Meta
+	7,   // 66: wheelfs.v1.ObjectState.entries:type_name -> wheelfs.v1.Entry
+	31,  // 67: wheelfs.v1.ObjectState.blocks:type_name -> wheelfs.v1.BlockRef
+	57,  // 68: wheelfs.v1.InstallRequest.objects:type_name -> wheelfs.v1.ObjectState
 	2,   // 69: wheelfs.v1.InstallResponse.status:type_name -> wheelfs.v1.ReplStatus
-	55,  // 70: wheelfs.v1.DiffRequest.digest:type_name -> wheelfs.v1.DigestResponse
-	4,   // 71: wheelfs.v1.CreateObjectRequest.meta:type_name -> wheelfs.v1.Meta
-	3,   // 72: wheelfs.v1.CreateObjectRequest.cues:type_name -> wheelfs.v1.Cues
-	3,   // 73: wheelfs.v1.CreateObjectRequest.policy:type_name -> wheelfs.v1.Cues
-	10,  // 74: wheelfs.v1.CreateObjectRequest.handle:type_name -> wheelfs.v1.HandleRef
-	4,   // 75: wheelfs.v1.CreateObjectResponse.meta:type_name -> wheelfs.v1.Meta
-	7,   // 76: wheelfs.v1.DropLinkRequest.caller:type_name -> wheelfs.v1.Caller
-	4,   // 77: wheelfs.v1.DropLinkRequest.dir:type_name -> wheelfs.v1.Meta
-	10,  // 78: wheelfs.v1.DropLinkRequest.handle:type_name -> wheelfs.v1.HandleRef
-	4,   // 79: wheelfs.v1.DropLinkResponse.meta:type_name -> wheelfs.v1.Meta
-	4,   // 80: wheelfs.v1.StatResponse.meta:type_name -> wheelfs.v1.Meta
-	7,   // 81: wheelfs.v1.AddLinkRequest.caller:type_name -> wheelfs.v1.Caller
-	4,   // 82: wheelfs.v1.AddLinkRequest.object:type_name -> wheelfs.v1.Meta
-	4,   // 83: wheelfs.v1.AddLinkResponse.replaced:type_name -> wheelfs.v1.Meta
-	6,   // 84: wheelfs.v1.EntryChange.entry:type_name -> wheelfs.v1.Entry
-	56,  // 85: wheelfs.v1.ReconcileRequest.objects:type_name -> wheelfs.v1.ObjectState
-	72,  // 86: wheelfs.v1.ReconcileRequest.entries:type_name -> wheelfs.v1.EntryChange
+	56,  // 70: wheelfs.v1.DiffRequest.digest:type_name -> wheelfs.v1.DigestResponse
+	5,   // 71: wheelfs.v1.CreateObjectRequest.meta:type_name -> wheelfs.v1.Meta
+	4,   // 72: wheelfs.v1.CreateObjectRequest.cues:type_name -> wheelfs.v1.Cues
+	4,   // 73: wheelfs.v1.CreateObjectRequest.policy:type_name -> wheelfs.v1.Cues
+	11,  // 74: wheelfs.v1.CreateObjectRequest.handle:type_name -> wheelfs.v1.HandleRef
+	5,   // 75: wheelfs.v1.CreateObjectResponse.meta:type_name -> wheelfs.v1.Meta
+	8,   // 76: wheelfs.v1.DropLinkRequest.caller:type_name -> wheelfs.v1.Caller
+	5,   // 77: wheelfs.v1.DropLinkRequest.dir:type_name -> wheelfs.v1.Meta
+	11,  // 78: wheelfs.v1.DropLinkRequest.handle:type_name -> wheelfs.v1.HandleRef
+	5,   // 79: wheelfs.v1.DropLinkResponse.meta:type_name -> wheelfs.v1.Meta
+	5,   // 80: wheelfs.v1.StatResponse.meta:type_name -> wheelfs.v1.Meta
+	8,   // 81: wheelfs.v1.AddLinkRequest.caller:type_name -> wheelfs.v1.Caller
+	5,   // 82: wheelfs.v1.AddLinkRequest.object:type_name -> wheelfs.v1.Meta
+	5,   // 83: wheelfs.v1.AddLinkResponse.replaced:type_name -> wheelfs.v1.Meta
+	7,   // 84: wheelfs.v1.EntryChange.entry:type_name -> wheelfs.v1.Entry
+	57,  // 85: wheelfs.v1.ReconcileRequest.objects:type_name -> wheelfs.v1.ObjectState
+	73,  // 86: wheelfs.v1.ReconcileRequest.entries:type_name -> wheelfs.v1.EntryChange
 	2,   // 87: wheelfs.v1.ReconcileResponse.status:type_name -> wheelfs.v1.ReplStatus
-	76,  // 88: wheelfs.v1.XattrSummary.attrs:type_name -> wheelfs.v1.Xattr
-	77,  // 89: wheelfs.v1.CoordSample.coord:type_name -> wheelfs.v1.Coord
-	7,   // 90: wheelfs.v1.HeldBlocks.caller:type_name -> wheelfs.v1.Caller
-	81,  // 91: wheelfs.v1.HeldBlocks.blocks:type_name -> wheelfs.v1.BlockRange
-	77,  // 92: wheelfs.v1.ReportHoldingRequest.coord:type_name -> wheelfs.v1.Coord
-	82,  // 93: wheelfs.v1.ReportHoldingRequest.held:type_name -> wheelfs.v1.HeldBlocks
-	7,   // 94: wheelfs.v1.HoldersRequest.caller:type_name -> wheelfs.v1.Caller
-	81,  // 95: wheelfs.v1.HoldersRequest.blocks:type_name -> wheelfs.v1.BlockRange
-	77,  // 96: wheelfs.v1.HoldersRequest.coord:type_name -> wheelfs.v1.Coord
-	81,  // 97: wheelfs.v1.Holder.blocks:type_name -> wheelfs.v1.BlockRange
-	86,  // 98: wheelfs.v1.HoldersResponse.holders:type_name -> wheelfs.v1.Holder
-	94,  // 99: wheelfs.v1.HoldersResponse.grant:type_name -> wheelfs.v1.Grant
-	94,  // 100: wheelfs.v1.FetchCachedRequest.grant:type_name -> wheelfs.v1.Grant
-	30,  // 101: wheelfs.v1.FileData.blocks:type_name -> wheelfs.v1.BlockRef
-	11,  // 102: wheelfs.v1.Storage.Lookup:input_type -> wheelfs.v1.LookupRequest
-	13,  // 103: wheelfs.v1.Storage.GetAttr:input_type -> wheelfs.v1.GetAttrRequest
-	15,  // 104: wheelfs.v1.Storage.Create:input_type -> wheelfs.v1.CreateRequest
-	20,  // 105: wheelfs.v1.Storage.Link:input_type -> wheelfs.v1.LinkRequest
-	22,  // 106: wheelfs.v1.Storage.Remove:input_type -> wheelfs.v1.RemoveRequest
-	24,  // 107: wheelfs.v1.Storage.Rename:input_type -> wheelfs.v1.RenameRequest
-	26,  // 108: wheelfs.v1.Storage.SetAttr:input_type -> wheelfs.v1.SetAttrRequest
-	28,  // 109: wheelfs.v1.Storage.ReadDir:input_type -> wheelfs.v1.ReadDirRequest
-	31,  // 110: wheelfs.v1.Storage.GetBlocks:input_type -> wheelfs.v1.GetBlocksRequest
-	33,  // 111: wheelfs.v1.Storage.ReadBlocks:input_type -> wheelfs.v1.ReadBlocksRequest
-	35,  // 112: wheelfs.v1.Storage.PutBlocks:input_type -> wheelfs.v1.PutBlocksRequest
-	37,  // 113: wheelfs.v1.Storage.Commit:input_type -> wheelfs.v1.CommitRequest
-	39,  // 114: wheelfs.v1.Storage.GetXattr:input_type -> wheelfs.v1.XattrRequest
-	39,  // 115: wheelfs.v1.Storage.ListXattr:input_type -> wheelfs.v1.XattrRequest
-	39,  // 116: wheelfs.v1.Storage.SetXattr:input_type -> wheelfs.v1.XattrRequest
-	39,  // 117: wheelfs.v1.Storage.RemoveXattr:input_type -> wheelfs.v1.XattrRequest
-	41,  // 118: wheelfs.v1.Storage.StatFS:input_type -> wheelfs.v1.StatFSRequest
-	43,  // 119: wheelfs.v1.Storage.Open:input_type -> wheelfs.v1.OpenRequest
-	45,  // 120: wheelfs.v1.Storage.Release:input_type -> wheelfs.v1.ReleaseRequest
-	18,  // 121: wheelfs.v1.Storage.Sync:input_type -> wheelfs.v1.SyncRequest
-	49,  // 122: wheelfs.v1.Storage.Callbacks:input_type -> wheelfs.v1.CallbackAck
-	79,  // 123: wheelfs.v1.Storage.Probe:input_type -> wheelfs.v1.ProbeRequest
-	83,  // 124: wheelfs.v1.Storage.ReportHolding:input_type -> wheelfs.v1.ReportHoldingRequest
-	85,  // 125: wheelfs.v1.Storage.Holders:input_type -> wheelfs.v1.HoldersRequest
-	88,  // 126: wheelfs.v1.Storage.LoginChallenge:input_type -> wheelfs.v1.LoginChallengeRequest
-	90,  // 127: wheelfs.v1.Storage.Login:input_type -> wheelfs.v1.LoginRequest
-	92,  // 128: wheelfs.v1.Storage.RenewSession:input_type -> wheelfs.v1.SessionRequest
-	92,  // 129: wheelfs.v1.Storage.Logout:input_type -> wheelfs.v1.SessionRequest
-	100, // 130: wheelfs.v1.Storage.RenewCertificate:input_type -> wheelfs.v1.RenewCertificateRequest
-	52,  // 131: wheelfs.v1.Peer.Replicate:input_type -> wheelfs.v1.ReplicateRequest
-	54,  // 132: wheelfs.v1.Peer.Digest:input_type -> wheelfs.v1.DigestRequest
-	59,  // 133: wheelfs.v1.Peer.Diff:input_type -> wheelfs.v1.DiffRequest
-	57,  // 134: wheelfs.v1.Peer.Install:input_type -> wheelfs.v1.InstallRequest
-	60,  // 135: wheelfs.v1.Peer.FetchBlocks:input_type -> wheelfs.v1.FetchBlocksRequest
-	62,  // 136: wheelfs.v1.Peer.Ping:input_type -> wheelfs.v1.PingRequest
-	64,  // 137: wheelfs.v1.Peer.CreateObject:input_type -> wheelfs.v1.CreateObjectRequest
-	66,  // 138: wheelfs.v1.Peer.DropLink:input_type -> wheelfs.v1.DropLinkRequest
-	68,  // 139: wheelfs.v1.Peer.Stat:input_type -> wheelfs.v1.StatRequest
-	70,  // 140: wheelfs.v1.Peer.AddLink:input_type -> wheelfs.v1.AddLinkRequest
-	73,  // 141: wheelfs.v1.Peer.Reconcile:input_type -> wheelfs.v1.ReconcileRequest
-	96,  // 142: wheelfs.v1.PeerCache.FetchCached:input_type -> wheelfs.v1.FetchCachedRequest
-	12,  // 143: wheelfs.v1.Storage.Lookup:output_type -> wheelfs.v1.LookupResponse
-	14,  // 144: wheelfs.v1.Storage.GetAttr:output_type -> wheelfs.v1.GetAttrResponse
-	16,  // 145: wheelfs.v1.Storage.Create:output_type -> wheelfs.v1.CreateResponse
-	21,  // 146: wheelfs.v1.Storage.Link:output_type -> wheelfs.v1.LinkResponse
-	23,  // 147: wheelfs.v1.Storage.Remove:output_type -> wheelfs.v1.RemoveResponse
-	25,  // 148: wheelfs.v1.Storage.Rename:output_type -> wheelfs.v1.RenameResponse
-	27,  // 149: wheelfs.v1.Storage.SetAttr:output_type -> wheelfs.v1.SetAttrResponse
-	29,  // 150: wheelfs.v1.Storage.ReadDir:output_type -> wheelfs.v1.ReadDirResponse
-	32,  // 151: wheelfs.v1.Storage.GetBlocks:output_type -> wheelfs.v1.GetBlocksResponse
-	34,  // 152: wheelfs.v1.Storage.ReadBlocks:output_type -> wheelfs.v1.ReadBlocksResponse
-	36,  // 153: wheelfs.v1.Storage.PutBlocks:output_type -> wheelfs.v1.PutBlocksResponse
-	38,  // 154: wheelfs.v1.Storage.Commit:output_type -> wheelfs.v1.CommitResponse
-	40,  // 155: wheelfs.v1.Storage.GetXattr:output_type -> wheelfs.v1.XattrResponse
-	40,  // 156: wheelfs.v1.Storage.ListXattr:output_type -> wheelfs.v1.XattrResponse
-	40,  // 157: wheelfs.v1.Storage.SetXattr:output_type -> wheelfs.v1.XattrResponse
-	40,  // 158: wheelfs.v1.Storage.RemoveXattr:output_type -> wheelfs.v1.XattrResponse
-	42,  // 159: wheelfs.v1.Storage.StatFS:output_type -> wheelfs.v1.StatFSResponse
-	44,  // 160: wheelfs.v1.Storage.Open:output_type -> wheelfs.v1.OpenResponse
-	46,  // 161: wheelfs.v1.Storage.Release:output_type -> wheelfs.v1.ReleaseResponse
-	19,  // 162: wheelfs.v1.Storage.Sync:output_type -> wheelfs.v1.SyncResponse
-	47,  // 163: wheelfs.v1.Storage.Callbacks:output_type -> wheelfs.v1.Revoke
-	80,  // 164: wheelfs.v1.Storage.Probe:output_type -> wheelfs.v1.ProbeResponse
-	84,  // 165: wheelfs.v1.Storage.ReportHolding:output_type -> wheelfs.v1.ReportHoldingResponse
-	87,  // 166: wheelfs.v1.Storage.Holders:output_type -> wheelfs.v1.HoldersResponse
-	89,  // 167: wheelfs.v1.Storage.LoginChallenge:output_type -> wheelfs.v1.LoginChallengeResponse
-	91,  // 168: wheelfs.v1.Storage.Login:output_type -> wheelfs.v1.LoginResponse
-	91,  // 169: wheelfs.v1.Storage.RenewSession:output_type -> wheelfs.v1.LoginResponse
-	93,  // 170: wheelfs.v1.Storage.Logout:output_type -> wheelfs.v1.LogoutResponse
-	101, // 171: wheelfs.v1.Storage.RenewCertificate:output_type -> wheelfs.v1.RenewCertificateResponse
-	53,  // 172: wheelfs.v1.Peer.Replicate:output_type -> wheelfs.v1.ReplicateResponse
-	55,  // 173: wheelfs.v1.Peer.Digest:output_type -> wheelfs.v1.DigestResponse
-	57,  // 174: wheelfs.v1.Peer.Diff:output_type -> wheelfs.v1.InstallRequest
-	58,  // 175: wheelfs.v1.Peer.Install:output_type -> wheelfs.v1.InstallResponse
-	61,  // 176: wheelfs.v1.Peer.FetchBlocks:output_type -> wheelfs.v1.FetchBlocksResponse
-	63,  // 177: wheelfs.v1.Peer.Ping:output_type -> wheelfs.v1.PingResponse
-	65,  // 178: wheelfs.v1.Peer.CreateObject:output_type -> wheelfs.v1.CreateObjectResponse
-	67,  // 179: wheelfs.v1.Peer.DropLink:output_type -> wheelfs.v1.DropLinkResponse
-	69,  // 180: wheelfs.v1.Peer.Stat:output_type -> wheelfs.v1.StatResponse
-	71,  // 181: wheelfs.v1.Peer.AddLink:output_type -> wheelfs.v1.AddLinkResponse
-	74,  // 182: wheelfs.v1.Peer.Reconcile:output_type -> wheelfs.v1.ReconcileResponse
-	97,  // 183: wheelfs.v1.PeerCache.FetchCached:output_type -> wheelfs.v1.FetchCachedResponse
-	143, // [143:184] is the sub-list for method output_type
-	102, // [102:143] is the sub-list for method input_type
-	102, // [102:102] is the sub-list for extension type_name
-	102, // [102:102] is the sub-list for extension extendee
-	0,   // [0:102] is the sub-list for field type_name
+	77,  // 88: wheelfs.v1.XattrSummary.attrs:type_name -> wheelfs.v1.Xattr
+	78,  // 89: wheelfs.v1.CoordSample.coord:type_name -> wheelfs.v1.Coord
+	8,   // 90: wheelfs.v1.HeldBlocks.caller:type_name -> wheelfs.v1.Caller
+	82,  // 91: wheelfs.v1.HeldBlocks.blocks:type_name -> wheelfs.v1.BlockRange
+	78,  // 92: wheelfs.v1.ReportHoldingRequest.coord:type_name -> wheelfs.v1.Coord
+	83,  // 93: wheelfs.v1.ReportHoldingRequest.held:type_name -> wheelfs.v1.HeldBlocks
+	8,   // 94: wheelfs.v1.HoldersRequest.caller:type_name -> wheelfs.v1.Caller
+	82,  // 95: wheelfs.v1.HoldersRequest.blocks:type_name -> wheelfs.v1.BlockRange
+	78,  // 96: wheelfs.v1.HoldersRequest.coord:type_name -> wheelfs.v1.Coord
+	82,  // 97: wheelfs.v1.Holder.blocks:type_name -> wheelfs.v1.BlockRange
+	87,  // 98: wheelfs.v1.HoldersResponse.holders:type_name -> wheelfs.v1.Holder
+	95,  // 99: wheelfs.v1.HoldersResponse.grant:type_name -> wheelfs.v1.Grant
+	95,  // 100: wheelfs.v1.FetchCachedRequest.grant:type_name -> wheelfs.v1.Grant
+	31,  // 101: wheelfs.v1.FileData.blocks:type_name -> wheelfs.v1.BlockRef
+	0,   // 102: wheelfs.v1.FsckObject.type:type_name -> wheelfs.v1.Type
+	7,   // 103: wheelfs.v1.FsckObject.entries:type_name -> wheelfs.v1.Entry
+	106, // 104: wheelfs.v1.FsckListResponse.objects:type_name -> wheelfs.v1.FsckObject
+	3,   // 105: wheelfs.v1.FsckRepairRequest.kind:type_name -> wheelfs.v1.FsckRepairKind
+	0,   // 106: wheelfs.v1.FsckRepairRequest.type:type_name -> wheelfs.v1.Type
+	12,  // 107: wheelfs.v1.Storage.Lookup:input_type -> wheelfs.v1.LookupRequest
+	14,  // 108: wheelfs.v1.Storage.GetAttr:input_type -> wheelfs.v1.GetAttrRequest
+	16,  // 109: wheelfs.v1.Storage.Create:input_type -> wheelfs.v1.CreateRequest
+	21,  // 110: wheelfs.v1.Storage.Link:input_type -> wheelfs.v1.LinkRequest
+	23,  // 111: wheelfs.v1.Storage.Remove:input_type -> wheelfs.v1.RemoveRequest
+	25,  // 112: wheelfs.v1.Storage.Rename:input_type -> wheelfs.v1.RenameRequest
+	27,  // 113: wheelfs.v1.Storage.SetAttr:input_type -> wheelfs.v1.SetAttrRequest
+	29,  // 114: wheelfs.v1.Storage.ReadDir:input_type -> wheelfs.v1.ReadDirRequest
+	32,  // 115: wheelfs.v1.Storage.GetBlocks:input_type -> wheelfs.v1.GetBlocksRequest
+	34,  // 116: wheelfs.v1.Storage.ReadBlocks:input_type -> wheelfs.v1.ReadBlocksRequest
+	36,  // 117: wheelfs.v1.Storage.PutBlocks:input_type -> wheelfs.v1.PutBlocksRequest
+	38,  // 118: wheelfs.v1.Storage.Commit:input_type -> wheelfs.v1.CommitRequest
+	40,  // 119: wheelfs.v1.Storage.GetXattr:input_type -> wheelfs.v1.XattrRequest
+	40,  // 120: wheelfs.v1.Storage.ListXattr:input_type -> wheelfs.v1.XattrRequest
+	40,  // 121: wheelfs.v1.Storage.SetXattr:input_type -> wheelfs.v1.XattrRequest
+	40,  // 122: wheelfs.v1.Storage.RemoveXattr:input_type -> wheelfs.v1.XattrRequest
+	42,  // 123: wheelfs.v1.Storage.StatFS:input_type -> wheelfs.v1.StatFSRequest
+	44,  // 124: wheelfs.v1.Storage.Open:input_type -> wheelfs.v1.OpenRequest
+	46,  // 125: wheelfs.v1.Storage.Release:input_type -> wheelfs.v1.ReleaseRequest
+	19,  // 126: wheelfs.v1.Storage.Sync:input_type -> wheelfs.v1.SyncRequest
+	50,  // 127: wheelfs.v1.Storage.Callbacks:input_type -> wheelfs.v1.CallbackAck
+	80,  // 128: wheelfs.v1.Storage.Probe:input_type -> wheelfs.v1.ProbeRequest
+	84,  // 129: wheelfs.v1.Storage.ReportHolding:input_type -> wheelfs.v1.ReportHoldingRequest
+	86,  // 130: wheelfs.v1.Storage.Holders:input_type -> wheelfs.v1.HoldersRequest
+	89,  // 131: wheelfs.v1.Storage.LoginChallenge:input_type -> wheelfs.v1.LoginChallengeRequest
+	91,  // 132: wheelfs.v1.Storage.Login:input_type -> wheelfs.v1.LoginRequest
+	93,  // 133: wheelfs.v1.Storage.RenewSession:input_type -> wheelfs.v1.SessionRequest
+	93,  // 134: wheelfs.v1.Storage.Logout:input_type -> wheelfs.v1.SessionRequest
+	101, // 135: wheelfs.v1.Storage.RenewCertificate:input_type -> wheelfs.v1.RenewCertificateRequest
+	53,  // 136: wheelfs.v1.Peer.Replicate:input_type -> wheelfs.v1.ReplicateRequest
+	55,  // 137: wheelfs.v1.Peer.Digest:input_type -> wheelfs.v1.DigestRequest
+	60,  // 138: wheelfs.v1.Peer.Diff:input_type -> wheelfs.v1.DiffRequest
+	58,  // 139: wheelfs.v1.Peer.Install:input_type -> wheelfs.v1.InstallRequest
+	61,  // 140: wheelfs.v1.Peer.FetchBlocks:input_type -> wheelfs.v1.FetchBlocksRequest
+	63,  // 141: wheelfs.v1.Peer.Ping:input_type -> wheelfs.v1.PingRequest
+	65,  // 142: wheelfs.v1.Peer.CreateObject:input_type -> wheelfs.v1.CreateObjectRequest
+	67,  // 143: wheelfs.v1.Peer.DropLink:input_type -> wheelfs.v1.DropLinkRequest
+	69,  // 144: wheelfs.v1.Peer.Stat:input_type -> wheelfs.v1.StatRequest
+	71,  // 145: wheelfs.v1.Peer.AddLink:input_type -> wheelfs.v1.AddLinkRequest
+	74,  // 146: wheelfs.v1.Peer.Reconcile:input_type -> wheelfs.v1.ReconcileRequest
+	103, // 147: wheelfs.v1.Peer.FsckSlices:input_type -> wheelfs.v1.FsckSlicesRequest
+	105, // 148: wheelfs.v1.Peer.FsckList:input_type -> wheelfs.v1.FsckListRequest
+	108, // 149: wheelfs.v1.Peer.FsckRepair:input_type -> wheelfs.v1.FsckRepairRequest
+	97,  // 150: wheelfs.v1.PeerCache.FetchCached:input_type -> wheelfs.v1.FetchCachedRequest
+	13,  // 151: wheelfs.v1.Storage.Lookup:output_type -> wheelfs.v1.LookupResponse
+	15,  // 152: wheelfs.v1.Storage.GetAttr:output_type -> wheelfs.v1.GetAttrResponse
+	17,  // 153: wheelfs.v1.Storage.Create:output_type -> wheelfs.v1.CreateResponse
+	22,  // 154: wheelfs.v1.Storage.Link:output_type -> wheelfs.v1.LinkResponse
+	24,  // 155: wheelfs.v1.Storage.Remove:output_type -> wheelfs.v1.RemoveResponse
+	26,  // 156: wheelfs.v1.Storage.Rename:output_type -> wheelfs.v1.RenameResponse
+	28,  // 157: wheelfs.v1.Storage.SetAttr:output_type -> wheelfs.v1.SetAttrResponse
+	30,  // 158: wheelfs.v1.Storage.ReadDir:output_type -> wheelfs.v1.ReadDirResponse
+	33,  // 159: wheelfs.v1.Storage.GetBlocks:output_type -> wheelfs.v1.GetBlocksResponse
+	35,  // 160: wheelfs.v1.Storage.ReadBlocks:output_type -> wheelfs.v1.ReadBlocksResponse
+	37,  // 161: wheelfs.v1.Storage.PutBlocks:output_type -> wheelfs.v1.PutBlocksResponse
+	39,  // 162: wheelfs.v1.Storage.Commit:output_type -> wheelfs.v1.CommitResponse
+	41,  // 163: wheelfs.v1.Storage.GetXattr:output_type -> wheelfs.v1.XattrResponse
+	41,  // 164: wheelfs.v1.Storage.ListXattr:output_type -> wheelfs.v1.XattrResponse
+	41,  // 165: wheelfs.v1.Storage.SetXattr:output_type -> wheelfs.v1.XattrResponse
+	41,  // 166: wheelfs.v1.Storage.RemoveXattr:output_type -> wheelfs.v1.XattrResponse
+	43,  // 167: wheelfs.v1.Storage.StatFS:output_type -> wheelfs.v1.StatFSResponse
+	45,  // 168: wheelfs.v1.Storage.Open:output_type -> wheelfs.v1.OpenResponse
+	47,  // 169: wheelfs.v1.Storage.Release:output_type -> wheelfs.v1.ReleaseResponse
+	20,  // 170: wheelfs.v1.Storage.Sync:output_type -> wheelfs.v1.SyncResponse
+	48,  // 171: wheelfs.v1.Storage.Callbacks:output_type -> wheelfs.v1.Revoke
+	81,  // 172: wheelfs.v1.Storage.Probe:output_type -> wheelfs.v1.ProbeResponse
+	85,  // 173: wheelfs.v1.Storage.ReportHolding:output_type -> wheelfs.v1.ReportHoldingResponse
+	88,  // 174: wheelfs.v1.Storage.Holders:output_type -> wheelfs.v1.HoldersResponse
+	90,  // 175: wheelfs.v1.Storage.LoginChallenge:output_type -> wheelfs.v1.LoginChallengeResponse
+	92,  // 176: wheelfs.v1.Storage.Login:output_type -> wheelfs.v1.LoginResponse
+	92,  // 177: wheelfs.v1.Storage.RenewSession:output_type -> wheelfs.v1.LoginResponse
+	94,  // 178: wheelfs.v1.Storage.Logout:output_type -> wheelfs.v1.LogoutResponse
+	102, // 179: wheelfs.v1.Storage.RenewCertificate:output_type -> wheelfs.v1.RenewCertificateResponse
+	54,  // 180: wheelfs.v1.Peer.Replicate:output_type -> wheelfs.v1.ReplicateResponse
+	56,  // 181: wheelfs.v1.Peer.Digest:output_type -> wheelfs.v1.DigestResponse
+	58,  // 182: wheelfs.v1.Peer.Diff:output_type -> wheelfs.v1.InstallRequest
+	59,  // 183: wheelfs.v1.Peer.Install:output_type -> wheelfs.v1.InstallResponse
+	62,  // 184: wheelfs.v1.Peer.FetchBlocks:output_type -> wheelfs.v1.FetchBlocksResponse
+	64,  // 185: wheelfs.v1.Peer.Ping:output_type -> wheelfs.v1.PingResponse
+	66,  // 186: wheelfs.v1.Peer.CreateObject:output_type -> wheelfs.v1.CreateObjectResponse
+	68,  // 187: wheelfs.v1.Peer.DropLink:output_type -> wheelfs.v1.DropLinkResponse
+	70,  // 188: wheelfs.v1.Peer.Stat:output_type -> wheelfs.v1.StatResponse
+	72,  // 189: wheelfs.v1.Peer.AddLink:output_type -> wheelfs.v1.AddLinkResponse
+	75,  // 190: wheelfs.v1.Peer.Reconcile:output_type -> wheelfs.v1.ReconcileResponse
+	104, // 191: wheelfs.v1.Peer.FsckSlices:output_type -> wheelfs.v1.FsckSlicesResponse
+	107, // 192: wheelfs.v1.Peer.FsckList:output_type -> wheelfs.v1.FsckListResponse
+	109, // 193: wheelfs.v1.Peer.FsckRepair:output_type -> wheelfs.v1.FsckRepairResponse
+	98,  // 194: wheelfs.v1.PeerCache.FetchCached:output_type -> wheelfs.v1.FetchCachedResponse
+	151, // [151:195] is the sub-list for method output_type
+	107, // [107:151] is the sub-list for method input_type
+	107, // [107:107] is the sub-list for extension type_name
+	107, // [107:107] is the sub-list for extension extendee
+	0,   // [0:107] is the sub-list for field type_name
 }
 
 func init() { file_wheelfs_proto_init() }
@@ -7759,8 +8437,8 @@ func file_wheelfs_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_wheelfs_proto_rawDesc), len(file_wheelfs_proto_rawDesc)),
-			NumEnums:      3,
-			NumMessages:   99,
+			NumEnums:      4,
+			NumMessages:   106,
 			NumExtensions: 0,
 			NumServices:   3,
 		},

@@ -1229,6 +1229,9 @@ const (
 	Peer_Stat_FullMethodName         = "/wheelfs.v1.Peer/Stat"
 	Peer_AddLink_FullMethodName      = "/wheelfs.v1.Peer/AddLink"
 	Peer_Reconcile_FullMethodName    = "/wheelfs.v1.Peer/Reconcile"
+	Peer_FsckSlices_FullMethodName   = "/wheelfs.v1.Peer/FsckSlices"
+	Peer_FsckList_FullMethodName     = "/wheelfs.v1.Peer/FsckList"
+	Peer_FsckRepair_FullMethodName   = "/wheelfs.v1.Peer/FsckRepair"
 )
 
 // PeerClient is the client API for Peer service.
@@ -1249,6 +1252,11 @@ type PeerClient interface {
 	Stat(ctx context.Context, in *StatRequest, opts ...grpc.CallOption) (*StatResponse, error)
 	AddLink(ctx context.Context, in *AddLinkRequest, opts ...grpc.CallOption) (*AddLinkResponse, error)
 	Reconcile(ctx context.Context, in *ReconcileRequest, opts ...grpc.CallOption) (*ReconcileResponse, error)
+	// The fsck RPCs (wheelfs fsck) serve registered servers and the
+	// deployment's administrator (the CA key's holder), no other caller.
+	FsckSlices(ctx context.Context, in *FsckSlicesRequest, opts ...grpc.CallOption) (*FsckSlicesResponse, error)
+	FsckList(ctx context.Context, in *FsckListRequest, opts ...grpc.CallOption) (*FsckListResponse, error)
+	FsckRepair(ctx context.Context, in *FsckRepairRequest, opts ...grpc.CallOption) (*FsckRepairResponse, error)
 }
 
 type peerClient struct {
@@ -1369,6 +1377,36 @@ func (c *peerClient) Reconcile(ctx context.Context, in *ReconcileRequest, opts .
 	return out, nil
 }
 
+func (c *peerClient) FsckSlices(ctx context.Context, in *FsckSlicesRequest, opts ...grpc.CallOption) (*FsckSlicesResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(FsckSlicesResponse)
+	err := c.cc.Invoke(ctx, Peer_FsckSlices_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *peerClient) FsckList(ctx context.Context, in *FsckListRequest, opts ...grpc.CallOption) (*FsckListResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(FsckListResponse)
+	err := c.cc.Invoke(ctx, Peer_FsckList_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *peerClient) FsckRepair(ctx context.Context, in *FsckRepairRequest, opts ...grpc.CallOption) (*FsckRepairResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(FsckRepairResponse)
+	err := c.cc.Invoke(ctx, Peer_FsckRepair_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // PeerServer is the server API for Peer service.
 // All implementations must embed UnimplementedPeerServer
 // for forward compatibility.
@@ -1387,6 +1425,11 @@ type PeerServer interface {
 	Stat(context.Context, *StatRequest) (*StatResponse, error)
 	AddLink(context.Context, *AddLinkRequest) (*AddLinkResponse, error)
 	Reconcile(context.Context, *ReconcileRequest) (*ReconcileResponse, error)
+	// The fsck RPCs (wheelfs fsck) serve registered servers and the
+	// deployment's administrator (the CA key's holder), no other caller.
+	FsckSlices(context.Context, *FsckSlicesRequest) (*FsckSlicesResponse, error)
+	FsckList(context.Context, *FsckListRequest) (*FsckListResponse, error)
+	FsckRepair(context.Context, *FsckRepairRequest) (*FsckRepairResponse, error)
 	mustEmbedUnimplementedPeerServer()
 }
 
@@ -1429,6 +1472,15 @@ func (UnimplementedPeerServer) AddLink(context.Context, *AddLinkRequest) (*AddLi
 }
 func (UnimplementedPeerServer) Reconcile(context.Context, *ReconcileRequest) (*ReconcileResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Reconcile not implemented")
+}
+func (UnimplementedPeerServer) FsckSlices(context.Context, *FsckSlicesRequest) (*FsckSlicesResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method FsckSlices not implemented")
+}
+func (UnimplementedPeerServer) FsckList(context.Context, *FsckListRequest) (*FsckListResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method FsckList not implemented")
+}
+func (UnimplementedPeerServer) FsckRepair(context.Context, *FsckRepairRequest) (*FsckRepairResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method FsckRepair not implemented")
 }
 func (UnimplementedPeerServer) mustEmbedUnimplementedPeerServer() {}
 func (UnimplementedPeerServer) testEmbeddedByValue()              {}
@@ -1649,6 +1701,60 @@ func _Peer_Reconcile_Handler(srv interface{}, ctx context.Context, dec func(inte
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Peer_FsckSlices_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(FsckSlicesRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(PeerServer).FsckSlices(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Peer_FsckSlices_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(PeerServer).FsckSlices(ctx, req.(*FsckSlicesRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Peer_FsckList_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(FsckListRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(PeerServer).FsckList(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Peer_FsckList_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(PeerServer).FsckList(ctx, req.(*FsckListRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Peer_FsckRepair_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(FsckRepairRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(PeerServer).FsckRepair(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Peer_FsckRepair_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(PeerServer).FsckRepair(ctx, req.(*FsckRepairRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Peer_ServiceDesc is the grpc.ServiceDesc for Peer service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -1699,6 +1805,18 @@ var Peer_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Reconcile",
 			Handler:    _Peer_Reconcile_Handler,
+		},
+		{
+			MethodName: "FsckSlices",
+			Handler:    _Peer_FsckSlices_Handler,
+		},
+		{
+			MethodName: "FsckList",
+			Handler:    _Peer_FsckList_Handler,
+		},
+		{
+			MethodName: "FsckRepair",
+			Handler:    _Peer_FsckRepair_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -304,4 +304,42 @@ func TestCrossMountCoherence(t *testing.T) {
 			os.Remove(py) // leave the directory small
 		}
 	})
+
+	t.Run("attributes", func(t *testing.T) {
+		// B stats a file through both its names (the kernel holds one
+		// inode for them) before every chmod on A; the chmod must reach
+		// B's kernel through either name. The pause lets the attributes
+		// B's first names handed out expire, so that only what the
+		// later lookups handed out is held (a notification must reach
+		// the inode those went to).
+		s := &staleness{t: t, counts: map[string]int{}}
+		defer s.summary()
+		fa := filepath.Join(da, "af")
+		fb, gb := filepath.Join(db, "af"), filepath.Join(db, "ag")
+		if err := os.WriteFile(fa, []byte("a"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Link(fa, filepath.Join(da, "ag")); err != nil {
+			t.Fatal(err)
+		}
+		for i := range 20 {
+			if i == 10 {
+				time.Sleep(7 * time.Second) // past the mount's timeout and slack
+			}
+			os.Stat(fb)
+			os.Stat(gb)
+			mode := os.FileMode(0o600 | (i%2)<<5) // 0600, 0640
+			if err := os.Chmod(fa, mode); err != nil {
+				t.Fatalf("round %d: chmod on A: %v", i, err)
+			}
+			for _, p := range []string{gb, fb} {
+				st, err := os.Stat(p)
+				if err != nil {
+					s.report("stat on B", "round %d: %s: %v", i, filepath.Base(p), err)
+				} else if st.Mode().Perm() != mode {
+					s.report("stale mode on B", "round %d: %s: %v; want %v", i, filepath.Base(p), st.Mode().Perm(), mode)
+				}
+			}
+		}
+	})
 }

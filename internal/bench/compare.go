@@ -1,0 +1,110 @@
+package bench
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"text/tabwriter"
+)
+
+// DefaultSlack is how much lower WheelFS's ratio to its base may fall
+// between two recorded runs before Compare flags the workload.
+const DefaultSlack = 0.20
+
+// Change is one workload's WheelFS ratio (against the raw disk or the
+// loopback of the same run) in a recorded run and in a new one.
+type Change struct {
+	Workload string  `json:"workload"`
+	Base     string  `json:"base"`
+	Old      float64 `json:"old"`
+	New      float64 `json:"new"`
+	// Regressed is set when New < Old × (1 − slack).
+	Regressed bool `json:"regressed"`
+	// Missing says why a ratio could not be taken (a failed workload, a
+	// target not run).
+	Missing string `json:"missing,omitempty"`
+}
+
+// Compare sets WheelFS's ratio of every workload in a new run against the
+// same ratio in a recorded one. Ratios, not absolute figures, are compared:
+// the raw disk and the loopback of the same run absorb most of what the
+// machine's load and disk do to a run, which absolute figures do not.
+func Compare(old, cur *Report, slack float64) []Change {
+	var out []Change
+	for _, rw := range rows {
+		if rw.secondRow {
+			continue
+		}
+		c := Change{Workload: rw.key, Base: rw.base}
+		o, okOld := wheelfsRatio(old, rw)
+		n, okNew := wheelfsRatio(cur, rw)
+		switch {
+		case !okOld:
+			c.Missing = "not in the recorded run"
+		case !okNew:
+			c.Missing = "not in the new run"
+		default:
+			c.Old, c.New = o, n
+			c.Regressed = n < o*(1-slack)
+		}
+		out = append(out, c)
+	}
+	return out
+}
+
+func wheelfsRatio(r *Report, rw row) (float64, bool) {
+	w, b := r.Target(WheelFS), r.Target(rw.base)
+	if w == nil || b == nil {
+		return 0, false
+	}
+	return rw.ratio(w.Results[rw.key], b.Results[rw.key])
+}
+
+// Regressions counts the flagged workloads.
+func Regressions(cs []Change) int {
+	n := 0
+	for _, c := range cs {
+		if c.Regressed {
+			n++
+		}
+	}
+	return n
+}
+
+// WriteComparison prints one line per workload: both ratios, their change,
+// and REGRESSED where the new ratio fell by more than slack.
+func WriteComparison(w io.Writer, cs []Change, slack float64) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "WORKLOAD\tBASE\tRECORDED\tNEW\tCHANGE\tVERDICT")
+	for _, c := range cs {
+		if c.Missing != "" {
+			fmt.Fprintf(tw, "%s\t%s\t-\t-\t-\t%s\n", c.Workload, abbrev(c.Base), c.Missing)
+			continue
+		}
+		verdict := "ok"
+		if c.Regressed {
+			verdict = fmt.Sprintf("REGRESSED (more than %.0f%% lower)", slack*100)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%.2fx\t%.2fx\t%+.0f%%\t%s\n", c.Workload, abbrev(c.Base), c.Old, c.New,
+			(c.New/c.Old-1)*100, verdict)
+	}
+	return tw.Flush()
+}
+
+// ReadReport loads a report written by `wheelfs bench --json`.
+func ReadReport(path string) (*Report, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	var r Report
+	if err := json.NewDecoder(f).Decode(&r); err != nil {
+		return nil, fmt.Errorf("%s: not a wheelfs bench --json report: %w", path, err)
+	}
+	if r.Target(WheelFS) == nil {
+		return nil, fmt.Errorf("%s: the report has no %s target", path, WheelFS)
+	}
+	return &r, nil
+}

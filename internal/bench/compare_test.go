@@ -1,0 +1,52 @@
+package bench
+
+import (
+	"strings"
+	"testing"
+)
+
+func TestCompareFlagsOnlyRatiosThatFell(t *testing.T) {
+	old := sampleReport()
+	cur := sampleReport()
+	// The whole machine twice as slow: every target halves, no ratio moves.
+	for _, tr := range cur.Targets {
+		for _, m := range tr.Results {
+			m.Rate /= 2
+			m.Seconds *= 2
+		}
+	}
+	// WheelFS's create falls 30 % further against the same run's loopback,
+	// its tar 10 % (within the slack).
+	wfs := cur.Target(WheelFS)
+	wfs.Results[Create].Rate *= 0.7
+	wfs.Results[Tar].Seconds /= 0.9
+	wfs.Results[Stat].Error = "stat: EIO"
+
+	cs := Compare(old, cur, DefaultSlack)
+	got := map[string]Change{}
+	for _, c := range cs {
+		got[c.Workload] = c
+	}
+	if len(got) != 7 {
+		t.Fatalf("%d workloads compared, want 7: %+v", len(got), cs)
+	}
+	if !got[Create].Regressed || Regressions(cs) != 1 {
+		t.Errorf("create regressed=%v, %d regressions; want only create: %+v", got[Create].Regressed, Regressions(cs), cs)
+	}
+	if c := got[Tar]; c.Regressed || c.New >= c.Old {
+		t.Errorf("tar: %+v; want a 10%% fall within the slack", c)
+	}
+	if c := got[SeqWrite]; c.Old != c.New || c.Old != 0.5 {
+		t.Errorf("seq-write ratio %v -> %v; want 0.5 both (machine-wide slowdown cancels)", c.Old, c.New)
+	}
+	if got[Stat].Missing == "" {
+		t.Errorf("stat with an error in the new run: %+v; want it reported missing", got[Stat])
+	}
+	var b strings.Builder
+	if err := WriteComparison(&b, cs, DefaultSlack); err != nil {
+		t.Fatal(err)
+	}
+	if l := lineWith(t, b.String(), "create"); !strings.Contains(l, "REGRESSED") || !strings.Contains(l, "-30%") {
+		t.Errorf("create line %q; want -30%% and REGRESSED", l)
+	}
+}
