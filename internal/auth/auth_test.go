@@ -244,7 +244,8 @@ func TestGuardSessions(t *testing.T) {
 	ctx := t.Context()
 	now := time.Unix(1_000_000, 0)
 	store := configsvc.NewMemory().Client(configsvc.Options{}).(configsvc.Logins)
-	g := NewGuard(GuardConfig{Store: store, SessionTTL: time.Hour, Now: func() time.Time { return now }})
+	ca := newCA(t)
+	g := NewGuard(GuardConfig{Store: store, SessionTTL: time.Hour, Now: func() time.Time { return now }, Keys: nodeCreds(t, ca, "srv-1", true)})
 	s := signer(t, keys(t)["ed25519"])
 	us, _ := ParseUsers([]byte(line("alice", 1001, "1001,27", s)))
 	g.SetUsers(us)
@@ -308,7 +309,7 @@ func TestGuardSessions(t *testing.T) {
 	if err := login("cli-1", 1001); err != nil {
 		t.Fatal(err)
 	}
-	other := NewGuard(GuardConfig{Store: store, Now: func() time.Time { return now }})
+	other := NewGuard(GuardConfig{Store: store, Now: func() time.Time { return now }, Keys: nodeCreds(t, ca, "srv-2", true)})
 	other.SetUsers(us)
 	rctx, cancel := context.WithCancel(ctx)
 	defer cancel()

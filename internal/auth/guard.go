@@ -1,9 +1,13 @@
 package auth
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
+	"encoding/binary"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
@@ -37,6 +41,48 @@ type GuardConfig struct {
 	SessionTTL time.Duration
 	// Now is the clock (tests).
 	Now func() time.Time
+	// Keys sign the session records this server writes and check the
+	// ones it reads: a record counts only when signed by a server's
+	// certificate (pki.Credentials). Without Keys no record counts
+	// unless Unsigned.
+	Keys SessionKeys
+	// Unsigned also admits records without a signature, and lets a server
+	// whose certificate lacks the server role write them: the behaviour
+	// before records were signed, in which any node that can write to the
+	// configuration service can give itself a session (`--unsigned-sessions`,
+	// an explicit opt-out for a rolling upgrade; docs/SECURITY.md). A
+	// signed record must still verify.
+	Unsigned bool
+}
+
+// SessionKeys sign and check session records; *pki.Credentials
+// implements it.
+type SessionKeys interface {
+	// SignAsServer signs payload with this server's key, returning its
+	// certificate (DER) and the signature; it fails without the server
+	// role.
+	SignAsServer(payload []byte) (cert, sig []byte, err error)
+	// VerifyServerSignature checks sig over payload by cert, which must
+	// chain to the deployment's CA and carry the server role, and returns
+	// the signer's name.
+	VerifyServerSignature(cert, payload, sig []byte) (string, error)
+	// Revoked reports whether the node is on the deny list: its
+	// signatures stop counting.
+	Revoked(node string) bool
+}
+
+// SessionPayload is what a server signs for a session record: a domain
+// tag, then node, uid, user, key fingerprint and expiry (Unix ns), each
+// length-prefixed.
+func SessionPayload(l configsvc.Login) []byte {
+	var b bytes.Buffer
+	b.WriteString("wheelfs-session-v1\x00")
+	for _, f := range [][]byte{[]byte(l.Node), binary.BigEndian.AppendUint32(nil, l.UID), []byte(l.User), []byte(l.Key),
+		binary.BigEndian.AppendUint64(nil, uint64(l.Expires.UnixNano()))} {
+		b.Write(binary.BigEndian.AppendUint32(nil, uint32(len(f))))
+		b.Write(f)
+	}
+	return b.Bytes()
 }
 
 type nodeUID struct {
@@ -59,9 +105,21 @@ type Guard struct {
 
 	mu         sync.Mutex
 	users      *Users
-	sessions   map[nodeUID]configsvc.Login
+	sessions   map[nodeUID]session // checked records only
 	misses     map[nodeUID]time.Time
 	challenges map[string]challenge // by hex nonce
+	// checked remembers the records whose signature was verified (by
+	// their digest, with the signer), refused those that were not, so
+	// that a watch update checks only new records.
+	checked map[[32]byte]string
+	refused map[[32]byte]bool
+}
+
+// session is a record that passed checkRecord, with its signer ("" if
+// unsigned).
+type session struct {
+	configsvc.Login
+	signer string
 }
 
 // NewGuard returns a Guard with no users (nobody may log in until
@@ -77,8 +135,8 @@ func NewGuard(cfg GuardConfig) *Guard {
 		cfg.Now = time.Now
 	}
 	return &Guard{cfg: cfg, log: cfg.Logger.With("component", "auth"),
-		sessions: map[nodeUID]configsvc.Login{}, misses: map[nodeUID]time.Time{},
-		challenges: map[string]challenge{}}
+		sessions: map[nodeUID]session{}, misses: map[nodeUID]time.Time{},
+		challenges: map[string]challenge{}, checked: map[[32]byte]string{}, refused: map[[32]byte]bool{}}
 }
 
 // SetUsers replaces the users. Sessions whose user or key is gone stop
@@ -90,23 +148,94 @@ func (g *Guard) SetUsers(us *Users) {
 	g.log.Info("users file loaded", "users", us.Len())
 }
 
-// Run follows the sessions in the store until ctx ends.
+// Run follows the sessions in the store until ctx ends. Records that do
+// not pass checkRecord are left out, with a warning the first time.
 func (g *Guard) Run(ctx context.Context) {
 	for ls := range g.cfg.Store.WatchLogins(ctx) {
-		m := make(map[nodeUID]configsvc.Login, len(ls))
+		m := make(map[nodeUID]session, len(ls))
+		checked := make(map[[32]byte]string, len(ls))
+		refused := map[[32]byte]bool{}
 		for _, l := range ls {
-			m[nodeUID{l.Node, l.UID}] = l
+			d := recordDigest(l)
+			g.mu.Lock()
+			signer, ok := g.checked[d]
+			wasRefused := g.refused[d]
+			g.mu.Unlock()
+			if !ok && !wasRefused {
+				var err error
+				if signer, err = g.checkRecord(l); err != nil {
+					g.log.Warn("session record refused", "node", l.Node, "uid", l.UID, "user", l.User, "err", err)
+					wasRefused = true
+				}
+			}
+			if wasRefused {
+				refused[d] = true
+				continue
+			}
+			checked[d] = signer
+			m[nodeUID{l.Node, l.UID}] = session{l, signer}
 		}
 		g.mu.Lock()
-		g.sessions = m
+		g.sessions, g.checked, g.refused = m, checked, refused
 		g.mu.Unlock()
 	}
 }
 
-// valid returns the user of a live session whose user and key are still
-// in the users file. g.mu is held.
-func (g *Guard) validLocked(l configsvc.Login, ok bool) *User {
+// recordDigest identifies a record's contents, signature included.
+func recordDigest(l configsvc.Login) [32]byte {
+	h := sha256.New()
+	for _, f := range [][]byte{SessionPayload(l), l.Cert, l.Sig} {
+		h.Write(binary.BigEndian.AppendUint32(nil, uint32(len(f))))
+		h.Write(f)
+	}
+	return [32]byte(h.Sum(nil))
+}
+
+// errUnsigned refuses a record without a signature.
+var errUnsigned = errors.New("auth: session record not signed by a server (written by a node that is not one, or before sessions were signed; --unsigned-sessions admits it)")
+
+// checkRecord checks a session record's signature and returns the
+// signer: without it, any node that can write to the configuration
+// service could give itself a session.
+func (g *Guard) checkRecord(l configsvc.Login) (string, error) {
+	if len(l.Sig) == 0 {
+		if g.cfg.Unsigned {
+			return "", nil
+		}
+		return "", errUnsigned
+	}
+	if g.cfg.Keys == nil {
+		return "", errors.New("auth: this server cannot check session signatures")
+	}
+	return g.cfg.Keys.VerifyServerSignature(l.Cert, SessionPayload(l), l.Sig)
+}
+
+// sign signs l for other servers; a server that cannot (its certificate
+// lacks the server role) writes it unsigned only with Unsigned.
+func (g *Guard) sign(l *configsvc.Login) error {
+	l.Cert, l.Sig = nil, nil
+	var err error
+	if g.cfg.Keys == nil {
+		err = errors.New("no server key")
+	} else if l.Cert, l.Sig, err = g.cfg.Keys.SignAsServer(SessionPayload(*l)); err == nil {
+		return nil
+	}
+	l.Cert, l.Sig = nil, nil
+	if g.cfg.Unsigned {
+		return nil
+	}
+	g.log.Warn("login refused: this server cannot sign sessions (re-issue its certificate with `wheelfs ca issue --renew --server`)", "err", err)
+	return fmt.Errorf("this server cannot sign sessions (%v): %w", err, fserr.ErrNotSupported)
+}
+
+// valid returns the user of a live, checked session whose user and key
+// are still in the users file and whose signer is not revoked. g.mu is
+// held.
+func (g *Guard) validLocked(l session, ok bool) *User {
 	if !ok || !g.cfg.Now().Before(l.Expires) {
+		return nil
+	}
+	if l.signer != "" && g.cfg.Keys.Revoked(l.signer) {
 		return nil
 	}
 	u := g.users.Lookup(l.User)
@@ -120,14 +249,22 @@ func (g *Guard) validLocked(l configsvc.Login, ok bool) *User {
 // missTTL when this server has not seen it.
 func (g *Guard) session(ctx context.Context, k nodeUID) (configsvc.Login, *User) {
 	g.mu.Lock()
-	l, ok := g.sessions[k]
-	u := g.validLocked(l, ok)
+	s, ok := g.sessions[k]
+	u := g.validLocked(s, ok)
 	miss, recent := g.misses[k]
 	g.mu.Unlock()
 	if u != nil || (recent && g.cfg.Now().Sub(miss) < missTTL) {
-		return l, u
+		return s.Login, u
 	}
 	l, ok, err := g.cfg.Store.GetLogin(ctx, k.node, k.uid)
+	var signer string
+	if err == nil && ok {
+		if signer, err = g.checkRecord(l); err != nil {
+			g.log.Warn("session record refused", "node", l.Node, "uid", l.UID, "user", l.User, "err", err)
+		} else if l.Node != k.node || l.UID != k.uid {
+			err = fmt.Errorf("auth: record of (%s, %d) stored as (%s, %d)", l.Node, l.UID, k.node, k.uid)
+		}
+	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if err != nil || !ok {
@@ -138,10 +275,11 @@ func (g *Guard) session(ctx context.Context, k nodeUID) (configsvc.Login, *User)
 		return l, nil
 	}
 	delete(g.misses, k)
+	s = session{l, signer}
 	if cur, seen := g.sessions[k]; !seen || cur.Expires.Before(l.Expires) {
-		g.sessions[k] = l
+		g.sessions[k] = s
 	}
-	return l, g.validLocked(l, true)
+	return l, g.validLocked(s, true)
 }
 
 // Check admits a request from node made for c's uid: it needs a valid
@@ -227,12 +365,22 @@ func (g *Guard) Login(ctx context.Context, node string, req *wire.LoginRequest) 
 }
 
 func (g *Guard) put(ctx context.Context, l configsvc.Login) error {
+	if err := g.sign(&l); err != nil {
+		return err
+	}
+	signer := ""
+	if len(l.Sig) > 0 {
+		var err error
+		if signer, err = g.checkRecord(l); err != nil {
+			return fmt.Errorf("session signed by this server does not verify: %w", err)
+		}
+	}
 	if err := g.cfg.Store.PutLogin(ctx, l); err != nil {
 		return fmt.Errorf("store session: %w", err)
 	}
 	// Valid here at once, before the watch brings it back.
 	g.mu.Lock()
-	g.sessions[nodeUID{l.Node, l.UID}] = l
+	g.sessions[nodeUID{l.Node, l.UID}] = session{l, signer}
 	delete(g.misses, nodeUID{l.Node, l.UID})
 	g.mu.Unlock()
 	return nil

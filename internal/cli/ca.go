@@ -51,7 +51,7 @@ with 'wheelfs ca issue' (--node-dir).`,
 	var days int
 	var renew, server bool
 	issue := &cobra.Command{
-		Use:   "issue --ca DIR --name NAME --out NODEDIR",
+		Use:   "issue --ca DIR --name NAME --out NODEDIR [--server] [--config HOST:PORT]",
 		Short: "Issue a node directory (ca.crt, node.crt, node.key) for a node that does not get the CA key",
 		Long: `Issue a node directory (ca.crt, node.crt, node.key) for a node that does not get
 the CA key. The certificate lives --days days; nodes that hold the CA key renew
@@ -61,10 +61,15 @@ NODEDIR (a running node's DATA/node directory, for instance) with fresh ones
 for the same name and addresses, and the node picks them up within its
 certificate check period (an hour) or at its next start.
 
+Give --server for a node that runs a server or a config member: its
+certificate then carries the server role, without which a server cannot sign
+users' login sessions (other servers refuse them). --renew keeps the role.
+
 With --config HOST:PORT, the node also gets its user in the configuration
-service, which it needs once that service's authentication is on
-(--config-auth, docs/SECURITY.md): a client host's user may only read the
-tables; give --server for a node that runs a server or a config member.`,
+service, which it needs where that service's authentication is on (the
+default in a deployment created by a host holding the CA key;
+docs/SECURITY.md): a client host's user may only read the tables, a
+server's (--server) may write them.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if caDir == "" || out == "" || (nodeName == "" && !renew) {
@@ -90,6 +95,9 @@ tables; give --server for a node that runs a server or a config member.`,
 				}
 				leaf := old.Cert.Leaf
 				nodeName = old.Name
+				// A re-issue keeps the role; --server adds it to a
+				// certificate issued before roles existed.
+				server = server || pki.HasServerRole(leaf)
 				for _, d := range leaf.DNSNames {
 					hosts = append(hosts, d)
 				}
@@ -106,10 +114,11 @@ tables; give --server for a node that runs a server or a config member.`,
 					dns = append(dns, h)
 				}
 			}
+			c.Server = server
 			if err := c.IssueNodeDir(out, nodeName, dns, ips); err != nil {
 				return err
 			}
-			fmt.Printf("node %q credentials written to %s; start the node with --node-dir %s\n", nodeName, out, out)
+			fmt.Printf("node %q credentials (%s) written to %s; start the node with --node-dir %s\n", nodeName, roleWord(server), out, out)
 			if config == "" {
 				return nil
 			}
@@ -123,7 +132,7 @@ tables; give --server for a node that runs a server or a config member.`,
 			if err := admin.AddNodeUser(ctx, nodeName, server); err != nil {
 				return err
 			}
-			fmt.Printf("node %q may use the configuration service (as a %s)\n", nodeName, map[bool]string{true: "server", false: "client"}[server])
+			fmt.Printf("node %q may use the configuration service (as a %s)\n", nodeName, roleWord(server))
 			return nil
 		},
 	}
@@ -135,9 +144,16 @@ tables; give --server for a node that runs a server or a config member.`,
 	fl.IntVar(&days, "days", int(pki.DefaultNodeValidity/(24*time.Hour)), "certificate lifetime in days")
 	fl.BoolVar(&renew, "renew", false, "replace the credentials in --out with fresh ones for the same node")
 	fl.StringVar(&config, "config", "", "configuration service (HOST:PORT,...): also add the node's user there, needed when its authentication is on")
-	fl.BoolVar(&server, "server", false, "with --config: the node runs a server or a config member (its etcd user may write the tables)")
+	fl.BoolVar(&server, "server", false, "the node runs a server or a config member: its certificate carries the server role (needed to sign logins) and, with --config, its etcd user may write the tables")
 	ca.AddCommand(initCmd, issue, newRevoke(g))
 	return ca
+}
+
+func roleWord(server bool) string {
+	if server {
+		return "server"
+	}
+	return "client"
 }
 
 // dialAdmin connects to the configuration service as its administrator
@@ -164,12 +180,14 @@ ones it has. A revoked server leaves the server table and loses its slice locks,
 so its slices are re-replicated as if it had died. --undo takes NAME off the
 list; --list prints it.
 
-With the configuration service's authentication on (--config-auth), the
-node's etcd user is deleted too, so etcd refuses it: at once with --ca (which
-acts as the service's administrator), otherwise as soon as a host holding the
-CA key sees the deny list. Without it, the revoked node can still reach the
-configuration service (etcd checks only that a certificate comes from the CA):
-to shut it out completely, rotate the CA (docs/SECURITY.md). Credentials come
+With the configuration service's authentication on (the default in a new
+deployment), the node's etcd user is deleted too, so etcd refuses it: at once
+with --ca (which acts as the service's administrator), otherwise as soon as a
+host holding the CA key sees the deny list. Without it (a deployment created
+before it was the default, or with --config-auth=false), the revoked node can
+still reach the configuration service (etcd checks only that a certificate
+comes from the CA): to shut it out completely, rotate the CA or turn the
+authentication on (docs/SECURITY.md). Credentials come
 from --node-dir, --ca or --data, as for 'wheelfs status'.`,
 		Args: func(cmd *cobra.Command, args []string) error {
 			if list {

@@ -75,13 +75,23 @@ func TestFsckCommand(t *testing.T) {
 	}
 
 	// A client node's credentials are refused: nothing is read, and the
-	// report says so rather than "clean".
+	// report says so rather than "clean". The node has its etcd user (the
+	// configuration service's authentication is on by default), so the
+	// servers are the ones that refuse.
 	ca, err := pki.LoadCA(filepath.Join(data, "ca"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	nodeDir := t.TempDir()
 	if err := ca.IssueNodeDir(nodeDir, "cli-x", nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	admin, err := dialAdmin(t.Context(), &globalFlags{}, ca, h.ConfigEndpoints())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close()
+	if err := admin.AddNodeUser(t.Context(), "cli-x", false); err != nil {
 		t.Fatal(err)
 	}
 	rep, _, err = run("--json", "--node-dir", nodeDir)

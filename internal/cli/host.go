@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/wheelfs/wheelfs/internal/auth"
 	"github.com/wheelfs/wheelfs/internal/bench"
@@ -42,6 +43,8 @@ type hostFlags struct {
 	readyFile              string
 	trustUIDs              bool
 	configAuth             bool
+	unsignedSessions       bool
+	flags                  *pflag.FlagSet
 	sessionTTL             time.Duration
 	peerListen, peerRate   string
 	peerConc               int
@@ -51,6 +54,7 @@ type hostFlags struct {
 // roleFlags registers the flags a role needs.
 func (f *hostFlags) register(cmd *cobra.Command, roles deploy.Roles) {
 	fl := cmd.Flags()
+	f.flags = fl
 	fl.StringVar(&f.ca, "ca", "", "deployment CA `DIR` (made by 'wheelfs ca init') to issue this node's certificate from on first start")
 	fl.StringVar(&f.nodeDir, "node-dir", "", "node credentials `DIR` issued by 'wheelfs ca issue' (instead of --ca)")
 	fl.DurationVar(&f.configWait, "config-wait", 30*time.Second, "how long to wait for the configuration service at start")
@@ -64,7 +68,9 @@ func (f *hostFlags) register(cmd *cobra.Command, roles deploy.Roles) {
 		fl.StringVar(&f.site, "site", "local", "this node's site name")
 	}
 	if roles&(deploy.RoleServer|deploy.RoleMember) != 0 {
-		fl.BoolVar(&f.configAuth, "config-auth", false, "turn on the configuration service's authentication (etcd auth, a user per node certificate name, so that 'wheelfs ca revoke' shuts a node out of etcd too); needs the CA key here; other nodes then need 'wheelfs ca issue --config' (docs/SECURITY.md)")
+		fl.BoolVar(&f.configAuth, "config-auth", true, "the configuration service's authentication (etcd auth, a user per node certificate name: client hosts may only read the tables, and 'wheelfs ca revoke' shuts a node out of etcd): "+
+			"by default a host holding the CA key turns it on when it creates the deployment (not with --etcd); --config-auth turns it on in an existing deployment too, --config-auth=false never (an opt-out). "+
+			"Once it is on, nodes without the CA key need 'wheelfs ca issue --config' (docs/SECURITY.md)")
 	}
 	if roles&deploy.RoleServer != 0 {
 		fl.StringVar(&f.listen, "listen", "127.0.0.1:0", "storage server gRPC listen address HOST:PORT")
@@ -73,6 +79,7 @@ func (f *hostFlags) register(cmd *cobra.Command, roles deploy.Roles) {
 		fl.DurationVar(&f.memberTTL, "member-ttl", 0, "membership lease: a server cut off from the config majority for longer drops out of the table "+
 			"and its replicas are repaired elsewhere (default 10s; at least 3s and 3 maintenance periods, at most --lock-ttl)")
 		fl.BoolVar(&f.trustUIDs, "trust-client-uids", false, "act for whatever uid a client host sends, as NFS AUTH_SYS does (default: a client host that runs no server needs 'wheelfs login' per uid)")
+		fl.BoolVar(&f.unsignedSessions, "unsigned-sessions", false, "also admit login sessions no server signed (written before sessions were signed): an opt-out for a rolling upgrade, in which any node that can write to the configuration service can give itself a session (docs/SECURITY.md)")
 		fl.DurationVar(&f.sessionTTL, "session-ttl", auth.DefaultSessionTTL, "how long a login lasts unless its mount renews it")
 		fl.Float64Var(&f.rate.Rate, "client-rate", server.DefaultClientRate, "requests per second one client node may send this server (a call moving blocks costs one more per 16); servers' own traffic is not limited; negative: no limit")
 		fl.IntVar(&f.rate.Burst, "client-burst", server.DefaultClientBurst, "requests one client node may send at once above --client-rate")
@@ -121,7 +128,17 @@ func (f *hostFlags) deployConfig(g *globalFlags, roles deploy.Roles) (deploy.Con
 	cfg.MemberTTL = f.memberTTL
 	cfg.Server.LeaseTTL = f.lease
 	cfg.TrustClientUIDs, cfg.SessionTTL = f.trustUIDs, f.sessionTTL
-	cfg.ConfigAuth = f.configAuth
+	cfg.UnsignedSessions = f.unsignedSessions
+	switch {
+	case f.flags != nil && f.flags.Changed("config-auth") && f.configAuth:
+		cfg.ConfigAuth = deploy.ConfigAuthOn
+	case f.flags != nil && f.flags.Changed("config-auth"), f.etcd != "":
+		// An etcd that is not WheelFS's own may serve others, whom
+		// its auth would shut out: only when asked.
+		cfg.ConfigAuth = deploy.ConfigAuthOff
+	default:
+		cfg.ConfigAuth = deploy.ConfigAuthNew
+	}
 	cfg.Server.RateLimit = f.rate
 	if f.ca != "" && f.nodeDir != "" {
 		return cfg, errors.New("give either --ca or --node-dir, not both")

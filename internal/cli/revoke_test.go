@@ -85,14 +85,14 @@ func TestWarnExpiry(t *testing.T) {
 	}
 }
 
-// TestCARevokeConfigAuth: on a one-host deployment started with the
-// configuration service's authentication (--config-auth), a node issued
+// TestCARevokeConfigAuth: on a new one-host deployment, where the
+// configuration service's authentication is on by default, a node issued
 // without --config has no etcd user and is refused by etcd; `ca issue
 // --config` lets it in; `ca revoke --ca` shuts it out of etcd at once,
 // and --undo lets it back.
 func TestCARevokeConfigAuth(t *testing.T) {
 	var data string
-	deploytest.Start(t, func(c *deploy.Config) { data, c.ConfigAuth = c.DataDir, true })
+	deploytest.Start(t, func(c *deploy.Config) { data = c.DataDir })
 	run := func(args ...string) error {
 		root := newRoot()
 		root.SetArgs(args)

@@ -100,6 +100,12 @@ type Options struct {
 	// (etcd auth, a user per node; docs/SECURITY.md) before any host
 	// starts; the hosts, which hold the CA key, add their own users.
 	ConfigAuth bool
+	// DefaultConfigAuth leaves that authentication to the hosts' default
+	// (deploy.ConfigAuthNew: the first server, which creates the
+	// deployment, turns it on); the observer's user is added before.
+	// Without either, hosts never turn it on: the observer and the
+	// tests' own etcd clients have no users.
+	DefaultConfigAuth bool
 }
 
 // RTT returns the round-trip time between sites a and b (a may equal b).
@@ -310,8 +316,8 @@ func (c *Cluster) start() error {
 	if err := ca.IssueNodeDir(obs, "observer", nil, nil); err != nil {
 		return err
 	}
-	if o.ConfigAuth {
-		if err := enableConfigAuth(ctx, c.endpoints(), ca, "observer"); err != nil {
+	if o.ConfigAuth || o.DefaultConfigAuth {
+		if err := enableConfigAuth(ctx, c.endpoints(), ca, o.ConfigAuth, "observer"); err != nil {
 			return err
 		}
 	}
@@ -364,9 +370,9 @@ func (c *Cluster) start() error {
 	return errors.Join(errs...)
 }
 
-// enableConfigAuth turns etcd auth on, as the administrator, with server
-// users for nodes.
-func enableConfigAuth(ctx context.Context, endpoints []string, ca *pki.CA, nodes ...string) error {
+// enableConfigAuth adds server users for nodes, as the administrator, and
+// turns etcd auth on if on.
+func enableConfigAuth(ctx context.Context, endpoints []string, ca *pki.CA, on bool, nodes ...string) error {
 	root, err := ca.RootCredentials()
 	if err != nil {
 		return err
@@ -376,6 +382,14 @@ func enableConfigAuth(ctx context.Context, endpoints []string, ca *pki.CA, nodes
 		return err
 	}
 	defer admin.Close()
+	if !on {
+		for _, n := range nodes {
+			if err := admin.AddNodeUser(ctx, n, true); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
 	return admin.EnableAuth(ctx, nodes...)
 }
 
@@ -400,6 +414,9 @@ func (c *Cluster) hostConfig(n *Node) deploy.Config {
 	cfg.Client.Timeout = c.opts.ClientTimeout
 	cfg.TrustClientUIDs = !c.opts.Logins
 	cfg.UsersPeriod = c.opts.UsersPeriod
+	if !c.opts.ConfigAuth && !c.opts.DefaultConfigAuth {
+		cfg.ConfigAuth = deploy.ConfigAuthOff
+	}
 	applyHooks(c, n, &cfg)
 	if c.opts.Adjust != nil {
 		c.opts.Adjust(n, &cfg)

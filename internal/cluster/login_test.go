@@ -2,10 +2,12 @@ package cluster
 
 import (
 	"context"
+	"crypto"
 	"crypto/ecdsa"
 	"crypto/ed25519"
 	"crypto/elliptic"
 	"crypto/rand"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"testing"
@@ -15,6 +17,7 @@ import (
 
 	"github.com/wheelfs/wheelfs/internal/auth"
 	"github.com/wheelfs/wheelfs/internal/client"
+	"github.com/wheelfs/wheelfs/internal/configsvc"
 	"github.com/wheelfs/wheelfs/internal/cue"
 	"github.com/wheelfs/wheelfs/internal/fserr"
 	"github.com/wheelfs/wheelfs/internal/oid"
@@ -154,5 +157,106 @@ func TestLoginActsAsUser(t *testing.T) {
 	poll.Until(t, 10*time.Second, "alice refused after her removal", func() error { return refused(aliceU, "/home2001/x") })
 	if err := loginAs(ctx, east, aliceUID, "alice", alice); !errors.Is(err, fserr.ErrAccess) {
 		t.Fatalf("login of a removed user: %v, want EACCES", err)
+	}
+}
+
+// TestForgedSessionRefused (issue 13): a client host whose certificate may
+// write to the configuration service (its authentication off here, as a
+// deployment that opted out) writes itself login records for a uid
+// nobody logged in as there — unsigned, signed with its own node key,
+// and another node's genuine record moved to its name — and the servers
+// refuse that uid from it (EACCES). A real login then works: only a
+// server's signature makes a session.
+func TestForgedSessionRefused(t *testing.T) {
+	c := Start(t, Options{Sites: []string{"west", "east"}, Logins: true, UsersPeriod: 50 * time.Millisecond})
+	ctx := opCtx(t)
+	admin := c.Node("west-0").Client()
+	root := client.User{}
+	_, aliceKey, _ := ed25519.GenerateKey(rand.Reader)
+	alice, _ := ssh.NewSignerFromKey(aliceKey)
+	const aliceUID = 2001
+	aliceU := client.User{Uid: aliceUID, Gid: 2001}
+	if _, err := admin.Mkdir(ctx, root, "/.wheelfs", 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := admin.WriteFile(ctx, root, auth.UsersPath, []byte(usersLine("alice", aliceUID, "2001", alice)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// One file whose primary is at each site.
+	files := []string{"/at-west", "/.Site=east/at-east"}
+	for _, f := range files {
+		if err := admin.WriteFile(ctx, root, f, []byte("alice's"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		a, err := admin.Resolve(ctx, root, f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := admin.ChangeAttr(ctx, root, cue.Set{}, oid.ID(a.Meta.Id), client.AttrChange{Valid: wire.SetUID | wire.SetGID, Uid: aliceUID, Gid: 2001}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	east := c.Client("east")
+	eastNode := c.ClientNode("east")
+	refused := func(what string) {
+		t.Helper()
+		for _, f := range files {
+			if _, err := east.ReadFile(ctx, aliceU, f); !errors.Is(err, fserr.ErrAccess) {
+				t.Errorf("%s: alice at east reads %s: %v, want EACCES", what, f, err)
+			}
+		}
+	}
+	refused("no record")
+
+	// The client host's own etcd client writes the records.
+	store := eastNode.Host().Conf.(configsvc.Logins)
+	forged := configsvc.Login{Node: eastNode.ID(), UID: aliceUID, User: "alice",
+		Key: ssh.FingerprintSHA256(alice.PublicKey()), Expires: time.Now().Add(time.Hour)}
+	if err := store.PutLogin(ctx, forged); err != nil {
+		t.Fatalf("the client host writes a record (configuration service auth off): %v", err)
+	}
+	refused("an unsigned record")
+
+	creds := eastNode.Host().Creds
+	sum := sha256.Sum256(auth.SessionPayload(forged))
+	sig, err := creds.Current().PrivateKey.(crypto.Signer).Sign(rand.Reader, sum[:], crypto.SHA256)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ownKey := forged
+	ownKey.Cert, ownKey.Sig = creds.Current().Certificate[0], sig
+	if err := store.PutLogin(ctx, ownKey); err != nil {
+		t.Fatal(err)
+	}
+	refused("a record signed with the client host's key")
+
+	// Alice really logs in at west's client host; east copies the
+	// record, signed by a server, under its own name.
+	west := c.Client("west")
+	poll.Until(t, 10*time.Second, "alice logs in at west", func() error { return loginAs(ctx, west, aliceUID, "alice", alice) })
+	real, ok, err := store.GetLogin(ctx, c.ClientNode("west").ID(), aliceUID)
+	if err != nil || !ok || len(real.Sig) == 0 {
+		t.Fatalf("west's session record: %+v, %v, %v", real, ok, err)
+	}
+	moved := real
+	moved.Node = eastNode.ID()
+	if err := store.PutLogin(ctx, moved); err != nil {
+		t.Fatal(err)
+	}
+	refused("west's signed record moved to east")
+	for _, f := range files {
+		if _, err := west.ReadFile(ctx, aliceU, f); err != nil {
+			t.Errorf("alice at west, logged in there: %s: %v", f, err)
+		}
+	}
+
+	// A real login at east admits her there.
+	if err := loginAs(ctx, east, aliceUID, "alice", alice); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range files {
+		if _, err := east.ReadFile(ctx, aliceU, f); err != nil {
+			t.Errorf("alice at east after her login: %s: %v", f, err)
+		}
 	}
 }

@@ -129,14 +129,18 @@ func TestRevokedNodes(t *testing.T) {
 	}
 }
 
-// TestRevokedNodeShutOutOfConfig (issue 13): with the configuration
-// service's authentication on, a revoked node is refused by etcd itself
-// (its etcd user is deleted by the hosts holding the CA key, which follow
-// the deny list): its etcd client can neither read the tables nor take
-// itself off the deny list. Other nodes go on.
+// TestRevokedNodeShutOutOfConfig (issue 13): in a new deployment the
+// configuration service's authentication is on by default (the first
+// server, which holds the CA key, turns it on), and a revoked node is
+// refused by etcd itself (its etcd user is deleted by the hosts holding
+// the CA key, which follow the deny list): its etcd client can neither
+// read the tables nor take itself off the deny list. Other nodes go on.
 func TestRevokedNodeShutOutOfConfig(t *testing.T) {
-	c := Start(t, Options{ConfigAuth: true})
+	c := Start(t, Options{DefaultConfigAuth: true})
 	ctx := opCtx(t)
+	if on, err := c.Conf.(*configsvc.EtcdService).AuthEnabled(ctx); err != nil || !on {
+		t.Fatalf("configuration service authentication in a new deployment: on=%v, %v", on, err)
+	}
 	west, east := c.Client("west"), c.Client("east")
 	data := []byte("written with etcd auth on")
 	if err := west.WriteFile(ctx, Owner(), "/f", data, 0o644); err != nil {

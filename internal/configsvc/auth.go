@@ -51,9 +51,29 @@ func authRefused(err error) bool {
 }
 
 // EnableAuth turns etcd auth on: the root user and role, the node roles,
-// a server user for each of servers, then auth. It is idempotent, so a
-// host that stopped halfway may run it again.
+// a server user for each of servers, then auth. It is idempotent, and
+// hosts may run it at the same moment (all members of a new deployment
+// that hold the CA key do).
 func (s *EtcdService) EnableAuth(ctx context.Context, servers ...string) error {
+	if err := s.ensureRoles(ctx); err != nil {
+		return err
+	}
+	for _, n := range servers {
+		if err := s.AddNodeUser(ctx, n, true); err != nil {
+			return err
+		}
+	}
+	if on, err := s.AuthEnabled(ctx); err != nil || on {
+		return err
+	}
+	return s.authCall(ctx, "enable auth", func(ctx context.Context) error {
+		_, err := s.cli.AuthEnable(ctx)
+		return err
+	})
+}
+
+// ensureRoles makes the root user and the node roles, if missing.
+func (s *EtcdService) ensureRoles(ctx context.Context) error {
 	// What exists is read first: etcd logs a warning for every refused
 	// change (an existing user or role), and a restart runs this again.
 	users, err := s.users(ctx)
@@ -70,16 +90,22 @@ func (s *EtcdService) EnableAuth(ctx context.Context, servers ...string) error {
 	}); err != nil {
 		return err
 	}
-	if !users[rootUser] {
-		if err := s.authCall(ctx, "add root user", func(ctx context.Context) error {
-			if _, err := s.cli.UserAddWithOptions(ctx, rootUser, "", &clientv3.UserAddOptions{NoPassword: true}); err != nil {
+	if err := s.authCall(ctx, "add root user", func(ctx context.Context) error {
+		if users[rootUser] {
+			// Another host may have added it and not yet granted
+			// the role (or stopped in between): etcd refuses to turn
+			// auth on with a root user without it.
+			resp, err := s.cli.UserGet(ctx, rootUser)
+			if err != nil || slices.Contains(resp.Roles, rootUser) {
 				return err
 			}
-			_, err := s.cli.UserGrantRole(ctx, rootUser, rootUser)
-			return err
-		}); err != nil {
+		} else if _, err := s.cli.UserAddWithOptions(ctx, rootUser, "", &clientv3.UserAddOptions{NoPassword: true}); ignore(err, rpctypes.ErrUserAlreadyExist) != nil {
 			return err
 		}
+		_, err := s.cli.UserGrantRole(ctx, rootUser, rootUser)
+		return err
+	}); err != nil {
+		return err
 	}
 	end := clientv3.GetPrefixRangeEnd(s.opts.Prefix)
 	coords := s.coordsPfx()
@@ -94,7 +120,7 @@ func (s *EtcdService) EnableAuth(ctx context.Context, servers ...string) error {
 	for _, p := range perms {
 		if err := s.authCall(ctx, "add role "+p.role, func(ctx context.Context) error {
 			if !slices.Contains(roles, p.role) {
-				if _, err := s.cli.RoleAdd(ctx, p.role); err != nil {
+				if _, err := s.cli.RoleAdd(ctx, p.role); ignore(err, rpctypes.ErrRoleAlreadyExist) != nil {
 					return err
 				}
 				roles = append(roles, p.role)
@@ -105,18 +131,7 @@ func (s *EtcdService) EnableAuth(ctx context.Context, servers ...string) error {
 			return err
 		}
 	}
-	for _, n := range servers {
-		if err := s.AddNodeUser(ctx, n, true); err != nil {
-			return err
-		}
-	}
-	if on, err := s.AuthEnabled(ctx); err != nil || on {
-		return err
-	}
-	return s.authCall(ctx, "enable auth", func(ctx context.Context) error {
-		_, err := s.cli.AuthEnable(ctx)
-		return err
-	})
+	return nil
 }
 
 // users returns the etcd users.
@@ -151,7 +166,8 @@ func (s *EtcdService) AuthEnabled(ctx context.Context) (bool, error) {
 // AddNodeUser lets the node with certificate name name use the
 // configuration service: its etcd user, with ServerRole or ClientRole.
 // Adding an existing user grants the role (a client made a server keeps
-// both).
+// both). The roles are made if missing, so that a node may be added
+// before auth is on.
 func (s *EtcdService) AddNodeUser(ctx context.Context, name string, server bool) error {
 	role := ClientRole
 	if server {
@@ -159,6 +175,9 @@ func (s *EtcdService) AddNodeUser(ctx context.Context, name string, server bool)
 	}
 	if err := checkDenialName(name); err != nil || name == rootUser {
 		return fmt.Errorf("configsvc: add node user: invalid name %q", name)
+	}
+	if err := s.ensureRoles(ctx); err != nil {
+		return err
 	}
 	var has []string
 	found := true

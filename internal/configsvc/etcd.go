@@ -1030,6 +1030,21 @@ func (s *EtcdService) Release(ctx context.Context, l Lock) error {
 
 // ---- deployment ----
 
+// DeploymentCreated reports whether the deployment ID exists, which the
+// first host to reach a new configuration service creates (Deployment).
+func (s *EtcdService) DeploymentCreated(ctx context.Context) (bool, error) {
+	if s.isClosed() {
+		return false, ErrClosed
+	}
+	ctx, cancel := s.rpcCtx(ctx)
+	defer cancel()
+	got, err := s.cli.Get(ctx, s.deploymentKey, clientv3.WithCountOnly())
+	if err != nil {
+		return false, fmt.Errorf("configsvc: deployment: %w", err)
+	}
+	return got.Count > 0, nil
+}
+
 // Deployment implements Service.
 func (s *EtcdService) Deployment(ctx context.Context) (string, error) {
 	if s.isClosed() {

@@ -13,13 +13,19 @@ import (
 // Login is a user's session at one client node (issue 13): requests from
 // Node for UID act as User until Expires. Every server follows the set
 // (WatchLogins), so a session made at one server is valid at all of them,
-// and deleting it (logout) reaches all of them.
+// and deleting it (logout) reaches all of them. The server that verified
+// the login signs the record (auth.SessionPayload), so that writing to
+// the configuration service does not make a session.
 type Login struct {
 	Node    string    `json:"node"`
 	UID     uint32    `json:"uid"`
 	User    string    `json:"user"`
 	Key     string    `json:"key"` // SHA256 fingerprint of the key that logged in
 	Expires time.Time `json:"expires"`
+	// Cert is the signing server's certificate (DER), Sig its signature;
+	// both empty in records written before sessions were signed.
+	Cert []byte `json:"cert,omitempty"`
+	Sig  []byte `json:"sig,omitempty"`
 }
 
 // Logins is the part of the configuration service that keeps sessions.

@@ -22,6 +22,14 @@ func (h *Host) caKeyDir() string {
 	return ""
 }
 
+// serverRole reports whether this host is part of the trusted base: a
+// server or a config member writes the tables (a client host only reads
+// them and publishes its coordinate), and its certificate carries the
+// server role, which login sessions must be signed with.
+func (h *Host) serverRole() bool {
+	return h.cfg.Roles&(RoleServer|RoleMember) != 0
+}
+
 // rootCredentials are the configuration service's administrator
 // credentials, made from the CA key this host holds (nil without one).
 func (h *Host) rootCredentials() (*pki.Credentials, error) {
@@ -36,9 +44,29 @@ func (h *Host) rootCredentials() (*pki.Credentials, error) {
 	return ca.RootCredentials()
 }
 
+// ConfigAuthMode says when a host turns on the configuration service's
+// authentication (Config.ConfigAuth).
+type ConfigAuthMode int
+
+const (
+	// ConfigAuthNew, the default, turns it on when the host holds the CA
+	// key and the deployment is new (the configuration service holds no
+	// deployment ID yet): new deployments get it, existing ones stay as
+	// they are until an operator turns it on (ConfigAuthOn).
+	ConfigAuthNew ConfigAuthMode = iota
+	// ConfigAuthOn turns it on at start, in an existing deployment too
+	// (the migration step, after `wheelfs ca issue --config` has added
+	// the users of nodes without the CA key). The host needs the CA key.
+	ConfigAuthOn
+	// ConfigAuthOff never turns it on (`--config-auth=false`): an explicit
+	// opt-out, also for an etcd that is not WheelFS's own (`--etcd`). It
+	// does not turn auth off where another host turned it on.
+	ConfigAuthOff
+)
+
 // ensureConfigUser prepares the configuration service's authentication
-// for this host before its own client dials (docs/SECURITY.md): with
-// ConfigAuth it turns etcd auth on; when auth is on, it adds this node's
+// for this host before its own client dials (docs/SECURITY.md): it turns
+// etcd auth on as ConfigAuth says; when auth is on, it adds this node's
 // etcd user. Both need the CA key; a host without it relies on `wheelfs
 // ca issue --config` having added its user. A host holding the key keeps
 // its administrator client while auth is on, to follow the deny list
@@ -49,7 +77,7 @@ func (h *Host) ensureConfigUser(ctx context.Context, endpoints []string, opts co
 		return fmt.Errorf("deploy: configuration service administrator: %w", err)
 	}
 	if root == nil {
-		if h.cfg.ConfigAuth {
+		if h.cfg.ConfigAuth == ConfigAuthOn {
 			return errors.New("deploy: --config-auth needs the CA key (--ca DIR with ca.key, or the CA of `wheelfs up`)")
 		}
 		return nil
@@ -59,20 +87,23 @@ func (h *Host) ensureConfigUser(ctx context.Context, endpoints []string, opts co
 	if err != nil {
 		return err
 	}
-	// A config member or a server writes the tables; a client host
-	// only reads them (and publishes its coordinate).
-	server := h.cfg.Roles&(RoleServer|RoleMember) != 0
+	enable := h.cfg.ConfigAuth == ConfigAuthOn
+	if h.cfg.ConfigAuth == ConfigAuthNew && h.id.Deployment == "" {
+		// A host that was part of a deployment never creates one.
+		created, cerr := admin.DeploymentCreated(ctx)
+		enable, err = !created, cerr
+	}
 	on := false
-	if h.cfg.ConfigAuth {
+	if err == nil && enable {
 		if err = admin.EnableAuth(ctx); err == nil {
 			on = true
 			h.log.Info("configuration service authentication on", "node", h.Creds.Name)
 		}
-	} else {
+	} else if err == nil {
 		on, err = admin.AuthEnabled(ctx)
 	}
 	if err == nil && on {
-		err = admin.AddNodeUser(ctx, h.Creds.Name, server)
+		err = admin.AddNodeUser(ctx, h.Creds.Name, h.serverRole())
 	}
 	if err != nil || !on {
 		admin.Close()

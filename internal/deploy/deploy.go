@@ -117,13 +117,19 @@ type Config struct {
 	// sends (NFS AUTH_SYS style). Without it, a client node that runs no
 	// server needs a session per uid (`wheelfs login`, issue 13).
 	TrustClientUIDs bool
-	// ConfigAuth turns on the configuration service's own authentication
-	// (etcd auth, one etcd user per node certificate name; see
-	// docs/SECURITY.md): the host, which must hold the CA key, enables it
-	// when it starts. Once on, hosts holding the CA key add their own
-	// user, and other nodes need theirs added by `wheelfs ca issue
-	// --config`.
-	ConfigAuth bool
+	// ConfigAuth says when the host turns on the configuration service's
+	// own authentication (etcd auth, one etcd user per node certificate
+	// name; see docs/SECURITY.md): by default (ConfigAuthNew) when it
+	// holds the CA key and creates the deployment. Once on, hosts holding
+	// the CA key add their own user, and other nodes need theirs added by
+	// `wheelfs ca issue --config`.
+	ConfigAuth ConfigAuthMode
+	// UnsignedSessions admits session records no server signed (written
+	// before records were signed, or by a server whose certificate lacks
+	// the server role), as before: any node that can write to the
+	// configuration service can then give itself a session. An explicit
+	// opt-out for a rolling upgrade (docs/SECURITY.md); off by default.
+	UnsignedSessions bool
 	// SessionTTL is how long a login lasts unless renewed (default
 	// auth.DefaultSessionTTL).
 	SessionTTL time.Duration
@@ -448,9 +454,11 @@ func (h *Host) dialConfig(ctx context.Context, endpoints []string) error {
 		if err == nil {
 			conf, err = configsvc.Dial(wctx, endpoints, h.Creds.ClientTLS(""), opts)
 		}
-		if errors.Is(err, configsvc.ErrNoUser) {
+		if errors.Is(err, configsvc.ErrNoUser) && h.admin == nil {
 			return fmt.Errorf("deploy: node %q: %w", h.Creds.Name, err)
 		}
+		// This host added its own user a moment ago: the member that
+		// answered the probe (a serializable read) may not have it yet.
 		if errors.Is(err, configsvc.ErrRefused) {
 			if refusedSince.IsZero() {
 				refusedSince = time.Now()

@@ -140,7 +140,7 @@ func (h *Host) ensureCredentials() error {
 			ErrNoCredentials, h.cfg.DataDir)
 	}
 	dns, ips := h.altNames()
-	creds, err := pki.EnsureNode(caDir, nd, h.id.Server, dns, ips)
+	creds, err := pki.EnsureNode(caDir, nd, h.id.Server, h.serverRole(), dns, ips)
 	if err != nil {
 		return fmt.Errorf("deploy: %w", err)
 	}

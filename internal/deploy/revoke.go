@@ -103,7 +103,7 @@ func (h *Host) renewCerts() {
 	// is still valid for a third of its life).
 	check := func(ctx context.Context, remote bool) {
 		if caDir != "" {
-			did, err := pki.Renew(caDir, nd, h.cfg.CertValidity, time.Now())
+			did, err := pki.Renew(caDir, nd, h.serverRole(), h.cfg.CertValidity, time.Now())
 			if err != nil {
 				h.log.Warn("node certificate renewal failed", "err", err)
 			} else if did {

@@ -184,7 +184,10 @@ func TestNoCredentials(t *testing.T) {
 }
 
 // TestPreIssuedNodeDir starts a server from a node directory issued
-// elsewhere: its ID is the certificate's name.
+// elsewhere, as `wheelfs ca issue --server --config` does (the member
+// created the deployment with the configuration service's authentication
+// on, the default): its ID is the certificate's name, and it may sign
+// sessions.
 func TestPreIssuedNodeDir(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -194,12 +197,22 @@ func TestPreIssuedNodeDir(t *testing.T) {
 		t.Fatal(err)
 	}
 	nd := filepath.Join(t.TempDir(), "srv-issued")
+	ca.Server = true
 	if err := ca.IssueNodeDir(nd, "srv-issued", nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	if member.admin == nil {
+		t.Fatal("the member that created the deployment did not turn on the configuration service's authentication")
+	}
+	if err := member.admin.AddNodeUser(ctx, "srv-issued", true); err != nil {
 		t.Fatal(err)
 	}
 	h := startRole(t, ctx, member, RoleServer|RoleClient, "west", func(c *Config) { c.CADir, c.NodeDir = "", nd })
 	if h.ServerID() != "srv-issued" {
 		t.Fatalf("ID %s", h.ServerID())
+	}
+	if !h.Creds.IsServer() {
+		t.Fatal("the issued server's certificate lacks the server role")
 	}
 	if err := h.Client.WriteFile(ctx, root, "/x", []byte("x"), 0o644); err != nil {
 		t.Fatal(err)

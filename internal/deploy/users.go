@@ -15,9 +15,18 @@ import (
 )
 
 // newGuard makes the server's gate for users: sessions live in the
-// configuration service, which every server follows.
+// configuration service, which every server follows, signed with the
+// server's node key (a certificate with the server role).
 func (h *Host) newGuard() {
-	h.guard = auth.NewGuard(auth.GuardConfig{Logger: h.cfg.Logger, Store: h.Conf.(configsvc.Logins), SessionTTL: h.cfg.SessionTTL})
+	h.guard = auth.NewGuard(auth.GuardConfig{Logger: h.cfg.Logger, Store: h.Conf.(configsvc.Logins), SessionTTL: h.cfg.SessionTTL,
+		Keys: h.Creds, Unsigned: h.cfg.UnsignedSessions})
+	if !h.Creds.IsServer() {
+		h.log.Warn("this server's certificate lacks the server role: logins here are refused (re-issue it with `wheelfs ca issue --renew --server`, or give the host the CA key)",
+			"node", h.Creds.Name, "unsigned_sessions", h.cfg.UnsignedSessions)
+	}
+	if h.cfg.UnsignedSessions {
+		h.log.Warn("unsigned session records admitted (--unsigned-sessions): any node that can write to the configuration service can give itself a session")
+	}
 }
 
 // followUsers runs the guard's session watch and reads the users file

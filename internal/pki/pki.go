@@ -86,6 +86,9 @@ type CA struct {
 	// NodeValidity is the lifetime of the node certificates it issues
 	// (DefaultNodeValidity if 0), never beyond the CA's own expiry.
 	NodeValidity time.Duration
+	// Server makes the node certificates it issues carry the server role
+	// (ServerRole): only those may sign login sessions.
+	Server bool
 }
 
 // InitCA creates dir (0700) with ca.crt and ca.key (0600) for a new
@@ -261,7 +264,8 @@ func (ca *CA) sign(name string, dnsNames []string, ips []net.IP) (certDER, keyPE
 	return certDER, keyPEM, nil
 }
 
-// signKey certifies pub as the node name.
+// signKey certifies pub as the node name, with the server role if
+// ca.Server.
 func (ca *CA) signKey(pub crypto.PublicKey, name string, dnsNames []string, ips []net.IP) ([]byte, error) {
 	serial, err := newSerial()
 	if err != nil {
@@ -291,6 +295,9 @@ func (ca *CA) signKey(pub crypto.PublicKey, name string, dnsNames []string, ips 
 		BasicConstraintsValid: true,
 		DNSNames:              dns,
 		IPAddresses:           addrs,
+	}
+	if ca.Server {
+		tmpl.Policies = []x509.OID{serverRole}
 	}
 	return x509.CreateCertificate(rand.Reader, tmpl, ca.Cert, pub, ca.Key)
 }
@@ -408,10 +415,11 @@ func LoadCredentials(dir string) (*Credentials, error) {
 
 // EnsureNode returns the credentials in the node directory dir, first
 // issuing them from the CA in caDir if dir lacks node.crt or node.key (and
-// copying ca.crt next to them). It is idempotent: existing credentials are
-// kept, and it fails if they belong to a node other than name. caDir is
-// read only when something is missing, and may equal dir.
-func EnsureNode(caDir, dir, name string, dnsNames []string, ips []net.IP) (*Credentials, error) {
+// copying ca.crt next to them), with the server role if server. It is
+// idempotent: existing credentials are kept, and it fails if they belong
+// to a node other than name. caDir is read only when something is
+// missing, and may equal dir.
+func EnsureNode(caDir, dir, name string, server bool, dnsNames []string, ips []net.IP) (*Credentials, error) {
 	if name == "" {
 		return nil, errors.New("pki: ensure node: empty name")
 	}
@@ -424,6 +432,7 @@ func EnsureNode(caDir, dir, name string, dnsNames []string, ips []net.IP) (*Cred
 		if err != nil {
 			return nil, fmt.Errorf("pki: ensure node %q: %w", name, err)
 		}
+		ca.Server = server
 		if err := ca.IssueNodeDir(dir, name, dnsNames, ips); err != nil {
 			return nil, fmt.Errorf("pki: ensure node %q: %w", name, err)
 		}
@@ -643,7 +652,7 @@ const rootValidity = 24 * time.Hour
 // members). They are never written to disk.
 func (ca *CA) RootCredentials() (*Credentials, error) {
 	c := *ca
-	c.NodeValidity = rootValidity
+	c.NodeValidity, c.Server = rootValidity, false
 	der, keyPEM, err := c.sign(ConfigRoot, nil, nil)
 	if err != nil {
 		return nil, fmt.Errorf("pki: root credentials: %w", err)

@@ -32,7 +32,7 @@ func newCA(t *testing.T) (*CA, string) {
 
 func newNode(t *testing.T, caDir, name string) *Credentials {
 	t.Helper()
-	creds, err := EnsureNode(caDir, filepath.Join(t.TempDir(), name), name, []string{name + ".example"}, []net.IP{net.ParseIP("192.0.2.7")})
+	creds, err := EnsureNode(caDir, filepath.Join(t.TempDir(), name), name, false, []string{name + ".example"}, []net.IP{net.ParseIP("192.0.2.7")})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -132,29 +132,29 @@ func TestIssue(t *testing.T) {
 func TestEnsureNodeIdempotent(t *testing.T) {
 	_, caDir := newCA(t)
 	dir := filepath.Join(t.TempDir(), "node")
-	c1, err := EnsureNode(caDir, dir, "n1", nil, nil)
+	c1, err := EnsureNode(caDir, dir, "n1", false, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if c1.Name != "n1" {
 		t.Errorf("name %q", c1.Name)
 	}
-	c2, err := EnsureNode(caDir, dir, "n1", nil, nil)
+	c2, err := EnsureNode(caDir, dir, "n1", false, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if !c2.Cert.Leaf.Equal(c1.Cert.Leaf) {
 		t.Error("EnsureNode reissued existing credentials")
 	}
-	if _, err := EnsureNode(caDir, dir, "n2", nil, nil); err == nil {
+	if _, err := EnsureNode(caDir, dir, "n2", false, nil, nil); err == nil {
 		t.Error("EnsureNode accepted credentials of another node")
 	}
 	// A node directory handed over without the CA works without caDir.
-	if _, err := EnsureNode(filepath.Join(t.TempDir(), "missing"), dir, "n1", nil, nil); err != nil {
+	if _, err := EnsureNode(filepath.Join(t.TempDir(), "missing"), dir, "n1", false, nil, nil); err != nil {
 		t.Errorf("EnsureNode on complete node dir needed the CA: %v", err)
 	}
 	// The CA directory may double as the node directory.
-	if c, err := EnsureNode(caDir, caDir, "n3", nil, nil); err != nil || c.Name != "n3" {
+	if c, err := EnsureNode(caDir, caDir, "n3", false, nil, nil); err != nil || c.Name != "n3" {
 		t.Errorf("EnsureNode in CA dir: %v", err)
 	}
 	if _, err := LoadCA(caDir); err != nil {

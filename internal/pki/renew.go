@@ -31,16 +31,19 @@ func RenewDue(cert *x509.Certificate, now time.Time) bool {
 }
 
 // Renew re-issues the node certificate in the node directory dir from the
-// CA in caDir when RenewDue (a fresh key, the same name and subject
-// alternative names, the CA's NodeValidity) and reports whether it did.
-// A node directory whose certificate is from another CA is not touched
-// (CA rotation is an operator's step, see docs/SECURITY.md).
-func Renew(caDir, dir string, validity time.Duration, now time.Time) (bool, error) {
+// CA in caDir when RenewDue, or when server and the certificate lacks the
+// server role (one issued before roles existed), and reports whether it
+// did: a fresh key, the same name, subject alternative names and role
+// (the server role added if server), the CA's NodeValidity. A node
+// directory whose certificate is from another CA is not touched (CA
+// rotation is an operator's step, see docs/SECURITY.md).
+func Renew(caDir, dir string, server bool, validity time.Duration, now time.Time) (bool, error) {
 	leaf, _, err := readCert(filepath.Join(dir, NodeCertFile))
 	if err != nil {
 		return false, fmt.Errorf("pki: renew: %w", err)
 	}
-	if !RenewDue(leaf, now) {
+	role := HasServerRole(leaf)
+	if !RenewDue(leaf, now) && (role || !server) {
 		return false, nil
 	}
 	ca, err := LoadCA(caDir)
@@ -50,7 +53,7 @@ func Renew(caDir, dir string, validity time.Duration, now time.Time) (bool, erro
 	if err := leaf.CheckSignatureFrom(ca.Cert); err != nil {
 		return false, fmt.Errorf("pki: renew %q: certificate is not from the CA in %s: %w", leaf.Subject.CommonName, caDir, err)
 	}
-	ca.NodeValidity = validity
+	ca.NodeValidity, ca.Server = validity, role || server
 	if err := ca.IssueNodeDir(dir, leaf.Subject.CommonName, leaf.DNSNames, leaf.IPAddresses); err != nil {
 		return false, fmt.Errorf("pki: renew: %w", err)
 	}
@@ -148,8 +151,8 @@ func (r *RenewalRequest) Install(dir string, certPEM []byte) error {
 
 // SignRenewal answers a renewal request from the node whose current
 // certificate is current (as its TLS handshake presented it): a
-// certificate for the request's key with current's name and subject
-// alternative names — never what the request asks for — valid for the
+// certificate for the request's key with current's name, subject
+// alternative names and role — never what the request asks for — valid for the
 // CA's NodeValidity. It refuses a certificate that is not from this CA
 // or not yet due (RenewDue at now), and the administrator's name.
 func (ca *CA) SignRenewal(current *x509.Certificate, csrDER []byte, now time.Time) ([]byte, error) {
@@ -171,7 +174,9 @@ func (ca *CA) SignRenewal(current *x509.Certificate, csrDER []byte, now time.Tim
 	if err := csr.CheckSignature(); err != nil {
 		return nil, fmt.Errorf("pki: renewal for %q: request not signed by its key: %w", name, err)
 	}
-	der, err := ca.signKey(csr.PublicKey, name, current.DNSNames, current.IPAddresses)
+	c := *ca
+	c.Server = HasServerRole(current)
+	der, err := c.signKey(csr.PublicKey, name, current.DNSNames, current.IPAddresses)
 	if err != nil {
 		return nil, fmt.Errorf("pki: renewal for %q: %w", name, err)
 	}

@@ -127,10 +127,10 @@ func TestRenew(t *testing.T) {
 	if life := old.NotAfter.Sub(old.NotBefore); life != 9*time.Hour {
 		t.Fatalf("lifetime %v, want 9h", life)
 	}
-	if did, err := Renew(caDir, dir, 8*time.Hour, now.Add(time.Hour)); err != nil || did {
+	if did, err := Renew(caDir, dir, false, 8*time.Hour, now.Add(time.Hour)); err != nil || did {
 		t.Fatalf("Renew early: %v, %v", did, err)
 	}
-	if did, err := Renew(caDir, dir, 30*time.Hour, now.Add(6*time.Hour)); err != nil || !did {
+	if did, err := Renew(caDir, dir, false, 30*time.Hour, now.Add(6*time.Hour)); err != nil || !did {
 		t.Fatalf("Renew when due: %v, %v", did, err)
 	}
 	if err := creds.Reload(dir); err != nil {
@@ -157,7 +157,7 @@ func TestRenew(t *testing.T) {
 	}
 	// A certificate of another CA is not renewed by this one.
 	_, otherCA := newCA(t)
-	if _, err := Renew(otherCA, dir, time.Hour, now.Add(100*time.Hour)); err == nil {
+	if _, err := Renew(otherCA, dir, false, time.Hour, now.Add(100*time.Hour)); err == nil {
 		t.Fatal("Renew from a foreign CA succeeded")
 	}
 }

@@ -81,7 +81,8 @@ func TestLoginThroughMount(t *testing.T) {
 	}
 
 	issued := filepath.Join(tmp, "issued-east")
-	mustRun(t, tmp, 30*time.Second, wheelfsBin, "ca", "issue", "--ca", ca, "--name", "cli-east", "--out", issued)
+	mustRun(t, tmp, 30*time.Second, wheelfsBin, "ca", "issue", "--ca", ca, "--name", "cli-east", "--out", issued,
+		"--config", strings.Join(members, ","))
 	mdata, mmnt := filepath.Join(tmp, "mount-east"), mountPoint("east")
 	startWheelfs(t, mdata, mmnt, "mount", "--config", members[0], "--site", "east", "--data", mdata,
 		"--node-dir", issued, mmnt)

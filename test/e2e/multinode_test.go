@@ -71,7 +71,8 @@ func TestMultiNode(t *testing.T) {
 	// The client-only mount gets a node directory issued for it instead
 	// of the CA key.
 	issued := filepath.Join(tmp, "issued-eu")
-	mustRun(t, tmp, 30*time.Second, wheelfsBin, "ca", "issue", "--ca", ca, "--name", "cli-eu", "--out", issued)
+	mustRun(t, tmp, 30*time.Second, wheelfsBin, "ca", "issue", "--ca", ca, "--name", "cli-eu", "--out", issued,
+		"--config", config)
 	mdata, mmnt := filepath.Join(tmp, "mount-eu"), t.TempDir()
 	eu := startWheelfs(t, mdata, mmnt, "mount", "--config", members[1], "--site", "eu", "--data", mdata,
 		"--node-dir", issued, mmnt)
