@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -299,6 +300,35 @@ const activeMinDead = 8 << 20
 // next pass, so that a pass, and its one index Update, stay bounded.
 const movePerPass = 4
 
+// compactMargin is free space a Compact pass leaves untouched when it
+// chooses what to copy.
+const compactMargin = 1 << 20
+
+// undoCopies truncates the compaction target(s) back to their sizes before
+// a pass that failed (copied: segment → size): nothing references the
+// copies yet, and left behind they would keep a full disk full.
+func (s *Store) undoCopies(copied map[uint32]int64) {
+	s.appendMu.Lock()
+	defer s.appendMu.Unlock()
+	for id, size := range copied {
+		seg := s.segment(id)
+		if seg == nil || seg.size.Load() <= size {
+			continue
+		}
+		seg.mu.RLock()
+		if !seg.dead {
+			if err := seg.f.Truncate(size); err != nil {
+				s.log.Error("store: compact: cannot drop the copies of a failed pass", "segment", segName(id), "err", err)
+			} else {
+				seg.size.Store(size)
+				seg.synced.Store(min(seg.synced.Load(), size))
+				seg.kicked = min(seg.kicked, size)
+			}
+		}
+		seg.mu.RUnlock()
+	}
+}
+
 // reclaimer runs Compact every compactEvery until ctx ends (Close).
 func (s *Store) reclaimer(ctx context.Context) {
 	defer close(s.compactDone)
@@ -313,7 +343,11 @@ func (s *Store) reclaimer(ctx context.Context) {
 			return
 		case <-tk.C:
 		}
-		if err := s.Compact(ctx); err != nil && ctx.Err() == nil && !errors.Is(err, ErrClosed) {
+		switch err := s.Compact(ctx); {
+		case err == nil || ctx.Err() != nil || errors.Is(err, ErrClosed):
+		case noSpace(err):
+			s.log.Warn("store: background compaction stopped for lack of space; retrying later", "err", err)
+		default:
 			s.log.Error("store: background compaction failed", "err", err)
 		}
 	}
@@ -430,12 +464,23 @@ func (s *Store) Compact(ctx context.Context) error {
 	slices.SortFunc(cs, func(a, b cand) int { // deadest first
 		return cmp.Compare(float64(b.dead)/float64(max(b.size, 1)), float64(a.dead)/float64(max(a.size, 1)))
 	})
+	// The copies need free space before the old files go: on a full
+	// disk only what fits is moved (segments with nothing live cost
+	// nothing and free the most).
+	room := int64(math.MaxInt64)
+	if sp, err := s.Space(); err == nil {
+		room = sp.Free - compactMargin
+	}
 	var budget int64
 	for _, c := range cs {
-		if len(cands) > 0 && budget+c.size-c.dead > movePerPass*s.segSize {
+		live := c.size - c.dead
+		if len(cands) > 0 && budget+live > movePerPass*s.segSize {
 			break
 		}
-		budget += c.size - c.dead
+		if live > 0 && budget+live > room {
+			continue
+		}
+		budget += live
 		cands[c.seg.id] = c.seg
 		c.seg.compacting = true
 	}
@@ -486,14 +531,19 @@ func (s *Store) Compact(ctx context.Context) error {
 
 	// Copy.
 	reloc := make(map[[32]byte]loc, len(moves))
+	copied := map[uint32]int64{} // segment → its size before this pass's copies
+	fail := func(err error) error {
+		unmark(all)
+		s.undoCopies(copied)
+		return err
+	}
 	bad := map[uint32]bool{}
 	touched := map[uint32]int64{}
 	buf := make([]byte, MaxBlockSize)
 	var moved int64
 	for i, m := range moves {
 		if err := ctx.Err(); err != nil {
-			unmark(all)
-			return err
+			return fail(err)
 		}
 		if i == len(moves)/2 {
 			s.hook("copying")
@@ -516,8 +566,10 @@ func (s *Store) Compact(ctx context.Context) error {
 		nl, err := s.appendTo(&s.target, b)
 		s.appendMu.Unlock()
 		if err != nil {
-			unmark(all)
-			return err
+			return fail(err)
+		}
+		if _, ok := copied[nl.seg]; !ok {
+			copied[nl.seg] = int64(nl.off)
 		}
 		reloc[m.h] = nl
 		touched[nl.seg] = max(touched[nl.seg], nl.end())
@@ -527,14 +579,12 @@ func (s *Store) Compact(ctx context.Context) error {
 	for id, end := range touched {
 		if seg := s.segment(id); seg != nil {
 			if err := s.syncSegment(seg, end); err != nil {
-				unmark(all)
-				return err
+				return fail(err)
 			}
 		}
 	}
 	if err := ctx.Err(); err != nil {
-		unmark(all)
-		return err
+		return fail(err)
 	}
 	s.hook("copied")
 	gone := func(id uint32) bool { return cands[id] != nil && !bad[id] }
@@ -567,8 +617,7 @@ func (s *Store) Compact(ctx context.Context) error {
 		return nil
 	})
 	if err != nil {
-		unmark(all)
-		return fmt.Errorf("store: compact: %w", err)
+		return fail(fmt.Errorf("store: compact: %w", err))
 	}
 	s.hook("repointed")
 

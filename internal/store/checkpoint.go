@@ -91,6 +91,8 @@ func (s *Store) checkpointer() {
 		}
 		if err := s.checkpoint(false); err != nil {
 			s.log.Error("store: checkpoint failed", "err", err)
+		} else {
+			s.restoreReserve()
 		}
 		tm.Reset(s.ckEvery)
 		if s.overThreshold(1) { // filled up while the last one ran
@@ -152,8 +154,7 @@ func (s *Store) freeze(final bool) (*memtable, error) {
 	}
 	var next *walFile
 	if !final {
-		var err error
-		if next, err = s.createWAL(s.walGen + 1); err != nil {
+		if err := s.withReserve(func() (err error) { next, err = s.createWAL(s.walGen + 1); return err }); err != nil {
 			return nil, err
 		}
 	}
@@ -181,22 +182,24 @@ func (s *Store) flush(frozen *memtable) error {
 	if err := s.syncInline(frozen.inline); err != nil {
 		return err
 	}
-	if err := s.db.Update(func(btx *bbolt.Tx) error {
-		for b := range nBuckets {
-			bk := btx.Bucket(bucketNames[b])
-			for it := frozen.lists[b].all(); it.n != nil; it.next() {
-				var err error
-				if it.n.del {
-					err = bk.Delete(it.n.key)
-				} else {
-					err = bk.Put(it.n.key, it.n.val)
-				}
-				if err != nil {
-					return err
+	if err := s.withReserve(func() error {
+		return s.db.Update(func(btx *bbolt.Tx) error {
+			for b := range nBuckets {
+				bk := btx.Bucket(bucketNames[b])
+				for it := frozen.lists[b].all(); it.n != nil; it.next() {
+					var err error
+					if it.n.del {
+						err = bk.Delete(it.n.key)
+					} else {
+						err = bk.Put(it.n.key, it.n.val)
+					}
+					if err != nil {
+						return err
+					}
 				}
 			}
-		}
-		return putCkSeq(btx, frozen.last)
+			return putCkSeq(btx, frozen.last)
+		})
 	}); err != nil {
 		return ioErr("checkpoint", err)
 	}

@@ -199,6 +199,8 @@ func (s *Store) runBatch(batch []*request) {
 		if err == nil {
 			s.batches.Add(1)
 			s.afterCommit(t)
+		} else {
+			t.abortBatch()
 		}
 	}
 	t.endUpdate()
@@ -242,7 +244,13 @@ func (s *Store) commit(t *Tx) error {
 // appendLog appends rec to the log and makes it durable (commitMu held).
 // A failure after the record may have reached the file makes the store
 // refuse further updates: what the log holds is unknown until a restart
-// replays it.
+// replays it. Except for a full disk (ENOSPC, EDQUOT: a copy-on-write file
+// system allocates on overwrite too): the record's bytes are zeroed again
+// (an overwrite of pages the failed write allocated), the log's end stays
+// where it was, and the next record is written in its place; its
+// fdatasync flushes the zeros too, so a torn record can never be read
+// after the records that follow. Only if the zeroing fails is the store
+// stopped.
 func (s *Store) appendLog(rec []byte) error {
 	w := s.wal
 	if need := w.off + int64(len(rec)) - w.alloc; need > 0 {
@@ -255,6 +263,12 @@ func (s *Store) appendLog(rec []byte) error {
 		err = fdatasync(w.f)
 	}
 	if err != nil {
+		if noSpace(err) {
+			if zerr := w.zero(w.off, int64(len(rec))); zerr == nil {
+				s.log.Warn("store: log write failed for lack of space; the update is refused", "err", err)
+				return ioErr("write log", err)
+			}
+		}
 		s.failed = ioErr("write log (restart the store to recover)", err)
 		return s.failed
 	}

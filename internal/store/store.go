@@ -87,7 +87,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"go.etcd.io/bbolt"
@@ -141,6 +140,10 @@ type Options struct {
 	// segment's activeMinDead). Zero means DefaultCompactDeadFraction;
 	// values outside (0, 1) are clamped to [0.05, 0.95].
 	CompactDeadFraction float64
+	// Reserve is the size of the reserve file the store keeps for its own
+	// housekeeping on a full disk (see space.go): default DefaultReserve,
+	// negative for none.
+	Reserve int64
 
 	// Checkpoint thresholds (tests; zero means the default).
 	ckBytes, ckOps int64
@@ -225,6 +228,11 @@ type Store struct {
 	// compactHook, when set (tests), is called at each stage of Compact.
 	compactHook func(stage string)
 
+	// The reserve file (space.go).
+	resMu      sync.Mutex
+	reserve    int64
+	hasReserve bool
+
 	closeOnce sync.Once
 	closeErr  error
 }
@@ -284,12 +292,13 @@ func getIdx(b []byte) (l loc, refs uint32, ok bool) {
 
 func blockCRC(data []byte) uint32 { return crc32.Checksum(data, castagnoli) }
 
-// ioErr wraps an I/O failure with the matching file-system error.
+// ioErr wraps an I/O failure with the matching file-system error (and
+// keeps the cause: noSpace looks for it).
 func ioErr(what string, err error) error {
-	if errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT) {
-		return fmt.Errorf("store: %s: %w: %v", what, fserr.ErrNoSpace, err)
+	if noSpace(err) {
+		return fmt.Errorf("store: %s: %w: %w", what, fserr.ErrNoSpace, err)
 	}
-	return fmt.Errorf("store: %s: %w: %v", what, fserr.ErrIO, err)
+	return fmt.Errorf("store: %s: %w: %w", what, fserr.ErrIO, err)
 }
 
 func segName(id uint32) string { return fmt.Sprintf("%s%08d", segPrefix, id) }
@@ -314,6 +323,9 @@ func Open(dir string, o Options) (*Store, error) {
 	}
 	if o.ckEvery <= 0 {
 		o.ckEvery = defaultCkEvery
+	}
+	if o.Reserve == 0 {
+		o.Reserve = DefaultReserve
 	}
 	if o.CompactInterval == 0 {
 		o.CompactInterval = DefaultCompactInterval
@@ -356,6 +368,7 @@ func Open(dir string, o Options) (*Store, error) {
 		deadFrac:     o.CompactDeadFraction,
 		compactEvery: o.CompactInterval,
 		compactDone:  make(chan struct{}),
+		reserve:      o.Reserve,
 	}
 	s.wtx.s = s
 	s.wtx.writable = true
@@ -395,13 +408,15 @@ func (s *Store) open() error {
 	}
 
 	// Replay the log first: the index scan below must see the blocks its
-	// records reference.
-	seq, gen, err := s.recoverLog()
-	if err != nil {
+	// records reference. On a full disk the reserve makes room for the
+	// replay and the new log file.
+	s.makeReserve()
+	var seq, gen uint64
+	if err := s.withReserve(func() (err error) { seq, gen, err = s.recoverLog(); return err }); err != nil {
 		return err
 	}
 	s.snap.Store(&snapshot{layers: [2]*memtable{newMemtable(), nil}, seq: seq})
-	if s.wal, err = s.createWAL(gen + 1); err != nil {
+	if err := s.withReserve(func() (err error) { s.wal, err = s.createWAL(gen + 1); return err }); err != nil {
 		return err
 	}
 	s.walGen = gen + 1

@@ -3,6 +3,7 @@
 package store
 
 import (
+	"errors"
 	"os"
 	"syscall"
 
@@ -53,4 +54,22 @@ func adviseSequential(f *os.File) {
 	rc.Control(func(fd uintptr) {
 		unix.Fadvise(int(fd), 0, 0, unix.FADV_SEQUENTIAL)
 	})
+}
+
+// statfs returns the bytes available to unprivileged users and the size of
+// the file system holding path.
+func statfs(path string) (free, total int64, err error) {
+	var st unix.Statfs_t
+	if err := unix.Statfs(path, &st); err != nil {
+		return 0, 0, err
+	}
+	return int64(st.Bavail) * st.Bsize, int64(st.Blocks) * st.Bsize, nil
+}
+
+// allocate reserves n bytes for f (fallocate; zeros where unsupported).
+func allocate(f *os.File, n int64) error {
+	if err := unix.Fallocate(int(f.Fd()), 0, 0, n); err == nil || !errors.Is(err, unix.EOPNOTSUPP) {
+		return err
+	}
+	return writeZeros(f, n)
 }

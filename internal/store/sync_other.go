@@ -2,7 +2,10 @@
 
 package store
 
-import "os"
+import (
+	"errors"
+	"os"
+)
 
 // fdatasync flushes f to stable storage.
 func fdatasync(f *os.File) error { return f.Sync() }
@@ -11,3 +14,10 @@ func fdatasync(f *os.File) error { return f.Sync() }
 func startWriteback(f *os.File, off, n int64) {}
 
 func adviseSequential(*os.File) {}
+
+// statfs is unsupported here: the store never reports itself full.
+func statfs(string) (free, total int64, err error) {
+	return 0, 0, errors.ErrUnsupported
+}
+
+func allocate(f *os.File, n int64) error { return writeZeros(f, n) }

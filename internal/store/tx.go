@@ -67,6 +67,8 @@ type Tx struct {
 	ends        []segEnd         // commit scratch: segments to sync
 	rec         []*wire.Mutation // the running function's changes, for replication
 	removed     []Removed        // entries the running function removed or replaced
+	fnAbort     []func()         // OnAbort of the running function
+	batchAbort  []func()         // OnAbort of the batch's kept functions
 }
 
 // op is a buffered write.
@@ -166,6 +168,30 @@ func (t *Tx) endUpdate() {
 	clear(t.inl)
 	t.inl = t.inl[:0]
 	t.mem.cur = t.mem.cur[:0] // the log record holds copies
+	clear(t.fnAbort)
+	clear(t.batchAbort)
+	t.fnAbort, t.batchAbort = t.fnAbort[:0], t.batchAbort[:0]
+}
+
+// OnAbort registers f to run if the running function's writes are not
+// committed after all: the function fails, or the batch's commit does
+// (a full disk). Functions run in the reverse order of registration, in
+// the committer, before the next batch starts; an Update function that
+// changes state outside the store (a counter) undoes it here.
+func (t *Tx) OnAbort(f func()) {
+	if t.writable {
+		t.fnAbort = append(t.fnAbort, f)
+	}
+}
+
+// abortBatch runs the OnAbort functions of every kept function, newest
+// first.
+func (t *Tx) abortBatch() {
+	for i := len(t.batchAbort) - 1; i >= 0; i-- {
+		t.batchAbort[i]()
+	}
+	clear(t.batchAbort)
+	t.batchAbort = t.batchAbort[:0]
 }
 
 // discardFn drops the running function's buffered writes.
@@ -180,6 +206,11 @@ func (t *Tx) discardFn() {
 	}
 	t.fn.reset()
 	t.rec, t.removed = nil, nil
+	for i := len(t.fnAbort) - 1; i >= 0; i-- {
+		t.fnAbort[i]()
+	}
+	clear(t.fnAbort)
+	t.fnAbort = t.fnAbort[:0]
 }
 
 // keepFn adds the running function's writes and effects to the batch.
@@ -194,6 +225,9 @@ func (t *Tx) keepFn() {
 	t.fn.reset()
 	t.fnStart = len(t.ops)
 	t.rec, t.removed = nil, nil
+	t.batchAbort = append(t.batchAbort, t.fnAbort...)
+	clear(t.fnAbort)
+	t.fnAbort = t.fnAbort[:0]
 }
 
 func (t *Tx) bucket(b int) *bbolt.Bucket {

@@ -94,6 +94,18 @@ func (w *walFile) grow(n int64) error {
 	return nil
 }
 
+// zero writes zeros over [off, off+n).
+func (w *walFile) zero(off, n int64) error {
+	for end := off + n; off < end; {
+		c := min(end-off, walChunk)
+		if _, err := w.f.WriteAt(zeroChunk[:c], off); err != nil {
+			return err
+		}
+		off += c
+	}
+	return nil
+}
+
 // walGens lists the log generations present, in order.
 func (s *Store) walGens() ([]uint64, error) {
 	ents, err := os.ReadDir(s.dir)
