@@ -37,6 +37,13 @@ type ServerInfo struct {
 	ID   string `json:"id"`
 	Site string `json:"site"`
 	Addr string `json:"addr"`
+	// Free and Total are the bytes free and the size of the file system
+	// of the server's data directory, as last published (0: unknown).
+	Free  int64 `json:"free,omitempty"`
+	Total int64 `json:"total,omitempty"`
+	// Full means free space is below the server's reserve: placement
+	// treats the server as unavailable for new data.
+	Full bool `json:"full,omitempty"`
 }
 
 // Policy is a slice's replication policy (paper §5.2, §4 cues).
@@ -107,6 +114,11 @@ type Service interface {
 	// registered again. Registering an ID again replaces the earlier
 	// registration.
 	Register(ctx context.Context, s ServerInfo) error
+	// UpdateServer changes the published value of a server registered
+	// through this Service (free space), keeping its membership lease;
+	// ErrNotFound if it is not registered here. Every watcher of the
+	// table sees the change: callers bound the rate.
+	UpdateServer(ctx context.Context, s ServerInfo) error
 	// Table returns the current slice table and server registry.
 	Table(ctx context.Context) (*Table, error)
 	// Watch delivers a fresh *Table after every change (first value

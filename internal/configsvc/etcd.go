@@ -131,6 +131,10 @@ type EtcdService struct {
 type registration struct {
 	cancel context.CancelFunc
 	done   chan struct{}
+
+	mu    sync.Mutex
+	val   []byte           // the server's value (UpdateServer changes it)
+	lease clientv3.LeaseID // current membership lease (NoLease while lost)
 }
 
 var _ Service = (*EtcdService)(nil)
@@ -319,7 +323,7 @@ func (s *EtcdService) Register(ctx context.Context, info ServerInfo) error {
 
 	rctx, cancel := context.WithCancel(ctx)
 	stop := context.AfterFunc(s.ctx, cancel)
-	reg := &registration{cancel: cancel, done: make(chan struct{})}
+	reg := &registration{cancel: cancel, done: make(chan struct{}), val: val, lease: lease}
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
@@ -340,7 +344,7 @@ func (s *EtcdService) Register(ctx context.Context, info ServerInfo) error {
 		defer close(reg.done)
 		defer stop()
 		defer cancel()
-		s.keepMember(rctx, info.ID, val, lease)
+		s.keepMember(rctx, info.ID, reg)
 		s.mu.Lock()
 		if s.regs[info.ID] == reg {
 			delete(s.regs, info.ID)
@@ -433,8 +437,14 @@ func (s *EtcdService) revoke(lease clientv3.LeaseID) {
 // re-registration is retried after ProbePeriod. So a server cut off for
 // longer than MemberTTL is back in the table about a probe period after its
 // site reaches the configuration majority again.
-func (s *EtcdService) keepMember(ctx context.Context, id string, val []byte, lease clientv3.LeaseID) {
-	defer func() { s.revoke(lease) }()
+func (s *EtcdService) keepMember(ctx context.Context, id string, reg *registration) {
+	defer func() {
+		reg.mu.Lock()
+		lease := reg.lease
+		reg.lease = clientv3.NoLease
+		reg.mu.Unlock()
+		s.revoke(lease)
+	}()
 	interval := time.Duration(s.memberTTL) * time.Second / 3
 	var served <-chan struct{} // nil without a monitor: never ready
 	if s.mon != nil {
@@ -467,7 +477,7 @@ func (s *EtcdService) keepMember(ctx context.Context, id string, val []byte, lea
 				case <-done:
 				}
 			}()
-			ok := s.memberRound(rctx, id, val, &lease)
+			ok := s.memberRound(rctx, id, reg)
 			close(done)
 			<-exited
 			cancel()
@@ -484,17 +494,24 @@ func (s *EtcdService) keepMember(ctx context.Context, id string, val []byte, lea
 
 // memberRound renews *lease, or registers anew if it was lost; ok is false
 // if a re-registration failed.
-func (s *EtcdService) memberRound(ctx context.Context, id string, val []byte, lease *clientv3.LeaseID) (ok bool) {
-	if *lease != clientv3.NoLease {
+func (s *EtcdService) memberRound(ctx context.Context, id string, reg *registration) (ok bool) {
+	reg.mu.Lock()
+	lease := reg.lease
+	reg.mu.Unlock()
+	if lease != clientv3.NoLease {
 		cctx, cancel := s.rpcCtx(ctx)
-		resp, err := s.cli.KeepAliveOnce(cctx, *lease)
+		resp, err := s.cli.KeepAliveOnce(cctx, lease)
 		cancel()
 		switch {
 		case err == nil && resp.TTL > 0:
 			return true
 		case err == nil || errors.Is(err, rpctypes.ErrLeaseNotFound):
 			s.log.Warn("membership lease lost; re-registering", "server", id)
-			*lease = clientv3.NoLease
+			reg.mu.Lock()
+			if reg.lease == lease {
+				reg.lease = clientv3.NoLease
+			}
+			reg.mu.Unlock()
 		default:
 			if ctx.Err() == nil {
 				s.log.Warn("membership keep-alive failed", "server", id, "err", err)
@@ -502,6 +519,9 @@ func (s *EtcdService) memberRound(ctx context.Context, id string, val []byte, le
 			return true // the lease may still be alive: renew it next tick
 		}
 	}
+	reg.mu.Lock()
+	val := reg.val
+	reg.mu.Unlock()
 	l, err := s.putServer(ctx, id, val)
 	if err != nil {
 		if ctx.Err() == nil {
@@ -509,9 +529,46 @@ func (s *EtcdService) memberRound(ctx context.Context, id string, val []byte, le
 		}
 		return false
 	}
-	*lease = l
+	reg.mu.Lock()
+	reg.lease = l
+	reg.mu.Unlock()
 	s.log.Info("server re-registered", "server", id)
 	return true
+}
+
+// UpdateServer implements Service.
+func (s *EtcdService) UpdateServer(ctx context.Context, info ServerInfo) error {
+	val, err := json.Marshal(info)
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	reg := s.regs[info.ID]
+	s.mu.Unlock()
+	if reg == nil {
+		return fmt.Errorf("configsvc: update server %s: %w", info.ID, ErrNotFound)
+	}
+	reg.mu.Lock()
+	reg.val = val
+	lease := reg.lease
+	reg.mu.Unlock()
+	if lease == clientv3.NoLease {
+		return nil // the re-registration writes it
+	}
+	cctx, cancel := s.rpcCtx(ctx)
+	defer cancel()
+	key := s.serversPfx + info.ID
+	// Only under the live lease: a write must not bring back a key whose
+	// lease expired (the re-registration writes the new value then).
+	if _, err := s.cli.Txn(cctx).
+		If(clientv3.Compare(clientv3.LeaseValue(key), "=", lease)).
+		Then(
+			clientv3.OpPut(key, string(val), clientv3.WithLease(lease)),
+			clientv3.OpPut(s.knownKey(info.ID), string(val)),
+		).Commit(); err != nil {
+		return fmt.Errorf("configsvc: update server %s: %w", info.ID, err)
+	}
+	return nil
 }
 
 // ---- table ----

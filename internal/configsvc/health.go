@@ -12,8 +12,8 @@ type Health struct {
 	WantSites int `json:"want_sites"`
 	// UnderReplicated: fewer live replicas than Policy.RepLevel.
 	UnderReplicated bool `json:"under_replicated"`
-	// Misplaced: the primary is not at Policy.Site although a server is
-	// registered there, or the live replicas span fewer than WantSites sites.
+	// Misplaced: the primary is not at Policy.Site although a server that
+	// is not full is registered there, or the live replicas span fewer than WantSites sites.
 	Misplaced bool `json:"misplaced"`
 	// Down lists replicas that are not registered, in replica-list order.
 	Down []string `json:"down,omitempty"`
@@ -30,7 +30,7 @@ func (h Health) OK() bool { return !h.UnderReplicated && !h.Misplaced }
 //   - want sites: Policy.RepSites, or RepLevel when RepSites is 0, capped by
 //     the number of distinct sites among registered servers;
 //   - misplaced: the primary's site differs from Policy.Site (when that is
-//     set and some registered server is there), or the live replicas span
+//     set and some registered server there is not full), or the live replicas span
 //     fewer distinct sites than wanted.
 //
 // The primary is Replicas[0] (the lock holder for an empty list). A primary
@@ -61,7 +61,13 @@ func Check(t *Table, s Slice) Health {
 	}
 	h.WantSites = min(h.WantSites, len(allSites))
 
-	if s.Policy.Site != "" && allSites[s.Policy.Site] {
+	// A home site whose servers are all full cannot take the slice: it
+	// is where it should be for now (placement falls back the same way).
+	roomAtHome := false
+	for _, info := range t.Servers {
+		roomAtHome = roomAtHome || info.Site == s.Policy.Site && !info.Full
+	}
+	if s.Policy.Site != "" && roomAtHome {
 		primary := s.Holder
 		if len(s.Replicas) > 0 {
 			primary = s.Replicas[0]

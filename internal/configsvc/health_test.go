@@ -10,6 +10,9 @@ func TestCheck(t *testing.T) {
 		"w1": {ID: "w1", Site: "west"}, "w2": {ID: "w2", Site: "west"},
 		"e1": {ID: "e1", Site: "east"}, "u1": {ID: "u1", Site: "eu"},
 	}}
+	eastFull := &Table{Servers: map[string]ServerInfo{
+		"w1": {ID: "w1", Site: "west"}, "e1": {ID: "e1", Site: "east", Full: true},
+	}}
 	one := &Table{Servers: map[string]ServerInfo{"w1": {ID: "w1", Site: "west"}}}
 	tests := []struct {
 		name string
@@ -25,6 +28,8 @@ func TestCheck(t *testing.T) {
 			Health{Live: 1, Sites: 1, WantSites: 2, UnderReplicated: true, Misplaced: true, Down: []string{"gone"}}},
 		{"primary at wrong site", tbl, Slice{Policy: Policy{Site: "east", RepLevel: 1}, Replicas: []string{"w1"}},
 			Health{Live: 1, Sites: 1, WantSites: 1, Misplaced: true}},
+		{"policy site full: not misplaced elsewhere", eastFull, Slice{Policy: Policy{Site: "east", RepLevel: 1}, Replicas: []string{"w1"}},
+			Health{Live: 1, Sites: 1, WantSites: 1}},
 		{"policy site without servers", tbl, Slice{Policy: Policy{Site: "asia", RepLevel: 1}, Replicas: []string{"w1"}},
 			Health{Live: 1, Sites: 1, WantSites: 1}},
 		{"too few sites", tbl, Slice{Policy: Policy{Site: "west", RepLevel: 2}, Replicas: []string{"w1", "w2"}},

@@ -163,6 +163,22 @@ func (c *memClient) Register(ctx context.Context, info ServerInfo) error {
 	return nil
 }
 
+func (c *memClient) UpdateServer(ctx context.Context, info ServerInfo) error {
+	if c.closed() {
+		return ErrClosed
+	}
+	sp := c.sp
+	sp.mu.Lock()
+	defer sp.mu.Unlock()
+	cur, ok := sp.servers[info.ID]
+	if !ok {
+		return fmt.Errorf("configsvc: update server %s: %w", info.ID, ErrNotFound)
+	}
+	sp.servers[info.ID] = memServer{info: info, reg: cur.reg}
+	sp.changedLocked()
+	return nil
+}
+
 func (c *memClient) Table(ctx context.Context) (*Table, error) {
 	if c.closed() {
 		return nil, ErrClosed

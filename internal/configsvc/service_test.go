@@ -27,6 +27,7 @@ func testService(t *testing.T, newDeployment func(t *testing.T) connector) {
 	}{
 		{"RegisterTableAndCloseRemoves", testRegisterTableAndCloseRemoves},
 		{"RegisterEndsWithContext", testRegisterEndsWithContext},
+		{"UpdateServer", testUpdateServer},
 		{"LockLifecycle", testLockLifecycle},
 		{"EpochIncreasesAcrossExpiry", testEpochIncreasesAcrossExpiry},
 		{"SinceBoundsExpiry", testSinceBoundsExpiry},
@@ -86,6 +87,35 @@ func testRegisterTableAndCloseRemoves(t *testing.T, connect connector) {
 	}
 	waitFor(t, b, 5*time.Second, "server to vanish after Close", func(tb *configsvc.Table) bool {
 		_, ok := tb.Servers["srv-a"]
+		return !ok
+	})
+}
+
+// testUpdateServer: a registered server's published value changes in
+// place (the key stays under its lease: it still vanishes at Close), and
+// only a server registered through the Service can be updated.
+func testUpdateServer(t *testing.T, connect connector) {
+	a := connect(configsvc.Options{})
+	b := connect(configsvc.Options{})
+	ctx := tctx(t)
+	info := configsvc.ServerInfo{ID: "srv-u", Site: "mit", Addr: "10.0.0.1:7000"}
+	if err := b.UpdateServer(ctx, info); !errors.Is(err, configsvc.ErrNotFound) {
+		t.Fatalf("update of a server not registered here: %v, want ErrNotFound", err)
+	}
+	if err := a.Register(ctx, info); err != nil {
+		t.Fatal(err)
+	}
+	full := info
+	full.Free, full.Total, full.Full = 1<<20, 64<<20, true
+	if err := a.UpdateServer(ctx, full); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, b, 5*time.Second, "updated server value", func(tb *configsvc.Table) bool { return tb.Servers["srv-u"] == full })
+	if err := a.Close(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, b, 5*time.Second, "server to vanish after Close", func(tb *configsvc.Table) bool {
+		_, ok := tb.Servers["srv-u"]
 		return !ok
 	})
 }

@@ -136,7 +136,27 @@ func (r *sliceRepl) assign(tx *store.Tx, muts []*wire.Mutation) (uint64, error) 
 	}
 	epoch := r.epoch
 	r.mu.Unlock()
+	// A batch that does not commit after all (a full disk) gives its
+	// number back: followers must never be sent it, and the next batch
+	// must follow the last committed one.
+	tx.OnAbort(func() { r.unassign(seq) })
 	return seq, writePos(tx, r.slice, pos{epoch, seq})
+}
+
+// unassign takes back seq, the last number assign gave, whose batch was
+// not committed (called in the store's commit loop, newest first).
+func (r *sliceRepl) unassign(seq uint64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.seq != seq {
+		r.s.log.Error("replication: cannot take back an uncommitted batch number", "slice", r.slice, "seq", seq, "last", r.seq)
+		return
+	}
+	r.seq--
+	if n := len(r.log); n > 0 && r.log[n-1].Seq == seq {
+		r.log[n-1] = nil
+		r.log = r.log[:n-1]
+	}
 }
 
 // commit marks batches up to seq durable at the primary and kicks the
@@ -386,6 +406,14 @@ func (r *sliceRepl) follow(ctx context.Context, f *follower) {
 				if errors.Is(err, errStale) {
 					r.s.lostSlice(r.slice, r.epoch, "a backup has seen a newer epoch")
 					return
+				}
+				if errors.Is(err, fserr.ErrNoSpace) && !r.s.suspected(f.id) {
+					// Its disk is full: replace it now (tend), as one
+					// that does not answer, rather than retry until
+					// DeadAfter while writes wait.
+					r.s.log.Warn("backup's disk is full; replacing it", "slice", r.slice, "backup", f.id, "err", err)
+					r.s.suspect(f.id)
+					r.s.kick()
 				}
 				if ctx.Err() == nil {
 					r.s.log.Debug("replication to backup failed; retrying", "slice", r.slice, "backup", f.id, "err", err)
