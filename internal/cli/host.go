@@ -49,6 +49,7 @@ type hostFlags struct {
 	peerListen, peerRate   string
 	peerConc               int
 	rate                   server.RateLimit
+	diskReserve            string
 }
 
 // roleFlags registers the flags a role needs.
@@ -84,6 +85,7 @@ func (f *hostFlags) register(cmd *cobra.Command, roles deploy.Roles) {
 		fl.Float64Var(&f.rate.Rate, "client-rate", server.DefaultClientRate, "requests per second one client node may send this server (a call moving blocks costs one more per 16); servers' own traffic is not limited; negative: no limit")
 		fl.IntVar(&f.rate.Burst, "client-burst", server.DefaultClientBurst, "requests one client node may send at once above --client-rate")
 		fl.DurationVar(&f.rate.Wait, "client-wait", server.DefaultClientWait, "how long a request over --client-rate may wait for its turn before it is refused (EAGAIN; the client retries)")
+		fl.StringVar(&f.diskReserve, "disk-reserve", "", "free space of the data directory's file system below which this server counts as full and gets no new data, e.g. 1GiB (default: 2% of the file system, at most 512MiB; 0: never full)")
 		fl.DurationVar(&f.lease, "lease", server.DefaultLeaseTTL, fmt.Sprintf("length of the meta-data leases a primary grants clients (capped by --lock-ttl; shorter than the clients' %v call bound, within which a write may wait one out)", client.DefaultTimeout))
 	}
 	if roles&deploy.RoleClient != 0 {
@@ -140,6 +142,16 @@ func (f *hostFlags) deployConfig(g *globalFlags, roles deploy.Roles) (deploy.Con
 		cfg.ConfigAuth = deploy.ConfigAuthNew
 	}
 	cfg.Server.RateLimit = f.rate
+	if f.diskReserve != "" {
+		r, err := bench.ParseSize(f.diskReserve)
+		if err != nil || r < 0 {
+			return cfg, fmt.Errorf("--disk-reserve %q: want a size such as 1GiB, or 0 (%v)", f.diskReserve, err)
+		}
+		cfg.Server.DiskReserve = r
+		if r == 0 {
+			cfg.Server.DiskReserve = -1 // never full
+		}
+	}
 	if f.ca != "" && f.nodeDir != "" {
 		return cfg, errors.New("give either --ca or --node-dir, not both")
 	}

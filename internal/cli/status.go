@@ -203,6 +203,12 @@ type serverStatus struct {
 	Up      bool   `json:"up"`
 	Primary int    `json:"primary"` // slices held as primary
 	Backup  int    `json:"backup"`  // slices held as backup
+	// Free and Total are the bytes free and the size of the file system of
+	// the server's data directory, as it last published them (absent when
+	// unknown); Full: below its reserve, so it gets no new data.
+	Free  int64 `json:"free_bytes,omitempty"`
+	Total int64 `json:"total_bytes,omitempty"`
+	Full  bool  `json:"full,omitempty"`
 }
 
 type sliceStatus struct {
@@ -228,7 +234,8 @@ func buildStatus(t *configsvc.Table, members []configsvc.Member, known map[strin
 	}
 	servers := map[string]*serverStatus{}
 	for id, info := range t.Servers {
-		servers[id] = &serverStatus{ID: id, Site: info.Site, Addr: info.Addr, Up: true}
+		servers[id] = &serverStatus{ID: id, Site: info.Site, Addr: info.Addr, Up: true,
+			Free: info.Free, Total: info.Total, Full: info.Full}
 	}
 	for id, info := range known { // registered once, not now: down
 		if servers[id] == nil {
@@ -352,13 +359,20 @@ func renderStatus(w io.Writer, s status) error {
 	for _, st := range s.Sites {
 		fmt.Fprintf(tw, "%s\t%d\t%d\n", st.Name, st.Servers, st.Up)
 	}
-	fmt.Fprintln(tw, "\nSERVER\tSITE\tADDRESS\tSTATE\tPRIMARY\tBACKUP")
+	fmt.Fprintln(tw, "\nSERVER\tSITE\tADDRESS\tSTATE\tFREE\tPRIMARY\tBACKUP")
 	for _, sv := range s.Servers {
 		state := "up"
-		if !sv.Up {
+		switch {
+		case !sv.Up:
 			state = "down"
+		case sv.Full:
+			state = "full"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\n", sv.ID, dash(sv.Site), dash(sv.Addr), state, sv.Primary, sv.Backup)
+		free := "-"
+		if sv.Total > 0 {
+			free = approxSize(sv.Free) + "/" + approxSize(sv.Total)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%d\n", sv.ID, dash(sv.Site), dash(sv.Addr), state, free, sv.Primary, sv.Backup)
 	}
 	fmt.Fprintln(tw, "\nMEMBER\tCLIENT URLS\tPEER URLS\tROLE")
 	for _, m := range s.Members {
@@ -423,4 +437,19 @@ func renderRTT(w io.Writer, rtts []siteRTT) {
 		}
 		fmt.Fprintln(w)
 	}
+}
+
+// approxSize renders a byte count with one decimal in the largest binary
+// unit it reaches ("1.5GiB", "512.0KiB", "100B").
+func approxSize(n int64) string {
+	units := []string{"KiB", "MiB", "GiB", "TiB", "PiB"}
+	if n < 1024 {
+		return fmt.Sprintf("%dB", n)
+	}
+	f, i := float64(n)/1024, 0
+	for f >= 1024 && i < len(units)-1 {
+		f /= 1024
+		i++
+	}
+	return fmt.Sprintf("%.1f%s", f, units[i])
 }

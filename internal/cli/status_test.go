@@ -17,7 +17,7 @@ func statusTable() (*configsvc.Table, []configsvc.Member) {
 	t := &configsvc.Table{Revision: 42,
 		Servers: map[string]configsvc.ServerInfo{
 			"srv-w": {ID: "srv-w", Site: "west", Addr: "10.0.0.1:7000"},
-			"srv-e": {ID: "srv-e", Site: "east", Addr: "10.0.1.1:7000"},
+			"srv-e": {ID: "srv-e", Site: "east", Addr: "10.0.1.1:7000", Free: 1 << 20, Total: 64 << 20, Full: true},
 		},
 		Slices: map[oid.Slice]configsvc.Slice{
 			1: {ID: 1, Policy: configsvc.Policy{Site: "west", RepLevel: 1}, Replicas: []string{"srv-w"}, Holder: "srv-w", Epoch: 7},
@@ -40,7 +40,7 @@ func TestBuildStatus(t *testing.T) {
 	}
 	want := []serverStatus{
 		{ID: "srv-gone", Up: false, Backup: 1},
-		{ID: "srv-e", Site: "east", Addr: "10.0.1.1:7000", Up: true, Primary: 1},
+		{ID: "srv-e", Site: "east", Addr: "10.0.1.1:7000", Up: true, Primary: 1, Free: 1 << 20, Total: 64 << 20, Full: true},
 		{ID: "srv-w", Site: "west", Addr: "10.0.0.1:7000", Up: true, Primary: 1},
 	}
 	if len(s.Servers) != len(want) {
@@ -69,8 +69,9 @@ func TestRenderStatusTable(t *testing.T) {
 	for _, line := range []string{
 		"SITE  SERVERS  UP",
 		"east  1        1",
-		"srv-gone  -     -              down   0        1",
-		"srv-w     west  10.0.0.1:7000  up     1        0",
+		"srv-gone  -     -              down   -               0        1",
+		"srv-e     east  10.0.1.1:7000  full   1.0MiB/64.0MiB  1        0",
+		"srv-w     west  10.0.0.1:7000  up     -               1        0",
 		"cfg-a   https://10.0.0.9:2379  https://10.0.0.9:2380  leader",
 		"cfg-b   https://10.0.1.9:2379  https://10.0.1.9:2380  follower",
 		"1      west  1         0         srv-w           1/1   srv-w   7      ok",
@@ -91,8 +92,11 @@ func TestStatusJSON(t *testing.T) {
 	var back struct {
 		Sites   []map[string]any `json:"sites"`
 		Servers []struct {
-			ID string `json:"id"`
-			Up bool   `json:"up"`
+			ID    string `json:"id"`
+			Up    bool   `json:"up"`
+			Free  int64  `json:"free_bytes"`
+			Total int64  `json:"total_bytes"`
+			Full  bool   `json:"full"`
 		} `json:"servers"`
 		Members []struct {
 			Name   string `json:"name"`
@@ -114,6 +118,9 @@ func TestStatusJSON(t *testing.T) {
 	}
 	if len(back.Sites) != 2 || len(back.Servers) != 3 || back.Servers[0].Up || !back.Members[0].Leader {
 		t.Errorf("decoded %+v", back)
+	}
+	if e := back.Servers[1]; e.ID != "srv-e" || e.Free != 1<<20 || e.Total != 64<<20 || !e.Full {
+		t.Errorf("free space of srv-e = %+v", e)
 	}
 	h := back.Slices[1].Health
 	if back.Slices[1].Slice != 2 || h.Live != 1 || !h.UnderReplicated || !h.Misplaced || len(h.Down) != 1 || h.Down[0] != "srv-gone" {

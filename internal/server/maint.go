@@ -44,6 +44,7 @@ func (s *Server) maintainLoop(ctx context.Context) {
 		if s.paused.Load() {
 			return
 		}
+		s.publishSpace(ctx)
 		s.maintain(ctx)
 		// Push eventual changes in the background: a push waits on a
 		// peer, and one round at a time is enough.

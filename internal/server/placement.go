@@ -48,13 +48,14 @@ func spread(xs []string, salt string) {
 // site, then at the other chosen sites, then anywhere.
 //
 // Sites in prefer (those of replaced backups) come first among the other
-// sites: a dead backup is replaced at its own site if possible.
+// sites: a dead backup is replaced at its own site if possible. A full
+// server is chosen only if keep has it already (it holds the data).
 func (s *Server) chooseReplicas(p configsvc.Policy, keep []string, prefer ...string) []string {
 	t := s.table.Load()
 	servers := map[string]configsvc.ServerInfo{s.cfg.ID: {ID: s.cfg.ID, Site: s.cfg.Site}}
 	if t != nil {
 		for id, si := range t.Servers {
-			if !s.suspected(id) {
+			if !s.suspected(id) && (!si.Full || slices.Contains(keep, id)) {
 				servers[id] = si
 			}
 		}
@@ -305,20 +306,45 @@ func cuesFromPolicy(p configsvc.Policy) *wire.Cues {
 		KeepTogether: p.KeepTogether, Eventual: p.EventualDirs}
 }
 
-// siteServers returns the registered servers at site that are not
-// suspected of being down, in a stable pseudo-random order for salt.
+// siteServers returns the registered servers at site that are neither
+// suspected of being down nor full, in a stable pseudo-random order for
+// salt.
 func (s *Server) siteServers(site, salt string) []string {
 	t := s.table.Load()
 	var ids []string
 	if t != nil {
 		for id, si := range t.Servers {
-			if si.Site == site && !s.suspected(id) {
+			if si.Site == site && !s.suspected(id) && !s.full(id) {
 				ids = append(ids, id)
 			}
 		}
 	}
 	spread(ids, salt)
 	return ids
+}
+
+// withRoom returns a server for new data: this one unless it is full,
+// else one with room at this site, else anywhere (this one if none has).
+func (s *Server) withRoom(salt string) string {
+	if !s.selfFull() {
+		return s.cfg.ID
+	}
+	if ids := s.siteServers(s.cfg.Site, salt); len(ids) > 0 {
+		return ids[0]
+	}
+	var ids []string
+	if t := s.table.Load(); t != nil {
+		for id, si := range t.Servers {
+			if !si.Full && !s.suspected(id) && id != s.cfg.ID {
+				ids = append(ids, id)
+			}
+		}
+	}
+	if len(ids) == 0 {
+		return s.cfg.ID
+	}
+	spread(ids, salt)
+	return ids[0]
 }
 
 // registered reports whether server id holds a live membership.
@@ -379,7 +405,7 @@ func (s *Server) place(req *wire.CreateRequest, dir oid.ID) (configsvc.Policy, s
 		if t := s.table.Load(); t != nil {
 			ids := make([]string, 0, len(t.Servers))
 			for id := range t.Servers {
-				if !s.suspected(id) {
+				if !s.suspected(id) && !s.full(id) {
 					ids = append(ids, id)
 				}
 			}
@@ -392,17 +418,20 @@ func (s *Server) place(req *wire.CreateRequest, dir oid.ID) (configsvc.Policy, s
 		pol.Site = s.cfg.Site
 		return pol, s.cfg.ID
 	case cues.GetSite() != "":
-		if pol.Site == s.cfg.Site {
+		if pol.Site == s.cfg.Site && !s.selfFull() {
 			return pol, s.cfg.ID
 		}
 		if ids := s.siteServers(pol.Site, req.Name); len(ids) > 0 {
 			return pol, ids[0]
 		}
-		return pol, s.cfg.ID // nobody there: here for now, home later
+		// Nobody there, or no room: here (or where there is room) for
+		// now, home later.
+		return pol, s.withRoom(req.Name)
 	}
 	// Write-local: the creating client's own server, else a server at
-	// the client's site.
-	if o := req.Origin; o != "" && o != s.cfg.ID && s.registered(o) && !s.suspected(o) {
+	// the client's site; a full one is passed over (the policy keeps its
+	// site: the object moves there once there is room).
+	if o := req.Origin; o != "" && o != s.cfg.ID && s.registered(o) && !s.suspected(o) && !s.full(o) {
 		if t := s.table.Load(); t != nil {
 			pol.Site = t.Servers[o].Site
 			return pol, o
@@ -414,5 +443,5 @@ func (s *Server) place(req *wire.CreateRequest, dir oid.ID) (configsvc.Policy, s
 			return pol, ids[0]
 		}
 	}
-	return pol, s.cfg.ID
+	return pol, s.withRoom(req.Name)
 }

@@ -31,6 +31,7 @@ type ConfigService interface {
 // membership registers this server and follows the slice table.
 type membership interface {
 	Register(ctx context.Context, s configsvc.ServerInfo) error
+	UpdateServer(ctx context.Context, s configsvc.ServerInfo) error
 	Table(ctx context.Context) (*configsvc.Table, error)
 	Watch(ctx context.Context) <-chan *configsvc.Table
 }
@@ -99,6 +100,11 @@ type Config struct {
 	// succeeded; an error replaces the answer by codes.Unavailable, as a
 	// connection that broke after the change was applied.
 	AfterApply func(method string, req any) error
+	// DiskReserve is the free space of the data directory's file system
+	// below which this server counts as full: placement puts no new data
+	// on it (space.go). Zero means min(2% of the file system, 512 MiB);
+	// negative, never full.
+	DiskReserve int64
 	// OnLock, for fault tests, hears of every slice lock this server
 	// takes, renews or gives up, with until when it counts the lock held:
 	// a takeover before that is a safety violation (lockevent.go).
@@ -147,6 +153,7 @@ type Server struct {
 	xfer   *transfers
 	limits *rateLimits  // client nodes' token buckets (edge.go)
 	panics atomic.Int64 // handler panics recovered at the edge
+	space  spaceState   // free space, measured and published (space.go)
 }
 
 // New returns a server over st that coordinates through conf.
@@ -214,7 +221,7 @@ func (s *Server) Start(ctx context.Context) (err error) {
 			cancel()
 		}
 	}()
-	if err := s.conf.Register(rctx, configsvc.ServerInfo{ID: s.cfg.ID, Site: s.cfg.Site, Addr: s.cfg.Addr}); err != nil {
+	if err := s.conf.Register(rctx, s.measureSpace()); err != nil {
 		return fmt.Errorf("server: register: %w", err)
 	}
 	table, err := s.conf.Table(ctx)
