@@ -111,7 +111,7 @@ func (s *Server) Sync(ctx context.Context, req *wire.SyncRequest) (*wire.SyncRes
 	if seq > 0 {
 		r.kick() // held back for a commit that did not come (commitQuiet)
 		// Acknowledgements are cumulative: the last change covers the others.
-		if err := r.wait(ctx, seq, s.need(ctx, r, req.SyncLevel)-1); err != nil {
+		if err := s.waitBackups(ctx, r, seq, s.need(ctx, r, req.SyncLevel)); err != nil {
 			return nil, fmt.Errorf("sync of slice %d: %w", sl, err)
 		}
 	}

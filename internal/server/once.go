@@ -264,7 +264,7 @@ func (o *onceOp) settle(ctx context.Context, sync uint32) error {
 	s := o.s
 	if r := s.owned.repl(o.anchor.Slice()); r != nil && !(isEventual(ctx) && sync == 0) {
 		r.kick()
-		if err := r.wait(ctx, r.lastCommitted(), s.need(ctx, r, sync)-1); err != nil {
+		if err := s.waitBackups(ctx, r, r.lastCommitted(), s.need(ctx, r, sync)); err != nil {
 			return err
 		}
 	}

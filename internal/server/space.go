@@ -2,10 +2,13 @@ package server
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"sync"
 	"time"
 
 	"github.com/wheelfs/wheelfs/internal/configsvc"
+	"github.com/wheelfs/wheelfs/internal/fserr"
 )
 
 // Full disks. Every maintenance round a server measures the free space of
@@ -121,3 +124,59 @@ func (s *Server) publishSpace(ctx context.Context) {
 		s.kick()
 	}
 }
+
+// noRoom fails a write of r's slice that waits for need copies (this one
+// included) when it cannot get them because the servers that could hold
+// them are full: the listed backups that are not suspected, plus the
+// servers with room that maintenance could recruit, number fewer than
+// need−1, and some server is full. Such a write would otherwise wait out
+// its whole bound and fail with ETIMEDOUT, as with servers down.
+func (s *Server) noRoom(r *sliceRepl, need int) error {
+	t := s.table.Load()
+	if t == nil || need <= 1 {
+		return nil
+	}
+	r.mu.Lock()
+	listed := make(map[string]bool, len(r.followers))
+	for id := range r.followers {
+		listed[id] = true
+	}
+	r.mu.Unlock()
+	avail, anyFull := 0, false
+	for id := range listed {
+		if !s.suspected(id) {
+			avail++
+		}
+	}
+	for id, si := range t.Servers {
+		anyFull = anyFull || si.Full
+		if id != s.cfg.ID && !listed[id] && !si.Full && !s.suspected(id) {
+			avail++
+		}
+	}
+	if avail >= need-1 || !anyFull {
+		return nil
+	}
+	return fmt.Errorf("slice %d: %d of the %d copies asked for can be made, the other servers are full: %w",
+		r.slice, avail+1, need, fserr.ErrNoSpace)
+}
+
+// waitBackups waits until need−1 backups have seq (r.wait), failing early
+// with ENOSPC once noRoom says they cannot be had.
+func (s *Server) waitBackups(ctx context.Context, r *sliceRepl, seq uint64, need int) error {
+	for {
+		wctx, cancel := context.WithTimeout(ctx, roomCheckEvery)
+		err := r.wait(wctx, seq, need-1)
+		cancel()
+		if err == nil || ctx.Err() != nil || !errors.Is(wctx.Err(), context.DeadlineExceeded) {
+			return err
+		}
+		if err := s.noRoom(r, need); err != nil {
+			return err
+		}
+	}
+}
+
+// roomCheckEvery is how often a write waiting for backups checks whether
+// full disks make the wait hopeless.
+const roomCheckEvery = 250 * time.Millisecond

@@ -318,7 +318,7 @@ func (s *Server) updateOnce(ctx context.Context, sync uint32, fn func(tx *store.
 		// A deployment of fewer servers than the policy asks for gives
 		// what it has; a replica list shorter than that (backups not
 		// recruited yet) is waited on, never taken as enough.
-		if err := w.r.wait(ctx, w.seq, s.need(ctx, w.r, sync)-1); err != nil {
+		if err := s.waitBackups(ctx, w.r, w.seq, s.need(ctx, w.r, sync)); err != nil {
 			return err
 		}
 	}
