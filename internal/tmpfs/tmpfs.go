@@ -18,7 +18,15 @@ import (
 func Mount(t testing.TB, size int64) string {
 	t.Helper()
 	dir := filepath.Join(t.TempDir(), "tmpfs")
-	if err := os.Mkdir(dir, 0o755); err != nil {
+	MountAt(t, dir, size)
+	return dir
+}
+
+// MountAt is Mount on dir, which it creates if needed; dir must outlive
+// the test's cleanups (come from t.TempDir).
+func MountAt(t testing.TB, dir string, size int64) {
+	t.Helper()
+	if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
 	if err := unix.Mount("tmpfs", dir, "tmpfs", 0, fmt.Sprintf("size=%d,mode=0755", size)); err != nil {
@@ -30,7 +38,6 @@ func Mount(t testing.TB, size int64) string {
 			t.Errorf("unmount %s: %v", dir, err)
 		}
 	})
-	return dir
 }
 
 // Fill writes a file at path until the file system is full (ENOSPC) and
