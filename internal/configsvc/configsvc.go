@@ -116,7 +116,8 @@ type Service interface {
 	Register(ctx context.Context, s ServerInfo) error
 	// UpdateServer changes the published value of a server registered
 	// through this Service (free space), keeping its membership lease;
-	// ErrNotFound if it is not registered here. Every watcher of the
+	// ErrNotFound if it is not registered here, another error (try again
+	// later) while its lease is being replaced. Every watcher of the
 	// table sees the change: callers bound the rate.
 	UpdateServer(ctx context.Context, s ServerInfo) error
 	// Table returns the current slice table and server registry.

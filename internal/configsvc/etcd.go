@@ -552,21 +552,27 @@ func (s *EtcdService) UpdateServer(ctx context.Context, info ServerInfo) error {
 	reg.val = val
 	lease := reg.lease
 	reg.mu.Unlock()
+	// Only under the live lease: a write must not bring back a key whose
+	// lease expired. While the server re-registers the caller is told to
+	// try again (the re-registration may have read the older value).
+	errRetry := fmt.Errorf("configsvc: update server %s: re-registering; try again", info.ID)
 	if lease == clientv3.NoLease {
-		return nil // the re-registration writes it
+		return errRetry
 	}
 	cctx, cancel := s.rpcCtx(ctx)
 	defer cancel()
 	key := s.serversPfx + info.ID
-	// Only under the live lease: a write must not bring back a key whose
-	// lease expired (the re-registration writes the new value then).
-	if _, err := s.cli.Txn(cctx).
+	resp, err := s.cli.Txn(cctx).
 		If(clientv3.Compare(clientv3.LeaseValue(key), "=", lease)).
 		Then(
 			clientv3.OpPut(key, string(val), clientv3.WithLease(lease)),
 			clientv3.OpPut(s.knownKey(info.ID), string(val)),
-		).Commit(); err != nil {
+		).Commit()
+	if err != nil {
 		return fmt.Errorf("configsvc: update server %s: %w", info.ID, err)
+	}
+	if !resp.Succeeded {
+		return errRetry
 	}
 	return nil
 }

@@ -164,3 +164,38 @@ func TestDialRefusedFailsFast(t *testing.T) {
 		t.Fatalf("Dial of refused endpoints took %v", d)
 	}
 }
+
+// A value set by UpdateServer survives the loss of the membership lease:
+// the re-registration writes it, not the one first registered.
+func TestUpdateServerSurvivesLeaseLoss(t *testing.T) {
+	t.Parallel()
+	m := startMember(t)
+	s := dial(t, m, configsvc.Options{MemberTTL: 3 * time.Second})
+	ctx := tctx(t)
+	if err := s.Register(ctx, configsvc.ServerInfo{ID: "full", Site: "s"}); err != nil {
+		t.Fatal(err)
+	}
+	full := configsvc.ServerInfo{ID: "full", Site: "s", Free: 1, Total: 2, Full: true}
+	if err := s.UpdateServer(ctx, full); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := s.Client().Get(ctx, "/wheelfs/servers/full")
+	if err != nil || len(resp.Kvs) != 1 {
+		t.Fatalf("get: %v %v", err, resp)
+	}
+	lease := clientv3.LeaseID(resp.Kvs[0].Lease)
+	if _, err := s.Client().Revoke(ctx, lease); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, s, 10*time.Second, "re-registration under a new lease", func(*configsvc.Table) bool {
+		resp, err := s.Client().Get(ctx, "/wheelfs/servers/full")
+		return err == nil && len(resp.Kvs) == 1 && clientv3.LeaseID(resp.Kvs[0].Lease) != lease
+	})
+	tb, err := s.Table(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := tb.Servers["full"]; got != full {
+		t.Errorf("re-registered as %+v, want %+v", got, full)
+	}
+}
