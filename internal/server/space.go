@@ -13,7 +13,8 @@ import (
 
 // Full disks. Every maintenance round a server measures the free space of
 // its data directory's file system (statfs) and judges itself full below
-// its reserve (Config.DiskReserve). It publishes both in its registration
+// its reserve (Config.DiskReserve), and no longer full once a quarter of
+// the reserve more is free. It publishes both in its registration
 // (configsvc.ServerInfo): at once when the verdict changes, otherwise when
 // the free space moved by a twentieth of the disk, at most every
 // spacePublishEvery — each publication wakes every watcher of the table.
@@ -52,13 +53,16 @@ func (s *Server) reserve(total int64) int64 {
 func (s *Server) measureSpace() configsvc.ServerInfo {
 	info := configsvc.ServerInfo{ID: s.cfg.ID, Site: s.cfg.Site, Addr: s.cfg.Addr}
 	sp, err := s.store.Space()
+	s.space.mu.Lock()
 	if err != nil {
 		s.log.Debug("cannot measure free space", "err", err)
 	} else {
 		info.Free, info.Total = sp.Free, sp.Total
-		info.Full = s.cfg.DiskReserve >= 0 && sp.Free < s.reserve(sp.Total)
+		// A quarter of the reserve as hysteresis: a server hovering at
+		// its reserve does not flip (and wake every watcher) each round.
+		r := s.reserve(sp.Total)
+		info.Full = s.cfg.DiskReserve >= 0 && (sp.Free < r || s.space.cur.Full && sp.Free < r+r/4)
 	}
-	s.space.mu.Lock()
 	if info.Full != s.space.cur.Full {
 		s.log.Warn("disk full verdict changed", "full", info.Full, "free", info.Free, "reserve", s.reserve(info.Total))
 	}
