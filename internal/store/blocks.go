@@ -159,7 +159,7 @@ func (s *Store) appendTo(segp **segment, data []byte) (loc, error) {
 	if seg != nil {
 		off = seg.size.Load()
 	}
-	if seg == nil || off > 0 && off+int64(len(data)) > s.segSize {
+	if seg == nil || off > 0 && off+int64(len(data)) > s.segSize || seg.broken.Load() != nil {
 		nseg, err := s.newSegmentLocked()
 		if err != nil {
 			return loc{}, err
@@ -455,8 +455,10 @@ func (s *Store) Compact(ctx context.Context) error {
 		if seg == s.active || seg == s.target {
 			continue
 		}
+		// A broken segment (breakSegment) is moved out whole: its copies
+		// are synced in a healthy file.
 		size, dead := seg.size.Load(), s.deadLocked(seg, pend)
-		if size == 0 || float64(dead) > s.deadFrac*float64(size) {
+		if size == 0 || float64(dead) > s.deadFrac*float64(size) || seg.broken.Load() != nil {
 			cs = append(cs, cand{seg, size, dead})
 		}
 	}

@@ -319,8 +319,9 @@ func (s *Store) recoverLog() (seq, gen uint64, err error) {
 // restoreInline makes sure that every block that replayed records carried
 // inline and that the index (as replayed) still places where the record
 // says is there, intact: the crash may have lost segment data that only the
-// log made durable. Missing or damaged bytes are written back (extending
-// the file if needed); then every segment involved is fdatasynced. A block
+// log made durable. Every such block is written back (extending the file
+// if needed; restored counts the ones that were missing or damaged); then
+// every segment involved is fdatasynced. A block
 // the index no longer has, or places elsewhere (Compact moved it, after
 // syncing the copy), is left alone: its logged location is stale.
 func (s *Store) restoreInline(idx *bbolt.Bucket, inl []inlineBlock) error {
@@ -358,13 +359,19 @@ func (s *Store) restoreInline(idx *bbolt.Bucket, inl []inlineBlock) error {
 			files[l.seg] = f
 		}
 		buf = slices.Grow(buf[:0], int(l.n))[:l.n]
+		intact := false
 		if n, _ := f.ReadAt(buf, int64(l.off)); n == len(buf) && blockCRC(buf) == l.crc {
-			continue
+			intact = true
 		}
+		// Written even when it reads back intact: after a failed
+		// fdatasync (breakSegment) the page cache may show bytes that
+		// never reached the disk, and the next fdatasync succeeds.
 		if _, err := f.WriteAt(b.data, int64(l.off)); err != nil {
 			return ioErr("restore block in segment "+segName(l.seg), err)
 		}
-		restored++
+		if !intact {
+			restored++
+		}
 	}
 	if !s.noSync {
 		for id, f := range files {

@@ -6,6 +6,8 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
+	"syscall"
 	"testing"
 	"time"
 
@@ -240,4 +242,74 @@ func TestCompactFullDisk(t *testing.T) {
 type obj2 struct {
 	id   oid.ID
 	data []byte
+}
+
+// TestSegmentSyncFailure: after a segment's fdatasync fails (ENOSPC on
+// thin or copy-on-write storage), the batch fails, and nothing is later
+// committed on the strength of a retried fdatasync that may succeed
+// without the bytes: a commit naming the blocks again fails until they
+// are put again, the copies go to a new segment, and Compact moves the
+// segment's live blocks out of it.
+func TestSegmentSyncFailure(t *testing.T) {
+	s := openT(t, t.TempDir(), Options{CompactInterval: -1})
+	ctx := context.Background()
+	keep := randBlock(t, 64<<10)
+	hk, err := s.PutBlock(keep)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keepID := oid.Make(10, 1)
+	update(t, s, func(tx *Tx) error { return tx.SetBlock(keepID, 0, hk) }) // inline: the segment is not synced
+	var datas [][]byte
+	for range 5 { // more than inlineMax: the commit syncs the segment
+		datas = append(datas, randBlock(t, 64<<10))
+	}
+	hs, err := s.PutBlocks(datas)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := oid.Make(10, 2)
+	commit := func() error {
+		return s.Update(ctx, func(tx *Tx) error {
+			for i, h := range hs {
+				if err := tx.SetBlock(id, uint64(i), h); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+	}
+	s.syncFault = func(uint32) error { return syscall.ENOSPC }
+	if err := commit(); !errors.Is(err, fserr.ErrNoSpace) {
+		t.Fatalf("commit with a failing segment sync = %v, want ENOSPC", err)
+	}
+	s.syncFault = nil
+	if err := commit(); err == nil {
+		t.Fatal("commit of the same blocks succeeded after a failed sync, without writing them again")
+	}
+	old := s.active.id
+	if hs2, err := s.PutBlocks(datas); err != nil || !slices.Equal(hs2, hs) {
+		t.Fatalf("PutBlocks again: %v", err)
+	}
+	if err := commit(); err != nil {
+		t.Fatalf("commit after putting the blocks again: %v", err)
+	}
+	if s.active.id == old {
+		t.Errorf("still appending to segment %d after its sync failed", old)
+	}
+	if err := s.Compact(ctx); err != nil {
+		t.Fatalf("Compact: %v", err)
+	}
+	if s.segment(old) != nil {
+		t.Errorf("segment %d, whose sync failed, is still there after Compact", old)
+	}
+	for i, h := range append([][32]byte{hk}, hs...) {
+		want := keep
+		if i > 0 {
+			want = datas[i-1]
+		}
+		if got, err := s.ReadBlock(h); err != nil || !bytes.Equal(got, want) {
+			t.Fatalf("block %d: %v", i, err)
+		}
+	}
 }

@@ -227,6 +227,9 @@ type Store struct {
 	reclaimed    atomic.Int64
 	// compactHook, when set (tests), is called at each stage of Compact.
 	compactHook func(stage string)
+	// syncFault, when set (tests), stands in for a failing fdatasync of a
+	// segment: a non-nil error is returned instead of syncing.
+	syncFault func(seg uint32) error
 
 	// The reserve file (space.go).
 	resMu      sync.Mutex
@@ -249,6 +252,10 @@ type segment struct {
 	// compacting is set (under pendMu) while Compact copies the segment out:
 	// no new pending reference to it may be created.
 	compacting bool
+	// broken holds the error of a failed fdatasync (breakSegment): after
+	// one, a later fdatasync may succeed although the bytes never reached
+	// the disk, so the segment is never synced again nor appended to.
+	broken atomic.Pointer[error]
 }
 
 // pendingBlock is a block that may be referenced by SetBlock.
@@ -569,9 +576,21 @@ func (s *Store) syncSegment(seg *segment, need int64) error {
 	if s.noSync || seg.synced.Load() >= need {
 		return nil
 	}
+	if err := seg.broken.Load(); err != nil {
+		return *err
+	}
 	snap := seg.size.Load() // every byte below snap has been written
-	if err := fdatasync(seg.f); err != nil {
-		return ioErr("sync segment "+segName(seg.id), err)
+	err := error(nil)
+	if s.syncFault != nil {
+		err = s.syncFault(seg.id)
+	}
+	if err == nil {
+		err = fdatasync(seg.f)
+	}
+	if err != nil {
+		err = ioErr("sync segment "+segName(seg.id)+" (restart the store if it held blocks logged inline)", err)
+		s.breakSegment(seg, err)
+		return err
 	}
 	for {
 		cur := seg.synced.Load()
@@ -579,6 +598,32 @@ func (s *Store) syncSegment(seg *segment, need int64) error {
 			return nil
 		}
 	}
+}
+
+// breakSegment stops trusting seg after a failed fdatasync (on Linux the
+// failed pages may be dropped, and the next fdatasync succeeds): it takes
+// no more data (appendTo starts a new segment), its pending blocks past
+// what was synced are forgotten (a PutBlock of the same data writes a
+// fresh copy; a commit naming them without one fails), and syncing it
+// fails from now on. Blocks a log record carried inline stay durable in
+// the log, but checkpoints cannot drop those records (syncInline fails)
+// until a restart's replay writes them into the segment again.
+func (s *Store) breakSegment(seg *segment, err error) {
+	if !seg.broken.CompareAndSwap(nil, &err) {
+		return
+	}
+	synced := seg.synced.Load()
+	n := 0
+	s.pendMu.Lock()
+	for h, p := range s.pending {
+		if p.loc.seg == seg.id && p.loc.end() > synced {
+			delete(s.pending, h)
+			n++
+		}
+	}
+	s.pendMu.Unlock()
+	s.log.Error("store: segment sync failed; the segment takes no more data", "segment", segName(seg.id),
+		"synced", synced, "dropped_pending", n, "err", err)
 }
 
 // syncInline makes the blocks that log records carried inline durable in
