@@ -155,15 +155,18 @@ func TestFullDisk(t *testing.T) {
 		return nil
 	})
 
-	// A restart on the full disk comes up with everything.
+	// A restart on the full disk comes up with everything (what the
+	// store freed at Close is filled too).
 	c.Stop(eastSrv)
+	topUp2 := filepath.Join(mnt, "filler3")
+	tmpfs.Fill(t, topUp2)
 	c.Restart(eastSrv)
 	c.WaitFor(30*time.Second, "east, restarted, publishes that it is full", published(true))
 	checkAcked("east restarted on a full disk")
 
 	// Space returns: writes to east succeed again, without a restart, and
 	// the .Site=east object moves home.
-	for _, f := range []string{filler, topUp} {
+	for _, f := range []string{filler, topUp, topUp2} {
 		if err := os.Remove(f); err != nil {
 			t.Fatal(err)
 		}

@@ -78,8 +78,14 @@ func (h *Host) loadIdentity() error {
 
 func (h *Host) saveIdentity() error {
 	data, _ := json.MarshalIndent(h.id, "", "  ")
+	// Unchanged (every restart): not written, so that a host whose disk
+	// is full still starts.
+	if old, err := os.ReadFile(h.identityPath()); err == nil && bytes.Equal(old, data) {
+		return nil
+	}
 	tmp := h.identityPath() + ".tmp"
 	if err := os.WriteFile(tmp, data, 0o600); err != nil {
+		os.Remove(tmp)
 		return fmt.Errorf("deploy: write identity: %w", err)
 	}
 	if err := os.Rename(tmp, h.identityPath()); err != nil {

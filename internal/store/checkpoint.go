@@ -92,7 +92,7 @@ func (s *Store) checkpointer() {
 		if err := s.checkpoint(false); err != nil {
 			s.log.Error("store: checkpoint failed", "err", err)
 		} else {
-			s.restoreReserve()
+			s.makeReserve()
 		}
 		tm.Reset(s.ckEvery)
 		if s.overThreshold(1) { // filled up while the last one ran
@@ -154,7 +154,8 @@ func (s *Store) freeze(final bool) (*memtable, error) {
 	}
 	var next *walFile
 	if !final {
-		if err := s.withReserve(func() (err error) { next, err = s.createWAL(s.walGen + 1); return err }); err != nil {
+		var err error
+		if next, err = s.newWAL(s.walGen + 1); err != nil {
 			return nil, err
 		}
 	}

@@ -254,7 +254,15 @@ func (s *Store) commit(t *Tx) error {
 func (s *Store) appendLog(rec []byte) error {
 	w := s.wal
 	if need := w.off + int64(len(rec)) - w.alloc; need > 0 {
-		if err := w.grow((need + walChunk - 1) / walChunk * walChunk); err != nil {
+		err := w.grow((need + walChunk - 1) / walChunk * walChunk)
+		if noSpace(err) { // a nearly full disk: only what this record needs
+			if need = w.off + int64(len(rec)) - w.alloc; need > 0 {
+				err = w.grow((need + 4095) &^ 4095)
+			} else {
+				err = nil
+			}
+		}
+		if err != nil {
 			return err // nothing was logged; the log is still usable
 		}
 	}

@@ -13,7 +13,6 @@ import (
 
 	"github.com/wheelfs/wheelfs/internal/fserr"
 	"github.com/wheelfs/wheelfs/internal/oid"
-	"github.com/wheelfs/wheelfs/internal/poll"
 	"github.com/wheelfs/wheelfs/internal/tmpfs"
 	"github.com/wheelfs/wheelfs/internal/wire"
 )
@@ -135,15 +134,7 @@ func TestFullDisk(t *testing.T) {
 	check("space freed")
 
 	// A restart on a full disk comes up with everything: the reserve,
-	// made again once there is room, gives the new log its space.
-	poll.Until(t, 30*time.Second, "reserve made again", func() error {
-		s.resMu.Lock()
-		defer s.resMu.Unlock()
-		if !s.hasReserve {
-			return errors.New("no reserve file")
-		}
-		return nil
-	})
+	// topped up at Close, gives the new log its space.
 	if err := s.Close(); err != nil {
 		t.Fatalf("Close: %v", err)
 	}
@@ -159,6 +150,31 @@ func TestFullDisk(t *testing.T) {
 		t.Fatalf("write after reopening and freeing space: %v", err)
 	}
 	check("reopened, space freed")
+
+	// Without a reserve it still opens on a full disk, with an empty log
+	// that takes writes once there is room.
+	if err := s.Close(); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	if err := os.Remove(filepath.Join(dir, reserveFile)); err != nil {
+		t.Fatal(err)
+	}
+	tmpfs.Fill(t, filler)
+	o.Reserve = -1
+	if s, err = Open(dir, o); err != nil {
+		t.Fatalf("Open on a full disk without a reserve: %v", err)
+	}
+	check("reopened on a full disk without a reserve")
+	if err := write(64 << 10); !errors.Is(err, fserr.ErrNoSpace) {
+		t.Fatalf("write on a full disk without a reserve: %v, want ENOSPC", err)
+	}
+	if err := os.Remove(filler); err != nil {
+		t.Fatal(err)
+	}
+	if err := write(64 << 10); err != nil {
+		t.Fatalf("write once there is room: %v", err)
+	}
+	check("no reserve, space freed")
 }
 
 // TestCompactFullDisk runs Compact on a full disk: it moves only what fits,

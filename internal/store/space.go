@@ -46,49 +46,77 @@ func writeZeros(f *os.File, n int64) error {
 	return nil
 }
 
-// The reserve file (dir/reserve, Options.Reserve bytes) is space the store
-// holds back for its own housekeeping on a full disk: replaying the log at
-// Open, and a checkpoint (a new log file and bbolt pages), which is what
+// The reserve file (dir/reserve, up to Options.Reserve bytes) is space the
+// store holds back for its own housekeeping on a full disk: replaying the
+// log at Open, a new log file, a checkpoint (bbolt pages), which is what
 // lets deletes free space. Without it a store filled to the last byte
 // could neither restart nor take the updates that would empty it. When
 // one of those steps fails for lack of space the reserve is deleted and
-// the step retried; it is made again after a checkpoint once there is
-// room for it twice over.
+// the step retried. After every checkpoint (which deletes the log files
+// it covers) and at Close the reserve is topped up from free space, as
+// much as there is: a store that used its reserve takes back the space
+// its own checkpoints free, and can restart even if the disk is then
+// filled to the last byte.
+
+// minReserve is the smallest reserve worth keeping: room for a small log.
+const minReserve = 256 << 10
 
 func (s *Store) reservePath() string { return filepath.Join(s.dir, reserveFile) }
 
-// makeReserve creates the reserve file if it is missing; on a full disk
-// the store goes without one (and says so).
+// makeReserve creates or tops up the reserve file: Options.Reserve bytes,
+// or on a nearly full disk as many as it can get (halving down to
+// minReserve); with less the store goes without one.
 func (s *Store) makeReserve() {
 	s.resMu.Lock()
 	defer s.resMu.Unlock()
 	if s.reserve <= 0 {
+		os.Remove(s.reservePath()) // one made before, when a reserve was wanted
 		return
 	}
-	if st, err := os.Stat(s.reservePath()); err == nil && st.Size() >= s.reserve {
-		s.hasReserve = true
+	if s.hasReserve && s.resSize >= s.reserve {
 		return
 	}
+	var cur int64
+	if st, err := os.Stat(s.reservePath()); err == nil {
+		cur = st.Size()
+	}
+	got := cur
 	f, err := os.OpenFile(s.reservePath(), os.O_RDWR|os.O_CREATE, 0o600)
 	if err == nil {
-		err = allocate(f, s.reserve)
-		if err == nil && !s.noSync {
+		for n := s.reserve; n > cur && n >= minReserve; n /= 2 {
+			if err = allocate(f, n); err == nil || !noSpace(err) {
+				if err == nil {
+					got = n
+				}
+				break
+			}
+		}
+		if noSpace(err) {
+			err = nil // as much as there was
+		}
+		if err == nil {
+			err = f.Truncate(got) // a failed allocation may have left some
+		}
+		if err == nil && got > cur && !s.noSync {
 			err = fdatasync(f)
 		}
 		if cerr := f.Close(); err == nil {
 			err = cerr
 		}
 	}
-	if err == nil {
+	if err == nil && cur == 0 && got > 0 {
 		err = s.syncDir(s.dir)
 	}
-	if err != nil {
+	if err != nil || got < minReserve {
 		os.Remove(s.reservePath())
-		s.hasReserve = false
-		s.log.Warn("store: no reserve space for housekeeping on a full disk", "bytes", s.reserve, "err", err)
+		if s.hasReserve || !s.resWarned {
+			s.log.Warn("store: no reserve space for housekeeping on a full disk", "want", s.reserve, "err", err)
+			s.resWarned = true
+		}
+		s.hasReserve, s.resSize = false, 0
 		return
 	}
-	s.hasReserve = true
+	s.hasReserve, s.resSize, s.resWarned = true, got, false
 }
 
 // releaseReserve deletes the reserve file; it reports whether there was
@@ -104,23 +132,9 @@ func (s *Store) releaseReserve() bool {
 		s.log.Error("store: cannot release the reserve file", "err", err)
 		return false
 	}
-	s.log.Warn("store: disk full; released the reserve for housekeeping", "bytes", s.reserve)
+	s.log.Warn("store: disk full; released the reserve for housekeeping", "bytes", s.resSize)
+	s.resSize = 0
 	return true
-}
-
-// restoreReserve makes the reserve file again if it was released and the
-// disk has room for it twice over.
-func (s *Store) restoreReserve() {
-	s.resMu.Lock()
-	gone := !s.hasReserve && s.reserve > 0
-	s.resMu.Unlock()
-	if !gone {
-		return
-	}
-	if sp, err := s.Space(); err != nil || sp.Free < 2*s.reserve {
-		return
-	}
-	s.makeReserve()
 }
 
 // withReserve runs f, and once more after releasing the reserve if it

@@ -233,8 +233,10 @@ type Store struct {
 
 	// The reserve file (space.go).
 	resMu      sync.Mutex
-	reserve    int64
+	reserve    int64 // wanted size
 	hasReserve bool
+	resSize    int64 // size of the reserve file
+	resWarned  bool  // "no reserve" said once
 
 	closeOnce sync.Once
 	closeErr  error
@@ -423,7 +425,7 @@ func (s *Store) open() error {
 		return err
 	}
 	s.snap.Store(&snapshot{layers: [2]*memtable{newMemtable(), nil}, seq: seq})
-	if err := s.withReserve(func() (err error) { s.wal, err = s.createWAL(gen + 1); return err }); err != nil {
+	if s.wal, err = s.newWAL(gen + 1); err != nil {
 		return err
 	}
 	s.walGen = gen + 1
@@ -667,6 +669,9 @@ func (s *Store) Close() error {
 		<-s.compactDone
 		s.stop()
 		err := s.checkpoint(true)
+		if err == nil {
+			s.makeReserve() // from what the log files freed: room to open again
+		}
 		s.compactMu.Lock() // let a running Compact finish with the files
 		s.closeErr = errors.Join(err, s.closeFiles())
 		s.compactMu.Unlock()

@@ -57,15 +57,28 @@ func walName(gen uint64) string { return fmt.Sprintf("%s%016x", walPrefix, gen) 
 
 func (s *Store) walPath(gen uint64) string { return filepath.Join(s.dir, walName(gen)) }
 
-// createWAL creates generation gen, zero-filled and durable, directory entry
-// included.
-func (s *Store) createWAL(gen uint64) (*walFile, error) {
+// newWAL creates log generation gen (createWAL) with room from the
+// reserve if need be, and on a disk too full even for that, empty: its
+// appends then grow it, or are refused for lack of space, but the store
+// opens.
+func (s *Store) newWAL(gen uint64) (w *walFile, err error) {
+	err = s.withReserve(func() (err error) { w, err = s.createWAL(gen, walChunk); return err })
+	if noSpace(err) {
+		s.log.Warn("store: no room to preallocate the log", "err", err)
+		w, err = s.createWAL(gen, 0)
+	}
+	return w, err
+}
+
+// createWAL creates generation gen, zero-filled (prealloc bytes) and
+// durable, directory entry included.
+func (s *Store) createWAL(gen uint64, prealloc int64) (*walFile, error) {
 	f, err := os.OpenFile(s.walPath(gen), os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o644)
 	if err != nil {
 		return nil, ioErr("create log", err)
 	}
 	w := &walFile{gen: gen, f: f}
-	err = w.grow(walChunk)
+	err = w.grow(prealloc)
 	if err == nil && !s.noSync {
 		if err = fdatasync(f); err != nil {
 			err = ioErr("sync log", err)
