@@ -59,6 +59,7 @@ func TestFullDisk(t *testing.T) {
 		}
 	}
 	c.WaitFor(20*time.Second, "east publishes its free space", published(false))
+	c.WaitFor(60*time.Second, "every slice meets its policy", func() error { return slicesHealthy(ctx, c) })
 
 	if _, err := west.Mkdir(ctx, Owner(), "/d", 0o755); err != nil {
 		t.Fatal(err)

@@ -80,6 +80,9 @@ func (s *Store) makeReserve() {
 	if st, err := os.Stat(s.reservePath()); err == nil {
 		cur = st.Size()
 	}
+	if sp, err := s.Space(); err == nil && sp.Free < minReserve && cur == 0 {
+		return // nothing to take (and no file to make and remove each time)
+	}
 	got := cur
 	f, err := os.OpenFile(s.reservePath(), os.O_RDWR|os.O_CREATE, 0o600)
 	if err == nil {
