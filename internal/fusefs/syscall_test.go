@@ -5,13 +5,17 @@ import (
 	"testing"
 
 	"github.com/hanwen/go-fuse/v2/fuse"
+
+	"github.com/wheelfs/wheelfs/internal/client"
 )
 
 // One thread's requests make one path walk: lookups and the kernel's
 // revalidation of the starting directory continue it; only the system
 // call's own request ends it; a chain longer than any path starts anew.
 func TestWalkSteps(t *testing.T) {
-	r := &root{walks: map[uint32]walk{}}
+	core := client.New(client.NewConfig(), nil) // no server: walks only take its revocation mark
+	defer core.Close()
+	r := &root{core: core, walks: map[uint32]walk{}}
 	ctx := fuse.NewContext(context.Background(), &fuse.Caller{Pid: 7})
 	run := func(kind stepKind) {
 		_, done := r.stepAs(ctx, kind)
