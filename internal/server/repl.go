@@ -91,6 +91,14 @@ type sliceRepl struct {
 	checked          time.Time       // last digest comparison (checkReplicas)
 	collected        time.Time       // last tombstone collection
 	swept            time.Time       // last sweep of outcome records
+	// since is when this server started serving the slice at this
+	// epoch: orphans' holders get HolderIdle from then to show up.
+	since time.Time
+	// orphans are the slice's orphans this primary knows of; until
+	// orphansKnown, the first sweep reads the whole slice for them.
+	orphans      map[oid.ID]bool
+	orphansKnown bool
+	orphansSwept time.Time
 	quiet            *time.Timer     // sends what commitQuiet held back
 }
 
@@ -111,7 +119,8 @@ type follower struct {
 func newSliceRepl(s *Server, slice oid.Slice, epoch int64, repLevel int, seq uint64) *sliceRepl {
 	ctx, cancel := context.WithCancel(s.bg)
 	return &sliceRepl{s: s, slice: slice, epoch: epoch, repLevel: repLevel, ctx: ctx, cancel: cancel,
-		changed: make(chan struct{}), seq: seq, committed: seq, followers: map[string]*follower{}, tombs: true}
+		changed: make(chan struct{}), seq: seq, committed: seq, followers: map[string]*follower{}, tombs: true,
+		since: time.Now(), orphans: map[oid.ID]bool{}}
 }
 
 // signalLocked wakes waiters (r.mu held).
@@ -701,6 +710,57 @@ func (r *sliceRepl) takeOutcomes() bool {
 	had := !r.noOutcomes
 	r.noOutcomes = true
 	return had
+}
+
+// addOrphan notes an orphan made in the slice.
+func (r *sliceRepl) addOrphan(id oid.ID) {
+	r.mu.Lock()
+	r.orphans[id] = true
+	r.mu.Unlock()
+}
+
+// dropOrphan forgets an orphan deleted.
+func (r *sliceRepl) dropOrphan(id oid.ID) {
+	r.mu.Lock()
+	delete(r.orphans, id)
+	r.mu.Unlock()
+}
+
+// orphansDue reports whether a sweep of the slice's orphans is due:
+// there are some, or none is known yet, and a period passed.
+func (r *sliceRepl) orphansDue(period time.Duration) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.orphansKnown && len(r.orphans) == 0 || time.Since(r.orphansSwept) < period {
+		return false
+	}
+	r.orphansSwept = time.Now()
+	return true
+}
+
+// orphanList returns the orphans known, and whether they are all.
+func (r *sliceRepl) orphanList() ([]oid.ID, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	ids := make([]oid.ID, 0, len(r.orphans))
+	for id := range r.orphans {
+		ids = append(ids, id)
+	}
+	return ids, r.orphansKnown
+}
+
+// foundOrphans records what a sweep found: of listed (what it looked
+// at; nil for the whole slice), found are orphans still.
+func (r *sliceRepl) foundOrphans(listed, found []oid.ID) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, id := range listed {
+		delete(r.orphans, id)
+	}
+	for _, id := range found {
+		r.orphans[id] = true
+	}
+	r.orphansKnown = true
 }
 
 func (r *sliceRepl) hasTombs() bool {

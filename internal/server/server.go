@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"github.com/wheelfs/wheelfs/internal/auth"
 	"log/slog"
+	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -99,6 +100,14 @@ type Config struct {
 	// succeeded; an error replaces the answer by codes.Unavailable, as a
 	// connection that broke after the change was applied.
 	AfterApply func(method string, req any) error
+	// HolderIdle is how long an open handle of an unlinked file (an
+	// orphan's holder) outlives the last sign of its client session at
+	// the primary — an attached back channel, a request — and how long a
+	// new primary waits for holders to show themselves (default
+	// DefaultHolderIdle; at most ownerIdle). A crashed client leaks no
+	// orphan beyond it; a client cut off from the primary longer loses
+	// its unlinked open files.
+	HolderIdle time.Duration
 	// OnLock, for fault tests, hears of every slice lock this server
 	// takes, renews or gives up, with until when it counts the lock held:
 	// a takeover before that is a safety violation (lockevent.go).
@@ -146,6 +155,9 @@ type Server struct {
 	// xfer sizes block-carrying calls to each peer by its link's rate.
 	xfer   *transfers
 	limits *rateLimits  // client nodes' token buckets (edge.go)
+	// boot names this process: the holder of orphans opened without a
+	// handle (orphans.go), which die with it.
+	boot uint64
 	panics atomic.Int64 // handler panics recovered at the edge
 }
 
@@ -178,6 +190,11 @@ func New(cfg Config, st *store.Store, conf ConfigService, lockTTL time.Duration)
 	if cfg.LeaseTTL == 0 {
 		cfg.LeaseTTL = DefaultLeaseTTL
 	}
+	if cfg.HolderIdle <= 0 {
+		cfg.HolderIdle = DefaultHolderIdle
+	}
+	// A binding forgotten (ownerIdle) must mean a holder gone.
+	cfg.HolderIdle = min(cfg.HolderIdle, ownerIdle)
 	s := &Server{
 		cfg:      cfg,
 		log:      cfg.Logger.With("component", "server", "server", cfg.ID),
@@ -191,6 +208,7 @@ func New(cfg Config, st *store.Store, conf ConfigService, lockTTL time.Duration)
 		bg:       context.Background(),
 		tableC:   make(chan struct{}, 1),
 		maintSem: make(chan struct{}, 8),
+		boot:     rand.Uint64() | 1,
 	}
 	s.leases = newLeases(cfg.LeaseTTL, s.lockValidity)
 	s.owners = newSessionOwners(s.heldSessions)
@@ -243,7 +261,7 @@ func (s *Server) Start(ctx context.Context) (err error) {
 			return err
 		}
 	}
-	if err := s.cleanOrphans(ctx); err != nil {
+	if err := s.dropLegacyOrphans(ctx); err != nil {
 		return err
 	}
 	s.renewing.Add(3)
