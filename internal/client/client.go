@@ -217,6 +217,7 @@ func New(cfg Config, router Router) *FS {
 		ops:      newOpSeq(),
 	}
 	f.leases = newLeases(f)
+	go f.leases.keepHolding()
 	f.peer.init(cfg.Peers)
 	return f
 }

@@ -441,6 +441,57 @@ func (l *leases) run(bc *backChannel, sc wire.StorageClient) {
 	}
 }
 
+// holdEvery is how often the client core makes sure it has a back
+// channel to the primary of every file it holds open. The channel is
+// how a primary knows this session still holds a file unlinked while
+// open (server.Config.HolderIdle): a new primary after a failover too,
+// which it may not have asked anything yet.
+const holdEvery = 2 * time.Second
+
+// keepHolding runs until the client core closes, opening back channels
+// to the primaries of its open files where there are none. It sends
+// nothing where one is open.
+func (l *leases) keepHolding() {
+	t := time.NewTicker(holdEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-l.ctx.Done():
+			return
+		case <-t.C:
+		}
+		f := l.f
+		held := map[oid.Slice]bool{}
+		f.mu.Lock()
+		for id := range f.files {
+			held[id.Slice()] = true
+		}
+		f.mu.Unlock()
+		for sl := range held {
+			ctx, cancel := context.WithTimeout(l.ctx, holdEvery)
+			c, err := f.router.Primary(ctx, sl)
+			cancel()
+			if err == nil {
+				l.ensure(c)
+			}
+		}
+	}
+}
+
+// ensure starts the back channel to server c if there is none.
+func (l *leases) ensure(c Conn) {
+	if c.ID == "" {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.chans[c.ID] == nil && l.ctx.Err() == nil {
+		bc := &backChannel{id: c.ID, ready: make(chan struct{})}
+		l.chans[c.ID] = bc
+		go l.run(bc, c.StorageClient)
+	}
+}
+
 // chanGens numbers back channel incarnations (never 0).
 var chanGens atomic.Uint64
 

@@ -138,6 +138,9 @@ type openFiles struct {
 	opens  map[oid.ID]int // open handles, named and anonymous
 	dying  map[oid.ID]int // last links removed but not yet committed
 	grants map[handleKey]grant
+	// released are orphans' holders whose release could not be made
+	// durable (holder key → node): the orphan sweep ends them.
+	released map[oid.ID]map[string]string
 }
 
 // handleKey names an open: the client core's session and its handle number.
@@ -160,7 +163,8 @@ func keyOf(h *wire.HandleRef) (handleKey, bool) {
 }
 
 func newOpenFiles() openFiles {
-	return openFiles{opens: map[oid.ID]int{}, dying: map[oid.ID]int{}, grants: map[handleKey]grant{}}
+	return openFiles{opens: map[oid.ID]int{}, dying: map[oid.ID]int{}, grants: map[handleKey]grant{},
+		released: map[oid.ID]map[string]string{}}
 }
 
 // grant records that the open h (counted by open) may use id with access.
@@ -264,6 +268,32 @@ func (f *openFiles) release(id oid.ID, h *wire.HandleRef) (pending bool, anon in
 		}
 	}
 	return f.dying[id] > 0, f.anonLocked(id)
+}
+
+// releasedLate records that the holder key (of node) of orphan id was
+// released but the release did not commit.
+func (f *openFiles) releasedLate(id oid.ID, key, node string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.released[id] == nil {
+		f.released[id] = map[string]string{}
+	}
+	f.released[id][key] = node
+}
+
+// wasReleased reports whether releasedLate recorded holder key of node.
+func (f *openFiles) wasReleased(id oid.ID, key, node string) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	n, ok := f.released[id][key]
+	return ok && n == node
+}
+
+// forgetReleased drops what releasedLate recorded of id.
+func (f *openFiles) forgetReleased(id oid.ID) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	delete(f.released, id)
 }
 
 // anonLocked counts the anonymous (in-process, handle-less) opens of id.

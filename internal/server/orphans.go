@@ -109,6 +109,12 @@ func (s *Server) Release(ctx context.Context, req *wire.ReleaseRequest) (*wire.R
 		})
 	})
 	if err != nil {
+		// The client does not retry a release: the sweep ends the
+		// holder (while this server stays primary).
+		s.files.releasedLate(id, key, node)
+		if r := s.owned.repl(id.Slice()); r != nil {
+			r.addOrphan(id)
+		}
 		return nil, fmt.Errorf("release %v: %w", id, err)
 	}
 	return &wire.ReleaseResponse{}, nil
@@ -165,7 +171,7 @@ func (s *Server) endHolders(tx *store.Tx, id oid.ID, end func(name string, v []b
 // earliest.
 func (s *Server) holderLive(id oid.ID, name string, v []byte, since, now time.Time) bool {
 	session, handle, ok := parseHolder(name)
-	if !ok {
+	if !ok || s.files.wasReleased(id, name, string(v)) {
 		return false
 	}
 	if session == 0 {
@@ -246,24 +252,32 @@ func (s *Server) sweepOrphans(ctx context.Context, sl oid.Slice, r *sliceRepl) e
 		}
 		return nil
 	})
-	if err == nil {
-		s.log.Info("holders of unlinked files ended with their sessions", "slice", sl, "orphans", len(gone))
+	if err != nil {
+		return err
 	}
-	return err
+	for id := range gone {
+		s.files.forgetReleased(id)
+	}
+	s.log.Info("holders of unlinked files ended", "slice", sl, "orphans", len(gone))
+	return nil
 }
 
-// OrphanHolders returns the number of holders recorded on this server's copy of id
-// (tests check that orphans carry them across a failover).
-func (s *Server) OrphanHolders(id oid.ID) (int, error) {
-	n := 0
-	err := s.store.View(func(tx *store.Tx) error {
+// Orphan reports whether this server's copy of id exists and how many
+// holders it records (tests check that orphans and their holders cross a
+// failover, and that they go).
+func (s *Server) Orphan(id oid.ID) (exists bool, holders int, err error) {
+	err = s.store.View(func(tx *store.Tx) error {
+		if _, err := tx.Meta(id); err != nil {
+			return nil
+		}
+		exists = true
 		eachOutcome(tx, id, orphanPrefix, func(string, []byte) bool {
-			n++
+			holders++
 			return true
 		})
 		return nil
 	})
-	return n, err
+	return exists, holders, err
 }
 
 // dropLegacyOrphans removes the local orphan/<id> keys of stores written
