@@ -32,6 +32,14 @@ const orphanPath = "/.Site=west/.RepLevel=2/f"
 // at most, so a read near the end must ask the primary.
 var orphanData = bytes.Repeat([]byte("0123456789abcdef"), 1<<16)
 
+// orphanCtx bounds a test's operations: its waits add up to more than
+// opCtx's minute.
+func orphanCtx(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)
+	t.Cleanup(cancel)
+	return ctx
+}
+
 // startOrphans starts three sites with one server each, the servers'
 // HolderIdle at orphanIdle; edge, when set, moves that site's client
 // host to a site of its own ("edge"), which a test can isolate.
@@ -169,7 +177,7 @@ func readThrough(ctx context.Context, fs *client.FS, h *client.Handle) error {
 // file for ever (the release of a handle it had not counted did nothing).
 func TestOrphanSurvivesFailover(t *testing.T) {
 	c := startOrphans(t, "")
-	ctx := opCtx(t)
+	ctx := orphanCtx(t)
 	a := c.Client("east")
 	h, id := openOrphan(t, ctx, a, c.Client("eu"))
 	west := failOver(t, ctx, c, id)
@@ -221,7 +229,7 @@ func TestOrphanSurvivesFailover(t *testing.T) {
 // file stayed for ever.
 func TestOrphanEndsWithItsSession(t *testing.T) {
 	c := startOrphans(t, "east")
-	ctx := opCtx(t)
+	ctx := orphanCtx(t)
 	a := c.Client("east")
 	h, id := openOrphan(t, ctx, a, c.Client("eu"))
 	failOver(t, ctx, c, id)
@@ -244,7 +252,7 @@ func TestOrphanEndsWithItsSession(t *testing.T) {
 // leftovers of the previous process) nor keeps it after the release.
 func TestOrphanSurvivesRestartOfAll(t *testing.T) {
 	c := startOrphans(t, "")
-	ctx := opCtx(t)
+	ctx := orphanCtx(t)
 	a := c.Client("east")
 	h, id := openOrphan(t, ctx, a, c.Client("eu"))
 	c.WaitFor(30*time.Second, "the orphan at both replicas", func() error {
