@@ -96,8 +96,8 @@ func (s *Server) Release(ctx context.Context, req *wire.ReleaseRequest) (*wire.R
 	}
 	// A release racing with the unlink that records it (pending) ends
 	// its holder in a transaction after that one; otherwise only an
-	// orphan has holders, and a local read tells.
-	if !pending && !s.isOrphan(id) {
+	// orphan has holders.
+	if !pending && !s.mayBeOrphan(id) {
 		return &wire.ReleaseResponse{}, nil
 	}
 	if err := s.primary(id); err != nil {
@@ -118,6 +118,18 @@ func (s *Server) Release(ctx context.Context, req *wire.ReleaseRequest) (*wire.R
 		return nil, fmt.Errorf("release %v: %w", id, err)
 	}
 	return &wire.ReleaseResponse{}, nil
+}
+
+// mayBeOrphan reports whether id may be an orphan: a primary that has
+// swept the slice once knows its orphans (a release of a linked file
+// then reads nothing); otherwise a local read tells.
+func (s *Server) mayBeOrphan(id oid.ID) bool {
+	if r := s.owned.repl(id.Slice()); r != nil {
+		if is, known := r.knowsOrphan(id); known {
+			return is
+		}
+	}
+	return s.isOrphan(id)
 }
 
 // isOrphan reports whether this server's copy of id is a file without a
@@ -199,7 +211,7 @@ func (s *Server) holderLive(id oid.ID, name string, v []byte, since, now time.Ti
 // it knows of (made here, or found by that first sweep).
 func (s *Server) sweepOrphans(ctx context.Context, sl oid.Slice, r *sliceRepl) error {
 	ids, known := r.orphanList()
-	now := time.Now()
+	now, since := time.Now(), r.servingSince()
 	var found []oid.ID
 	gone := map[oid.ID]bool{}
 	visit := func(tx *store.Tx, m *wire.Meta) {
@@ -211,7 +223,7 @@ func (s *Server) sweepOrphans(ctx context.Context, sl oid.Slice, r *sliceRepl) e
 		any := false
 		eachOutcome(tx, id, orphanPrefix, func(name string, v []byte) bool {
 			any = true
-			if !s.holderLive(id, name, v, r.since, now) {
+			if !s.holderLive(id, name, v, since, now) {
 				gone[id] = true
 			}
 			return true
@@ -245,7 +257,7 @@ func (s *Server) sweepOrphans(ctx context.Context, sl oid.Slice, r *sliceRepl) e
 	defer cancel()
 	err = s.update(withEventual(uctx), 0, func(tx *store.Tx) error {
 		for id := range gone {
-			end := func(name string, v []byte) bool { return !s.holderLive(id, name, v, r.since, now) }
+			end := func(name string, v []byte) bool { return !s.holderLive(id, name, v, since, now) }
 			if err := s.endHolders(tx, id, end); err != nil {
 				return err
 			}

@@ -726,6 +726,21 @@ func (r *sliceRepl) dropOrphan(id oid.ID) {
 	r.mu.Unlock()
 }
 
+// servingSince is when this server started serving the slice.
+func (r *sliceRepl) servingSince() time.Time {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.since
+}
+
+// knowsOrphan reports whether id is one of the slice's orphans; known
+// is false until the primary's first sweep has read the slice.
+func (r *sliceRepl) knowsOrphan(id oid.ID) (is, known bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.orphans[id], r.orphansKnown
+}
+
 // orphansDue reports whether a sweep of the slice's orphans is due:
 // there are some, or none is known yet, and a period passed.
 func (r *sliceRepl) orphansDue(period time.Duration) bool {
