@@ -91,6 +91,7 @@ type sliceRepl struct {
 	checked          time.Time       // last digest comparison (checkReplicas)
 	collected        time.Time       // last tombstone collection
 	swept            time.Time       // last sweep of outcome records
+	quiet            *time.Timer     // sends what commitQuiet held back
 	// since is when this server started serving the slice at this
 	// epoch: orphans' holders get HolderIdle from then to show up.
 	since time.Time
@@ -99,7 +100,6 @@ type sliceRepl struct {
 	orphans      map[oid.ID]bool
 	orphansKnown bool
 	orphansSwept time.Time
-	quiet            *time.Timer     // sends what commitQuiet held back
 }
 
 // follower is one backup as the primary sees it.

@@ -155,10 +155,10 @@ type Server struct {
 	// xfer sizes block-carrying calls to each peer by its link's rate.
 	xfer   *transfers
 	limits *rateLimits  // client nodes' token buckets (edge.go)
+	panics atomic.Int64 // handler panics recovered at the edge
 	// boot names this process: the holder of orphans opened without a
 	// handle (orphans.go), which die with it.
 	boot uint64
-	panics atomic.Int64 // handler panics recovered at the edge
 }
 
 // New returns a server over st that coordinates through conf.
