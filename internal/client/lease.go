@@ -47,6 +47,7 @@ type leases struct {
 	revoked map[oid.ID]revokedMark // last revocation of each object
 	chans   map[string]*backChannel
 	refs    map[oid.ID]*refList // block lists of closed files
+	closing bool                // close began: no new back channel (it would get no bye)
 
 	onRevoke func([]oid.ID)
 }
@@ -485,7 +486,7 @@ func (l *leases) ensure(c Conn) {
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.chans[c.ID] == nil && l.ctx.Err() == nil {
+	if l.chans[c.ID] == nil && !l.closing {
 		bc := &backChannel{id: c.ID, ready: make(chan struct{})}
 		l.chans[c.ID] = bc
 		go l.run(bc, c.StorageClient)
@@ -552,6 +553,7 @@ func (l *leases) close() {
 		stream grpc.BidiStreamingClient[wire.CallbackAck, wire.Revoke]
 	}
 	l.mu.Lock()
+	l.closing = true
 	var byes []bye
 	var ends []chan struct{}
 	for _, bc := range l.chans {
