@@ -45,7 +45,9 @@ func (s *Server) Open(ctx context.Context, req *wire.OpenRequest) (*wire.OpenRes
 	// meanwhile may have recorded it as a holder of the orphan.
 	undo := func() {
 		if counted {
-			rctx := context.WithoutCancel(ctx)
+			// Also when the open failed for its deadline.
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.PeerTimeout)
+			defer cancel()
 			if h.GetId() == 0 {
 				h = nil
 			}

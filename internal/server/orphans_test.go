@@ -60,6 +60,30 @@ func TestOrphanReleasedAtANewPrimary(t *testing.T) {
 	}
 }
 
+// A rename over an open file makes it an orphan as an unlink does.
+func TestOrphanOfRenameOver(t *testing.T) {
+	s, ctx := newTestServer(t)
+	f := create(t, s, ctx, oid.Root, "f", wire.Type_TYPE_FILE)
+	create(t, s, ctx, oid.Root, "g", wire.Type_TYPE_FILE)
+	if _, err := s.Open(ctx, &wire.OpenRequest{Caller: as(0, 1), Id: f.Id, Flags: syscall.O_RDONLY}); err != nil {
+		t.Fatal(err)
+	}
+	_, err := s.Rename(ctx, &wire.RenameRequest{Caller: rootCaller, SrcDir: uint64(oid.Root), SrcName: "g", DstDir: uint64(oid.Root), DstName: "f"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := oid.ID(f.Id)
+	if exists, holders, err := s.Orphan(id); err != nil || !exists || holders != 1 {
+		t.Fatalf("file renamed over while open: exists %v, holders %d (%v); want an orphan with one", exists, holders, err)
+	}
+	if _, err := s.Release(ctx, &wire.ReleaseRequest{Id: f.Id, Handle: as(0, 1).Handle}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.primaryMeta(id); fserr.Errno(err) != syscall.ENOENT {
+		t.Fatalf("orphan after its release: %v, want ENOENT", err)
+	}
+}
+
 // A holder's session ends its holds: by its bye at once, or after
 // HolderIdle without a sign, counted from when the primary started
 // serving the slice at the earliest. Anonymous opens die with the
