@@ -256,7 +256,8 @@ func (f *openFiles) open(id oid.ID, counted bool, h *wire.HandleRef) (dying bool
 // one opened at a previous primary, or at a backup, is not subtracted
 // from the opens counted here). It reports whether id is losing its last
 // link in a transaction not yet committed (the holders it records may
-// include h), and how many anonymous opens of id are left.
+// include h), and, for an anonymous h, how many anonymous opens of id
+// are left (a named release does not count them: it walks no grants).
 func (f *openFiles) release(id oid.ID, h *wire.HandleRef) (pending bool, anon int) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -268,6 +269,9 @@ func (f *openFiles) release(id oid.ID, h *wire.HandleRef) (pending bool, anon in
 		if f.opens[id]--; f.opens[id] <= 0 {
 			delete(f.opens, id)
 		}
+	}
+	if named {
+		return f.dying[id] > 0, 0
 	}
 	return f.dying[id] > 0, f.anonLocked(id)
 }
