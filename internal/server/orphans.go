@@ -132,13 +132,13 @@ func (s *Server) mayBeOrphan(id oid.ID) bool {
 	return s.isOrphan(id)
 }
 
-// isOrphan reports whether this server's copy of id is a file without a
-// link.
+// isOrphan reports whether this server's copy of id has no link (a
+// directory removed while open is one too).
 func (s *Server) isOrphan(id oid.ID) bool {
 	orphan := false
 	_ = s.store.View(func(tx *store.Tx) error {
 		m, err := tx.Meta(id)
-		orphan = err == nil && m.Nlink == 0 && !isDir(m)
+		orphan = err == nil && m.Nlink == 0
 		return nil
 	})
 	return orphan
@@ -149,7 +149,7 @@ func (s *Server) isOrphan(id oid.ID) bool {
 // gone, is left alone.
 func (s *Server) endHolders(tx *store.Tx, id oid.ID, end func(name string, v []byte) bool) error {
 	m, err := tx.Meta(id)
-	if err != nil || m.Nlink > 0 || isDir(m) {
+	if err != nil || m.Nlink > 0 {
 		return nil
 	}
 	var ended []string
@@ -170,9 +170,11 @@ func (s *Server) endHolders(tx *store.Tx, id oid.ID, end func(name string, v []b
 		}
 		return nil
 	}
-	if r := s.owned.repl(id.Slice()); r != nil {
-		r.dropOrphan(id)
+	if has, err := tx.HasEntries(id); err != nil || has {
+		return err // a removed directory takes no entries: never here
 	}
+	// The slice's index of orphans forgets it at the next sweep (this
+	// transaction may still fail).
 	s.log.Debug("orphan reclaimed", "id", id)
 	return tx.DeleteObject(id)
 }
@@ -212,13 +214,15 @@ func (s *Server) holderLive(id oid.ID, name string, v []byte, since, now time.Ti
 func (s *Server) sweepOrphans(ctx context.Context, sl oid.Slice, r *sliceRepl) error {
 	ids, known := r.orphanList()
 	now, since := time.Now(), r.servingSince()
-	var found []oid.ID
-	gone := map[oid.ID]bool{}
+	var found, deleted, linked []oid.ID
+	seen := map[oid.ID]bool{}
+	gone := map[oid.ID]bool{} // orphans with a holder to end
 	visit := func(tx *store.Tx, m *wire.Meta) {
-		if m.Nlink != 0 || isDir(m) {
+		id := oid.ID(m.Id)
+		if m.Nlink != 0 || seen[id] {
 			return
 		}
-		id := oid.ID(m.Id)
+		seen[id] = true
 		found = append(found, id)
 		any := false
 		eachOutcome(tx, id, orphanPrefix, func(name string, v []byte) bool {
@@ -234,13 +238,20 @@ func (s *Server) sweepOrphans(ctx context.Context, sl oid.Slice, r *sliceRepl) e
 	}
 	err := s.store.View(func(tx *store.Tx) error {
 		if !known {
-			return tx.SliceMetas(sl, func(m *wire.Meta) bool {
+			if err := tx.SliceMetas(sl, func(m *wire.Meta) bool {
 				visit(tx, m)
 				return true
-			})
+			}); err != nil {
+				return err
+			}
 		}
 		for _, id := range ids {
-			if m, err := tx.Meta(id); err == nil {
+			switch m, err := tx.Meta(id); {
+			case err != nil:
+				deleted = append(deleted, id)
+			case m.Nlink != 0:
+				linked = append(linked, id)
+			default:
 				visit(tx, m)
 			}
 		}
@@ -249,7 +260,7 @@ func (s *Server) sweepOrphans(ctx context.Context, sl oid.Slice, r *sliceRepl) e
 	if err != nil {
 		return err
 	}
-	r.foundOrphans(ids, found)
+	r.sweptOrphans(found, deleted, linked)
 	if len(gone) == 0 {
 		return nil
 	}

@@ -84,6 +84,28 @@ func TestOrphanOfRenameOver(t *testing.T) {
 	}
 }
 
+// A directory removed while open is an orphan too, until its release.
+func TestOrphanDirectory(t *testing.T) {
+	s, ctx := newTestServer(t)
+	d := create(t, s, ctx, oid.Root, "d", wire.Type_TYPE_DIR)
+	if _, err := s.Open(ctx, &wire.OpenRequest{Caller: as(0, 1), Id: d.Id, Flags: syscall.O_RDONLY}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Remove(ctx, &wire.RemoveRequest{Caller: rootCaller, Dir: uint64(oid.Root), Name: "d", DirOnly: true}); err != nil {
+		t.Fatal(err)
+	}
+	id := oid.ID(d.Id)
+	if exists, holders, err := s.Orphan(id); err != nil || !exists || holders != 1 {
+		t.Fatalf("directory removed while open: exists %v, holders %d (%v); want an orphan with one", exists, holders, err)
+	}
+	if _, err := s.Release(ctx, &wire.ReleaseRequest{Id: d.Id, Handle: as(0, 1).Handle}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.primaryMeta(id); fserr.Errno(err) != syscall.ENOENT {
+		t.Fatalf("removed directory after its release: %v, want ENOENT", err)
+	}
+}
+
 // A holder's session ends its holds: by its bye at once, or after
 // HolderIdle without a sign, counted from when the primary started
 // serving the slice at the earliest. Anonymous opens die with the

@@ -95,9 +95,11 @@ type sliceRepl struct {
 	// since is when this server started serving the slice at this
 	// epoch: orphans' holders get HolderIdle from then to show up.
 	since time.Time
-	// orphans are the slice's orphans this primary knows of; until
-	// orphansKnown, the first sweep reads the whole slice for them.
-	orphans      map[oid.ID]bool
+	// orphans are the slice's orphans this primary knows of (valued
+	// with the sweeps in a row that found the object linked: its unlink
+	// did not commit); until orphansKnown, the first sweep reads the
+	// whole slice for them.
+	orphans      map[oid.ID]int
 	orphansKnown bool
 	orphansSwept time.Time
 }
@@ -120,7 +122,7 @@ func newSliceRepl(s *Server, slice oid.Slice, epoch int64, repLevel int, seq uin
 	ctx, cancel := context.WithCancel(s.bg)
 	return &sliceRepl{s: s, slice: slice, epoch: epoch, repLevel: repLevel, ctx: ctx, cancel: cancel,
 		changed: make(chan struct{}), seq: seq, committed: seq, followers: map[string]*follower{}, tombs: true,
-		since: time.Now(), orphans: map[oid.ID]bool{}}
+		since: time.Now(), orphans: map[oid.ID]int{}}
 }
 
 // signalLocked wakes waiters (r.mu held).
@@ -712,17 +714,11 @@ func (r *sliceRepl) takeOutcomes() bool {
 	return had
 }
 
-// addOrphan notes an orphan made in the slice.
+// addOrphan notes an orphan being made in the slice (its transaction
+// may not have committed yet: a sweep meanwhile finds it linked).
 func (r *sliceRepl) addOrphan(id oid.ID) {
 	r.mu.Lock()
-	r.orphans[id] = true
-	r.mu.Unlock()
-}
-
-// dropOrphan forgets an orphan deleted.
-func (r *sliceRepl) dropOrphan(id oid.ID) {
-	r.mu.Lock()
-	delete(r.orphans, id)
+	r.orphans[id] = 0
 	r.mu.Unlock()
 }
 
@@ -738,7 +734,8 @@ func (r *sliceRepl) servingSince() time.Time {
 func (r *sliceRepl) knowsOrphan(id oid.ID) (is, known bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return r.orphans[id], r.orphansKnown
+	_, is = r.orphans[id]
+	return is, r.orphansKnown
 }
 
 // orphansDue reports whether a sweep of the slice's orphans is due:
@@ -764,16 +761,24 @@ func (r *sliceRepl) orphanList() ([]oid.ID, bool) {
 	return ids, r.orphansKnown
 }
 
-// foundOrphans records what a sweep found: of listed (what it looked
-// at; nil for the whole slice), found are orphans still.
-func (r *sliceRepl) foundOrphans(listed, found []oid.ID) {
+// sweptOrphans records what a sweep found: orphans, objects gone, and
+// listed ones found linked (forgotten the second sweep in a row: one
+// sweep may have read before their unlink committed).
+func (r *sliceRepl) sweptOrphans(found, gone, linked []oid.ID) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	for _, id := range listed {
+	for _, id := range found {
+		r.orphans[id] = 0
+	}
+	for _, id := range gone {
 		delete(r.orphans, id)
 	}
-	for _, id := range found {
-		r.orphans[id] = true
+	for _, id := range linked {
+		if n, ok := r.orphans[id]; ok && n >= 1 {
+			delete(r.orphans, id)
+		} else if ok {
+			r.orphans[id] = n + 1
+		}
 	}
 	r.orphansKnown = true
 }
