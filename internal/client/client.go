@@ -139,6 +139,7 @@ type FS struct {
 
 	mu    sync.Mutex
 	files map[oid.ID]*fileState // open files
+	held  map[*Handle]bool      // handles a primary counts (hold)
 
 	fetchMu  sync.Mutex
 	inflight map[[32]byte]chan struct{} // blocks being fetched
@@ -208,6 +209,7 @@ func New(cfg Config, router Router) *FS {
 		rpcs:     rpcs,
 		cache:    cache,
 		files:    make(map[oid.ID]*fileState),
+		held:     map[*Handle]bool{},
 		inflight: make(map[[32]byte]chan struct{}),
 		queued:   make(map[[32]byte]*hotQueue),
 		regs:     map[oid.ID]*registration{},

@@ -450,8 +450,9 @@ func (l *leases) run(bc *backChannel, sc wire.StorageClient) {
 const holdEvery = 2 * time.Second
 
 // keepHolding runs until the client core closes, opening back channels
-// to the primaries of its open files where there are none. It sends
-// nothing where one is open.
+// to the primaries of its open files where there are none, and
+// registering its opens at a slice's new primary (FS.reregister). It
+// sends nothing where the channel is open and the primary the same.
 func (l *leases) keepHolding() {
 	t := time.NewTicker(holdEvery)
 	defer t.Stop()
@@ -468,12 +469,19 @@ func (l *leases) keepHolding() {
 			held[id.Slice()] = true
 		}
 		f.mu.Unlock()
+		primaries := map[oid.Slice]string{}
 		for sl := range held {
 			ctx, cancel := context.WithTimeout(l.ctx, holdEvery)
 			c, err := f.router.Primary(ctx, sl)
 			cancel()
 			if err == nil {
 				l.ensure(c)
+				primaries[sl] = c.ID
+			}
+		}
+		for _, h := range f.heldHandles() {
+			if p := primaries[h.obj.Slice()]; p != "" {
+				f.reregister(h, p)
 			}
 		}
 	}

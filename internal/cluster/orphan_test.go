@@ -97,6 +97,13 @@ func failOver(t *testing.T, ctx context.Context, c *Cluster, id oid.ID) *Node {
 		}
 		return nil
 	})
+	return crashPrimary(t, ctx, c, id)
+}
+
+// crashPrimary crashes the primary of id (west's server) and waits for
+// another server to take the slice over; it returns the crashed node.
+func crashPrimary(t *testing.T, ctx context.Context, c *Cluster, id oid.ID) *Node {
+	t.Helper()
 	old, err := c.Primary(ctx, id.Slice())
 	if err != nil || old.Site != "west" {
 		t.Fatalf("primary of %v: %v (%v), want west's server", id, old, err)
@@ -280,6 +287,62 @@ func TestOrphanSurvivesRestartOfAll(t *testing.T) {
 	}
 	if err := h.Flush(ctx); err != nil {
 		t.Fatalf("commit through the handle after the restart: %v", err)
+	}
+	h.Release(ctx)
+	c.WaitFor(time.Minute, "the orphan gone at every replica", func() error {
+		return orphanGone(t, ctx, c, id)
+	})
+}
+
+// TestOpenBeforeFailoverUnlinkAfter: client east opens a file, its
+// primary (west) dies, and client eu unlinks it at the server that took
+// over. That server counted no open of the file; east's client core
+// registers its open there, so the unlink makes an orphan instead of
+// deleting the file under the handle. Without the registration the
+// unlink deleted it and east's next read through the handle failed.
+func TestOpenBeforeFailoverUnlinkAfter(t *testing.T) {
+	c := startOrphans(t, "")
+	ctx := orphanCtx(t)
+	a, b := c.Client("east"), c.Client("eu")
+	// The directory fails over with the file: the root's slice keeps
+	// three replicas, and with one of three servers down takes no write.
+	const dir = "/.Site=west/.RepLevel=2/d"
+	const path = dir + "/f"
+	if _, err := a.Mkdir(ctx, Owner(), dir, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.WriteFile(ctx, Owner(), path, orphanData, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r := resolve(t, ctx, a, Owner(), path)
+	id := oid.ID(r.Meta.Id)
+	h, _, err := a.Open(ctx, Owner(), r.Cues, id, syscall.O_RDWR)
+	if err != nil {
+		t.Fatalf("open %s: %v", path, err)
+	}
+	crashPrimary(t, ctx, c, id)
+	p, err := c.Primary(ctx, id.Slice())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.WaitFor(30*time.Second, "east's open registered at the new primary", func() error {
+		if n := srv(t, p).Opens(id); n != 1 {
+			return fmt.Errorf("%s counts %d opens of %v", p, n, id)
+		}
+		return nil
+	})
+	rb := resolve(t, ctx, b, Owner(), path)
+	if err := b.Remove(ctx, Owner(), rb.Cues, rb.Parent, rb.Name, false); err != nil {
+		t.Fatalf("unlink %s while open, after the failover: %v", path, err)
+	}
+	if err := readThrough(ctx, a, h); err != nil {
+		t.Fatalf("after the unlink: %v", err)
+	}
+	if _, err := h.Write(ctx, []byte("after the unlink"), 0); err != nil {
+		t.Fatalf("write through the handle after the unlink: %v", err)
+	}
+	if err := h.Flush(ctx); err != nil {
+		t.Fatalf("commit through the handle after the unlink: %v", err)
 	}
 	h.Release(ctx)
 	c.WaitFor(time.Minute, "the orphan gone at every replica", func() error {

@@ -60,6 +60,11 @@ func (s *Server) Open(ctx context.Context, req *wire.OpenRequest) (*wire.OpenRes
 		undo()
 		return nil, fmt.Errorf("open %v: being deleted: %w", id, fserr.ErrNotExist)
 	}
+	if _, known := s.files.granted(h, id); known && counted && req.RegisterOnly {
+		// Registered again by a client that saw the primary change
+		// (back to this one): it was not counted twice.
+		return &wire.OpenResponse{}, nil
+	}
 	var ms uint32
 	if !req.RegisterOnly {
 		ms = s.leases.grant(req.Caller, id)
@@ -70,7 +75,8 @@ func (s *Server) Open(ctx context.Context, req *wire.OpenRequest) (*wire.OpenRes
 		if m, err = tx.Meta(id); err != nil {
 			return err
 		}
-		if m.Nlink == 0 && !isDir(m) {
+		if m.Nlink == 0 && !isDir(m) && !(req.RegisterOnly && s.isHolder(ctx, tx, id, h)) {
+			// An orphan's holder registering at a new primary goes on.
 			return fmt.Errorf("open of unlinked file: %w", fserr.ErrNotExist)
 		}
 		if err := perm.Access(cred(req.Caller), attr(m), want); err != nil {

@@ -132,6 +132,26 @@ func (s *Server) mayBeOrphan(id oid.ID) bool {
 	return s.isOrphan(id)
 }
 
+// isHolder reports whether the handle h, of the calling node, is one of
+// orphan id's holders.
+func (s *Server) isHolder(ctx context.Context, tx *store.Tx, id oid.ID, h *wire.HandleRef) bool {
+	k, ok := keyOf(h)
+	if !ok {
+		return false
+	}
+	v, err := tx.Xattr(id, holderKey(k.session, k.id))
+	name, _ := pki.PeerName(ctx)
+	return err == nil && string(v) == s.canonNode(s.sessionNode(name))
+}
+
+// Opens returns the number of opens of id this server counts (tests
+// check that clients register their opens at a new primary).
+func (s *Server) Opens(id oid.ID) int {
+	s.files.mu.Lock()
+	defer s.files.mu.Unlock()
+	return s.files.opens[id]
+}
+
 // isOrphan reports whether this server's copy of id has no link (a
 // directory removed while open is one too).
 func (s *Server) isOrphan(id oid.ID) bool {
