@@ -14,8 +14,8 @@ import (
 	"github.com/wheelfs/wheelfs/internal/wire"
 )
 
-// Orphans. A file that loses its last link while open stays, with no
-// name, until the handles open on it are gone. Open counts are soft
+// Orphans. A file (or a directory) that loses its last link while open
+// stays, with no name, until the handles open on it are gone. Open counts are soft
 // state (an open is not a replicated write); the moment an unlink makes
 // an orphan, the handles open at the primary are written on the object,
 // in the unlink's transaction, as hidden attributes: one per holder,
