@@ -142,6 +142,7 @@ type FS struct {
 
 	mu    sync.Mutex
 	files map[oid.ID]*fileState // open files
+	held  map[*Handle]bool      // handles a primary counts (hold)
 
 	fetchMu  sync.Mutex
 	inflight map[[32]byte]chan struct{} // blocks being fetched
@@ -211,6 +212,7 @@ func New(cfg Config, router Router) *FS {
 		rpcs:     rpcs,
 		cache:    cache,
 		files:    make(map[oid.ID]*fileState),
+		held:     map[*Handle]bool{},
 		inflight: make(map[[32]byte]chan struct{}),
 		queued:   make(map[[32]byte]*hotQueue),
 		regs:     map[oid.ID]*registration{},
@@ -220,6 +222,7 @@ func New(cfg Config, router Router) *FS {
 		ops:      newOpSeq(),
 	}
 	f.leases = newLeases(f)
+	go f.leases.keepHolding()
 	f.peer.init(cfg.Peers)
 	return f
 }

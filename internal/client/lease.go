@@ -48,6 +48,7 @@ type leases struct {
 	revoked map[oid.ID]revokedMark // last revocation of each object
 	chans   map[string]*backChannel
 	refs    map[oid.ID]*refList // block lists of closed files
+	closing bool                // close began: no new back channel (it would get no bye)
 
 	onRevoke func([]oid.ID)
 }
@@ -454,6 +455,65 @@ func (l *leases) run(bc *backChannel, sc wire.StorageClient) {
 	}
 }
 
+// holdEvery is how often the client core makes sure it has a back
+// channel to the primary of every file it holds open. The channel is
+// how a primary knows this session still holds a file unlinked while
+// open (server.Config.HolderIdle): a new primary after a failover too,
+// which it may not have asked anything yet.
+const holdEvery = 2 * time.Second
+
+// keepHolding runs until the client core closes, opening back channels
+// to the primaries of its open files where there are none, and
+// registering its opens at a slice's new primary (FS.reregister). It
+// sends nothing where the channel is open and the primary the same.
+func (l *leases) keepHolding() {
+	t := time.NewTicker(holdEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-l.ctx.Done():
+			return
+		case <-t.C:
+		}
+		f := l.f
+		held := map[oid.Slice]bool{}
+		f.mu.Lock()
+		for id := range f.files {
+			held[id.Slice()] = true
+		}
+		f.mu.Unlock()
+		primaries := map[oid.Slice]string{}
+		for sl := range held {
+			ctx, cancel := context.WithTimeout(l.ctx, holdEvery)
+			c, err := f.router.Primary(ctx, sl)
+			cancel()
+			if err == nil {
+				l.ensure(c)
+				primaries[sl] = c.ID
+			}
+		}
+		for _, h := range f.heldHandles() {
+			if p := primaries[h.obj.Slice()]; p != "" {
+				f.reregister(h, p)
+			}
+		}
+	}
+}
+
+// ensure starts the back channel to server c if there is none.
+func (l *leases) ensure(c Conn) {
+	if c.ID == "" {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.chans[c.ID] == nil && !l.closing {
+		bc := &backChannel{id: c.ID, ready: make(chan struct{})}
+		l.chans[c.ID] = bc
+		go l.run(bc, c.StorageClient)
+	}
+}
+
 // chanGens numbers back channel incarnations (never 0).
 var chanGens atomic.Uint64
 
@@ -514,6 +574,7 @@ func (l *leases) close() {
 		stream grpc.BidiStreamingClient[wire.CallbackAck, wire.Revoke]
 	}
 	l.mu.Lock()
+	l.closing = true
 	var byes []bye
 	var ends []chan struct{}
 	for _, bc := range l.chans {

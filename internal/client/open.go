@@ -2,8 +2,11 @@ package client
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
+	"slices"
 	"sync"
 	"syscall"
 	"time"
@@ -151,6 +154,13 @@ type Handle struct {
 	registered chan bool
 	counted    bool
 	obj        oid.ID
+	// flags are the open's, for registering it at a new primary.
+	flags uint32
+
+	regMu sync.Mutex // one registration at a time, none after the release
+	// at is the server known to count the open ("" not known yet).
+	at       string
+	released bool
 }
 
 // newHandle returns a handle of u on id with a number of its own.
@@ -195,6 +205,7 @@ func (f *FS) Open(ctx context.Context, u User, cues cue.Set, id oid.ID, flags ui
 	defer cancel()
 	writable := flags&syscall.O_ACCMODE != syscall.O_RDONLY
 	h := f.newHandle(u, cues, id, writable)
+	h.flags = flags
 	req := &wire.OpenRequest{Caller: h.user.caller(), Id: uint64(id), Flags: flags}
 	m, ok := f.leases.meta(id, false)
 	var fd *wire.FileData
@@ -219,7 +230,7 @@ func (f *FS) Open(ctx context.Context, u User, cues cue.Set, id oid.ID, flags ui
 		}
 		m, fd = resp.Meta, resp.Data
 		// Only the primary counts handles (a backup or the cache did not).
-		h.counted = tok.server != ""
+		h.counted, h.at = tok.server != "", tok.server
 		f.leases.record(tok, resp.LeaseMs, id, func(c *cached) { c.meta = proto.CloneOf(m) })
 	}
 	if m.Type == wire.Type_TYPE_DIR && writable {
@@ -238,6 +249,7 @@ func (f *FS) Open(ctx context.Context, u User, cues cue.Set, id oid.ID, flags ui
 			return nil, nil, err
 		}
 	}
+	f.hold(h)
 	return h, attrOf(f.overlay(m)), nil
 }
 
@@ -254,6 +266,7 @@ func (f *FS) CreateOpen(ctx context.Context, u User, cues cue.Set, dir oid.ID, n
 	ctx, cancel := f.bound(ctx, cues)
 	defer cancel()
 	h := f.newHandle(u, cues, 0, flags&syscall.O_ACCMODE != syscall.O_RDONLY)
+	h.flags = flags
 	a.Type, a.Exclusive = TypeFile, flags&syscall.O_EXCL != 0
 	req := f.createRequest(h.user, cues, dir, name, a)
 	req.OpenAccess = perm.OpenAccess(flags)
@@ -279,6 +292,7 @@ func (f *FS) CreateOpen(ctx context.Context, u User, cues cue.Set, dir oid.ID, n
 	h.obj, h.counted = oid.ID(resp.Meta.Id), true
 	f.attach(h, resp.Meta)
 	h.st.addUnsynced(resp.Pending)
+	f.hold(h)
 	return h, attrOf(f.overlay(resp.Meta)), nil
 }
 
@@ -369,6 +383,7 @@ func (h *Handle) Release(ctx context.Context) {
 	if last {
 		delete(f.files, st.id)
 	}
+	delete(f.held, h)
 	f.mu.Unlock()
 	if last {
 		st.mu.Lock()
@@ -384,10 +399,62 @@ func (h *Handle) Release(ctx context.Context) {
 	// The primary's count only matters to reclaim unlinked files: tell it
 	// in the background, close(2) need not wait a round trip.
 	go func() {
+		h.regMu.Lock() // after a registration at a new primary in flight
+		h.released = true
+		h.regMu.Unlock()
 		ctx, cancel := f.bound(context.WithoutCancel(ctx), h.cues)
 		defer cancel()
 		h.releaseAt(ctx)
 	}()
+}
+
+// hold remembers h, if a primary counted it (or will: registered), so
+// that keepHolding registers it again at the next primary of its slice.
+func (f *FS) hold(h *Handle) {
+	if !h.counted && h.registered == nil {
+		return
+	}
+	f.mu.Lock()
+	f.held[h] = true
+	f.mu.Unlock()
+}
+
+// heldHandles returns the handles hold remembers.
+func (f *FS) heldHandles() []*Handle {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.Collect(maps.Keys(f.held))
+}
+
+// reregister tells primary, the current primary of h's file, about the
+// open h when another server counted it: a new primary after a failover
+// counts no open made before it, and would otherwise delete the file at
+// its unlink under the open (an orphan's holder it knows already). A
+// refusal (the mode no longer allows the open's access) leaves the open
+// uncounted there, as before; a timeout is tried again next time.
+func (f *FS) reregister(h *Handle, primary string) {
+	h.regMu.Lock()
+	defer h.regMu.Unlock()
+	if h.released || h.at == primary {
+		return
+	}
+	if h.at == "" { // counted by a create+open, or registered from the cache
+		h.at = primary
+		return
+	}
+	req := &wire.OpenRequest{Caller: h.user.caller(), Id: uint64(h.obj),
+		Flags: h.flags &^ (syscall.O_CREAT | syscall.O_EXCL | syscall.O_TRUNC), RegisterOnly: true}
+	ctx, cancel := context.WithTimeout(f.leases.ctx, f.cfg.Timeout)
+	defer cancel()
+	_, err := call(ctx, f, h.obj, wire.StorageClient.Open, req)
+	if err != nil && (errors.Is(err, fserr.ErrTimeout) || errors.Is(err, context.Canceled)) {
+		return
+	}
+	if err != nil {
+		f.log.Warn("open not counted at the file's new primary", slog.String("id", h.obj.String()),
+			slog.String("primary", primary), slog.Any("err", err))
+	}
+	h.at = primary
 }
 
 // releaseAt tells the primary this handle is gone, if it counted it.

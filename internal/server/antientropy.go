@@ -71,6 +71,11 @@ func (s *Server) checkReplicas(ctx context.Context, sl oid.Slice, replicas []str
 			s.log.Debug("outcome records swept", "slice", sl, "count", n, "left", left)
 		}
 	}
+	if r.orphansDue(s.cfg.MaintainPeriod) {
+		if err := s.sweepOrphans(ctx, sl, r); err != nil {
+			s.log.Warn("sweep orphans", "slice", sl, "err", err)
+		}
+	}
 	if !r.due(&r.collected, 5*s.cfg.MaintainPeriod) {
 		return
 	}

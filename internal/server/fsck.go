@@ -99,10 +99,6 @@ func (s *Server) fsckList(req *wire.FsckListRequest) (*wire.FsckListResponse, er
 	err := s.store.View(func(tx *store.Tx) error {
 		at := readPos(tx, sl)
 		resp.Epoch, resp.Seq, resp.Diverged = at.epoch, at.seq, diverged(tx, sl)
-		orphans, err := tx.SysKeys("orphan/")
-		if err != nil {
-			return err
-		}
 		// entries adds o's entries after name within the budget; false:
 		// the page ends inside o.
 		entries := func(o *wire.FsckObject, name string) (bool, error) {
@@ -126,7 +122,7 @@ func (s *Server) fsckList(req *wire.FsckListRequest) (*wire.FsckListResponse, er
 			case err != nil:
 				return err
 			default:
-				o := fsckObject(m, orphans)
+				o := fsckObject(tx, m)
 				budget--
 				resp.Objects = append(resp.Objects, o)
 				if isDir(m) {
@@ -149,7 +145,7 @@ func (s *Server) fsckList(req *wire.FsckListRequest) (*wire.FsckListResponse, er
 				resp.Eof = false
 				return nil
 			}
-			o := fsckObject(m, orphans)
+			o := fsckObject(tx, m)
 			budget--
 			resp.Objects = append(resp.Objects, o)
 			resp.NextId, resp.NextName = o.Id, ""
@@ -168,10 +164,16 @@ func (s *Server) fsckList(req *wire.FsckListRequest) (*wire.FsckListResponse, er
 	return resp, nil
 }
 
-func fsckObject(m *wire.Meta, orphans []string) *wire.FsckObject {
+// fsckObject describes m; an object unlinked while open is an orphan
+// while it has holders (orphans.go), replicated with it.
+func fsckObject(tx *store.Tx, m *wire.Meta) *wire.FsckObject {
+	held := false
+	eachOutcome(tx, oid.ID(m.Id), orphanPrefix, func(string, []byte) bool {
+		held = true
+		return false
+	})
 	return &wire.FsckObject{Id: m.Id, Type: m.Type, Version: m.Version, Nlink: m.Nlink,
-		Sum: store.MetaSum(m), Parent: m.Parent, CtimeNs: m.CtimeNs,
-		Orphan: slices.Contains(orphans, orphanKey(oid.ID(m.Id)))}
+		Sum: store.MetaSum(m), Parent: m.Parent, CtimeNs: m.CtimeNs, Orphan: held}
 }
 
 // fsckRepair applies one repair. Each re-checks the state fsck reported

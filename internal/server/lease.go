@@ -507,6 +507,13 @@ func (l *leases) attach(session uint64) *callbackStream {
 	return st
 }
 
+// hasStream reports whether session has a Callbacks stream here.
+func (l *leases) hasStream(session uint64) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.sessions[session] != nil
+}
+
 // attachedSessions adds the sessions with a Callbacks stream here to out.
 func (l *leases) attachedSessions(out map[uint64]bool) {
 	l.mu.Lock()
@@ -586,6 +593,7 @@ func (s *Server) Callbacks(stream grpc.BidiStreamingServer[wire.CallbackAck, wir
 		return status.Error(codes.PermissionDenied, "callbacks: the session belongs to another node")
 	}
 	st := s.leases.attach(first.Session)
+	defer s.owners.touch(first.Session)
 	defer s.leases.detach(st)
 	errc := make(chan error, 1)
 	go func() {
@@ -596,6 +604,7 @@ func (s *Server) Callbacks(stream grpc.BidiStreamingServer[wire.CallbackAck, wir
 				return
 			}
 			if a.Bye {
+				s.owners.end(first.Session) // its orphans' holders end (orphans.go)
 				s.leases.release(st)
 				errc <- nil
 				return

@@ -461,10 +461,12 @@ func (s *Server) Link(ctx context.Context, req *wire.LinkRequest) (*wire.LinkRes
 }
 
 // unlinkObject drops one link to m (already removed from its directory)
-// and deletes the object when no link and no open handle remain. A deleted
-// object is marked dying (and appended to dying) until the caller's Update
-// has committed, so that an Open racing with it fails instead of counting a
-// handle on an object about to vanish.
+// and deletes the object when no link and no open handle remain; an open
+// one becomes an orphan, its handles recorded as its holders (orphans.go).
+// Either way the object is marked dying (and appended to dying) until the
+// caller's Update has committed, so that an Open racing with it fails
+// instead of counting a handle on an object about to vanish, and a
+// release racing with it ends its holder after the commit.
 func (s *Server) unlinkObject(tx *store.Tx, m *wire.Meta, now int64, dying *[]oid.ID) error {
 	if isDir(m) {
 		m.Nlink = 0
@@ -479,16 +481,13 @@ func (s *Server) unlinkObject(tx *store.Tx, m *wire.Meta, now int64, dying *[]oi
 	if err := s.mustRevoke(id); err != nil {
 		return err
 	}
-	open := s.files.unlinked(id)
-	if !open {
-		*dying = append(*dying, id)
-	}
-	if open {
+	named, anon := s.files.unlinked(id)
+	*dying = append(*dying, id)
+	if len(named) > 0 || anon > 0 {
 		// Unlinked while open: keep the data until the last release.
-		if err := tx.PutSys(orphanKey(oid.ID(m.Id)), nil); err != nil {
+		if err := s.orphan(tx, id, named, anon); err != nil {
 			return err
 		}
-		s.files.orphan(oid.ID(m.Id))
 		return tx.PutMeta(m)
 	}
 	return tx.DeleteObject(id)

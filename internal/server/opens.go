@@ -40,16 +40,30 @@ func (s *Server) Open(ctx context.Context, req *wire.OpenRequest) (*wire.OpenRes
 	inProcess := perr != nil
 	counted := s.primary(id) == nil && (h.GetId() != 0 || inProcess)
 	dying := s.files.open(id, counted, h)
-	// undo ends the count (and the grant of a retried open) of a failed one.
+	// undo ends the count (and the grant of a retried open) of a failed
+	// one, as the handle's release would: an unlink that committed
+	// meanwhile may have recorded it as a holder of the orphan.
 	undo := func() {
 		if counted {
-			s.files.forget(h, id)
-			s.Release(ctx, &wire.ReleaseRequest{Id: req.Id})
+			// Also when the open failed for its deadline.
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.PeerTimeout)
+			defer cancel()
+			if h.GetId() == 0 {
+				h = nil
+			}
+			if _, err := s.Release(rctx, &wire.ReleaseRequest{Id: req.Id, Handle: h}); err != nil {
+				s.log.Warn("release of a failed open", "id", id, "err", err)
+			}
 		}
 	}
 	if dying && counted {
 		undo()
 		return nil, fmt.Errorf("open %v: being deleted: %w", id, fserr.ErrNotExist)
+	}
+	if _, known := s.files.granted(h, id); known && counted && req.RegisterOnly {
+		// Registered again by a client that saw the primary change
+		// (back to this one): it was not counted twice.
+		return &wire.OpenResponse{}, nil
 	}
 	var ms uint32
 	if !req.RegisterOnly {
@@ -61,7 +75,8 @@ func (s *Server) Open(ctx context.Context, req *wire.OpenRequest) (*wire.OpenRes
 		if m, err = tx.Meta(id); err != nil {
 			return err
 		}
-		if m.Nlink == 0 && !isDir(m) {
+		if m.Nlink == 0 && !isDir(m) && !(req.RegisterOnly && s.isHolder(ctx, tx, id, h)) {
+			// An orphan's holder registering at a new primary goes on.
 			return fmt.Errorf("open of unlinked file: %w", fserr.ErrNotExist)
 		}
 		if err := perm.Access(cred(req.Caller), attr(m), want); err != nil {
@@ -116,79 +131,36 @@ func (s *Server) mayData(caller *wire.Caller, m *wire.Meta, want uint32) error {
 	return err
 }
 
-// Release implements wire.StorageServer.
-func (s *Server) Release(ctx context.Context, req *wire.ReleaseRequest) (*wire.ReleaseResponse, error) {
-	id := oid.ID(req.Id)
-	orphan := s.files.release(id, req.Handle)
-	if !orphan {
-		return &wire.ReleaseResponse{}, nil
-	}
-	defer s.buried([]oid.ID{id})
-	err := s.update(ctx, 0, func(tx *store.Tx) error {
-		if _, err := tx.Sys(orphanKey(id)); err != nil {
-			return nil // not an orphan
-		}
-		if err := tx.DeleteSys(orphanKey(id)); err != nil {
-			return err
-		}
-		return tx.DeleteObject(id)
-	})
-	return &wire.ReleaseResponse{}, err
-}
-
-// cleanOrphans deletes files unlinked while open before a restart: their
-// handles died with the old process.
-func (s *Server) cleanOrphans(ctx context.Context) error {
-	return s.update(ctx, 1, func(tx *store.Tx) error {
-		keys, err := tx.SysKeys("orphan/")
-		if err != nil {
-			return err
-		}
-		for _, k := range keys {
-			var id uint64
-			if _, err := fmt.Sscanf(k, "orphan/%016x", &id); err != nil {
-				continue
-			}
-			if s.primary(oid.ID(id)) != nil {
-				continue // another server is its primary now
-			}
-			if err := tx.DeleteObject(oid.ID(id)); err != nil {
-				return err
-			}
-			if err := tx.DeleteSys(k); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
-}
-
-func orphanKey(id oid.ID) string { return fmt.Sprintf("orphan/%016x", uint64(id)) }
-
 // buried ends the dying marks of an Update that has finished.
 func (s *Server) buried(ids []oid.ID) {
 	s.files.buried(ids)
 }
 
-// openFiles counts open handles so that an object unlinked while open
-// lives on as an orphan until its last release, and remembers what each
-// open granted. Both are this server's soft state, like the orphans: a
-// new primary after a failover knows neither (see mayData).
+// openFiles counts open handles, so that an object losing its last link
+// while open becomes an orphan, and remembers what each open granted.
+// Both are this server's soft state: a new primary after a failover
+// knows neither (see mayData). Only when an object becomes an orphan are
+// its open handles written down, replicated, as its holders (orphans.go).
 type openFiles struct {
-	mu      sync.Mutex
-	opens   map[oid.ID]int  // open handles
-	orphans map[oid.ID]bool // unlinked while open: delete on last release
-	dying   map[oid.ID]int  // deletions decided but not yet committed
-	grants  map[handleKey]grant
+	mu     sync.Mutex
+	opens  map[oid.ID]int // open handles, named and anonymous
+	dying  map[oid.ID]int // last links removed but not yet committed
+	grants map[handleKey]grant
+	// released are orphans' holders whose release could not be made
+	// durable (holder key → node): the orphan sweep ends them.
+	released map[oid.ID]map[string]string
 }
 
 // handleKey names an open: the client core's session and its handle number.
 type handleKey struct{ session, id uint64 }
 
 // grant is what one open was allowed: its object and perm.R/perm.W bits.
+// A counted open whose checks are still running is known (so that an
+// unlink meanwhile records it as a holder) but grants nothing yet.
 type grant struct {
 	obj    oid.ID
 	access uint32
+	ready  bool
 }
 
 func keyOf(h *wire.HandleRef) (handleKey, bool) {
@@ -199,8 +171,8 @@ func keyOf(h *wire.HandleRef) (handleKey, bool) {
 }
 
 func newOpenFiles() openFiles {
-	return openFiles{opens: map[oid.ID]int{}, orphans: map[oid.ID]bool{}, dying: map[oid.ID]int{},
-		grants: map[handleKey]grant{}}
+	return openFiles{opens: map[oid.ID]int{}, dying: map[oid.ID]int{}, grants: map[handleKey]grant{},
+		released: map[oid.ID]map[string]string{}}
 }
 
 // grant records that the open h (counted by open) may use id with access.
@@ -211,7 +183,7 @@ func (f *openFiles) grant(h *wire.HandleRef, id oid.ID, access uint32) {
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.grants[k] = grant{obj: id, access: access}
+	f.grants[k] = grant{obj: id, access: access, ready: true}
 }
 
 // granted returns what the open h was granted on id; ok is false when
@@ -224,7 +196,7 @@ func (f *openFiles) granted(h *wire.HandleRef, id oid.ID) (access uint32, ok boo
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	g, ok := f.grants[k]
-	if !ok || g.obj != id {
+	if !ok || g.obj != id || !g.ready {
 		return 0, false
 	}
 	return g.access, true
@@ -243,7 +215,7 @@ func (f *openFiles) openNew(h *wire.HandleRef, id oid.ID, access uint32) bool {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.opens[id]++
-	f.grants[k] = grant{obj: id, access: access}
+	f.grants[k] = grant{obj: id, access: access, ready: true}
 	return true
 }
 
@@ -253,16 +225,6 @@ func (f *openFiles) handleSessions(out map[uint64]bool) {
 	defer f.mu.Unlock()
 	for k := range f.grants {
 		out[k.session] = true
-	}
-}
-
-// forget drops the grant of h on id, if any (not the count).
-func (f *openFiles) forget(h *wire.HandleRef, id oid.ID) {
-	k, ok := keyOf(h)
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if ok && f.grants[k].obj == id {
-		delete(f.grants, k)
 	}
 }
 
@@ -289,54 +251,102 @@ func (f *openFiles) open(id oid.ID, counted bool, h *wire.HandleRef) (dying bool
 	k, named := keyOf(h)
 	if counted && !(named && f.grants[k].obj == id) {
 		f.opens[id]++
+		if named {
+			f.grants[k] = grant{obj: id}
+		}
 	}
 	return f.dying[id] > 0
 }
 
-// release ends a handle and reports whether it was the last one of an
-// orphan, which the caller then deletes (it is marked dying meanwhile).
-// A named handle this server did not count (opened at a previous
-// primary, or at a backup) is not subtracted from the opens counted here.
-func (f *openFiles) release(id oid.ID, h *wire.HandleRef) (orphan bool) {
+// release ends a handle (a named one only if this server counted it:
+// one opened at a previous primary, or at a backup, is not subtracted
+// from the opens counted here). It reports whether id is losing its last
+// link in a transaction not yet committed (the holders it records may
+// include h), and, for an anonymous h, how many anonymous opens of id
+// are left (a named release does not count them: it walks no grants).
+func (f *openFiles) release(id oid.ID, h *wire.HandleRef) (pending bool, anon int) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if k, ok := keyOf(h); ok {
-		if f.grants[k].obj != id {
-			return false
+	k, named := keyOf(h)
+	if !named || f.grants[k].obj == id {
+		if named {
+			delete(f.grants, k)
 		}
-		delete(f.grants, k)
+		if f.opens[id]--; f.opens[id] <= 0 {
+			delete(f.opens, id)
+		}
 	}
-	f.opens[id]--
-	last := f.opens[id] <= 0
-	if last {
-		delete(f.opens, id)
+	if named {
+		return f.dying[id] > 0, 0
 	}
-	orphan = last && f.orphans[id]
-	if orphan {
-		delete(f.orphans, id)
-		// An Open that comes in before the deletion commits may still
-		// read the object: the dying mark makes it fail instead.
-		f.dying[id]++
-	}
-	return orphan
+	return f.dying[id] > 0, f.anonLocked(id)
 }
 
-// unlinked is called when id loses its last link: it reports whether id
-// is open, and otherwise marks it dying until buried.
-func (f *openFiles) unlinked(id oid.ID) (open bool) {
+// releasedLate records that the holder key (of node) of orphan id was
+// released but the release did not commit.
+func (f *openFiles) releasedLate(id oid.ID, key, node string) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if f.opens[id] > 0 {
-		return true
+	if f.released[id] == nil {
+		f.released[id] = map[string]string{}
 	}
+	f.released[id][key] = node
+}
+
+// wasReleased reports whether releasedLate recorded holder key of node.
+func (f *openFiles) wasReleased(id oid.ID, key, node string) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	n, ok := f.released[id][key]
+	return ok && n == node
+}
+
+// forgetReleased drops what releasedLate recorded of id.
+func (f *openFiles) forgetReleased(id oid.ID) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	delete(f.released, id)
+}
+
+// anonLocked counts the anonymous (in-process, handle-less) opens of id.
+func (f *openFiles) anonLocked(id oid.ID) int {
+	n := f.opens[id]
+	if n == 0 {
+		return 0
+	}
+	for _, g := range f.grants {
+		if g.obj == id {
+			n--
+		}
+	}
+	return max(n, 0)
+}
+
+// anonOpen reports whether id has anonymous opens counted here.
+func (f *openFiles) anonOpen(id oid.ID) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.anonLocked(id) > 0
+}
+
+// unlinked is called when id loses its last link: it marks id dying
+// until buried and returns the handles open on it (their number, for the
+// anonymous ones), which then hold it as an orphan. Marking and reading
+// happen at once, so a release either comes before (and is not a
+// holder) or sees the mark (and ends its holder after the commit).
+func (f *openFiles) unlinked(id oid.ID) (named []handleKey, anon int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
 	f.dying[id]++
-	return false
-}
-
-func (f *openFiles) orphan(id oid.ID) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.orphans[id] = true
+	if f.opens[id] == 0 {
+		return nil, 0
+	}
+	for k, g := range f.grants {
+		if g.obj == id {
+			named = append(named, k)
+		}
+	}
+	return named, max(f.opens[id]-len(named), 0)
 }
 
 // buried ends the dying marks of ids.

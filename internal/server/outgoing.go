@@ -116,7 +116,8 @@ func (s *Server) uncountLink(ctx context.Context, owner string, id oid.ID) error
 	var dying []oid.ID
 	defer func() { s.buried(dying) }()
 	return s.update(ctx, 0, func(tx *store.Tx) error {
-		dying = dying[:0]
+		s.buried(dying) // an attempt undone to revoke leases
+		dying = nil
 		m, err := tx.Meta(id)
 		if err != nil {
 			return err

@@ -92,6 +92,16 @@ type sliceRepl struct {
 	collected        time.Time       // last tombstone collection
 	swept            time.Time       // last sweep of outcome records
 	quiet            *time.Timer     // sends what commitQuiet held back
+	// since is when this server started serving the slice at this
+	// epoch: orphans' holders get HolderIdle from then to show up.
+	since time.Time
+	// orphans are the slice's orphans this primary knows of (valued
+	// with the sweeps in a row that found the object linked: its unlink
+	// did not commit); until orphansKnown, the first sweep reads the
+	// whole slice for them.
+	orphans      map[oid.ID]int
+	orphansKnown bool
+	orphansSwept time.Time
 }
 
 // follower is one backup as the primary sees it.
@@ -112,7 +122,8 @@ type follower struct {
 func newSliceRepl(s *Server, slice oid.Slice, epoch int64, repLevel int, seq uint64) *sliceRepl {
 	ctx, cancel := context.WithCancel(s.bg)
 	return &sliceRepl{s: s, slice: slice, epoch: epoch, repLevel: repLevel, ctx: ctx, cancel: cancel,
-		changed: make(chan struct{}), seq: seq, committed: seq, followers: map[string]*follower{}, tombs: true}
+		changed: make(chan struct{}), seq: seq, committed: seq, followers: map[string]*follower{}, tombs: true,
+		since: time.Now(), orphans: map[oid.ID]int{}}
 }
 
 // signalLocked wakes waiters (r.mu held).
@@ -735,6 +746,75 @@ func (r *sliceRepl) takeOutcomes() bool {
 	had := !r.noOutcomes
 	r.noOutcomes = true
 	return had
+}
+
+// addOrphan notes an orphan being made in the slice (its transaction
+// may not have committed yet: a sweep meanwhile finds it linked).
+func (r *sliceRepl) addOrphan(id oid.ID) {
+	r.mu.Lock()
+	r.orphans[id] = 0
+	r.mu.Unlock()
+}
+
+// servingSince is when this server started serving the slice.
+func (r *sliceRepl) servingSince() time.Time {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.since
+}
+
+// knowsOrphan reports whether id is one of the slice's orphans; known
+// is false until the primary's first sweep has read the slice.
+func (r *sliceRepl) knowsOrphan(id oid.ID) (is, known bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	_, is = r.orphans[id]
+	return is, r.orphansKnown
+}
+
+// orphansDue reports whether a sweep of the slice's orphans is due:
+// there are some, or none is known yet, and a period passed.
+func (r *sliceRepl) orphansDue(period time.Duration) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.orphansKnown && len(r.orphans) == 0 || time.Since(r.orphansSwept) < period {
+		return false
+	}
+	r.orphansSwept = time.Now()
+	return true
+}
+
+// orphanList returns the orphans known, and whether they are all.
+func (r *sliceRepl) orphanList() ([]oid.ID, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	ids := make([]oid.ID, 0, len(r.orphans))
+	for id := range r.orphans {
+		ids = append(ids, id)
+	}
+	return ids, r.orphansKnown
+}
+
+// sweptOrphans records what a sweep found: orphans, objects gone, and
+// listed ones found linked (forgotten the second sweep in a row: one
+// sweep may have read before their unlink committed).
+func (r *sliceRepl) sweptOrphans(found, gone, linked []oid.ID) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, id := range found {
+		r.orphans[id] = 0
+	}
+	for _, id := range gone {
+		delete(r.orphans, id)
+	}
+	for _, id := range linked {
+		if n, ok := r.orphans[id]; ok && n >= 1 {
+			delete(r.orphans, id)
+		} else if ok {
+			r.orphans[id] = n + 1
+		}
+	}
+	r.orphansKnown = true
 }
 
 func (r *sliceRepl) hasTombs() bool {

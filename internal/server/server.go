@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"github.com/wheelfs/wheelfs/internal/auth"
 	"log/slog"
+	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -105,6 +106,14 @@ type Config struct {
 	// on it (space.go). Zero means min(2% of the file system, 512 MiB);
 	// negative, never full.
 	DiskReserve int64
+	// HolderIdle is how long an open handle of an unlinked file (an
+	// orphan's holder) outlives the last sign of its client session at
+	// the primary — an attached back channel, a request — and how long a
+	// new primary waits for holders to show themselves (default
+	// DefaultHolderIdle; at most ownerIdle). A crashed client leaks no
+	// orphan beyond it; a client cut off from the primary longer loses
+	// its unlinked open files.
+	HolderIdle time.Duration
 	// OnLock, for fault tests, hears of every slice lock this server
 	// takes, renews or gives up, with until when it counts the lock held:
 	// a takeover before that is a safety violation (lockevent.go).
@@ -154,6 +163,9 @@ type Server struct {
 	limits *rateLimits  // client nodes' token buckets (edge.go)
 	panics atomic.Int64 // handler panics recovered at the edge
 	space  spaceState   // free space, measured and published (space.go)
+	// boot names this process: the holder of orphans opened without a
+	// handle (orphans.go), which die with it.
+	boot uint64
 }
 
 // New returns a server over st that coordinates through conf.
@@ -185,6 +197,11 @@ func New(cfg Config, st *store.Store, conf ConfigService, lockTTL time.Duration)
 	if cfg.LeaseTTL == 0 {
 		cfg.LeaseTTL = DefaultLeaseTTL
 	}
+	if cfg.HolderIdle <= 0 {
+		cfg.HolderIdle = DefaultHolderIdle
+	}
+	// A binding forgotten (ownerIdle) must mean a holder gone.
+	cfg.HolderIdle = min(cfg.HolderIdle, ownerIdle)
 	s := &Server{
 		cfg:      cfg,
 		log:      cfg.Logger.With("component", "server", "server", cfg.ID),
@@ -198,6 +215,7 @@ func New(cfg Config, st *store.Store, conf ConfigService, lockTTL time.Duration)
 		bg:       context.Background(),
 		tableC:   make(chan struct{}, 1),
 		maintSem: make(chan struct{}, 8),
+		boot:     rand.Uint64() | 1,
 	}
 	s.leases = newLeases(cfg.LeaseTTL, s.lockValidity)
 	s.owners = newSessionOwners(s.heldSessions)
@@ -250,7 +268,7 @@ func (s *Server) Start(ctx context.Context) (err error) {
 			return err
 		}
 	}
-	if err := s.cleanOrphans(ctx); err != nil {
+	if err := s.dropLegacyOrphans(ctx); err != nil {
 		return err
 	}
 	s.renewing.Add(3)

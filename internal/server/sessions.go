@@ -35,8 +35,9 @@ type sessionOwners struct {
 }
 
 type sessionOwner struct {
-	node string
-	used time.Time
+	node  string
+	used  time.Time
+	ended bool // it said bye: its client core closed
 }
 
 func newSessionOwners(held func() map[uint64]bool) *sessionOwners {
@@ -63,8 +64,51 @@ func (o *sessionOwners) claim(node string, session uint64) error {
 	if w.node != node {
 		return fmt.Errorf("client session belongs to another node: %w", fserr.ErrPerm)
 	}
-	w.used = now
+	w.used, w.ended = now, false
 	return nil
+}
+
+// nodeOf returns the node session is bound to.
+func (o *sessionOwners) nodeOf(session uint64) (string, bool) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	w := o.m[session]
+	if w == nil {
+		return "", false
+	}
+	return w.node, true
+}
+
+// seen returns session's node, when it was last used here, and whether
+// it said bye since; known is false for a session not bound here.
+func (o *sessionOwners) seen(session uint64) (node string, used time.Time, ended, known bool) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	w := o.m[session]
+	if w == nil {
+		return "", time.Time{}, false, false
+	}
+	return w.node, w.used, w.ended, true
+}
+
+// touch counts now as a use of session (its back channel just ended:
+// idle time starts then, not at its last request).
+func (o *sessionOwners) touch(session uint64) {
+	now := o.now()
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if w := o.m[session]; w != nil {
+		w.used = now
+	}
+}
+
+// end records that session said bye.
+func (o *sessionOwners) end(session uint64) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if w := o.m[session]; w != nil {
+		w.ended = true
+	}
 }
 
 // sweepLocked forgets bindings idle for ownerIdle whose session holds

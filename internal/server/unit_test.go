@@ -183,8 +183,8 @@ func TestOrphanLivesUntilRelease(t *testing.T) {
 	if _, err := s.primaryMeta(oid.ID(f.Id)); fserr.Errno(err) != syscall.ENOENT {
 		t.Fatalf("orphan after its last release: %v, want ENOENT", err)
 	}
-	if len(s.files.dying) != 0 || len(s.files.opens) != 0 || len(s.files.orphans) != 0 {
-		t.Fatalf("open-file state left behind: opens %v orphans %v dying %v", s.files.opens, s.files.orphans, s.files.dying)
+	if len(s.files.dying) != 0 || len(s.files.opens) != 0 || len(s.files.grants) != 0 {
+		t.Fatalf("open-file state left behind: opens %v grants %v dying %v", s.files.opens, s.files.grants, s.files.dying)
 	}
 }
 
