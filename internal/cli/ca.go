@@ -7,13 +7,11 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/wheelfs/wheelfs/internal/configsvc"
-	"github.com/wheelfs/wheelfs/internal/deploy"
 	"github.com/wheelfs/wheelfs/internal/pki"
 )
 
@@ -204,13 +202,9 @@ from --node-dir, --ca or --data, as for 'wheelfs status'.`,
 				return err
 			}
 			defer cleanup()
-			endpoints := splitList(config + "," + etcd)
-			if len(endpoints) == 0 {
-				b, err := os.ReadFile(deploy.EndpointsFile(data))
-				if err != nil {
-					return fmt.Errorf("no --config given and no config member in %s: %w", data, err)
-				}
-				endpoints = splitList(strings.TrimSpace(string(b)))
+			endpoints, err := configEndpoints(data, config, etcd)
+			if err != nil {
+				return err
 			}
 			ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
 			defer cancel()

@@ -13,7 +13,6 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/wheelfs/wheelfs/internal/configsvc"
-	"github.com/wheelfs/wheelfs/internal/deploy"
 	"github.com/wheelfs/wheelfs/internal/fsck"
 )
 
@@ -60,13 +59,9 @@ clean or all repaired; 4: damage left; 8: some servers could not be read;
 			}
 			defer cleanup()
 			warnExpiry(cmd.ErrOrStderr(), creds, time.Now())
-			endpoints := splitList(config + "," + etcd)
-			if len(endpoints) == 0 {
-				b, err := os.ReadFile(deploy.EndpointsFile(data))
-				if err != nil {
-					return fmt.Errorf("no --config given and no config member in %s: %w", data, err)
-				}
-				endpoints = splitList(strings.TrimSpace(string(b)))
+			endpoints, err := configEndpoints(data, config, etcd)
+			if err != nil {
+				return err
 			}
 			ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
 			defer cancel()

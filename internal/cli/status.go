@@ -47,13 +47,9 @@ the config member in --data are used.`,
 			}
 			defer cleanup()
 			warnExpiry(os.Stderr, creds, time.Now())
-			endpoints := splitList(config + "," + etcd)
-			if len(endpoints) == 0 {
-				b, err := os.ReadFile(deploy.EndpointsFile(data))
-				if err != nil {
-					return fmt.Errorf("no --config given and no config member in %s: %w", data, err)
-				}
-				endpoints = splitList(strings.TrimSpace(string(b)))
+			endpoints, err := configEndpoints(data, config, etcd)
+			if err != nil {
+				return err
 			}
 			ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
 			defer cancel()
@@ -452,4 +448,17 @@ func approxSize(n int64) string {
 		i++
 	}
 	return fmt.Sprintf("%.1f%s", f, units[i])
+}
+
+// configEndpoints returns the configuration service's endpoints: --config
+// and --etcd, else those of the config member whose data is in data.
+func configEndpoints(data, config, etcd string) ([]string, error) {
+	if endpoints := splitList(config + "," + etcd); len(endpoints) > 0 {
+		return endpoints, nil
+	}
+	b, err := os.ReadFile(deploy.EndpointsFile(data))
+	if err != nil {
+		return nil, fmt.Errorf("no --config given and no config member in %s: %w", data, err)
+	}
+	return splitList(strings.TrimSpace(string(b))), nil
 }
