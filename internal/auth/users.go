@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"unicode"
 
 	"golang.org/x/crypto/ssh"
 )
@@ -117,11 +118,13 @@ func ParseUsers(data []byte) (*Users, error) {
 			}
 			groups = append(groups, uint32(gid))
 		}
-		// The rest is an authorized_keys line: type, key, comment.
+		// The rest is an authorized_keys line: type, key, comment. The
+		// fields are skipped by strings.Fields' own idea of white space
+		// (\v and \f too), so that at least two are left after them.
 		rest := line
 		for range 3 {
-			rest = strings.TrimLeft(rest, " \t")
-			rest = rest[strings.IndexAny(rest, " \t"):]
+			rest = strings.TrimLeftFunc(rest, unicode.IsSpace)
+			rest = rest[strings.IndexFunc(rest, unicode.IsSpace):]
 		}
 		key, _, _, _, err := ssh.ParseAuthorizedKey([]byte(strings.TrimSpace(rest)))
 		if err != nil {
