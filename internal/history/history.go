@@ -414,9 +414,10 @@ func Check(ops []porcupine.Operation, timeout time.Duration) Report {
 	}
 	slices.SortFunc(rep.Partitions, cmp.Compare)
 	began := time.Now()
-	// Verbose only to explain a failure: it keeps partial linearizations
-	// per step, which a 15-minute history's largest directory grew past
-	// 24 GiB (docs/BENCHMARKS.md, "Linearizability under faults").
+	// Verbose only to explain a failure: it also keeps partial
+	// linearizations, memory a passing check does not need. (Either way a
+	// 15-minute "spread" history outgrows 24 GiB: docs/BENCHMARKS.md,
+	// "Linearizability under faults".)
 	rep.Result = porcupine.CheckOperationsTimeout(Model, ops, timeout)
 	rep.Took = time.Since(began)
 	if rep.Result == porcupine.Illegal {
