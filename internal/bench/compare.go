@@ -19,6 +19,11 @@ type Change struct {
 	Base     string  `json:"base"`
 	Old      float64 `json:"old"`
 	New      float64 `json:"new"`
+	// OldFigure and NewFigure are WheelFS's own figures (Unit), for
+	// telling a slower WheelFS from a faster base.
+	OldFigure float64 `json:"old_figure"`
+	NewFigure float64 `json:"new_figure"`
+	Unit      string  `json:"unit"`
 	// Regressed is set when New < Old × (1 − slack).
 	Regressed bool `json:"regressed"`
 	// Missing says why a ratio could not be taken (a failed workload, a
@@ -36,7 +41,9 @@ func Compare(old, cur *Report, slack float64) []Change {
 		if rw.secondRow {
 			continue
 		}
-		c := Change{Workload: rw.key, Base: rw.base}
+		c := Change{Workload: rw.key, Base: rw.base, Unit: rw.unit}
+		c.OldFigure, _ = wheelfsFigure(old, rw)
+		c.NewFigure, _ = wheelfsFigure(cur, rw)
 		o, okOld := wheelfsRatio(old, rw)
 		n, okNew := wheelfsRatio(cur, rw)
 		switch {
@@ -61,6 +68,21 @@ func wheelfsRatio(r *Report, rw row) (float64, bool) {
 	return rw.ratio(w.Results[rw.key], b.Results[rw.key])
 }
 
+func wheelfsFigure(r *Report, rw row) (float64, bool) {
+	w := r.Target(WheelFS)
+	if w == nil {
+		return 0, false
+	}
+	m := w.Results[rw.key]
+	if m == nil || m.Error != "" {
+		return 0, false
+	}
+	if rw.seconds {
+		return m.Seconds, true
+	}
+	return m.Rate, true
+}
+
 // Regressions counts the flagged workloads.
 func Regressions(cs []Change) int {
 	n := 0
@@ -73,21 +95,24 @@ func Regressions(cs []Change) int {
 }
 
 // WriteComparison prints one line per workload: both ratios, their change,
-// and REGRESSED where the new ratio fell by more than slack.
+// WheelFS's own figures (a ratio also falls when the base got faster, as
+// it does between a loaded and a quiet machine), and REGRESSED where the
+// new ratio fell by more than slack.
 func WriteComparison(w io.Writer, cs []Change, slack float64) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "WORKLOAD\tBASE\tRECORDED\tNEW\tCHANGE\tVERDICT")
+	fmt.Fprintln(tw, "WORKLOAD\tBASE\tRECORDED\tNEW\tCHANGE\tWHEELFS ITSELF\tVERDICT")
 	for _, c := range cs {
 		if c.Missing != "" {
-			fmt.Fprintf(tw, "%s\t%s\t-\t-\t-\t%s\n", c.Workload, abbrev(c.Base), c.Missing)
+			fmt.Fprintf(tw, "%s\t%s\t-\t-\t-\t-\t%s\n", c.Workload, abbrev(c.Base), c.Missing)
 			continue
 		}
+		own := fmt.Sprintf("%s -> %s %s", formatNumber(c.OldFigure), formatNumber(c.NewFigure), c.Unit)
 		verdict := "ok"
 		if c.Regressed {
 			verdict = fmt.Sprintf("REGRESSED (more than %.0f%% lower)", slack*100)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%.2fx\t%.2fx\t%+.0f%%\t%s\n", c.Workload, abbrev(c.Base), c.Old, c.New,
-			(c.New/c.Old-1)*100, verdict)
+		fmt.Fprintf(tw, "%s\t%s\t%.2fx\t%.2fx\t%+.0f%%\t%s\t%s\n", c.Workload, abbrev(c.Base), c.Old, c.New,
+			(c.New/c.Old-1)*100, own, verdict)
 	}
 	return tw.Flush()
 }

@@ -33,6 +33,9 @@ func TestCompareFlagsOnlyRatiosThatFell(t *testing.T) {
 	if !got[Create].Regressed || Regressions(cs) != 1 {
 		t.Errorf("create regressed=%v, %d regressions; want only create: %+v", got[Create].Regressed, Regressions(cs), cs)
 	}
+	if c := got[Create]; c.OldFigure != 1000 || c.NewFigure != 350 || c.Unit != "ops/s" {
+		t.Errorf("create's own figures %v -> %v %s; want 1000 -> 350 ops/s", c.OldFigure, c.NewFigure, c.Unit)
+	}
 	if c := got[Tar]; c.Regressed || c.New >= c.Old {
 		t.Errorf("tar: %+v; want a 10%% fall within the slack", c)
 	}
