@@ -87,12 +87,12 @@ func (c *Cache) Contains(h Hash) bool {
 // cache keeps the slice: callers must not modify it afterwards.
 func (c *Cache) Add(h Hash, data []byte) { c.AddOwned(0, h, data) }
 
-// AddOwned is Add on behalf of owner (a file's ID), whose blocks
 // AddMemory caches data under h in memory only: for blocks that a server
 // in this process keeps on the same disk, where a disk copy would double
 // the writes of a cold read and save no round trip.
 func (c *Cache) AddMemory(h Hash, data []byte) { c.addMem(h, data) }
 
+// AddOwned is Add on behalf of owner (a file's ID), whose blocks
 // ForgetOwner drops; 0 is no owner.
 func (c *Cache) AddOwned(owner uint64, h Hash, data []byte) {
 	c.addMem(h, data)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"maps"
 	"sync/atomic"
-	"time"
 
 	"github.com/wheelfs/wheelfs/internal/cue"
 	"github.com/wheelfs/wheelfs/internal/oid"
@@ -38,13 +37,7 @@ func (f *FS) adoptData(id oid.ID, fd *wire.FileData) (map[uint64]blockRef, bool)
 		return nil, false
 	}
 	hashes := make(map[uint64]blockRef, len(fd.Blocks))
-	local := false
-	if len(fd.Data) > 0 {
-		// The slice's primary answered moments ago: the route knows it.
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		local = f.primaryInProcess(ctx, id)
-		cancel()
-	}
+	local := len(fd.Data) > 0 && f.primaryInProcess(id)
 	for i, b := range fd.Blocks {
 		if len(b.Hash) != 32 {
 			return nil, false

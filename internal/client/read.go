@@ -241,7 +241,7 @@ func (f *FS) unclaim(hs [][32]byte) {
 // its blocks arrive; n is the bytes read. Blocks of a primary in this
 // process stay out of the disk tier.
 func (f *FS) readRemote(ctx context.Context, u User, id oid.ID, ev bool, remote [][32]byte) (n int64, err error) {
-	local := !ev && f.primaryInProcess(ctx, id)
+	local := !ev && f.primaryInProcess(id)
 	for chunk := range slices.Chunk(remote, blocksPerRPC) {
 		req := &wire.ReadBlocksRequest{Caller: u.caller(), Id: uint64(id), Hashes: make([][]byte, len(chunk))}
 		for i := range chunk {
@@ -268,9 +268,13 @@ func (f *FS) readRemote(ctx context.Context, u User, id oid.ID, ev bool, remote 
 }
 
 // primaryInProcess tells whether id's primary is the server in this
-// process, whose blocks are on this host's disk already.
-func (f *FS) primaryInProcess(ctx context.Context, id oid.ID) bool {
-	c, err := f.server(ctx, id)
+// process, whose blocks are on this host's disk already. It asks the
+// route with a context already done, so that it answers from the slice
+// table at hand and never waits for a new one (an unknown slice: false).
+func (f *FS) primaryInProcess(id oid.ID) bool {
+	done, cancel := context.WithCancel(context.Background())
+	cancel()
+	c, err := f.router.Primary(done, id.Slice())
 	return err == nil && c.InProcess
 }
 
