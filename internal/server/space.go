@@ -168,6 +168,9 @@ func (s *Server) noRoom(r *sliceRepl, need int) error {
 // waitBackups waits until need−1 backups have seq (r.wait), failing early
 // with ENOSPC once noRoom says they cannot be had.
 func (s *Server) waitBackups(ctx context.Context, r *sliceRepl, seq uint64, need int) error {
+	if need <= 1 {
+		return nil // its own copy is all it waits for: no timer on this path
+	}
 	for {
 		wctx, cancel := context.WithTimeout(ctx, roomCheckEvery)
 		err := r.wait(wctx, seq, need-1)
