@@ -24,12 +24,13 @@ const (
 	DefaultSessionTTL = 12 * time.Hour
 	challengeTTL      = time.Minute
 	maxChallenges     = 4096
-	// missTTL is how long an unknown (node, uid) is refused from memory
-	// before the configuration service is asked again: a session made a
-	// moment ago at another server counts at once, yet a client
-	// hammering with forged uids costs at most one read per key and period.
-	missTTL = 200 * time.Millisecond
 )
+
+// MissTTL is how long an unknown (node, uid) is refused from memory
+// before the configuration service is asked again: a session made a
+// moment ago at another server counts at once, yet a client hammering
+// with forged uids costs at most one read per key and period.
+const MissTTL = 200 * time.Millisecond
 
 // GuardConfig configures a Guard.
 type GuardConfig struct {
@@ -246,14 +247,14 @@ func (g *Guard) validLocked(l session, ok bool) *User {
 }
 
 // session returns the valid session of k, asking the store once per
-// missTTL when this server has not seen it.
+// MissTTL when this server has not seen it.
 func (g *Guard) session(ctx context.Context, k nodeUID) (configsvc.Login, *User) {
 	g.mu.Lock()
 	s, ok := g.sessions[k]
 	u := g.validLocked(s, ok)
 	miss, recent := g.misses[k]
 	g.mu.Unlock()
-	if u != nil || (recent && g.cfg.Now().Sub(miss) < missTTL) {
+	if u != nil || (recent && g.cfg.Now().Sub(miss) < MissTTL) {
 		return s.Login, u
 	}
 	l, ok, err := g.cfg.Store.GetLogin(ctx, k.node, k.uid)

@@ -2,7 +2,6 @@ package pki
 
 import (
 	"crypto"
-	"crypto/ecdsa"
 	"crypto/rand"
 	"crypto/sha256"
 	"crypto/x509"
@@ -90,13 +89,8 @@ func (c *Credentials) VerifyServerSignature(cert, payload, sig []byte) (string, 
 	if c.denylist().Denied(name) {
 		return "", fmt.Errorf("pki: signer %q is revoked", name)
 	}
-	pub, ok := leaf.PublicKey.(*ecdsa.PublicKey)
-	if !ok {
-		return "", fmt.Errorf("pki: signer %q: key of type %T", name, leaf.PublicKey)
-	}
-	sum := sha256.Sum256(payload)
-	if !ecdsa.VerifyASN1(pub, sum[:], sig) {
-		return "", fmt.Errorf("pki: signature by %q does not verify", name)
+	if err := leaf.CheckSignature(x509.ECDSAWithSHA256, payload, sig); err != nil {
+		return "", fmt.Errorf("pki: signature by %q does not verify: %w", name, err)
 	}
 	return name, nil
 }
