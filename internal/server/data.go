@@ -96,7 +96,7 @@ func (s *Server) GetBlocks(ctx context.Context, req *wire.GetBlocksRequest) (*wi
 		return nil
 	})
 	if err == nil {
-		err = s.leases.settle(ctx, id)
+		err = s.settle(ctx, id)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("blocks of %v: %w", id, err)

@@ -187,8 +187,12 @@ func (s *Server) fsckRepair(ctx context.Context, req *wire.FsckRepairRequest) (*
 		if err := s.primary(dir); err != nil {
 			return nil, err
 		}
-		defer s.names.lock(nameKey(dir, req.Name))()
-		err := s.update(ctx, 0, func(tx *store.Tx) error {
+		unlock, err := s.names.lock(ctx, nameKey(dir, req.Name))
+		if err != nil {
+			return nil, err
+		}
+		defer unlock()
+		err = s.update(ctx, 0, func(tx *store.Tx) error {
 			resp.Changed = false
 			e, err := entryIfAny(tx, dir, req.Name)
 			if err != nil || e == nil || e.Id != req.Id {
@@ -240,8 +244,12 @@ func (s *Server) fsckRepair(ctx context.Context, req *wire.FsckRepairRequest) (*
 		if err := checkName(req.Name); err != nil {
 			return nil, err
 		}
-		defer s.names.lock(nameKey(dir, req.Name))()
-		err := s.update(ctx, 0, func(tx *store.Tx) error {
+		unlock, err := s.names.lock(ctx, nameKey(dir, req.Name))
+		if err != nil {
+			return nil, err
+		}
+		defer unlock()
+		err = s.update(ctx, 0, func(tx *store.Tx) error {
 			resp.Changed = false
 			d, err := s.dirMeta(tx, dir)
 			if err != nil {

@@ -101,7 +101,7 @@ func (s *Server) Lookup(ctx context.Context, req *wire.LookupRequest) (*wire.Loo
 			}
 		}
 	}
-	if err := s.leases.settle(ctx, dir, oid.ID(resp.GetMeta().GetId())); err != nil {
+	if err := s.settle(ctx, dir, oid.ID(resp.GetMeta().GetId())); err != nil {
 		return nil, fmt.Errorf("lookup %q: %w", req.Name, err)
 	}
 	return resp, nil
@@ -117,7 +117,7 @@ func (s *Server) GetAttr(ctx context.Context, req *wire.GetAttrRequest) (*wire.G
 	ms := s.leases.grant(req.Caller, id)
 	m, sum, err := s.leasedMeta(req.Caller, id, ms)
 	if err == nil {
-		err = s.leases.settle(ctx, id)
+		err = s.settle(ctx, id)
 	}
 	if err != nil {
 		return nil, err
@@ -196,7 +196,7 @@ func (s *Server) Create(ctx context.Context, req *wire.CreateRequest) (*wire.Cre
 			return nil
 		})
 		if err != nil {
-			return nil, fmt.Errorf("create %q: %w", req.Name, err)
+			return nil, fmt.Errorf("create %q: %w", req.Name, s.refusal(ctx, err, dir))
 		}
 		if op.replayed() {
 			return s.createReplayed(ctx, op, req, deferSync)
@@ -330,7 +330,7 @@ func (s *Server) Create(ctx context.Context, req *wire.CreateRequest) (*wire.Cre
 	}
 	if err == nil && resp.Existed {
 		// Nothing changed: the existing file is shown as a read shows it.
-		err = s.leases.settle(ctx, oid.ID(resp.GetMeta().GetId()))
+		err = s.settle(ctx, oid.ID(resp.GetMeta().GetId()))
 	}
 	if err == nil && deferred != nil {
 		if again {
@@ -500,7 +500,11 @@ func (s *Server) Remove(ctx context.Context, req *wire.RemoveRequest) (*wire.Rem
 	if aerr != nil {
 		return nil, aerr
 	}
-	defer s.names.lock(nameKey(dir, req.Name))()
+	unlock, err := s.names.lock(ctx, nameKey(dir, req.Name))
+	if err != nil {
+		return nil, fmt.Errorf("remove %q: %w", req.Name, err)
+	}
+	defer unlock()
 	resp := &wire.RemoveResponse{}
 	op := s.once(ctx, req.Caller, dir, resp)
 	c := cred(req.Caller)
@@ -516,7 +520,7 @@ func (s *Server) Remove(ctx context.Context, req *wire.RemoveRequest) (*wire.Rem
 	}
 	var dying []oid.ID
 	defer func() { s.buried(dying) }()
-	err := s.updateUndo(ctx, req.SyncLevel, op.wrap(func(tx *store.Tx) error {
+	err = s.updateUndo(ctx, req.SyncLevel, op.wrap(func(tx *store.Tx) error {
 		d, err := s.dirMeta(tx, dir)
 		if err != nil {
 			return err
@@ -587,7 +591,7 @@ func (s *Server) removeRemote(ctx context.Context, req *wire.RemoveRequest, op *
 		return err
 	})
 	if err != nil {
-		return nil, true, err
+		return nil, true, s.refusal(ctx, err, dir)
 	}
 	if op.replayed() {
 		return nil, true, op.settle(ctx, req.SyncLevel)
@@ -821,7 +825,7 @@ func (s *Server) ReadDir(ctx context.Context, req *wire.ReadDirRequest) (*wire.R
 	for _, m := range resp.Metas {
 		ids = append(ids, oid.ID(m.Id))
 	}
-	if err := s.leases.settle(ctx, ids...); err != nil {
+	if err := s.settle(ctx, ids...); err != nil {
 		return nil, fmt.Errorf("readdir %v: %w", dir, err)
 	}
 	return resp, nil

@@ -90,7 +90,7 @@ func (s *Server) Open(ctx context.Context, req *wire.OpenRequest) (*wire.OpenRes
 	if err == nil && !req.RegisterOnly {
 		// A registration answers nothing the client uses; the client
 		// acknowledges a revocation only after it, so it must not wait.
-		err = s.leases.settle(ctx, id)
+		err = s.settle(ctx, id)
 	}
 	if err != nil {
 		undo()

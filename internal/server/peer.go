@@ -134,7 +134,7 @@ func (p *peerServer) Stat(ctx context.Context, req *wire.StatRequest) (*wire.Sta
 	s := p.s
 	m, err := s.primaryMeta(oid.ID(req.Id))
 	if err == nil {
-		err = s.leases.settle(ctx, oid.ID(req.Id))
+		err = s.settle(ctx, oid.ID(req.Id))
 	}
 	if err != nil {
 		return nil, err

@@ -32,7 +32,11 @@ func (s *Server) Rename(ctx context.Context, req *wire.RenameRequest) (*wire.Ren
 	if aerr != nil {
 		return nil, aerr
 	}
-	defer s.names.lock(nameKey(src, req.SrcName), nameKey(dst, req.DstName))()
+	unlock, err := s.names.lock(ctx, nameKey(src, req.SrcName), nameKey(dst, req.DstName))
+	if err != nil {
+		return nil, fmt.Errorf("rename %q: %w", req.SrcName, err)
+	}
+	defer unlock()
 	resp := &wire.RenameResponse{}
 	op := s.once(ctx, req.Caller, src, resp)
 	if !s.local(ctx, dst) {
@@ -82,7 +86,7 @@ func (s *Server) Rename(ctx context.Context, req *wire.RenameRequest) (*wire.Ren
 		return tx.Meta(oid.ID(id))
 	}
 	var dropRemote uint64 // a replaced remote file, unlinked after the commit
-	err := s.updateUndo(ctx, 0, op.wrap(func(tx *store.Tx) error {
+	err = s.updateUndo(ctx, 0, op.wrap(func(tx *store.Tx) error {
 		sd, err := s.dirMeta(tx, src)
 		if err != nil {
 			return err

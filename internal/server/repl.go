@@ -102,6 +102,12 @@ type sliceRepl struct {
 	orphans      map[oid.ID]int
 	orphansKnown bool
 	orphansSwept time.Time
+	// unstable are the committed batches not yet at the backups their
+	// writers wait for, oldest first; latest indexes them by object
+	// (stable.go).
+	unstable    []*unstableBatch
+	latest      map[oid.ID]*unstableBatch
+	anyUnstable atomic.Bool // len(unstable) > 0, read without mu
 }
 
 // follower is one backup as the primary sees it.
@@ -133,11 +139,16 @@ func (r *sliceRepl) signalLocked() {
 }
 
 // assign numbers a batch of mutations (called inside the store's commit
-// loop, so in commit order) and records the new position in tx.
-func (r *sliceRepl) assign(tx *store.Tx, muts []*wire.Mutation) (uint64, error) {
+// loop, so in commit order) and records the new position in tx. watch,
+// if not nil, is registered as unstable (stable.go) under that number.
+func (r *sliceRepl) assign(tx *store.Tx, muts []*wire.Mutation, watch *unstableBatch) (uint64, error) {
 	r.mu.Lock()
 	r.seq++
 	seq := r.seq
+	if watch != nil {
+		watch.seq = seq
+		r.watchLocked(watch)
+	}
 	if len(r.followers) > 0 { // a backup added later starts with a snapshot
 		r.log = append(r.log, &wire.Batch{Seq: seq, Mutations: muts})
 		if len(r.log) > maxLogBatches {
@@ -164,6 +175,7 @@ func (r *sliceRepl) unassign(seq uint64) {
 		return
 	}
 	r.seq--
+	r.unwatchLocked(seq)
 	if n := len(r.log); n > 0 && r.log[n-1].Seq == seq {
 		r.log[n-1] = nil
 		r.log = r.log[:n-1]
@@ -535,6 +547,7 @@ func (r *sliceRepl) outcome(f *follower, st wire.ReplStatus, seq uint64) error {
 	case wire.ReplStatus_REPL_OK:
 		f.synced, f.acked, f.pin, f.force, f.busy = true, seq, 0, false, false
 		r.trimLocked()
+		r.pruneLocked()
 		r.signalLocked()
 		return nil
 	case wire.ReplStatus_REPL_NEED_SYNC:

@@ -105,6 +105,7 @@ func (r *sliceRepl) snapshot(ctx context.Context, f *follower) error {
 	inLog := len(r.log) > 0 && r.log[0].Seq <= dig.Seq+1 || dig.Seq == r.committed
 	if !f.force && dig.Epoch == r.epoch && dig.Seq <= r.committed && inLog {
 		f.synced, f.acked = true, dig.Seq // a continuation of our own stream
+		r.pruneLocked()
 		r.signalLocked()
 		r.mu.Unlock()
 		return nil

@@ -98,7 +98,7 @@ func TestUncommittedBatchGivesItsNumberBack(t *testing.T) {
 	r.mu.Unlock()
 	boom := errors.New("fails after numbering")
 	err := s.store.Update(ctx, func(tx *store.Tx) error {
-		if _, err := r.assign(tx, nil); err != nil {
+		if _, err := r.assign(tx, nil, nil); err != nil {
 			return err
 		}
 		return boom

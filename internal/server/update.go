@@ -218,13 +218,18 @@ func mutatedObjects(muts []*wire.Mutation) []oid.ID {
 // change is committed here, before waiting for the backups.
 func (s *Server) updateOnce(ctx context.Context, sync uint32, fn func(tx *store.Tx) error, check func([]*wire.Mutation) error, committed func()) error {
 	type waiter struct {
-		r   *sliceRepl
-		seq uint64
+		r     *sliceRepl
+		seq   uint64
+		watch *unstableBatch
 	}
 	var waits []waiter
+	var read []oid.ID // what an answer without a change is built from
+	track := !(isEventual(ctx) && sync == 0) && s.deploymentSize() > 1
 	err := s.store.Update(ctx, func(tx *store.Tx) error {
-		waits = waits[:0]
-		if err := fn(tx); err != nil {
+		waits, read = waits[:0], read[:0]
+		err := fn(tx)
+		read = append(read, tx.Read()...)
+		if err != nil {
 			return err
 		}
 		// Removed entries leave tombstones; entries put back lose theirs.
@@ -276,7 +281,11 @@ func (s *Server) updateOnce(ctx context.Context, sync uint32, fn func(tx *store.
 			if writesTombstone(g.muts) {
 				r.markTombs()
 			}
-			seq, err := r.assign(tx, g.muts)
+			var watch *unstableBatch
+			if track {
+				watch = &unstableBatch{sync: sync, need: -1, ids: mutatedObjects(g.muts)}
+			}
+			seq, err := r.assign(tx, g.muts, watch)
 			if err != nil {
 				return err
 			}
@@ -287,11 +296,19 @@ func (s *Server) updateOnce(ctx context.Context, sync uint32, fn func(tx *store.
 					return err
 				}
 			}
-			waits = append(waits, waiter{r, seq})
+			waits = append(waits, waiter{r, seq, watch})
 		}
 		return nil
 	})
-	if err != nil {
+	if err != nil || len(waits) == 0 {
+		// A refusal, or an answer that changed nothing, shows what it
+		// read: as a read does, it waits for that to be stable.
+		var le *leasedError
+		if !errors.As(err, &le) {
+			if werr := s.stable(ctx, read); werr != nil {
+				return werr
+			}
+		}
 		return err
 	}
 	deferred := deferralOf(ctx)
@@ -308,7 +325,9 @@ func (s *Server) updateOnce(ctx context.Context, sync uint32, fn func(tx *store.
 	}
 	if deferred != nil {
 		for _, w := range waits {
-			if s.need(ctx, w.r, sync) > 1 { // else durable already: its own disk
+			need := s.need(ctx, w.r, sync)
+			w.r.settleNeed(w.watch, need)
+			if need > 1 { // else durable already: its own disk
 				deferred.add(w.r, w.seq)
 			}
 		}
@@ -318,9 +337,12 @@ func (s *Server) updateOnce(ctx context.Context, sync uint32, fn func(tx *store.
 		// A deployment of fewer servers than the policy asks for gives
 		// what it has; a replica list shorter than that (backups not
 		// recruited yet) is waited on, never taken as enough.
-		if err := s.waitBackups(ctx, w.r, w.seq, s.need(ctx, w.r, sync)); err != nil {
+		need := s.need(ctx, w.r, sync)
+		w.r.settleNeed(w.watch, need)
+		if err := s.waitBackups(ctx, w.r, w.seq, need); err != nil {
 			return err
 		}
 	}
-	return nil
+	// What the change was built on, in other slices, is stable too.
+	return s.stable(ctx, read)
 }

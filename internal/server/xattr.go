@@ -136,7 +136,7 @@ func (s *Server) GetXattr(ctx context.Context, req *wire.XattrRequest) (*wire.Xa
 		return err
 	})
 	if err == nil {
-		err = s.leases.settle(ctx, id)
+		err = s.settle(ctx, id)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("getxattr %q: %w", req.Name, err)
@@ -172,7 +172,7 @@ func (s *Server) ListXattr(ctx context.Context, req *wire.XattrRequest) (*wire.X
 		return err
 	})
 	if err == nil {
-		err = s.leases.settle(ctx, id)
+		err = s.settle(ctx, id)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("listxattr: %w", err)

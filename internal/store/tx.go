@@ -69,6 +69,7 @@ type Tx struct {
 	removed     []Removed        // entries the running function removed or replaced
 	fnAbort     []func()         // OnAbort of the running function
 	batchAbort  []func()         // OnAbort of the batch's kept functions
+	read        []oid.ID         // objects the running function read (Read)
 }
 
 // op is a buffered write.
@@ -164,7 +165,7 @@ func (t *Tx) endUpdate() {
 	t.idx = nil
 	t.fn.reset()
 	t.batch.reset()
-	t.rec, t.removed = nil, nil
+	t.rec, t.removed, t.read = nil, nil, t.read[:0]
 	clear(t.inl)
 	t.inl = t.inl[:0]
 	t.mem.cur = t.mem.cur[:0] // the log record holds copies
@@ -205,7 +206,7 @@ func (t *Tx) discardFn() {
 		}
 	}
 	t.fn.reset()
-	t.rec, t.removed = nil, nil
+	t.rec, t.removed, t.read = nil, nil, t.read[:0]
 	for i := len(t.fnAbort) - 1; i >= 0; i-- {
 		t.fnAbort[i]()
 	}
@@ -224,7 +225,7 @@ func (t *Tx) keepFn() {
 	b.objects += f.objects
 	t.fn.reset()
 	t.fnStart = len(t.ops)
-	t.rec, t.removed = nil, nil
+	t.rec, t.removed, t.read = nil, nil, t.read[:0]
 	t.batchAbort = append(t.batchAbort, t.fnAbort...)
 	clear(t.fnAbort)
 	t.fnAbort = t.fnAbort[:0]
@@ -266,6 +267,9 @@ func (t *Tx) find(b int, key []byte) int {
 // get reads key: buffered writes, then the overlay, then bbolt. The value
 // is valid for the transaction only and must not be modified.
 func (t *Tx) get(b int, key []byte) ([]byte, bool) {
+	if t.writable {
+		t.noteRead(b, key)
+	}
 	if len(t.ops) > 0 {
 		if i := t.find(b, key); i >= 0 {
 			o := &t.ops[i]
@@ -283,6 +287,30 @@ func (t *Tx) get(b int, key []byte) ([]byte, bool) {
 	v := t.bucket(b).Get(key)
 	return v, v != nil
 }
+
+// noteRead adds to Read the object whose key in bucket b is read.
+func (t *Tx) noteRead(b int, key []byte) {
+	switch b {
+	case bObjects, bEntries, bBlockmap, bXattrs:
+	default:
+		return
+	}
+	if len(key) < 8 {
+		return
+	}
+	id := oid.ID(binary.BigEndian.Uint64(key))
+	// A function reads a few objects, each several times in a row.
+	if n := len(t.read); n > 0 && t.read[n-1] == id || n < 8 && slices.Contains(t.read, id) {
+		return
+	}
+	t.read = append(t.read, id)
+}
+
+// Read returns the objects the running Update function has read so far
+// (meta-data, entries of a directory, blocks, attributes), in first-read
+// order, possibly with repeats: what an answer built from them shows. The
+// slice is valid until the function returns.
+func (t *Tx) Read() []oid.ID { return t.read }
 
 func (t *Tx) addOp(o op) {
 	t.ops = append(t.ops, o)
@@ -314,6 +342,9 @@ func (t *Tx) del(b int, key []byte) {
 // must start with prefix), in order, merging buffered writes. fn must not
 // write; collect and write afterwards.
 func (t *Tx) scan(b int, seek []byte, plen int, fn func(k, v []byte) bool) {
+	if t.writable {
+		t.noteRead(b, seek)
+	}
 	t.skey = append(t.skey[:0], seek...)
 	seek = t.skey
 	prefix := seek[:plen]

@@ -1,0 +1,214 @@
+package server
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/wheelfs/wheelfs/internal/oid"
+)
+
+// Answers show only what a failover keeps.
+//
+// A primary commits a change at once and replicates it in parallel
+// (update): until the batch reaches the backups its writer waits for, the
+// change is visible in the primary's store and exists nowhere else. A
+// reader shown it then, followed by a failover before the batch left (the
+// primary crashed or was cut off), has seen a change the next primary
+// never had: TestLinearizableUnderFaults saw a client look up f3 and get
+// f2's contents while the rename's own retry, at the next primary,
+// answered ENOENT. So the primary remembers, per object, its latest change
+// not yet at those backups, and an answer that shows the object waits
+// until it is (Raft's read index, per object instead of per log, so that
+// a busy directory does not hold up reads of its neighbours). A mutation
+// that fails or changes nothing answers from what it read, so it waits in
+// the same way for the objects it read (store.Tx.Read).
+//
+// Changes made with .EventualConsistency and no SyncLevel promise no
+// backup and are not tracked; .EventualConsistency reads do not wait.
+
+// unstableBatch is one committed batch that has not yet reached the
+// backups its writer waits for.
+type unstableBatch struct {
+	seq  uint64
+	sync uint32 // the writer's SyncLevel (0: the policy's)
+	// need is the copies the writer waits for (placement.go need), or
+	// -1 until the writer has worked it out after its commit.
+	need int
+	ids  []oid.ID
+}
+
+// maxUnstable bounds the batches a primary remembers. Only a slice whose
+// backups stopped answering for that many changes (each of which failed
+// with a timeout) reaches it; the oldest are then forgotten, and reads of
+// their objects no longer wait for them.
+const maxUnstable = 1 << 16
+
+// watchLocked registers b (numbered seq) as visible here and not yet at
+// the backups (r.mu held; called in the store's commit loop before the
+// batch becomes visible).
+func (r *sliceRepl) watchLocked(b *unstableBatch) {
+	if r.latest == nil {
+		r.latest = map[oid.ID]*unstableBatch{}
+	}
+	r.unstable = append(r.unstable, b)
+	r.anyUnstable.Store(true)
+	for _, id := range b.ids {
+		r.latest[id] = b
+	}
+	if len(r.unstable) > maxUnstable {
+		r.s.log.Warn("replication: backups behind by too many changes; reads stop waiting for the oldest",
+			"slice", r.slice, "seq", r.unstable[0].seq)
+		r.forgetLocked(r.unstable[0])
+		r.unstable[0] = nil
+		r.unstable = r.unstable[1:]
+	}
+}
+
+// unwatchLocked takes back the last registered batch if it is seq (its
+// commit failed: unassign).
+func (r *sliceRepl) unwatchLocked(seq uint64) {
+	n := len(r.unstable)
+	if n == 0 || r.unstable[n-1].seq != seq {
+		return
+	}
+	b := r.unstable[n-1]
+	r.unstable[n-1] = nil
+	r.unstable = r.unstable[:n-1]
+	r.anyUnstable.Store(len(r.unstable) > 0)
+	r.forgetLocked(b)
+	// An earlier batch may still be pending for the same objects.
+	for _, id := range b.ids {
+		for i := len(r.unstable) - 1; i >= 0; i-- {
+			if e := r.unstable[i]; e.touches(id) {
+				r.latest[id] = e
+				break
+			}
+		}
+	}
+}
+
+func (b *unstableBatch) touches(id oid.ID) bool {
+	for _, x := range b.ids {
+		if x == id {
+			return true
+		}
+	}
+	return false
+}
+
+// forgetLocked drops b from latest where it is the latest.
+func (r *sliceRepl) forgetLocked(b *unstableBatch) {
+	for _, id := range b.ids {
+		if r.latest[id] == b {
+			delete(r.latest, id)
+		}
+	}
+}
+
+// settleNeed records how many copies b's writer waits for.
+func (r *sliceRepl) settleNeed(b *unstableBatch, need int) {
+	if b == nil {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	b.need = need
+	r.pruneLocked()
+}
+
+// pruneLocked forgets the oldest batches while they are at enough
+// backups. Acknowledgements are cumulative, so the oldest goes first.
+func (r *sliceRepl) pruneLocked() {
+	defer func() { r.anyUnstable.Store(len(r.unstable) > 0) }()
+	for len(r.unstable) > 0 {
+		b := r.unstable[0]
+		// A deployment that shrank since cannot give the copies asked
+		// for; its writers now ask for what it has (need), and so does
+		// this.
+		if b.need < 0 || r.ackedLocked(b.seq) < min(b.need, r.s.deploymentSize())-1 {
+			return
+		}
+		r.forgetLocked(b)
+		r.unstable[0] = nil
+		r.unstable = r.unstable[1:]
+	}
+}
+
+// ackedLocked counts the backups that have seq.
+func (r *sliceRepl) ackedLocked(seq uint64) int {
+	n := 0
+	for _, f := range r.followers {
+		if f.synced && f.acked >= seq {
+			n++
+		}
+	}
+	return n
+}
+
+// unstableOf returns the latest batch changing id that may not be at its
+// backups yet (a copy: the batch may be pruned meanwhile).
+func (r *sliceRepl) unstableOf(id oid.ID) (unstableBatch, bool) {
+	if !r.anyUnstable.Load() {
+		return unstableBatch{}, false
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	b, ok := r.latest[id]
+	if !ok {
+		return unstableBatch{}, false
+	}
+	return unstableBatch{seq: b.seq, sync: b.sync, need: b.need}, true
+}
+
+// stable returns once the last changes of ids that this server made as
+// primary are at the backups their writers wait for (see above), or
+// fails when ctx ends first or the slice is no longer this server's.
+func (s *Server) stable(ctx context.Context, ids []oid.ID) error {
+	if isEventual(ctx) {
+		return nil
+	}
+	for _, id := range ids {
+		if id == 0 {
+			continue
+		}
+		r := s.owned.repl(id.Slice())
+		if r == nil {
+			continue
+		}
+		b, ok := r.unstableOf(id)
+		if !ok {
+			continue
+		}
+		need := s.need(ctx, r, b.sync) // what the deployment gives now
+		if b.need >= 0 {
+			need = min(need, b.need)
+		}
+		if need <= 1 {
+			continue
+		}
+		r.kick() // a deferred change may be held back (commitQuiet)
+		if err := r.wait(ctx, b.seq, need-1); err != nil {
+			return fmt.Errorf("%v changed here and is not at its backups yet: %w", id, err)
+		}
+	}
+	return nil
+}
+
+// settle returns once an answer that shows ids may leave: their last
+// changes are where a failover finds them (stable) and no update has them
+// fenced while it revokes leases (leases.settle).
+func (s *Server) settle(ctx context.Context, ids ...oid.ID) error {
+	if err := s.stable(ctx, ids); err != nil {
+		return err
+	}
+	return s.leases.settle(ctx, ids...)
+}
+
+// refusal returns err, a refusal built from what this server has of ids,
+// once that is stable; or the error of waiting for it.
+func (s *Server) refusal(ctx context.Context, err error, ids ...oid.ID) error {
+	if werr := s.stable(ctx, ids); werr != nil {
+		return werr
+	}
+	return err
+}
