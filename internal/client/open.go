@@ -213,7 +213,7 @@ func (f *FS) Open(ctx context.Context, u User, cues cue.Set, id oid.ID, flags ui
 		if err := perm.Access(attrs.Cred(req.Caller), attrs.Of(m), perm.R); err != nil {
 			return nil, nil, fmt.Errorf("open %v: %w", id, err)
 		}
-		h.registered = f.registerOpen(req)
+		h.registered = f.registerOpen(req, h)
 	} else {
 		// Compound open: the version check brings what the first reads need.
 		req.WantData = perm.OpenAccess(flags)&perm.R != 0 && flags&syscall.O_TRUNC == 0
@@ -290,6 +290,7 @@ func (f *FS) CreateOpen(ctx context.Context, u User, cues cue.Set, dir oid.ID, n
 	// under .EventualConsistency puts the file in a slice it is primary
 	// for), so the release goes there.
 	h.obj, h.counted = oid.ID(resp.Meta.Id), true
+	h.at = f.countedBy(h.obj)
 	f.attach(h, resp.Meta)
 	h.st.addUnsynced(resp.Pending)
 	f.hold(h)
@@ -332,7 +333,7 @@ type registration struct {
 // the background; the result says whether it counted it. Revocations of
 // the object wait for it (waitRegistrations), so an unlink the primary is
 // about to apply finds the handle and keeps the file as an orphan.
-func (f *FS) registerOpen(req *wire.OpenRequest) chan bool {
+func (f *FS) registerOpen(req *wire.OpenRequest, h *Handle) chan bool {
 	id := oid.ID(req.Id)
 	f.regMu.Lock()
 	r := f.regs[id]
@@ -348,9 +349,16 @@ func (f *FS) registerOpen(req *wire.OpenRequest) chan bool {
 	go func() {
 		ctx, cancel := context.WithTimeout(f.leases.ctx, f.cfg.Timeout)
 		defer cancel()
-		_, err := call(ctx, f, id, wire.StorageClient.Open, req)
+		var asked string
+		_, err := callVia(ctx, f, id, wire.StorageClient.Open, req, callOpts{prep: func(c Conn) { asked = c.ID }})
 		if err != nil {
 			f.log.Warn("open served from the cache was not registered", slog.String("id", id.String()), slog.Any("err", err))
+		} else {
+			h.regMu.Lock()
+			if h.at == "" {
+				h.at = asked
+			}
+			h.regMu.Unlock()
 		}
 		out <- err == nil
 		f.regMu.Lock()
@@ -426,6 +434,14 @@ func (f *FS) heldHandles() []*Handle {
 	return slices.Collect(maps.Keys(f.held))
 }
 
+// countedBy names the server that counted an open made with a create: the
+// primary of the object's slice by the table at hand ("" if none is
+// known; a stale answer only makes reregister count it once more).
+func (f *FS) countedBy(id oid.ID) string {
+	c, _ := f.primaryAtHand(id)
+	return c.ID
+}
+
 // reregister tells primary, the current primary of h's file, about the
 // open h when another server counted it: a new primary after a failover
 // counts no open made before it, and would otherwise delete the file at
@@ -438,9 +454,8 @@ func (f *FS) reregister(h *Handle, primary string) {
 	if h.released || h.at == primary {
 		return
 	}
-	if h.at == "" { // counted by a create+open, or registered from the cache
-		h.at = primary
-		return
+	if h.registered != nil && h.at == "" {
+		return // its registration is still on its way and says where it went
 	}
 	req := &wire.OpenRequest{Caller: h.user.caller(), Id: uint64(h.obj),
 		Flags: h.flags &^ (syscall.O_CREAT | syscall.O_EXCL | syscall.O_TRUNC), RegisterOnly: true}

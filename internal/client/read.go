@@ -272,10 +272,17 @@ func (f *FS) readRemote(ctx context.Context, u User, id oid.ID, ev bool, remote 
 // route with a context already done, so that it answers from the slice
 // table at hand and never waits for a new one (an unknown slice: false).
 func (f *FS) primaryInProcess(id oid.ID) bool {
+	c, ok := f.primaryAtHand(id)
+	return ok && c.InProcess
+}
+
+// primaryAtHand returns the primary of id's slice by the routing table at
+// hand, never waiting for a newer one (the context is already done).
+func (f *FS) primaryAtHand(id oid.ID) (Conn, bool) {
 	done, cancel := context.WithCancel(context.Background())
 	cancel()
 	c, err := f.router.Primary(done, id.Slice())
-	return err == nil && c.InProcess
+	return c, err == nil
 }
 
 // cacheBlock keeps a block of file id: in memory only when local (its

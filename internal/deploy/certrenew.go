@@ -21,7 +21,7 @@ const renewTimeout = 10 * time.Second
 // the CA key: it signs for nodes that are not revoked.
 type certRenewer struct{ h *Host }
 
-func (r certRenewer) RenewCertificate(_ context.Context, current *x509.Certificate, csr []byte) ([]byte, error) {
+func (r certRenewer) RenewCertificate(_ context.Context, current *x509.Certificate, csr []byte, dropServer bool) ([]byte, error) {
 	name := current.Subject.CommonName
 	if r.h.Creds.Deny.Denied(name) {
 		return nil, fmt.Errorf("node %q is revoked", name)
@@ -31,7 +31,7 @@ func (r certRenewer) RenewCertificate(_ context.Context, current *x509.Certifica
 		return nil, err
 	}
 	ca.NodeValidity = r.h.cfg.CertValidity
-	return ca.SignRenewal(current, csr, time.Now())
+	return ca.SignRenewal(current, csr, time.Now(), dropServer)
 }
 
 // renewRemote asks the registered servers, in random order, for a new
@@ -92,7 +92,7 @@ func (h *Host) renewAt(ctx context.Context, id, addr string, csr []byte) ([]byte
 	defer conn.Close()
 	cctx, cancel := context.WithTimeout(ctx, renewTimeout)
 	defer cancel()
-	resp, err := wire.NewStorageClient(conn).RenewCertificate(cctx, &wire.RenewCertificateRequest{Csr: csr})
+	resp, err := wire.NewStorageClient(conn).RenewCertificate(cctx, &wire.RenewCertificateRequest{Csr: csr, DropServerRole: !h.serverRole()})
 	if err != nil {
 		return nil, err
 	}

@@ -33,11 +33,11 @@ func TestCertRenewerRefusesRevoked(t *testing.T) {
 	}
 	r := certRenewer{h}
 	h.Creds.Deny.Set([]string{"cli-x"})
-	if _, err := r.RenewCertificate(context.Background(), creds.Cert.Leaf, req.CSR); err == nil {
+	if _, err := r.RenewCertificate(context.Background(), creds.Cert.Leaf, req.CSR, false); err == nil {
 		t.Fatal("renewed a revoked node's certificate")
 	}
 	h.Creds.Deny.Set(nil)
-	cert, err := r.RenewCertificate(context.Background(), creds.Cert.Leaf, req.CSR)
+	cert, err := r.RenewCertificate(context.Background(), creds.Cert.Leaf, req.CSR, false)
 	if err != nil {
 		t.Fatal(err)
 	}

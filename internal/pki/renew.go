@@ -31,10 +31,12 @@ func RenewDue(cert *x509.Certificate, now time.Time) bool {
 }
 
 // Renew re-issues the node certificate in the node directory dir from the
-// CA in caDir when RenewDue, or when server and the certificate lacks the
-// server role (one issued before roles existed), and reports whether it
-// did: a fresh key, the same name, subject alternative names and role
-// (the server role added if server), the CA's NodeValidity. A node
+// CA in caDir when RenewDue, or when its server role is not server (the
+// host started or stopped running a server, or the certificate predates
+// roles), and reports whether it did: a fresh key, the same name and
+// subject alternative names, the server role if server (a host that no
+// longer runs one loses the right to sign sessions), the CA's
+// NodeValidity. A node
 // directory whose certificate is from another CA is not touched (CA
 // rotation is an operator's step, see docs/SECURITY.md).
 func Renew(caDir, dir string, server bool, validity time.Duration, now time.Time) (bool, error) {
@@ -43,7 +45,7 @@ func Renew(caDir, dir string, server bool, validity time.Duration, now time.Time
 		return false, fmt.Errorf("pki: renew: %w", err)
 	}
 	role := HasServerRole(leaf)
-	if !RenewDue(leaf, now) && (role || !server) {
+	if !RenewDue(leaf, now) && role == server {
 		return false, nil
 	}
 	ca, err := LoadCA(caDir)
@@ -53,7 +55,7 @@ func Renew(caDir, dir string, server bool, validity time.Duration, now time.Time
 	if err := leaf.CheckSignatureFrom(ca.Cert); err != nil {
 		return false, fmt.Errorf("pki: renew %q: certificate is not from the CA in %s: %w", leaf.Subject.CommonName, caDir, err)
 	}
-	ca.NodeValidity, ca.Server = validity, role || server
+	ca.NodeValidity, ca.Server = validity, server
 	if err := ca.IssueNodeDir(dir, leaf.Subject.CommonName, leaf.DNSNames, leaf.IPAddresses); err != nil {
 		return false, fmt.Errorf("pki: renew: %w", err)
 	}
@@ -152,10 +154,11 @@ func (r *RenewalRequest) Install(dir string, certPEM []byte) error {
 // SignRenewal answers a renewal request from the node whose current
 // certificate is current (as its TLS handshake presented it): a
 // certificate for the request's key with current's name, subject
-// alternative names and role — never what the request asks for — valid for the
-// CA's NodeValidity. It refuses a certificate that is not from this CA
+// alternative names and role — never what the request asks for, except
+// that dropServer gives the server role up (a node that no longer runs a
+// server) — valid for the CA's NodeValidity. It refuses a certificate that is not from this CA
 // or not yet due (RenewDue at now), and the administrator's name.
-func (ca *CA) SignRenewal(current *x509.Certificate, csrDER []byte, now time.Time) ([]byte, error) {
+func (ca *CA) SignRenewal(current *x509.Certificate, csrDER []byte, now time.Time, dropServer bool) ([]byte, error) {
 	name := current.Subject.CommonName
 	if name == "" || name == ConfigRoot {
 		return nil, fmt.Errorf("pki: renewal for %q refused", name)
@@ -175,7 +178,7 @@ func (ca *CA) SignRenewal(current *x509.Certificate, csrDER []byte, now time.Tim
 		return nil, fmt.Errorf("pki: renewal for %q: request not signed by its key: %w", name, err)
 	}
 	c := *ca
-	c.Server = HasServerRole(current)
+	c.Server = HasServerRole(current) && !dropServer
 	der, err := c.signKey(csr.PublicKey, name, current.DNSNames, current.IPAddresses)
 	if err != nil {
 		return nil, fmt.Errorf("pki: renewal for %q: %w", name, err)

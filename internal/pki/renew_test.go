@@ -38,7 +38,7 @@ func TestSignRenewal(t *testing.T) {
 	}
 	ca.NodeValidity = 365 * 24 * time.Hour
 	fresh := leaf(issue(ca, 24*time.Hour))
-	if _, err := ca.SignRenewal(fresh.Cert.Leaf, req.CSR, time.Now()); err == nil || !strings.Contains(err.Error(), "not due") {
+	if _, err := ca.SignRenewal(fresh.Cert.Leaf, req.CSR, time.Now(), false); err == nil || !strings.Contains(err.Error(), "not due") {
 		t.Fatalf("renewal of a fresh certificate: %v", err)
 	}
 	other, err := InitCA(filepath.Join(t.TempDir(), "ca2"), "other")
@@ -47,14 +47,14 @@ func TestSignRenewal(t *testing.T) {
 	}
 	foreign := leaf(issue(other, 20*time.Minute))
 	ca.NodeValidity = 365 * 24 * time.Hour
-	if _, err := ca.SignRenewal(foreign.Cert.Leaf, req.CSR, time.Now()); err == nil {
+	if _, err := ca.SignRenewal(foreign.Cert.Leaf, req.CSR, time.Now(), false); err == nil {
 		t.Fatal("renewed a certificate of another CA")
 	}
 
 	dir := issue(ca, 20*time.Minute) // 1h20m with the backdated hour: due
 	due := leaf(dir)
 	ca.NodeValidity = 365 * 24 * time.Hour
-	certPEM, err := ca.SignRenewal(due.Cert.Leaf, req.CSR, time.Now())
+	certPEM, err := ca.SignRenewal(due.Cert.Leaf, req.CSR, time.Now(), false)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -31,8 +31,9 @@ func TestServerRole(t *testing.T) {
 		t.Fatalf("server role: server %v, client %v, root %v", srv.IsServer(), cli.IsServer(), root.IsServer())
 	}
 
-	// The CA's holder renews: the role stays; a role-less server
-	// certificate gets it when asked, a client's does not.
+	// The CA's holder renews: the role follows what the host runs now —
+	// a host that stopped running a server loses it at once, one that
+	// started gets it at once, a due renewal keeps it.
 	now := time.Now()
 	for _, tc := range []struct {
 		dir    string
@@ -41,7 +42,8 @@ func TestServerRole(t *testing.T) {
 		did    bool
 		want   bool
 	}{
-		{srvDir, false, now.Add(300 * 24 * time.Hour), true, true},
+		{srvDir, true, now.Add(300 * 24 * time.Hour), true, true},
+		{srvDir, false, now, true, false},
 		{cliDir, false, now.Add(300 * 24 * time.Hour), true, false},
 		{cliDir, true, now, true, true},
 		{cliDir, true, now, false, true},
@@ -60,9 +62,10 @@ func TestServerRole(t *testing.T) {
 	}
 
 	// A server renews a node's certificate: the role comes from the
-	// presented certificate.
+	// presented certificate, and the request can give it up, never add it.
 	ca.NodeValidity = 20 * time.Minute
-	for _, server := range []bool{false, true} {
+	for _, tc := range []struct{ server, drop bool }{{false, false}, {true, false}, {true, true}, {false, true}} {
+		server := tc.server
 		dir := t.TempDir()
 		c := *ca
 		c.Server = server
@@ -79,7 +82,7 @@ func TestServerRole(t *testing.T) {
 		}
 		signer := *ca
 		signer.Server = !server // the signing CA's setting is not used
-		certPEM, err := signer.SignRenewal(cur.Cert.Leaf, req.CSR, time.Now())
+		certPEM, err := signer.SignRenewal(cur.Cert.Leaf, req.CSR, time.Now(), tc.drop)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -90,8 +93,9 @@ func TestServerRole(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if renewed.IsServer() != server {
-			t.Errorf("SignRenewal of a certificate with server role %v: %v", server, renewed.IsServer())
+		if want := server && !tc.drop; renewed.IsServer() != want {
+			t.Errorf("SignRenewal of a certificate with server role %v, dropping it %v: role %v, want %v",
+				server, tc.drop, renewed.IsServer(), want)
 		}
 	}
 }

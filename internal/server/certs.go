@@ -14,10 +14,11 @@ import (
 const maxCSR = 16 << 10
 
 // CertRenewer signs a renewed certificate for the node whose current
-// certificate is current, for the key of csr (pki.CA.SignRenewal, after
-// checking that the node is not revoked).
+// certificate is current, for the key of csr, without the server role if
+// dropServer (pki.CA.SignRenewal, after checking that the node is not
+// revoked).
 type CertRenewer interface {
-	RenewCertificate(ctx context.Context, current *x509.Certificate, csr []byte) (certPEM []byte, err error)
+	RenewCertificate(ctx context.Context, current *x509.Certificate, csr []byte, dropServer bool) (certPEM []byte, err error)
 }
 
 // RenewCertificate implements wire.StorageServer: a node without the CA
@@ -35,7 +36,7 @@ func (s *Server) RenewCertificate(ctx context.Context, req *wire.RenewCertificat
 	if s.cfg.Certs == nil {
 		return nil, fmt.Errorf("certificate renewal: this server does not hold the CA key: %w", fserr.ErrNotSupported)
 	}
-	cert, err := s.cfg.Certs.RenewCertificate(ctx, cur, req.Csr)
+	cert, err := s.cfg.Certs.RenewCertificate(ctx, cur, req.Csr, req.DropServerRole)
 	if err != nil {
 		s.log.Warn("certificate renewal refused", "node", cur.Subject.CommonName, "err", err)
 		return nil, fmt.Errorf("certificate renewal: %v: %w", err, fserr.ErrPerm)

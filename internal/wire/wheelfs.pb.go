@@ -6843,13 +6843,16 @@ func (x *BlockData) GetData() []byte {
 }
 
 // RenewCertificateRequest carries a certificate request (DER) for the
-// caller's fresh key; name and addresses come from the certificate the
-// caller authenticated with, not from the request.
+// caller's fresh key; name, addresses and role come from the certificate
+// the caller authenticated with, not from the request, except that a node
+// that no longer runs a server gives the server role up
+// (drop_server_role): a request can take a role away, never add one.
 type RenewCertificateRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Csr           []byte                 `protobuf:"bytes,1,opt,name=csr,proto3" json:"csr,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state          protoimpl.MessageState `protogen:"open.v1"`
+	Csr            []byte                 `protobuf:"bytes,1,opt,name=csr,proto3" json:"csr,omitempty"`
+	DropServerRole bool                   `protobuf:"varint,2,opt,name=drop_server_role,json=dropServerRole,proto3" json:"drop_server_role,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *RenewCertificateRequest) Reset() {
@@ -6887,6 +6890,13 @@ func (x *RenewCertificateRequest) GetCsr() []byte {
 		return x.Csr
 	}
 	return nil
+}
+
+func (x *RenewCertificateRequest) GetDropServerRole() bool {
+	if x != nil {
+		return x.DropServerRole
+	}
+	return false
 }
 
 // RenewCertificateResponse: the new certificate (PEM).
@@ -7960,9 +7970,10 @@ const file_wheelfs_proto_rawDesc = "" +
 	"\x04data\x18\x03 \x03(\fR\x04data\"5\n" +
 	"\tBlockData\x12\x14\n" +
 	"\x05index\x18\x01 \x01(\x04R\x05index\x12\x12\n" +
-	"\x04data\x18\x02 \x01(\fR\x04data\"+\n" +
+	"\x04data\x18\x02 \x01(\fR\x04data\"U\n" +
 	"\x17RenewCertificateRequest\x12\x10\n" +
-	"\x03csr\x18\x01 \x01(\fR\x03csr\".\n" +
+	"\x03csr\x18\x01 \x01(\fR\x03csr\x12(\n" +
+	"\x10drop_server_role\x18\x02 \x01(\bR\x0edropServerRole\".\n" +
 	"\x18RenewCertificateResponse\x12\x12\n" +
 	"\x04cert\x18\x01 \x01(\fR\x04cert\"\x13\n" +
 	"\x11FsckSlicesRequest\",\n" +
