@@ -30,7 +30,7 @@ func fileDist() *Experiment {
 		Summary: "file distribution (§8.5, Fig. 11): 15 readers at 5 sites read one file written at a 16th node at once; " +
 			"CDF beside one direct transfer and 15 simultaneous direct transfers over the same links",
 		Params: map[string]string{"size": "5MB", "uplink": "6mbit", "rtt": "100ms", "sites": "5",
-			"readers-per-site": "3", "cues": ".WholeFile/.Hotspot", "write-chunk": "1MB", "host-log-level": "info",
+			"readers-per-site": "3", "cues": ".WholeFile/.Hotspot", "write-cues": ".RepSites=1", "write-chunk": "1MB", "host-log-level": "info",
 			"direct-all": "yes"},
 		Run: runFileDist,
 	}
@@ -107,7 +107,11 @@ func runFileDist(ctx context.Context, env *Env) (*Result, error) {
 	rng := rand.NewChaCha8([32]byte{'w', 'h', 'e', 'e', 'l', 'f', 's'})
 	rng.Read(data)
 	want := sha256.Sum256(data)
-	if err := os.Mkdir(filepath.Join(src.Mount, "dist"), 0o755); err != nil {
+	// The paper's setup (and issue 12's): every replica at the origin's
+	// site, so that every byte the readers get first leaves through its
+	// uplink. .RepSites=1 keeps RepLevel 3 there (src-2, src-3).
+	wcues := strings.Trim(env.Param("write-cues", ".RepSites=1"), "/")
+	if err := os.Mkdir(filepath.Join(src.Mount, wcues, "dist"), 0o755); err != nil {
 		return nil, err
 	}
 	// Each commit sends its new blocks to the two backups in one call per
@@ -119,8 +123,8 @@ func runFileDist(ctx context.Context, env *Env) (*Result, error) {
 	if err != nil {
 		return nil, fmt.Errorf("write-chunk: %w", err)
 	}
-	progress(env, "writing %d bytes at src-1 (RepLevel 3: two backups behind the %s uplink), fsync every %d bytes", size, formatBPS(uplink), chunk)
-	w, c, err := writeChunked(filepath.Join(src.Mount, "dist", "file"), data, int(chunk))
+	progress(env, "writing %d bytes at src-1 (%s/dist/file), fsync every %d bytes", size, wcues, chunk)
+	w, c, err := writeChunked(filepath.Join(src.Mount, wcues, "dist", "file"), data, int(chunk))
 	if err != nil {
 		return nil, fmt.Errorf("write at src-1: %w", err)
 	}
@@ -220,7 +224,7 @@ func runFileDist(ctx context.Context, env *Env) (*Result, error) {
 		fmt.Sprintf("bytes out of src's uplink (IP, with headers) for %d × %d bytes delivered: %.1f MB (%.2f×) during the direct transfers, %.1f MB (%.2f×) during the WheelFS reads",
 			n, size, float64(directBytes)/1e6, float64(directBytes)/float64(int64(n)*size), float64(wfsBytes)/1e6, float64(wfsBytes)/float64(int64(n)*size)),
 		fmt.Sprintf("bytes out of each site's uplink during the WheelFS reads (MB): %s", strings.Join(siteMB, ", ")),
-		hotspotNote(cues),
+		hotspotNote(cues, wcues),
 	}}
 	for i, e := range derrs {
 		if e != nil && e != errSkipped {
@@ -386,11 +390,14 @@ func uplinkBytes(st *testbed.State, site string) uint64 {
 }
 
 // hotspotNote says where the WheelFS readers' blocks come from under cues.
-func hotspotNote(cues string) string {
+func hotspotNote(cues, wcues string) string {
+	where := "the slice's backups are placed by " + wcues + ": readers at a site holding one find every block there"
+	if wcues == ".RepSites=1" {
+		where = "every replica is at src's site (.RepSites=1): every block first leaves through its uplink"
+	}
 	if !slices.Contains(strings.Split(cues, "/"), ".Hotspot") {
-		return "without .Hotspot every reader fetches every block from the file's primary at src-1 (a replica at its own site when one has the block)"
+		return "without .Hotspot every reader fetches every block from the file's primary at src-1 (a replica at its own site when one has the block); " + where
 	}
 	return ".Hotspot: each reader goes round the file's blocks (one ring, ordered by hash) from a random point of its own, fetching each from readers at its own site " +
-		"that hold it (the primary names holders, its site first), a replica at its own site, then holders, replicas and the primary elsewhere " +
-		"(the slice's two backups, RepLevel 3, are placed at other sites: readers at those sites find every block at their own site)"
+		"that hold it (the primary names holders, its site first), a replica at its own site, then holders, replicas and the primary elsewhere; " + where
 }

@@ -24,6 +24,7 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+	"time"
 
 	"go.etcd.io/etcd/client/pkg/v3/transport"
 	"go.etcd.io/etcd/server/v3/embed"
@@ -275,17 +276,51 @@ func ClientTLSConfig(certFile, keyFile, caFile string) (*tls.Config, error) {
 
 // FreeAddr returns host:port with a port that was free on host a moment
 // ago (empty host = 127.0.0.1). Useful to lay out multi-member clusters.
+// It never hands out one port twice within handedFor: the kernel may give
+// a port just closed to the next listener, and a member's client and peer
+// URLs, picked one after the other, once got the same port.
 func FreeAddr(host string) (string, error) {
 	if host == "" {
 		host = "127.0.0.1"
 	}
-	l, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
-	if err != nil {
-		return "", err
+	handed.mu.Lock()
+	defer handed.mu.Unlock()
+	now := time.Now()
+	for port, at := range handed.at {
+		if now.Sub(at) > handedFor {
+			delete(handed.at, port)
+		}
 	}
-	defer l.Close()
-	return l.Addr().String(), nil
+	var held []net.Listener // listeners of ports handed out already, closed at the end
+	defer func() {
+		for _, l := range held {
+			l.Close()
+		}
+	}()
+	for range 64 {
+		l, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
+		if err != nil {
+			return "", err
+		}
+		addr := l.Addr().(*net.TCPAddr)
+		if _, again := handed.at[addr.Port]; again {
+			held = append(held, l) // keep it open so the next try gets another
+			continue
+		}
+		l.Close()
+		handed.at[addr.Port] = now
+		return addr.String(), nil
+	}
+	return "", fmt.Errorf("embedded: no free port on %s that was not handed out in the last %v", host, handedFor)
 }
+
+// handedFor is how long FreeAddr remembers a port it handed out.
+const handedFor = time.Minute
+
+var handed = struct {
+	mu sync.Mutex
+	at map[int]time.Time
+}{at: map[int]time.Time{}}
 
 // resolveURL turns a configured address (host:port or URL) into a URL of
 // the given scheme. An empty address or port 0 picks a free port; a saved

@@ -382,3 +382,20 @@ func TestMutualTLS(t *testing.T) {
 		t.Fatal("dial without client certificate succeeded")
 	}
 }
+
+// TestFreeAddrNeverTwice: ports handed out one after the other differ,
+// even when the kernel offers a port just closed again (a member's client
+// and peer URLs once got the same port).
+func TestFreeAddrNeverTwice(t *testing.T) {
+	seen := map[string]bool{}
+	for range 200 {
+		a, err := embedded.FreeAddr("")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if seen[a] {
+			t.Fatalf("FreeAddr handed out %s twice", a)
+		}
+		seen[a] = true
+	}
+}
