@@ -2,7 +2,6 @@ package server
 
 import (
 	"errors"
-	"maps"
 	"testing"
 
 	"github.com/wheelfs/wheelfs/internal/configsvc"
@@ -16,15 +15,13 @@ import (
 // commit (the earlier change of the object counts again), and forgets
 // batches once enough backups acknowledged them, oldest first.
 func TestUnstableBookkeeping(t *testing.T) {
-	s, ctx := newTestServer(t)
-	// A deployment of three, as the batches' needs are capped by it.
-	tb := *s.table.Load()
-	tb.Servers = maps.Clone(tb.Servers)
-	for _, id := range []string{"b1", "b2"} {
-		tb.Servers[id] = configsvc.ServerInfo{ID: id, Site: "site1"}
-	}
-	s.table.Store(&tb)
-	// A slice of its own, which maintenance does not tend.
+	running, ctx := newTestServer(t)
+	// A server of a deployment of three (the batches' needs are capped
+	// by it) that is not running (no maintenance replaces its table),
+	// on the running one's store.
+	s := placementServer(configsvc.ServerInfo{ID: "s1", Site: "west"}, configsvc.ServerInfo{ID: "b1", Site: "west"},
+		configsvc.ServerInfo{ID: "b2", Site: "west"})
+	s.store, s.bg = running.store, ctx
 	const sl = oid.Slice(77)
 	r := newSliceRepl(s, sl, 1, 3, 0)
 	t.Cleanup(r.close)
