@@ -246,7 +246,7 @@ func (h *Handle) Holders(ctx context.Context, first, count uint64) ([]BlockHolde
 	h.st.mu.Unlock()
 	f := h.fs
 	req := &wire.HoldersRequest{Caller: h.user.caller(), Id: uint64(id), Version: version,
-		Blocks: []*wire.BlockRange{{First: first, Count: count}}, Node: f.cfg.Node}
+		Blocks: []*wire.BlockRange{{First: first, Count: count}}, Node: f.cfg.Node, Site: f.cfg.Site}
 	if f.cfg.Coord != nil {
 		req.Coord = f.cfg.Coord.Wire()
 	}

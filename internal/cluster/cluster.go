@@ -54,8 +54,6 @@ import (
 	"testing"
 	"time"
 
-	clientv3 "go.etcd.io/etcd/client/v3"
-
 	"github.com/wheelfs/wheelfs/internal/client"
 	"github.com/wheelfs/wheelfs/internal/configsvc"
 	"github.com/wheelfs/wheelfs/internal/deploy"
@@ -691,7 +689,7 @@ func (c *Cluster) member(i int) *member {
 func (c *Cluster) ConfigLeader() int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if m := leader(c.etcd.Client(), c.members); m != nil {
+	if m := leader(c.etcd, c.members); m != nil {
 		return slices.Index(c.members, m)
 	}
 	return -1
@@ -814,11 +812,7 @@ func (c *Cluster) close() {
 	}
 	wg.Wait()
 	hostsDone := time.Now()
-	var cli *clientv3.Client
-	if c.etcd != nil {
-		cli = c.etcd.Client()
-	}
-	stopAll(cli, members)
+	stopAll(c.etcd, members)
 	if c.etcd != nil {
 		c.etcd.Close()
 	}

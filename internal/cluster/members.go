@@ -14,9 +14,9 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/wheelfs/wheelfs/internal/configsvc"
 	"github.com/wheelfs/wheelfs/internal/configsvc/embedded"
 	"github.com/wheelfs/wheelfs/internal/pki"
-	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 // member is one etcd member of the configuration service. It runs unless
@@ -151,20 +151,24 @@ func startMembers(ctx context.Context, ms []*member) error {
 }
 
 // leader returns the running member that leads the cluster, nil if none
-// is known. cli is any client with the cluster's credentials.
-func leader(cli *clientv3.Client, ms []*member) *member {
+// is known. svc is any client with the cluster's credentials; its Members
+// orders the status calls with its endpoint monitor (a raw etcd client's
+// Status races with SetEndpoints: etcd client v3.7.3 dial).
+func leader(svc *configsvc.EtcdService, ms []*member) *member {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
-	for _, m := range ms {
-		if m.m == nil {
+	list, err := svc.Members(ctx)
+	if err != nil {
+		return nil
+	}
+	for _, l := range list {
+		if !l.Leader {
 			continue
 		}
-		st, err := cli.Status(ctx, m.endpoint())
-		if err != nil || st.Leader == 0 {
-			continue
-		}
-		if st.Leader == st.Header.MemberId {
-			return m
+		for _, m := range ms {
+			if m.m != nil && m.name == l.Name {
+				return m
+			}
 		}
 	}
 	return nil
@@ -173,10 +177,10 @@ func leader(cli *clientv3.Client, ms []*member) *member {
 // stopAll stops the running members: the followers together, then the
 // leader, which finds no successor to hand leadership to. (Stopping the
 // leader while its successor is stopping costs seconds.)
-func stopAll(cli *clientv3.Client, ms []*member) {
+func stopAll(svc *configsvc.EtcdService, ms []*member) {
 	var lead *member
-	if cli != nil {
-		lead = leader(cli, ms)
+	if svc != nil {
+		lead = leader(svc, ms)
 	}
 	var wg sync.WaitGroup
 	for _, m := range ms {
