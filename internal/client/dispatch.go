@@ -109,6 +109,7 @@ func callVia[Req, Resp any](ctx context.Context, f *FS, id oid.ID, rpc rpcFunc[R
 			// probe: one that stays unanswered too means the server is
 			// away, not busy (waiting out a lease, say).
 			var away atomic.Bool
+			tried := time.Now()
 			probed := make(chan struct{})
 			probe := time.AfterFunc(half(ctx), func() {
 				defer close(probed)
@@ -122,9 +123,10 @@ func callVia[Req, Resp any](ctx context.Context, f *FS, id oid.ID, rpc rpcFunc[R
 				<-probed
 			}
 			if err == nil {
+				f.silent.answered(c.ID)
 				return resp, nil
 			}
-			unreached = retryable(err) || away.Load()
+			unreached = (retryable(err) || away.Load()) && !f.silent.heardSince(c.ID, tried)
 			switch ctx.Err() {
 			case context.DeadlineExceeded:
 				return resp, fmt.Errorf("%v: %w", err, fserr.ErrTimeout)
@@ -246,14 +248,40 @@ func alive(ctx context.Context, c Conn) bool {
 // first probes it for at most silentProbe and fails if that goes
 // unanswered. An answer, a refused connection (the process is gone and
 // its slices are being taken over) or a new primary of the slice ends it.
+//
+// A server that answered any call since is busy, not away: behind a
+// saturated uplink (fifteen readers pulling one file through 6 Mbit/s)
+// a probe waits seconds behind the blocks queued before it, and taking
+// that for silence failed every reader's next read at once.
 type silence struct {
 	mu sync.Mutex
 	m  map[oid.Slice]silentPrimary
+	// heard is when each server last answered a call (server ID →
+	// *atomic.Int64, unix ns).
+	heard sync.Map
 }
 
 type silentPrimary struct {
-	id    string
-	until time.Time
+	id        string
+	at, until time.Time
+}
+
+// answered notes an answer from server id.
+func (s *silence) answered(id string) {
+	now := time.Now().UnixNano()
+	if v, ok := s.heard.Load(id); ok {
+		v.(*atomic.Int64).Store(now)
+		return
+	}
+	v := new(atomic.Int64)
+	v.Store(now)
+	s.heard.Store(id, v)
+}
+
+// heardSince reports whether server id answered a call after t.
+func (s *silence) heardSince(id string, t time.Time) bool {
+	v, ok := s.heard.Load(id)
+	return ok && v.(*atomic.Int64).Load() > t.UnixNano()
 }
 
 // silentProbe bounds the probe a call to a silent primary sends first.
@@ -269,7 +297,8 @@ func (s *silence) mark(sl oid.Slice, id string, waited time.Duration) {
 	if s.m == nil {
 		s.m = map[oid.Slice]silentPrimary{}
 	}
-	s.m[sl] = silentPrimary{id, time.Now().Add(min(waited, maxSilence))}
+	now := time.Now()
+	s.m[sl] = silentPrimary{id, now, now.Add(min(waited, maxSilence))}
 }
 
 func (s *silence) clear(sl oid.Slice) {
@@ -285,7 +314,7 @@ func (s *silence) silent(sl oid.Slice, id string) bool {
 	if !ok {
 		return false
 	}
-	if p.id != id || time.Now().After(p.until) {
+	if p.id != id || time.Now().After(p.until) || s.heardSince(id, p.at) {
 		delete(s.m, sl)
 		return false
 	}
