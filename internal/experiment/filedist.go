@@ -2,6 +2,7 @@ package experiment
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/json"
@@ -391,7 +392,8 @@ func uplinkBytes(st *testbed.State, site string) uint64 {
 
 // hotspotNote says where the WheelFS readers' blocks come from under cues.
 func hotspotNote(cues, wcues string) string {
-	where := "the slice's backups are placed by " + wcues + ": readers at a site holding one find every block there"
+	where := "the slice's backups are placed by " + cmp.Or(wcues, "the default policy (RepLevel 3, one copy per site)") +
+		": readers at a site holding one find every block there"
 	if wcues == ".RepSites=1" {
 		where = "every replica is at src's site (.RepSites=1): every block first leaves through its uplink"
 	}
