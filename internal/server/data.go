@@ -95,9 +95,7 @@ func (s *Server) GetBlocks(ctx context.Context, req *wire.GetBlocksRequest) (*wi
 		}
 		return nil
 	})
-	if err == nil {
-		err = s.settle(ctx, id)
-	}
+	err = s.settled(ctx, err, id)
 	if err != nil {
 		return nil, fmt.Errorf("blocks of %v: %w", id, err)
 	}

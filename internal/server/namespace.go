@@ -82,7 +82,7 @@ func (s *Server) Lookup(ctx context.Context, req *wire.LookupRequest) (*wire.Loo
 		return err
 	})
 	if err != nil {
-		return nil, fmt.Errorf("lookup %q: %w", req.Name, err)
+		return nil, fmt.Errorf("lookup %q: %w", req.Name, s.settled(ctx, err, dir))
 	}
 	if resp.Meta != nil && resp.LeaseMs > 0 {
 		// The child's lease is granted only now, so read its meta again:
@@ -116,9 +116,7 @@ func (s *Server) GetAttr(ctx context.Context, req *wire.GetAttrRequest) (*wire.G
 	}
 	ms := s.leases.grant(req.Caller, id)
 	m, sum, err := s.leasedMeta(req.Caller, id, ms)
-	if err == nil {
-		err = s.settle(ctx, id)
-	}
+	err = s.settled(ctx, err, id)
 	if err != nil {
 		return nil, err
 	}
@@ -196,7 +194,7 @@ func (s *Server) Create(ctx context.Context, req *wire.CreateRequest) (*wire.Cre
 			return nil
 		})
 		if err != nil {
-			return nil, fmt.Errorf("create %q: %w", req.Name, s.refusal(ctx, err, dir))
+			return nil, fmt.Errorf("create %q: %w", req.Name, s.settled(ctx, err, dir))
 		}
 		if op.replayed() {
 			return s.createReplayed(ctx, op, req, deferSync)
@@ -591,7 +589,7 @@ func (s *Server) removeRemote(ctx context.Context, req *wire.RemoveRequest, op *
 		return err
 	})
 	if err != nil {
-		return nil, true, s.refusal(ctx, err, dir)
+		return nil, true, s.settled(ctx, err, dir)
 	}
 	if op.replayed() {
 		return nil, true, op.settle(ctx, req.SyncLevel)
@@ -815,7 +813,7 @@ func (s *Server) ReadDir(ctx context.Context, req *wire.ReadDirRequest) (*wire.R
 		return nil
 	})
 	if err != nil {
-		return nil, fmt.Errorf("readdir %v: %w", dir, err)
+		return nil, fmt.Errorf("readdir %v: %w", dir, s.settled(ctx, err, dir))
 	}
 	if req.Plus && resp.LeaseMs > 0 && len(resp.Entries) <= plusPageMax {
 		s.readDirPlus(ctx, req.Caller, resp, req.WithMeta)

@@ -87,10 +87,10 @@ func (s *Server) Open(ctx context.Context, req *wire.OpenRequest) (*wire.OpenRes
 		}
 		return err
 	})
-	if err == nil && !req.RegisterOnly {
+	if !req.RegisterOnly {
 		// A registration answers nothing the client uses; the client
 		// acknowledges a revocation only after it, so it must not wait.
-		err = s.settle(ctx, id)
+		err = s.settled(ctx, err, id)
 	}
 	if err != nil {
 		undo()

@@ -133,9 +133,7 @@ func (p *peerServer) DropLink(ctx context.Context, req *wire.DropLinkRequest) (*
 func (p *peerServer) Stat(ctx context.Context, req *wire.StatRequest) (*wire.StatResponse, error) {
 	s := p.s
 	m, err := s.primaryMeta(oid.ID(req.Id))
-	if err == nil {
-		err = s.settle(ctx, oid.ID(req.Id))
-	}
+	err = s.settled(ctx, err, oid.ID(req.Id))
 	if err != nil {
 		return nil, err
 	}

@@ -204,10 +204,11 @@ func (s *Server) settle(ctx context.Context, ids ...oid.ID) error {
 	return s.leases.settle(ctx, ids...)
 }
 
-// refusal returns err, a refusal built from what this server has of ids,
-// once that is stable; or the error of waiting for it.
-func (s *Server) refusal(ctx context.Context, err error, ids ...oid.ID) error {
-	if werr := s.stable(ctx, ids); werr != nil {
+// settled returns err, an answer built from what this server has of ids
+// (a refusal too: ENOENT, EEXIST, ENODATA show state as much as a value
+// does), once settle allows it to leave; or the error of waiting.
+func (s *Server) settled(ctx context.Context, err error, ids ...oid.ID) error {
+	if werr := s.settle(ctx, ids...); werr != nil {
 		return werr
 	}
 	return err

@@ -135,9 +135,7 @@ func (s *Server) GetXattr(ctx context.Context, req *wire.XattrRequest) (*wire.Xa
 		}
 		return err
 	})
-	if err == nil {
-		err = s.settle(ctx, id)
-	}
+	err = s.settled(ctx, err, id)
 	if err != nil {
 		return nil, fmt.Errorf("getxattr %q: %w", req.Name, err)
 	}
@@ -171,9 +169,7 @@ func (s *Server) ListXattr(ctx context.Context, req *wire.XattrRequest) (*wire.X
 		}
 		return err
 	})
-	if err == nil {
-		err = s.settle(ctx, id)
-	}
+	err = s.settled(ctx, err, id)
 	if err != nil {
 		return nil, fmt.Errorf("listxattr: %w", err)
 	}

@@ -70,7 +70,7 @@ func (s *Server) renameAcrossSteps(ctx context.Context, req *wire.RenameRequest,
 		return err
 	})
 	if err != nil {
-		return nil, s.refusal(ctx, err, src)
+		return nil, s.settled(ctx, err, src)
 	}
 	if op.replayed() {
 		return op.resp.(*wire.RenameResponse), op.settle(ctx, 0)
