@@ -323,23 +323,26 @@ func (s *Server) updateOnce(ctx context.Context, sync uint32, fn func(tx *store.
 	if isEventual(ctx) && sync == 0 {
 		return nil
 	}
+	// A deployment of fewer servers than the policy asks for gives what
+	// it has; a replica list shorter than that (backups not recruited
+	// yet) is waited on, never taken as enough. Every batch learns its
+	// need before any wait can fail (an unknown need keeps it, and those
+	// after it, remembered as unstable).
+	needs := make([]int, len(waits))
+	for i, w := range waits {
+		needs[i] = s.need(ctx, w.r, sync)
+		w.r.settleNeed(w.watch, needs[i])
+	}
 	if deferred != nil {
-		for _, w := range waits {
-			need := s.need(ctx, w.r, sync)
-			w.r.settleNeed(w.watch, need)
-			if need > 1 { // else durable already: its own disk
+		for i, w := range waits {
+			if needs[i] > 1 { // else durable already: its own disk
 				deferred.add(w.r, w.seq)
 			}
 		}
 		return nil
 	}
-	for _, w := range waits {
-		// A deployment of fewer servers than the policy asks for gives
-		// what it has; a replica list shorter than that (backups not
-		// recruited yet) is waited on, never taken as enough.
-		need := s.need(ctx, w.r, sync)
-		w.r.settleNeed(w.watch, need)
-		if err := s.waitBackups(ctx, w.r, w.seq, need); err != nil {
+	for i, w := range waits {
+		if err := s.waitBackups(ctx, w.r, w.seq, needs[i]); err != nil {
 			return err
 		}
 	}
