@@ -103,10 +103,10 @@ type sliceRepl struct {
 	orphansKnown bool
 	orphansSwept time.Time
 	// unstable are the committed batches not yet at the backups their
-	// writers wait for, oldest first; latest indexes them by object
-	// (stable.go).
+	// writers wait for, oldest first; byObject lists them by object, in
+	// seq order (stable.go).
 	unstable    []*unstableBatch
-	latest      map[oid.ID]*unstableBatch
+	byObject    map[oid.ID][]*unstableBatch
 	anyUnstable atomic.Bool // len(unstable) > 0, read without mu
 }
 

@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"fmt"
+	"slices"
 
 	"github.com/wheelfs/wheelfs/internal/oid"
 )
@@ -35,7 +36,15 @@ type unstableBatch struct {
 	// -1 until the writer has worked it out after its commit.
 	need int
 	ids  []oid.ID
+	// node is the client node (clientNode) whose reads need not wait for
+	// this batch: the writer's, for a deferred change (answered before it
+	// is durable, so its client core shows it already), else anyReader.
+	node string
 }
+
+// anyReader is an unstableBatch's node when no reader may see it early.
+const anyReader = "\x00nobody"
+
 
 // maxUnstable bounds the batches a primary remembers. Only a slice whose
 // backups stopped answering for that many changes (each of which failed
@@ -47,13 +56,13 @@ const maxUnstable = 1 << 16
 // the backups (r.mu held; called in the store's commit loop before the
 // batch becomes visible).
 func (r *sliceRepl) watchLocked(b *unstableBatch) {
-	if r.latest == nil {
-		r.latest = map[oid.ID]*unstableBatch{}
+	if r.byObject == nil {
+		r.byObject = map[oid.ID][]*unstableBatch{}
 	}
 	r.unstable = append(r.unstable, b)
 	r.anyUnstable.Store(true)
 	for _, id := range b.ids {
-		r.latest[id] = b
+		r.byObject[id] = append(r.byObject[id], b)
 	}
 	if len(r.unstable) > maxUnstable {
 		r.s.log.Warn("replication: backups behind by too many changes; reads stop waiting for the oldest",
@@ -76,31 +85,16 @@ func (r *sliceRepl) unwatchLocked(seq uint64) {
 	r.unstable = r.unstable[:n-1]
 	r.anyUnstable.Store(len(r.unstable) > 0)
 	r.forgetLocked(b)
-	// An earlier batch may still be pending for the same objects.
-	for _, id := range b.ids {
-		for i := len(r.unstable) - 1; i >= 0; i-- {
-			if e := r.unstable[i]; e.touches(id) {
-				r.latest[id] = e
-				break
-			}
-		}
-	}
 }
 
-func (b *unstableBatch) touches(id oid.ID) bool {
-	for _, x := range b.ids {
-		if x == id {
-			return true
-		}
-	}
-	return false
-}
-
-// forgetLocked drops b from latest where it is the latest.
+// forgetLocked drops b from its objects' lists.
 func (r *sliceRepl) forgetLocked(b *unstableBatch) {
 	for _, id := range b.ids {
-		if r.latest[id] == b {
-			delete(r.latest, id)
+		l := slices.DeleteFunc(r.byObject[id], func(x *unstableBatch) bool { return x == b })
+		if len(l) == 0 {
+			delete(r.byObject, id)
+		} else {
+			r.byObject[id] = l
 		}
 	}
 }
@@ -145,19 +139,23 @@ func (r *sliceRepl) ackedLocked(seq uint64) int {
 	return n
 }
 
-// unstableOf returns the latest batch changing id that may not be at its
-// backups yet (a copy: the batch may be pruned meanwhile).
-func (r *sliceRepl) unstableOf(id oid.ID) (unstableBatch, bool) {
+// unstableOf returns the latest batch changing id that another client
+// node than reader made and that may not be at its backups yet (a copy:
+// the batch may be pruned meanwhile). Acknowledgements are cumulative, so
+// it covers the earlier batches of id too.
+func (r *sliceRepl) unstableOf(id oid.ID, reader string) (unstableBatch, bool) {
 	if !r.anyUnstable.Load() {
 		return unstableBatch{}, false
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	b, ok := r.latest[id]
-	if !ok {
-		return unstableBatch{}, false
+	l := r.byObject[id]
+	for i := len(l) - 1; i >= 0; i-- {
+		if b := l[i]; b.node != reader {
+			return unstableBatch{seq: b.seq, sync: b.sync, need: b.need}, true
+		}
 	}
-	return unstableBatch{seq: b.seq, sync: b.sync, need: b.need}, true
+	return unstableBatch{}, false
 }
 
 // stable returns once the last changes of ids that this server made as
@@ -167,6 +165,8 @@ func (s *Server) stable(ctx context.Context, ids []oid.ID) error {
 	if isEventual(ctx) {
 		return nil
 	}
+	var reader string
+	known := false
 	for _, id := range ids {
 		if id == 0 {
 			continue
@@ -175,7 +175,11 @@ func (s *Server) stable(ctx context.Context, ids []oid.ID) error {
 		if r == nil {
 			continue
 		}
-		b, ok := r.unstableOf(id)
+		if !known {
+			reader, _ = s.clientNode(ctx)
+			known = true
+		}
+		b, ok := r.unstableOf(id, reader)
 		if !ok {
 			continue
 		}

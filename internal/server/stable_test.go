@@ -30,7 +30,7 @@ func TestUnstableBookkeeping(t *testing.T) {
 	r.followers[f.id], r.followers[g.id] = f, g
 	assign := func(fail bool, ids ...oid.ID) *unstableBatch {
 		t.Helper()
-		w := &unstableBatch{need: -1, ids: ids}
+		w := &unstableBatch{need: -1, ids: ids, node: "writer"}
 		boom := errors.New("fails after numbering")
 		err := s.store.Update(ctx, func(tx *store.Tx) error {
 			if _, err := r.assign(tx, nil, w); err != nil {
@@ -48,7 +48,7 @@ func TestUnstableBookkeeping(t *testing.T) {
 	}
 	latest := func(id oid.ID) uint64 {
 		t.Helper()
-		u, ok := r.unstableOf(id)
+		u, ok := r.unstableOf(id, "reader")
 		if !ok {
 			return 0
 		}
@@ -64,6 +64,20 @@ func TestUnstableBookkeeping(t *testing.T) {
 	if latest(b) != first.seq {
 		t.Fatalf("after a failed batch, latest b=%d, want %d", latest(b), first.seq)
 	}
+
+	// The reader's own change is its own to see: not waited for, and it
+	// hides no other writer's earlier one.
+	own := &unstableBatch{need: -1, ids: []oid.ID{b}, node: "reader"}
+	if err := s.store.Update(ctx, func(tx *store.Tx) error {
+		_, err := r.assign(tx, nil, own)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if latest(b) != first.seq {
+		t.Fatalf("with the reader's own later change, latest b=%d, want %d (the other writer's)", latest(b), first.seq)
+	}
+	r.settleNeed(own, 1)
 
 	r.settleNeed(first, 2)
 	r.settleNeed(second, 4) // more copies than the deployment has: capped to 3

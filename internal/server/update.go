@@ -225,6 +225,14 @@ func (s *Server) updateOnce(ctx context.Context, sync uint32, fn func(tx *store.
 	var waits []waiter
 	var read []oid.ID // what an answer without a change is built from
 	track := !(isEventual(ctx) && sync == 0) && s.deploymentSize() > 1
+	writer := anyReader // who may see the change before its backups have it
+	if track && deferralOf(ctx) != nil {
+		// A deferred change is answered before it is durable, so its
+		// client core shows it to its processes already; its reads of it
+		// need not wait. Any other change is hidden from every reader,
+		// the writer's own client included (another process there).
+		writer, _ = s.clientNode(ctx)
+	}
 	err := s.store.Update(ctx, func(tx *store.Tx) error {
 		waits, read = waits[:0], read[:0]
 		err := fn(tx)
@@ -283,7 +291,7 @@ func (s *Server) updateOnce(ctx context.Context, sync uint32, fn func(tx *store.
 			}
 			var watch *unstableBatch
 			if track {
-				watch = &unstableBatch{sync: sync, need: -1, ids: mutatedObjects(g.muts)}
+				watch = &unstableBatch{sync: sync, need: -1, ids: mutatedObjects(g.muts), node: writer}
 			}
 			seq, err := r.assign(tx, g.muts, watch)
 			if err != nil {
