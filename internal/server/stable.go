@@ -167,12 +167,16 @@ func (s *Server) stable(ctx context.Context, ids []oid.ID) error {
 	}
 	var reader string
 	known := false
-	for _, id := range ids {
+	var r *sliceRepl
+	var rOf oid.Slice
+	for i, id := range ids {
 		if id == 0 {
 			continue
 		}
-		r := s.owned.repl(id.Slice())
-		if r == nil {
+		if i == 0 || id.Slice() != rOf { // a listing's objects share a slice or a few
+			r, rOf = s.owned.repl(id.Slice()), id.Slice()
+		}
+		if r == nil || !r.anyUnstable.Load() {
 			continue
 		}
 		if !known {
