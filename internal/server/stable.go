@@ -45,7 +45,6 @@ type unstableBatch struct {
 // anyReader is an unstableBatch's node when no reader may see it early.
 const anyReader = "\x00nobody"
 
-
 // maxUnstable bounds the batches a primary remembers. Only a slice whose
 // backups stopped answering for that many changes (each of which failed
 // with a timeout) reaches it; the oldest are then forgotten, and reads of
