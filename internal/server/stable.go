@@ -168,12 +168,13 @@ func (s *Server) stable(ctx context.Context, ids []oid.ID) error {
 	known := false
 	var r *sliceRepl
 	var rOf oid.Slice
-	for i, id := range ids {
+	looked := false
+	for _, id := range ids {
 		if id == 0 {
 			continue
 		}
-		if i == 0 || id.Slice() != rOf { // a listing's objects share a slice or a few
-			r, rOf = s.owned.repl(id.Slice()), id.Slice()
+		if !looked || id.Slice() != rOf { // a listing's objects share a slice or a few
+			r, rOf, looked = s.owned.repl(id.Slice()), id.Slice(), true
 		}
 		if r == nil || !r.anyUnstable.Load() {
 			continue
