@@ -290,7 +290,11 @@ func (f *FS) CreateOpen(ctx context.Context, u User, cues cue.Set, dir oid.ID, n
 	// under .EventualConsistency puts the file in a slice it is primary
 	// for), so the release goes there.
 	h.obj, h.counted = oid.ID(resp.Meta.Id), true
-	h.at = f.countedBy(h.obj)
+	if c, ok := f.primaryAtHand(h.obj); ok {
+		// Who counted it, by the table at hand: a stale answer only makes
+		// reregister count it once more.
+		h.at = c.ID
+	}
 	f.attach(h, resp.Meta)
 	h.st.addUnsynced(resp.Pending)
 	f.hold(h)
@@ -432,14 +436,6 @@ func (f *FS) heldHandles() []*Handle {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return slices.Collect(maps.Keys(f.held))
-}
-
-// countedBy names the server that counted an open made with a create: the
-// primary of the object's slice by the table at hand ("" if none is
-// known; a stale answer only makes reregister count it once more).
-func (f *FS) countedBy(id oid.ID) string {
-	c, _ := f.primaryAtHand(id)
-	return c.ID
 }
 
 // reregister tells primary, the current primary of h's file, about the

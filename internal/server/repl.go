@@ -241,12 +241,7 @@ func (r *sliceRepl) kickLocked() {
 func (r *sliceRepl) wait(ctx context.Context, seq uint64, need int) error {
 	for {
 		r.mu.Lock()
-		n := 0
-		for _, f := range r.followers {
-			if f.synced && f.acked >= seq {
-				n++
-			}
-		}
+		n := r.ackedLocked(seq)
 		listed := len(r.followers)
 		ch := r.changed
 		r.mu.Unlock()

@@ -224,7 +224,10 @@ func (s *Server) updateOnce(ctx context.Context, sync uint32, fn func(tx *store.
 	}
 	var waits []waiter
 	var read []oid.ID // what an answer without a change is built from
-	track := !(isEventual(ctx) && sync == 0) && s.deploymentSize() > 1
+	// A deployment of one server tracks nothing (stable.go): no reads to
+	// keep, no batches to watch.
+	watching := s.deploymentSize() > 1 && !isEventual(ctx)
+	track := watching || s.deploymentSize() > 1 && sync > 0
 	writer := anyReader // who may see the change before its backups have it
 	if track && deferralOf(ctx) != nil {
 		// A deferred change is answered before it is durable, so its
@@ -236,7 +239,9 @@ func (s *Server) updateOnce(ctx context.Context, sync uint32, fn func(tx *store.
 	err := s.store.Update(ctx, func(tx *store.Tx) error {
 		waits, read = waits[:0], read[:0]
 		err := fn(tx)
-		read = append(read, tx.Read()...)
+		if watching {
+			read = append(read, tx.Read()...)
+		}
 		if err != nil {
 			return err
 		}
