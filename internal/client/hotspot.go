@@ -36,6 +36,7 @@ type holdReports struct {
 	pending map[oid.ID]*heldFile
 	sent    map[oid.ID]*heldFile
 	running bool
+	now     chan struct{} // a report is wanted at once (kick)
 	stop    chan struct{}
 	done    chan struct{}
 	closed  sync.Once
@@ -50,7 +51,7 @@ type heldFile struct {
 
 func newHoldReports() *holdReports {
 	return &holdReports{pending: map[oid.ID]*heldFile{}, sent: map[oid.ID]*heldFile{},
-		stop: make(chan struct{}), done: make(chan struct{})}
+		now: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
 }
 
 // covered reports whether sorted ranges rs hold all of r.
@@ -123,7 +124,17 @@ func (r *holdReports) run(ctx context.Context, f *FS) {
 			return
 		case <-t.C:
 			r.flush(ctx, f)
+		case <-r.now:
+			r.flush(ctx, f)
 		}
+	}
+}
+
+// kick makes the reporter send what is pending now, not at its next tick.
+func (r *holdReports) kick() {
+	select {
+	case r.now <- struct{}{}:
+	default:
 	}
 }
 

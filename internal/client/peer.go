@@ -71,8 +71,9 @@ type peerState struct {
 	limit *rate.Limiter // nil: unlimited
 	fromPeers, fromReplicas, fromPrimary,
 	served, corrupt, refused atomic.Int64
-	rtt atomic.Int64  // the last holders query's round trip (ns)
-	far chan struct{} // requests for blocks from other sites in flight
+	rtt      atomic.Int64  // the last holders query's round trip (ns)
+	awaiting atomic.Int64  // requests waiting for blocks being fetched
+	far      chan struct{} // requests for blocks from other sites in flight
 
 	badMu sync.Mutex
 	bad   map[string]time.Time // peers that sent corrupt data, until when skipped
@@ -140,6 +141,9 @@ func (s peerService) FetchCached(ctx context.Context, req *wire.FetchCachedReque
 		f.log.Info("peer request refused", "err", err)
 		return nil, err
 	}
+	if err := s.awaitFetching(ctx, req.Hashes); err != nil {
+		return nil, err
+	}
 	select {
 	case p.queue <- struct{}{}:
 		defer func() { <-p.queue }()
@@ -171,6 +175,50 @@ func (s peerService) FetchCached(ctx context.Context, req *wire.FetchCachedReque
 		p.served.Add(int64(len(b)))
 	}
 	return resp, nil
+}
+
+// maxAwaiting bounds the peer requests waiting for blocks this client is
+// still fetching.
+const maxAwaiting = 64
+
+// awaitFetching waits (within ctx) for those of hashes this client is
+// fetching: a reader the primary named as a holder-to-be serves a block
+// as soon as it has it, so that the block spreads from it before it has
+// the rest (pipelined, as BitTorrent's pieces). A block neither cached
+// nor being fetched (or only queued) is answered as missing at once.
+func (s peerService) awaitFetching(ctx context.Context, hashes [][]byte) error {
+	f, p := s.f, &s.f.peer
+	var wait []chan struct{}
+	f.fetchMu.Lock()
+	for _, h := range hashes {
+		if len(h) != 32 {
+			continue
+		}
+		if _, queued := f.queued[[32]byte(h)]; queued {
+			continue // not started: it may be long
+		}
+		if ch, ok := f.inflight[[32]byte(h)]; ok {
+			wait = append(wait, ch)
+		}
+	}
+	f.fetchMu.Unlock()
+	if len(wait) == 0 {
+		return nil
+	}
+	if p.awaiting.Add(1) > maxAwaiting {
+		p.awaiting.Add(-1)
+		p.refused.Add(1)
+		return status.Error(codes.ResourceExhausted, "too many peer requests waiting")
+	}
+	defer p.awaiting.Add(-1)
+	for _, ch := range wait {
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return nil // the caller gave up: what is cached is all there is
+		}
+	}
+	return nil
 }
 
 // admit checks req's grant for the calling node.

@@ -96,8 +96,11 @@ func (hf hotFile) ranges(hashes [][32]byte) []holders.Range {
 // client, so that readers that start together hold different blocks and
 // can serve each other (paper §5.5), a window of chunks at a time sized from the
 // bandwidth-delay product to the primary. Each chunk has its own time
-// limit: a large file takes longer than one call's bound. A read that
-// waits too long for a block still queued takes it (steal).
+// limit: a large file takes longer than one call's bound. Blocks the
+// primary has neither holders for nor hands out yet go to the back of the
+// queue; a block that keeps coming back for longer than one call's bound
+// is left to the read that needs it. A read that waits too long for a
+// block still queued takes it (steal).
 func (f *FS) prefetchHot(ctx context.Context, u User, hf hotFile, mine [][32]byte) {
 	if len(mine) == 0 {
 		return
@@ -110,7 +113,7 @@ func (f *FS) prefetchHot(ctx context.Context, u User, hf hotFile, mine [][32]byt
 	slices.SortFunc(mine, func(a, b [32]byte) int { return bytes.Compare(a[:], b[:]) })
 	at := rand.IntN(len(mine))
 	mine = append(mine[at:], mine[:at]...)
-	q := &hotQueue{left: mine}
+	q := &hotQueue{left: mine, since: map[[32]byte]time.Time{}}
 	f.fetchMu.Lock()
 	for _, h := range mine {
 		f.queued[h] = q
@@ -123,16 +126,30 @@ func (f *FS) prefetchHot(ctx context.Context, u User, hf hotFile, mine [][32]byt
 	var wg sync.WaitGroup
 	for range window {
 		wg.Go(func() {
+			pause := firstPause
 			for {
 				chunk := f.nextQueued(q, hotChunk)
 				if len(chunk) == 0 {
 					return
 				}
 				ctx, cancel := context.WithTimeout(base, f.cfg.Timeout)
-				if err := f.fetchHot(ctx, u, hf, chunk); err != nil {
+				later, err := f.fetchHotChunk(ctx, u, hf, f.uncached(chunk))
+				cancel()
+				if err != nil {
 					f.log.Debug("hotspot prefetch failed", "id", hf.id.String(), "err", err)
 				}
-				cancel()
+				later = f.requeue(q, later, time.Now().Add(-f.cfg.Timeout))
+				f.unclaim(slices.DeleteFunc(chunk, func(h [32]byte) bool { return slices.Contains(later, h) }))
+				if len(later) < len(chunk) {
+					pause = firstPause
+					continue
+				}
+				// Nothing to fetch now: others are becoming holders.
+				select {
+				case <-time.After(pause):
+				case <-base.Done():
+				}
+				pause = min(2*pause, maxPause)
 			}
 		})
 	}
@@ -144,6 +161,13 @@ func (f *FS) prefetchHot(ctx context.Context, u User, hf hotFile, mine [][32]byt
 			"far_replicas", t[fromFarReplicas].Load(), "primary", t[fromThePrimary].Load())
 	}()
 }
+
+// A reader the primary has nothing for now asks again after a pause that
+// doubles from firstPause to maxPause while nothing comes.
+const (
+	firstPause = 100 * time.Millisecond
+	maxPause   = time.Second
+)
 
 // hotTally counts the blocks of one prefetch by where they came from.
 type hotTally [numSources]atomic.Int64
@@ -165,9 +189,10 @@ func (t *hotTally) add(from, n int) {
 }
 
 // hotQueue is the blocks of one .Hotspot prefetch not yet started, in
-// fetch order (guarded by FS.fetchMu).
+// fetch order, and when each was first put back (guarded by FS.fetchMu).
 type hotQueue struct {
-	left [][32]byte
+	left  [][32]byte
+	since map[[32]byte]time.Time
 }
 
 // nextQueued starts up to n blocks of q.
@@ -182,6 +207,30 @@ func (f *FS) nextQueued(q *hotQueue, n int) [][32]byte {
 			delete(f.queued, h)
 			out = append(out, h)
 		}
+	}
+	return out
+}
+
+// requeue puts blocks back at the end of q, still claimed, and returns
+// them, except those first put back before giveUp (and those cached
+// since): a read that needs them fetches them itself.
+func (f *FS) requeue(q *hotQueue, hs [][32]byte, giveUp time.Time) [][32]byte {
+	now := time.Now()
+	f.fetchMu.Lock()
+	defer f.fetchMu.Unlock()
+	var out [][32]byte
+	for _, h := range hs {
+		since, ok := q.since[h]
+		if !ok {
+			since = now
+			q.since[h] = now
+		}
+		if since.Before(giveUp) || f.cache.Contains(h) {
+			continue
+		}
+		q.left = append(q.left, h)
+		f.queued[h] = q
+		out = append(out, h)
 	}
 	return out
 }
@@ -213,10 +262,9 @@ func (f *FS) hotWindow() int {
 	return min(max(int(bdp/(hotChunk*BlockSize))+1, minWindow), maxWindow)
 }
 
-// fetchHot brings claimed blocks of hf into the cache from holders,
-// replicas or the primary (in that order), releasing every claim.
-func (f *FS) fetchHot(ctx context.Context, u User, hf hotFile, hashes [][32]byte) error {
-	defer f.unclaim(hashes)
+// uncached returns the blocks of hashes not cached, releasing the claims
+// of the others.
+func (f *FS) uncached(hashes [][32]byte) [][32]byte {
 	var remote [][32]byte
 	for _, h := range hashes {
 		if _, ok := f.cache.Get(h); ok {
@@ -225,6 +273,16 @@ func (f *FS) fetchHot(ctx context.Context, u User, hf hotFile, hashes [][32]byte
 			remote = append(remote, h)
 		}
 	}
+	return remote
+}
+
+// fetchHot brings claimed blocks of hf that a read waits for into the
+// cache from holders, replicas or the primary, asking again after a pause
+// for those the primary has no source for yet, until ctx ends; it
+// releases every claim.
+func (f *FS) fetchHot(ctx context.Context, u User, hf hotFile, hashes [][32]byte) error {
+	defer f.unclaim(hashes)
+	remote := f.uncached(hashes)
 	// Chunks in parallel, a window at a time: one slow holder holds up
 	// only its own blocks.
 	sem := make(chan struct{}, f.hotWindow())
@@ -235,7 +293,7 @@ func (f *FS) fetchHot(ctx context.Context, u User, hf hotFile, hashes [][32]byte
 		sem <- struct{}{}
 		wg.Go(func() {
 			defer func() { <-sem }()
-			if err := f.fetchHotChunk(ctx, u, hf, chunk); err != nil {
+			if err := f.fetchHotUntil(ctx, u, hf, chunk); err != nil {
 				mu.Lock()
 				first = cmp.Or(first, err)
 				mu.Unlock()
@@ -244,6 +302,23 @@ func (f *FS) fetchHot(ctx context.Context, u User, hf hotFile, hashes [][32]byte
 	}
 	wg.Wait()
 	return first
+}
+
+// fetchHotUntil fetches chunk, asking again after a pause for what is to
+// come later, until ctx ends.
+func (f *FS) fetchHotUntil(ctx context.Context, u User, hf hotFile, chunk [][32]byte) error {
+	for pause := firstPause; ; pause = min(2*pause, maxPause) {
+		later, err := f.fetchHotChunk(ctx, u, hf, chunk)
+		if err != nil || len(later) == 0 {
+			return err
+		}
+		chunk = later
+		select {
+		case <-time.After(pause):
+		case <-ctx.Done():
+			return fmt.Errorf("waiting for a source of %d blocks of %v: %w", len(chunk), hf.id, fserr.ErrTimeout)
+		}
+	}
 }
 
 // try bounds one try at one source: a fifth of what is left, at most
@@ -256,7 +331,16 @@ func (hf hotFile) try(ctx context.Context) (context.Context, context.CancelFunc)
 	return context.WithTimeout(asTry(ctx), d)
 }
 
-func (f *FS) fetchHotChunk(ctx context.Context, u User, hf hotFile, chunk [][32]byte) error {
+// fetchHotChunk tries once to bring the blocks of chunk into the cache
+// and returns those to ask for again later. The primary names holders
+// (and holders-to-be) of each block and hands out the blocks nobody has,
+// as many as its uplink can send soon: those are read from it, the others
+// from holders at this site, replicas here, holders elsewhere and
+// replicas elsewhere (not at the primary's site: its uplink is the
+// primary's), in that order. Blocks that failed are shown to the primary
+// once more as tried, so that it may send them itself; the rest wait for
+// a later ask. err is set only when there is no primary to ask.
+func (f *FS) fetchHotChunk(ctx context.Context, u User, hf hotFile, chunk [][32]byte) (later [][32]byte, err error) {
 	left := map[[32]byte]bool{}
 	for _, h := range chunk {
 		left[h] = true
@@ -269,58 +353,124 @@ func (f *FS) fetchHotChunk(ctx context.Context, u User, hf hotFile, chunk [][32]
 			f.reports.add(ctx, f, u, hf.id, hf.version, hf.ranges([][32]byte{h}))
 		}
 	}
-	req := &wire.HoldersRequest{Caller: u.caller(), Id: uint64(hf.id), Version: hf.version, Node: f.cfg.Node, Site: f.cfg.Site, WantGrant: true}
-	for _, r := range hf.ranges(chunk) {
+	var tried [][32]byte
+	for round := 0; round < 2 && len(left) > 0; round++ {
+		ask := slices.Collect(maps.Keys(left))
+		if round == 1 {
+			if len(tried) == 0 {
+				break
+			}
+			ask = tried
+		}
+		resp, err := f.askHolders(ctx, u, hf, ask, tried)
+		if err != nil || resp.Version != hf.version || resp.Grant == nil {
+			// No pacing and no holders: the primary, as without the cue.
+			f.log.Debug("no holders; reading from the primary", "id", hf.id.String(), "err", err)
+			rest := slices.Collect(maps.Keys(left))
+			_, err := f.fromPrimary(ctx, u, hf, rest)
+			return nil, err
+		}
+		direct := map[[32]byte]bool{}
+		for _, h := range ask {
+			if slices.ContainsFunc(hf.index[h], func(idx uint64) bool { return inRanges(resp.Direct, idx) }) {
+				direct[h] = true
+				delete(left, h)
+			}
+		}
+		var fetched map[[32]byte]bool
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			fetched, _ = f.fromPrimary(ctx, u, hf, slices.Collect(maps.Keys(direct)))
+		}()
+		if round == 0 {
+			named := f.fromSources(ctx, u, hf, resp, left, got)
+			tried = slices.Collect(maps.Keys(named))
+		} else {
+			tried = nil // not from holders again: they failed once
+		}
+		<-done
+		for h := range direct {
+			if !fetched[h] {
+				left[h] = true
+				tried = append(tried, h)
+			}
+		}
+	}
+	return slices.Collect(maps.Keys(left)), nil
+}
+
+// askHolders asks the primary for holders of hashes and which of them to
+// read from it; tried are blocks the sources it named before failed to
+// give. This client becomes a holder-to-be of what it will fetch when it
+// serves its cache.
+func (f *FS) askHolders(ctx context.Context, u User, hf hotFile, hashes, tried [][32]byte) (*wire.HoldersResponse, error) {
+	req := &wire.HoldersRequest{Caller: u.caller(), Id: uint64(hf.id), Version: hf.version, Node: f.cfg.Node, Site: f.cfg.Site,
+		WantGrant: true, Urgent: !hf.background}
+	for _, r := range hf.ranges(hashes) {
 		req.Blocks = append(req.Blocks, &wire.BlockRange{First: r.First, Count: r.Count})
+	}
+	for _, r := range hf.ranges(tried) {
+		req.Tried = append(req.Tried, &wire.BlockRange{First: r.First, Count: r.Count})
+	}
+	if hf.note && f.peer.cfg.Grants != nil {
+		req.PeerAddr = f.peer.cfg.Addr
 	}
 	if f.cfg.Coord != nil {
 		req.Coord = f.cfg.Coord.Wire()
 	}
 	actx, cancel := hf.try(ctx)
+	defer cancel()
 	began := time.Now()
 	resp, err := call(actx, f, hf.id, wire.StorageClient.Holders, req)
-	cancel()
 	if err == nil {
 		f.peer.rtt.Store(int64(time.Since(began)))
 	}
-	if err != nil || resp.Version != hf.version || resp.Grant == nil {
-		f.log.Debug("no holders; reading from the primary", "id", hf.id.String(), "err", err)
-	} else {
-		// Own site first (holders, then replicas): the LAN is free, and
-		// every site's uplink is the scarce resource.
-		n := len(left)
-		f.fromHolders(ctx, hf, resp, left, got, true)
-		hf.tally.add(fromNearHolders, n-len(left))
-		n = len(left)
-		f.fromReplicas(ctx, u, hf, resp.Grant, left, got, true)
-		hf.tally.add(fromNearReplicas, n-len(left))
-		// Elsewhere the primary's uplink is one source among those that
-		// have a block, not only the last resort: left idle, it would
-		// carry only what the others failed to send.
-		direct := f.primaryShare(ctx, hf, resp, left)
-		for _, h := range direct {
-			delete(left, h)
-		}
-		n = len(left)
-		f.fromHolders(ctx, hf, resp, left, got, false)
-		hf.tally.add(fromFarHolders, n-len(left))
-		n = len(left)
-		f.fromReplicas(ctx, u, hf, resp.Grant, left, got, false)
-		hf.tally.add(fromFarReplicas, n-len(left))
-		for _, h := range direct {
-			left[h] = true
-		}
-	}
+	return resp, err
+}
+
+// fromSources fetches blocks in left from what resp names, own site
+// first (holders, then replicas: the LAN is free, and every site's uplink
+// is the scarce resource), then elsewhere, and returns those still left
+// that some holder or replica was asked for.
+func (f *FS) fromSources(ctx context.Context, u User, hf hotFile, resp *wire.HoldersResponse, left map[[32]byte]bool, got func([32]byte, []byte)) (named map[[32]byte]bool) {
 	if len(left) == 0 {
 		return nil
 	}
-	rest := slices.Collect(maps.Keys(left))
-	// From the primary too, small requests within the far slots: its
-	// uplink is the one every reader shares first.
+	before := maps.Clone(left)
+	replicas := f.replicasBeside(ctx, hf.id)
+	for _, near := range []bool{true, false} {
+		holders, reps := fromFarHolders, fromFarReplicas
+		if near {
+			holders, reps = fromNearHolders, fromNearReplicas
+		}
+		n := len(left)
+		f.fromHolders(ctx, hf, resp, left, got, near)
+		hf.tally.add(holders, n-len(left))
+		n = len(left)
+		f.fromReplicas(ctx, u, hf, resp.Grant, replicas, left, got, near)
+		hf.tally.add(reps, n-len(left))
+	}
+	named = map[[32]byte]bool{}
+	for h := range left {
+		if before[h] && (len(replicas) > 0 || slices.ContainsFunc(resp.Holders, func(x *wire.Holder) bool {
+			return slices.ContainsFunc(hf.index[h], func(idx uint64) bool { return inRanges(x.Blocks, idx) })
+		})) {
+			named[h] = true
+		}
+	}
+	return named
+}
+
+// fromPrimary reads blocks from the primary, in small requests within the
+// far slots (its uplink is the one every reader shares first), and
+// returns those it got.
+func (f *FS) fromPrimary(ctx context.Context, u User, hf hotFile, hs [][32]byte) (map[[32]byte]bool, error) {
 	var mu sync.Mutex
+	fetched := map[[32]byte]bool{}
 	var first error
 	var wg sync.WaitGroup
-	for part := range slices.Chunk(rest, farRequestBlocks) {
+	for part := range slices.Chunk(hs, farRequestBlocks) {
 		wg.Go(func() {
 			release, ok := f.peer.farSlot(ctx, hf.background)
 			if !ok {
@@ -332,54 +482,26 @@ func (f *FS) fetchHotChunk(ctx context.Context, u User, hf hotFile, chunk [][32]
 			n, err := f.readRemote(ctx, u, hf.id, hf.ev, part)
 			release()
 			f.peer.fromPrimary.Add(n)
+			mu.Lock()
+			defer mu.Unlock()
 			if err != nil {
-				mu.Lock()
 				first = cmp.Or(first, err)
-				mu.Unlock()
 				return
+			}
+			for _, h := range part {
+				fetched[h] = true
 			}
 			hf.tally.add(fromThePrimary, len(part))
 			if hf.note {
+				// Reported at once: the primary paces what it hands out
+				// by how soon the blocks arrive.
 				f.reports.add(ctx, f, u, hf.id, hf.version, hf.ranges(part))
+				f.reports.kick()
 			}
 		})
 	}
 	wg.Wait()
-	return first
-}
-
-// primaryShare picks the blocks of left to read from the primary first:
-// each with probability 1/(n+1), n being the other sources elsewhere that
-// have it (holders resp names, replicas), so that every sender's uplink
-// carries about as much.
-func (f *FS) primaryShare(ctx context.Context, hf hotFile, resp *wire.HoldersResponse, left map[[32]byte]bool) [][32]byte {
-	replicas := 0
-	if info, err := f.router.Describe(ctx, hf.id.Slice()); err == nil {
-		if conns, err := f.router.Replicas(ctx, hf.id.Slice()); err == nil {
-			for _, c := range conns {
-				if c.ID != info.Primary.Server && c.Site != f.cfg.Site {
-					replicas++
-				}
-			}
-		}
-	}
-	now := time.Now()
-	var out [][32]byte
-	for h := range left {
-		n := replicas
-		for _, x := range resp.Holders {
-			if x.Addr == "" || x.Node == f.cfg.Node || x.Site == f.cfg.Site || f.peer.skipPeer(x.Node, now) {
-				continue
-			}
-			if slices.ContainsFunc(hf.index[h], func(idx uint64) bool { return inRanges(x.Blocks, idx) }) {
-				n++
-			}
-		}
-		if rand.IntN(n+1) == 0 {
-			out = append(out, h)
-		}
-	}
-	return out
+	return fetched, first
 }
 
 // fromHolders fetches blocks in left from the holders resp names at this
@@ -503,24 +625,33 @@ func (f *FS) fromPeer(ctx context.Context, hf hotFile, x *wire.Holder, g *wire.G
 	return out
 }
 
-// fromReplicas asks the slice's replicas other than the primary at this
-// client's site (own) or elsewhere, in a random order, for the blocks in
-// left, showing the grant (blocks are named by their hash: any replica's
-// copy will do). Requests elsewhere are small and in parallel, as to
-// holders there.
-func (f *FS) fromReplicas(ctx context.Context, u User, hf hotFile, g *wire.Grant, left map[[32]byte]bool, got func([32]byte, []byte), own bool) {
+// replicasBeside returns the replicas of id's slice that a .Hotspot read
+// may ask besides the primary: not the primary, and none at the primary's
+// site elsewhere than this client's (they send through the primary's
+// uplink, whose every block the primary paces).
+func (f *FS) replicasBeside(ctx context.Context, id oid.ID) []Conn {
+	info, err := f.router.Describe(ctx, id.Slice())
+	if err != nil {
+		return nil
+	}
+	conns, err := f.router.Replicas(ctx, id.Slice())
+	if err != nil {
+		return nil
+	}
+	return slices.DeleteFunc(conns, func(c Conn) bool {
+		return c.ID == info.Primary.Server || (c.Site == info.Primary.Site && c.Site != f.cfg.Site)
+	})
+}
+
+// fromReplicas asks replicas (of replicasBeside) at this client's site
+// (own) or elsewhere, in a random order, for the blocks in left, showing
+// the grant (blocks are named by their hash: any replica's copy will do).
+// Requests elsewhere are small and in parallel, as to holders there.
+func (f *FS) fromReplicas(ctx context.Context, u User, hf hotFile, g *wire.Grant, replicas []Conn, left map[[32]byte]bool, got func([32]byte, []byte), own bool) {
 	if len(left) == 0 {
 		return
 	}
-	info, err := f.router.Describe(ctx, hf.id.Slice())
-	if err != nil {
-		return
-	}
-	conns, err := f.router.Replicas(ctx, hf.id.Slice())
-	if err != nil {
-		return
-	}
-	conns = slices.DeleteFunc(conns, func(c Conn) bool { return c.ID == info.Primary.Server || (c.Site == f.cfg.Site) != own })
+	conns := slices.DeleteFunc(slices.Clone(replicas), func(c Conn) bool { return (c.Site == f.cfg.Site) != own })
 	rand.Shuffle(len(conns), func(i, j int) { conns[i], conns[j] = conns[j], conns[i] })
 	per := hotChunk
 	if !own {

@@ -83,7 +83,15 @@ type Options struct {
 	TTL time.Duration
 	// MaxAsk caps the blocks one lookup considers (default 4096).
 	MaxAsk int
+	// PendingTTL is how long a holder-to-be counts for blocks it is
+	// fetching (Expect) before it reports them (default DefaultPendingTTL).
+	PendingTTL time.Duration
 }
+
+// DefaultPendingTTL is how long a reader counts as a holder of blocks it
+// said it is fetching: a few tries' worth. A reader that failed to get
+// them stops being named after it.
+const DefaultPendingTTL = 15 * time.Second
 
 // DefaultTTL is how long a report counts: a client's memory cache turns
 // over in minutes under load, and a stale holder costs a reader only a
@@ -106,14 +114,39 @@ type file struct {
 }
 
 type holding struct {
-	file   uint64
-	holder Holder
-	ranges []Range
-	at     time.Time
-	elem   *list.Element
+	file    uint64
+	holder  Holder
+	ranges  []Range
+	pending []expected // blocks being fetched, not reported yet
+	at      time.Time
+	elem    *list.Element
 }
 
-func (h *holding) cost() int { return 1 + len(h.ranges) }
+// expected is blocks a holder-to-be said (at) it is fetching.
+type expected struct {
+	Range
+	at time.Time
+}
+
+func (h *holding) cost() int { return 1 + len(h.ranges) + len(h.pending) }
+
+// prunePending drops what the holder expected to have before now-ttl.
+func (h *holding) prunePending(now time.Time, ttl time.Duration) {
+	h.pending = slices.DeleteFunc(h.pending, func(e expected) bool { return now.Sub(e.at) >= ttl })
+}
+
+// has reports whether the holder has (or is fetching) block idx.
+func (h *holding) has(idx uint64, now time.Time, ttl time.Duration) bool {
+	if Contains(h.ranges, idx) {
+		return true
+	}
+	for _, e := range h.pending {
+		if now.Sub(e.at) < ttl && e.First <= idx && idx < e.end() {
+			return true
+		}
+	}
+	return false
+}
 
 // New returns an empty table.
 func New(o Options) *Table {
@@ -129,6 +162,9 @@ func New(o Options) *Table {
 	if o.MaxAsk <= 0 {
 		o.MaxAsk = 4096
 	}
+	if o.PendingTTL <= 0 {
+		o.PendingTTL = DefaultPendingTTL
+	}
 	return &Table{opts: o, files: map[uint64]*file{}}
 }
 
@@ -139,9 +175,53 @@ func (t *Table) Report(now time.Time, fileID, version uint64, h Holder, blocks [
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.expireLocked(now)
+	hd := t.holdingLocked(now, fileID, version, h)
+	if hd == nil {
+		return
+	}
+	before := hd.cost()
+	hd.prunePending(now, t.opts.PendingTTL)
+	for _, r := range blocks {
+		if next := Add(hd.ranges, r); len(next) <= t.opts.MaxRanges {
+			hd.ranges = next
+		}
+	}
+	t.settleLocked(hd, before)
+}
+
+// Expect records that h is fetching blocks of version of file at now: it
+// is named as their holder for PendingTTL, or until it reports them. A
+// holder-to-be serves a block as soon as it has it, so that a block
+// leaves its origin once and spreads from the readers that have it
+// (BitTorrent's pipelining).
+func (t *Table) Expect(now time.Time, fileID, version uint64, h Holder, blocks []Range) {
+	if len(blocks) == 0 {
+		return
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.expireLocked(now)
+	hd := t.holdingLocked(now, fileID, version, h)
+	if hd == nil {
+		return
+	}
+	before := hd.cost()
+	hd.prunePending(now, t.opts.PendingTTL)
+	for _, r := range blocks {
+		if r.Count > 0 && len(hd.pending) < t.opts.MaxRanges {
+			hd.pending = append(hd.pending, expected{Range: r, at: now})
+		}
+	}
+	t.settleLocked(hd, before)
+}
+
+// holdingLocked returns h's holding of version of fileID, made the most
+// recent (a new one if needed); nil when version is older than the
+// newest known.
+func (t *Table) holdingLocked(now time.Time, fileID, version uint64, h Holder) *holding {
 	f := t.fileLocked(fileID, version)
 	if f == nil {
-		return
+		return nil
 	}
 	hd := f.holdings[h.Node]
 	if hd == nil {
@@ -153,12 +233,12 @@ func (t *Table) Report(now time.Time, fileID, version uint64, h Holder, blocks [
 		t.lru.MoveToFront(hd.elem)
 	}
 	hd.holder, hd.at = h, now
-	before := hd.cost()
-	for _, r := range blocks {
-		if next := Add(hd.ranges, r); len(next) <= t.opts.MaxRanges {
-			hd.ranges = next
-		}
-	}
+	return hd
+}
+
+// settleLocked accounts for hd's change of cost from before and drops the
+// least recent holdings while over the cap.
+func (t *Table) settleLocked(hd *holding, before int) {
 	t.cost += hd.cost() - before
 	for t.cost > t.opts.MaxCost && t.lru.Len() > 0 {
 		t.dropLocked(t.lru.Back().Value.(*holding))
@@ -227,8 +307,9 @@ func (t *Table) Size() (holdings, cost int) {
 	return t.lru.Len(), t.cost
 }
 
-// Lookup returns holders of the asked blocks of version of file, those at
-// site first, then nearest to from first, leaving out node exclude (the asker). Holders are taken in
+// Lookup returns holders of the asked blocks of version of file (those
+// that reported them, and holders-to-be), those at site first, then
+// nearest to from first, leaving out node exclude (the asker). Holders are taken in
 // order of distance while they add a block that has fewer than perBlock
 // holders so far, up to max holders. A version other than the newest
 // known returns nothing (a newer one forgets the older's holdings).
@@ -274,11 +355,11 @@ func (t *Table) Lookup(now time.Time, fileID, version uint64, asked []Range, fro
 		if len(out) == max {
 			break
 		}
-		ranges := f.holdings[c.Node].ranges
+		hd := f.holdings[c.Node]
 		var has []int // positions in want
 		useful := false
 		for i, idx := range want {
-			if Contains(ranges, idx) {
+			if hd.has(idx, now, t.opts.PendingTTL) {
 				has = append(has, i)
 				useful = useful || count[i] < perBlock
 			}

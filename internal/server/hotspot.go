@@ -43,6 +43,7 @@ func (s *Server) ReportHolding(ctx context.Context, req *wire.ReportHoldingReque
 	now := time.Now()
 	for _, held := range req.Held {
 		id := oid.ID(held.Id)
+		s.origin.Held(now, held.Id, node, ranges(held.Blocks))
 		if !s.readable(ctx, held.Caller, id, held.Version) {
 			continue
 		}
@@ -101,7 +102,12 @@ func (s *Server) Holders(ctx context.Context, req *wire.HoldersRequest) (*wire.H
 	if name, err := pki.PeerName(ctx); err == nil {
 		exclude = name
 	}
-	for _, r := range s.holders.Lookup(time.Now(), req.Id, version, ranges(req.Blocks), netcoord.FromWire(req.Coord), req.Site, exclude, holdersPerBlock, limit) {
+	now := time.Now()
+	var held []holders.Range // the asked blocks someone holds or is fetching
+	for _, r := range s.holders.Lookup(now, req.Id, version, ranges(req.Blocks), netcoord.FromWire(req.Coord), req.Site, exclude, holdersPerBlock, limit) {
+		for _, b := range r.Blocks {
+			held = holders.Add(held, b)
+		}
 		h := &wire.Holder{Node: r.Node, Site: r.Site, RttMs: -1, Addr: r.Addr}
 		if r.RTT != netcoord.Unknown {
 			h.RttMs = float64(r.RTT) / float64(time.Millisecond)
@@ -117,8 +123,53 @@ func (s *Server) Holders(ctx context.Context, req *wire.HoldersRequest) (*wire.H
 			return nil, err
 		}
 		resp.Grant = g
+		for _, r := range s.handOut(now, req, exclude, held) {
+			resp.Direct = append(resp.Direct, &wire.BlockRange{First: r.First, Count: r.Count})
+		}
 	}
 	return resp, nil
+}
+
+// maxHandOut bounds the blocks one holders query considers handing out.
+const maxHandOut = 4096
+
+// handOut picks the asked blocks the asker should read from this server:
+// those nobody holds or is fetching, and those it failed to get from the
+// sources named before, paced by s.origin for an asker at another site
+// (this server's uplink is what every far reader shares; at its own site
+// the LAN is free). The asker becomes a holder-to-be of every block it
+// will fetch, from holders or from here, so that readers after it are
+// sent to it: each block leaves the origin about once.
+func (s *Server) handOut(now time.Time, req *wire.HoldersRequest, asker string, held []holders.Range) []holders.Range {
+	tried := ranges(req.Tried)
+	s.origin.Failed(now, req.Id, asker, tried)
+	var cands []uint64
+	var fetching []holders.Range // from holders
+	for _, r := range ranges(req.Blocks) {
+		for idx := r.First; idx < r.First+r.Count && len(cands) < maxHandOut; idx++ {
+			if holders.Contains(held, idx) && !holders.Contains(tried, idx) {
+				fetching = holders.Add(fetching, holders.Range{First: idx, Count: 1})
+			} else {
+				cands = append(cands, idx)
+			}
+		}
+	}
+	direct := cands
+	if req.Site != "" && req.Site != s.cfg.Site {
+		direct = s.origin.Hand(now, req.Id, asker, cands, req.Urgent)
+	}
+	var out []holders.Range
+	for _, idx := range direct {
+		out = holders.Add(out, holders.Range{First: idx, Count: 1})
+	}
+	if req.PeerAddr != "" && asker != "" {
+		expect := fetching
+		for _, r := range out {
+			expect = holders.Add(expect, r)
+		}
+		s.holders.Expect(now, req.Id, req.Version, holders.Holder{Node: asker, Site: req.Site, Coord: netcoord.FromWire(req.Coord), Addr: req.PeerAddr}, expect)
+	}
+	return out
 }
 
 func ranges(bs []*wire.BlockRange) []holders.Range {

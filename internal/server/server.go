@@ -82,6 +82,9 @@ type Config struct {
 	// Holders bounds the soft state of which clients cache which blocks
 	// (.Hotspot); zero values take holders' defaults.
 	Holders holders.Options
+	// Origin paces the blocks this server hands .Hotspot readers at other
+	// sites (zero values take holders' defaults).
+	Origin holders.OriginOptions
 	// Users, when set, admits a client's request only for a uid with a
 	// valid session at that client (issue 13); nil trusts the uids every
 	// client sends (NFS-style, --trust-client-uids). Servers and this
@@ -158,6 +161,8 @@ type Server struct {
 	names  nameLocks
 	// holders: which clients cache which blocks of this primary's files.
 	holders *holders.Table
+	// origin paces the blocks handed to far .Hotspot readers (hotspot.go).
+	origin *holders.Origin
 	// xfer sizes block-carrying calls to each peer by its link's rate.
 	xfer   *transfers
 	limits *rateLimits  // client nodes' token buckets (edge.go)
@@ -220,6 +225,7 @@ func New(cfg Config, st *store.Store, conf ConfigService, lockTTL time.Duration)
 	s.leases = newLeases(cfg.LeaseTTL, s.lockValidity)
 	s.owners = newSessionOwners(s.heldSessions)
 	s.holders = holders.New(cfg.Holders)
+	s.origin = holders.NewOrigin(cfg.Origin)
 	s.xfer = newTransfers(cfg.PeerTimeout)
 	s.limits = newRateLimits(cfg.RateLimit, s.log)
 	return s

@@ -5871,16 +5871,26 @@ func (*ReportHoldingResponse) Descriptor() ([]byte, []int) {
 }
 
 type HoldersRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Caller        *Caller                `protobuf:"bytes,1,opt,name=caller,proto3" json:"caller,omitempty"`
-	Id            uint64                 `protobuf:"varint,2,opt,name=id,proto3" json:"id,omitempty"`
-	Version       uint64                 `protobuf:"varint,3,opt,name=version,proto3" json:"version,omitempty"` // the version the asker reads
-	Blocks        []*BlockRange          `protobuf:"bytes,4,rep,name=blocks,proto3" json:"blocks,omitempty"`
-	Coord         *Coord                 `protobuf:"bytes,5,opt,name=coord,proto3" json:"coord,omitempty"`                           // the asker's coordinate
-	Node          string                 `protobuf:"bytes,6,opt,name=node,proto3" json:"node,omitempty"`                             // the asker's node ID (left out of the answer)
-	Max           uint32                 `protobuf:"varint,7,opt,name=max,proto3" json:"max,omitempty"`                              // at most this many holders (0: the server's default)
-	WantGrant     bool                   `protobuf:"varint,8,opt,name=want_grant,json=wantGrant,proto3" json:"want_grant,omitempty"` // sign a Grant for the asked blocks
-	Site          string                 `protobuf:"bytes,9,opt,name=site,proto3" json:"site,omitempty"`                             // the asker's site: holders there come first
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Caller    *Caller                `protobuf:"bytes,1,opt,name=caller,proto3" json:"caller,omitempty"`
+	Id        uint64                 `protobuf:"varint,2,opt,name=id,proto3" json:"id,omitempty"`
+	Version   uint64                 `protobuf:"varint,3,opt,name=version,proto3" json:"version,omitempty"` // the version the asker reads
+	Blocks    []*BlockRange          `protobuf:"bytes,4,rep,name=blocks,proto3" json:"blocks,omitempty"`
+	Coord     *Coord                 `protobuf:"bytes,5,opt,name=coord,proto3" json:"coord,omitempty"`                           // the asker's coordinate
+	Node      string                 `protobuf:"bytes,6,opt,name=node,proto3" json:"node,omitempty"`                             // the asker's node ID (left out of the answer)
+	Max       uint32                 `protobuf:"varint,7,opt,name=max,proto3" json:"max,omitempty"`                              // at most this many holders (0: the server's default)
+	WantGrant bool                   `protobuf:"varint,8,opt,name=want_grant,json=wantGrant,proto3" json:"want_grant,omitempty"` // sign a Grant for the asked blocks
+	Site      string                 `protobuf:"bytes,9,opt,name=site,proto3" json:"site,omitempty"`                             // the asker's site: holders there come first
+	// peer_addr: where the asker serves its cache. With want_grant, the
+	// primary names the asker as a holder-to-be of the blocks it is about to
+	// fetch, so that later readers fetch them from it, not from the origin.
+	PeerAddr string `protobuf:"bytes,10,opt,name=peer_addr,json=peerAddr,proto3" json:"peer_addr,omitempty"`
+	// tried: asked blocks the asker failed to get from the sources named
+	// before (the primary may then send them itself).
+	Tried []*BlockRange `protobuf:"bytes,11,rep,name=tried,proto3" json:"tried,omitempty"`
+	// urgent: a read waits for these blocks (not a prefetch): the primary
+	// hands them out even when its uplink's window is full.
+	Urgent        bool `protobuf:"varint,12,opt,name=urgent,proto3" json:"urgent,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -5978,6 +5988,27 @@ func (x *HoldersRequest) GetSite() string {
 	return ""
 }
 
+func (x *HoldersRequest) GetPeerAddr() string {
+	if x != nil {
+		return x.PeerAddr
+	}
+	return ""
+}
+
+func (x *HoldersRequest) GetTried() []*BlockRange {
+	if x != nil {
+		return x.Tried
+	}
+	return nil
+}
+
+func (x *HoldersRequest) GetUrgent() bool {
+	if x != nil {
+		return x.Urgent
+	}
+	return false
+}
+
 type Holder struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Node          string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
@@ -6057,11 +6088,16 @@ func (x *Holder) GetAddr() string {
 // HoldersResponse ranks holders by estimated RTT to the asker, nearest
 // first; version is the file's current version (no holders when it is not
 // the one asked for).
+// direct: the asked blocks the asker should read from the primary now
+// (with want_grant): those nobody holds or is fetching, within what the
+// primary's uplink can send soon. Blocks neither held nor direct: ask
+// again later.
 type HoldersResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Version       uint64                 `protobuf:"varint,1,opt,name=version,proto3" json:"version,omitempty"`
 	Holders       []*Holder              `protobuf:"bytes,2,rep,name=holders,proto3" json:"holders,omitempty"`
 	Grant         *Grant                 `protobuf:"bytes,3,opt,name=grant,proto3" json:"grant,omitempty"`
+	Direct        []*BlockRange          `protobuf:"bytes,4,rep,name=direct,proto3" json:"direct,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -6113,6 +6149,13 @@ func (x *HoldersResponse) GetHolders() []*Holder {
 func (x *HoldersResponse) GetGrant() *Grant {
 	if x != nil {
 		return x.Grant
+	}
+	return nil
+}
+
+func (x *HoldersResponse) GetDirect() []*BlockRange {
+	if x != nil {
+		return x.Direct
 	}
 	return nil
 }
@@ -7902,7 +7945,7 @@ const file_wheelfs_proto_rawDesc = "" +
 	"\x05coord\x18\x03 \x01(\v2\x11.wheelfs.v1.CoordR\x05coord\x12*\n" +
 	"\x04held\x18\x04 \x03(\v2\x16.wheelfs.v1.HeldBlocksR\x04held\x12\x1b\n" +
 	"\tpeer_addr\x18\x05 \x01(\tR\bpeerAddr\"\x17\n" +
-	"\x15ReportHoldingResponse\"\x98\x02\n" +
+	"\x15ReportHoldingResponse\"\xfb\x02\n" +
 	"\x0eHoldersRequest\x12*\n" +
 	"\x06caller\x18\x01 \x01(\v2\x12.wheelfs.v1.CallerR\x06caller\x12\x0e\n" +
 	"\x02id\x18\x02 \x01(\x04R\x02id\x12\x18\n" +
@@ -7913,17 +7956,22 @@ const file_wheelfs_proto_rawDesc = "" +
 	"\x03max\x18\a \x01(\rR\x03max\x12\x1d\n" +
 	"\n" +
 	"want_grant\x18\b \x01(\bR\twantGrant\x12\x12\n" +
-	"\x04site\x18\t \x01(\tR\x04site\"\x8b\x01\n" +
+	"\x04site\x18\t \x01(\tR\x04site\x12\x1b\n" +
+	"\tpeer_addr\x18\n" +
+	" \x01(\tR\bpeerAddr\x12,\n" +
+	"\x05tried\x18\v \x03(\v2\x16.wheelfs.v1.BlockRangeR\x05tried\x12\x16\n" +
+	"\x06urgent\x18\f \x01(\bR\x06urgent\"\x8b\x01\n" +
 	"\x06Holder\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x12\n" +
 	"\x04site\x18\x02 \x01(\tR\x04site\x12\x15\n" +
 	"\x06rtt_ms\x18\x03 \x01(\x01R\x05rttMs\x12.\n" +
 	"\x06blocks\x18\x04 \x03(\v2\x16.wheelfs.v1.BlockRangeR\x06blocks\x12\x12\n" +
-	"\x04addr\x18\x05 \x01(\tR\x04addr\"\x82\x01\n" +
+	"\x04addr\x18\x05 \x01(\tR\x04addr\"\xb2\x01\n" +
 	"\x0fHoldersResponse\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\x04R\aversion\x12,\n" +
 	"\aholders\x18\x02 \x03(\v2\x12.wheelfs.v1.HolderR\aholders\x12'\n" +
-	"\x05grant\x18\x03 \x01(\v2\x11.wheelfs.v1.GrantR\x05grant\"=\n" +
+	"\x05grant\x18\x03 \x01(\v2\x11.wheelfs.v1.GrantR\x05grant\x12.\n" +
+	"\x06direct\x18\x04 \x03(\v2\x16.wheelfs.v1.BlockRangeR\x06direct\"=\n" +
 	"\x15LoginChallengeRequest\x12\x10\n" +
 	"\x03uid\x18\x01 \x01(\rR\x03uid\x12\x12\n" +
 	"\x04user\x18\x02 \x01(\tR\x04user\"j\n" +
@@ -8332,109 +8380,111 @@ var file_wheelfs_proto_depIdxs = []int32{
 	8,   // 94: wheelfs.v1.HoldersRequest.caller:type_name -> wheelfs.v1.Caller
 	82,  // 95: wheelfs.v1.HoldersRequest.blocks:type_name -> wheelfs.v1.BlockRange
 	78,  // 96: wheelfs.v1.HoldersRequest.coord:type_name -> wheelfs.v1.Coord
-	82,  // 97: wheelfs.v1.Holder.blocks:type_name -> wheelfs.v1.BlockRange
-	87,  // 98: wheelfs.v1.HoldersResponse.holders:type_name -> wheelfs.v1.Holder
-	95,  // 99: wheelfs.v1.HoldersResponse.grant:type_name -> wheelfs.v1.Grant
-	95,  // 100: wheelfs.v1.FetchCachedRequest.grant:type_name -> wheelfs.v1.Grant
-	31,  // 101: wheelfs.v1.FileData.blocks:type_name -> wheelfs.v1.BlockRef
-	0,   // 102: wheelfs.v1.FsckObject.type:type_name -> wheelfs.v1.Type
-	7,   // 103: wheelfs.v1.FsckObject.entries:type_name -> wheelfs.v1.Entry
-	106, // 104: wheelfs.v1.FsckListResponse.objects:type_name -> wheelfs.v1.FsckObject
-	3,   // 105: wheelfs.v1.FsckRepairRequest.kind:type_name -> wheelfs.v1.FsckRepairKind
-	0,   // 106: wheelfs.v1.FsckRepairRequest.type:type_name -> wheelfs.v1.Type
-	12,  // 107: wheelfs.v1.Storage.Lookup:input_type -> wheelfs.v1.LookupRequest
-	14,  // 108: wheelfs.v1.Storage.GetAttr:input_type -> wheelfs.v1.GetAttrRequest
-	16,  // 109: wheelfs.v1.Storage.Create:input_type -> wheelfs.v1.CreateRequest
-	21,  // 110: wheelfs.v1.Storage.Link:input_type -> wheelfs.v1.LinkRequest
-	23,  // 111: wheelfs.v1.Storage.Remove:input_type -> wheelfs.v1.RemoveRequest
-	25,  // 112: wheelfs.v1.Storage.Rename:input_type -> wheelfs.v1.RenameRequest
-	27,  // 113: wheelfs.v1.Storage.SetAttr:input_type -> wheelfs.v1.SetAttrRequest
-	29,  // 114: wheelfs.v1.Storage.ReadDir:input_type -> wheelfs.v1.ReadDirRequest
-	32,  // 115: wheelfs.v1.Storage.GetBlocks:input_type -> wheelfs.v1.GetBlocksRequest
-	34,  // 116: wheelfs.v1.Storage.ReadBlocks:input_type -> wheelfs.v1.ReadBlocksRequest
-	36,  // 117: wheelfs.v1.Storage.PutBlocks:input_type -> wheelfs.v1.PutBlocksRequest
-	38,  // 118: wheelfs.v1.Storage.Commit:input_type -> wheelfs.v1.CommitRequest
-	40,  // 119: wheelfs.v1.Storage.GetXattr:input_type -> wheelfs.v1.XattrRequest
-	40,  // 120: wheelfs.v1.Storage.ListXattr:input_type -> wheelfs.v1.XattrRequest
-	40,  // 121: wheelfs.v1.Storage.SetXattr:input_type -> wheelfs.v1.XattrRequest
-	40,  // 122: wheelfs.v1.Storage.RemoveXattr:input_type -> wheelfs.v1.XattrRequest
-	42,  // 123: wheelfs.v1.Storage.StatFS:input_type -> wheelfs.v1.StatFSRequest
-	44,  // 124: wheelfs.v1.Storage.Open:input_type -> wheelfs.v1.OpenRequest
-	46,  // 125: wheelfs.v1.Storage.Release:input_type -> wheelfs.v1.ReleaseRequest
-	19,  // 126: wheelfs.v1.Storage.Sync:input_type -> wheelfs.v1.SyncRequest
-	50,  // 127: wheelfs.v1.Storage.Callbacks:input_type -> wheelfs.v1.CallbackAck
-	80,  // 128: wheelfs.v1.Storage.Probe:input_type -> wheelfs.v1.ProbeRequest
-	84,  // 129: wheelfs.v1.Storage.ReportHolding:input_type -> wheelfs.v1.ReportHoldingRequest
-	86,  // 130: wheelfs.v1.Storage.Holders:input_type -> wheelfs.v1.HoldersRequest
-	89,  // 131: wheelfs.v1.Storage.LoginChallenge:input_type -> wheelfs.v1.LoginChallengeRequest
-	91,  // 132: wheelfs.v1.Storage.Login:input_type -> wheelfs.v1.LoginRequest
-	93,  // 133: wheelfs.v1.Storage.RenewSession:input_type -> wheelfs.v1.SessionRequest
-	93,  // 134: wheelfs.v1.Storage.Logout:input_type -> wheelfs.v1.SessionRequest
-	101, // 135: wheelfs.v1.Storage.RenewCertificate:input_type -> wheelfs.v1.RenewCertificateRequest
-	53,  // 136: wheelfs.v1.Peer.Replicate:input_type -> wheelfs.v1.ReplicateRequest
-	55,  // 137: wheelfs.v1.Peer.Digest:input_type -> wheelfs.v1.DigestRequest
-	60,  // 138: wheelfs.v1.Peer.Diff:input_type -> wheelfs.v1.DiffRequest
-	58,  // 139: wheelfs.v1.Peer.Install:input_type -> wheelfs.v1.InstallRequest
-	61,  // 140: wheelfs.v1.Peer.FetchBlocks:input_type -> wheelfs.v1.FetchBlocksRequest
-	63,  // 141: wheelfs.v1.Peer.Ping:input_type -> wheelfs.v1.PingRequest
-	65,  // 142: wheelfs.v1.Peer.CreateObject:input_type -> wheelfs.v1.CreateObjectRequest
-	67,  // 143: wheelfs.v1.Peer.DropLink:input_type -> wheelfs.v1.DropLinkRequest
-	69,  // 144: wheelfs.v1.Peer.Stat:input_type -> wheelfs.v1.StatRequest
-	71,  // 145: wheelfs.v1.Peer.AddLink:input_type -> wheelfs.v1.AddLinkRequest
-	74,  // 146: wheelfs.v1.Peer.Reconcile:input_type -> wheelfs.v1.ReconcileRequest
-	103, // 147: wheelfs.v1.Peer.FsckSlices:input_type -> wheelfs.v1.FsckSlicesRequest
-	105, // 148: wheelfs.v1.Peer.FsckList:input_type -> wheelfs.v1.FsckListRequest
-	108, // 149: wheelfs.v1.Peer.FsckRepair:input_type -> wheelfs.v1.FsckRepairRequest
-	97,  // 150: wheelfs.v1.PeerCache.FetchCached:input_type -> wheelfs.v1.FetchCachedRequest
-	13,  // 151: wheelfs.v1.Storage.Lookup:output_type -> wheelfs.v1.LookupResponse
-	15,  // 152: wheelfs.v1.Storage.GetAttr:output_type -> wheelfs.v1.GetAttrResponse
-	17,  // 153: wheelfs.v1.Storage.Create:output_type -> wheelfs.v1.CreateResponse
-	22,  // 154: wheelfs.v1.Storage.Link:output_type -> wheelfs.v1.LinkResponse
-	24,  // 155: wheelfs.v1.Storage.Remove:output_type -> wheelfs.v1.RemoveResponse
-	26,  // 156: wheelfs.v1.Storage.Rename:output_type -> wheelfs.v1.RenameResponse
-	28,  // 157: wheelfs.v1.Storage.SetAttr:output_type -> wheelfs.v1.SetAttrResponse
-	30,  // 158: wheelfs.v1.Storage.ReadDir:output_type -> wheelfs.v1.ReadDirResponse
-	33,  // 159: wheelfs.v1.Storage.GetBlocks:output_type -> wheelfs.v1.GetBlocksResponse
-	35,  // 160: wheelfs.v1.Storage.ReadBlocks:output_type -> wheelfs.v1.ReadBlocksResponse
-	37,  // 161: wheelfs.v1.Storage.PutBlocks:output_type -> wheelfs.v1.PutBlocksResponse
-	39,  // 162: wheelfs.v1.Storage.Commit:output_type -> wheelfs.v1.CommitResponse
-	41,  // 163: wheelfs.v1.Storage.GetXattr:output_type -> wheelfs.v1.XattrResponse
-	41,  // 164: wheelfs.v1.Storage.ListXattr:output_type -> wheelfs.v1.XattrResponse
-	41,  // 165: wheelfs.v1.Storage.SetXattr:output_type -> wheelfs.v1.XattrResponse
-	41,  // 166: wheelfs.v1.Storage.RemoveXattr:output_type -> wheelfs.v1.XattrResponse
-	43,  // 167: wheelfs.v1.Storage.StatFS:output_type -> wheelfs.v1.StatFSResponse
-	45,  // 168: wheelfs.v1.Storage.Open:output_type -> wheelfs.v1.OpenResponse
-	47,  // 169: wheelfs.v1.Storage.Release:output_type -> wheelfs.v1.ReleaseResponse
-	20,  // 170: wheelfs.v1.Storage.Sync:output_type -> wheelfs.v1.SyncResponse
-	48,  // 171: wheelfs.v1.Storage.Callbacks:output_type -> wheelfs.v1.Revoke
-	81,  // 172: wheelfs.v1.Storage.Probe:output_type -> wheelfs.v1.ProbeResponse
-	85,  // 173: wheelfs.v1.Storage.ReportHolding:output_type -> wheelfs.v1.ReportHoldingResponse
-	88,  // 174: wheelfs.v1.Storage.Holders:output_type -> wheelfs.v1.HoldersResponse
-	90,  // 175: wheelfs.v1.Storage.LoginChallenge:output_type -> wheelfs.v1.LoginChallengeResponse
-	92,  // 176: wheelfs.v1.Storage.Login:output_type -> wheelfs.v1.LoginResponse
-	92,  // 177: wheelfs.v1.Storage.RenewSession:output_type -> wheelfs.v1.LoginResponse
-	94,  // 178: wheelfs.v1.Storage.Logout:output_type -> wheelfs.v1.LogoutResponse
-	102, // 179: wheelfs.v1.Storage.RenewCertificate:output_type -> wheelfs.v1.RenewCertificateResponse
-	54,  // 180: wheelfs.v1.Peer.Replicate:output_type -> wheelfs.v1.ReplicateResponse
-	56,  // 181: wheelfs.v1.Peer.Digest:output_type -> wheelfs.v1.DigestResponse
-	58,  // 182: wheelfs.v1.Peer.Diff:output_type -> wheelfs.v1.InstallRequest
-	59,  // 183: wheelfs.v1.Peer.Install:output_type -> wheelfs.v1.InstallResponse
-	62,  // 184: wheelfs.v1.Peer.FetchBlocks:output_type -> wheelfs.v1.FetchBlocksResponse
-	64,  // 185: wheelfs.v1.Peer.Ping:output_type -> wheelfs.v1.PingResponse
-	66,  // 186: wheelfs.v1.Peer.CreateObject:output_type -> wheelfs.v1.CreateObjectResponse
-	68,  // 187: wheelfs.v1.Peer.DropLink:output_type -> wheelfs.v1.DropLinkResponse
-	70,  // 188: wheelfs.v1.Peer.Stat:output_type -> wheelfs.v1.StatResponse
-	72,  // 189: wheelfs.v1.Peer.AddLink:output_type -> wheelfs.v1.AddLinkResponse
-	75,  // 190: wheelfs.v1.Peer.Reconcile:output_type -> wheelfs.v1.ReconcileResponse
-	104, // 191: wheelfs.v1.Peer.FsckSlices:output_type -> wheelfs.v1.FsckSlicesResponse
-	107, // 192: wheelfs.v1.Peer.FsckList:output_type -> wheelfs.v1.FsckListResponse
-	109, // 193: wheelfs.v1.Peer.FsckRepair:output_type -> wheelfs.v1.FsckRepairResponse
-	98,  // 194: wheelfs.v1.PeerCache.FetchCached:output_type -> wheelfs.v1.FetchCachedResponse
-	151, // [151:195] is the sub-list for method output_type
-	107, // [107:151] is the sub-list for method input_type
-	107, // [107:107] is the sub-list for extension type_name
-	107, // [107:107] is the sub-list for extension extendee
-	0,   // [0:107] is the sub-list for field type_name
+	82,  // 97: wheelfs.v1.HoldersRequest.tried:type_name -> wheelfs.v1.BlockRange
+	82,  // 98: wheelfs.v1.Holder.blocks:type_name -> wheelfs.v1.BlockRange
+	87,  // 99: wheelfs.v1.HoldersResponse.holders:type_name -> wheelfs.v1.Holder
+	95,  // 100: wheelfs.v1.HoldersResponse.grant:type_name -> wheelfs.v1.Grant
+	82,  // 101: wheelfs.v1.HoldersResponse.direct:type_name -> wheelfs.v1.BlockRange
+	95,  // 102: wheelfs.v1.FetchCachedRequest.grant:type_name -> wheelfs.v1.Grant
+	31,  // 103: wheelfs.v1.FileData.blocks:type_name -> wheelfs.v1.BlockRef
+	0,   // 104: wheelfs.v1.FsckObject.type:type_name -> wheelfs.v1.Type
+	7,   // 105: wheelfs.v1.FsckObject.entries:type_name -> wheelfs.v1.Entry
+	106, // 106: wheelfs.v1.FsckListResponse.objects:type_name -> wheelfs.v1.FsckObject
+	3,   // 107: wheelfs.v1.FsckRepairRequest.kind:type_name -> wheelfs.v1.FsckRepairKind
+	0,   // 108: wheelfs.v1.FsckRepairRequest.type:type_name -> wheelfs.v1.Type
+	12,  // 109: wheelfs.v1.Storage.Lookup:input_type -> wheelfs.v1.LookupRequest
+	14,  // 110: wheelfs.v1.Storage.GetAttr:input_type -> wheelfs.v1.GetAttrRequest
+	16,  // 111: wheelfs.v1.Storage.Create:input_type -> wheelfs.v1.CreateRequest
+	21,  // 112: wheelfs.v1.Storage.Link:input_type -> wheelfs.v1.LinkRequest
+	23,  // 113: wheelfs.v1.Storage.Remove:input_type -> wheelfs.v1.RemoveRequest
+	25,  // 114: wheelfs.v1.Storage.Rename:input_type -> wheelfs.v1.RenameRequest
+	27,  // 115: wheelfs.v1.Storage.SetAttr:input_type -> wheelfs.v1.SetAttrRequest
+	29,  // 116: wheelfs.v1.Storage.ReadDir:input_type -> wheelfs.v1.ReadDirRequest
+	32,  // 117: wheelfs.v1.Storage.GetBlocks:input_type -> wheelfs.v1.GetBlocksRequest
+	34,  // 118: wheelfs.v1.Storage.ReadBlocks:input_type -> wheelfs.v1.ReadBlocksRequest
+	36,  // 119: wheelfs.v1.Storage.PutBlocks:input_type -> wheelfs.v1.PutBlocksRequest
+	38,  // 120: wheelfs.v1.Storage.Commit:input_type -> wheelfs.v1.CommitRequest
+	40,  // 121: wheelfs.v1.Storage.GetXattr:input_type -> wheelfs.v1.XattrRequest
+	40,  // 122: wheelfs.v1.Storage.ListXattr:input_type -> wheelfs.v1.XattrRequest
+	40,  // 123: wheelfs.v1.Storage.SetXattr:input_type -> wheelfs.v1.XattrRequest
+	40,  // 124: wheelfs.v1.Storage.RemoveXattr:input_type -> wheelfs.v1.XattrRequest
+	42,  // 125: wheelfs.v1.Storage.StatFS:input_type -> wheelfs.v1.StatFSRequest
+	44,  // 126: wheelfs.v1.Storage.Open:input_type -> wheelfs.v1.OpenRequest
+	46,  // 127: wheelfs.v1.Storage.Release:input_type -> wheelfs.v1.ReleaseRequest
+	19,  // 128: wheelfs.v1.Storage.Sync:input_type -> wheelfs.v1.SyncRequest
+	50,  // 129: wheelfs.v1.Storage.Callbacks:input_type -> wheelfs.v1.CallbackAck
+	80,  // 130: wheelfs.v1.Storage.Probe:input_type -> wheelfs.v1.ProbeRequest
+	84,  // 131: wheelfs.v1.Storage.ReportHolding:input_type -> wheelfs.v1.ReportHoldingRequest
+	86,  // 132: wheelfs.v1.Storage.Holders:input_type -> wheelfs.v1.HoldersRequest
+	89,  // 133: wheelfs.v1.Storage.LoginChallenge:input_type -> wheelfs.v1.LoginChallengeRequest
+	91,  // 134: wheelfs.v1.Storage.Login:input_type -> wheelfs.v1.LoginRequest
+	93,  // 135: wheelfs.v1.Storage.RenewSession:input_type -> wheelfs.v1.SessionRequest
+	93,  // 136: wheelfs.v1.Storage.Logout:input_type -> wheelfs.v1.SessionRequest
+	101, // 137: wheelfs.v1.Storage.RenewCertificate:input_type -> wheelfs.v1.RenewCertificateRequest
+	53,  // 138: wheelfs.v1.Peer.Replicate:input_type -> wheelfs.v1.ReplicateRequest
+	55,  // 139: wheelfs.v1.Peer.Digest:input_type -> wheelfs.v1.DigestRequest
+	60,  // 140: wheelfs.v1.Peer.Diff:input_type -> wheelfs.v1.DiffRequest
+	58,  // 141: wheelfs.v1.Peer.Install:input_type -> wheelfs.v1.InstallRequest
+	61,  // 142: wheelfs.v1.Peer.FetchBlocks:input_type -> wheelfs.v1.FetchBlocksRequest
+	63,  // 143: wheelfs.v1.Peer.Ping:input_type -> wheelfs.v1.PingRequest
+	65,  // 144: wheelfs.v1.Peer.CreateObject:input_type -> wheelfs.v1.CreateObjectRequest
+	67,  // 145: wheelfs.v1.Peer.DropLink:input_type -> wheelfs.v1.DropLinkRequest
+	69,  // 146: wheelfs.v1.Peer.Stat:input_type -> wheelfs.v1.StatRequest
+	71,  // 147: wheelfs.v1.Peer.AddLink:input_type -> wheelfs.v1.AddLinkRequest
+	74,  // 148: wheelfs.v1.Peer.Reconcile:input_type -> wheelfs.v1.ReconcileRequest
+	103, // 149: wheelfs.v1.Peer.FsckSlices:input_type -> wheelfs.v1.FsckSlicesRequest
+	105, // 150: wheelfs.v1.Peer.FsckList:input_type -> wheelfs.v1.FsckListRequest
+	108, // 151: wheelfs.v1.Peer.FsckRepair:input_type -> wheelfs.v1.FsckRepairRequest
+	97,  // 152: wheelfs.v1.PeerCache.FetchCached:input_type -> wheelfs.v1.FetchCachedRequest
+	13,  // 153: wheelfs.v1.Storage.Lookup:output_type -> wheelfs.v1.LookupResponse
+	15,  // 154: wheelfs.v1.Storage.GetAttr:output_type -> wheelfs.v1.GetAttrResponse
+	17,  // 155: wheelfs.v1.Storage.Create:output_type -> wheelfs.v1.CreateResponse
+	22,  // 156: wheelfs.v1.Storage.Link:output_type -> wheelfs.v1.LinkResponse
+	24,  // 157: wheelfs.v1.Storage.Remove:output_type -> wheelfs.v1.RemoveResponse
+	26,  // 158: wheelfs.v1.Storage.Rename:output_type -> wheelfs.v1.RenameResponse
+	28,  // 159: wheelfs.v1.Storage.SetAttr:output_type -> wheelfs.v1.SetAttrResponse
+	30,  // 160: wheelfs.v1.Storage.ReadDir:output_type -> wheelfs.v1.ReadDirResponse
+	33,  // 161: wheelfs.v1.Storage.GetBlocks:output_type -> wheelfs.v1.GetBlocksResponse
+	35,  // 162: wheelfs.v1.Storage.ReadBlocks:output_type -> wheelfs.v1.ReadBlocksResponse
+	37,  // 163: wheelfs.v1.Storage.PutBlocks:output_type -> wheelfs.v1.PutBlocksResponse
+	39,  // 164: wheelfs.v1.Storage.Commit:output_type -> wheelfs.v1.CommitResponse
+	41,  // 165: wheelfs.v1.Storage.GetXattr:output_type -> wheelfs.v1.XattrResponse
+	41,  // 166: wheelfs.v1.Storage.ListXattr:output_type -> wheelfs.v1.XattrResponse
+	41,  // 167: wheelfs.v1.Storage.SetXattr:output_type -> wheelfs.v1.XattrResponse
+	41,  // 168: wheelfs.v1.Storage.RemoveXattr:output_type -> wheelfs.v1.XattrResponse
+	43,  // 169: wheelfs.v1.Storage.StatFS:output_type -> wheelfs.v1.StatFSResponse
+	45,  // 170: wheelfs.v1.Storage.Open:output_type -> wheelfs.v1.OpenResponse
+	47,  // 171: wheelfs.v1.Storage.Release:output_type -> wheelfs.v1.ReleaseResponse
+	20,  // 172: wheelfs.v1.Storage.Sync:output_type -> wheelfs.v1.SyncResponse
+	48,  // 173: wheelfs.v1.Storage.Callbacks:output_type -> wheelfs.v1.Revoke
+	81,  // 174: wheelfs.v1.Storage.Probe:output_type -> wheelfs.v1.ProbeResponse
+	85,  // 175: wheelfs.v1.Storage.ReportHolding:output_type -> wheelfs.v1.ReportHoldingResponse
+	88,  // 176: wheelfs.v1.Storage.Holders:output_type -> wheelfs.v1.HoldersResponse
+	90,  // 177: wheelfs.v1.Storage.LoginChallenge:output_type -> wheelfs.v1.LoginChallengeResponse
+	92,  // 178: wheelfs.v1.Storage.Login:output_type -> wheelfs.v1.LoginResponse
+	92,  // 179: wheelfs.v1.Storage.RenewSession:output_type -> wheelfs.v1.LoginResponse
+	94,  // 180: wheelfs.v1.Storage.Logout:output_type -> wheelfs.v1.LogoutResponse
+	102, // 181: wheelfs.v1.Storage.RenewCertificate:output_type -> wheelfs.v1.RenewCertificateResponse
+	54,  // 182: wheelfs.v1.Peer.Replicate:output_type -> wheelfs.v1.ReplicateResponse
+	56,  // 183: wheelfs.v1.Peer.Digest:output_type -> wheelfs.v1.DigestResponse
+	58,  // 184: wheelfs.v1.Peer.Diff:output_type -> wheelfs.v1.InstallRequest
+	59,  // 185: wheelfs.v1.Peer.Install:output_type -> wheelfs.v1.InstallResponse
+	62,  // 186: wheelfs.v1.Peer.FetchBlocks:output_type -> wheelfs.v1.FetchBlocksResponse
+	64,  // 187: wheelfs.v1.Peer.Ping:output_type -> wheelfs.v1.PingResponse
+	66,  // 188: wheelfs.v1.Peer.CreateObject:output_type -> wheelfs.v1.CreateObjectResponse
+	68,  // 189: wheelfs.v1.Peer.DropLink:output_type -> wheelfs.v1.DropLinkResponse
+	70,  // 190: wheelfs.v1.Peer.Stat:output_type -> wheelfs.v1.StatResponse
+	72,  // 191: wheelfs.v1.Peer.AddLink:output_type -> wheelfs.v1.AddLinkResponse
+	75,  // 192: wheelfs.v1.Peer.Reconcile:output_type -> wheelfs.v1.ReconcileResponse
+	104, // 193: wheelfs.v1.Peer.FsckSlices:output_type -> wheelfs.v1.FsckSlicesResponse
+	107, // 194: wheelfs.v1.Peer.FsckList:output_type -> wheelfs.v1.FsckListResponse
+	109, // 195: wheelfs.v1.Peer.FsckRepair:output_type -> wheelfs.v1.FsckRepairResponse
+	98,  // 196: wheelfs.v1.PeerCache.FetchCached:output_type -> wheelfs.v1.FetchCachedResponse
+	153, // [153:197] is the sub-list for method output_type
+	109, // [109:153] is the sub-list for method input_type
+	109, // [109:109] is the sub-list for extension type_name
+	109, // [109:109] is the sub-list for extension extendee
+	0,   // [0:109] is the sub-list for field type_name
 }
 
 func init() { file_wheelfs_proto_init() }
