@@ -71,7 +71,8 @@ type peerState struct {
 	limit *rate.Limiter // nil: unlimited
 	fromPeers, fromReplicas, fromPrimary,
 	served, corrupt, refused atomic.Int64
-	rtt      atomic.Int64  // the last holders query's round trip (ns)
+	rtt      atomic.Int64  // the least recent holders query's round trip (ns)
+	rttAt    atomic.Int64  // when it was taken (unix ns)
 	awaiting atomic.Int64  // requests waiting for blocks being fetched
 	far      chan struct{} // requests for blocks from other sites in flight
 
@@ -92,6 +93,19 @@ func (p *peerState) init(cfg PeerConfig) {
 	p.bad = map[string]time.Time{}
 	p.far = make(chan struct{}, farInFlight)
 }
+
+// noteRTT records a holders query's round trip d, taken at now: the
+// least seen within rttFor stands.
+func (p *peerState) noteRTT(now time.Time, d time.Duration) {
+	cur := time.Duration(p.rtt.Load())
+	if cur <= 0 || d < cur || now.Sub(time.Unix(0, p.rttAt.Load())) > rttFor {
+		p.rtt.Store(int64(d))
+		p.rttAt.Store(now.UnixNano())
+	}
+}
+
+// rttFor is how long the least round trip seen stands (routes change).
+const rttFor = time.Minute
 
 // farInFlight bounds this client's .Hotspot requests for blocks at other
 // sites. Their senders' uplinks are what every reader shares: a reader

@@ -251,8 +251,10 @@ func (f *FS) steal(hashes [][32]byte) [][32]byte {
 }
 
 // hotWindow is how many chunks a parallel .Hotspot read keeps in flight:
-// the bandwidth-delay product (the last holders query's round trip ×
-// assumedBandwidth) in chunks, within [minWindow, maxWindow].
+// the bandwidth-delay product (the least recent holders query's round
+// trip × assumedBandwidth) in chunks, within [minWindow, maxWindow]. The
+// least, not the last: a round trip that grew is a queue at some uplink,
+// which more requests in flight would only lengthen.
 func (f *FS) hotWindow() int {
 	rtt := time.Duration(f.peer.rtt.Load())
 	if rtt <= 0 {
@@ -363,7 +365,7 @@ func (f *FS) fetchHotChunk(ctx context.Context, u User, hf hotFile, chunk [][32]
 			ask = tried
 		}
 		resp, err := f.askHolders(ctx, u, hf, ask, tried)
-		if err != nil || resp.Version != hf.version || resp.Grant == nil {
+		if err != nil || resp.Version != hf.version {
 			// No pacing and no holders: the primary, as without the cue.
 			f.log.Debug("no holders; reading from the primary", "id", hf.id.String(), "err", err)
 			rest := slices.Collect(maps.Keys(left))
@@ -383,7 +385,7 @@ func (f *FS) fetchHotChunk(ctx context.Context, u User, hf hotFile, chunk [][32]
 			defer close(done)
 			fetched, _ = f.fromPrimary(ctx, u, hf, slices.Collect(maps.Keys(direct)))
 		}()
-		if round == 0 {
+		if round == 0 && resp.Grant != nil { // no grant: no holder or replica to show one to
 			named := f.fromSources(ctx, u, hf, resp, left, got)
 			tried = slices.Collect(maps.Keys(named))
 		} else {
@@ -424,7 +426,7 @@ func (f *FS) askHolders(ctx context.Context, u User, hf hotFile, hashes, tried [
 	began := time.Now()
 	resp, err := call(actx, f, hf.id, wire.StorageClient.Holders, req)
 	if err == nil {
-		f.peer.rtt.Store(int64(time.Since(began)))
+		f.peer.noteRTT(time.Now(), time.Since(began))
 	}
 	return resp, err
 }

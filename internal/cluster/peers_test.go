@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"bytes"
+	"context"
 	"crypto/rand"
 	"errors"
 	"fmt"
@@ -253,4 +254,82 @@ func TestHotspotWholeFileBeyondOneBound(t *testing.T) {
 		t.Errorf("read took %v, under the uplink's limit %v: the test did not exceed one bound", took, limit)
 	}
 	t.Logf("%d bytes in %v over a %d B/s uplink, each read bounded by %v; %+v", len(data), took, uplink, bound, reader.PeerStats())
+}
+
+// TestHotspotOriginSendsOnce: six readers at three sites read with
+// .WholeFile/.Hotspot, all at once, a file whose every replica is at the
+// origin's site, behind a 1 MiB/s uplink (paper §8.5's shape, small).
+// Every reader gets the file right, and the origin's uplink carries about
+// one copy of it, not one per reader: the primary names readers fetching
+// a block as its holders-to-be and hands out only what nobody has.
+func TestHotspotOriginSendsOnce(t *testing.T) {
+	const (
+		blocks  = 48      // 3 MiB
+		uplink  = 1 << 20 // every site's, bytes/s
+		readLen = 128 << 10
+	)
+	sites := []string{"src", "r1", "r2", "r3"}
+	c := Start(t, Options{Sites: sites, ServersPerSite: 2, RTT: UniformRTT(40 * time.Millisecond),
+		Bandwidth:     map[string]int64{"src": uplink, "r1": uplink, "r2": uplink, "r3": uplink},
+		ClientTimeout: 20 * time.Second,
+		Adjust:        func(_ *Node, cfg *deploy.Config) { cfg.Client.ReportEvery = 100 * time.Millisecond }})
+	ctx := t.Context()
+	data := make([]byte, blocks*client.BlockSize)
+	rand.Read(data)
+	if err := c.Servers("src")[0].Client().WriteFile(ctx, Owner(), "/.RepLevel=2/.RepSites=1/f", data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	sentBefore := func() (n int64) {
+		for _, s := range c.Servers("src") {
+			n += s.Host().Server.BlockBytesSent()
+		}
+		return n
+	}
+	before := sentBefore()
+	var readers []*client.FS
+	for _, site := range sites[1:] {
+		for _, n := range c.Servers(site) {
+			readers = append(readers, n.Client())
+		}
+	}
+	began := time.Now()
+	errs := make(chan error, len(readers))
+	for _, fs := range readers {
+		go func() { errs <- readWhole(ctx, fs, "/.WholeFile/.Hotspot/f", data, readLen) }()
+	}
+	for range readers {
+		if err := <-errs; err != nil {
+			t.Error(err)
+		}
+	}
+	took := time.Since(began)
+	sent := sentBefore() - before
+	t.Logf("%d readers got %d bytes in %v; the origin sent %d block bytes (%.2f copies)", len(readers), len(data), took, sent, float64(sent)/float64(len(data)))
+	if limit := 2 * int64(len(data)); sent > limit {
+		t.Errorf("the origin sent %d block bytes for %d readers of %d: over %d (two copies)", sent, len(readers), len(data), limit)
+	}
+}
+
+// readWhole reads path through fs as the kernel does (readLen at a time,
+// each read with its own bound) and checks it against want.
+func readWhole(ctx context.Context, fs *client.FS, path string, want []byte, readLen int) error {
+	r, err := fs.Resolve(ctx, Owner(), path)
+	if err != nil {
+		return err
+	}
+	h, _, err := fs.Open(ctx, Owner(), r.Cues, oid.ID(r.Meta.Id), syscall.O_RDONLY)
+	if err != nil {
+		return err
+	}
+	defer h.Release(ctx)
+	got := make([]byte, len(want))
+	for off := 0; off < len(want); off += readLen {
+		if _, err := h.Read(ctx, got[off:min(off+readLen, len(want))], int64(off)); err != nil {
+			return fmt.Errorf("read at %d: %w", off, err)
+		}
+	}
+	if !bytes.Equal(got, want) {
+		return errors.New("wrong contents")
+	}
+	return nil
 }

@@ -12,6 +12,7 @@ package holders
 import (
 	"cmp"
 	"container/list"
+	"math/rand/v2"
 	"slices"
 	"sync"
 	"time"
@@ -344,10 +345,16 @@ func (t *Table) Lookup(now time.Time, fileID, version uint64, asked []Range, fro
 	}
 	// Holders at the asker's site first whatever the coordinates say
 	// (an estimate's error can exceed a LAN's RTT, and a holder there
-	// costs no site's uplink); then by distance.
+	// costs no site's uplink); then by distance, give or take a random
+	// 30%: holders about as far apart are named about as often, so that
+	// no one site's uplink carries every reader's fetches.
 	elsewhere := func(r Result) bool { return site == "" || r.Site != site }
+	jittered := make(map[string]float64, len(cands))
+	for _, c := range cands {
+		jittered[c.Node] = float64(c.RTT) * (1 + 0.3*rand.Float64())
+	}
 	slices.SortFunc(cands, func(a, b Result) int {
-		return cmp.Or(cmp.Compare(boolInt(elsewhere(a)), boolInt(elsewhere(b))), cmp.Compare(a.RTT, b.RTT), cmp.Compare(a.Node, b.Node))
+		return cmp.Or(cmp.Compare(boolInt(elsewhere(a)), boolInt(elsewhere(b))), cmp.Compare(jittered[a.Node], jittered[b.Node]), cmp.Compare(a.Node, b.Node))
 	})
 	count := make([]int, len(want))
 	var out []Result

@@ -73,16 +73,21 @@ func NewOrigin(o OriginOptions) *Origin {
 // Hand returns those of blocks of file that node may read from this
 // server now, in order, within the window; a block handed to node before
 // and not yet reported is handed again (node asks once more). Urgent
-// blocks (a read waits for them: a few) are handed even beyond the window,
-// and count in it.
+// blocks (a read waits for them, not a prefetch) may also use a reserve
+// of a quarter of the window beyond it, so that a read is not starved by
+// prefetches, and count in it.
 func (o *Origin) Hand(now time.Time, file uint64, node string, blocks []uint64, urgent bool) []uint64 {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	o.expireLocked(now)
+	limit := int(o.window)
+	if urgent {
+		limit += max(int(o.window)/4, 2)
+	}
 	var out []uint64
 	for _, b := range blocks {
 		k := handed{file, node, b}
-		if _, again := o.out[k]; !again && !urgent && len(o.out) >= int(o.window) {
+		if _, again := o.out[k]; !again && len(o.out) >= limit {
 			continue
 		}
 		o.out[k] = now

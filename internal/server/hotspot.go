@@ -118,16 +118,44 @@ func (s *Server) Holders(ctx context.Context, req *wire.HoldersRequest) (*wire.H
 		resp.Holders = append(resp.Holders, h)
 	}
 	if req.WantGrant {
-		g, err := s.signGrant(ctx, req, exclude, resp.Holders)
-		if err != nil {
-			return nil, err
+		if s.cfg.Grants == nil {
+			// Holders serve nobody without a grant: every block is this
+			// server's to send.
+			resp.Holders, held = nil, nil
 		}
-		resp.Grant = g
+		// A grant (with its signer's certificate, most of an answer's
+		// bytes) only when the asker has someone to show it to: a reader
+		// polling for blocks nobody has yet costs the origin's uplink
+		// little.
+		if len(resp.Holders) > 0 || s.replicaFor(oid.ID(req.Id).Slice(), req.Site) {
+			g, err := s.signGrant(ctx, req, exclude, resp.Holders)
+			if err != nil {
+				return nil, err
+			}
+			resp.Grant = g
+		}
 		for _, r := range s.handOut(now, req, exclude, held) {
 			resp.Direct = append(resp.Direct, &wire.BlockRange{First: r.First, Count: r.Count})
 		}
 	}
 	return resp, nil
+}
+
+// replicaFor reports whether sl has a replica besides this server that a
+// .Hotspot reader at site may ask (as the client's replicasBeside: not
+// one at this server's site unless the reader is there too).
+func (s *Server) replicaFor(sl oid.Slice, site string) bool {
+	t := s.table.Load()
+	if t == nil {
+		return false
+	}
+	for _, id := range t.Slices[sl].Replicas {
+		at := t.Servers[id].Site
+		if id != s.cfg.ID && (at != s.cfg.Site || at == site) {
+			return true
+		}
+	}
+	return false
 }
 
 // maxHandOut bounds the blocks one holders query considers handing out.
