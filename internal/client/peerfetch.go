@@ -369,7 +369,7 @@ func (f *FS) fetchHotChunk(ctx context.Context, u User, hf hotFile, chunk [][32]
 			// No pacing and no holders: the primary, as without the cue.
 			f.log.Debug("no holders; reading from the primary", "id", hf.id.String(), "err", err)
 			rest := slices.Collect(maps.Keys(left))
-			_, err := f.fromPrimary(ctx, u, hf, rest)
+			_, err := f.fromPrimary(ctx, u, hf, rest, false)
 			return nil, err
 		}
 		direct := map[[32]byte]bool{}
@@ -383,7 +383,7 @@ func (f *FS) fetchHotChunk(ctx context.Context, u User, hf hotFile, chunk [][32]
 		done := make(chan struct{})
 		go func() {
 			defer close(done)
-			fetched, _ = f.fromPrimary(ctx, u, hf, slices.Collect(maps.Keys(direct)))
+			fetched, _ = f.fromPrimary(ctx, u, hf, slices.Collect(maps.Keys(direct)), true)
 		}()
 		if round == 0 && resp.Grant != nil { // no grant: no holder or replica to show one to
 			named := f.fromSources(ctx, u, hf, resp, left, got)
@@ -464,17 +464,19 @@ func (f *FS) fromSources(ctx context.Context, u User, hf hotFile, resp *wire.Hol
 	return named
 }
 
-// fromPrimary reads blocks from the primary, in small requests within the
-// far slots (its uplink is the one every reader shares first), and
-// returns those it got.
-func (f *FS) fromPrimary(ctx context.Context, u User, hf hotFile, hs [][32]byte) (map[[32]byte]bool, error) {
+// fromPrimary reads blocks from the primary in small requests and
+// returns those it got. Blocks it handed out (paced) are asked for at
+// once: the primary's window already bounds them, and a wait here would
+// count in its delay; others wait for far slots (its uplink is the one
+// every reader shares first).
+func (f *FS) fromPrimary(ctx context.Context, u User, hf hotFile, hs [][32]byte, paced bool) (map[[32]byte]bool, error) {
 	var mu sync.Mutex
 	fetched := map[[32]byte]bool{}
 	var first error
 	var wg sync.WaitGroup
 	for part := range slices.Chunk(hs, farRequestBlocks) {
 		wg.Go(func() {
-			release, ok := f.peer.farSlot(ctx, hf.background)
+			release, ok := f.peer.farSlot(ctx, hf.background && !paced)
 			if !ok {
 				mu.Lock()
 				first = cmp.Or(first, fmt.Errorf("waiting to read blocks of %v: %w", hf.id, fserr.ErrTimeout))

@@ -185,8 +185,16 @@ func runFileDist(ctx context.Context, env *Env) (*Result, error) {
 		}
 	}
 
+	// What src's uplink carries with no reads: the control plane (config
+	// service, leases, coordinates), which the reads share the uplink with.
+	idleFrom := uplinkBytes(st, "src")
+	time.Sleep(idleSample)
+	idle := float64(uplinkBytes(st, "src")-idleFrom) / idleSample.Seconds()
 	progress(env, "%d WheelFS readers at once (%s/dist/file)", n, cues)
 	before := uplinkBytes(st, "src")
+	stopRate := make(chan struct{})
+	rates := make(chan []float64, 1)
+	go func() { rates <- sampleRate(st, "src", rateSample, stopRate) }()
 	sitesBefore := map[string]uint64{}
 	for _, site := range sites {
 		sitesBefore[site] = uplinkBytes(st, site)
@@ -209,6 +217,11 @@ func runFileDist(ctx context.Context, env *Env) (*Result, error) {
 		})
 	})
 	wfsBytes := uplinkBytes(st, "src") - before
+	close(stopRate)
+	var rateMBs []string
+	for _, r := range <-rates {
+		rateMBs = append(rateMBs, fmt.Sprintf("%.2f", r/1e6))
+	}
 	// Where the WheelFS readers' bytes came from, site by site: what
 	// limits them is how evenly the uplinks are used.
 	var siteMB []string
@@ -225,6 +238,8 @@ func runFileDist(ctx context.Context, env *Env) (*Result, error) {
 		fmt.Sprintf("bytes out of src's uplink (IP, with headers) for %d × %d bytes delivered: %.1f MB (%.2f×) during the direct transfers, %.1f MB (%.2f×) during the WheelFS reads",
 			n, size, float64(directBytes)/1e6, float64(directBytes)/float64(int64(n)*size), float64(wfsBytes)/1e6, float64(wfsBytes)/float64(int64(n)*size)),
 		fmt.Sprintf("bytes out of each site's uplink during the WheelFS reads (MB): %s", strings.Join(siteMB, ", ")),
+		fmt.Sprintf("src's uplink with no reads (%s before them: config service, leases, coordinates): %.1f KB/s; during the reads, MB/s per %s: %s",
+			idleSample, idle/1e3, rateSample, strings.Join(rateMBs, " ")),
 		hotspotNote(cues, wcues),
 	}}
 	for i, e := range derrs {
@@ -368,6 +383,31 @@ func writeChunked(path string, data []byte, chunk int) (write, closeT time.Durat
 		return 0, 0, fmt.Errorf("close %s: %w", path, err)
 	}
 	return write, time.Since(t), nil
+}
+
+// How long src's idle uplink is measured before the WheelFS reads, and
+// the period of its rate during them.
+const (
+	idleSample = 10 * time.Second
+	rateSample = 5 * time.Second
+)
+
+// sampleRate returns site's uplink rate (bytes/s) every period until stop.
+func sampleRate(st *testbed.State, site string, period time.Duration, stop <-chan struct{}) []float64 {
+	var out []float64
+	t := time.NewTicker(period)
+	defer t.Stop()
+	last := uplinkBytes(st, site)
+	for {
+		select {
+		case <-stop:
+			return out
+		case <-t.C:
+			now := uplinkBytes(st, site)
+			out = append(out, float64(now-last)/period.Seconds())
+			last = now
+		}
+	}
 }
 
 // uplinkBytes is what a site has sent to the wide area so far: the
