@@ -78,6 +78,9 @@ type peerState struct {
 
 	badMu sync.Mutex
 	bad   map[string]time.Time // peers that sent corrupt data, until when skipped
+	// cost is, per site, a moving average of the time a request for
+	// blocks from a holder there took per block (guarded by badMu).
+	cost map[string]time.Duration
 }
 
 func (p *peerState) init(cfg PeerConfig) {
@@ -91,6 +94,7 @@ func (p *peerState) init(cfg PeerConfig) {
 		p.limit = rate.NewLimiter(rate.Limit(cfg.UploadRate), max(int(cfg.UploadRate/10), BlockSize))
 	}
 	p.bad = map[string]time.Time{}
+	p.cost = map[string]time.Duration{}
 	p.far = make(chan struct{}, farInFlight)
 }
 
@@ -287,6 +291,30 @@ const (
 	badPeerFor  = time.Minute
 	slowPeerFor = 10 * time.Second
 )
+
+// noteSiteCost records that a request to a holder at site took d and
+// brought n blocks (none: d counts as one block's).
+func (p *peerState) noteSiteCost(site string, d time.Duration, n int) {
+	per := d / time.Duration(max(n, 1))
+	p.badMu.Lock()
+	defer p.badMu.Unlock()
+	old, ok := p.cost[site]
+	if !ok && len(p.cost) >= maxBadPeers {
+		clear(p.cost)
+	}
+	if ok {
+		per = old + (per-old)*3/10
+	}
+	p.cost[site] = per
+}
+
+// siteCost returns the average time per block from holders at site (0
+// when none was asked yet: worth a try).
+func (p *peerState) siteCost(site string) time.Duration {
+	p.badMu.Lock()
+	defer p.badMu.Unlock()
+	return p.cost[site]
+}
 
 // maxBadPeers bounds the list of peers being skipped.
 const maxBadPeers = 1024

@@ -531,8 +531,15 @@ func (f *FS) fromHolders(ctx context.Context, hf hotFile, resp *wire.HoldersResp
 				cands[h] = append(cands[h], x)
 			}
 		}
-		rand.Shuffle(len(cands[h]), func(i, j int) { cands[h][i], cands[h][j] = cands[h][j], cands[h][i] })
-		slices.SortStableFunc(cands[h], func(a, b *wire.Holder) int { return cmp.Compare(rttBand(a), rttBand(b)) })
+		c := cands[h]
+		rand.Shuffle(len(c), func(i, j int) { c[i], c[j] = c[j], c[i] })
+		slices.SortStableFunc(c, func(a, b *wire.Holder) int { return cmp.Compare(rttBand(a), rttBand(b)) })
+		// Of the first two about as near, the one whose site has been
+		// sending faster (two random choices: readers do not all herd to
+		// the site that was fastest a moment ago).
+		if !near && len(c) > 1 && rttBand(c[0]) == rttBand(c[1]) && f.peer.siteCost(c[1].Site) < f.peer.siteCost(c[0].Site) {
+			c[0], c[1] = c[1], c[0]
+		}
 	}
 	// A holder elsewhere sends through its site's uplink, shared with
 	// others: small requests finish within a try (a late answer is
@@ -604,7 +611,11 @@ func (f *FS) fromPeer(ctx context.Context, hf hotFile, x *wire.Holder, g *wire.G
 	for i := range hs {
 		req.Hashes[i] = hs[i][:]
 	}
+	began := time.Now()
 	resp, err := pc.FetchCached(actx, req)
+	if n := countData(resp.GetData()); far && (n > 0 || err != nil) { // an empty answer says nothing of the site's uplink
+		f.peer.noteSiteCost(x.Site, time.Since(began), n)
+	}
 	if err != nil {
 		if status.Code(err) != codes.ResourceExhausted { // busy is fine; silent or gone is not
 			f.peer.markBad(x.Node, time.Now(), slowPeerFor)
@@ -627,6 +638,17 @@ func (f *FS) fromPeer(ctx context.Context, hf hotFile, x *wire.Holder, g *wire.G
 		f.peer.fromPeers.Add(int64(len(b)))
 	}
 	return out
+}
+
+// countData counts the blocks an answer carries.
+func countData(data [][]byte) int {
+	n := 0
+	for _, b := range data {
+		if len(b) > 0 {
+			n++
+		}
+	}
+	return n
 }
 
 // replicasBeside returns the replicas of id's slice that a .Hotspot read

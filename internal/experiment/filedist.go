@@ -240,6 +240,7 @@ func runFileDist(ctx context.Context, env *Env) (*Result, error) {
 		fmt.Sprintf("bytes out of each site's uplink during the WheelFS reads (MB): %s", strings.Join(siteMB, ", ")),
 		fmt.Sprintf("src's uplink with no reads (%s before them: config service, leases, coordinates): %.1f KB/s; during the reads, MB/s per %s: %s",
 			idleSample, idle/1e3, rateSample, strings.Join(rateMBs, " ")),
+		coordNote(st, src),
 		hotspotNote(cues, wcues),
 	}}
 	for i, e := range derrs {
@@ -383,6 +384,51 @@ func writeChunked(path string, data []byte, chunk int) (write, closeT time.Durat
 		return 0, 0, fmt.Errorf("close %s: %w", path, err)
 	}
 	return write, time.Since(t), nil
+}
+
+// coordNote reports the network coordinates the nodes published, as
+// `wheelfs status` shows them (run in host's namespace): the median
+// Vivaldi error and the estimated RTT between sites.
+func coordNote(st *testbed.State, host *testbed.Host) string {
+	self, err := os.Executable()
+	if err != nil {
+		return "coordinates: " + err.Error()
+	}
+	cmd := exec.Command("ip", "netns", "exec", host.NS, self, "status", "--json", "--config", st.Config, "--ca", st.CA)
+	out, err := cmd.Output()
+	if err != nil {
+		return fmt.Sprintf("coordinates: wheelfs status: %v", err)
+	}
+	var stat struct {
+		Coords []struct {
+			Error float64 `json:"error"`
+		} `json:"coords"`
+		RTT []struct {
+			A        string  `json:"a"`
+			B        string  `json:"b"`
+			MedianMs float64 `json:"median_ms"`
+		} `json:"rtt"`
+	}
+	if err := json.Unmarshal(out, &stat); err != nil {
+		return fmt.Sprintf("coordinates: %v", err)
+	}
+	var errs []float64
+	for _, c := range stat.Coords {
+		errs = append(errs, c.Error)
+	}
+	slices.Sort(errs)
+	var far []float64 // estimates between different sites
+	for _, r := range stat.RTT {
+		if r.A != r.B {
+			far = append(far, r.MedianMs)
+		}
+	}
+	slices.Sort(far)
+	if len(errs) == 0 || len(far) == 0 {
+		return "coordinates: none published yet"
+	}
+	return fmt.Sprintf("coordinates after the run (wheelfs status): %d nodes, Vivaldi error median %.2f (max %.2f); estimated RTT between sites: median %.0f ms, range %.0f–%.0f ms over %d site pairs",
+		len(errs), errs[len(errs)/2], errs[len(errs)-1], far[len(far)/2], far[0], far[len(far)-1], len(far))
 }
 
 // How long src's idle uplink is measured before the WheelFS reads, and

@@ -18,7 +18,7 @@ import (
 // per block are enough (more only add fallbacks a reader never reaches).
 const (
 	defaultMaxHolders = 16
-	holdersPerBlock   = 3
+	holdersPerBlock   = 4
 )
 
 // Probe implements wire.StorageServer: an empty call whose round trip the
