@@ -42,7 +42,7 @@ const (
 	assumedBandwidth = 4 << 20
 	// minWindow and maxWindow bound the chunks a .WholeFile+.Hotspot
 	// read has in flight.
-	minWindow, maxWindow = 2, 16
+	minWindow, maxWindow = 6, 16
 )
 
 // hotFile is what a .Hotspot fetch needs of an open file.
@@ -113,7 +113,7 @@ func (f *FS) prefetchHot(ctx context.Context, u User, hf hotFile, mine [][32]byt
 	slices.SortFunc(mine, func(a, b [32]byte) int { return bytes.Compare(a[:], b[:]) })
 	at := rand.IntN(len(mine))
 	mine = append(mine[at:], mine[:at]...)
-	q := &hotQueue{left: mine, since: map[[32]byte]time.Time{}}
+	q := &hotQueue{left: mine, progress: time.Now()}
 	f.fetchMu.Lock()
 	for _, h := range mine {
 		f.queued[h] = q
@@ -138,7 +138,7 @@ func (f *FS) prefetchHot(ctx context.Context, u User, hf hotFile, mine [][32]byt
 				if err != nil {
 					f.log.Debug("hotspot prefetch failed", "id", hf.id.String(), "err", err)
 				}
-				later = f.requeue(q, later, time.Now().Add(-f.cfg.Timeout))
+				later = f.requeue(q, later, len(later) < len(chunk), f.cfg.Timeout)
 				f.unclaim(slices.DeleteFunc(chunk, func(h [32]byte) bool { return slices.Contains(later, h) }))
 				if len(later) < len(chunk) {
 					pause = firstPause
@@ -189,10 +189,11 @@ func (t *hotTally) add(from, n int) {
 }
 
 // hotQueue is the blocks of one .Hotspot prefetch not yet started, in
-// fetch order, and when each was first put back (guarded by FS.fetchMu).
+// fetch order, and when one of its chunks last brought a block (guarded
+// by FS.fetchMu).
 type hotQueue struct {
-	left  [][32]byte
-	since map[[32]byte]time.Time
+	left     [][32]byte
+	progress time.Time
 }
 
 // nextQueued starts up to n blocks of q.
@@ -212,20 +213,22 @@ func (f *FS) nextQueued(q *hotQueue, n int) [][32]byte {
 }
 
 // requeue puts blocks back at the end of q, still claimed, and returns
-// them, except those first put back before giveUp (and those cached
-// since): a read that needs them fetches them itself.
-func (f *FS) requeue(q *hotQueue, hs [][32]byte, giveUp time.Time) [][32]byte {
+// them; progressed says the chunk they were part of brought a block. When
+// no chunk of q brought a block for stall, it gives up on them (and on
+// those cached since): a read that needs them fetches them itself. A
+// prefetch waiting on the origin's uplink for a large file progresses
+// for minutes; one whose sources all fail stops after stall.
+func (f *FS) requeue(q *hotQueue, hs [][32]byte, progressed bool, stall time.Duration) [][32]byte {
 	now := time.Now()
 	f.fetchMu.Lock()
 	defer f.fetchMu.Unlock()
+	if progressed {
+		q.progress = now
+	}
+	stalled := now.Sub(q.progress) > stall
 	var out [][32]byte
 	for _, h := range hs {
-		since, ok := q.since[h]
-		if !ok {
-			since = now
-			q.since[h] = now
-		}
-		if since.Before(giveUp) || f.cache.Contains(h) {
+		if stalled || f.cache.Contains(h) {
 			continue
 		}
 		q.left = append(q.left, h)

@@ -192,9 +192,7 @@ func runFileDist(ctx context.Context, env *Env) (*Result, error) {
 	idle := float64(uplinkBytes(st, "src")-idleFrom) / idleSample.Seconds()
 	progress(env, "%d WheelFS readers at once (%s/dist/file)", n, cues)
 	before := uplinkBytes(st, "src")
-	stopRate := make(chan struct{})
-	rates := make(chan []float64, 1)
-	go func() { rates <- sampleRate(st, "src", rateSample, stopRate) }()
+	sampler := startRateSampler(st, "src", rateSample)
 	sitesBefore := map[string]uint64{}
 	for _, site := range sites {
 		sitesBefore[site] = uplinkBytes(st, site)
@@ -217,9 +215,8 @@ func runFileDist(ctx context.Context, env *Env) (*Result, error) {
 		})
 	})
 	wfsBytes := uplinkBytes(st, "src") - before
-	close(stopRate)
 	var rateMBs []string
-	for _, r := range <-rates {
+	for _, r := range sampler.stop() {
 		rateMBs = append(rateMBs, fmt.Sprintf("%.2f", r/1e6))
 	}
 	// Where the WheelFS readers' bytes came from, site by site: what
@@ -438,22 +435,49 @@ const (
 	rateSample = 5 * time.Second
 )
 
-// sampleRate returns site's uplink rate (bytes/s) every period until stop.
-func sampleRate(st *testbed.State, site string, period time.Duration, stop <-chan struct{}) []float64 {
-	var out []float64
-	t := time.NewTicker(period)
-	defer t.Stop()
-	last := uplinkBytes(st, site)
-	for {
-		select {
-		case <-stop:
-			return out
-		case <-t.C:
-			now := uplinkBytes(st, site)
-			out = append(out, float64(now-last)/period.Seconds())
-			last = now
+// rateSampler samples a site's uplink counter every period from a shell
+// loop started before the reads: forking `ip` from this process while its
+// goroutines read through FUSE stalled for minutes in the first runs.
+type rateSampler struct {
+	cmd *exec.Cmd
+	out bytes.Buffer
+}
+
+func startRateSampler(st *testbed.State, site string, period time.Duration) *rateSampler {
+	r := &rateSampler{}
+	loop := fmt.Sprintf("while :; do echo $(date +%%s.%%N) $(ip -n %s -s -j link show wan); sleep %g; done", st.Prefix+site, period.Seconds())
+	r.cmd = exec.Command("sh", "-c", loop)
+	r.cmd.Stdout = &r.out
+	if err := r.cmd.Start(); err != nil {
+		r.cmd = nil
+	}
+	return r
+}
+
+// stop ends the loop and returns the rates (bytes/s) between samples.
+func (r *rateSampler) stop() []float64 {
+	if r.cmd == nil {
+		return nil
+	}
+	r.cmd.Process.Kill()
+	r.cmd.Wait()
+	type sample struct {
+		at float64
+		n  uint64
+	}
+	var ss []sample
+	for line := range strings.Lines(r.out.String()) {
+		at, js, _ := strings.Cut(line, " ")
+		t, err := strconv.ParseFloat(at, 64)
+		if n, ok := txBytes([]byte(js)); ok && err == nil {
+			ss = append(ss, sample{t, n})
 		}
 	}
+	var out []float64
+	for i := 1; i < len(ss); i++ {
+		out = append(out, float64(ss[i].n-ss[i-1].n)/(ss[i].at-ss[i-1].at))
+	}
+	return out
 }
 
 // uplinkBytes is what a site has sent to the wide area so far: the
@@ -463,6 +487,12 @@ func uplinkBytes(st *testbed.State, site string) uint64 {
 	if err != nil {
 		return 0
 	}
+	n, _ := txBytes(out)
+	return n
+}
+
+// txBytes parses `ip -s -j link show` output: the first link's bytes sent.
+func txBytes(out []byte) (uint64, bool) {
 	var links []struct {
 		Stats64 struct {
 			Tx struct {
@@ -471,9 +501,9 @@ func uplinkBytes(st *testbed.State, site string) uint64 {
 		} `json:"stats64"`
 	}
 	if json.Unmarshal(out, &links) != nil || len(links) == 0 {
-		return 0
+		return 0, false
 	}
-	return links[0].Stats64.Tx.Bytes
+	return links[0].Stats64.Tx.Bytes, true
 }
 
 // hotspotNote says where the WheelFS readers' blocks come from under cues.
