@@ -195,6 +195,10 @@ func (s peerService) FetchCached(ctx context.Context, req *wire.FetchCachedReque
 	return resp, nil
 }
 
+// answerMargin is how long before the asker's deadline a holder stops
+// waiting for a block it is fetching and answers without it.
+const answerMargin = 300 * time.Millisecond
+
 // maxAwaiting bounds the peer requests waiting for blocks this client is
 // still fetching.
 const maxAwaiting = 64
@@ -229,6 +233,13 @@ func (s peerService) awaitFetching(ctx context.Context, hashes [][]byte) error {
 		return status.Error(codes.ResourceExhausted, "too many peer requests waiting")
 	}
 	defer p.awaiting.Add(-1)
+	// Answer (with what is cached) a little before the asker gives up: an
+	// empty answer sends it elsewhere, a late one has it skip this holder.
+	if dl, ok := ctx.Deadline(); ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithDeadline(ctx, dl.Add(-answerMargin))
+		defer cancel()
+	}
 	for _, ch := range wait {
 		select {
 		case <-ch:

@@ -41,8 +41,8 @@ const (
 	// is sized for (bytes per second) when nothing better is known.
 	assumedBandwidth = 4 << 20
 	// minWindow and maxWindow bound the chunks a .WholeFile+.Hotspot
-	// read has in flight.
-	minWindow, maxWindow = 6, 16
+	// read has in flight (chunkLimit adapts within them).
+	minWindow, maxWindow = 2, 16
 )
 
 // hotFile is what a .Hotspot fetch needs of an open file.
@@ -119,22 +119,25 @@ func (f *FS) prefetchHot(ctx context.Context, u User, hf hotFile, mine [][32]byt
 		f.queued[h] = q
 	}
 	f.fetchMu.Unlock()
-	window := f.hotWindow()
+	lim := newChunkLimit(f.hotWindow())
 	base := asTry(context.WithoutCancel(ctx))
 	hf.tally, hf.background = &hotTally{}, true
 	began := time.Now()
 	var wg sync.WaitGroup
-	for range window {
+	for range maxWindow {
 		wg.Go(func() {
 			pause := firstPause
 			for {
+				lim.acquire()
 				chunk := f.nextQueued(q, hotChunk)
 				if len(chunk) == 0 {
+					lim.release(true)
 					return
 				}
 				ctx, cancel := context.WithTimeout(base, f.cfg.Timeout)
-				later, err := f.fetchHotChunk(ctx, u, hf, f.uncached(chunk))
+				later, failed, err := f.fetchHotChunk(ctx, u, hf, f.uncached(chunk))
 				cancel()
+				lim.release(!failed && err == nil)
 				if err != nil {
 					f.log.Debug("hotspot prefetch failed", "id", hf.id.String(), "err", err)
 				}
@@ -160,6 +163,47 @@ func (f *FS) prefetchHot(ctx context.Context, u User, hf hotFile, mine [][32]byt
 			"near_holders", t[fromNearHolders].Load(), "near_replicas", t[fromNearReplicas].Load(), "far_holders", t[fromFarHolders].Load(),
 			"far_replicas", t[fromFarReplicas].Load(), "primary", t[fromThePrimary].Load())
 	}()
+}
+
+// chunkLimit is how many chunks a .Hotspot prefetch works on at once,
+// adapted as TCP's window is: one more per window's worth of chunks whose
+// every source answered, half when a source failed (a holder's or
+// replica's try ran out, or it was busy). More chunks in flight than the
+// senders' uplinks carry only lengthen their queues until tries run out
+// and the blocks sent are wasted (the 50 MB distribution with a fixed 6
+// moved every block about twice across the wide area).
+type chunkLimit struct {
+	mu    sync.Mutex
+	cond  *sync.Cond
+	limit float64
+	inUse int
+}
+
+func newChunkLimit(start int) *chunkLimit {
+	l := &chunkLimit{limit: float64(start)}
+	l.cond = sync.NewCond(&l.mu)
+	return l
+}
+
+func (l *chunkLimit) acquire() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for l.inUse >= int(l.limit) {
+		l.cond.Wait()
+	}
+	l.inUse++
+}
+
+func (l *chunkLimit) release(ok bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.inUse--
+	if ok {
+		l.limit = min(l.limit+1/l.limit, maxWindow)
+	} else {
+		l.limit = max(l.limit/2, minWindow)
+	}
+	l.cond.Broadcast()
 }
 
 // A reader the primary has nothing for now asks again after a pause that
@@ -313,7 +357,7 @@ func (f *FS) fetchHot(ctx context.Context, u User, hf hotFile, hashes [][32]byte
 // come later, until ctx ends.
 func (f *FS) fetchHotUntil(ctx context.Context, u User, hf hotFile, chunk [][32]byte) error {
 	for pause := firstPause; ; pause = min(2*pause, maxPause) {
-		later, err := f.fetchHotChunk(ctx, u, hf, chunk)
+		later, _, err := f.fetchHotChunk(ctx, u, hf, chunk)
 		if err != nil || len(later) == 0 {
 			return err
 		}
@@ -345,7 +389,7 @@ func (hf hotFile) try(ctx context.Context) (context.Context, context.CancelFunc)
 // primary's), in that order. Blocks that failed are shown to the primary
 // once more as tried, so that it may send them itself; the rest wait for
 // a later ask. err is set only when there is no primary to ask.
-func (f *FS) fetchHotChunk(ctx context.Context, u User, hf hotFile, chunk [][32]byte) (later [][32]byte, err error) {
+func (f *FS) fetchHotChunk(ctx context.Context, u User, hf hotFile, chunk [][32]byte) (later [][32]byte, failed bool, err error) {
 	left := map[[32]byte]bool{}
 	for _, h := range chunk {
 		left[h] = true
@@ -373,7 +417,7 @@ func (f *FS) fetchHotChunk(ctx context.Context, u User, hf hotFile, chunk [][32]
 			f.log.Debug("no holders; reading from the primary", "id", hf.id.String(), "err", err)
 			rest := slices.Collect(maps.Keys(left))
 			_, err := f.fromPrimary(ctx, u, hf, rest, false)
-			return nil, err
+			return nil, err != nil, err
 		}
 		direct := map[[32]byte]bool{}
 		for _, h := range ask {
@@ -391,6 +435,7 @@ func (f *FS) fetchHotChunk(ctx context.Context, u User, hf hotFile, chunk [][32]
 		if round == 0 && resp.Grant != nil { // no grant: no holder or replica to show one to
 			named := f.fromSources(ctx, u, hf, resp, left, got)
 			tried = slices.Collect(maps.Keys(named))
+			failed = len(tried) > 0
 		} else {
 			tried = nil // not from holders again: they failed once
 		}
@@ -402,7 +447,7 @@ func (f *FS) fetchHotChunk(ctx context.Context, u User, hf hotFile, chunk [][32]
 			}
 		}
 	}
-	return slices.Collect(maps.Keys(left)), nil
+	return slices.Collect(maps.Keys(left)), failed, nil
 }
 
 // askHolders asks the primary for holders of hashes and which of them to
@@ -444,27 +489,30 @@ func (f *FS) fromSources(ctx context.Context, u User, hf hotFile, resp *wire.Hol
 	}
 	before := maps.Clone(left)
 	replicas := f.replicasBeside(ctx, hf.id)
-	for _, near := range []bool{true, false} {
-		holders, reps := fromFarHolders, fromFarReplicas
-		if near {
-			holders, reps = fromNearHolders, fromNearReplicas
-		}
-		n := len(left)
-		f.fromHolders(ctx, hf, resp, left, got, near)
-		hf.tally.add(holders, n-len(left))
-		n = len(left)
-		f.fromReplicas(ctx, u, hf, resp.Grant, replicas, left, got, near)
-		hf.tally.add(reps, n-len(left))
-	}
+	n := len(left)
+	f.fromHolders(ctx, hf, resp, left, got, true)
+	hf.tally.add(fromNearHolders, n-len(left))
+	n = len(left)
+	f.fromReplicas(ctx, u, hf, resp.Grant, replicas, left, got, true)
+	hf.tally.add(fromNearReplicas, n-len(left))
+	n = len(left)
+	f.fromHolders(ctx, hf, resp, left, got, false)
+	hf.tally.add(fromFarHolders, n-len(left))
+	n = len(left)
+	f.fromReplicas(ctx, u, hf, resp.Grant, replicas, left, got, false)
+	hf.tally.add(fromFarReplicas, n-len(left))
 	named = map[[32]byte]bool{}
 	for h := range left {
-		if before[h] && (len(replicas) > 0 || slices.ContainsFunc(resp.Holders, func(x *wire.Holder) bool {
-			return slices.ContainsFunc(hf.index[h], func(idx uint64) bool { return inRanges(x.Blocks, idx) })
-		})) {
+		if before[h] && (len(replicas) > 0 || slices.ContainsFunc(resp.Holders, func(x *wire.Holder) bool { return holds(hf, x, h) })) {
 			named[h] = true
 		}
 	}
 	return named
+}
+
+// holds reports whether holder x was named for block h of hf.
+func holds(hf hotFile, x *wire.Holder, h [32]byte) bool {
+	return slices.ContainsFunc(hf.index[h], func(idx uint64) bool { return inRanges(x.Blocks, idx) })
 }
 
 // fromPrimary reads blocks from the primary in small requests and
