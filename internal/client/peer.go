@@ -81,6 +81,8 @@ type peerState struct {
 	// cost is, per site, a moving average of the time a request for
 	// blocks from a holder there took per block (guarded by badMu).
 	cost map[string]time.Duration
+	// deferred: blocks left once for a site-mate to bring (badMu).
+	deferred map[[32]byte]struct{}
 }
 
 func (p *peerState) init(cfg PeerConfig) {
@@ -95,6 +97,7 @@ func (p *peerState) init(cfg PeerConfig) {
 	}
 	p.bad = map[string]time.Time{}
 	p.cost = map[string]time.Duration{}
+	p.deferred = map[[32]byte]struct{}{}
 	p.far = make(chan struct{}, farInFlight)
 }
 
@@ -325,6 +328,24 @@ func (p *peerState) siteCost(site string) time.Duration {
 	p.badMu.Lock()
 	defer p.badMu.Unlock()
 	return p.cost[site]
+}
+
+// maxDeferred bounds the blocks remembered as deferred once.
+const maxDeferred = 1 << 16
+
+// deferOnce reports whether block h was not left for a site-mate before
+// (and now is).
+func (p *peerState) deferOnce(h [32]byte) bool {
+	p.badMu.Lock()
+	defer p.badMu.Unlock()
+	if _, ok := p.deferred[h]; ok {
+		return false
+	}
+	if len(p.deferred) >= maxDeferred {
+		clear(p.deferred)
+	}
+	p.deferred[h] = struct{}{}
+	return true
 }
 
 // maxBadPeers bounds the list of peers being skipped.

@@ -495,14 +495,33 @@ func (f *FS) fromSources(ctx context.Context, u User, hf hotFile, resp *wire.Hol
 	n = len(left)
 	f.fromReplicas(ctx, u, hf, resp.Grant, replicas, left, got, true)
 	hf.tally.add(fromNearReplicas, n-len(left))
+	// A block a site-mate has or is fetching waits for one later ask
+	// before it is fetched from elsewhere too: by then the site-mate has
+	// it (its fetch outlasted this try), or stops being named. Once per
+	// block: two site-mates each fetching from the other would otherwise
+	// wait on each other for good.
+	now := time.Now()
+	mates := slices.DeleteFunc(slices.Clone(resp.Holders), func(x *wire.Holder) bool {
+		return x.Site != f.cfg.Site || x.Node == f.cfg.Node || x.Addr == "" || f.peer.skipPeer(x.Node, now)
+	})
+	far := maps.Clone(left)
+	for h := range far {
+		if slices.ContainsFunc(mates, func(x *wire.Holder) bool { return holds(hf, x, h) }) && f.peer.deferOnce(h) {
+			delete(far, h)
+		}
+	}
+	gotFar := func(h [32]byte, b []byte) {
+		got(h, b)
+		delete(far, h)
+	}
 	n = len(left)
-	f.fromHolders(ctx, hf, resp, left, got, false)
+	f.fromHolders(ctx, hf, resp, far, gotFar, false)
 	hf.tally.add(fromFarHolders, n-len(left))
 	n = len(left)
-	f.fromReplicas(ctx, u, hf, resp.Grant, replicas, left, got, false)
+	f.fromReplicas(ctx, u, hf, resp.Grant, replicas, far, gotFar, false)
 	hf.tally.add(fromFarReplicas, n-len(left))
 	named = map[[32]byte]bool{}
-	for h := range left {
+	for h := range far {
 		if before[h] && (len(replicas) > 0 || slices.ContainsFunc(resp.Holders, func(x *wire.Holder) bool { return holds(hf, x, h) })) {
 			named[h] = true
 		}
