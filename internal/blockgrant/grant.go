@@ -37,9 +37,9 @@ const DefaultTTL = 30 * time.Second
 var (
 	// ErrInvalid means the grant is malformed, badly signed or signed by
 	// a certificate the deployment CA did not issue.
-	ErrInvalid = errors.New("blockblockgrant: invalid")
+	ErrInvalid = errors.New("blockgrant: invalid")
 	// ErrExpired means the grant's time is up.
-	ErrExpired = errors.New("blockblockgrant: expired")
+	ErrExpired = errors.New("blockgrant: expired")
 )
 
 // Signer signs grants with a node's TLS key.
@@ -61,6 +61,11 @@ func NewSigner(c tls.Certificate, name string) (*Signer, error) {
 
 // Name is the signing node's ID.
 func (s *Signer) Name() string { return s.name }
+
+// CertSum is the SHA-256 of the certificate Sign puts in grants: a
+// reader that shows it already holds that certificate gets grants
+// without it (it puts it back before it shows them).
+func (s *Signer) CertSum() [32]byte { return sha256.Sum256(s.cert) }
 
 // Sign fills in b's signer and signs it.
 func (s *Signer) Sign(b *wire.GrantBody) (*wire.Grant, error) {

@@ -2,6 +2,7 @@ package client
 
 import (
 	"context"
+	"crypto/sha256"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -83,6 +84,10 @@ type peerState struct {
 	cost map[string]time.Duration
 	// deferred: blocks left once for a site-mate to bring (badMu).
 	deferred map[[32]byte]struct{}
+	// certs: grant signers' certificates by SHA-256, last the latest
+	// (badMu): a primary leaves out of a grant the one a reader holds.
+	certs map[[32]byte][]byte
+	last  [32]byte
 }
 
 func (p *peerState) init(cfg PeerConfig) {
@@ -98,6 +103,7 @@ func (p *peerState) init(cfg PeerConfig) {
 	p.bad = map[string]time.Time{}
 	p.cost = map[string]time.Duration{}
 	p.deferred = map[[32]byte]struct{}{}
+	p.certs = map[[32]byte][]byte{}
 	p.far = make(chan struct{}, farInFlight)
 }
 
@@ -328,6 +334,35 @@ func (p *peerState) siteCost(site string) time.Duration {
 	p.badMu.Lock()
 	defer p.badMu.Unlock()
 	return p.cost[site]
+}
+
+// maxCerts bounds the signer certificates a client keeps.
+const maxCerts = 64
+
+// lastCert returns the SHA-256 of the last signer certificate received
+// (zero: none).
+func (p *peerState) lastCert() [32]byte {
+	p.badMu.Lock()
+	defer p.badMu.Unlock()
+	return p.last
+}
+
+// fillCert keeps the certificate g carries, or puts back the one whose
+// SHA-256 is have when g came without; false if it has no such one.
+func (p *peerState) fillCert(g *wire.Grant, have [32]byte) bool {
+	p.badMu.Lock()
+	defer p.badMu.Unlock()
+	if len(g.Cert) > 0 {
+		sum := sha256.Sum256(g.Cert)
+		if _, ok := p.certs[sum]; !ok && len(p.certs) >= maxCerts {
+			clear(p.certs)
+		}
+		p.certs[sum], p.last = g.Cert, sum
+		return true
+	}
+	c, ok := p.certs[have]
+	g.Cert = c
+	return ok
 }
 
 // maxDeferred bounds the blocks remembered as deferred once.

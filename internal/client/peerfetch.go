@@ -469,14 +469,22 @@ func (f *FS) askHolders(ctx context.Context, u User, hf hotFile, hashes, tried [
 	if f.cfg.Coord != nil {
 		req.Coord = f.cfg.Coord.Wire()
 	}
+	have := f.peer.lastCert()
+	if have != ([32]byte{}) {
+		req.HaveCert = have[:]
+	}
 	actx, cancel := hf.try(ctx)
 	defer cancel()
 	began := time.Now()
 	resp, err := call(actx, f, hf.id, wire.StorageClient.Holders, req)
-	if err == nil {
-		f.peer.noteRTT(time.Now(), time.Since(began))
+	if err != nil {
+		return nil, err
 	}
-	return resp, err
+	f.peer.noteRTT(time.Now(), time.Since(began))
+	if g := resp.Grant; g != nil && !f.peer.fillCert(g, have) {
+		resp.Grant = nil // its certificate is gone from here: no holder to show it to
+	}
+	return resp, nil
 }
 
 // fromSources fetches blocks in left from what resp names, own site

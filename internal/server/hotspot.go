@@ -1,10 +1,12 @@
 package server
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"time"
 
+	"github.com/wheelfs/wheelfs/internal/blockgrant"
 	"github.com/wheelfs/wheelfs/internal/holders"
 	"github.com/wheelfs/wheelfs/internal/netcoord"
 	"github.com/wheelfs/wheelfs/internal/oid"
@@ -17,7 +19,7 @@ import (
 // Holder lists: how many holders one answer names at most, and how many
 // per block are enough (more only add fallbacks a reader never reaches).
 const (
-	defaultMaxHolders = 16
+	defaultMaxHolders = 8
 	holdersPerBlock   = 4
 )
 
@@ -132,6 +134,9 @@ func (s *Server) Holders(ctx context.Context, req *wire.HoldersRequest) (*wire.H
 			if err != nil {
 				return nil, err
 			}
+			if g != nil && bytes.Equal(req.HaveCert, certSum(s.cfg.Grants)) {
+				g.Cert = nil // the asker puts back the one it has
+			}
 			resp.Grant = g
 		}
 		for _, r := range s.handOut(now, req, exclude, held) {
@@ -206,4 +211,14 @@ func ranges(bs []*wire.BlockRange) []holders.Range {
 		out = append(out, holders.Range{First: b.First, Count: b.Count})
 	}
 	return out
+}
+
+// certSum is the SHA-256 of the certificate g puts in grants (nil: no
+// signer).
+func certSum(g *blockgrant.Signer) []byte {
+	if g == nil {
+		return nil
+	}
+	sum := g.CertSum()
+	return sum[:]
 }

@@ -5890,7 +5890,11 @@ type HoldersRequest struct {
 	Tried []*BlockRange `protobuf:"bytes,11,rep,name=tried,proto3" json:"tried,omitempty"`
 	// urgent: a read waits for these blocks (not a prefetch): the primary
 	// hands them out even when its uplink's window is full.
-	Urgent        bool `protobuf:"varint,12,opt,name=urgent,proto3" json:"urgent,omitempty"`
+	Urgent bool `protobuf:"varint,12,opt,name=urgent,proto3" json:"urgent,omitempty"`
+	// have_cert: the SHA-256 of the signer certificate the asker holds from
+	// an earlier grant: a grant signed with it comes without it (most of an
+	// answer's bytes, on the origin's busy uplink).
+	HaveCert      []byte `protobuf:"bytes,13,opt,name=have_cert,json=haveCert,proto3" json:"have_cert,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -6007,6 +6011,13 @@ func (x *HoldersRequest) GetUrgent() bool {
 		return x.Urgent
 	}
 	return false
+}
+
+func (x *HoldersRequest) GetHaveCert() []byte {
+	if x != nil {
+		return x.HaveCert
+	}
+	return nil
 }
 
 type Holder struct {
@@ -7945,7 +7956,7 @@ const file_wheelfs_proto_rawDesc = "" +
 	"\x05coord\x18\x03 \x01(\v2\x11.wheelfs.v1.CoordR\x05coord\x12*\n" +
 	"\x04held\x18\x04 \x03(\v2\x16.wheelfs.v1.HeldBlocksR\x04held\x12\x1b\n" +
 	"\tpeer_addr\x18\x05 \x01(\tR\bpeerAddr\"\x17\n" +
-	"\x15ReportHoldingResponse\"\xfb\x02\n" +
+	"\x15ReportHoldingResponse\"\x98\x03\n" +
 	"\x0eHoldersRequest\x12*\n" +
 	"\x06caller\x18\x01 \x01(\v2\x12.wheelfs.v1.CallerR\x06caller\x12\x0e\n" +
 	"\x02id\x18\x02 \x01(\x04R\x02id\x12\x18\n" +
@@ -7960,7 +7971,8 @@ const file_wheelfs_proto_rawDesc = "" +
 	"\tpeer_addr\x18\n" +
 	" \x01(\tR\bpeerAddr\x12,\n" +
 	"\x05tried\x18\v \x03(\v2\x16.wheelfs.v1.BlockRangeR\x05tried\x12\x16\n" +
-	"\x06urgent\x18\f \x01(\bR\x06urgent\"\x8b\x01\n" +
+	"\x06urgent\x18\f \x01(\bR\x06urgent\x12\x1b\n" +
+	"\thave_cert\x18\r \x01(\fR\bhaveCert\"\x8b\x01\n" +
 	"\x06Holder\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x12\n" +
 	"\x04site\x18\x02 \x01(\tR\x04site\x12\x15\n" +
