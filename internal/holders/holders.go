@@ -173,21 +173,13 @@ func New(o Options) *Table {
 // of a version older than the newest known is ignored; a newer one
 // forgets every holding of the older.
 func (t *Table) Report(now time.Time, fileID, version uint64, h Holder, blocks []Range) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	t.expireLocked(now)
-	hd := t.holdingLocked(now, fileID, version, h)
-	if hd == nil {
-		return
-	}
-	before := hd.cost()
-	hd.prunePending(now, t.opts.PendingTTL)
-	for _, r := range blocks {
-		if next := Add(hd.ranges, r); len(next) <= t.opts.MaxRanges {
-			hd.ranges = next
+	t.update(now, fileID, version, h, func(hd *holding) {
+		for _, r := range blocks {
+			if next := Add(hd.ranges, r); len(next) <= t.opts.MaxRanges {
+				hd.ranges = next
+			}
 		}
-	}
-	t.settleLocked(hd, before)
+	})
 }
 
 // Expect records that h is fetching blocks of version of file at now: it
@@ -199,6 +191,19 @@ func (t *Table) Expect(now time.Time, fileID, version uint64, h Holder, blocks [
 	if len(blocks) == 0 {
 		return
 	}
+	t.update(now, fileID, version, h, func(hd *holding) {
+		for _, r := range blocks {
+			if r.Count > 0 && len(hd.pending) < t.opts.MaxRanges {
+				hd.pending = append(hd.pending, expected{Range: r, at: now})
+			}
+		}
+	})
+}
+
+// update applies change to h's holding of version of fileID (made the
+// most recent, its stale expectations dropped) and keeps the table
+// within its cost.
+func (t *Table) update(now time.Time, fileID, version uint64, h Holder, change func(*holding)) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.expireLocked(now)
@@ -208,11 +213,7 @@ func (t *Table) Expect(now time.Time, fileID, version uint64, h Holder, blocks [
 	}
 	before := hd.cost()
 	hd.prunePending(now, t.opts.PendingTTL)
-	for _, r := range blocks {
-		if r.Count > 0 && len(hd.pending) < t.opts.MaxRanges {
-			hd.pending = append(hd.pending, expected{Range: r, at: now})
-		}
-	}
+	change(hd)
 	t.settleLocked(hd, before)
 }
 
