@@ -1,6 +1,7 @@
 package holders
 
 import (
+	"slices"
 	"sync"
 	"time"
 )
@@ -101,18 +102,33 @@ func (o *Origin) Hand(now time.Time, file uint64, node string, blocks []uint64, 
 func (o *Origin) Held(now time.Time, file uint64, node string, rs []Range) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	if len(o.out) == 0 {
+	o.takeLocked(file, node, rs, func(at time.Time) { o.sampleLocked(now, now.Sub(at)) })
+}
+
+// takeLocked removes the blocks of rs handed to node for file, calling
+// took with when each was handed out. It walks whichever is shorter, the
+// ranges or what is handed out: a client's ranges can be huge.
+func (o *Origin) takeLocked(file uint64, node string, rs []Range, took func(at time.Time)) {
+	var n uint64
+	for _, r := range rs {
+		n += min(r.Count, uint64(len(o.out))+1) // no overflow
+	}
+	if n > uint64(len(o.out)) {
+		for k, at := range o.out {
+			if k.file == file && k.node == node && slices.ContainsFunc(rs, func(r Range) bool { return r.First <= k.block && k.block < r.end() }) {
+				delete(o.out, k)
+				took(at)
+			}
+		}
 		return
 	}
 	for _, r := range rs {
 		for b := r.First; b < r.end(); b++ {
 			k := handed{file, node, b}
-			at, ok := o.out[k]
-			if !ok {
-				continue
+			if at, ok := o.out[k]; ok {
+				delete(o.out, k)
+				took(at)
 			}
-			delete(o.out, k)
-			o.sampleLocked(now, now.Sub(at))
 		}
 	}
 }
@@ -123,15 +139,7 @@ func (o *Origin) Failed(now time.Time, file uint64, node string, rs []Range) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	lost := false
-	for _, r := range rs {
-		for b := r.First; b < r.end(); b++ {
-			k := handed{file, node, b}
-			if _, ok := o.out[k]; ok {
-				delete(o.out, k)
-				lost = true
-			}
-		}
-	}
+	o.takeLocked(file, node, rs, func(time.Time) { lost = true })
 	if lost {
 		o.cutLocked(now, o.opts.Target)
 	}

@@ -116,3 +116,25 @@ func TestExpect(t *testing.T) {
 		t.Fatalf("old version's holders after a new one: %+v", got)
 	}
 }
+
+// TestOriginHugeRanges: a report or a tried list naming a huge range (a
+// client's input) costs what is handed out, not the range's length.
+func TestOriginHugeRanges(t *testing.T) {
+	o := NewOrigin(OriginOptions{MinWindow: 4})
+	now := time.Unix(1000, 0)
+	o.Hand(now, 1, "a", blocks(10, 4), false)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		o.Held(now.Add(100*time.Millisecond), 1, "a", []Range{{0, 1 << 62}})
+		o.Failed(now, 1, "a", []Range{{0, ^uint64(0) - 1}})
+	}()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("a huge range kept the window busy")
+	}
+	if _, out := o.Window(); out != 0 {
+		t.Fatalf("%d blocks still out after a report covering them", out)
+	}
+}
