@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/wheelfs/wheelfs/internal/oid"
+	"github.com/wheelfs/wheelfs/internal/wire"
 )
 
 // TestEventualCreatesSurviveTakeover replays a testbed finding: right
@@ -31,16 +32,20 @@ func TestEventualCreatesSurviveTakeover(t *testing.T) {
 		t.Fatal(err)
 	}
 	// An eventual lookup may be answered by east's own backup copy of the
-	// root's slice, which the mkdir may not have reached yet.
+	// root's slice, which the mkdir may not have reached yet: once east is
+	// cut off, that copy is all it has, so wait until it has ev (under
+	// load the copy can lag the primary's answer).
 	var ev oid.ID
-	c.WaitFor(10*time.Second, "east sees ev", func() error {
+	c.WaitFor(10*time.Second, "east and its copy of the root see ev", func() error {
 		r, err := east.Resolve(ctx, Owner(), "/.EventualConsistency/ev")
 		if err == nil && r.Meta == nil {
 			err = fmt.Errorf("ev not found")
 		}
-		if err == nil {
-			ev = oid.ID(r.Meta.Id)
+		if err != nil {
+			return err
 		}
+		ev = oid.ID(r.Meta.Id)
+		_, err = srv(t, c.Servers("east")[0]).Lookup(ctx, &wire.LookupRequest{Caller: evCaller(), Dir: uint64(oid.Root), Name: "ev"})
 		return err
 	})
 	t.Logf("ev is %v (slice %d)", ev, ev.Slice())
