@@ -1,6 +1,8 @@
 // Package holders is a file primary's soft state for .Hotspot (paper
-// §5.5): which clients recently cached which blocks of which version of a
-// file, and which of them are nearest to a reader by network coordinates.
+// §5.5): which clients recently cached (or are fetching) which blocks of
+// which version of a file, which of them are nearest to a reader by
+// network coordinates, and how many blocks the primary may hand far
+// readers to read from it (Origin).
 //
 // The table is bounded (a cost cap: one unit per holding plus one per
 // block range, the least recently reported holdings go first), forgets a
