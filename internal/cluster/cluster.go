@@ -264,10 +264,34 @@ func Start(t testing.TB, o Options) *Cluster {
 	if err := c.start(); err != nil {
 		t.Fatalf("cluster: start: %v", err)
 	}
+	c.settleRoot()
 	c.log.Info("cluster up", "sites", o.Sites, "servers_per_site", o.ServersPerSite,
 		"config_members", o.ConfigMembers, "took", time.Since(began))
 	return c
 }
+
+// settleRoot waits (at most rootSettle) until the root's slice has the
+// replicas its policy asks for: until then a write there waits for the
+// copy maintenance has yet to add, and a test's first call, bounded by
+// its client timeout, could run out under load (CI saw it). It only logs
+// when the bound passes: some tests start clusters that cannot get there.
+func (c *Cluster) settleRoot() {
+	want := min(3, len(c.Servers("")))
+	deadline := time.Now().Add(rootSettle)
+	for time.Now().Before(deadline) {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		t, err := c.Conf.Table(ctx)
+		cancel()
+		if err == nil && len(t.Slices[oid.Root.Slice()].Replicas) >= want {
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	c.log.Info("the root's slice is not fully replicated yet", "want", want)
+}
+
+// rootSettle bounds settleRoot.
+const rootSettle = 10 * time.Second
 
 func (c *Cluster) start() error {
 	o := c.opts
