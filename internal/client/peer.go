@@ -77,15 +77,15 @@ type peerState struct {
 	awaiting atomic.Int64  // requests waiting for blocks being fetched
 	far      chan struct{} // requests for blocks from other sites in flight
 
-	badMu sync.Mutex
-	bad   map[string]time.Time // peers that sent corrupt data, until when skipped
+	mu  sync.Mutex
+	bad map[string]time.Time // peers that sent corrupt data, until when skipped
 	// cost is, per site, a moving average of the time a request for
-	// blocks from a holder there took per block (guarded by badMu).
+	// blocks from a holder there took per block (guarded by mu).
 	cost map[string]time.Duration
-	// deferred: blocks left once for a site-mate to bring (badMu).
+	// deferred: blocks left once for a site-mate to bring (mu).
 	deferred map[[32]byte]struct{}
 	// certs: grant signers' certificates by SHA-256, last the latest
-	// (badMu): a primary leaves out of a grant the one a reader holds.
+	// (mu): a primary leaves out of a grant the one a reader holds.
 	certs map[[32]byte][]byte
 	last  [32]byte
 }
@@ -295,8 +295,8 @@ func (s peerService) admit(ctx context.Context, req *wire.FetchCachedRequest) er
 
 // skipPeer reports whether node recently sent corrupt data.
 func (p *peerState) skipPeer(node string, now time.Time) bool {
-	p.badMu.Lock()
-	defer p.badMu.Unlock()
+	p.mu.Lock()
+	defer p.mu.Unlock()
 	until, ok := p.bad[node]
 	if ok && now.After(until) {
 		delete(p.bad, node)
@@ -316,8 +316,8 @@ const (
 // brought n blocks (none: d counts as one block's).
 func (p *peerState) noteSiteCost(site string, d time.Duration, n int) {
 	per := d / time.Duration(max(n, 1))
-	p.badMu.Lock()
-	defer p.badMu.Unlock()
+	p.mu.Lock()
+	defer p.mu.Unlock()
 	old, ok := p.cost[site]
 	if !ok && len(p.cost) >= maxBadPeers {
 		clear(p.cost)
@@ -331,8 +331,8 @@ func (p *peerState) noteSiteCost(site string, d time.Duration, n int) {
 // siteCost returns the average time per block from holders at site (0
 // when none was asked yet: worth a try).
 func (p *peerState) siteCost(site string) time.Duration {
-	p.badMu.Lock()
-	defer p.badMu.Unlock()
+	p.mu.Lock()
+	defer p.mu.Unlock()
 	return p.cost[site]
 }
 
@@ -342,16 +342,16 @@ const maxCerts = 64
 // lastCert returns the SHA-256 of the last signer certificate received
 // (zero: none).
 func (p *peerState) lastCert() [32]byte {
-	p.badMu.Lock()
-	defer p.badMu.Unlock()
+	p.mu.Lock()
+	defer p.mu.Unlock()
 	return p.last
 }
 
 // fillCert keeps the certificate g carries, or puts back the one whose
 // SHA-256 is have when g came without; false if it has no such one.
 func (p *peerState) fillCert(g *wire.Grant, have [32]byte) bool {
-	p.badMu.Lock()
-	defer p.badMu.Unlock()
+	p.mu.Lock()
+	defer p.mu.Unlock()
 	if len(g.Cert) > 0 {
 		sum := sha256.Sum256(g.Cert)
 		if _, ok := p.certs[sum]; !ok && len(p.certs) >= maxCerts {
@@ -371,8 +371,8 @@ const maxDeferred = 1 << 16
 // deferOnce reports whether block h was not left for a site-mate before
 // (and now is).
 func (p *peerState) deferOnce(h [32]byte) bool {
-	p.badMu.Lock()
-	defer p.badMu.Unlock()
+	p.mu.Lock()
+	defer p.mu.Unlock()
 	if _, ok := p.deferred[h]; ok {
 		return false
 	}
@@ -387,8 +387,8 @@ func (p *peerState) deferOnce(h [32]byte) bool {
 const maxBadPeers = 1024
 
 func (p *peerState) markBad(node string, now time.Time, d time.Duration) {
-	p.badMu.Lock()
-	defer p.badMu.Unlock()
+	p.mu.Lock()
+	defer p.mu.Unlock()
 	if len(p.bad) >= maxBadPeers {
 		clear(p.bad)
 	}

@@ -216,7 +216,10 @@ func (t *Table) update(now time.Time, fileID, version uint64, h Holder, change f
 	before := hd.cost()
 	hd.prunePending(now, t.opts.PendingTTL)
 	change(hd)
-	t.settleLocked(hd, before)
+	t.cost += hd.cost() - before
+	for t.cost > t.opts.MaxCost && t.lru.Len() > 0 {
+		t.dropLocked(t.lru.Back().Value.(*holding))
+	}
 }
 
 // holdingLocked returns h's holding of version of fileID, made the most
@@ -238,15 +241,6 @@ func (t *Table) holdingLocked(now time.Time, fileID, version uint64, h Holder) *
 	}
 	hd.holder, hd.at = h, now
 	return hd
-}
-
-// settleLocked accounts for hd's change of cost from before and drops the
-// least recent holdings while over the cap.
-func (t *Table) settleLocked(hd *holding, before int) {
-	t.cost += hd.cost() - before
-	for t.cost > t.opts.MaxCost && t.lru.Len() > 0 {
-		t.dropLocked(t.lru.Back().Value.(*holding))
-	}
 }
 
 // fileLocked returns fileID's entry at version, a fresh one if version is
