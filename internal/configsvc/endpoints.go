@@ -4,9 +4,13 @@ import (
 	"context"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 // endpointMonitor keeps the etcd client's endpoint list to the members that
@@ -24,10 +28,17 @@ import (
 // member through a client of its own and drops the ones that do not answer
 // from the main client, so requests go to the majority as soon as it is
 // reachable; a member is put back as soon as a probe succeeds again.
+//
+// Probes are linearizable reads through the leader, from every host to
+// every member, so they are spent where they tell something: a member that
+// does not serve is probed every period (to use it again soon after it
+// recovers), one that serves only every idle period, or at once when a
+// request of the main client fails for want of an answer.
 type endpointMonitor struct {
 	s       *EtcdService
 	cfg     clientv3.Config // template of the probe clients
-	period  time.Duration
+	period  time.Duration   // probes of a member not serving; least gap
+	idle    time.Duration   // probes of a member serving
 	timeout time.Duration
 
 	mu      sync.Mutex
@@ -39,24 +50,62 @@ type endpointMonitor struct {
 }
 
 type probe struct {
-	ep      string
-	cli     *clientv3.Client
-	cancel  context.CancelFunc
-	done    chan struct{}
+	ep     string
+	cli    *clientv3.Client
+	cancel context.CancelFunc
+	done   chan struct{}
+	now    chan struct{} // capacity 1: probe at once (a request failed)
+
+	// Guarded by the monitor's mu.
 	healthy bool
-	probed  bool // at least one probe finished
+	probed  bool      // at least one probe finished
+	started time.Time // when the last probe began
 }
 
 // memberSyncEvery is how often the monitor re-reads the member list (the
 // client's AutoSync, which the monitor replaces).
 const memberSyncEvery = time.Minute
 
-func newEndpointMonitor(s *EtcdService, cfg clientv3.Config, period time.Duration) *endpointMonitor {
+func newEndpointMonitor(s *EtcdService, cfg clientv3.Config, period, idle time.Duration) *endpointMonitor {
 	// A linearizable read crosses the WAN up to three times (client to
 	// member, member to leader, leader to a quorum); two seconds also
 	// covers 300 ms round trips with room to spare.
 	timeout := max(2*time.Second, 2*period)
-	return &endpointMonitor{s: s, cfg: cfg, period: period, timeout: timeout, probes: map[string]*probe{}}
+	return &endpointMonitor{s: s, cfg: cfg, period: period, idle: max(idle, period), timeout: timeout, probes: map[string]*probe{}}
+}
+
+// probeOnFailure is a unary interceptor for the main client: a call that
+// ran out of time or found no member ready may have been sent to a member
+// that does not serve, so every member believed serving is probed at once
+// (at most once a period) rather than at its next idle probe.
+func probeOnFailure(mon *atomic.Pointer[endpointMonitor]) grpc.UnaryClientInterceptor {
+	return func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		err := invoker(ctx, method, req, reply, cc, opts...)
+		if err != nil {
+			switch status.Code(err) {
+			case codes.DeadlineExceeded, codes.Unavailable:
+				if m := mon.Load(); m != nil {
+					m.probeNow()
+				}
+			}
+		}
+		return err
+	}
+}
+
+// probeNow wakes the probes of members believed serving whose last probe
+// began at least a period ago.
+func (m *endpointMonitor) probeNow() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, p := range m.probes {
+		if p.healthy && time.Since(p.started) >= m.period {
+			select {
+			case p.now <- struct{}{}:
+			default:
+			}
+		}
+	}
 }
 
 // start probes endpoints and re-reads the member list until ctx ends.
@@ -127,7 +176,7 @@ func (m *endpointMonitor) setEndpoints(ctx context.Context, eps []string) {
 			continue
 		}
 		pctx, cancel := context.WithCancel(ctx)
-		p := &probe{ep: ep, cli: cli, cancel: cancel, done: make(chan struct{})}
+		p := &probe{ep: ep, cli: cli, cancel: cancel, done: make(chan struct{}), now: make(chan struct{}, 1)}
 		m.probes[ep] = p
 		go m.run(pctx, p)
 	}
@@ -146,12 +195,23 @@ func (m *endpointMonitor) stopAll() {
 	}
 }
 
-// run probes one endpoint every period until ctx ends.
+// run probes one endpoint until ctx ends: every period while it does not
+// serve, every idle period while it does, and when probeNow asks.
 func (m *endpointMonitor) run(ctx context.Context, p *probe) {
 	defer close(p.done)
-	t := time.NewTicker(m.period)
+	t := time.NewTimer(0)
 	defer t.Stop()
 	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		case <-p.now:
+		}
+		start := time.Now()
+		m.mu.Lock()
+		p.started = start
+		m.mu.Unlock()
 		cctx, cancel := context.WithTimeout(ctx, m.timeout)
 		// Linearizable: only a member in touch with a leader and a quorum
 		// answers.
@@ -161,11 +221,16 @@ func (m *endpointMonitor) run(ctx context.Context, p *probe) {
 			return
 		}
 		m.report(p, err)
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
+		select { // a wake-up that came during this probe is answered by it
+		case <-p.now:
+		default:
 		}
+		next := m.idle
+		if err != nil {
+			next = m.period
+		}
+		t.Stop()
+		t.Reset(max(0, next-time.Since(start)))
 	}
 }
 

@@ -204,11 +204,47 @@ func TestStalledMemberIsAvoided(t *testing.T) {
 	eps := startCluster(t, 3)
 	sn := newStallNet()
 	const probe = 200 * time.Millisecond
-	s := dialEndpoints(t, eps, configsvc.Options{Dial: sn.dial, ProbePeriod: probe, RPCTimeout: 5 * time.Second})
+	s := dialEndpoints(t, eps, configsvc.Options{Dial: sn.dial, ProbePeriod: probe, IdleProbePeriod: probe, RPCTimeout: 5 * time.Second})
 	poll.Until(t, 10*time.Second, "all members in use", func() error { return servingExactly(s, eps) })
 
 	sn.stall(eps[0])
 	poll.Until(t, 5*time.Second, "stalled member dropped", func() error { return servingExactly(s, eps[1:]) })
+	requestsSucceed(t, s)
+
+	sn.heal(eps[0])
+	poll.Until(t, 5*time.Second, "healed member used again", func() error { return servingExactly(s, eps) })
+}
+
+// TestFailedRequestProbesAtOnce: members that serve are probed rarely (a
+// minute apart here), but a request that times out on a stalled member
+// probes every member at once, and the stalled one is dropped within a
+// few seconds.
+func TestFailedRequestProbesAtOnce(t *testing.T) {
+	eps := startCluster(t, 3)
+	sn := newStallNet()
+	const probe = 200 * time.Millisecond
+	s := dialEndpoints(t, eps, configsvc.Options{Dial: sn.dial, ProbePeriod: probe, IdleProbePeriod: time.Minute, RPCTimeout: 5 * time.Second})
+	poll.Until(t, 10*time.Second, "all members in use", func() error { return servingExactly(s, eps) })
+
+	sn.stall(eps[0])
+	start := time.Now()
+	failed := 0
+	poll.Until(t, 15*time.Second, "stalled member dropped", func() error {
+		// Round-robin sends some of these to the stalled member, where
+		// they time out.
+		ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+		if _, err := s.Table(ctx); err != nil {
+			failed++
+		}
+		cancel()
+		return servingExactly(s, eps[1:])
+	})
+	t.Logf("dropped %v after the stall, %d requests timed out", time.Since(start).Round(time.Millisecond), failed)
+	requestsSucceed(t, s)
+}
+
+func requestsSucceed(t *testing.T, s *configsvc.EtcdService) {
+	t.Helper()
 	for i := range 12 { // round-robin would send a third of these to the stalled member
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		_, err := s.Acquire(ctx, 100, fmt.Sprintf("holder-%d", i), configsvc.Policy{Site: "s"}, nil)
@@ -217,9 +253,6 @@ func TestStalledMemberIsAvoided(t *testing.T) {
 			t.Fatalf("request %d with a member stalled: %v", i, err)
 		}
 	}
-
-	sn.heal(eps[0])
-	poll.Until(t, 5*time.Second, "healed member used again", func() error { return servingExactly(s, eps) })
 }
 
 // TestReRegistersSoonAfterHeal: a server cut off from every member for
