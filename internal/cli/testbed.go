@@ -329,5 +329,6 @@ func newTestbedRun(g *globalFlags, dirOf func() string) *cobra.Command {
 	fl.StringArrayVar(&set, "set", nil, "experiment parameter `KEY=VALUE` (repeatable)")
 	fl.StringVar(&jsonOut, "json", "", "write the result as JSON to `FILE` (default DIR/EXPERIMENT.json)")
 	fl.BoolVar(&env.Keep, "keep", false, "leave the testbed up afterwards")
+	fl.StringVar(&env.Binary, "host-binary", "", "wheelfs `EXECUTABLE` the hosts run (default: this one; before/after runs of a change with the same experiment code)")
 	return cmd
 }
