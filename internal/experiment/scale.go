@@ -24,7 +24,7 @@ func scale() *Experiment {
 		Summary: "paper Fig. 3: N nodes each primary of a directory of 1 MB files; all read 10 files of others at once; " +
 			"read latency and config-service load (CPU, bytes) per N; then client-only mounts added up to hundreds of hosts",
 		Params: map[string]string{"nodes": "5,10,20", "clients": "0", "client-files": "0", "files": "10",
-			"size": "1048576", "rtt": "100ms", "idle": "20s"},
+			"size": "1048576", "rtt": "100ms", "idle": "20s", "settle": "35s"},
 		Run: runScale,
 	}
 }
@@ -52,6 +52,13 @@ func runScale(ctx context.Context, env *Env) (*Result, error) {
 		return nil, err
 	}
 	idle, err := env.Durations("idle", "20s")
+	if err != nil {
+		return nil, err
+	}
+	// Hosts publish their first coordinate one publication period
+	// (deploy.DefaultPublishEvery, 30 s) after they start: the idle load is
+	// measured after that, in the steady state.
+	settle, err := env.Durations("settle", "35s")
 	if err != nil {
 		return nil, err
 	}
@@ -87,7 +94,7 @@ func runScale(ctx context.Context, env *Env) (*Result, error) {
 		if err != nil {
 			return nil, err
 		}
-		row, idleCPU, idleKB, err := scaleRound(ctx, env, st, files, clientFiles, size, idle[0])
+		row, idleCPU, idleKB, err := scaleRound(ctx, env, st, files, clientFiles, size, settle[0], idle[0])
 		down(env)
 		if err != nil {
 			return nil, fmt.Errorf("N=%d: %w", n, err)
@@ -135,7 +142,8 @@ func ratioStr(medianMS string, limit time.Duration) string {
 }
 
 // scaleRound runs one N: write, measure idle load, read all at once.
-func scaleRound(ctx context.Context, env *Env, st *testbed.State, files, clientFiles, size int, idle time.Duration) (row []string, idleCPU, idleKB float64, err error) {
+func scaleRound(ctx context.Context, env *Env, st *testbed.State, files, clientFiles, size int, settle, idle time.Duration) (row []string, idleCPU, idleKB float64, err error) {
+	began := time.Now() // the hosts have just started
 	var nodes, clients []testbed.Host
 	var members []*testbed.Host
 	for i := range st.Hosts {
@@ -172,7 +180,10 @@ func scaleRound(ctx context.Context, env *Env, st *testbed.State, files, clientF
 	if err := errors.Join(errs...); err != nil {
 		return nil, 0, 0, fmt.Errorf("writing: %w", err)
 	}
-	progress(env, "N=%d: %d files written; measuring %s idle", len(nodes)+len(clients), len(nodes)*files, idle)
+	progress(env, "N=%d: %d files written; settling %s, then measuring %s idle", len(nodes)+len(clients), len(nodes)*files, settle, idle)
+	if rest := settle - time.Since(began); rest > 0 {
+		time.Sleep(rest)
+	}
 	load := func(d time.Duration, during func() error) (cpuPct, kbps float64, err error) {
 		before, err := sumCounters(members)
 		if err != nil {
