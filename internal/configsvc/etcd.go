@@ -139,9 +139,9 @@ type EtcdService struct {
 	// one keep-alive however many slices it holds, and they all expire
 	// together when it stops.
 	sessions map[string]lockSession
-	// coordLeases holds, per node, the lease its published coordinate is
-	// attached to (PublishCoord).
-	coordLeases map[string]clientv3.LeaseID
+	// coords holds, per node, the lease its published coordinate is
+	// attached to and what was written last (PublishCoord).
+	coords map[string]publishedCoord
 }
 
 type registration struct {

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hashicorp/serf/coordinate"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
@@ -197,5 +198,48 @@ func TestUpdateServerSurvivesLeaseLoss(t *testing.T) {
 	}
 	if got := tb.Servers["full"]; got != full {
 		t.Errorf("re-registered as %+v, want %+v", got, full)
+	}
+}
+
+// TestCoordUnmovedOnlyRenewed: a coordinate that did not move is not
+// written again (no raft proposal), but its lease is renewed, so it stays
+// past its TTL; one that moved is written.
+func TestCoordUnmovedOnlyRenewed(t *testing.T) {
+	m := startMember(t)
+	a, b := dial(t, m, configsvc.Options{}), dial(t, m, configsvc.Options{})
+	ctx := tctx(t)
+	c := coordinate.NewCoordinate(coordinate.DefaultConfig())
+	c.Vec[0] = 0.05
+	publish := func(samples uint64) {
+		t.Helper()
+		if err := a.PublishCoord(ctx, configsvc.NodeCoord{ID: "n1", Site: "west", Coord: c, Samples: samples}, 2*time.Second); err != nil {
+			t.Fatal(err)
+		}
+	}
+	samples := func() uint64 {
+		t.Helper()
+		got, err := b.Coords(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n, ok := got["n1"]
+		if !ok {
+			t.Fatal("coordinate of n1 gone")
+		}
+		return n.Samples
+	}
+	publish(1)
+	for i := range 4 { // 3 s in all, longer than the 2 s lease
+		time.Sleep(750 * time.Millisecond)
+		c.Vec[0] += 0.0004 // 0.4 ms each, 1.6 ms in all
+		publish(uint64(2 + i))
+	}
+	if got := samples(); got != 1 {
+		t.Errorf("unmoved coordinate written again: samples %d, want the first write's 1", got)
+	}
+	c.Vec[0] += 0.01 // 10 ms
+	publish(9)
+	if got := samples(); got != 9 {
+		t.Errorf("moved coordinate: samples %d, want 9", got)
 	}
 }
