@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/keepalive"
 
 	"github.com/wheelfs/wheelfs/internal/configsvc"
+	"github.com/wheelfs/wheelfs/internal/oid"
 	"github.com/wheelfs/wheelfs/internal/route"
 	"github.com/wheelfs/wheelfs/internal/server"
 	"github.com/wheelfs/wheelfs/internal/store"
@@ -85,7 +86,7 @@ func (h *Host) startServer(ctx context.Context, local *lateLocal) (err error) {
 }
 
 // startService is the configuration service as the server sees it while
-// it starts: Register and Table retry until the host's ConfigWait has
+// it starts: Register, Table and Acquire retry until the host's ConfigWait has
 // passed (each try is bounded by the service's RPC timeout), as the
 // slice-table read of Start does: right after the config members start,
 // they may still be joining each other and lose their quorum for a few
@@ -106,10 +107,21 @@ func (r *startService) Table(ctx context.Context) (t *configsvc.Table, err error
 	return t, err
 }
 
+// Acquire retries too: a server that holds no slice takes one as it starts,
+// and 250 hosts starting at once on one machine kept the members too busy
+// to grant its lease within the RPC timeout (the node exited). Acquire is
+// idempotent for its holder: a try that timed out after taking the lock
+// finds it its own.
+func (r *startService) Acquire(ctx context.Context, sl oid.Slice, holder string, p configsvc.Policy, replicas []string) (l configsvc.Lock, err error) {
+	err = r.retry(ctx, "acquire a slice", func() (err error) { l, err = r.Service.Acquire(ctx, sl, holder, p, replicas); return err })
+	return l, err
+}
+
 func (r *startService) retry(ctx context.Context, op string, f func() error) error {
 	for {
 		err := f()
-		if err == nil || r.done.Load() || errors.Is(err, configsvc.ErrClosed) || ctx.Err() != nil {
+		if err == nil || r.done.Load() || ctx.Err() != nil ||
+			errors.Is(err, configsvc.ErrClosed) || errors.Is(err, configsvc.ErrLocked) || errors.Is(err, configsvc.ErrDenied) {
 			return err
 		}
 		wait := time.Until(r.until)

@@ -146,6 +146,9 @@ func up(ctx context.Context, env *Env, o testbed.Options) (*testbed.State, error
 	}
 	st, err := testbed.Up(ctx, env.Dir, o, env.Out)
 	if err != nil {
+		// What did start is taken down (unless kept for a look): a failed
+		// run must not leave hundreds of processes behind.
+		down(env)
 		return nil, fmt.Errorf("testbed up: %w (logs in %s/logs)", err, env.Dir)
 	}
 	return st, nil
