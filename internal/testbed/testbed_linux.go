@@ -98,7 +98,22 @@ func Up(ctx context.Context, dir string, opts Options, out io.Writer) (*State, e
 	}
 	p.step("processes")
 	// Members first, one at a time (each joins those before it), then the
-	// nodes and the clients, which wait for the service themselves.
+	// nodes and the clients, which wait for the service themselves, in
+	// waves of startWave: hundreds of hosts starting at once on one
+	// machine's cores (each with its TLS handshakes to every member)
+	// starved the delay router and the members, and the configuration
+	// service answered nothing for minutes.
+	var wave []*Host
+	waitWave := func() error {
+		for _, h := range wave {
+			if err := h.waitReady(ctx, readyTimeout); err != nil {
+				return err
+			}
+			p.step(fmt.Sprintf("%s ready (%s)", h.Name, h.Mount))
+		}
+		wave = wave[:0]
+		return nil
+	}
 	for i := range st.Hosts {
 		h := &st.Hosts[i]
 		if err := st.start(h); err != nil {
@@ -112,17 +127,16 @@ func Up(ctx context.Context, dir string, opts Options, out io.Writer) (*State, e
 				return st, err
 			}
 			p.step(h.Name + " (config member) ready")
-		}
-	}
-	for i := range st.Hosts {
-		h := &st.Hosts[i]
-		if h.Role == RoleConfig {
 			continue
 		}
-		if err := h.waitReady(ctx, readyTimeout); err != nil {
-			return st, err
+		if wave = append(wave, h); len(wave) == startWave {
+			if err := waitWave(); err != nil {
+				return st, err
+			}
 		}
-		p.step(fmt.Sprintf("%s ready (%s)", h.Name, h.Mount))
+	}
+	if err := waitWave(); err != nil {
+		return st, err
 	}
 	st.Up = true
 	return st, st.Save()
@@ -210,6 +224,9 @@ func plan(dir string, o Options) *State {
 // buildNetwork makes the namespaces, links, addresses, routes and qdiscs:
 //
 //	host ns (eth0) ──veth── site ns (bridge br, gateway .1) ──veth wan── wan ns ── delay router (TUN)
+// startWave is how many hosts start at once (see Up).
+const startWave = 25
+
 func (st *State) buildNetwork() error {
 	for _, name := range st.Namespaces {
 		if err := createNS(name); err != nil {
