@@ -224,6 +224,7 @@ func plan(dir string, o Options) *State {
 // buildNetwork makes the namespaces, links, addresses, routes and qdiscs:
 //
 //	host ns (eth0) ──veth── site ns (bridge br, gateway .1) ──veth wan── wan ns ── delay router (TUN)
+//
 // startWave is how many hosts start at once (see Up).
 const startWave = 25
 
