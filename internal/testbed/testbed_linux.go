@@ -221,13 +221,12 @@ func plan(dir string, o Options) *State {
 	return st
 }
 
-// buildNetwork makes the namespaces, links, addresses, routes and qdiscs:
-//
-//	host ns (eth0) ──veth── site ns (bridge br, gateway .1) ──veth wan── wan ns ── delay router (TUN)
-//
 // startWave is how many hosts start at once (see Up).
 const startWave = 25
 
+// buildNetwork makes the namespaces, links, addresses, routes and qdiscs:
+//
+//	host ns (eth0) ──veth── site ns (bridge br, gateway .1) ──veth wan── wan ns ── delay router (TUN)
 func (st *State) buildNetwork() error {
 	for _, name := range st.Namespaces {
 		if err := createNS(name); err != nil {
