@@ -109,7 +109,11 @@ func (s *EtcdService) PublishCoord(ctx context.Context, c NodeCoord, ttl time.Du
 	}
 	s.mu.Lock()
 	if s.coords != nil { // not withdrawn meanwhile
-		s.coords[c.ID] = publishedCoord{lease: lease, coord: c.Coord.Clone(), at: time.Now()}
+		p := publishedCoord{lease: lease, at: time.Now()}
+		if c.Coord != nil {
+			p.coord = c.Coord.Clone()
+		}
+		s.coords[c.ID] = p
 	}
 	s.mu.Unlock()
 	return nil
