@@ -89,7 +89,9 @@ func probeOnFailure(mon *atomic.Pointer[endpointMonitor]) grpc.UnaryClientInterc
 			switch status.Code(err) {
 			case codes.DeadlineExceeded, codes.Unavailable:
 				if m := mon.Load(); m != nil {
-					m.probeNow()
+					// Not here: a caller may hold endpointsMu (Members),
+					// which applyLocked takes under the monitor's mu.
+					go m.probeNow()
 				}
 			}
 		}
