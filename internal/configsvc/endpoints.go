@@ -2,15 +2,11 @@ package configsvc
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"slices"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -208,23 +204,20 @@ func (m *endpointMonitor) run(ctx context.Context, p *probe) {
 	t := time.NewTimer(0)
 	defer t.Stop()
 	for {
-		kicked := false
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 		case <-p.now:
-			kicked = true
 		}
 		start := time.Now()
 		m.mu.Lock()
 		p.started = start
 		m.mu.Unlock()
-		m.mu.Lock()
-		healthy := p.healthy
-		m.mu.Unlock()
 		cctx, cancel := context.WithTimeout(ctx, m.timeout)
-		err := m.probe(cctx, p, healthy && !kicked)
+		// Linearizable: only a member in touch with a leader and a quorum
+		// answers.
+		_, err := p.cli.Get(cctx, m.s.deploymentKey, clientv3.WithCountOnly())
 		cancel()
 		if ctx.Err() != nil {
 			return
@@ -242,35 +235,6 @@ func (m *endpointMonitor) run(ctx context.Context, p *probe) {
 		t.Reset(max(0, next-time.Since(start)))
 	}
 }
-
-// probe checks that p's member serves. A member believed serving is asked
-// for its status (light: answered by the member alone) and passes if it
-// knows a leader; any other (not serving, or a request failed) must answer
-// a linearizable read, which goes through the leader and a quorum, as
-// requests do. So a member that lost its leader is found by the light
-// check, one that keeps a leader it cannot reach (the state after a heal
-// described above) by the failed requests, and none is used again before
-// a linearizable read succeeds. Linearizable probes from every host every
-// idle period made the leader send a heartbeat round for each (etcd's
-// ReadIndex): most of the service's remaining idle traffic.
-func (m *endpointMonitor) probe(ctx context.Context, p *probe, light bool) error {
-	if light {
-		st, err := pb.NewMaintenanceClient(p.cli.ActiveConnection()).Status(ctx, &pb.StatusRequest{})
-		switch {
-		case err != nil:
-			return err
-		case st.Leader == 0:
-			return errNoLeader
-		case len(st.Errors) > 0:
-			return fmt.Errorf("configsvc: member status: %s", strings.Join(st.Errors, "; "))
-		}
-		return nil
-	}
-	_, err := p.cli.Get(ctx, m.s.deploymentKey, clientv3.WithCountOnly())
-	return err
-}
-
-var errNoLeader = errors.New("configsvc: member knows no leader")
 
 func (m *endpointMonitor) report(p *probe, err error) {
 	m.mu.Lock()

@@ -603,21 +603,12 @@ func (s *EtcdService) UpdateServer(ctx context.Context, info ServerInfo) error {
 
 // Table implements Service.
 func (s *EtcdService) Table(ctx context.Context) (*Table, error) {
-	ts, err := s.readTable(ctx)
-	if err != nil {
-		return nil, err
-	}
-	return ts.table(), nil
-}
-
-// readTable reads the table's records in one read-only transaction: all
-// four ranges at one revision.
-func (s *EtcdService) readTable(ctx context.Context) (*tableState, error) {
 	if s.isClosed() {
 		return nil, ErrClosed
 	}
 	cctx, cancel := s.rpcCtx(ctx)
 	defer cancel()
+	// A read-only transaction: all three ranges at one revision.
 	resp, err := s.cli.Txn(cctx).Then(
 		clientv3.OpGet(s.serversPfx, clientv3.WithPrefix()),
 		clientv3.OpGet(s.slicesPfx, clientv3.WithPrefix()),
@@ -627,117 +618,59 @@ func (s *EtcdService) readTable(ctx context.Context) (*tableState, error) {
 	if err != nil {
 		return nil, fmt.Errorf("configsvc: read table: %w", err)
 	}
-	ts := newTableState(resp.Header.Revision)
-	for _, r := range resp.Responses {
-		for _, kv := range r.GetResponseRange().Kvs {
-			s.applyKV(ts, kv, false)
-		}
+	// A denied server is not registered, whatever its lease still says.
+	denied := map[string]bool{}
+	for _, kv := range resp.Responses[3].GetResponseRange().Kvs {
+		denied[strings.TrimPrefix(string(kv.Key), deniedKey(s.opts.Prefix, ""))] = true
 	}
-	return ts, nil
-}
-
-// tableState is the records the slice table is made of. A watcher keeps
-// one from a full read and the watch's events after it: re-reading the
-// whole table on every change made each change cost every host a
-// linearizable read of all of it (250 hosts starting at once kept the
-// members from answering anything for minutes).
-type tableState struct {
-	rev     int64
-	servers map[string]ServerInfo // registered, denied or not
-	denied  map[string]bool
-	slices  map[oid.Slice]sliceRecord
-	locks   map[oid.Slice]heldLock
-}
-
-type heldLock struct {
-	holder string
-	epoch  int64 // the lock key's create revision
-}
-
-func newTableState(rev int64) *tableState {
-	return &tableState{rev: rev, servers: map[string]ServerInfo{}, denied: map[string]bool{},
-		slices: map[oid.Slice]sliceRecord{}, locks: map[oid.Slice]heldLock{}}
-}
-
-// applyKV applies one record, written or (deleted) removed, to ts.
-func (s *EtcdService) applyKV(ts *tableState, kv *mvccpb.KeyValue, deleted bool) {
-	k := string(kv.Key)
-	bad := func(what string, err error) { s.log.Warn("bad "+what+" record", "key", k, "err", err) }
-	switch {
-	case strings.HasPrefix(k, s.serversPfx):
-		id := strings.TrimPrefix(k, s.serversPfx)
-		if deleted {
-			delete(ts.servers, id)
-			return
-		}
+	t := &Table{
+		Revision: resp.Header.Revision,
+		Slices:   make(map[oid.Slice]Slice),
+		Servers:  make(map[string]ServerInfo),
+	}
+	for _, kv := range resp.Responses[0].GetResponseRange().Kvs {
+		id := strings.TrimPrefix(string(kv.Key), s.serversPfx)
 		var si ServerInfo
 		if err := json.Unmarshal(kv.Value, &si); err != nil {
-			bad("server", err)
-			return
+			s.log.Warn("bad server record", "key", string(kv.Key), "err", err)
+			continue
 		}
 		if si.ID == "" {
 			si.ID = id
 		}
-		ts.servers[id] = si
-	case strings.HasPrefix(k, s.slicesPfx):
-		sl, err := parseSlice(strings.TrimPrefix(k, s.slicesPfx))
-		if err != nil {
-			bad("slice", err)
-			return
-		}
-		if deleted {
-			delete(ts.slices, sl)
-			return
-		}
-		var rec sliceRecord
-		if err := json.Unmarshal(kv.Value, &rec); err != nil {
-			bad("slice", err)
-			return
-		}
-		ts.slices[sl] = rec
-	case strings.HasPrefix(k, s.locksPfx):
-		sl, err := parseSlice(strings.TrimPrefix(k, s.locksPfx))
-		if err != nil {
-			bad("lock", err)
-			return
-		}
-		if deleted {
-			delete(ts.locks, sl)
-			return
-		}
-		holder, err := parseHolder(kv.Value)
-		if err != nil {
-			bad("lock", err)
-			return
-		}
-		ts.locks[sl] = heldLock{holder: holder, epoch: kv.CreateRevision}
-	case strings.HasPrefix(k, deniedKey(s.opts.Prefix, "")):
-		id := strings.TrimPrefix(k, deniedKey(s.opts.Prefix, ""))
-		if deleted {
-			delete(ts.denied, id)
-		} else {
-			ts.denied[id] = true
-		}
-	}
-}
-
-// table builds the Table ts describes (a new one: receivers keep theirs).
-func (ts *tableState) table() *Table {
-	t := &Table{Revision: ts.rev, Slices: make(map[oid.Slice]Slice, len(ts.slices)), Servers: make(map[string]ServerInfo, len(ts.servers))}
-	for id, si := range ts.servers {
-		if !ts.denied[id] { // a denied server is not registered, whatever its lease says
+		if !denied[id] {
 			t.Servers[id] = si
 		}
 	}
-	for sl, rec := range ts.slices {
+	for _, kv := range resp.Responses[1].GetResponseRange().Kvs {
+		sl, err := parseSlice(strings.TrimPrefix(string(kv.Key), s.slicesPfx))
+		var rec sliceRecord
+		if err == nil {
+			err = json.Unmarshal(kv.Value, &rec)
+		}
+		if err != nil {
+			s.log.Warn("bad slice record", "key", string(kv.Key), "err", err)
+			continue
+		}
 		t.Slices[sl] = Slice{ID: sl, Policy: rec.Policy, Replicas: rec.Replicas}
 	}
-	for sl, l := range ts.locks {
+	for _, kv := range resp.Responses[2].GetResponseRange().Kvs {
+		sl, err := parseSlice(strings.TrimPrefix(string(kv.Key), s.locksPfx))
+		var holder string
+		if err == nil {
+			holder, err = parseHolder(kv.Value)
+		}
+		if err != nil {
+			s.log.Warn("bad lock record", "key", string(kv.Key), "err", err)
+			continue
+		}
 		e := t.Slices[sl]
-		e.ID, e.Holder, e.Epoch = sl, l.holder, l.epoch
+		e.ID = sl
+		e.Holder = holder
+		e.Epoch = kv.CreateRevision
 		t.Slices[sl] = e
 	}
-	return t
+	return t, nil
 }
 
 // Watch implements Service.
@@ -780,6 +713,17 @@ func sendLatest[T any](ch chan T, t T) {
 	ch <- t
 }
 
+func (s *EtcdService) relevant(evs []*clientv3.Event) bool {
+	for _, ev := range evs {
+		k := string(ev.Kv.Key)
+		if strings.HasPrefix(k, s.serversPfx) || strings.HasPrefix(k, s.slicesPfx) || strings.HasPrefix(k, s.locksPfx) ||
+			strings.HasPrefix(k, deniedKey(s.opts.Prefix, "")) {
+			return true
+		}
+	}
+	return false
+}
+
 func (s *EtcdService) watchLoop(ctx context.Context, ch chan *Table) {
 	const maxBackoff = 5 * time.Second
 	backoff := 100 * time.Millisecond
@@ -793,7 +737,7 @@ func (s *EtcdService) watchLoop(ctx context.Context, ch chan *Table) {
 		return true
 	}
 	for ctx.Err() == nil {
-		ts, err := s.readTable(ctx)
+		t, err := s.Table(ctx)
 		if err != nil {
 			if ctx.Err() != nil || errors.Is(err, ErrClosed) {
 				return
@@ -804,12 +748,12 @@ func (s *EtcdService) watchLoop(ctx context.Context, ch chan *Table) {
 			}
 			continue
 		}
-		sendLatest(ch, ts.table())
+		sendLatest(ch, t)
 		backoff = 100 * time.Millisecond
 
 		// Watch from just after the snapshot, so no change is missed.
 		wctx, wcancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
-		err = s.follow(ctx, s.watchTable(wctx, ts.rev+1), ts, ch)
+		err = s.follow(ctx, s.watchTable(wctx, t.Revision+1), ch)
 		wcancel()
 		if ctx.Err() != nil {
 			return
@@ -821,32 +765,40 @@ func (s *EtcdService) watchLoop(ctx context.Context, ch chan *Table) {
 	}
 }
 
-// watchTable watches the keys the table is made of from rev on: one range,
-// from denied/ to the end of slices/, which takes in the table's four
-// prefixes and the rarely written deployment, known-servers/ and logins/,
-// but not coords/: every host's coordinate would otherwise reach every
-// host (at 250 hosts publishing every 30 s, some 2 000 events a second).
-// One watch, not one per prefix: its events come in revision order and a
-// transaction's together, so a lock and its slice record written at once
-// never show apart.
+// watchTable watches the keys the table is made of from rev on, one watch
+// per prefix on one stream, merged into one channel that closes when ctx
+// ends or any watch ends. Not the whole prefix: coordinates and logins
+// change all the time, and every watcher would receive each change (at 250
+// hosts publishing every 30 s, some 2 000 events a second).
 func (s *EtcdService) watchTable(ctx context.Context, rev int64) clientv3.WatchChan {
-	from := deniedKey(s.opts.Prefix, "")
-	return s.cli.Watch(ctx, from, clientv3.WithRange(clientv3.GetPrefixRangeEnd(s.slicesPfx)), clientv3.WithRev(rev))
+	pfxs := []string{s.serversPfx, s.slicesPfx, s.locksPfx, deniedKey(s.opts.Prefix, "")}
+	out := make(chan clientv3.WatchResponse)
+	ctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	for _, pfx := range pfxs {
+		wch := s.cli.Watch(ctx, pfx, clientv3.WithPrefix(), clientv3.WithRev(rev))
+		wg.Go(func() {
+			defer cancel() // one ends: end them all, and so the merge
+			for wr := range wch {
+				select {
+				case out <- wr:
+				case <-ctx.Done():
+					return
+				}
+			}
+		})
+	}
+	go func() {
+		wg.Wait()
+		cancel()
+		close(out)
+	}()
+	return out
 }
 
-// follow applies watch events to ts and delivers the table after each
-// burst of them until the watch fails or ctx ends.
-func (s *EtcdService) follow(ctx context.Context, wch clientv3.WatchChan, ts *tableState, ch chan *Table) error {
-	apply := func(wr clientv3.WatchResponse) (bool, error) {
-		if err := wr.Err(); err != nil {
-			return false, err
-		}
-		for _, ev := range wr.Events {
-			s.applyKV(ts, ev.Kv, ev.Type == clientv3.EventTypeDelete)
-		}
-		ts.rev = max(ts.rev, wr.Header.Revision)
-		return len(wr.Events) > 0, nil
-	}
+// follow re-reads and delivers the table after relevant watch events until
+// the watch fails or ctx ends.
+func (s *EtcdService) follow(ctx context.Context, wch clientv3.WatchChan, ch chan *Table) error {
 	for {
 		var wr clientv3.WatchResponse
 		var ok bool
@@ -858,11 +810,11 @@ func (s *EtcdService) follow(ctx context.Context, wch clientv3.WatchChan, ts *ta
 		if !ok {
 			return errors.New("watch channel closed")
 		}
-		changed, err := apply(wr)
-		if err != nil {
+		if err := wr.Err(); err != nil {
 			return err
 		}
-		// Coalesce a burst: apply whatever else is already pending.
+		changed := s.relevant(wr.Events)
+		// Coalesce a burst: drain whatever else is already pending.
 	drain:
 		for {
 			select {
@@ -870,18 +822,22 @@ func (s *EtcdService) follow(ctx context.Context, wch clientv3.WatchChan, ts *ta
 				if !ok {
 					return errors.New("watch channel closed")
 				}
-				c, err := apply(more)
-				if err != nil {
+				if err := more.Err(); err != nil {
 					return err
 				}
-				changed = changed || c
+				changed = changed || s.relevant(more.Events)
 			default:
 				break drain
 			}
 		}
-		if changed {
-			sendLatest(ch, ts.table())
+		if !changed {
+			continue
 		}
+		t, err := s.Table(ctx)
+		if err != nil {
+			return err
+		}
+		sendLatest(ch, t)
 	}
 }
 

@@ -6,7 +6,6 @@ import (
 	"log/slog"
 	"net"
 	"os"
-	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -242,75 +241,5 @@ func TestCoordUnmovedOnlyRenewed(t *testing.T) {
 	publish(9)
 	if got := samples(); got != 9 {
 		t.Errorf("moved coordinate: samples %d, want 9", got)
-	}
-}
-
-// TestWatchAppliesEvents: the watched table, kept from watch events rather
-// than re-read, equals a fresh read after every kind of change; a
-// coordinate's publication does not reach the table's watchers.
-func TestWatchAppliesEvents(t *testing.T) {
-	m := startMember(t)
-	a, b := dial(t, m, configsvc.Options{}), dial(t, m, configsvc.Options{})
-	ctx := tctx(t)
-	wctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	ch := b.Watch(wctx)
-	var last *configsvc.Table
-	matches := func(what string) {
-		t.Helper()
-		want, err := a.Table(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		deadline := time.After(5 * time.Second)
-		for last == nil || !reflect.DeepEqual(last.Servers, want.Servers) || !reflect.DeepEqual(last.Slices, want.Slices) {
-			select {
-			case last = <-ch:
-			case <-deadline:
-				t.Fatalf("after %s: watched table %+v, a read gives %+v", what, last, want)
-			}
-		}
-	}
-	matches("start")
-	if err := a.Register(ctx, configsvc.ServerInfo{ID: "s1", Site: "west", Addr: "10.0.0.1:1"}); err != nil {
-		t.Fatal(err)
-	}
-	if err := a.Register(ctx, configsvc.ServerInfo{ID: "s2", Site: "east", Addr: "10.0.0.2:1"}); err != nil {
-		t.Fatal(err)
-	}
-	matches("register")
-	l1, err := a.Acquire(ctx, 7, "s1", configsvc.Policy{Site: "west", RepLevel: 2}, []string{"s1", "s2"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	l2, err := a.Acquire(ctx, 8, "s2", configsvc.Policy{Site: "east"}, []string{"s2"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	matches("acquire")
-	if err := a.UpdateReplicas(ctx, l1, []string{"s1"}); err != nil {
-		t.Fatal(err)
-	}
-	matches("update replicas")
-	if err := a.Release(ctx, l2); err != nil {
-		t.Fatal(err)
-	}
-	matches("release")
-	if err := a.Deny(ctx, configsvc.Denial{Name: "s2"}); err != nil {
-		t.Fatal(err)
-	}
-	matches("deny")
-	if _, ok := last.Servers["s2"]; ok {
-		t.Fatal("denied server still in the watched table")
-	}
-
-	c := coordinate.NewCoordinate(coordinate.DefaultConfig())
-	if err := a.PublishCoord(ctx, configsvc.NodeCoord{ID: "s1", Site: "west", Coord: c, Samples: 1}, time.Minute); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case tb := <-ch:
-		t.Fatalf("a coordinate's publication woke the table watch (revision %d)", tb.Revision)
-	case <-time.After(time.Second):
 	}
 }
