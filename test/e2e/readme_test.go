@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
@@ -51,18 +52,30 @@ func readmeScript(t *testing.T) []string {
 }
 
 // freePortPair returns a loopback port p with p+1 free too (a config
-// member's peer port is its client port + 1).
+// member's peer port is its client port + 1). The ports are below the
+// kernel's ephemeral range: a port from that range, free when picked,
+// may be given to a node's own "127.0.0.1:0" listener or to an outgoing
+// connection before the member it was picked for binds it (CI once saw
+// a member lose its port to a node's peer listener, and status then
+// reached that listener).
 func freePortPair(t *testing.T, taken map[int]bool) int {
 	t.Helper()
-	for range 100 {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
+	lo, hi := 10000, ephemeralLow()-2
+	for range 200 {
+		if hi <= lo {
+			t.Fatalf("no ports below the ephemeral range (%d)", hi+2)
 		}
-		p := l.Addr().(*net.TCPAddr).Port
+		p := lo + rand.IntN(hi-lo)
+		if taken[p] || taken[p+1] {
+			continue
+		}
+		l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(p))
+		if err != nil {
+			continue
+		}
 		l2, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(p+1))
 		l.Close()
-		if err != nil || taken[p] || taken[p+1] {
+		if err != nil {
 			continue
 		}
 		l2.Close()
@@ -71,6 +84,17 @@ func freePortPair(t *testing.T, taken map[int]bool) int {
 	}
 	t.Fatal("no pair of free ports")
 	return 0
+}
+
+// ephemeralLow is the first port of the kernel's ephemeral range.
+func ephemeralLow() int {
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if f := strings.Fields(string(b)); err == nil && len(f) == 2 {
+		if n, err := strconv.Atoi(f[0]); err == nil {
+			return n
+		}
+	}
+	return 32768
 }
 
 var readmePort = regexp.MustCompile(`127\.0\.0\.1:(70[0-9][0-9]|71[0-9][0-9])\b`)
@@ -159,6 +183,15 @@ func readmeRound(t *testing.T, lines []string, binDir string, mayRetry bool) (po
 			return true
 		}
 		t.Fatalf("README script: %v\nstdout:\n%s\nstderr:\n%s\n%s", err, stdout, stderr, logs())
+	}
+	// A member that lost its port leaves a quorum of two, so the script
+	// may succeed without it; what follows would then dial whatever took
+	// the port.
+	if l := logs(); strings.Contains(l, "bind: address already in use") {
+		if mayRetry {
+			return true
+		}
+		t.Fatalf("a process of the README script could not bind its port:\n%s", l)
 	}
 	out := stdout
 	if n := strings.Count("\n"+out, "\nhello\n"); n != 2 {
