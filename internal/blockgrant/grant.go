@@ -163,3 +163,13 @@ func Hashes(b *wire.GrantBody) map[[32]byte]bool {
 	}
 	return out
 }
+
+// Body returns g's body without checking it: for the asker a server sent
+// g to, which shows it to others and only needs to know what it names.
+func Body(g *wire.Grant) (*wire.GrantBody, error) {
+	b := &wire.GrantBody{}
+	if err := proto.Unmarshal(g.GetBody(), b); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrInvalid, err)
+	}
+	return b, nil
+}

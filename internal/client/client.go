@@ -80,6 +80,11 @@ type Config struct {
 	DirtyBytes int64
 	// Timeout bounds operations without a .MaxTime cue.
 	Timeout time.Duration
+	// LoginRequired: this host runs no server, so servers act for its
+	// uids only while they have a session, unless they trust client uids:
+	// cached meta-data and data are served only to uids with a session or
+	// that a server acted for since (FS.mayServe).
+	LoginRequired bool
 	// NoLeases turns the meta-data cache off: every operation asks the
 	// primary (benchmarks compare against it).
 	NoLeases bool
@@ -166,7 +171,8 @@ type FS struct {
 
 	logins *logins // users' sessions at this client (login.go)
 
-	peer peerState // .Hotspot peer serving and fetching (peer.go)
+	peer peerState  // .Hotspot peer serving and fetching (peer.go)
+	near nearGrants // grants for replicas at this site (nearreplica.go)
 
 	listMu  sync.Mutex
 	listing map[oid.ID]chan struct{} // listings a .WholeFile prefetch is fetching
@@ -236,8 +242,9 @@ func (f *FS) Close() error {
 	return f.cache.Close()
 }
 
-// OnRevoke sets the function told which objects' leases were revoked
-// (the FUSE adapter invalidates the kernel's caches with it). It runs
+// OnRevoke sets the function told which objects' leases were revoked,
+// or what was cached of them dropped after a change of this client (the
+// FUSE adapter invalidates the kernel's caches with it). It runs
 // before the revocation is acknowledged; it must not wait on this
 // client's operations.
 func (f *FS) OnRevoke(fn func(ids []oid.ID)) {

@@ -194,6 +194,9 @@ func callLeased[Req request, Resp any](ctx context.Context, f *FS, id oid.ID, rp
 		sess, tok = f.leases.begin(ctx, c)
 		req.GetCaller().Session = sess
 	}})
+	if err == nil {
+		f.noteAdmitted(req)
+	}
 	return resp, tok, err
 }
 

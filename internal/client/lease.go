@@ -49,6 +49,7 @@ type leases struct {
 	chans   map[string]*backChannel
 	refs    map[oid.ID]*refList // block lists of closed files
 	closing bool                // close began: no new back channel (it would get no bye)
+	pending map[oid.ID]int      // own changes in flight (own.go): not served meanwhile
 
 	onRevoke func([]oid.ID)
 }
@@ -71,9 +72,12 @@ type cached struct {
 	absent  map[string]bool        // names looked up and missing
 	list    []*wire.Entry          // the whole listing, when read
 	listed  bool
-	sorted  bool      // list is in name order (as servers send it): missing names are known
-	at      time.Time // last filled
-	used    bool      // served from since filled by a push (Revoke.updates)
+	sorted  bool // list is in name order (as servers send it): missing names are known
+	// listOwned: list is the cache's own copy (own changes edit it in
+	// place); otherwise the request that read it may still hold it.
+	listOwned bool
+	at        time.Time // last filled
+	used      bool      // served from since filled by a push (Revoke.updates)
 }
 
 // maxAbsent bounds the missing names remembered per directory.
@@ -264,10 +268,10 @@ func (l *leases) record(t leaseToken, ms uint32, id oid.ID, fill func(c *cached)
 	if valid {
 		if c.stale || c.server != t.server || c.chanGen != t.chanGen || c.until.Before(now) {
 			// A fresh lease: what the old one covered may be out of date.
-			c.entries, c.absent, c.list, c.listed, c.xattrs = nil, nil, nil, false, nil
+			c.entries, c.absent, c.list, c.listed, c.listOwned, c.xattrs = nil, nil, nil, false, false, nil
 		}
 		c.server, c.chanGen, c.stale = t.server, t.chanGen, false
-		c.until = t.start.Add(time.Duration(float64(time.Duration(ms)*time.Millisecond) * leaseSlack))
+		c.until = leaseEnd(t, ms)
 	} else if l.validLocked(c, now) {
 		// Do not let an unleased answer replace leased state.
 		return
@@ -276,6 +280,12 @@ func (l *leases) record(t leaseToken, ms uint32, id oid.ID, fill func(c *cached)
 	}
 	c.at = now
 	fill(c)
+}
+
+// leaseEnd is when a lease of ms granted to the request of token t ends
+// on this side (counted from the request's start, shortened by leaseSlack).
+func leaseEnd(t leaseToken, ms uint32) time.Time {
+	return t.start.Add(time.Duration(float64(time.Duration(ms)*time.Millisecond) * leaseSlack))
 }
 
 func (l *leases) chanGen(server string) uint64 {
@@ -297,6 +307,9 @@ func (l *leases) lookup(id oid.ID, stale bool, use func(c *cached) bool) bool {
 	c := l.objs[id]
 	if c == nil {
 		return false
+	}
+	if l.isPendingLocked(id) {
+		return false // this client is changing it: ask the primary
 	}
 	valid := l.validLocked(c, time.Now())
 	if !valid && !(stale && time.Since(c.at) < staleKeep) {
@@ -320,7 +333,7 @@ func (l *leases) leftSince(id oid.ID, mark uint64) time.Duration {
 	defer l.mu.Unlock()
 	c := l.objs[id]
 	now := time.Now()
-	if r, ok := l.revoked[id]; ok && r.gen > mark || !l.validLocked(c, now) {
+	if r, ok := l.revoked[id]; ok && r.gen > mark || !l.validLocked(c, now) || l.isPendingLocked(id) {
 		return 0
 	}
 	return c.until.Sub(now)
@@ -369,8 +382,12 @@ func (l *leases) xattrs(id oid.ID, stale bool) (*wire.Meta, *xattrSet, bool) {
 func (l *leases) forget(ids ...oid.ID) {
 	now := time.Now()
 	l.mu.Lock()
-	defer l.mu.Unlock()
 	l.markRevokedLocked(ids, now)
+	cb := l.onRevoke
+	l.mu.Unlock()
+	if cb != nil {
+		cb(ids)
+	}
 }
 
 // markRevokedLocked makes ids' cached state stale, and any lease on them

@@ -35,6 +35,7 @@ type Session struct {
 type logins struct {
 	mu       sync.Mutex
 	sessions map[uint32]Session
+	admitted map[uint32]bool // uids a server acted for (mayServe)
 	kick     chan struct{}
 	once     sync.Once // starts renewLoop
 	stopOnce sync.Once
@@ -42,7 +43,7 @@ type logins struct {
 }
 
 func newLogins() *logins {
-	return &logins{sessions: map[uint32]Session{}, kick: make(chan struct{}, 1),
+	return &logins{sessions: map[uint32]Session{}, admitted: map[uint32]bool{}, kick: make(chan struct{}, 1),
 		stop: make(chan struct{})}
 }
 
@@ -88,6 +89,37 @@ func (f *FS) Login(ctx context.Context, ch *Challenge, pub, sig []byte) (Session
 	return s, nil
 }
 
+// mayServe reports whether cached answers may go to u. Servers act for a
+// uid of a client host that runs no server only while the uid has a
+// session there (wheelfs login, Config.LoginRequired), unless they trust
+// client uids: the cache answers for a uid that has a session, or that a
+// server has acted for since its last session ended (a trusting server).
+func (f *FS) mayServe(u User) bool {
+	if !f.cfg.LoginRequired {
+		return true
+	}
+	f.logins.mu.Lock()
+	defer f.logins.mu.Unlock()
+	_, ok := f.logins.sessions[u.Uid]
+	return ok || f.logins.admitted[u.Uid]
+}
+
+// noteAdmitted records that a server acted for the uid of req (see
+// mayServe). Reading the root directory's attributes does not count: any
+// uid may (server.rootAttrs).
+func (f *FS) noteAdmitted(req request) {
+	if !f.cfg.LoginRequired {
+		return
+	}
+	if g, ok := req.(*wire.GetAttrRequest); ok && oid.ID(g.Id) == oid.Root {
+		return
+	}
+	uid := req.GetCaller().GetUid()
+	f.logins.mu.Lock()
+	f.logins.admitted[uid] = true
+	f.logins.mu.Unlock()
+}
+
 // Sessions lists this client's sessions.
 func (f *FS) Sessions() []Session {
 	f.logins.mu.Lock()
@@ -105,6 +137,7 @@ func (f *FS) Logout(ctx context.Context, uid uint32) error {
 	defer cancel()
 	f.logins.mu.Lock()
 	delete(f.logins.sessions, uid)
+	delete(f.logins.admitted, uid)
 	f.logins.mu.Unlock()
 	if _, err := call(ctx, f, oid.Root, wire.StorageClient.Logout, &wire.SessionRequest{Uid: uid}); err != nil {
 		return fmt.Errorf("logout of uid %d: %w", uid, err)
@@ -179,6 +212,7 @@ func (f *FS) renew(s Session) time.Time {
 			f.logins.mu.Lock()
 			if cur, ok := f.logins.sessions[s.Uid]; ok && cur == s {
 				delete(f.logins.sessions, s.Uid)
+				delete(f.logins.admitted, s.Uid)
 			}
 			f.logins.mu.Unlock()
 			return now.Add(time.Hour)

@@ -122,7 +122,7 @@ func (f *FS) lookup(ctx context.Context, u User, cues cue.Set, dir oid.ID, name 
 // missing name is answered (ENOENT) only under a valid lease on the
 // directory, never from stale state.
 func (f *FS) cachedLookup(u User, dir oid.ID, name string, stale bool) (*wire.Meta, error, bool) {
-	if name == ".." || name == "." {
+	if name == ".." || name == "." || !f.mayServe(u) {
 		return nil, nil, false
 	}
 	var d *wire.Meta
@@ -179,7 +179,7 @@ func (f *FS) RevalidateAttr(ctx context.Context, u User, cues cue.Set, id oid.ID
 		cues.MaxTime = limit
 	}
 	m, err := f.getAttrMeta(ctx, u, cues, id)
-	if err != nil && unreachable(err) {
+	if err != nil && unreachable(err) && f.mayServe(u) {
 		if old, ok := f.leases.meta(id, true); ok {
 			return attrResult(f.overlay(old), nil)
 		}
@@ -200,14 +200,15 @@ func (f *FS) getAttrMeta(ctx context.Context, u User, cues cue.Set, id oid.ID) (
 
 // getAttr is GetAttr within the caller's bound, without the overlay.
 func (f *FS) getAttr(ctx context.Context, u User, cues cue.Set, id oid.ID) (*wire.Meta, error) {
-	if m, ok := f.leases.meta(id, false); ok {
+	serve := f.mayServe(u)
+	if m, ok := f.leases.meta(id, false); ok && serve {
 		return m, nil
 	}
 	req := &wire.GetAttrRequest{Caller: u.caller(), Id: uint64(id)}
 	resp, tok, err := readLeased(ctx, f, cues, id, wire.StorageClient.GetAttr, req, func(r *wire.GetAttrResponse) uint64 {
 		return r.GetMeta().GetVersion()
 	})
-	if err != nil && cues.EventualConsistency && unreachable(err) {
+	if err != nil && cues.EventualConsistency && unreachable(err) && serve {
 		if m, ok := f.leases.meta(id, true); ok {
 			return m, nil
 		}
@@ -244,8 +245,7 @@ func (f *FS) create(ctx context.Context, u User, cues cue.Set, dir oid.ID, name 
 	}
 	ctx, cancel := f.bound(ctx, cues)
 	defer cancel()
-	resp, err := update(ctx, f, cues, dir, wire.StorageClient.Create, f.createRequest(u, cues, dir, name, a))
-	f.leases.forget(dir)
+	resp, err := f.createOwn(ctx, cues, dir, name, f.createRequest(u, cues, dir, name, a))
 	if err != nil {
 		return nil, fmt.Errorf("create %q in %v: %w", name, dir, err)
 	}
@@ -269,6 +269,20 @@ func (f *FS) createRequest(u User, cues cue.Set, dir oid.ID, name string, a Crea
 	}
 }
 
+// createOwn sends a create in dir, adopting the change into this client's
+// lease on dir (own.go) and keeping the lease on the new object it brings.
+func (f *FS) createOwn(ctx context.Context, cues cue.Set, dir oid.ID, name string, req *wire.CreateRequest) (*wire.CreateResponse, error) {
+	resp, o, err := updateOwn(ctx, f, cues, dir, wire.StorageClient.Create, req, []oid.ID{dir})
+	o.renewMs = resp.GetDirLeaseMs()
+	o.end(err == nil, func(_ oid.ID, c *cached) bool {
+		return !resp.Existed && adoptEntryChange(c, resp.Dir, name, resp.Entry)
+	})
+	if err == nil && !resp.Existed {
+		f.leases.recordNew(o, resp.LeaseMs, resp.Meta)
+	}
+	return resp, err
+}
+
 // Link adds a hard link name in dir to the object id.
 func (f *FS) Link(ctx context.Context, u User, cues cue.Set, dir oid.ID, name string, id oid.ID) (*Attr, error) {
 	if err := checkName(name); err != nil {
@@ -290,15 +304,38 @@ func (f *FS) Link(ctx context.Context, u User, cues cue.Set, dir oid.ID, name st
 func (f *FS) Remove(ctx context.Context, u User, cues cue.Set, dir oid.ID, name string, dirOnly bool) error {
 	ctx, cancel := f.bound(ctx, cues)
 	defer cancel()
-	resp, err := update(ctx, f, cues, dir, wire.StorageClient.Remove, &wire.RemoveRequest{
+	ids := []oid.ID{dir}
+	if child, ok := f.cachedChild(dir, name); ok {
+		// Its lease is dropped here, not called back.
+		ids = append(ids, child)
+		f.waitRegistrations(ids[1:])
+	}
+	resp, o, err := updateOwn(ctx, f, cues, dir, wire.StorageClient.Remove, &wire.RemoveRequest{
 		Caller: u.caller(), Dir: uint64(dir), Name: name, DirOnly: dirOnly, FileOnly: !dirOnly,
-		SyncLevel: syncLevel(cues)})
-	f.leases.forget(dir)
+		SyncLevel: syncLevel(cues)}, ids)
+	o.renewMs = resp.GetDirLeaseMs()
+	o.end(err == nil, func(id oid.ID, c *cached) bool {
+		return id == dir && adoptEntryChange(c, resp.Dir, name, nil)
+	})
 	if err != nil {
 		return fmt.Errorf("remove %q in %v: %w", name, dir, err)
 	}
 	f.forgetBlocks(resp.GetMeta())
 	return nil
+}
+
+// cachedChild is the object name names in dir as far as the cache knows,
+// valid lease or not.
+func (f *FS) cachedChild(dir oid.ID, name string) (oid.ID, bool) {
+	l := f.leases
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if c := l.objs[dir]; c != nil {
+		if e, _ := c.find(name); e != nil {
+			return oid.ID(e.Id), true
+		}
+	}
+	return 0, false
 }
 
 // forgetBlocks drops the cached blocks of a file whose last name went away
@@ -366,8 +403,8 @@ func (f *FS) setAttr(ctx context.Context, u User, cues cue.Set, id oid.ID, req *
 	req.Caller = u.caller()
 	req.Id = uint64(id)
 	req.SyncLevel = syncLevel(cues)
-	resp, err := update(ctx, f, cues, id, wire.StorageClient.SetAttr, req)
-	f.leases.forget(id)
+	resp, o, err := updateOwn(ctx, f, cues, id, wire.StorageClient.SetAttr, req, []oid.ID{id})
+	o.end(err == nil, func(_ oid.ID, c *cached) bool { return adoptMeta(c, resp.Meta) })
 	if err != nil {
 		return nil, fmt.Errorf("setattr %v: %w", id, err)
 	}
@@ -465,7 +502,7 @@ func (f *FS) fetchDir(ctx context.Context, u User, cues cue.Set, dir oid.ID) ([]
 	}
 	sorted := slices.IsSortedFunc(entries, func(a, b *wire.Entry) int { return strings.Compare(a.Name, b.Name) })
 	f.leases.record(first, lease, dir, func(c *cached) {
-		c.meta, c.list, c.listed, c.sorted = d, entries, true, sorted
+		c.meta, c.list, c.listed, c.sorted, c.listOwned = d, entries, true, sorted, false
 		if x := newXattrSet(sum); x != nil && x.version == d.GetVersion() {
 			c.xattrs = x
 		}
@@ -498,6 +535,9 @@ func (f *FS) recordPlus(tok leaseToken, resp *wire.ReadDirResponse) {
 // cachedList answers a listing from the cache (ok false: it cannot),
 // checking the caller's read permission on the cached directory.
 func (f *FS) cachedList(u User, dir oid.ID, stale bool) ([]*wire.Entry, *wire.Meta, error, bool) {
+	if !f.mayServe(u) {
+		return nil, nil, nil, false
+	}
 	var d *wire.Meta
 	var list []*wire.Entry
 	if !f.leases.lookup(dir, stale, func(c *cached) bool {
@@ -590,7 +630,7 @@ func (f *FS) recordXattrs(tok leaseToken, id oid.ID, resp *wire.XattrResponse, n
 // cannot. The caller's permission is checked first, as the server does.
 func (f *FS) cachedXattr(u User, id oid.ID, name string, stale bool) ([]byte, error, bool) {
 	m, x, ok := f.leases.xattrs(id, stale)
-	if !ok {
+	if !ok || !f.mayServe(u) {
 		return nil, nil, false
 	}
 	if err := perm.MayGetXattr(attrs.Cred(u.caller()), attrs.Of(m), name); err != nil {
@@ -631,7 +671,7 @@ func (f *FS) ListXattr(ctx context.Context, u User, cues cue.Set, id oid.ID) ([]
 // cachedXattrNames lists the names the caller sees, from the cache.
 func (f *FS) cachedXattrNames(u User, id oid.ID, stale bool) ([]string, bool) {
 	_, x, ok := f.leases.xattrs(id, stale)
-	if !ok {
+	if !ok || !f.mayServe(u) {
 		return nil, false
 	}
 	c := attrs.Cred(u.caller())

@@ -41,6 +41,9 @@ type fileState struct {
 
 	nextRead   int64  // offset after the last read, to detect sequential reads
 	prefetched uint64 // last block index a prefetch was started for
+	// noNearGrant: the primary granted no reads from a replica at this
+	// site (nearreplica.go); it is not asked again for this open file.
+	noNearGrant bool
 
 	dirty      map[uint64][]byte   // written blocks not yet uploaded
 	dirtyBytes int64               // bytes held by dirty
@@ -208,6 +211,7 @@ func (f *FS) Open(ctx context.Context, u User, cues cue.Set, id oid.ID, flags ui
 	h.flags = flags
 	req := &wire.OpenRequest{Caller: h.user.caller(), Id: uint64(id), Flags: flags}
 	m, ok := f.leases.meta(id, false)
+	ok = ok && f.mayServe(u)
 	var fd *wire.FileData
 	if ok && !writable && flags&syscall.O_TRUNC == 0 && f.dataCached(id, m) {
 		if err := perm.Access(attrs.Cred(req.Caller), attrs.Of(m), perm.R); err != nil {
@@ -220,7 +224,7 @@ func (f *FS) Open(ctx context.Context, u User, cues cue.Set, id oid.ID, flags ui
 		resp, tok, err := readLeased(ctx, f, cues, id, wire.StorageClient.Open, req, func(r *wire.OpenResponse) uint64 {
 			return r.GetMeta().GetVersion()
 		})
-		if err != nil && cues.EventualConsistency && unreachable(err) && !writable {
+		if err != nil && cues.EventualConsistency && unreachable(err) && !writable && f.mayServe(u) {
 			if sm, ok := f.leases.meta(id, true); ok {
 				resp, err = &wire.OpenResponse{Meta: sm}, nil
 			}
@@ -273,8 +277,7 @@ func (f *FS) CreateOpen(ctx context.Context, u User, cues cue.Set, dir oid.ID, n
 	// Its replication overlaps the writes and the commit; close() waits
 	// for both (fileState.unsynced). An eventual create answers early anyway.
 	req.DeferSync = !cues.EventualConsistency
-	resp, err := update(ctx, f, cues, dir, wire.StorageClient.Create, req)
-	f.leases.forget(dir) // the listing changed (and a backup's change revokes nothing)
+	resp, err := f.createOwn(ctx, cues, dir, name, req)
 	if err != nil {
 		return nil, nil, fmt.Errorf("create %q in %v: %w", name, dir, err)
 	}

@@ -347,6 +347,16 @@ func (p *peerState) lastCert() [32]byte {
 	return p.last
 }
 
+// haveCert returns the SHA-256 of the last signer certificate received,
+// and the same for a request's have_cert (nil: none).
+func (p *peerState) haveCert() ([32]byte, []byte) {
+	have := p.lastCert()
+	if have == ([32]byte{}) {
+		return have, nil
+	}
+	return have, have[:]
+}
+
 // fillCert keeps the certificate g carries, or puts back the one whose
 // SHA-256 is have when g came without; false if it has no such one.
 func (p *peerState) fillCert(g *wire.Grant, have [32]byte) bool {

@@ -469,10 +469,8 @@ func (f *FS) askHolders(ctx context.Context, u User, hf hotFile, hashes, tried [
 	if f.cfg.Coord != nil {
 		req.Coord = f.cfg.Coord.Wire()
 	}
-	have := f.peer.lastCert()
-	if have != ([32]byte{}) {
-		req.HaveCert = have[:]
-	}
+	have, haveCert := f.peer.haveCert()
+	req.HaveCert = haveCert
 	actx, cancel := hf.try(ctx)
 	defer cancel()
 	began := time.Now()

@@ -107,6 +107,9 @@ func (st *fileState) blocks(ctx context.Context, f *FS, u User, first, last uint
 			return nil, fmt.Errorf("blocks of %v evicted while reading: %w", st.id, fserr.ErrIO)
 		}
 		mine, wait := f.claim(needed)
+		if !hot && len(mine) > 0 {
+			st.askNearGrants(ctx, f, u, first, last)
+		}
 		fetch := func() error { return f.fetchClaimed(ctx, u, st.id, mine, st.eventual) }
 		if hot {
 			fetch = func() error { return f.fetchHot(ctx, u, st.hotFile(ctx, mine), mine) }
@@ -172,6 +175,9 @@ func (st *fileState) prefetch(ctx context.Context, f *FS, u User, from, to uint6
 	if hot {
 		f.prefetchHot(ctx, u, st.hotFile(ctx, mine), mine)
 		return
+	}
+	if len(mine) > 0 {
+		st.askNearGrants(ctx, f, u, from, to)
 	}
 	id, ev := st.id, st.eventual
 	// One goroutine per RPC's worth: the reads of the window overlap, so
@@ -243,6 +249,16 @@ func (f *FS) unclaim(hs [][32]byte) {
 func (f *FS) readRemote(ctx context.Context, u User, id oid.ID, ev bool, remote [][32]byte) (n int64, err error) {
 	local := !ev && f.primaryInProcess(id)
 	for chunk := range slices.Chunk(remote, blocksPerRPC) {
+		if !ev && !local {
+			if data := f.fromNearReplica(ctx, u, id, chunk); data != nil {
+				for i, h := range chunk {
+					f.cacheBlock(id, false, h, data[i])
+					n += int64(len(data[i]))
+				}
+				f.unclaim(chunk)
+				continue
+			}
+		}
 		req := &wire.ReadBlocksRequest{Caller: u.caller(), Id: uint64(id), Hashes: make([][]byte, len(chunk))}
 		for i := range chunk {
 			req.Hashes[i] = chunk[i][:]
@@ -321,13 +337,17 @@ func (st *fileState) loadRefs(ctx context.Context, f *FS, u User, first, last ui
 		if st.loaded[chunk] {
 			continue
 		}
-		req := &wire.GetBlocksRequest{Caller: u.caller(), Id: uint64(st.id), First: chunk * refsPerFetch, Count: refsPerFetch}
+		req := &wire.GetBlocksRequest{Caller: u.caller(), Id: uint64(st.id), First: chunk * refsPerFetch, Count: refsPerFetch,
+			Site: f.cfg.Site}
+		have, haveCert := f.peer.haveCert()
+		req.HaveCert = haveCert
 		resp, err := readNewest(ctx, f, st.eventual, st.id, wire.StorageClient.GetBlocks, req, func(r *wire.GetBlocksResponse) uint64 {
 			return r.GetMeta().GetVersion()
 		})
 		if err != nil {
 			return err
 		}
+		f.noteNearGrant(st.id, resp, have)
 		if resp.Meta.Version != st.version && !st.modified {
 			// Another client committed since we opened: read the newer
 			// version whole rather than mixing two versions' blocks.

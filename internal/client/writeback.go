@@ -289,7 +289,9 @@ func (st *fileState) commit(ctx context.Context, f *FS, u User, cues cue.Set) er
 		idxs, bufs = nil, nil
 	}
 	done := f.ops.stamp(req.Caller) // a retried commit must not undo a later writer's
-	resp, err := call(ctx, f, st.id, wire.StorageClient.Commit, req)
+	o := f.leases.beginOwn(st.id)
+	resp, err := callVia(ctx, f, st.id, wire.StorageClient.Commit, req, callOpts{prep: func(c Conn) { o.prep(ctx, c, req.Caller) }})
+	o.end(err == nil, func(_ oid.ID, c *cached) bool { return adoptMeta(c, resp.Meta) })
 	done()
 	if err != nil {
 		return fmt.Errorf("commit %v: %w", st.id, err)

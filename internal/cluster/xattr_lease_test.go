@@ -27,6 +27,15 @@ func calls(fs *client.FS, fn func()) client.Stats {
 	return fs.Stats().Sub(before)
 }
 
+// resolvesMissing checks that path does not exist for fs.
+func resolvesMissing(ctx context.Context, fs *client.FS, path string) error {
+	r, err := fs.Resolve(ctx, Owner(), path)
+	if err != nil || r.Meta != nil {
+		return fmt.Errorf("resolve %s: %+v, %v; want missing", path, r, err)
+	}
+	return nil
+}
+
 // xattrIs checks fs's value of path's attribute name; want nil: missing.
 func xattrIs(ctx context.Context, fs *client.FS, u client.User, id oid.ID, name string, want []byte) error {
 	got, err := fs.GetXattr(ctx, u, client.NoCues, id, name)
@@ -203,13 +212,7 @@ func TestNegativeLookupUnderLease(t *testing.T) {
 	if err := west.WriteFile(ctx, Owner(), "/d/f", []byte("f"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	missing := func(path string) error {
-		r, err := east.Resolve(ctx, Owner(), path)
-		if err != nil || r.Meta != nil {
-			return fmt.Errorf("resolve %s: %+v, %v; want missing", path, r, err)
-		}
-		return nil
-	}
+	missing := func(path string) error { return resolvesMissing(ctx, east, path) }
 	// A listing read under the lease answers for the names it lacks.
 	for range 2 { // the first contact gets no lease
 		listNames(t, east, "/d")

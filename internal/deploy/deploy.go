@@ -377,6 +377,10 @@ func Start(ctx context.Context, cfg Config) (h *Host, err error) {
 		ccfg.Site = cfg.Site
 		if cfg.Roles&RoleServer != 0 {
 			ccfg.Origin = h.id.Server // write-local placement
+		} else {
+			// Without a server here the servers want a login per uid,
+			// unless this deployment says they trust client uids.
+			ccfg.LoginRequired = !cfg.TrustClientUIDs
 		}
 		ccfg.Node, ccfg.Coord = h.id.Server, h.Coord
 		if err := h.peerSide(&ccfg); err != nil {

@@ -9,15 +9,18 @@ import (
 	"encoding/json"
 	"hash/fnv"
 	"log/slog"
+	"math"
 	"os"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
 	"github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
+	"golang.org/x/sys/unix"
 
 	"github.com/wheelfs/wheelfs/internal/attrs"
 	"github.com/wheelfs/wheelfs/internal/client"
@@ -38,9 +41,9 @@ const StatsXattr = mountinfo.StatsXattr
 type Options struct {
 	Logger *slog.Logger
 	// AttrTimeout is the longest the kernel may cache attributes (less
-	// when the core's lease on them ends sooner). Names are not cached in
-	// the kernel: every lookup reaches the core, which answers from its
-	// leases.
+	// when the core's lease on them ends sooner). Names are kept under
+	// the leases of their directories where the kernel can take them
+	// back (names.go); elsewhere every lookup reaches the core.
 	AttrTimeout time.Duration
 	// AllowOther lets every local user use the mount (set when root mounts).
 	AllowOther bool
@@ -49,7 +52,7 @@ type Options struct {
 }
 
 // Mount mounts core at dir and returns the running server; Unmount it to stop.
-func Mount(dir string, core *client.FS, o Options) (*fuse.Server, error) {
+func Mount(dir string, core *client.FS, o Options) (*Server, error) {
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
@@ -67,7 +70,12 @@ func Mount(dir string, core *client.FS, o Options) (*fuse.Server, error) {
 			MaxWrite:     1 << 20,
 			MaxReadAhead: 1 << 20,
 			DirectMount:  true,
-			Debug:        o.Debug,
+			// Names from READDIRPLUS take the kernel's epoch when the
+			// reply arrives, not when the request left, so a revocation
+			// between the two would not take them back (names.go); and
+			// without kernel names they are never used.
+			DisableReadDirPlus: true,
+			Debug:              o.Debug,
 			// The kernel checks permissions with the attributes we return
 			// (it knows the caller's groups exactly); the server checks again.
 			// With FUSE_POSIX_ACL it also applies the access ACLs it reads
@@ -75,9 +83,16 @@ func Mount(dir string, core *client.FS, o Options) (*fuse.Server, error) {
 			// that an ACL may grant more than the mode; the server stays
 			// the authority. FUSE_DONT_MASK leaves the umask to us: a
 			// directory's default ACL replaces it (umaskFS).
+			//
+			// HANDLE_KILLPRIV_V2: the server clears set-id bits on a
+			// write, truncate or chown (perm.KillSUID, perm.Chown), so
+			// the kernel need not ask for security.capability before
+			// each (there are no file capabilities) nor send the mode
+			// change itself. A write's kill lands at its commit; exec
+			// ignores set-id bits on this nosuid mount anyway.
 			Options:           []string{"default_permissions"},
 			EnableAcl:         true,
-			ExtraCapabilities: fuse.CAP_DONT_MASK,
+			ExtraCapabilities: fuse.CAP_DONT_MASK | fuse.CAP_HANDLE_KILLPRIV_V2,
 			DisableXAttrs:     false,
 			// Not go-fuse's: it would also hide the ACLs. Getxattr
 			// answers security.capability itself.
@@ -95,15 +110,57 @@ func Mount(dir string, core *client.FS, o Options) (*fuse.Server, error) {
 		NegativeTimeout: &neg,
 		RootStableAttr:  &fs.StableAttr{Ino: inode(oid.Root, cue.Set{}), Mode: syscall.S_IFDIR},
 	}
-	server, err := fuse.NewServer(umaskFS{fs.NewNodeFS(top, opts)}, dir, &opts.MountOptions)
+	// Mounted with a descriptor of our own where we may (root), so that
+	// the kernel can keep names (names.go); else as go-fuse mounts.
+	mountPoint := dir
+	fd, err := mountOwnFD(dir, &opts.MountOptions)
+	if err == nil {
+		mountPoint = "/dev/fd/" + strconv.Itoa(fd)
+		opts.MountOptions.DirectMount = false
+	} else {
+		r.log.Debug("mounting through go-fuse; the kernel keeps no names", "err", err)
+	}
+	server, err := fuse.NewServer(umaskFS{fs.NewNodeFS(top, opts)}, mountPoint, &opts.MountOptions)
 	if err != nil {
+		if fd >= 0 {
+			_ = unix.Unmount(dir, unix.MNT_DETACH)
+			unix.Close(fd)
+		}
 		return nil, err
 	}
 	go server.Serve()
 	if err := server.WaitMount(); err != nil {
 		return nil, err // as fs.Mount: the serve loop ends with the failed mount
 	}
-	return server, nil
+	s := &Server{Server: server, dir: dir, own: fd >= 0}
+	if s.own {
+		if err := pollHack(dir); err != nil {
+			_ = unix.Unmount(dir, unix.MNT_DETACH)
+			return nil, err
+		}
+		if k := newKernelNames(fd, server.KernelSettings().Minor); k != nil {
+			r.names.Store(k)
+			go func() { server.Wait(); k.close() }()
+		} else {
+			r.log.Debug("the kernel cannot take names back (FUSE 7.44 needed); it keeps none")
+		}
+	}
+	return s, nil
+}
+
+// Server is a mounted WheelFS: go-fuse's server, unmounted by Unmount.
+type Server struct {
+	*fuse.Server
+	dir string
+	own bool // mounted by mountOwnFD, which go-fuse cannot unmount
+}
+
+// Unmount unmounts the file system; the serve loop then ends (Wait).
+func (s *Server) Unmount() error {
+	if !s.own {
+		return s.Server.Unmount()
+	}
+	return unix.Unmount(s.dir, 0)
 }
 
 // umaskFS hands the umask of a create, which go-fuse's node API drops, to
@@ -153,6 +210,9 @@ type root struct {
 	groups map[uint32]groupEntry // pid -> supplementary groups
 	inodes inodes
 	walks  map[uint32]walk // thread -> path walk in progress
+	// names lets the kernel keep names under leases (names.go); nil
+	// where it cannot take them back.
+	names atomic.Pointer[kernelNames]
 }
 
 // replySlack covers the time between building a reply and the kernel
@@ -166,8 +226,11 @@ const replySlack = 5 * time.Second
 // what keeps changing saves little, and every change of what the kernel
 // holds costs a notification there. It records the kernel's hold in
 // n.kernel before it reads the lease, so that a revocation that
-// comes after the read sees it and tells the kernel (revoked).
-func (r *root) attrTimeout(ctx context.Context, n *node) time.Duration {
+// comes after the read sees it and tells the kernel (revoked). own says
+// the reply is to this mount's own change of n, which the core adopted
+// into what it caches: that change ended the request's mark, so the mark
+// is not checked (a change the core did not adopt left no lease).
+func (r *root) attrTimeout(ctx context.Context, n *node, own bool) time.Duration {
 	now := time.Now()
 	k := n.kernel
 	prev := k.until.Load()
@@ -181,6 +244,9 @@ func (r *root) attrTimeout(ctx context.Context, n *node) time.Duration {
 		mark, ok := ctx.Value(markKey{}).(uint64)
 		if !ok {
 			mark = 0 // no mark: any revocation on record voids the lease
+		}
+		if own {
+			mark = math.MaxUint64
 		}
 		t = min(r.maxAttrTimeout, r.core.LeaseLeftSince(n.id, mark))
 	}

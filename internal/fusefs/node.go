@@ -61,7 +61,7 @@ var (
 func (n *node) child(ctx context.Context, name string, m *client.Attr, cues cue.Set, out *fuse.EntryOut, changed bool) *fs.Inode {
 	fillAttr(m, cues, &out.Attr)
 	id := oid.ID(m.Id)
-	out.SetEntryTimeout(0) // names are revalidated with the core's leases (notify.go)
+	out.SetEntryTimeout(n.root.entryTimeout(ctx, n, changed))
 	// The inode go-fuse keeps for this name when it is still this
 	// object's: another node would be dropped by go-fuse for it anyway.
 	ino := n.GetChild(name)
@@ -71,10 +71,12 @@ func (n *node) child(ctx context.Context, name string, m *client.Attr, cues cue.
 	}
 	got := ino.Operations().(*node)
 	n.root.track(got)
-	if changed {
+	if changed && n.root.core.LeaseLeft(id) == 0 {
+		// Made here without a lease: someone else's change would not be
+		// seen before the lease it comes with (none).
 		got.kernel.changedAt.Store(time.Now().UnixNano())
 	}
-	out.SetAttrTimeout(n.root.attrTimeout(ctx, got))
+	out.SetAttrTimeout(n.root.attrTimeout(ctx, got, changed))
 	return ino
 }
 
@@ -149,7 +151,7 @@ func (n *node) Getattr(ctx context.Context, f fs.FileHandle, out *fuse.AttrOut) 
 		return n.root.errno("getattr", err)
 	}
 	fillAttr(m, n.cues, &out.Attr)
-	out.SetTimeout(n.root.attrTimeout(ctx, n))
+	out.SetTimeout(n.root.attrTimeout(ctx, n, false))
 	return 0
 }
 
@@ -189,7 +191,7 @@ func (n *node) Setattr(ctx context.Context, f fs.FileHandle, in *fuse.SetAttrIn,
 		return n.root.errno("setattr", err)
 	}
 	fillAttr(m, n.cues, &out.Attr)
-	out.SetTimeout(n.root.attrTimeout(ctx, n))
+	out.SetTimeout(n.root.attrTimeout(ctx, n, true))
 	return 0
 }
 
@@ -198,6 +200,7 @@ func (n *node) create(ctx context.Context, name string, a client.CreateArgs, out
 	if err != nil {
 		return nil, nil, n.root.errno("create", err)
 	}
+	n.root.changedHere(n, nil)
 	return n.child(ctx, name, m, n.cues, out, true), m, 0
 }
 
@@ -212,6 +215,7 @@ func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint3
 	if err != nil {
 		return nil, nil, 0, n.root.errno("create", err)
 	}
+	n.root.changedHere(n, nil)
 	ino := n.child(ctx, name, m, n.cues, out, true)
 	ino.Operations().(*node).version.Store(m.Version)
 	return ino, &handle{node: ino.Operations().(*node), h: h}, 0, 0
@@ -270,14 +274,27 @@ func (n *node) Link(ctx context.Context, target fs.InodeEmbedder, name string, o
 func (n *node) Unlink(ctx context.Context, name string) syscall.Errno {
 	ctx, done := n.root.step(ctx, true)
 	defer done()
-	return n.root.errno("unlink", n.root.core.Remove(ctx, n.root.user(ctx), n.cues, n.id, name, false))
+	return n.remove(ctx, "unlink", name, false)
+}
+
+// remove is unlink or rmdir of name.
+func (n *node) remove(ctx context.Context, what, name string, dirOnly bool) syscall.Errno {
+	var child *node
+	if c := n.GetChild(name); c != nil {
+		child, _ = c.Operations().(*node)
+	}
+	if err := n.root.core.Remove(ctx, n.root.user(ctx), n.cues, n.id, name, dirOnly); err != nil {
+		return n.root.errno(what, err)
+	}
+	n.root.changedHere(n, child)
+	return 0
 }
 
 // Rmdir implements fs.NodeRmdirer.
 func (n *node) Rmdir(ctx context.Context, name string) syscall.Errno {
 	ctx, done := n.root.step(ctx, true)
 	defer done()
-	return n.root.errno("rmdir", n.root.core.Remove(ctx, n.root.user(ctx), n.cues, n.id, name, true))
+	return n.remove(ctx, "rmdir", name, true)
 }
 
 // Rename implements fs.NodeRenamer.

@@ -1,6 +1,7 @@
 package fusefs
 
 import (
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -91,17 +92,47 @@ func (n *node) OnForget() {
 	n.root.untrackLocked(n)
 }
 
-// revoked invalidates the kernel's cached attributes of ids because the
-// core's leases on them were revoked, so the kernel never serves what the
-// core would not; inodes whose attributes the kernel cannot hold (none
-// handed out, or expired) cost no notification, which a one-host tar -x
-// otherwise paid several times per file (docs/BENCHMARKS.md). Only attributes: dropping pages or names makes the kernel
-// wait for locks that a request of this mount may hold while it waits for
-// the very update being revoked, and a mount killed then stays unkillable
-// (we saw it: kill -9 of wheelfs up left it in D state). The kernel keeps
-// no names at all (entry timeout 0, answered from the core's leases), and
-// its pages are kept at open only when the version is unchanged.
+// revoked invalidates the kernel's cached attributes and names of ids
+// because the core's leases on them were revoked (or what it cached of
+// them dropped), so the kernel never serves what the core would not;
+// inodes whose attributes the kernel cannot hold (none handed out, or
+// expired) cost no notification, which a one-host tar -x otherwise paid
+// several times per file (docs/BENCHMARKS.md). Attributes are dropped
+// per inode and names all at once (names.go): dropping pages or single
+// names makes the kernel wait for locks that a request of this mount may
+// hold while it waits for the very update being revoked, and a mount
+// killed then stays unkillable (we saw it: kill -9 of wheelfs up left it
+// in D state). Pages are kept at open only when the version is unchanged.
 func (r *root) revoked(ids []oid.ID) {
+	r.namesChanged(ids)
+	r.invalidate(ids, nil)
+}
+
+// changedHere tells the kernel of a change this mount made in directory
+// dir (to its entry for child, if not nil) that the core adopted instead
+// of having its leases revoked (client/own.go): the kernel invalidated
+// the attributes of the inodes the system call went through itself, but
+// not those of the same objects seen through other cue sets.
+func (r *root) changedHere(dir, child *node) {
+	ids := []oid.ID{dir.id}
+	skip := []uint64{dir.ino}
+	r.mu.Lock()
+	views := len(r.inodes.byID[dir.id])
+	r.mu.Unlock()
+	if views > 1 {
+		// The kernel changed the names of the view the call went
+		// through, not those of the others.
+		r.namesChanged(ids)
+	}
+	if child != nil {
+		ids, skip = append(ids, child.id), append(skip, child.ino)
+	}
+	r.invalidate(ids, skip)
+}
+
+// invalidate drops the kernel's attributes of every inode of ids but the
+// numbers in skip, where it may hold them, and marks them changed.
+func (r *root) invalidate(ids []oid.ID, skip []uint64) {
 	now := time.Now()
 	type held struct {
 		n     *node
@@ -113,6 +144,9 @@ func (r *root) revoked(ids []oid.ID) {
 		for n := range r.inodes.byID[id] {
 			if now.Sub(n.born) > garbageAfter && !n.IsRoot() && n.Forgotten() {
 				r.untrackLocked(n) // never registered, or forgotten unannounced
+				continue
+			}
+			if slices.Contains(skip, n.ino) {
 				continue
 			}
 			k := n.kernel

@@ -19,13 +19,23 @@ import (
 // comes later than twice that, or a block is not reported within Expire.
 // The least delay is what the path costs with nothing queued; the rest is
 // the queue at the uplink, which is what the window bounds.
+//
+// The window is shared out evenly among the sites asking: a block the
+// origin sends to one site is what that site's uplink then sends to every
+// other site, so a site that got more than its share (it asked first or
+// most often) became a second bottleneck (filedist, 50 MB: one site of
+// five got 46–58 % of the origin's blocks, and its uplink sent 65 MB
+// against 36–56 MB for the others).
 type Origin struct {
 	opts OriginOptions
 
 	mu       sync.Mutex
 	window   float64
-	out      map[handed]time.Time // blocks handed out, when
-	base     time.Duration        // least delay seen since baseAt
+	out      map[handed]handout // blocks handed out
+	perSite  map[string]int     // blocks out, by the asker's site
+	askedAt  map[string]time.Time
+	ever     map[uint64]*everHanded // by file: blocks handed out at least once
+	base     time.Duration          // least delay seen since baseAt
 	baseAt   time.Time
 	cutAt    time.Time
 	expireAt time.Time
@@ -36,6 +46,39 @@ type handed struct {
 	node  string
 	block uint64
 }
+
+type handout struct {
+	at   time.Time
+	site string
+}
+
+// everHanded is the blocks of one file handed out at least once.
+type everHanded struct {
+	blocks map[uint64]struct{}
+	at     time.Time // last hand-out
+	newAt  time.Time // last hand-out of a block for the first time
+}
+
+// endGameFor is how long after the last block's first hand-out the end
+// game lasts: readers that come later find holders everywhere and read
+// from them, as the origin's uplink is again what every site shares.
+const endGameFor = 20 * time.Second
+
+// maxEverFiles bounds the files whose hand-outs are remembered (the least
+// recently handed is forgotten first): those being distributed now.
+const maxEverFiles = 64
+
+// maxEverBlocks bounds the blocks remembered per file (64 GiB of 64 KiB
+// blocks): a larger file never reaches its end game, which only costs
+// its last blocks a second hop.
+const maxEverBlocks = 1 << 20
+
+// activeFor is how long a site that asked counts among the sites the
+// window is shared by (a waiting reader asks at least every second).
+const activeFor = 3 * time.Second
+
+// maxSites bounds the sites remembered (a client names its own site).
+const maxSites = 1024
 
 // OriginOptions tune an Origin; zero values take the defaults.
 type OriginOptions struct {
@@ -68,33 +111,109 @@ func NewOrigin(o OriginOptions) *Origin {
 	if o.Expire <= 0 {
 		o.Expire = 15 * time.Second
 	}
-	return &Origin{opts: o, window: float64(o.MinWindow), out: map[handed]time.Time{}}
+	return &Origin{opts: o, window: float64(o.MinWindow), out: map[handed]handout{},
+		perSite: map[string]int{}, askedAt: map[string]time.Time{}, ever: map[uint64]*everHanded{}}
 }
 
-// Hand returns those of blocks of file that node may read from this
-// server now, in order, within the window; a block handed to node before
-// and not yet reported is handed again (node asks once more). Urgent
-// blocks (a read waits for them, not a prefetch) may also use a reserve
-// of a quarter of the window beyond it, so that a read is not starved by
-// prefetches, and count in it.
-func (o *Origin) Hand(now time.Time, file uint64, node string, blocks []uint64, urgent bool) []uint64 {
+// Hand returns those of blocks of file that node, at site, may read from
+// this server now, in order, within the window and within site's even
+// share of it among the sites that asked in the last activeFor; a block
+// handed to node before and not yet reported is handed again (node asks
+// once more). Urgent blocks (a read waits for them, not a prefetch) may
+// also use a reserve of a quarter of the window (and of the share) beyond
+// it, so that a read is not starved by prefetches, and count in it.
+func (o *Origin) Hand(now time.Time, file uint64, node, site string, blocks []uint64, urgent bool) []uint64 {
 	o.mu.Lock()
 	defer o.mu.Unlock()
+	return o.handLocked(now, file, node, site, blocks, urgent)
+}
+
+// HandLast is Hand for blocks that others hold or are fetching, but
+// nobody at site: the end game. Once every one of the file's total blocks
+// has been handed out, the origin's uplink has nothing new to send, while
+// the last blocks would cross a second, busy uplink (a holder's) to reach
+// the sites without them; for endGameFor after that the origin sends
+// them too, within the same window and share. Otherwise it hands out none.
+func (o *Origin) HandLast(now time.Time, file uint64, node, site string, blocks []uint64, total uint64) []uint64 {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if e := o.ever[file]; e == nil || uint64(len(e.blocks)) < total || now.Sub(e.newAt) >= endGameFor {
+		return nil
+	}
+	return o.handLocked(now, file, node, site, blocks, false)
+}
+
+func (o *Origin) handLocked(now time.Time, file uint64, node, site string, blocks []uint64, urgent bool) []uint64 {
 	o.expireLocked(now)
+	if _, ok := o.askedAt[site]; !ok && len(o.askedAt) >= maxSites {
+		clear(o.askedAt)
+	}
+	o.askedAt[site] = now
+	active := 0
+	for _, at := range o.askedAt {
+		if now.Sub(at) < activeFor {
+			active++
+		}
+	}
 	limit := int(o.window)
+	share := (limit + active - 1) / active
 	if urgent {
-		limit += max(int(o.window)/4, 2)
+		limit += max(limit/4, 2)
+		share += max(share/4, 2)
 	}
 	var out []uint64
 	for _, b := range blocks {
 		k := handed{file, node, b}
-		if _, again := o.out[k]; !again && len(o.out) >= limit {
-			continue
+		if _, again := o.out[k]; !again {
+			if len(o.out) >= limit || o.perSite[site] >= share {
+				continue
+			}
+			o.perSite[site]++
+		} else if h := o.out[k]; h.site != site {
+			o.dropLocked(k, h)
+			o.perSite[site]++
 		}
-		o.out[k] = now
+		o.out[k] = handout{now, site}
 		out = append(out, b)
 	}
+	if len(out) > 0 {
+		o.noteEverLocked(now, file, out)
+	}
 	return out
+}
+
+// noteEverLocked records blocks of file as handed out at least once.
+func (o *Origin) noteEverLocked(now time.Time, file uint64, blocks []uint64) {
+	e := o.ever[file]
+	if e == nil {
+		if len(o.ever) >= maxEverFiles {
+			var oldest *everHanded
+			var oldestFile uint64
+			for f, x := range o.ever {
+				if oldest == nil || x.at.Before(oldest.at) {
+					oldest, oldestFile = x, f
+				}
+			}
+			delete(o.ever, oldestFile)
+		}
+		e = &everHanded{blocks: map[uint64]struct{}{}}
+		o.ever[file] = e
+	}
+	e.at = now
+	for _, b := range blocks {
+		if _, seen := e.blocks[b]; !seen && len(e.blocks) < maxEverBlocks {
+			e.blocks[b] = struct{}{}
+			e.newAt = now
+		}
+	}
+}
+
+// dropLocked takes k out of what is handed out.
+func (o *Origin) dropLocked(k handed, h handout) {
+	delete(o.out, k)
+	if o.perSite[h.site]--; o.perSite[h.site] <= 0 {
+		delete(o.perSite, h.site)
+	}
 }
 
 // Held records node's report that it has blocks rs of file: those handed
@@ -102,22 +221,22 @@ func (o *Origin) Hand(now time.Time, file uint64, node string, blocks []uint64, 
 func (o *Origin) Held(now time.Time, file uint64, node string, rs []Range) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	o.takeLocked(file, node, rs, func(at time.Time) { o.sampleLocked(now, now.Sub(at)) })
+	o.takeLocked(file, node, rs, func(h handout) { o.sampleLocked(now, now.Sub(h.at)) })
 }
 
 // takeLocked removes the blocks of rs handed to node for file, calling
 // took with when each was handed out. It walks whichever is shorter, the
 // ranges or what is handed out: a client's ranges can be huge.
-func (o *Origin) takeLocked(file uint64, node string, rs []Range, took func(at time.Time)) {
+func (o *Origin) takeLocked(file uint64, node string, rs []Range, took func(handout)) {
 	var n uint64
 	for _, r := range rs {
 		n += min(r.Count, uint64(len(o.out))+1) // no overflow
 	}
 	if n > uint64(len(o.out)) {
-		for k, at := range o.out {
+		for k, h := range o.out {
 			if k.file == file && k.node == node && slices.ContainsFunc(rs, func(r Range) bool { return r.First <= k.block && k.block < r.end() }) {
-				delete(o.out, k)
-				took(at)
+				o.dropLocked(k, h)
+				took(h)
 			}
 		}
 		return
@@ -125,9 +244,9 @@ func (o *Origin) takeLocked(file uint64, node string, rs []Range, took func(at t
 	for _, r := range rs {
 		for b := r.First; b < r.end(); b++ {
 			k := handed{file, node, b}
-			if at, ok := o.out[k]; ok {
-				delete(o.out, k)
-				took(at)
+			if h, ok := o.out[k]; ok {
+				o.dropLocked(k, h)
+				took(h)
 			}
 		}
 	}
@@ -139,7 +258,7 @@ func (o *Origin) Failed(now time.Time, file uint64, node string, rs []Range) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	lost := false
-	o.takeLocked(file, node, rs, func(time.Time) { lost = true })
+	o.takeLocked(file, node, rs, func(handout) { lost = true })
 	if lost {
 		o.cutLocked(now, o.opts.Target)
 	}
@@ -182,10 +301,15 @@ func (o *Origin) expireLocked(now time.Time) {
 	}
 	o.expireAt = now.Add(time.Second)
 	lost := false
-	for k, at := range o.out {
-		if now.Sub(at) >= o.opts.Expire {
-			delete(o.out, k)
+	for k, h := range o.out {
+		if now.Sub(h.at) >= o.opts.Expire {
+			o.dropLocked(k, h)
 			lost = true
+		}
+	}
+	for site, at := range o.askedAt {
+		if now.Sub(at) >= activeFor {
+			delete(o.askedAt, site)
 		}
 	}
 	if lost {

@@ -61,8 +61,9 @@ type Node struct {
 	cli   *coordinate.Client
 	every time.Duration
 
-	mu   sync.Mutex
-	last map[string]time.Time // last sample asked of each peer
+	mu    sync.Mutex
+	last  map[string]time.Time              // last sample asked of each peer
+	peers map[string]*coordinate.Coordinate // each peer's coordinate in its last sample
 
 	samples  atomic.Uint64
 	rejected atomic.Uint64
@@ -81,7 +82,8 @@ func New(id string, o Options) *Node {
 		// Only an invalid configuration fails, and the default is valid.
 		panic(fmt.Sprintf("netcoord: %v", err))
 	}
-	return &Node{id: id, cfg: o.Config, cli: cli, every: o.SampleEvery, last: map[string]time.Time{}}
+	return &Node{id: id, cfg: o.Config, cli: cli, every: o.SampleEvery, last: map[string]time.Time{},
+		peers: map[string]*coordinate.Coordinate{}}
 }
 
 // ID returns the node's ID.
@@ -131,7 +133,25 @@ func (n *Node) Observe(peer string, c *coordinate.Coordinate, rtt time.Duration)
 		return fmt.Errorf("sample of %q (%v): %v: %w", peer, rtt, err, ErrBadSample)
 	}
 	n.samples.Add(1)
+	n.mu.Lock()
+	if _, ok := n.peers[peer]; !ok && len(n.peers) >= maxPeers {
+		clear(n.peers)
+	}
+	n.peers[peer] = c
+	n.mu.Unlock()
 	return nil
+}
+
+// maxPeers bounds the peers' coordinates kept.
+const maxPeers = 4096
+
+// EstimateTo returns the estimated RTT to peer from the coordinate its
+// last sample brought (Unknown when none did).
+func (n *Node) EstimateTo(peer string) time.Duration {
+	n.mu.Lock()
+	c := n.peers[peer]
+	n.mu.Unlock()
+	return Estimate(n.cli.GetCoordinate(), c)
 }
 
 // Forget drops what the node kept of peer (its recent samples).
@@ -139,6 +159,7 @@ func (n *Node) Forget(peer string) {
 	n.cli.ForgetNode(peer)
 	n.mu.Lock()
 	delete(n.last, peer)
+	delete(n.peers, peer)
 	n.mu.Unlock()
 }
 

@@ -60,8 +60,34 @@ func (s *Server) admit(ctx context.Context, c *wire.Caller, ids ...oid.ID) (cont
 	}
 	if ev {
 		ctx = withEventual(ctx)
+	} else if len(c.GetAdopt()) > 0 && c.GetSession() != 0 {
+		ctx = context.WithValue(ctx, adopterKey{}, &adopter{session: c.Session, ids: c.Adopt})
 	}
 	return ctx, nil
+}
+
+// adopter is the client session of a mutation that keeps its own leases
+// on some of the objects it changes current from the answer
+// (Caller.adopt): it serves none of them from its cache meanwhile, so the
+// change neither calls it back for them nor waits for it. checkSessions
+// made sure the session is the asking node's: it can only skip its own
+// callbacks.
+type adopter struct {
+	session uint64
+	ids     []uint64
+}
+
+type adopterKey struct{}
+
+// adopterOf returns the adopter of a request admitted with ctx (nil: none).
+func adopterOf(ctx context.Context) *adopter {
+	a, _ := ctx.Value(adopterKey{}).(*adopter)
+	return a
+}
+
+// skips reports whether session's lease on id is the adopter's own.
+func (a *adopter) skips(session uint64, id oid.ID) bool {
+	return a != nil && session == a.session && slices.Contains(a.ids, uint64(id))
 }
 
 // local reports whether a request admitted with ctx may use this

@@ -11,6 +11,7 @@ import (
 	"github.com/wheelfs/wheelfs/internal/fserr"
 	"github.com/wheelfs/wheelfs/internal/oid"
 	"github.com/wheelfs/wheelfs/internal/perm"
+	"github.com/wheelfs/wheelfs/internal/pki"
 	"github.com/wheelfs/wheelfs/internal/store"
 	"github.com/wheelfs/wheelfs/internal/wire"
 )
@@ -79,6 +80,10 @@ func (s *Server) GetBlocks(ctx context.Context, req *wire.GetBlocksRequest) (*wi
 		return nil, aerr
 	}
 	resp := &wire.GetBlocksResponse{}
+	// A reader at another site may read the blocks from a replica nearer
+	// to it, with a grant (issue 12 item 5; it asks only when it has one).
+	asker, perr := pki.PeerName(ctx)
+	grant := perr == nil && req.Site != "" && req.Site != s.cfg.Site && s.cfg.Grants != nil && s.replicaFor(id.Slice(), req.Site)
 	err := s.store.View(func(tx *store.Tx) error {
 		m, err := tx.Meta(id)
 		if err != nil {
@@ -93,11 +98,23 @@ func (s *Server) GetBlocks(ctx context.Context, req *wire.GetBlocksRequest) (*wi
 		for i, r := range refs {
 			resp.Blocks[i] = &wire.BlockRef{Index: r.Index, Hash: r.Hash[:], Len: r.Len}
 		}
+		grant = grant && len(refs) > 0 && s.mayData(req.Caller, m, perm.R) == nil
 		return nil
 	})
 	err = s.settled(ctx, err, id)
 	if err != nil {
 		return nil, fmt.Errorf("blocks of %v: %w", id, err)
+	}
+	if grant {
+		hashes := make([][]byte, 0, min(len(resp.Blocks), maxGrantBlocks))
+		for _, b := range resp.Blocks[:min(len(resp.Blocks), maxGrantBlocks)] {
+			hashes = append(hashes, b.Hash)
+		}
+		g, err := s.sign(req.Id, resp.Meta.Version, asker, req.Caller.GetUid(), nil, hashes, req.HaveCert)
+		if err != nil {
+			s.log.Warn("cannot sign a grant for a replica nearer to the reader", "id", id.String(), "err", err)
+		}
+		resp.Grant = g
 	}
 	return resp, nil
 }

@@ -8,6 +8,8 @@ import (
 	"log/slog"
 	"runtime/debug"
 	"strings"
+	"sync"
+	"time"
 
 	"github.com/wheelfs/wheelfs/internal/fserr"
 	"github.com/wheelfs/wheelfs/internal/oid"
@@ -138,11 +140,8 @@ func (s *Server) authPeer(ctx context.Context) error {
 	if name == s.cfg.ID {
 		return nil
 	}
-	t := s.table.Load()
-	if t != nil {
-		if _, ok := t.Servers[name]; ok {
-			return nil
-		}
+	if s.registeredServer(ctx, name) {
+		return nil
 	}
 	return fmt.Errorf("peer call from %q, which is not a registered server: %w", name, fserr.ErrPerm)
 }
@@ -159,12 +158,66 @@ func (s *Server) clientNode(ctx context.Context) (string, bool) {
 	if name == s.cfg.ID {
 		return name, true
 	}
+	return name, s.registeredServer(ctx, name)
+}
+
+// freshTableEvery bounds how often one unknown node with the server role
+// makes this server read the table from the configuration service.
+const freshTableEvery = time.Second
+
+// registeredServer reports whether name, the caller of ctx, is a
+// registered server. A node registers moments before its own client's
+// first request, which may arrive before this server's watch brings the
+// registration: a caller missing from the table whose certificate has the
+// server role is then looked up in a table read now (registeredNow).
+func (s *Server) registeredServer(ctx context.Context, name string) bool {
 	if t := s.table.Load(); t != nil {
 		if _, ok := t.Servers[name]; ok {
-			return name, true
+			return true
 		}
 	}
-	return name, false
+	cert, _ := pki.PeerCertificate(ctx)
+	return s.registeredNow(ctx, name, pki.HasServerRole(cert))
+}
+
+// registeredNow reads the table from the configuration service, at most
+// once per freshTableEvery per name and only for a serverRole caller, and
+// reports whether it has name.
+func (s *Server) registeredNow(ctx context.Context, name string, serverRole bool) bool {
+	if !serverRole || !s.unknownPeers.due(name) {
+		return false
+	}
+	t, err := s.conf.Table(ctx)
+	if err != nil {
+		s.log.Warn("cannot read the table to check a peer's registration", "node", name, "err", err)
+		return false
+	}
+	_, ok := t.Servers[name]
+	return ok
+}
+
+// peerChecks rate-limits fresh table reads per unknown node name.
+type peerChecks struct {
+	mu   sync.Mutex
+	last map[string]time.Time
+}
+
+// maxPeerChecks bounds the names remembered (then all are forgotten).
+const maxPeerChecks = 1024
+
+// due reports whether name may be checked now, and notes that it is.
+func (p *peerChecks) due(name string) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	now := time.Now()
+	if at, ok := p.last[name]; ok && now.Sub(at) < freshTableEvery {
+		return false
+	}
+	if p.last == nil || len(p.last) >= maxPeerChecks {
+		p.last = map[string]time.Time{}
+	}
+	p.last[name] = now
+	return true
 }
 
 // checkUser admits a Storage request's uids (Config.Users): its caller,

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"slices"
@@ -25,23 +26,20 @@ func (s *Server) signGrant(ctx context.Context, req *wire.HoldersRequest, asker 
 	if s.cfg.Grants == nil {
 		return nil, nil
 	}
-	if asker == "" {
-		return nil, fmt.Errorf("grant for an unnamed client: %w", fserr.ErrInvalid)
-	}
-	b := &wire.GrantBody{Id: req.Id, Version: req.Version, Asker: asker, Uid: req.GetCaller().GetUid(),
-		ExpiresUnixMs: time.Now().Add(blockgrant.DefaultTTL).UnixMilli()}
+	var holders []string
 	for _, h := range hs {
-		b.Holders = append(b.Holders, h.Node)
+		holders = append(holders, h.Node)
 	}
+	var hashes [][]byte
 	err := s.store.View(func(tx *store.Tx) error {
 		for _, r := range req.Blocks {
-			n := min(r.Count, maxGrantBlocks-uint64(len(b.Hashes)))
+			n := min(r.Count, maxGrantBlocks-uint64(len(hashes)))
 			refs, err := tx.Blocks(oid.ID(req.Id), r.First, n)
 			if err != nil {
 				return err
 			}
 			for _, ref := range refs {
-				b.Hashes = append(b.Hashes, ref.Hash[:])
+				hashes = append(hashes, ref.Hash[:])
 			}
 		}
 		return nil
@@ -49,7 +47,26 @@ func (s *Server) signGrant(ctx context.Context, req *wire.HoldersRequest, asker 
 	if err != nil {
 		return nil, fmt.Errorf("grant for %v: %w", oid.ID(req.Id), err)
 	}
-	return s.cfg.Grants.Sign(b)
+	return s.sign(req.Id, req.Version, asker, req.GetCaller().GetUid(), holders, hashes, req.HaveCert)
+}
+
+// sign returns a grant letting asker, acting for uid, fetch the blocks
+// hashes of version of file id from holders and from the slice's
+// replicas; its signer's certificate is left out when haveCert is its
+// SHA-256 (the asker holds it). The caller has checked read permission.
+func (s *Server) sign(id, version uint64, asker string, uid uint32, holders []string, hashes [][]byte, haveCert []byte) (*wire.Grant, error) {
+	if s.cfg.Grants == nil {
+		return nil, nil
+	}
+	if asker == "" {
+		return nil, fmt.Errorf("grant for an unnamed client: %w", fserr.ErrInvalid)
+	}
+	g, err := s.cfg.Grants.Sign(&wire.GrantBody{Id: id, Version: version, Asker: asker, Uid: uid,
+		Holders: holders, Hashes: hashes, ExpiresUnixMs: time.Now().Add(blockgrant.DefaultTTL).UnixMilli()})
+	if err == nil && g != nil && bytes.Equal(haveCert, certSum(s.cfg.Grants)) {
+		g.Cert = nil // the asker puts back the one it has
+	}
+	return g, err
 }
 
 // checkGrant admits a ReadBlocks at a replica that is not the primary: the

@@ -1,7 +1,6 @@
 package server
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"time"
@@ -84,10 +83,13 @@ func (s *Server) Holders(ctx context.Context, req *wire.HoldersRequest) (*wire.H
 	if err := s.checkData(ctx, req.Caller, id, perm.R); err != nil {
 		return nil, err
 	}
-	var version uint64
+	var version, total uint64
 	if err := s.store.View(func(tx *store.Tx) error {
 		m, err := tx.Meta(id)
 		version = m.GetVersion()
+		if bs := uint64(m.GetBlockSize()); bs > 0 {
+			total = (m.GetSize() + bs - 1) / bs
+		}
 		return err
 	}); err != nil {
 		return nil, err
@@ -105,10 +107,15 @@ func (s *Server) Holders(ctx context.Context, req *wire.HoldersRequest) (*wire.H
 		exclude = name
 	}
 	now := time.Now()
-	var held []holders.Range // the asked blocks someone holds or is fetching
+	// The asked blocks someone holds or is fetching, and those someone
+	// at the asker's site does.
+	var held, near []holders.Range
 	for _, r := range s.holders.Lookup(now, req.Id, version, ranges(req.Blocks), netcoord.FromWire(req.Coord), req.Site, exclude, holdersPerBlock, limit) {
 		for _, b := range r.Blocks {
 			held = holders.Add(held, b)
+			if r.Site == req.Site {
+				near = holders.Add(near, b)
+			}
 		}
 		h := &wire.Holder{Node: r.Node, Site: r.Site, RttMs: -1, Addr: r.Addr}
 		if r.RTT != netcoord.Unknown {
@@ -134,12 +141,9 @@ func (s *Server) Holders(ctx context.Context, req *wire.HoldersRequest) (*wire.H
 			if err != nil {
 				return nil, err
 			}
-			if g != nil && bytes.Equal(req.HaveCert, certSum(s.cfg.Grants)) {
-				g.Cert = nil // the asker puts back the one it has
-			}
 			resp.Grant = g
 		}
-		for _, r := range s.handOut(now, req, exclude, held) {
+		for _, r := range s.handOut(now, req, exclude, held, near, total) {
 			resp.Direct = append(resp.Direct, &wire.BlockRange{First: r.First, Count: r.Count})
 		}
 	}
@@ -170,30 +174,42 @@ const maxHandOut = 4096
 // those nobody holds or is fetching, and those it failed to get from the
 // sources named before, paced by s.origin for an asker at another site
 // (this server's uplink is what every far reader shares; at its own site
-// the LAN is free). The asker becomes a holder-to-be of every block it
-// will fetch, from holders or from here, so that readers after it are
-// sent to it: each block leaves the origin about once.
-func (s *Server) handOut(now time.Time, req *wire.HoldersRequest, asker string, held []holders.Range) []holders.Range {
+// the LAN is free). In the end game (s.origin.HandLast: every one of the
+// file's total blocks handed out once) the held blocks nobody at the
+// asker's site holds are candidates too, after the others. The asker
+// becomes a holder-to-be of every block it will fetch, from holders or
+// from here, so that readers after it are sent to it: each block leaves
+// the origin about once before the end game.
+func (s *Server) handOut(now time.Time, req *wire.HoldersRequest, asker string, held, near []holders.Range, total uint64) []holders.Range {
 	tried := ranges(req.Tried)
 	s.origin.Failed(now, req.Id, asker, tried)
-	var cands []uint64
+	var cands, last []uint64
 	var fetching []holders.Range // from holders
 	for _, r := range ranges(req.Blocks) {
-		for idx := r.First; idx < r.First+r.Count && len(cands) < maxHandOut; idx++ {
-			if holders.Contains(held, idx) && !holders.Contains(tried, idx) {
-				fetching = holders.Add(fetching, holders.Range{First: idx, Count: 1})
-			} else {
+		for idx := r.First; idx < r.First+r.Count && len(cands)+len(last) < maxHandOut; idx++ {
+			switch {
+			case !holders.Contains(held, idx) || holders.Contains(tried, idx):
 				cands = append(cands, idx)
+			case !holders.Contains(near, idx):
+				last = append(last, idx)
+			default:
+				fetching = holders.Add(fetching, holders.Range{First: idx, Count: 1})
 			}
 		}
 	}
 	direct := cands
 	if req.Site != "" && req.Site != s.cfg.Site {
-		direct = s.origin.Hand(now, req.Id, asker, cands, req.Urgent)
+		direct = s.origin.Hand(now, req.Id, asker, req.Site, cands, req.Urgent)
+		direct = append(direct, s.origin.HandLast(now, req.Id, asker, req.Site, last, total)...)
 	}
 	var out []holders.Range
 	for _, idx := range direct {
 		out = holders.Add(out, holders.Range{First: idx, Count: 1})
+	}
+	for _, idx := range last {
+		if !holders.Contains(out, idx) {
+			fetching = holders.Add(fetching, holders.Range{First: idx, Count: 1})
+		}
 	}
 	if req.PeerAddr != "" && asker != "" {
 		expect := fetching

@@ -160,17 +160,18 @@ func (l *leases) grant(c *wire.Caller, ids ...oid.ID) uint32 {
 // already broken will not answer: its lease must run out, and readers
 // should not wait that long behind a fence, so then nothing is fenced and
 // lost is true (the update revokes first, uncommitted, as before issue
-// 11). It runs inside the store's commit, so it only looks at maps.
-func (l *leases) claim(ids []oid.ID, f *fence, eventual bool) (leased []oid.ID, others []chan struct{}, lost bool) {
+// 11). The adopter's own leases on the objects it adopts do not count. It
+// runs inside the store's commit, so it only looks at maps.
+func (l *leases) claim(ids []oid.ID, f *fence, eventual bool, own *adopter) (leased []oid.ID, others []chan struct{}, lost bool) {
 	now := time.Now()
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for _, id := range ids {
 		l.busy[id]++
-		if l.liveLocked(id, now, eventual) {
+		if l.liveLocked(id, now, eventual, own) {
 			leased = append(leased, id)
-			for _, h := range l.holders[id] {
-				if h.abandoned && eventual {
+			for sess, h := range l.holders[id] {
+				if h.abandoned && eventual || own.skips(sess, id) {
 					continue
 				}
 				select {
@@ -241,14 +242,15 @@ func (l *leases) settle(ctx context.Context, ids ...oid.ID) error {
 }
 
 // liveLocked reports whether a client holds a live lease on id that an
-// update must revoke (skipping abandoned ones if skipAbandoned), and
-// forgets expired leases.
-func (l *leases) liveLocked(id oid.ID, now time.Time, skipAbandoned bool) bool {
+// update must revoke (skipping abandoned ones if skipAbandoned, and the
+// adopter's own), and forgets expired leases.
+func (l *leases) liveLocked(id oid.ID, now time.Time, skipAbandoned bool, own *adopter) bool {
 	live := false
 	for sess, h := range l.holders[id] {
 		switch {
 		case !h.until.After(now):
 			delete(l.holders[id], sess)
+		case own.skips(sess, id):
 		case !h.abandoned || !skipAbandoned:
 			live = true
 		}
@@ -259,12 +261,13 @@ func (l *leases) liveLocked(id oid.ID, now time.Time, skipAbandoned bool) bool {
 	return live
 }
 
-// leased reports whether a client holds a live lease on id that it may
-// still act on (abandoned holders cannot be reached: they do not count).
-func (l *leases) leased(id oid.ID) bool {
+// leased reports whether a client other than the adopter holds a live
+// lease on id that it may still act on (abandoned holders cannot be
+// reached: they do not count).
+func (l *leases) leased(id oid.ID, own *adopter) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return l.liveLocked(id, time.Now(), true)
+	return l.liveLocked(id, time.Now(), true, own)
 }
 
 // unclaim ends an update's claim on ids.
@@ -296,16 +299,17 @@ func (l *leases) unclaim(ids []oid.ID) {
 // included, has dropped it before the update applies, so the writer reads
 // its own write. Later eventual updates skip abandoned leases; other
 // updates still wait for them.
-func (l *leases) revoke(ctx context.Context, ids []oid.ID, eventual bool) error {
-	return l.revokePushing(ctx, ids, eventual, nil)
+func (l *leases) revoke(ctx context.Context, ids []oid.ID, eventual bool, own *adopter) error {
+	return l.revokePushing(ctx, ids, eventual, nil, own)
 }
 
 // revokePushing is revoke for a committed change: push gives, for some
 // ids, the state the change left (a directory's meta-data), which goes
 // with the revocation; a holder that acknowledges it keeps its lease on
 // that object instead of losing it, so that its next path walk through
-// the directory needs no round trip for the directory's attributes.
-func (l *leases) revokePushing(ctx context.Context, ids []oid.ID, eventual bool, push func(oid.ID) *wire.LeaseUpdate) error {
+// the directory needs no round trip for the directory's attributes. The
+// adopter's own leases on what it adopts are left alone.
+func (l *leases) revokePushing(ctx context.Context, ids []oid.ID, eventual bool, push func(oid.ID) *wire.LeaseUpdate, own *adopter) error {
 	type call struct {
 		stream  *callbackStream
 		ids     []uint64
@@ -329,11 +333,11 @@ func (l *leases) revokePushing(ctx context.Context, ids []oid.ID, eventual bool,
 	calls := map[uint64]*call{}
 	l.mu.Lock()
 	for _, id := range ids {
-		if !l.liveLocked(id, now, eventual) {
+		if !l.liveLocked(id, now, eventual, own) {
 			continue
 		}
 		for sess, h := range l.holders[id] {
-			if h.abandoned && eventual {
+			if h.abandoned && eventual || own.skips(sess, id) {
 				continue
 			}
 			c := calls[sess]
@@ -561,7 +565,7 @@ func (l *leases) revokeSlice(ctx context.Context, sl oid.Slice) error {
 		}
 	}
 	l.mu.Unlock()
-	if err := l.revoke(ctx, ids, false); err != nil {
+	if err := l.revoke(ctx, ids, false, nil); err != nil {
 		return err
 	}
 	// Revocations that committed updates still run count too.

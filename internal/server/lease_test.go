@@ -39,14 +39,14 @@ func TestRevokeBoundedByCaller(t *testing.T) {
 	for range 2 {
 		ctx, cancel := context.WithTimeout(t.Context(), 100*time.Millisecond)
 		began := time.Now()
-		l.claim([]oid.ID{id}, nil, false)
-		err := l.revoke(ctx, []oid.ID{id}, false)
+		l.claim([]oid.ID{id}, nil, false, nil)
+		err := l.revoke(ctx, []oid.ID{id}, false, nil)
 		l.unclaim([]oid.ID{id})
 		cancel()
 		if took := time.Since(began); !errors.Is(err, fserr.ErrTimeout) || took > time.Second {
 			t.Fatalf("revoke: %v after %v, want ErrTimeout at the deadline", err, took)
 		}
-		if !l.leased(id) {
+		if !l.leased(id, nil) {
 			t.Fatal("a lease that could not be revoked was forgotten")
 		}
 	}
@@ -61,30 +61,30 @@ func TestEventualRevokeGoesOn(t *testing.T) {
 	silentHolder(t, l, 7, id)
 	ctx, cancel := context.WithTimeout(t.Context(), 400*time.Millisecond)
 	defer cancel()
-	if leased, _, _ := l.claim([]oid.ID{id}, nil, true); len(leased) != 1 {
+	if leased, _, _ := l.claim([]oid.ID{id}, nil, true, nil); len(leased) != 1 {
 		t.Fatalf("claim reports %v leased, want %v", leased, id)
 	}
 	began := time.Now()
-	err := l.revoke(ctx, []oid.ID{id}, true)
+	err := l.revoke(ctx, []oid.ID{id}, true, nil)
 	took := time.Since(began)
 	l.unclaim([]oid.ID{id})
 	if err != nil || took < 150*time.Millisecond || took > 350*time.Millisecond {
 		t.Fatalf("eventual revoke: %v after %v, want success after about half of 400ms", err, took)
 	}
-	if leased, _, _ := l.claim([]oid.ID{id}, nil, true); len(leased) != 0 {
+	if leased, _, _ := l.claim([]oid.ID{id}, nil, true, nil); len(leased) != 0 {
 		t.Errorf("an eventual update waits again for an abandoned lease: %v", leased)
 	}
 	l.unclaim([]oid.ID{id})
-	if l.leased(id) {
+	if l.leased(id, nil) {
 		t.Error("an abandoned lease still counts as one its holder may act on")
 	}
-	if leased, _, _ := l.claim([]oid.ID{id}, nil, false); len(leased) != 1 {
+	if leased, _, _ := l.claim([]oid.ID{id}, nil, false, nil); len(leased) != 1 {
 		t.Errorf("an abandoned lease does not hold up a strict update: %v", leased)
 	}
 	l.unclaim([]oid.ID{id})
 	sctx, scancel := context.WithTimeout(t.Context(), 50*time.Millisecond)
 	defer scancel()
-	if err := l.revoke(sctx, []oid.ID{id}, false); !errors.Is(err, fserr.ErrTimeout) {
+	if err := l.revoke(sctx, []oid.ID{id}, false, nil); !errors.Is(err, fserr.ErrTimeout) {
 		t.Errorf("strict revoke of an abandoned lease: %v, want ErrTimeout (it waits for it)", err)
 	}
 }
@@ -98,7 +98,7 @@ func TestEventualFenceAbandons(t *testing.T) {
 	id := oid.Make(5, 1)
 	silentHolder(t, l, 7, id)
 	f := &fence{done: make(chan struct{})}
-	if leased, others, lost := l.claim([]oid.ID{id}, f, true); len(leased) != 1 || len(others) != 0 || lost {
+	if leased, others, lost := l.claim([]oid.ID{id}, f, true, nil); len(leased) != 1 || len(others) != 0 || lost {
 		t.Fatalf("claim: leased %v, %d other fences, lost %v; want %v fenced by this update alone", leased, len(others), lost, id)
 	}
 	if !slices.Equal(f.ids, []oid.ID{id}) {
@@ -113,7 +113,7 @@ func TestEventualFenceAbandons(t *testing.T) {
 		t.Fatalf("settle behind a fence: %v, want ErrTimeout", err)
 	}
 	began := time.Now()
-	if err := l.revoke(ctx, f.ids, true); err != nil {
+	if err := l.revoke(ctx, f.ids, true, nil); err != nil {
 		t.Fatalf("eventual revoke: %v", err)
 	}
 	l.lift(f)
@@ -125,12 +125,12 @@ func TestEventualFenceAbandons(t *testing.T) {
 		t.Fatalf("settle after the fence was lifted: %v", err)
 	}
 	g := &fence{done: make(chan struct{})}
-	if leased, _, _ := l.claim([]oid.ID{id}, g, true); len(leased) != 0 || len(g.ids) != 0 {
+	if leased, _, _ := l.claim([]oid.ID{id}, g, true, nil); len(leased) != 0 || len(g.ids) != 0 {
 		t.Errorf("a later eventual update fences an abandoned lease: leased %v, fence %v", leased, g.ids)
 	}
 	l.unclaim([]oid.ID{id})
 	h := &fence{done: make(chan struct{})}
-	if leased, _, lost := l.claim([]oid.ID{id}, h, false); len(leased) != 1 || lost || len(h.ids) != 1 {
+	if leased, _, lost := l.claim([]oid.ID{id}, h, false, nil); len(leased) != 1 || lost || len(h.ids) != 1 {
 		t.Errorf("a strict update does not fence an abandoned lease: leased %v, lost %v, fence %v", leased, lost, h.ids)
 	}
 	l.lift(h)

@@ -152,6 +152,9 @@ func checkCaller(c *wire.Caller) error {
 	if len(c.GetGroups()) > wire.MaxGroups {
 		return fmt.Errorf("%d groups: %w", len(c.GetGroups()), fserr.ErrInvalid)
 	}
+	if len(c.GetAdopt()) > wire.MaxAdopt {
+		return fmt.Errorf("%d objects to adopt: %w", len(c.GetAdopt()), fserr.ErrInvalid)
+	}
 	return nil
 }
 

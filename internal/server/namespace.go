@@ -343,7 +343,38 @@ func (s *Server) Create(ctx context.Context, req *wire.CreateRequest) (*wire.Cre
 	if err != nil {
 		return nil, fmt.Errorf("create %q: %w", req.Name, err)
 	}
+	if !again && !resp.Existed && adopterOf(ctx).skips(req.Caller.GetSession(), dir) {
+		// The creator keeps its listing of dir current: its lease on dir
+		// is renewed (a long tar -x keeps it), and it may keep what it
+		// made too (a stat or open of it right after needs no request).
+		resp.DirLeaseMs = s.grantCurrent(req.Caller, resp.Dir)
+		resp.LeaseMs = s.grantCurrent(req.Caller, resp.Meta)
+	}
 	return resp, nil
+}
+
+// grantCurrent grants the caller a lease on the object m describes, if
+// this server is its primary and m is still its current state (it is
+// read again after the grant: a later change revokes the lease).
+func (s *Server) grantCurrent(c *wire.Caller, m *wire.Meta) uint32 {
+	id := oid.ID(m.GetId())
+	if m == nil || s.primary(id) != nil {
+		return 0
+	}
+	ms := s.leases.grant(c, id)
+	if ms == 0 {
+		return 0
+	}
+	current := false
+	_ = s.store.View(func(tx *store.Tx) error {
+		now, err := tx.Meta(id)
+		current = err == nil && now.Version == m.Version
+		return nil
+	})
+	if !current {
+		return 0
+	}
+	return ms
 }
 
 // createReplayed answers a retried create whose first attempt's outcome
@@ -466,6 +497,12 @@ func (s *Server) Link(ctx context.Context, req *wire.LinkRequest) (*wire.LinkRes
 // instead of counting a handle on an object about to vanish, and a
 // release racing with it ends its holder after the commit.
 func (s *Server) unlinkObject(tx *store.Tx, m *wire.Meta, now int64, dying *[]oid.ID) error {
+	return s.unlinkObjectFor(context.Background(), tx, m, now, dying)
+}
+
+// unlinkObjectFor is unlinkObject for a request admitted with ctx (whose
+// adopter's own lease on m does not have to be revoked first).
+func (s *Server) unlinkObjectFor(ctx context.Context, tx *store.Tx, m *wire.Meta, now int64, dying *[]oid.ID) error {
 	if isDir(m) {
 		m.Nlink = 0
 	} else if m.Nlink > 0 {
@@ -476,7 +513,7 @@ func (s *Server) unlinkObject(tx *store.Tx, m *wire.Meta, now int64, dying *[]oi
 		return tx.PutMeta(m)
 	}
 	id := oid.ID(m.Id)
-	if err := s.mustRevoke(id); err != nil {
+	if err := s.mustRevoke(ctx, id); err != nil {
 		return err
 	}
 	named, anon := s.files.unlinked(id)
@@ -513,6 +550,14 @@ func (s *Server) Remove(ctx context.Context, req *wire.RemoveRequest) (*wire.Rem
 		}
 		if !op.replayed() {
 			resp.Meta = out
+			if adopterOf(ctx).skips(req.Caller.GetSession(), dir) {
+				// Read after the change: an adopter takes it only if its
+				// version is the one after what it holds (nothing else
+				// came between).
+				if d, err := s.primaryMeta(dir); err == nil {
+					resp.Dir, resp.DirLeaseMs = d, s.grantCurrent(req.Caller, d)
+				}
+			}
 		}
 		return resp, nil
 	}
@@ -552,11 +597,11 @@ func (s *Server) Remove(ctx context.Context, req *wire.RemoveRequest) (*wire.Rem
 		if err := tx.DeleteEntry(dir, req.Name); err != nil {
 			return err
 		}
-		if err := s.unlinkObject(tx, m, now, &dying); err != nil {
+		if err := s.unlinkObjectFor(ctx, tx, m, now, &dying); err != nil {
 			return err
 		}
 		touch(d, now, true)
-		resp.Meta = m
+		resp.Meta, resp.Dir = m, d
 		return tx.PutMeta(d)
 	}), func() { s.buried(dying); dying = nil })
 	if err == nil {
@@ -564,6 +609,9 @@ func (s *Server) Remove(ctx context.Context, req *wire.RemoveRequest) (*wire.Rem
 	}
 	if err != nil {
 		return nil, fmt.Errorf("remove %q: %w", req.Name, err)
+	}
+	if !op.replayed() && adopterOf(ctx).skips(req.Caller.GetSession(), dir) {
+		resp.DirLeaseMs = s.grantCurrent(req.Caller, resp.Dir) // as Create
 	}
 	return resp, nil
 }

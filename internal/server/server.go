@@ -146,6 +146,8 @@ type Server struct {
 
 	bg    context.Context // background work; ends with Close or Halt
 	table atomic.Pointer[configsvc.Table]
+	// unknownPeers limits fresh table reads for servers not in table yet.
+	unknownPeers peerChecks
 	// sizeCache is deploymentSize of the current table.
 	sizeCache atomic.Pointer[sizeOf]
 	sizeCheck sizeCheck     // deploymentSize confirmed at the config service

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"strings"
 	"syscall"
 	"testing"
@@ -293,5 +294,53 @@ func TestXattrSummaryBounds(t *testing.T) {
 	}
 	if sum := summary(rootCaller, g.Id); sum != nil {
 		t.Errorf("summary of %d bytes of names: %d names, want none", n*200, len(sum.Attrs))
+	}
+}
+
+// TestRegisteredServerBeforeItsWatch: a server registered moments ago,
+// whose registration this server's watch has not brought yet, is found by
+// a fresh read when its certificate has the server role (and only then),
+// and an unknown name is read again only after freshTableEvery.
+func TestRegisteredServerBeforeItsWatch(t *testing.T) {
+	s, ctx := newTestServer(t)
+	if err := s.conf.Register(ctx, configsvc.ServerInfo{ID: "s2", Site: "site2", Addr: "elsewhere"}); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if _, ok := s.table.Load().Servers["s2"]; ok {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the watch never brought s2's registration")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	// The table as it was before s2 registered.
+	stale := *s.table.Load()
+	stale.Servers = maps.Clone(stale.Servers)
+	delete(stale.Servers, "s2")
+	s.table.Store(&stale)
+
+	if s.registeredNow(ctx, "s2", false) {
+		t.Error("a node without the server role was looked up in a fresh table")
+	}
+	if !s.registeredNow(ctx, "s2", true) {
+		t.Error("a registered server missing from this server's table was not found")
+	}
+	if s.registeredNow(ctx, "s3", true) {
+		t.Error("an unregistered node was taken for a server")
+	}
+	if err := s.conf.Register(ctx, configsvc.ServerInfo{ID: "s3", Site: "site2", Addr: "elsewhere"}); err != nil {
+		t.Fatal(err)
+	}
+	if s.registeredNow(ctx, "s3", true) {
+		t.Error("a name read a moment ago was read again at once")
+	}
+	s.unknownPeers.mu.Lock()
+	s.unknownPeers.last["s3"] = time.Now().Add(-freshTableEvery)
+	s.unknownPeers.mu.Unlock()
+	if !s.registeredNow(ctx, "s3", true) {
+		t.Error("s3, registered since the last read, was refused after freshTableEvery")
 	}
 }

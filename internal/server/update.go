@@ -62,7 +62,7 @@ func (s *Server) updateUndo(ctx context.Context, sync uint32, fn func(tx *store.
 			s.leases.unclaim(claimed)
 		}
 	}()
-	eventual := isEventual(ctx)
+	eventual, own := isEventual(ctx), adopterOf(ctx)
 	for {
 		f := &fence{done: make(chan struct{})}
 		var others []chan struct{}
@@ -70,7 +70,7 @@ func (s *Server) updateUndo(ctx context.Context, sync uint32, fn func(tx *store.
 		err := s.updateOnce(ctx, sync, fn, func(muts []*wire.Mutation) error {
 			ids := mutatedObjects(muts)
 			claimed = append(claimed, ids...)
-			leased, o, lost := s.leases.claim(ids, f, eventual)
+			leased, o, lost := s.leases.claim(ids, f, eventual, own)
 			if lost {
 				return &leasedError{ids: leased}
 			}
@@ -80,7 +80,7 @@ func (s *Server) updateUndo(ctx context.Context, sync uint32, fn func(tx *store.
 			committed = true
 			if len(f.ids) > 0 {
 				handed = true
-				go s.revokeFenced(ctx, f, claimed, eventual)
+				go s.revokeFenced(ctx, f, claimed, eventual, own)
 			}
 		})
 		if !committed && len(f.ids) > 0 {
@@ -137,8 +137,8 @@ func (s *Server) updateUndo(ctx context.Context, sync uint32, fn func(tx *store.
 		}
 		// No grants on them until we are done.
 		claimed = append(claimed, le.ids...)
-		s.leases.claim(le.ids, nil, eventual)
-		if err := s.leases.revoke(ctx, le.ids, eventual); err != nil {
+		s.leases.claim(le.ids, nil, eventual, own)
+		if err := s.leases.revoke(ctx, le.ids, eventual, own); err != nil {
 			return err
 		}
 	}
@@ -150,7 +150,7 @@ func (s *Server) updateUndo(ctx context.Context, sync uint32, fn func(tx *store.
 // length at the latest. An eventual update's revocation keeps the
 // request's deadline instead, so that holders that do not answer are
 // abandoned (leases.revoke) while the request still waits for it.
-func (s *Server) revokeFenced(req context.Context, f *fence, claimed []oid.ID, eventual bool) {
+func (s *Server) revokeFenced(req context.Context, f *fence, claimed []oid.ID, eventual bool, own *adopter) {
 	ctx, cancel := context.WithTimeout(s.bg, s.leases.ttl+time.Second)
 	defer cancel()
 	if dl, ok := req.Deadline(); ok && eventual {
@@ -161,7 +161,7 @@ func (s *Server) revokeFenced(req context.Context, f *fence, claimed []oid.ID, e
 	if !eventual {
 		push = s.pushedMeta
 	}
-	if err := s.leases.revokePushing(ctx, f.ids, eventual, push); err != nil {
+	if err := s.leases.revokePushing(ctx, f.ids, eventual, push, own); err != nil {
 		s.log.Warn("revoking leases after a commit", "ids", f.ids, "err", err)
 	}
 	s.leases.lift(f)
@@ -191,9 +191,10 @@ func (e *leasedError) Error() string { return fmt.Sprintf("objects %v are leased
 // mustRevoke lets fn stop an attempt before it does something outside the
 // store that a holder of id's lease could race with (marking an object
 // dying, which makes an open the holder is registering fail): the update
-// revokes the lease and runs fn again.
-func (s *Server) mustRevoke(id oid.ID) error {
-	if s.leases.leased(id) {
+// revokes the lease and runs fn again. The adopter of ctx does not count:
+// it waited for its own registrations before it asked.
+func (s *Server) mustRevoke(ctx context.Context, id oid.ID) error {
+	if s.leases.leased(id, adopterOf(ctx)) {
 		return &leasedError{ids: []oid.ID{id}}
 	}
 	return nil

@@ -38,6 +38,8 @@ const (
 	// MaxBlockRefs bounds the block range of one GetBlocks call (the
 	// client asks for 1024).
 	MaxBlockRefs = 4096
+	// MaxAdopt bounds Caller.adopt: a mutation changes a few objects.
+	MaxAdopt = 8
 	// MaxSyncChanges bounds the changes one Sync call waits for (a
 	// create leaves one or two per slice).
 	MaxSyncChanges = 64

@@ -731,7 +731,12 @@ type Caller struct {
 	Handle *HandleRef `protobuf:"bytes,7,opt,name=handle,proto3" json:"handle,omitempty"`
 	// op names a mutation for exactly-once execution: a retry (same op)
 	// gets the answer the first attempt recorded instead of running again.
-	Op            *OpRef `protobuf:"bytes,8,opt,name=op,proto3" json:"op,omitempty"`
+	Op *OpRef `protobuf:"bytes,8,opt,name=op,proto3" json:"op,omitempty"`
+	// adopt lists objects of a mutation whose leases the caller's session
+	// keeps current itself, from the answer: the client serves none of
+	// them from its cache until the answer arrived, so the server does not
+	// call it back for them (others still are). At most MaxAdopt.
+	Adopt         []uint64 `protobuf:"varint,9,rep,packed,name=adopt,proto3" json:"adopt,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -818,6 +823,13 @@ func (x *Caller) GetHandle() *HandleRef {
 func (x *Caller) GetOp() *OpRef {
 	if x != nil {
 		return x.Op
+	}
+	return nil
+}
+
+func (x *Caller) GetAdopt() []uint64 {
+	if x != nil {
+		return x.Adopt
 	}
 	return nil
 }
@@ -1479,6 +1491,9 @@ func (x *CreateRequest) GetDeferSync() bool {
 // opened: the new file was opened as open_access asked (not when the
 // name existed: the client then opens it with the usual check).
 // pending: with defer_sync, the replication the create still waits for.
+// lease_ms: a lease on the new object (meta) for the caller's session,
+// granted when the caller adopts the directory (Caller.adopt); dir_lease_ms
+// renews its lease on the directory, which it keeps current itself.
 type CreateResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Entry         *Entry                 `protobuf:"bytes,1,opt,name=entry,proto3" json:"entry,omitempty"`
@@ -1487,6 +1502,8 @@ type CreateResponse struct {
 	Existed       bool                   `protobuf:"varint,4,opt,name=existed,proto3" json:"existed,omitempty"`
 	Opened        bool                   `protobuf:"varint,5,opt,name=opened,proto3" json:"opened,omitempty"`
 	Pending       []*Unsynced            `protobuf:"bytes,6,rep,name=pending,proto3" json:"pending,omitempty"`
+	LeaseMs       uint32                 `protobuf:"varint,7,opt,name=lease_ms,json=leaseMs,proto3" json:"lease_ms,omitempty"`
+	DirLeaseMs    uint32                 `protobuf:"varint,8,opt,name=dir_lease_ms,json=dirLeaseMs,proto3" json:"dir_lease_ms,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1561,6 +1578,20 @@ func (x *CreateResponse) GetPending() []*Unsynced {
 		return x.Pending
 	}
 	return nil
+}
+
+func (x *CreateResponse) GetLeaseMs() uint32 {
+	if x != nil {
+		return x.LeaseMs
+	}
+	return 0
+}
+
+func (x *CreateResponse) GetDirLeaseMs() uint32 {
+	if x != nil {
+		return x.DirLeaseMs
+	}
+	return 0
 }
 
 // Unsynced is a change committed at the primary of a slice in one epoch
@@ -1931,9 +1962,14 @@ func (x *RemoveRequest) GetSyncLevel() uint32 {
 	return 0
 }
 
+// meta: the removed object's meta after unlinking (nlink may be 0); dir:
+// the directory's after the change (absent when another server did it);
+// dir_lease_ms renews an adopting caller's lease on it (CreateResponse).
 type RemoveResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Meta          *Meta                  `protobuf:"bytes,1,opt,name=meta,proto3" json:"meta,omitempty"`
+	Dir           *Meta                  `protobuf:"bytes,2,opt,name=dir,proto3" json:"dir,omitempty"`
+	DirLeaseMs    uint32                 `protobuf:"varint,3,opt,name=dir_lease_ms,json=dirLeaseMs,proto3" json:"dir_lease_ms,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1973,6 +2009,20 @@ func (x *RemoveResponse) GetMeta() *Meta {
 		return x.Meta
 	}
 	return nil
+}
+
+func (x *RemoveResponse) GetDir() *Meta {
+	if x != nil {
+		return x.Dir
+	}
+	return nil
+}
+
+func (x *RemoveResponse) GetDirLeaseMs() uint32 {
+	if x != nil {
+		return x.DirLeaseMs
+	}
+	return 0
 }
 
 type RenameRequest struct {
@@ -2547,12 +2597,19 @@ func (x *BlockRef) GetLen() uint32 {
 	return 0
 }
 
+// GetBlocksRequest: with site, the asker's site, a primary at another
+// site whose slice has a replica the asker may read from (at site, or at
+// a third site) answers with a grant for the blocks listed, so that the
+// asker reads them from a replica nearer to it (issue 12 item 5);
+// have_cert as in HoldersRequest.
 type GetBlocksRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Caller        *Caller                `protobuf:"bytes,1,opt,name=caller,proto3" json:"caller,omitempty"`
 	Id            uint64                 `protobuf:"varint,2,opt,name=id,proto3" json:"id,omitempty"`
 	First         uint64                 `protobuf:"varint,3,opt,name=first,proto3" json:"first,omitempty"`
 	Count         uint64                 `protobuf:"varint,4,opt,name=count,proto3" json:"count,omitempty"`
+	Site          string                 `protobuf:"bytes,5,opt,name=site,proto3" json:"site,omitempty"`
+	HaveCert      []byte                 `protobuf:"bytes,6,opt,name=have_cert,json=haveCert,proto3" json:"have_cert,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2615,10 +2672,25 @@ func (x *GetBlocksRequest) GetCount() uint64 {
 	return 0
 }
 
+func (x *GetBlocksRequest) GetSite() string {
+	if x != nil {
+		return x.Site
+	}
+	return ""
+}
+
+func (x *GetBlocksRequest) GetHaveCert() []byte {
+	if x != nil {
+		return x.HaveCert
+	}
+	return nil
+}
+
 type GetBlocksResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Meta          *Meta                  `protobuf:"bytes,1,opt,name=meta,proto3" json:"meta,omitempty"`
 	Blocks        []*BlockRef            `protobuf:"bytes,2,rep,name=blocks,proto3" json:"blocks,omitempty"`
+	Grant         *Grant                 `protobuf:"bytes,3,opt,name=grant,proto3" json:"grant,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2663,6 +2735,13 @@ func (x *GetBlocksResponse) GetMeta() *Meta {
 func (x *GetBlocksResponse) GetBlocks() []*BlockRef {
 	if x != nil {
 		return x.Blocks
+	}
+	return nil
+}
+
+func (x *GetBlocksResponse) GetGrant() *Grant {
+	if x != nil {
+		return x.Grant
 	}
 	return nil
 }
@@ -7575,7 +7654,7 @@ const file_wheelfs_proto_rawDesc = "" +
 	"\x04type\x18\x03 \x01(\x0e2\x10.wheelfs.v1.TypeR\x04type\x12\x18\n" +
 	"\aversion\x18\x04 \x01(\x04R\aversion\x12\x0e\n" +
 	"\x02op\x18\x05 \x01(\x04R\x02op\x12\x18\n" +
-	"\aattempt\x18\x06 \x01(\rR\aattempt\"\xde\x01\n" +
+	"\aattempt\x18\x06 \x01(\rR\aattempt\"\xf4\x01\n" +
 	"\x06Caller\x12\x10\n" +
 	"\x03uid\x18\x01 \x01(\rR\x03uid\x12\x10\n" +
 	"\x03gid\x18\x02 \x01(\rR\x03gid\x12\x16\n" +
@@ -7584,7 +7663,8 @@ const file_wheelfs_proto_rawDesc = "" +
 	"\asession\x18\x05 \x01(\x04R\asession\x12\x1a\n" +
 	"\beventual\x18\x06 \x01(\bR\beventual\x12-\n" +
 	"\x06handle\x18\a \x01(\v2\x15.wheelfs.v1.HandleRefR\x06handle\x12!\n" +
-	"\x02op\x18\b \x01(\v2\x11.wheelfs.v1.OpRefR\x02op\"R\n" +
+	"\x02op\x18\b \x01(\v2\x11.wheelfs.v1.OpRefR\x02op\x12\x14\n" +
+	"\x05adopt\x18\t \x03(\x04R\x05adopt\"R\n" +
 	"\x05OpRef\x12\x18\n" +
 	"\asession\x18\x01 \x01(\x04R\asession\x12\x10\n" +
 	"\x03seq\x18\x02 \x01(\x04R\x03seq\x12\x1d\n" +
@@ -7642,14 +7722,17 @@ const file_wheelfs_proto_rawDesc = "" +
 	"\x05umask\x18\x10 \x01(\rH\x00R\x05umask\x88\x01\x01\x12\x1d\n" +
 	"\n" +
 	"defer_sync\x18\x11 \x01(\bR\tdeferSyncB\b\n" +
-	"\x06_umask\"\xe5\x01\n" +
+	"\x06_umask\"\xa2\x02\n" +
 	"\x0eCreateResponse\x12'\n" +
 	"\x05entry\x18\x01 \x01(\v2\x11.wheelfs.v1.EntryR\x05entry\x12$\n" +
 	"\x04meta\x18\x02 \x01(\v2\x10.wheelfs.v1.MetaR\x04meta\x12\"\n" +
 	"\x03dir\x18\x03 \x01(\v2\x10.wheelfs.v1.MetaR\x03dir\x12\x18\n" +
 	"\aexisted\x18\x04 \x01(\bR\aexisted\x12\x16\n" +
 	"\x06opened\x18\x05 \x01(\bR\x06opened\x12.\n" +
-	"\apending\x18\x06 \x03(\v2\x14.wheelfs.v1.UnsyncedR\apending\"`\n" +
+	"\apending\x18\x06 \x03(\v2\x14.wheelfs.v1.UnsyncedR\apending\x12\x19\n" +
+	"\blease_ms\x18\a \x01(\rR\aleaseMs\x12 \n" +
+	"\fdir_lease_ms\x18\b \x01(\rR\n" +
+	"dirLeaseMs\"`\n" +
 	"\bUnsynced\x12\x14\n" +
 	"\x05slice\x18\x01 \x01(\rR\x05slice\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12\x10\n" +
@@ -7675,9 +7758,12 @@ const file_wheelfs_proto_rawDesc = "" +
 	"\bdir_only\x18\x04 \x01(\bR\adirOnly\x12\x1b\n" +
 	"\tfile_only\x18\x05 \x01(\bR\bfileOnly\x12\x1d\n" +
 	"\n" +
-	"sync_level\x18\x06 \x01(\rR\tsyncLevel\"6\n" +
+	"sync_level\x18\x06 \x01(\rR\tsyncLevel\"|\n" +
 	"\x0eRemoveResponse\x12$\n" +
-	"\x04meta\x18\x01 \x01(\v2\x10.wheelfs.v1.MetaR\x04meta\"\xb9\x01\n" +
+	"\x04meta\x18\x01 \x01(\v2\x10.wheelfs.v1.MetaR\x04meta\x12\"\n" +
+	"\x03dir\x18\x02 \x01(\v2\x10.wheelfs.v1.MetaR\x03dir\x12 \n" +
+	"\fdir_lease_ms\x18\x03 \x01(\rR\n" +
+	"dirLeaseMs\"\xb9\x01\n" +
 	"\rRenameRequest\x12*\n" +
 	"\x06caller\x18\x01 \x01(\v2\x12.wheelfs.v1.CallerR\x06caller\x12\x17\n" +
 	"\asrc_dir\x18\x02 \x01(\x04R\x06srcDir\x12\x19\n" +
@@ -7727,15 +7813,18 @@ const file_wheelfs_proto_rawDesc = "" +
 	"\bBlockRef\x12\x14\n" +
 	"\x05index\x18\x01 \x01(\x04R\x05index\x12\x12\n" +
 	"\x04hash\x18\x02 \x01(\fR\x04hash\x12\x10\n" +
-	"\x03len\x18\x03 \x01(\rR\x03len\"z\n" +
+	"\x03len\x18\x03 \x01(\rR\x03len\"\xab\x01\n" +
 	"\x10GetBlocksRequest\x12*\n" +
 	"\x06caller\x18\x01 \x01(\v2\x12.wheelfs.v1.CallerR\x06caller\x12\x0e\n" +
 	"\x02id\x18\x02 \x01(\x04R\x02id\x12\x14\n" +
 	"\x05first\x18\x03 \x01(\x04R\x05first\x12\x14\n" +
-	"\x05count\x18\x04 \x01(\x04R\x05count\"g\n" +
+	"\x05count\x18\x04 \x01(\x04R\x05count\x12\x12\n" +
+	"\x04site\x18\x05 \x01(\tR\x04site\x12\x1b\n" +
+	"\thave_cert\x18\x06 \x01(\fR\bhaveCert\"\x90\x01\n" +
 	"\x11GetBlocksResponse\x12$\n" +
 	"\x04meta\x18\x01 \x01(\v2\x10.wheelfs.v1.MetaR\x04meta\x12,\n" +
-	"\x06blocks\x18\x02 \x03(\v2\x14.wheelfs.v1.BlockRefR\x06blocks\"\x90\x01\n" +
+	"\x06blocks\x18\x02 \x03(\v2\x14.wheelfs.v1.BlockRefR\x06blocks\x12'\n" +
+	"\x05grant\x18\x03 \x01(\v2\x11.wheelfs.v1.GrantR\x05grant\"\x90\x01\n" +
 	"\x11ReadBlocksRequest\x12*\n" +
 	"\x06caller\x18\x01 \x01(\v2\x12.wheelfs.v1.CallerR\x06caller\x12\x0e\n" +
 	"\x02id\x18\x02 \x01(\x04R\x02id\x12\x16\n" +
@@ -8324,179 +8413,181 @@ var file_wheelfs_proto_depIdxs = []int32{
 	5,   // 26: wheelfs.v1.LinkResponse.meta:type_name -> wheelfs.v1.Meta
 	8,   // 27: wheelfs.v1.RemoveRequest.caller:type_name -> wheelfs.v1.Caller
 	5,   // 28: wheelfs.v1.RemoveResponse.meta:type_name -> wheelfs.v1.Meta
-	8,   // 29: wheelfs.v1.RenameRequest.caller:type_name -> wheelfs.v1.Caller
-	5,   // 30: wheelfs.v1.RenameResponse.replaced:type_name -> wheelfs.v1.Meta
-	8,   // 31: wheelfs.v1.SetAttrRequest.caller:type_name -> wheelfs.v1.Caller
-	5,   // 32: wheelfs.v1.SetAttrResponse.meta:type_name -> wheelfs.v1.Meta
-	8,   // 33: wheelfs.v1.ReadDirRequest.caller:type_name -> wheelfs.v1.Caller
-	7,   // 34: wheelfs.v1.ReadDirResponse.entries:type_name -> wheelfs.v1.Entry
-	5,   // 35: wheelfs.v1.ReadDirResponse.metas:type_name -> wheelfs.v1.Meta
-	5,   // 36: wheelfs.v1.ReadDirResponse.dir:type_name -> wheelfs.v1.Meta
-	76,  // 37: wheelfs.v1.ReadDirResponse.dir_xattrs:type_name -> wheelfs.v1.XattrSummary
-	76,  // 38: wheelfs.v1.ReadDirResponse.xattrs:type_name -> wheelfs.v1.XattrSummary
-	99,  // 39: wheelfs.v1.ReadDirResponse.datas:type_name -> wheelfs.v1.FileData
-	8,   // 40: wheelfs.v1.GetBlocksRequest.caller:type_name -> wheelfs.v1.Caller
-	5,   // 41: wheelfs.v1.GetBlocksResponse.meta:type_name -> wheelfs.v1.Meta
-	31,  // 42: wheelfs.v1.GetBlocksResponse.blocks:type_name -> wheelfs.v1.BlockRef
-	8,   // 43: wheelfs.v1.ReadBlocksRequest.caller:type_name -> wheelfs.v1.Caller
-	95,  // 44: wheelfs.v1.ReadBlocksRequest.grant:type_name -> wheelfs.v1.Grant
-	8,   // 45: wheelfs.v1.PutBlocksRequest.caller:type_name -> wheelfs.v1.Caller
-	8,   // 46: wheelfs.v1.CommitRequest.caller:type_name -> wheelfs.v1.Caller
-	31,  // 47: wheelfs.v1.CommitRequest.blocks:type_name -> wheelfs.v1.BlockRef
-	27,  // 48: wheelfs.v1.CommitRequest.attrs:type_name -> wheelfs.v1.SetAttrRequest
-	100, // 49: wheelfs.v1.CommitRequest.inline:type_name -> wheelfs.v1.BlockData
-	5,   // 50: wheelfs.v1.CommitResponse.meta:type_name -> wheelfs.v1.Meta
-	8,   // 51: wheelfs.v1.XattrRequest.caller:type_name -> wheelfs.v1.Caller
-	5,   // 52: wheelfs.v1.XattrResponse.meta:type_name -> wheelfs.v1.Meta
-	76,  // 53: wheelfs.v1.XattrResponse.xattrs:type_name -> wheelfs.v1.XattrSummary
-	8,   // 54: wheelfs.v1.StatFSRequest.caller:type_name -> wheelfs.v1.Caller
-	8,   // 55: wheelfs.v1.OpenRequest.caller:type_name -> wheelfs.v1.Caller
-	5,   // 56: wheelfs.v1.OpenResponse.meta:type_name -> wheelfs.v1.Meta
-	99,  // 57: wheelfs.v1.OpenResponse.data:type_name -> wheelfs.v1.FileData
-	11,  // 58: wheelfs.v1.ReleaseRequest.handle:type_name -> wheelfs.v1.HandleRef
-	49,  // 59: wheelfs.v1.Revoke.updates:type_name -> wheelfs.v1.LeaseUpdate
-	5,   // 60: wheelfs.v1.LeaseUpdate.meta:type_name -> wheelfs.v1.Meta
-	1,   // 61: wheelfs.v1.Mutation.kind:type_name -> wheelfs.v1.MutationKind
-	51,  // 62: wheelfs.v1.Batch.mutations:type_name -> wheelfs.v1.Mutation
-	52,  // 63: wheelfs.v1.ReplicateRequest.batches:type_name -> wheelfs.v1.Batch
-	2,   // 64: wheelfs.v1.ReplicateResponse.status:type_name -> wheelfs.v1.ReplStatus
-	5,   // 65: wheelfs.v1.ObjectState.meta:type_name -> wheelfs.v1.Meta
-	7,   // 66: wheelfs.v1.ObjectState.entries:type_name -> wheelfs.v1.Entry
-	31,  // 67: wheelfs.v1.ObjectState.blocks:type_name -> wheelfs.v1.BlockRef
-	57,  // 68: wheelfs.v1.InstallRequest.objects:type_name -> wheelfs.v1.ObjectState
-	2,   // 69: wheelfs.v1.InstallResponse.status:type_name -> wheelfs.v1.ReplStatus
-	56,  // 70: wheelfs.v1.DiffRequest.digest:type_name -> wheelfs.v1.DigestResponse
-	5,   // 71: wheelfs.v1.CreateObjectRequest.meta:type_name -> wheelfs.v1.Meta
-	4,   // 72: wheelfs.v1.CreateObjectRequest.cues:type_name -> wheelfs.v1.Cues
-	4,   // 73: wheelfs.v1.CreateObjectRequest.policy:type_name -> wheelfs.v1.Cues
-	11,  // 74: wheelfs.v1.CreateObjectRequest.handle:type_name -> wheelfs.v1.HandleRef
-	5,   // 75: wheelfs.v1.CreateObjectResponse.meta:type_name -> wheelfs.v1.Meta
-	8,   // 76: wheelfs.v1.DropLinkRequest.caller:type_name -> wheelfs.v1.Caller
-	5,   // 77: wheelfs.v1.DropLinkRequest.dir:type_name -> wheelfs.v1.Meta
-	11,  // 78: wheelfs.v1.DropLinkRequest.handle:type_name -> wheelfs.v1.HandleRef
-	5,   // 79: wheelfs.v1.DropLinkResponse.meta:type_name -> wheelfs.v1.Meta
-	5,   // 80: wheelfs.v1.StatResponse.meta:type_name -> wheelfs.v1.Meta
-	8,   // 81: wheelfs.v1.AddLinkRequest.caller:type_name -> wheelfs.v1.Caller
-	5,   // 82: wheelfs.v1.AddLinkRequest.object:type_name -> wheelfs.v1.Meta
-	5,   // 83: wheelfs.v1.AddLinkResponse.replaced:type_name -> wheelfs.v1.Meta
-	7,   // 84: wheelfs.v1.EntryChange.entry:type_name -> wheelfs.v1.Entry
-	57,  // 85: wheelfs.v1.ReconcileRequest.objects:type_name -> wheelfs.v1.ObjectState
-	73,  // 86: wheelfs.v1.ReconcileRequest.entries:type_name -> wheelfs.v1.EntryChange
-	2,   // 87: wheelfs.v1.ReconcileResponse.status:type_name -> wheelfs.v1.ReplStatus
-	77,  // 88: wheelfs.v1.XattrSummary.attrs:type_name -> wheelfs.v1.Xattr
-	78,  // 89: wheelfs.v1.CoordSample.coord:type_name -> wheelfs.v1.Coord
-	8,   // 90: wheelfs.v1.HeldBlocks.caller:type_name -> wheelfs.v1.Caller
-	82,  // 91: wheelfs.v1.HeldBlocks.blocks:type_name -> wheelfs.v1.BlockRange
-	78,  // 92: wheelfs.v1.ReportHoldingRequest.coord:type_name -> wheelfs.v1.Coord
-	83,  // 93: wheelfs.v1.ReportHoldingRequest.held:type_name -> wheelfs.v1.HeldBlocks
-	8,   // 94: wheelfs.v1.HoldersRequest.caller:type_name -> wheelfs.v1.Caller
-	82,  // 95: wheelfs.v1.HoldersRequest.blocks:type_name -> wheelfs.v1.BlockRange
-	78,  // 96: wheelfs.v1.HoldersRequest.coord:type_name -> wheelfs.v1.Coord
-	82,  // 97: wheelfs.v1.HoldersRequest.tried:type_name -> wheelfs.v1.BlockRange
-	82,  // 98: wheelfs.v1.Holder.blocks:type_name -> wheelfs.v1.BlockRange
-	87,  // 99: wheelfs.v1.HoldersResponse.holders:type_name -> wheelfs.v1.Holder
-	95,  // 100: wheelfs.v1.HoldersResponse.grant:type_name -> wheelfs.v1.Grant
-	82,  // 101: wheelfs.v1.HoldersResponse.direct:type_name -> wheelfs.v1.BlockRange
-	95,  // 102: wheelfs.v1.FetchCachedRequest.grant:type_name -> wheelfs.v1.Grant
-	31,  // 103: wheelfs.v1.FileData.blocks:type_name -> wheelfs.v1.BlockRef
-	0,   // 104: wheelfs.v1.FsckObject.type:type_name -> wheelfs.v1.Type
-	7,   // 105: wheelfs.v1.FsckObject.entries:type_name -> wheelfs.v1.Entry
-	106, // 106: wheelfs.v1.FsckListResponse.objects:type_name -> wheelfs.v1.FsckObject
-	3,   // 107: wheelfs.v1.FsckRepairRequest.kind:type_name -> wheelfs.v1.FsckRepairKind
-	0,   // 108: wheelfs.v1.FsckRepairRequest.type:type_name -> wheelfs.v1.Type
-	12,  // 109: wheelfs.v1.Storage.Lookup:input_type -> wheelfs.v1.LookupRequest
-	14,  // 110: wheelfs.v1.Storage.GetAttr:input_type -> wheelfs.v1.GetAttrRequest
-	16,  // 111: wheelfs.v1.Storage.Create:input_type -> wheelfs.v1.CreateRequest
-	21,  // 112: wheelfs.v1.Storage.Link:input_type -> wheelfs.v1.LinkRequest
-	23,  // 113: wheelfs.v1.Storage.Remove:input_type -> wheelfs.v1.RemoveRequest
-	25,  // 114: wheelfs.v1.Storage.Rename:input_type -> wheelfs.v1.RenameRequest
-	27,  // 115: wheelfs.v1.Storage.SetAttr:input_type -> wheelfs.v1.SetAttrRequest
-	29,  // 116: wheelfs.v1.Storage.ReadDir:input_type -> wheelfs.v1.ReadDirRequest
-	32,  // 117: wheelfs.v1.Storage.GetBlocks:input_type -> wheelfs.v1.GetBlocksRequest
-	34,  // 118: wheelfs.v1.Storage.ReadBlocks:input_type -> wheelfs.v1.ReadBlocksRequest
-	36,  // 119: wheelfs.v1.Storage.PutBlocks:input_type -> wheelfs.v1.PutBlocksRequest
-	38,  // 120: wheelfs.v1.Storage.Commit:input_type -> wheelfs.v1.CommitRequest
-	40,  // 121: wheelfs.v1.Storage.GetXattr:input_type -> wheelfs.v1.XattrRequest
-	40,  // 122: wheelfs.v1.Storage.ListXattr:input_type -> wheelfs.v1.XattrRequest
-	40,  // 123: wheelfs.v1.Storage.SetXattr:input_type -> wheelfs.v1.XattrRequest
-	40,  // 124: wheelfs.v1.Storage.RemoveXattr:input_type -> wheelfs.v1.XattrRequest
-	42,  // 125: wheelfs.v1.Storage.StatFS:input_type -> wheelfs.v1.StatFSRequest
-	44,  // 126: wheelfs.v1.Storage.Open:input_type -> wheelfs.v1.OpenRequest
-	46,  // 127: wheelfs.v1.Storage.Release:input_type -> wheelfs.v1.ReleaseRequest
-	19,  // 128: wheelfs.v1.Storage.Sync:input_type -> wheelfs.v1.SyncRequest
-	50,  // 129: wheelfs.v1.Storage.Callbacks:input_type -> wheelfs.v1.CallbackAck
-	80,  // 130: wheelfs.v1.Storage.Probe:input_type -> wheelfs.v1.ProbeRequest
-	84,  // 131: wheelfs.v1.Storage.ReportHolding:input_type -> wheelfs.v1.ReportHoldingRequest
-	86,  // 132: wheelfs.v1.Storage.Holders:input_type -> wheelfs.v1.HoldersRequest
-	89,  // 133: wheelfs.v1.Storage.LoginChallenge:input_type -> wheelfs.v1.LoginChallengeRequest
-	91,  // 134: wheelfs.v1.Storage.Login:input_type -> wheelfs.v1.LoginRequest
-	93,  // 135: wheelfs.v1.Storage.RenewSession:input_type -> wheelfs.v1.SessionRequest
-	93,  // 136: wheelfs.v1.Storage.Logout:input_type -> wheelfs.v1.SessionRequest
-	101, // 137: wheelfs.v1.Storage.RenewCertificate:input_type -> wheelfs.v1.RenewCertificateRequest
-	53,  // 138: wheelfs.v1.Peer.Replicate:input_type -> wheelfs.v1.ReplicateRequest
-	55,  // 139: wheelfs.v1.Peer.Digest:input_type -> wheelfs.v1.DigestRequest
-	60,  // 140: wheelfs.v1.Peer.Diff:input_type -> wheelfs.v1.DiffRequest
-	58,  // 141: wheelfs.v1.Peer.Install:input_type -> wheelfs.v1.InstallRequest
-	61,  // 142: wheelfs.v1.Peer.FetchBlocks:input_type -> wheelfs.v1.FetchBlocksRequest
-	63,  // 143: wheelfs.v1.Peer.Ping:input_type -> wheelfs.v1.PingRequest
-	65,  // 144: wheelfs.v1.Peer.CreateObject:input_type -> wheelfs.v1.CreateObjectRequest
-	67,  // 145: wheelfs.v1.Peer.DropLink:input_type -> wheelfs.v1.DropLinkRequest
-	69,  // 146: wheelfs.v1.Peer.Stat:input_type -> wheelfs.v1.StatRequest
-	71,  // 147: wheelfs.v1.Peer.AddLink:input_type -> wheelfs.v1.AddLinkRequest
-	74,  // 148: wheelfs.v1.Peer.Reconcile:input_type -> wheelfs.v1.ReconcileRequest
-	103, // 149: wheelfs.v1.Peer.FsckSlices:input_type -> wheelfs.v1.FsckSlicesRequest
-	105, // 150: wheelfs.v1.Peer.FsckList:input_type -> wheelfs.v1.FsckListRequest
-	108, // 151: wheelfs.v1.Peer.FsckRepair:input_type -> wheelfs.v1.FsckRepairRequest
-	97,  // 152: wheelfs.v1.PeerCache.FetchCached:input_type -> wheelfs.v1.FetchCachedRequest
-	13,  // 153: wheelfs.v1.Storage.Lookup:output_type -> wheelfs.v1.LookupResponse
-	15,  // 154: wheelfs.v1.Storage.GetAttr:output_type -> wheelfs.v1.GetAttrResponse
-	17,  // 155: wheelfs.v1.Storage.Create:output_type -> wheelfs.v1.CreateResponse
-	22,  // 156: wheelfs.v1.Storage.Link:output_type -> wheelfs.v1.LinkResponse
-	24,  // 157: wheelfs.v1.Storage.Remove:output_type -> wheelfs.v1.RemoveResponse
-	26,  // 158: wheelfs.v1.Storage.Rename:output_type -> wheelfs.v1.RenameResponse
-	28,  // 159: wheelfs.v1.Storage.SetAttr:output_type -> wheelfs.v1.SetAttrResponse
-	30,  // 160: wheelfs.v1.Storage.ReadDir:output_type -> wheelfs.v1.ReadDirResponse
-	33,  // 161: wheelfs.v1.Storage.GetBlocks:output_type -> wheelfs.v1.GetBlocksResponse
-	35,  // 162: wheelfs.v1.Storage.ReadBlocks:output_type -> wheelfs.v1.ReadBlocksResponse
-	37,  // 163: wheelfs.v1.Storage.PutBlocks:output_type -> wheelfs.v1.PutBlocksResponse
-	39,  // 164: wheelfs.v1.Storage.Commit:output_type -> wheelfs.v1.CommitResponse
-	41,  // 165: wheelfs.v1.Storage.GetXattr:output_type -> wheelfs.v1.XattrResponse
-	41,  // 166: wheelfs.v1.Storage.ListXattr:output_type -> wheelfs.v1.XattrResponse
-	41,  // 167: wheelfs.v1.Storage.SetXattr:output_type -> wheelfs.v1.XattrResponse
-	41,  // 168: wheelfs.v1.Storage.RemoveXattr:output_type -> wheelfs.v1.XattrResponse
-	43,  // 169: wheelfs.v1.Storage.StatFS:output_type -> wheelfs.v1.StatFSResponse
-	45,  // 170: wheelfs.v1.Storage.Open:output_type -> wheelfs.v1.OpenResponse
-	47,  // 171: wheelfs.v1.Storage.Release:output_type -> wheelfs.v1.ReleaseResponse
-	20,  // 172: wheelfs.v1.Storage.Sync:output_type -> wheelfs.v1.SyncResponse
-	48,  // 173: wheelfs.v1.Storage.Callbacks:output_type -> wheelfs.v1.Revoke
-	81,  // 174: wheelfs.v1.Storage.Probe:output_type -> wheelfs.v1.ProbeResponse
-	85,  // 175: wheelfs.v1.Storage.ReportHolding:output_type -> wheelfs.v1.ReportHoldingResponse
-	88,  // 176: wheelfs.v1.Storage.Holders:output_type -> wheelfs.v1.HoldersResponse
-	90,  // 177: wheelfs.v1.Storage.LoginChallenge:output_type -> wheelfs.v1.LoginChallengeResponse
-	92,  // 178: wheelfs.v1.Storage.Login:output_type -> wheelfs.v1.LoginResponse
-	92,  // 179: wheelfs.v1.Storage.RenewSession:output_type -> wheelfs.v1.LoginResponse
-	94,  // 180: wheelfs.v1.Storage.Logout:output_type -> wheelfs.v1.LogoutResponse
-	102, // 181: wheelfs.v1.Storage.RenewCertificate:output_type -> wheelfs.v1.RenewCertificateResponse
-	54,  // 182: wheelfs.v1.Peer.Replicate:output_type -> wheelfs.v1.ReplicateResponse
-	56,  // 183: wheelfs.v1.Peer.Digest:output_type -> wheelfs.v1.DigestResponse
-	58,  // 184: wheelfs.v1.Peer.Diff:output_type -> wheelfs.v1.InstallRequest
-	59,  // 185: wheelfs.v1.Peer.Install:output_type -> wheelfs.v1.InstallResponse
-	62,  // 186: wheelfs.v1.Peer.FetchBlocks:output_type -> wheelfs.v1.FetchBlocksResponse
-	64,  // 187: wheelfs.v1.Peer.Ping:output_type -> wheelfs.v1.PingResponse
-	66,  // 188: wheelfs.v1.Peer.CreateObject:output_type -> wheelfs.v1.CreateObjectResponse
-	68,  // 189: wheelfs.v1.Peer.DropLink:output_type -> wheelfs.v1.DropLinkResponse
-	70,  // 190: wheelfs.v1.Peer.Stat:output_type -> wheelfs.v1.StatResponse
-	72,  // 191: wheelfs.v1.Peer.AddLink:output_type -> wheelfs.v1.AddLinkResponse
-	75,  // 192: wheelfs.v1.Peer.Reconcile:output_type -> wheelfs.v1.ReconcileResponse
-	104, // 193: wheelfs.v1.Peer.FsckSlices:output_type -> wheelfs.v1.FsckSlicesResponse
-	107, // 194: wheelfs.v1.Peer.FsckList:output_type -> wheelfs.v1.FsckListResponse
-	109, // 195: wheelfs.v1.Peer.FsckRepair:output_type -> wheelfs.v1.FsckRepairResponse
-	98,  // 196: wheelfs.v1.PeerCache.FetchCached:output_type -> wheelfs.v1.FetchCachedResponse
-	153, // [153:197] is the sub-list for method output_type
-	109, // [109:153] is the sub-list for method input_type
-	109, // [109:109] is the sub-list for extension type_name
-	109, // [109:109] is the sub-list for extension extendee
-	0,   // [0:109] is the sub-list for field type_name
+	5,   // 29: wheelfs.v1.RemoveResponse.dir:type_name -> wheelfs.v1.Meta
+	8,   // 30: wheelfs.v1.RenameRequest.caller:type_name -> wheelfs.v1.Caller
+	5,   // 31: wheelfs.v1.RenameResponse.replaced:type_name -> wheelfs.v1.Meta
+	8,   // 32: wheelfs.v1.SetAttrRequest.caller:type_name -> wheelfs.v1.Caller
+	5,   // 33: wheelfs.v1.SetAttrResponse.meta:type_name -> wheelfs.v1.Meta
+	8,   // 34: wheelfs.v1.ReadDirRequest.caller:type_name -> wheelfs.v1.Caller
+	7,   // 35: wheelfs.v1.ReadDirResponse.entries:type_name -> wheelfs.v1.Entry
+	5,   // 36: wheelfs.v1.ReadDirResponse.metas:type_name -> wheelfs.v1.Meta
+	5,   // 37: wheelfs.v1.ReadDirResponse.dir:type_name -> wheelfs.v1.Meta
+	76,  // 38: wheelfs.v1.ReadDirResponse.dir_xattrs:type_name -> wheelfs.v1.XattrSummary
+	76,  // 39: wheelfs.v1.ReadDirResponse.xattrs:type_name -> wheelfs.v1.XattrSummary
+	99,  // 40: wheelfs.v1.ReadDirResponse.datas:type_name -> wheelfs.v1.FileData
+	8,   // 41: wheelfs.v1.GetBlocksRequest.caller:type_name -> wheelfs.v1.Caller
+	5,   // 42: wheelfs.v1.GetBlocksResponse.meta:type_name -> wheelfs.v1.Meta
+	31,  // 43: wheelfs.v1.GetBlocksResponse.blocks:type_name -> wheelfs.v1.BlockRef
+	95,  // 44: wheelfs.v1.GetBlocksResponse.grant:type_name -> wheelfs.v1.Grant
+	8,   // 45: wheelfs.v1.ReadBlocksRequest.caller:type_name -> wheelfs.v1.Caller
+	95,  // 46: wheelfs.v1.ReadBlocksRequest.grant:type_name -> wheelfs.v1.Grant
+	8,   // 47: wheelfs.v1.PutBlocksRequest.caller:type_name -> wheelfs.v1.Caller
+	8,   // 48: wheelfs.v1.CommitRequest.caller:type_name -> wheelfs.v1.Caller
+	31,  // 49: wheelfs.v1.CommitRequest.blocks:type_name -> wheelfs.v1.BlockRef
+	27,  // 50: wheelfs.v1.CommitRequest.attrs:type_name -> wheelfs.v1.SetAttrRequest
+	100, // 51: wheelfs.v1.CommitRequest.inline:type_name -> wheelfs.v1.BlockData
+	5,   // 52: wheelfs.v1.CommitResponse.meta:type_name -> wheelfs.v1.Meta
+	8,   // 53: wheelfs.v1.XattrRequest.caller:type_name -> wheelfs.v1.Caller
+	5,   // 54: wheelfs.v1.XattrResponse.meta:type_name -> wheelfs.v1.Meta
+	76,  // 55: wheelfs.v1.XattrResponse.xattrs:type_name -> wheelfs.v1.XattrSummary
+	8,   // 56: wheelfs.v1.StatFSRequest.caller:type_name -> wheelfs.v1.Caller
+	8,   // 57: wheelfs.v1.OpenRequest.caller:type_name -> wheelfs.v1.Caller
+	5,   // 58: wheelfs.v1.OpenResponse.meta:type_name -> wheelfs.v1.Meta
+	99,  // 59: wheelfs.v1.OpenResponse.data:type_name -> wheelfs.v1.FileData
+	11,  // 60: wheelfs.v1.ReleaseRequest.handle:type_name -> wheelfs.v1.HandleRef
+	49,  // 61: wheelfs.v1.Revoke.updates:type_name -> wheelfs.v1.LeaseUpdate
+	5,   // 62: wheelfs.v1.LeaseUpdate.meta:type_name -> wheelfs.v1.Meta
+	1,   // 63: wheelfs.v1.Mutation.kind:type_name -> wheelfs.v1.MutationKind
+	51,  // 64: wheelfs.v1.Batch.mutations:type_name -> wheelfs.v1.Mutation
+	52,  // 65: wheelfs.v1.ReplicateRequest.batches:type_name -> wheelfs.v1.Batch
+	2,   // 66: wheelfs.v1.ReplicateResponse.status:type_name -> wheelfs.v1.ReplStatus
+	5,   // 67: wheelfs.v1.ObjectState.meta:type_name -> wheelfs.v1.Meta
+	7,   // 68: wheelfs.v1.ObjectState.entries:type_name -> wheelfs.v1.Entry
+	31,  // 69: wheelfs.v1.ObjectState.blocks:type_name -> wheelfs.v1.BlockRef
+	57,  // 70: wheelfs.v1.InstallRequest.objects:type_name -> wheelfs.v1.ObjectState
+	2,   // 71: wheelfs.v1.InstallResponse.status:type_name -> wheelfs.v1.ReplStatus
+	56,  // 72: wheelfs.v1.DiffRequest.digest:type_name -> wheelfs.v1.DigestResponse
+	5,   // 73: wheelfs.v1.CreateObjectRequest.meta:type_name -> wheelfs.v1.Meta
+	4,   // 74: wheelfs.v1.CreateObjectRequest.cues:type_name -> wheelfs.v1.Cues
+	4,   // 75: wheelfs.v1.CreateObjectRequest.policy:type_name -> wheelfs.v1.Cues
+	11,  // 76: wheelfs.v1.CreateObjectRequest.handle:type_name -> wheelfs.v1.HandleRef
+	5,   // 77: wheelfs.v1.CreateObjectResponse.meta:type_name -> wheelfs.v1.Meta
+	8,   // 78: wheelfs.v1.DropLinkRequest.caller:type_name -> wheelfs.v1.Caller
+	5,   // 79: wheelfs.v1.DropLinkRequest.dir:type_name -> wheelfs.v1.Meta
+	11,  // 80: wheelfs.v1.DropLinkRequest.handle:type_name -> wheelfs.v1.HandleRef
+	5,   // 81: wheelfs.v1.DropLinkResponse.meta:type_name -> wheelfs.v1.Meta
+	5,   // 82: wheelfs.v1.StatResponse.meta:type_name -> wheelfs.v1.Meta
+	8,   // 83: wheelfs.v1.AddLinkRequest.caller:type_name -> wheelfs.v1.Caller
+	5,   // 84: wheelfs.v1.AddLinkRequest.object:type_name -> wheelfs.v1.Meta
+	5,   // 85: wheelfs.v1.AddLinkResponse.replaced:type_name -> wheelfs.v1.Meta
+	7,   // 86: wheelfs.v1.EntryChange.entry:type_name -> wheelfs.v1.Entry
+	57,  // 87: wheelfs.v1.ReconcileRequest.objects:type_name -> wheelfs.v1.ObjectState
+	73,  // 88: wheelfs.v1.ReconcileRequest.entries:type_name -> wheelfs.v1.EntryChange
+	2,   // 89: wheelfs.v1.ReconcileResponse.status:type_name -> wheelfs.v1.ReplStatus
+	77,  // 90: wheelfs.v1.XattrSummary.attrs:type_name -> wheelfs.v1.Xattr
+	78,  // 91: wheelfs.v1.CoordSample.coord:type_name -> wheelfs.v1.Coord
+	8,   // 92: wheelfs.v1.HeldBlocks.caller:type_name -> wheelfs.v1.Caller
+	82,  // 93: wheelfs.v1.HeldBlocks.blocks:type_name -> wheelfs.v1.BlockRange
+	78,  // 94: wheelfs.v1.ReportHoldingRequest.coord:type_name -> wheelfs.v1.Coord
+	83,  // 95: wheelfs.v1.ReportHoldingRequest.held:type_name -> wheelfs.v1.HeldBlocks
+	8,   // 96: wheelfs.v1.HoldersRequest.caller:type_name -> wheelfs.v1.Caller
+	82,  // 97: wheelfs.v1.HoldersRequest.blocks:type_name -> wheelfs.v1.BlockRange
+	78,  // 98: wheelfs.v1.HoldersRequest.coord:type_name -> wheelfs.v1.Coord
+	82,  // 99: wheelfs.v1.HoldersRequest.tried:type_name -> wheelfs.v1.BlockRange
+	82,  // 100: wheelfs.v1.Holder.blocks:type_name -> wheelfs.v1.BlockRange
+	87,  // 101: wheelfs.v1.HoldersResponse.holders:type_name -> wheelfs.v1.Holder
+	95,  // 102: wheelfs.v1.HoldersResponse.grant:type_name -> wheelfs.v1.Grant
+	82,  // 103: wheelfs.v1.HoldersResponse.direct:type_name -> wheelfs.v1.BlockRange
+	95,  // 104: wheelfs.v1.FetchCachedRequest.grant:type_name -> wheelfs.v1.Grant
+	31,  // 105: wheelfs.v1.FileData.blocks:type_name -> wheelfs.v1.BlockRef
+	0,   // 106: wheelfs.v1.FsckObject.type:type_name -> wheelfs.v1.Type
+	7,   // 107: wheelfs.v1.FsckObject.entries:type_name -> wheelfs.v1.Entry
+	106, // 108: wheelfs.v1.FsckListResponse.objects:type_name -> wheelfs.v1.FsckObject
+	3,   // 109: wheelfs.v1.FsckRepairRequest.kind:type_name -> wheelfs.v1.FsckRepairKind
+	0,   // 110: wheelfs.v1.FsckRepairRequest.type:type_name -> wheelfs.v1.Type
+	12,  // 111: wheelfs.v1.Storage.Lookup:input_type -> wheelfs.v1.LookupRequest
+	14,  // 112: wheelfs.v1.Storage.GetAttr:input_type -> wheelfs.v1.GetAttrRequest
+	16,  // 113: wheelfs.v1.Storage.Create:input_type -> wheelfs.v1.CreateRequest
+	21,  // 114: wheelfs.v1.Storage.Link:input_type -> wheelfs.v1.LinkRequest
+	23,  // 115: wheelfs.v1.Storage.Remove:input_type -> wheelfs.v1.RemoveRequest
+	25,  // 116: wheelfs.v1.Storage.Rename:input_type -> wheelfs.v1.RenameRequest
+	27,  // 117: wheelfs.v1.Storage.SetAttr:input_type -> wheelfs.v1.SetAttrRequest
+	29,  // 118: wheelfs.v1.Storage.ReadDir:input_type -> wheelfs.v1.ReadDirRequest
+	32,  // 119: wheelfs.v1.Storage.GetBlocks:input_type -> wheelfs.v1.GetBlocksRequest
+	34,  // 120: wheelfs.v1.Storage.ReadBlocks:input_type -> wheelfs.v1.ReadBlocksRequest
+	36,  // 121: wheelfs.v1.Storage.PutBlocks:input_type -> wheelfs.v1.PutBlocksRequest
+	38,  // 122: wheelfs.v1.Storage.Commit:input_type -> wheelfs.v1.CommitRequest
+	40,  // 123: wheelfs.v1.Storage.GetXattr:input_type -> wheelfs.v1.XattrRequest
+	40,  // 124: wheelfs.v1.Storage.ListXattr:input_type -> wheelfs.v1.XattrRequest
+	40,  // 125: wheelfs.v1.Storage.SetXattr:input_type -> wheelfs.v1.XattrRequest
+	40,  // 126: wheelfs.v1.Storage.RemoveXattr:input_type -> wheelfs.v1.XattrRequest
+	42,  // 127: wheelfs.v1.Storage.StatFS:input_type -> wheelfs.v1.StatFSRequest
+	44,  // 128: wheelfs.v1.Storage.Open:input_type -> wheelfs.v1.OpenRequest
+	46,  // 129: wheelfs.v1.Storage.Release:input_type -> wheelfs.v1.ReleaseRequest
+	19,  // 130: wheelfs.v1.Storage.Sync:input_type -> wheelfs.v1.SyncRequest
+	50,  // 131: wheelfs.v1.Storage.Callbacks:input_type -> wheelfs.v1.CallbackAck
+	80,  // 132: wheelfs.v1.Storage.Probe:input_type -> wheelfs.v1.ProbeRequest
+	84,  // 133: wheelfs.v1.Storage.ReportHolding:input_type -> wheelfs.v1.ReportHoldingRequest
+	86,  // 134: wheelfs.v1.Storage.Holders:input_type -> wheelfs.v1.HoldersRequest
+	89,  // 135: wheelfs.v1.Storage.LoginChallenge:input_type -> wheelfs.v1.LoginChallengeRequest
+	91,  // 136: wheelfs.v1.Storage.Login:input_type -> wheelfs.v1.LoginRequest
+	93,  // 137: wheelfs.v1.Storage.RenewSession:input_type -> wheelfs.v1.SessionRequest
+	93,  // 138: wheelfs.v1.Storage.Logout:input_type -> wheelfs.v1.SessionRequest
+	101, // 139: wheelfs.v1.Storage.RenewCertificate:input_type -> wheelfs.v1.RenewCertificateRequest
+	53,  // 140: wheelfs.v1.Peer.Replicate:input_type -> wheelfs.v1.ReplicateRequest
+	55,  // 141: wheelfs.v1.Peer.Digest:input_type -> wheelfs.v1.DigestRequest
+	60,  // 142: wheelfs.v1.Peer.Diff:input_type -> wheelfs.v1.DiffRequest
+	58,  // 143: wheelfs.v1.Peer.Install:input_type -> wheelfs.v1.InstallRequest
+	61,  // 144: wheelfs.v1.Peer.FetchBlocks:input_type -> wheelfs.v1.FetchBlocksRequest
+	63,  // 145: wheelfs.v1.Peer.Ping:input_type -> wheelfs.v1.PingRequest
+	65,  // 146: wheelfs.v1.Peer.CreateObject:input_type -> wheelfs.v1.CreateObjectRequest
+	67,  // 147: wheelfs.v1.Peer.DropLink:input_type -> wheelfs.v1.DropLinkRequest
+	69,  // 148: wheelfs.v1.Peer.Stat:input_type -> wheelfs.v1.StatRequest
+	71,  // 149: wheelfs.v1.Peer.AddLink:input_type -> wheelfs.v1.AddLinkRequest
+	74,  // 150: wheelfs.v1.Peer.Reconcile:input_type -> wheelfs.v1.ReconcileRequest
+	103, // 151: wheelfs.v1.Peer.FsckSlices:input_type -> wheelfs.v1.FsckSlicesRequest
+	105, // 152: wheelfs.v1.Peer.FsckList:input_type -> wheelfs.v1.FsckListRequest
+	108, // 153: wheelfs.v1.Peer.FsckRepair:input_type -> wheelfs.v1.FsckRepairRequest
+	97,  // 154: wheelfs.v1.PeerCache.FetchCached:input_type -> wheelfs.v1.FetchCachedRequest
+	13,  // 155: wheelfs.v1.Storage.Lookup:output_type -> wheelfs.v1.LookupResponse
+	15,  // 156: wheelfs.v1.Storage.GetAttr:output_type -> wheelfs.v1.GetAttrResponse
+	17,  // 157: wheelfs.v1.Storage.Create:output_type -> wheelfs.v1.CreateResponse
+	22,  // 158: wheelfs.v1.Storage.Link:output_type -> wheelfs.v1.LinkResponse
+	24,  // 159: wheelfs.v1.Storage.Remove:output_type -> wheelfs.v1.RemoveResponse
+	26,  // 160: wheelfs.v1.Storage.Rename:output_type -> wheelfs.v1.RenameResponse
+	28,  // 161: wheelfs.v1.Storage.SetAttr:output_type -> wheelfs.v1.SetAttrResponse
+	30,  // 162: wheelfs.v1.Storage.ReadDir:output_type -> wheelfs.v1.ReadDirResponse
+	33,  // 163: wheelfs.v1.Storage.GetBlocks:output_type -> wheelfs.v1.GetBlocksResponse
+	35,  // 164: wheelfs.v1.Storage.ReadBlocks:output_type -> wheelfs.v1.ReadBlocksResponse
+	37,  // 165: wheelfs.v1.Storage.PutBlocks:output_type -> wheelfs.v1.PutBlocksResponse
+	39,  // 166: wheelfs.v1.Storage.Commit:output_type -> wheelfs.v1.CommitResponse
+	41,  // 167: wheelfs.v1.Storage.GetXattr:output_type -> wheelfs.v1.XattrResponse
+	41,  // 168: wheelfs.v1.Storage.ListXattr:output_type -> wheelfs.v1.XattrResponse
+	41,  // 169: wheelfs.v1.Storage.SetXattr:output_type -> wheelfs.v1.XattrResponse
+	41,  // 170: wheelfs.v1.Storage.RemoveXattr:output_type -> wheelfs.v1.XattrResponse
+	43,  // 171: wheelfs.v1.Storage.StatFS:output_type -> wheelfs.v1.StatFSResponse
+	45,  // 172: wheelfs.v1.Storage.Open:output_type -> wheelfs.v1.OpenResponse
+	47,  // 173: wheelfs.v1.Storage.Release:output_type -> wheelfs.v1.ReleaseResponse
+	20,  // 174: wheelfs.v1.Storage.Sync:output_type -> wheelfs.v1.SyncResponse
+	48,  // 175: wheelfs.v1.Storage.Callbacks:output_type -> wheelfs.v1.Revoke
+	81,  // 176: wheelfs.v1.Storage.Probe:output_type -> wheelfs.v1.ProbeResponse
+	85,  // 177: wheelfs.v1.Storage.ReportHolding:output_type -> wheelfs.v1.ReportHoldingResponse
+	88,  // 178: wheelfs.v1.Storage.Holders:output_type -> wheelfs.v1.HoldersResponse
+	90,  // 179: wheelfs.v1.Storage.LoginChallenge:output_type -> wheelfs.v1.LoginChallengeResponse
+	92,  // 180: wheelfs.v1.Storage.Login:output_type -> wheelfs.v1.LoginResponse
+	92,  // 181: wheelfs.v1.Storage.RenewSession:output_type -> wheelfs.v1.LoginResponse
+	94,  // 182: wheelfs.v1.Storage.Logout:output_type -> wheelfs.v1.LogoutResponse
+	102, // 183: wheelfs.v1.Storage.RenewCertificate:output_type -> wheelfs.v1.RenewCertificateResponse
+	54,  // 184: wheelfs.v1.Peer.Replicate:output_type -> wheelfs.v1.ReplicateResponse
+	56,  // 185: wheelfs.v1.Peer.Digest:output_type -> wheelfs.v1.DigestResponse
+	58,  // 186: wheelfs.v1.Peer.Diff:output_type -> wheelfs.v1.InstallRequest
+	59,  // 187: wheelfs.v1.Peer.Install:output_type -> wheelfs.v1.InstallResponse
+	62,  // 188: wheelfs.v1.Peer.FetchBlocks:output_type -> wheelfs.v1.FetchBlocksResponse
+	64,  // 189: wheelfs.v1.Peer.Ping:output_type -> wheelfs.v1.PingResponse
+	66,  // 190: wheelfs.v1.Peer.CreateObject:output_type -> wheelfs.v1.CreateObjectResponse
+	68,  // 191: wheelfs.v1.Peer.DropLink:output_type -> wheelfs.v1.DropLinkResponse
+	70,  // 192: wheelfs.v1.Peer.Stat:output_type -> wheelfs.v1.StatResponse
+	72,  // 193: wheelfs.v1.Peer.AddLink:output_type -> wheelfs.v1.AddLinkResponse
+	75,  // 194: wheelfs.v1.Peer.Reconcile:output_type -> wheelfs.v1.ReconcileResponse
+	104, // 195: wheelfs.v1.Peer.FsckSlices:output_type -> wheelfs.v1.FsckSlicesResponse
+	107, // 196: wheelfs.v1.Peer.FsckList:output_type -> wheelfs.v1.FsckListResponse
+	109, // 197: wheelfs.v1.Peer.FsckRepair:output_type -> wheelfs.v1.FsckRepairResponse
+	98,  // 198: wheelfs.v1.PeerCache.FetchCached:output_type -> wheelfs.v1.FetchCachedResponse
+	155, // [155:199] is the sub-list for method output_type
+	111, // [111:155] is the sub-list for method input_type
+	111, // [111:111] is the sub-list for extension type_name
+	111, // [111:111] is the sub-list for extension extendee
+	0,   // [0:111] is the sub-list for field type_name
 }
 
 func init() { file_wheelfs_proto_init() }
