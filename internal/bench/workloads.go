@@ -177,8 +177,11 @@ func metaWorkloads(ctx context.Context, dir string, files int, log *slog.Logger,
 	}
 	for i, s := range steps {
 		if s.key == Stat {
-			// Let the kernel's 1 s entry and attribute caches of the FUSE
-			// targets expire, so that each stat reaches the file system.
+			// Let the loopback's 1 s entry and attribute caches expire, so
+			// that each of its stats reaches its file system. WheelFS's
+			// mount keeps attributes under its leases (up to 10 s, taken
+			// back on revocation), so its stats here are the kernel's:
+			// what a user re-reading a tree sees (docs/BENCHMARKS.md).
 			time.Sleep(1500 * time.Millisecond)
 		}
 		log.Info("metadata step", "step", s.key, "files", files)

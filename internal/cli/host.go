@@ -24,6 +24,11 @@ import (
 	"github.com/wheelfs/wheelfs/internal/server"
 )
 
+// kernelAttrTimeout is the longest a mount lets the kernel cache
+// attributes: as long as the names (fusefs), and never past the core's
+// lease, whose revocation takes them back.
+const kernelAttrTimeout = 10 * time.Second
+
 // hostFlags are the flags shared by the commands that run a host (up,
 // config, server, mount, node), bound to one deploy.Config.
 type hostFlags struct {
@@ -268,7 +273,7 @@ func runHost(ctx context.Context, g *globalFlags, f *hostFlags, cfg deploy.Confi
 			return err
 		}
 		srv, err := fusefs.Mount(mnt, host.Client, fusefs.Options{
-			Logger: log, AttrTimeout: time.Second, AllowOther: os.Getuid() == 0, Debug: f.debug})
+			Logger: log, AttrTimeout: kernelAttrTimeout, AllowOther: os.Getuid() == 0, Debug: f.debug})
 		if err != nil {
 			return fmt.Errorf("mount %s: %w (is fuse3 installed and /dev/fuse available?)", mnt, err)
 		}

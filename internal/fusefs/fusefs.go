@@ -41,7 +41,8 @@ const StatsXattr = mountinfo.StatsXattr
 type Options struct {
 	Logger *slog.Logger
 	// AttrTimeout is the longest the kernel may cache attributes (less
-	// when the core's lease on them ends sooner). Names are kept under
+	// when the core's lease on them ends sooner; a revocation takes them
+	// back at once, so it may be as long as the leases). Names are kept under
 	// the leases of their directories where the kernel can take them
 	// back (names.go); elsewhere every lookup reaches the core.
 	AttrTimeout time.Duration
@@ -215,6 +216,11 @@ type root struct {
 	names atomic.Pointer[kernelNames]
 }
 
+// recentChange is how long after a change the kernel is handed no
+// attributes of the object: what keeps changing is cheaper to ask for
+// again than to take back (a notification per change).
+const recentChange = time.Second
+
 // replySlack covers the time between building a reply and the kernel
 // taking it in, which starts the kernel's own attribute timeout.
 const replySlack = 5 * time.Second
@@ -222,7 +228,7 @@ const replySlack = 5 * time.Second
 // attrTimeout is how long the kernel may cache the attributes of n in the
 // reply being built: no longer than the core's lease, nothing if the lease
 // was revoked since the request began (its answer may predate that), and
-// nothing for an object that changed within the last timeout — caching
+// nothing for an object that changed within recentChange — caching
 // what keeps changing saves little, and every change of what the kernel
 // holds costs a notification there. It records the kernel's hold in
 // n.kernel before it reads the lease, so that a revocation that
@@ -240,7 +246,7 @@ func (r *root) attrTimeout(ctx context.Context, n *node, own bool) time.Duration
 		held = max(prev, held)
 	}
 	t := time.Duration(0)
-	if now.Sub(time.Unix(0, k.changedAt.Load())) >= r.maxAttrTimeout {
+	if now.Sub(time.Unix(0, k.changedAt.Load())) >= recentChange {
 		mark, ok := ctx.Value(markKey{}).(uint64)
 		if !ok {
 			mark = 0 // no mark: any revocation on record voids the lease

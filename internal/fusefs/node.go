@@ -521,10 +521,16 @@ func (h *handle) Fsync(ctx context.Context, flags uint32) syscall.Errno {
 }
 
 // syncVersion records the committed version as the one the page cache
-// holds: our own writes went through it.
+// holds: our own writes went through it. A commit that made a new
+// version also set its size and times at the server, after any GETATTR
+// the kernel sent while the writes were in flight: the attributes that
+// reply handed the kernel (up to the lease) are taken back.
 func (h *handle) syncVersion() {
-	if h.h.Writable {
-		h.node.version.Store(h.h.Version())
+	if !h.h.Writable {
+		return
+	}
+	if v := h.h.Version(); h.node.version.Swap(v) != v {
+		h.node.root.invalidate([]oid.ID{h.node.id}, nil)
 	}
 }
 

@@ -191,6 +191,60 @@ func TestCrossMountCoherence(t *testing.T) {
 		}
 	})
 
+	t.Run("attributes", func(t *testing.T) {
+		// The kernel keeps attributes for up to the lease (10 s): B
+		// stats the file before every change on A, and a stat taken on
+		// A in the middle of its own write must not outlive the commit
+		// at close (which sets size and times at the server).
+		s := &staleness{t: t, counts: map[string]int{}}
+		defer s.summary()
+		fa, fb := filepath.Join(da, "af"), filepath.Join(db, "af")
+		if err := os.WriteFile(fa, []byte("a"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		for i := range coherenceRounds {
+			if _, err := os.Stat(fb); err != nil {
+				t.Fatalf("round %d: stat on B: %v", i, err)
+			}
+			mode := os.FileMode(0o600 | (i%2)*0o044)
+			mtime := time.Unix(1_700_000_000+int64(i)*3600, 0)
+			if err := os.Chmod(fa, mode); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Chtimes(fa, mtime, mtime); err != nil {
+				t.Fatal(err)
+			}
+			if st, err := os.Stat(fb); err != nil || st.Mode().Perm() != mode || !st.ModTime().Equal(mtime) {
+				s.report("stale mode or mtime on B", "round %d: %v, %v; want %v, %v", i, st.Mode(), st.ModTime(), mode, mtime)
+			}
+			// A writes, stats its open file, closes: its next stat shows
+			// what B (which had no attributes since the change) sees.
+			f, err := os.OpenFile(fa, os.O_WRONLY|os.O_TRUNC, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := f.Write(bytes.Repeat([]byte{'w'}, 100+i)); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := f.Stat(); err != nil {
+				t.Fatal(err)
+			}
+			if err := f.Close(); err != nil {
+				t.Fatal(err)
+			}
+			sa, erra := os.Stat(fa)
+			sb, errb := os.Stat(fb)
+			if erra != nil || errb != nil {
+				t.Fatalf("round %d: stat after close: %v, %v", i, erra, errb)
+			}
+			ca, cb := sa.Sys().(*syscall.Stat_t).Ctim, sb.Sys().(*syscall.Stat_t).Ctim
+			if sa.Size() != int64(100+i) || sb.Size() != sa.Size() || !sa.ModTime().Equal(sb.ModTime()) || ca != cb {
+				s.report("attributes after close differ", "round %d: A size %d mtime %v ctime %v; B size %d mtime %v ctime %v; want size %d",
+					i, sa.Size(), sa.ModTime(), ca, sb.Size(), sb.ModTime(), cb, 100+i)
+			}
+		}
+	})
+
 	t.Run("names", func(t *testing.T) {
 		s := &staleness{t: t, counts: map[string]int{}}
 		defer s.summary()
