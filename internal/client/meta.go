@@ -139,7 +139,7 @@ func (f *FS) cachedLookup(u User, dir oid.ID, name string, stale bool) (*wire.Me
 		return nil, fmt.Errorf("lookup %q in %v: %w", name, dir, err), true
 	}
 	if e == nil {
-		return nil, fmt.Errorf("lookup %q in %v: %w", name, dir, fserr.ErrNotExist), true
+		return nil, &fserr.NameError{What: "lookup", Name: name, In: dir, Err: fserr.ErrNotExist}, true
 	}
 	m, ok := f.leases.meta(oid.ID(e.Id), stale)
 	if !ok {

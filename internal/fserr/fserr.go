@@ -7,6 +7,7 @@ package fserr
 import (
 	"context"
 	"errors"
+	"fmt"
 	"syscall"
 )
 
@@ -92,3 +93,20 @@ func Errno(err error) syscall.Errno {
 	}
 	return syscall.EIO
 }
+
+// NameError is a name missing from a directory (or an attribute from an
+// object), formatted only when read: misses are frequent on hot paths —
+// every create looks its name up first — where fmt.Errorf cost more than
+// the lookup.
+type NameError struct {
+	What string       // e.g. "lookup", "store: entry"
+	Name string       // the name looked up
+	In   fmt.Stringer // the directory or object
+	Err  error        // the sentinel
+}
+
+func (e *NameError) Error() string {
+	return fmt.Sprintf("%s %q in %v: %v", e.What, e.Name, e.In, e.Err)
+}
+
+func (e *NameError) Unwrap() error { return e.Err }

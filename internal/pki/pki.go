@@ -78,6 +78,8 @@ const (
 // present a certificate verified against the deployment's CA.
 var ErrUnauthenticated = errors.New("pki: peer not authenticated")
 
+var errNoPeer = fmt.Errorf("%w: no peer in context", ErrUnauthenticated)
+
 // CA is a deployment's certificate authority.
 type CA struct {
 	Cert    *x509.Certificate
@@ -493,7 +495,7 @@ func (c *Credentials) ClientTLS(serverName string) *tls.Config {
 func PeerName(ctx context.Context) (string, error) {
 	p, ok := peer.FromContext(ctx)
 	if !ok || p == nil {
-		return "", fmt.Errorf("%w: no peer in context", ErrUnauthenticated)
+		return "", errNoPeer // an in-process call: on every one, so not formatted
 	}
 	var state tls.ConnectionState
 	switch ai := p.AuthInfo.(type) {

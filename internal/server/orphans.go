@@ -39,8 +39,23 @@ const orphanPrefix = "\x00orphan/"
 // DefaultHolderIdle is Config.HolderIdle's default.
 const DefaultHolderIdle = 2 * time.Minute
 
+// holderKey is the xattr recording an open handle: built on every
+// create and open, so without fmt (which cost 3.5 % of a create loop's CPU).
 func holderKey(session, handle uint64) string {
-	return fmt.Sprintf("%s%016x/%016x", orphanPrefix, session, handle)
+	b := make([]byte, 0, len(orphanPrefix)+33)
+	b = append(b, orphanPrefix...)
+	b = appendHex16(b, session)
+	b = append(b, '/')
+	return string(appendHex16(b, handle))
+}
+
+// appendHex16 appends v as 16 lower-case hex digits (%016x).
+func appendHex16(b []byte, v uint64) []byte {
+	const digits = "0123456789abcdef"
+	for shift := 60; shift >= 0; shift -= 4 {
+		b = append(b, digits[v>>shift&0xf])
+	}
+	return b
 }
 
 func parseHolder(name string) (session, handle uint64, ok bool) {

@@ -344,3 +344,15 @@ func TestRegisteredServerBeforeItsWatch(t *testing.T) {
 		t.Error("s3, registered since the last read, was refused after freshTableEvery")
 	}
 }
+
+func TestHolderKeyFormat(t *testing.T) {
+	for _, c := range [][2]uint64{{0, 0}, {1, 0xabc}, {^uint64(0), 1 << 63}} {
+		want := fmt.Sprintf("%s%016x/%016x", orphanPrefix, c[0], c[1])
+		if got := holderKey(c[0], c[1]); got != want {
+			t.Errorf("holderKey(%x, %x) = %q, want %q", c[0], c[1], got, want)
+		}
+		if s, h, ok := parseHolder(want); !ok || s != c[0] || h != c[1] {
+			t.Errorf("parseHolder(%q) = %x, %x, %v", want, s, h, ok)
+		}
+	}
+}

@@ -530,7 +530,7 @@ func (t *Tx) Entry(dir oid.ID, name string) (*wire.Entry, error) {
 	var buf [64]byte
 	v, ok := t.get(bEntries, nameKey(buf[:0], dir, name))
 	if !ok {
-		return nil, fmt.Errorf("store: entry %q in %v: %w", name, dir, fserr.ErrNotExist)
+		return nil, &fserr.NameError{What: "store: entry", Name: name, In: dir, Err: fserr.ErrNotExist}
 	}
 	return decodeEntry(v)
 }
@@ -804,7 +804,7 @@ func (t *Tx) Xattr(id oid.ID, name string) ([]byte, error) {
 	var buf [64]byte
 	v, ok := t.get(bXattrs, nameKey(buf[:0], id, name))
 	if !ok || name == "" {
-		return nil, fmt.Errorf("store: attribute %q of %v: %w", name, id, fserr.ErrNoAttr)
+		return nil, &fserr.NameError{What: "store: attribute", Name: name, In: id, Err: fserr.ErrNoAttr}
 	}
 	return bytes.Clone(v[:len(v):len(v)]), nil
 }
