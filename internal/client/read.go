@@ -17,6 +17,10 @@ const refsPerFetch = 1024
 // readAhead is how many blocks past a sequential read are prefetched.
 const readAhead = 64
 
+// ReadAheadBytes is how far past a sequential read the core prefetches:
+// the FUSE mount lets the kernel read ahead as far.
+const ReadAheadBytes = readAhead * BlockSize
+
 // Read reads up to len(p) bytes at off.
 func (h *Handle) Read(ctx context.Context, p []byte, off int64) (int, error) {
 	ctx, cancel := h.fs.bound(ctx, h.cues)

@@ -139,6 +139,9 @@ func Mount(dir string, core *client.FS, o Options) (*Server, error) {
 			_ = unix.Unmount(dir, unix.MNT_DETACH)
 			return nil, err
 		}
+		if err := setReadAhead(dir, client.ReadAheadBytes>>10); err != nil {
+			r.log.Debug("kernel read-ahead left at its default", "err", err)
+		}
 		if k := newKernelNames(fd, server.KernelSettings().Minor); k != nil {
 			r.names.Store(k)
 			go func() { server.Wait(); k.close() }()

@@ -61,3 +61,18 @@ func pollHack(dir string) error {
 	_, _ = unix.Poll([]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN | unix.POLLPRI | unix.POLLOUT}}, 0)
 	return nil
 }
+
+// setReadAhead sets the kernel's read-ahead for the mount at dir (its
+// backing device info) to kb KiB. The kernel starts a FUSE mount at
+// 128 KiB whatever MaxReadAhead says, so a sequential reader asked for
+// 128 KiB at a time although the core prefetches further: raising it to
+// the core's window took a cold 512 MiB read from 0.85 to 1.1–1.3 GB/s
+// (docs/BENCHMARKS.md). Only root may write it.
+func setReadAhead(dir string, kb int) error {
+	var st unix.Stat_t
+	if err := unix.Stat(dir, &st); err != nil {
+		return err
+	}
+	p := fmt.Sprintf("/sys/class/bdi/%d:%d/read_ahead_kb", unix.Major(st.Dev), unix.Minor(st.Dev))
+	return os.WriteFile(p, []byte(fmt.Sprintf("%d\n", kb)), 0)
+}

@@ -4,10 +4,13 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/wheelfs/wheelfs/internal/client"
 )
 
 // TestPosixDetails checks what a POSIX conformance suite probes beyond
@@ -29,6 +32,21 @@ func TestPosixDetails(t *testing.T) {
 		}
 		return &st
 	}
+
+	// The kernel reads ahead as far as the core prefetches (it starts a
+	// FUSE mount at 128 KiB): sequential reads are asked for in large
+	// steps.
+	t.Run("ReadAhead", func(t *testing.T) {
+		st := stat(t, mnt)
+		p := "/sys/class/bdi/" + strconv.Itoa(int(unix.Major(st.Dev))) + ":" + strconv.Itoa(int(unix.Minor(st.Dev))) + "/read_ahead_kb"
+		b, err := os.ReadFile(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got, want := strings.TrimSpace(string(b)), strconv.Itoa(client.ReadAheadBytes>>10); got != want {
+			t.Errorf("%s = %s, want %s", p, got, want)
+		}
+	})
 
 	// Mode 0 is a mode: the kernel must see 0, as the server stores and
 	// checks it (go-fuse used to show it as 0644, or 0755 for a directory).
