@@ -71,6 +71,11 @@ func Mount(dir string, core *client.FS, o Options) (*Server, error) {
 			MaxWrite:     1 << 20,
 			MaxReadAhead: 1 << 20,
 			DirectMount:  true,
+			// Read replies are in memory already: go-fuse would copy them
+			// into a pipe to splice it, and a 1 MiB reply with its header
+			// does not fit the default 1 MiB pipe (it then copies again,
+			// and logs each time).
+			DisableSplice: true,
 			// Names from READDIRPLUS take the kernel's epoch when the
 			// reply arrives, not when the request left, so a revocation
 			// between the two would not take them back (names.go); and
