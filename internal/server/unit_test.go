@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -354,5 +355,20 @@ func TestHolderKeyFormat(t *testing.T) {
 		if s, h, ok := parseHolder(want); !ok || s != c[0] || h != c[1] {
 			t.Errorf("parseHolder(%q) = %x, %x, %v", want, s, h, ok)
 		}
+	}
+}
+
+func TestMutatedObjectsSkipsHiddenAttributes(t *testing.T) {
+	dir, file := oid.ID(7), oid.ID(9)
+	muts := []*wire.Mutation{
+		{Kind: wire.MutationKind_MUT_REMOVE_XATTR, Id: uint64(dir), Name: tombPrefix + "x"},
+		{Kind: wire.MutationKind_MUT_SET_XATTR, Id: uint64(dir), Name: "\x00op/1"},
+		{Kind: wire.MutationKind_MUT_SET_XATTR, Id: uint64(file), Name: "user.k"},
+	}
+	if got := mutatedObjects(muts); !slices.Equal(got, []oid.ID{file}) {
+		t.Errorf("mutatedObjects = %v, want only %v (hidden attributes revoke nothing)", got, file)
+	}
+	if got := mutatedObjects(muts[:2]); len(got) != 0 {
+		t.Errorf("a sweep of hidden attributes mutates %v, want nothing", got)
 	}
 }

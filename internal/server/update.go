@@ -204,7 +204,7 @@ func (s *Server) mustRevoke(ctx context.Context, id oid.ID) error {
 func mutatedObjects(muts []*wire.Mutation) []oid.ID {
 	ids := make([]oid.ID, 0, 2)
 	for _, m := range muts {
-		if m.Kind == wire.MutationKind_MUT_COUNTER_FLOOR {
+		if m.Kind == wire.MutationKind_MUT_COUNTER_FLOOR || hiddenXattrChange(m) {
 			continue
 		}
 		if id := oid.ID(m.Id); !slices.Contains(ids, id) {
@@ -212,6 +212,16 @@ func mutatedObjects(muts []*wire.Mutation) []oid.ID {
 		}
 	}
 	return ids
+}
+
+// hiddenXattrChange reports whether m sets or removes one of the
+// server's own attributes (tombstones, exactly-once outcomes, open-file
+// holders): no client sees them, so no lease needs revoking for them.
+// The periodic sweeps that purge them changed nothing else, and revoking
+// the directories they touch made a mount drop every name the kernel
+// held every 5 s while it was busy in a directory (docs/BENCHMARKS.md).
+func hiddenXattrChange(m *wire.Mutation) bool {
+	return (m.Kind == wire.MutationKind_MUT_SET_XATTR || m.Kind == wire.MutationKind_MUT_REMOVE_XATTR) && hidden(m.Name)
 }
 
 // updateOnce is one attempt of update; check sees the change's mutations
