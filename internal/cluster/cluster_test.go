@@ -20,6 +20,21 @@ func opCtx(t *testing.T) context.Context {
 	return ctx
 }
 
+// leasedSites starts a cluster whose sites are rtt apart, with locks of
+// 10 s (leases never outlast the primary's lock: 10 s lets them last
+// seconds, as cached steps need under the race detector), and makes /d
+// at west.
+func leasedSites(t *testing.T, rtt time.Duration) (c *Cluster, ctx context.Context, west, east *client.FS) {
+	t.Helper()
+	c = Start(t, Options{RTT: UniformRTT(rtt), LockTTL: 10 * time.Second})
+	ctx = opCtx(t)
+	west, east = c.Client("west"), c.Client("east")
+	if _, err := west.Mkdir(ctx, Owner(), "/d", 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return c, ctx, west, east
+}
+
 func readIs(ctx context.Context, fs *client.FS, path string, want []byte) error {
 	got, err := fs.ReadFile(ctx, Owner(), path)
 	if err != nil {

@@ -44,14 +44,7 @@ func listNames(t *testing.T, fs *client.FS, path string) []string {
 func TestLeasesServeFromCacheAndRevoke(t *testing.T) {
 	t.Parallel()
 	const rtt = 100 * time.Millisecond
-	// Leases never outlast the primary's lock: L = 10 s lets them last
-	// seconds, as the cached steps below need under the race detector.
-	c := Start(t, Options{RTT: UniformRTT(rtt), LockTTL: 10 * time.Second})
-	ctx := opCtx(t)
-	west, east := c.Client("west"), c.Client("east")
-	if _, err := west.Mkdir(ctx, Owner(), "/d", 0o755); err != nil {
-		t.Fatal(err)
-	}
+	_, ctx, west, east := leasedSites(t, rtt)
 	if err := west.WriteFile(ctx, Owner(), "/d/f", []byte("version one"), 0o644); err != nil {
 		t.Fatal(err)
 	}

@@ -20,12 +20,7 @@ import (
 func TestOwnChangesKeepLeases(t *testing.T) {
 	t.Parallel()
 	const rtt = 100 * time.Millisecond
-	c := Start(t, Options{RTT: UniformRTT(rtt), LockTTL: 10 * time.Second})
-	ctx := opCtx(t)
-	west, east := c.Client("west"), c.Client("east")
-	if _, err := west.Mkdir(ctx, Owner(), "/d", 0o755); err != nil {
-		t.Fatal(err)
-	}
+	_, ctx, west, east := leasedSites(t, rtt)
 	for range 2 { // the first contact gets no lease
 		listNames(t, west, "/d")
 	}

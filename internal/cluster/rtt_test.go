@@ -111,12 +111,7 @@ func sent(t *testing.T, fs *client.FS, before client.Stats, what string, want ma
 func TestRoundTrips(t *testing.T) {
 	t.Parallel()
 	const rtt = 200 * time.Millisecond
-	c := Start(t, Options{RTT: UniformRTT(rtt), LockTTL: 10 * time.Second})
-	ctx := opCtx(t)
-	west, east := c.Client("west"), c.Client("east")
-	if _, err := west.Mkdir(ctx, Owner(), "/d", 0o755); err != nil {
-		t.Fatal(err)
-	}
+	_, ctx, west, east := leasedSites(t, rtt)
 	data := bytes.Repeat([]byte("x"), 64<<10)
 	for i := range 10 {
 		if err := createFile(ctx, west, fmt.Sprintf("/d/f%d", i), data); err != nil {

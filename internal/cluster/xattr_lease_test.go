@@ -66,12 +66,7 @@ func xattrNamesAre(ctx context.Context, fs *client.FS, id oid.ID, want ...string
 func TestXattrsUnderLease(t *testing.T) {
 	t.Parallel()
 	const rtt = 100 * time.Millisecond
-	c := Start(t, Options{RTT: UniformRTT(rtt), LockTTL: 10 * time.Second})
-	ctx := opCtx(t)
-	west, east := c.Client("west"), c.Client("east")
-	if _, err := west.Mkdir(ctx, Owner(), "/d", 0o755); err != nil {
-		t.Fatal(err)
-	}
+	_, ctx, west, east := leasedSites(t, rtt)
 	for _, name := range []string{"f", "g"} {
 		if err := west.WriteFile(ctx, Owner(), "/d/"+name, []byte(name), 0o644); err != nil {
 			t.Fatal(err)
@@ -203,12 +198,7 @@ func TestXattrsUnderLease(t *testing.T) {
 func TestNegativeLookupUnderLease(t *testing.T) {
 	t.Parallel()
 	const rtt = 100 * time.Millisecond
-	c := Start(t, Options{RTT: UniformRTT(rtt), LockTTL: 10 * time.Second})
-	ctx := opCtx(t)
-	west, east := c.Client("west"), c.Client("east")
-	if _, err := west.Mkdir(ctx, Owner(), "/d", 0o755); err != nil {
-		t.Fatal(err)
-	}
+	_, ctx, west, east := leasedSites(t, rtt)
 	if err := west.WriteFile(ctx, Owner(), "/d/f", []byte("f"), 0o644); err != nil {
 		t.Fatal(err)
 	}
