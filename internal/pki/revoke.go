@@ -38,6 +38,9 @@ func (d *Denylist) Set(names []string) (added []string) {
 		for c := range d.conns[n] {
 			doomed = append(doomed, c)
 		}
+		// Untracked now, not when gRPC gets round to closing the
+		// wrapper: Conns and a second Set see the denial at once.
+		delete(d.conns, n)
 	}
 	d.names = next
 	d.mu.Unlock()
