@@ -130,8 +130,10 @@ func startLoopback(ctx context.Context, bin, base string, log *slog.Logger) (*lo
 	}
 	argv := []string{bin}
 	if os.Getuid() == 0 {
-		// Like `wheelfs up` as root: allow_other and default_permissions.
-		argv = append(argv, "-allow-other")
+		// Like `wheelfs up` as root: allow_other, and the mount(2) call
+		// itself rather than fusermount (not installed on every host;
+		// `wheelfs up` opens /dev/fuse itself too).
+		argv = append(argv, "-allow-other", "-directmount")
 	}
 	argv = append(argv, t.mnt, t.backing)
 	log.Info("mounting loopback", "mountpoint", t.mnt, "backing", t.backing)
