@@ -159,6 +159,9 @@ type FS struct {
 
 	regMu sync.Mutex
 	regs  map[oid.ID]*registration // opens served from the cache, being registered at the primary
+	// unlinking counts this client's removes and renames in flight: opens
+	// meanwhile are not served from the cache (unlinkGate).
+	unlinking atomic.Int32
 	// suspects are primaries that recently did not answer in time.
 	suspectMu sync.Mutex
 	suspects  map[string]time.Time

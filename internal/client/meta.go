@@ -305,11 +305,12 @@ func (f *FS) Remove(ctx context.Context, u User, cues cue.Set, dir oid.ID, name 
 	ctx, cancel := f.bound(ctx, cues)
 	defer cancel()
 	ids := []oid.ID{dir}
-	if child, ok := f.cachedChild(dir, name); ok {
+	child, known := f.cachedChild(dir, name)
+	if known {
 		// Its lease is dropped here, not called back.
 		ids = append(ids, child)
-		f.waitRegistrations(ids[1:])
 	}
+	defer f.unlinkGate(child, known)()
 	resp, o, err := updateOwn(ctx, f, cues, dir, wire.StorageClient.Remove, &wire.RemoveRequest{
 		Caller: u.caller(), Dir: uint64(dir), Name: name, DirOnly: dirOnly, FileOnly: !dirOnly,
 		SyncLevel: syncLevel(cues)}, ids)
@@ -320,8 +321,28 @@ func (f *FS) Remove(ctx context.Context, u User, cues cue.Set, dir oid.ID, name 
 	if err != nil {
 		return fmt.Errorf("remove %q in %v: %w", name, dir, err)
 	}
+	if m := resp.GetMeta(); m != nil && !known {
+		f.leases.forget(oid.ID(m.Id)) // as the rename's victim
+	}
 	f.forgetBlocks(resp.GetMeta())
 	return nil
+}
+
+// unlinkGate is called before a remove or rename that may unlink victim
+// (known: the cache says which object the name is, else any) and its
+// result after it. Opens served from the cache are registered at the
+// primary in the background: the primary must count those that came
+// before, or the file goes with its last name while open. They are
+// waited for, and opens until the change is answered go to the primary,
+// which orders them with it.
+func (f *FS) unlinkGate(victim oid.ID, known bool) (done func()) {
+	f.unlinking.Add(1)
+	if known {
+		f.waitRegistrations([]oid.ID{victim})
+	} else {
+		f.waitRegistrations(nil)
+	}
+	return func() { f.unlinking.Add(-1) }
 }
 
 // cachedChild is the object name names in dir as far as the cache knows,
@@ -356,10 +377,17 @@ func (f *FS) Rename(ctx context.Context, u User, cues cue.Set, srcDir oid.ID, sr
 	// it is primary for the destination too; otherwise it answers EXDEV.
 	ctx, cancel := f.bound(ctx, cues)
 	defer cancel()
+	defer f.unlinkGate(f.cachedChild(dstDir, dstName))()
 	resp, err := update(ctx, f, cues, srcDir, wire.StorageClient.Rename, &wire.RenameRequest{
 		Caller: u.caller(), SrcDir: uint64(srcDir), SrcName: srcName,
 		DstDir: uint64(dstDir), DstName: dstName, Flags: flags})
-	f.leases.forget(srcDir, dstDir)
+	forget := []oid.ID{srcDir, dstDir}
+	if r := resp.GetReplaced(); r != nil {
+		// An open that resolved the name before the rename must not be
+		// served from the cache now: the primary knows the file is gone.
+		forget = append(forget, oid.ID(r.Id))
+	}
+	f.leases.forget(forget...)
 	if err != nil {
 		return fmt.Errorf("rename %q in %v to %q in %v: %w", srcName, srcDir, dstName, dstDir, err)
 	}

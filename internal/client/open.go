@@ -210,15 +210,23 @@ func (f *FS) Open(ctx context.Context, u User, cues cue.Set, id oid.ID, flags ui
 	h := f.newHandle(u, cues, id, writable)
 	h.flags = flags
 	req := &wire.OpenRequest{Caller: h.user.caller(), Id: uint64(id), Flags: flags}
+	// Counted as registering before the lease is looked at: a revocation
+	// that comes after the look waits for the registration (revoke), so
+	// the update behind it (an unlink) finds the open.
+	reg := f.startRegistration(id)
 	m, ok := f.leases.meta(id, false)
-	ok = ok && f.mayServe(u)
+	ok = ok && f.mayServe(u) && f.unlinking.Load() == 0
 	var fd *wire.FileData
-	if ok && !writable && flags&syscall.O_TRUNC == 0 && f.dataCached(id, m) {
+	// An orphan (no name left; open elsewhere) is opened at the primary:
+	// its registration could come after the last handle's release there.
+	if ok && !writable && flags&syscall.O_TRUNC == 0 && m.Nlink > 0 && f.dataCached(id, m) {
 		if err := perm.Access(attrs.Cred(req.Caller), attrs.Of(m), perm.R); err != nil {
+			f.endRegistration(id, reg)
 			return nil, nil, fmt.Errorf("open %v: %w", id, err)
 		}
-		h.registered = f.registerOpen(req, h)
+		h.registered = f.registerOpen(req, h, reg)
 	} else {
+		f.endRegistration(id, reg)
 		// Compound open: the version check brings what the first reads need.
 		req.WantData = perm.OpenAccess(flags)&perm.R != 0 && flags&syscall.O_TRUNC == 0
 		resp, tok, err := readLeased(ctx, f, cues, id, wire.StorageClient.Open, req, func(r *wire.OpenResponse) uint64 {
@@ -336,20 +344,37 @@ type registration struct {
 	done chan struct{}
 }
 
-// registerOpen tells the primary about an open served from the cache, in
-// the background; the result says whether it counted it. Revocations of
-// the object wait for it (waitRegistrations), so an unlink the primary is
-// about to apply finds the handle and keeps the file as an orphan.
-func (f *FS) registerOpen(req *wire.OpenRequest, h *Handle) chan bool {
-	id := oid.ID(req.Id)
+// startRegistration counts an open of id that may be served from the
+// cache as being registered; registerOpen or endRegistration ends it.
+func (f *FS) startRegistration(id oid.ID) *registration {
 	f.regMu.Lock()
+	defer f.regMu.Unlock()
 	r := f.regs[id]
 	if r == nil {
 		r = &registration{done: make(chan struct{})}
 		f.regs[id] = r
 	}
 	r.n++
-	f.regMu.Unlock()
+	return r
+}
+
+// endRegistration ends one count of r, id's registrations.
+func (f *FS) endRegistration(id oid.ID, r *registration) {
+	f.regMu.Lock()
+	defer f.regMu.Unlock()
+	if r.n--; r.n == 0 {
+		close(r.done)
+		delete(f.regs, id)
+	}
+}
+
+// registerOpen tells the primary about an open served from the cache, in
+// the background, and then ends r (startRegistration); the result says
+// whether the primary counted it. Revocations of the object wait for it
+// (waitRegistrations), so an unlink the primary is about to apply finds
+// the handle and keeps the file as an orphan.
+func (f *FS) registerOpen(req *wire.OpenRequest, h *Handle, r *registration) chan bool {
+	id := oid.ID(req.Id)
 	req.Caller.Session = 0
 	req.RegisterOnly = true
 	out := make(chan bool, 1)
@@ -368,12 +393,7 @@ func (f *FS) registerOpen(req *wire.OpenRequest, h *Handle) chan bool {
 			h.regMu.Unlock()
 		}
 		out <- err == nil
-		f.regMu.Lock()
-		if r.n--; r.n == 0 {
-			close(r.done)
-			delete(f.regs, id)
-		}
-		f.regMu.Unlock()
+		f.endRegistration(id, r)
 	}()
 	return out
 }
@@ -491,12 +511,17 @@ func (f *FS) release(ctx context.Context, id oid.ID, h handleRef) {
 	}
 }
 
-// waitRegistrations waits until opens of ids served from the cache are
-// registered at their primary, so an update the primary is about to apply
-// (an unlink) sees them.
+// waitRegistrations waits until opens of ids (nil: of any object) served
+// from the cache are registered at their primary, so an update the
+// primary is about to apply (an unlink) sees them.
 func (f *FS) waitRegistrations(ids []oid.ID) {
 	f.regMu.Lock()
 	var chans []chan struct{}
+	if ids == nil {
+		for _, r := range f.regs {
+			chans = append(chans, r.done)
+		}
+	}
 	for _, id := range ids {
 		if r := f.regs[id]; r != nil {
 			chans = append(chans, r.done)
