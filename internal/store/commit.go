@@ -55,10 +55,21 @@ func (s *Store) Update(ctx context.Context, fn func(*Tx) error) error {
 		return ErrClosed
 	}
 	s.queue = append(s.queue, r)
+	var batch []*request
+	if !s.committing {
+		// Nothing is being committed: commit the queue (this request
+		// and any that came with it) here, sparing the hand-offs to the
+		// committer goroutine and back, each a thread wake-up.
+		s.committing = true
+		batch, s.queue = s.queue, s.spare
+		s.spare = nil
+	}
 	s.qmu.Unlock()
-	select {
-	case s.wake <- struct{}{}:
-	default:
+	if batch != nil {
+		s.runBatch(batch)
+		s.doneCommitting(batch)
+	} else {
+		s.wakeLoop()
 	}
 	if cancel := ctx.Done(); cancel != nil {
 		select {
@@ -103,27 +114,57 @@ func (s *Store) View(fn func(*Tx) error) error {
 
 var viewPool = sync.Pool{New: func() any { return new(Tx) }}
 
-// loop is the committer: it drains the queue and commits each drain as one
-// batch. It never waits for a timer; batches form while a commit is in
-// flight.
+// loop is the committer for updates that arrive while a batch is being
+// committed: it drains the queue and commits each drain as one batch. It
+// never waits for a timer; batches form while a commit is in flight. An
+// Update that finds no commit under way commits in its caller instead.
 func (s *Store) loop() {
 	defer close(s.loopDone)
-	var batch []*request
 	for range s.wake {
 		for {
 			s.qmu.Lock()
-			batch, s.queue = s.queue, batch[:0]
-			closed := s.closed
-			s.qmu.Unlock()
-			if len(batch) == 0 {
+			if s.committing {
+				s.qmu.Unlock()
+				break // doneCommitting wakes the loop again
+			}
+			if len(s.queue) == 0 {
+				closed := s.closed
+				s.qmu.Unlock()
 				if closed {
 					return
 				}
 				break
 			}
+			batch := s.queue
+			s.queue, s.spare = s.spare, nil
+			s.committing = true
+			s.qmu.Unlock()
 			s.runBatch(batch)
-			clear(batch)
+			s.doneCommitting(batch)
 		}
+	}
+}
+
+// doneCommitting ends a runBatch and hands what queued meanwhile (or the
+// close) to the loop.
+func (s *Store) doneCommitting(batch []*request) {
+	clear(batch)
+	s.qmu.Lock()
+	s.committing = false
+	if s.spare == nil {
+		s.spare = batch[:0]
+	}
+	more := len(s.queue) > 0 || s.closed
+	s.qmu.Unlock()
+	if more {
+		s.wakeLoop()
+	}
+}
+
+func (s *Store) wakeLoop() {
+	select {
+	case s.wake <- struct{}{}:
+	default:
 	}
 }
 

@@ -181,13 +181,15 @@ type Store struct {
 	restored    int          // blocks Open wrote back from the log (tests, diagnostics)
 
 	// Group commit.
-	qmu      sync.Mutex
-	queue    []*request
-	closed   bool
-	wake     chan struct{}
-	loopDone chan struct{}
-	wtx      Tx    // the committer's transaction wrapper, reused
-	failed   error // set (by the committer) once the log is unusable
+	qmu        sync.Mutex
+	queue      []*request
+	spare      []*request // an emptied batch slice, for the next queue
+	committing bool       // a runBatch is under way (in loop or in a caller)
+	closed     bool
+	wake       chan struct{}
+	loopDone   chan struct{}
+	wtx        Tx    // the committer's transaction wrapper, reused
+	failed     error // set (by the committer) once the log is unusable
 
 	// Log and overlay. commitMu covers appending to wal and publishing
 	// snap; ckMu serializes checkpoints (and guards walGen).
