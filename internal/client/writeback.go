@@ -468,3 +468,28 @@ func (st *fileState) hasUnsynced() bool {
 
 // Fsync is Flush: a commit is durable at the promised SyncLevel.
 func (h *Handle) Fsync(ctx context.Context) error { return h.Flush(ctx) }
+
+// SyncDir is fsync(2) of a directory: its entries are durable at the
+// promised SyncLevel when it returns. Every change of names is, when it
+// returns, but for the replication of creates whose files are still open
+// (closing them waits for it, CreateRequest.defer_sync): those of this
+// client are waited for, whichever directory they are in.
+func (f *FS) SyncDir(ctx context.Context, u User, cues cue.Set) error {
+	ctx, cancel := f.bound(ctx, cues)
+	defer cancel()
+	f.mu.Lock()
+	var open []*fileState
+	for _, st := range f.files {
+		open = append(open, st)
+	}
+	f.mu.Unlock()
+	for _, st := range open {
+		st.mu.Lock()
+		err := st.syncCreate(ctx, f, u, cues)
+		st.mu.Unlock()
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}

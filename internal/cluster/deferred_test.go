@@ -79,3 +79,40 @@ func TestCreateDurableAtClose(t *testing.T) {
 		})
 	}
 }
+
+// TestSyncDirWaitsForOpenCreates: fsync(2) of a directory covers the
+// creates whose files are still open, whose replication only their close
+// waits for otherwise: with the backups' sites cut off it fails
+// (ETIMEDOUT or EIO), after the heal it succeeds, and the file's close
+// then has nothing left to wait for.
+func TestSyncDirWaitsForOpenCreates(t *testing.T) {
+	t.Parallel()
+	const bound = 6 * time.Second
+	c := Start(t, Options{Sites: []string{"west", "east", "eu"}, ClientTimeout: bound,
+		RTT: UniformRTT(20 * time.Millisecond)})
+	ctx := opCtx(t)
+	fs := c.Servers("west")[0].Client()
+	if _, err := fs.Mkdir(ctx, Owner(), "/d", 0o755); err != nil {
+		t.Fatal(err)
+	}
+	d := mustID(t, fs, "/d")
+	c.PartitionLink("west", "east")
+	c.PartitionLink("west", "eu")
+	h, _, err := fs.CreateOpen(ctx, Owner(), client.NoCues, d, "journal", client.CreateArgs{Mode: 0o644}, syscall.O_CREAT|syscall.O_WRONLY)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Release(ctx)
+	err = fs.SyncDir(ctx, Owner(), client.NoCues)
+	if !errors.Is(err, fserr.ErrTimeout) && !errors.Is(err, fserr.ErrIO) {
+		t.Errorf("fsync of the directory with the backups cut off: %v, want ETIMEDOUT or EIO (the create is not at its replicas)", err)
+	}
+	c.HealLink("west", "east")
+	c.HealLink("west", "eu")
+	c.WaitFor(60*time.Second, "fsync of the directory after the heal", func() error {
+		return fs.SyncDir(ctx, Owner(), client.NoCues)
+	})
+	if err := h.Flush(ctx); err != nil {
+		t.Errorf("close after the directory's fsync: %v", err)
+	}
+}

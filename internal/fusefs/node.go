@@ -54,6 +54,7 @@ var (
 	_ fs.NodeListxattrer   = (*node)(nil)
 	_ fs.NodeRemovexattrer = (*node)(nil)
 	_ fs.NodeAllocater     = (*node)(nil)
+	_ fs.NodeFsyncer       = (*node)(nil)
 )
 
 // child returns the inode for m seen with cues, creating it if needed;
@@ -152,6 +153,18 @@ func (n *node) Getattr(ctx context.Context, f fs.FileHandle, out *fuse.AttrOut) 
 	}
 	fillAttr(m, n.cues, &out.Attr)
 	out.SetTimeout(n.root.attrTimeout(ctx, n, false))
+	return 0
+}
+
+// Fsync implements fs.NodeFsyncer for fsync(2) of a directory (a file's
+// goes to its handle): databases and mail stores call it after creating
+// or renaming a file, and an error there is fatal to them.
+func (n *node) Fsync(ctx context.Context, f fs.FileHandle, flags uint32) syscall.Errno {
+	ctx, done := n.root.step(ctx, true)
+	defer done()
+	if err := n.root.core.SyncDir(ctx, n.root.user(ctx), n.cues); err != nil {
+		return n.root.errno("fsyncdir", err)
+	}
 	return 0
 }
 

@@ -48,6 +48,29 @@ func TestPosixDetails(t *testing.T) {
 		}
 	})
 
+	// fsync(2) of a directory succeeds (it was EOPNOTSUPP): databases
+	// fsync the directory after creating or renaming a file in it, with
+	// the new file still open.
+	t.Run("FsyncDir", func(t *testing.T) {
+		dir := filepath.Join(mnt, "fsyncdir")
+		if err := os.Mkdir(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		f, err := os.Create(filepath.Join(dir, "journal"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		d, err := os.Open(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer d.Close()
+		if err := d.Sync(); err != nil {
+			t.Errorf("fsync of a directory: %v", err)
+		}
+	})
+
 	// Mode 0 is a mode: the kernel must see 0, as the server stores and
 	// checks it (go-fuse used to show it as 0644, or 0755 for a directory).
 	t.Run("ModeZero", func(t *testing.T) {
