@@ -2,6 +2,8 @@ package server
 
 import (
 	"context"
+	"encoding/binary"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"strings"
@@ -44,18 +46,9 @@ const DefaultHolderIdle = 2 * time.Minute
 func holderKey(session, handle uint64) string {
 	b := make([]byte, 0, len(orphanPrefix)+33)
 	b = append(b, orphanPrefix...)
-	b = appendHex16(b, session)
+	b = hex.AppendEncode(b, binary.BigEndian.AppendUint64(nil, session)) // %016x
 	b = append(b, '/')
-	return string(appendHex16(b, handle))
-}
-
-// appendHex16 appends v as 16 lower-case hex digits (%016x).
-func appendHex16(b []byte, v uint64) []byte {
-	const digits = "0123456789abcdef"
-	for shift := 60; shift >= 0; shift -= 4 {
-		b = append(b, digits[v>>shift&0xf])
-	}
-	return b
+	return string(hex.AppendEncode(b, binary.BigEndian.AppendUint64(nil, handle)))
 }
 
 func parseHolder(name string) (session, handle uint64, ok bool) {
