@@ -438,6 +438,11 @@ func (f *FS) setAttr(ctx context.Context, u User, cues cue.Set, id oid.ID, req *
 	}
 	if st != nil {
 		st.updateMeta(resp.Meta, req.Valid&wire.SetSize != 0)
+		if req.Valid&wire.SetSize == 0 {
+			st.mu.Lock()
+			st.attrsLazy = true
+			st.mu.Unlock()
+		}
 	}
 	return f.overlay(resp.Meta), nil
 }

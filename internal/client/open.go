@@ -74,6 +74,9 @@ type fileState struct {
 	// waits for (CreateRequest.defer_sync): close and fsync wait for it
 	// (syncCreate) before they return.
 	unsynced []*wire.Unsynced
+	// attrsLazy: a chmod, chown or utimes went to the primary since the
+	// last commit, and may not be durable yet (barrier).
+	attrsLazy bool
 }
 
 func newFileState(id oid.ID, m *wire.Meta) *fileState {

@@ -239,7 +239,19 @@ func (st *fileState) flush(ctx context.Context, f *FS, u User, cues cue.Set) err
 	st.waitUpload()
 	st.upErr = nil // its blocks went back to dirty: upload them again now
 	if !st.modified {
-		return st.syncCreate(ctx, f, u, cues)
+		if err := st.syncCreate(ctx, f, u, cues); err != nil {
+			return err
+		}
+		if st.attrsLazy {
+			// A chmod, chown or utimes since the last commit, answered
+			// before it was durable (server.lazily): close and fsync
+			// make it so.
+			if err := f.barrier(ctx, u, st.id); err != nil {
+				return fmt.Errorf("close of %v: %w", st.id, err)
+			}
+			st.attrsLazy = false
+		}
+		return nil
 	}
 	if st.writer != nil {
 		u = st.writer.user
@@ -425,6 +437,7 @@ func (st *fileState) flushEventual(ctx context.Context, f *FS, u User, cues cue.
 
 // committed adopts the meta-data of a commit of this client's changes.
 func (st *fileState) committed(m *wire.Meta) {
+	st.attrsLazy = false // a commit's record is synced, and comes after
 	if m.Version == st.version+1 {
 		for idx, ref := range st.staged {
 			st.hashes[idx] = ref
@@ -474,7 +487,7 @@ func (h *Handle) Fsync(ctx context.Context) error { return h.Flush(ctx) }
 // returns, but for the replication of creates whose files are still open
 // (closing them waits for it, CreateRequest.defer_sync): those of this
 // client are waited for, whichever directory they are in.
-func (f *FS) SyncDir(ctx context.Context, u User, cues cue.Set) error {
+func (f *FS) SyncDir(ctx context.Context, u User, cues cue.Set, dir oid.ID) error {
 	ctx, cancel := f.bound(ctx, cues)
 	defer cancel()
 	f.mu.Lock()
@@ -490,6 +503,20 @@ func (f *FS) SyncDir(ctx context.Context, u User, cues cue.Set) error {
 		if err != nil {
 			return err
 		}
+	}
+	// Unlinks answered before they were durable (server.lazily).
+	return f.barrier(ctx, u, dir)
+}
+
+// barrier makes what id's primary answered durable there, where it may
+// have answered changes before they were (server.lazily: only a primary
+// in this process with no backups does).
+func (f *FS) barrier(ctx context.Context, u User, id oid.ID) error {
+	if !f.primaryInProcess(id) {
+		return nil
+	}
+	if _, err := callVia(ctx, f, id, wire.StorageClient.Sync, &wire.SyncRequest{Caller: u.caller()}, callOpts{}); err != nil {
+		return fmt.Errorf("sync %v: %w", id, err)
 	}
 	return nil
 }

@@ -103,14 +103,14 @@ func TestSyncDirWaitsForOpenCreates(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer h.Release(ctx)
-	err = fs.SyncDir(ctx, Owner(), client.NoCues)
+	err = fs.SyncDir(ctx, Owner(), client.NoCues, d)
 	if !errors.Is(err, fserr.ErrTimeout) && !errors.Is(err, fserr.ErrIO) {
 		t.Errorf("fsync of the directory with the backups cut off: %v, want ETIMEDOUT or EIO (the create is not at its replicas)", err)
 	}
 	c.HealLink("west", "east")
 	c.HealLink("west", "eu")
 	c.WaitFor(60*time.Second, "fsync of the directory after the heal", func() error {
-		return fs.SyncDir(ctx, Owner(), client.NoCues)
+		return fs.SyncDir(ctx, Owner(), client.NoCues, d)
 	})
 	if err := h.Flush(ctx); err != nil {
 		t.Errorf("close after the directory's fsync: %v", err)

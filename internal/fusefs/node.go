@@ -162,7 +162,7 @@ func (n *node) Getattr(ctx context.Context, f fs.FileHandle, out *fuse.AttrOut) 
 func (n *node) Fsync(ctx context.Context, f fs.FileHandle, flags uint32) syscall.Errno {
 	ctx, done := n.root.step(ctx, true)
 	defer done()
-	if err := n.root.core.SyncDir(ctx, n.root.user(ctx), n.cues); err != nil {
+	if err := n.root.core.SyncDir(ctx, n.root.user(ctx), n.cues, n.id); err != nil {
 		return n.root.errno("fsyncdir", err)
 	}
 	return 0

@@ -85,6 +85,11 @@ func (s *Server) addCommitted(d *deferral, sl oid.Slice) {
 // EIO, and close() reports it.
 func (s *Server) Sync(ctx context.Context, req *wire.SyncRequest) (*wire.SyncResponse, error) {
 	if len(req.Changes) == 0 {
+		// A barrier: what this server answered so far is durable here
+		// (lazily).
+		if err := s.store.Flush(); err != nil {
+			return nil, fmt.Errorf("sync: %w", err)
+		}
 		return &wire.SyncResponse{}, nil
 	}
 	sl := oid.Slice(req.Changes[0].Slice)

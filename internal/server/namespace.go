@@ -541,6 +541,7 @@ func (s *Server) Remove(ctx context.Context, req *wire.RemoveRequest) (*wire.Rem
 	}
 	defer unlock()
 	resp := &wire.RemoveResponse{}
+	ctx = s.lazily(ctx)
 	op := s.once(ctx, req.Caller, dir, resp)
 	c := cred(req.Caller)
 	now := time.Now().UnixNano()
@@ -789,6 +790,9 @@ func (s *Server) SetAttr(ctx context.Context, req *wire.SetAttrRequest) (*wire.S
 		return nil, aerr
 	}
 	resp := &wire.SetAttrResponse{}
+	if req.Valid&wire.SetSize == 0 { // a truncation is a write: durable now
+		ctx = s.lazily(ctx)
+	}
 	op := s.once(ctx, req.Caller, id, resp)
 	c := cred(req.Caller)
 	now := time.Now().UnixNano()

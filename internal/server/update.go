@@ -9,6 +9,7 @@ import (
 
 	"github.com/wheelfs/wheelfs/internal/fserr"
 	"github.com/wheelfs/wheelfs/internal/oid"
+	"github.com/wheelfs/wheelfs/internal/pki"
 	"github.com/wheelfs/wheelfs/internal/store"
 	"github.com/wheelfs/wheelfs/internal/wire"
 )
@@ -372,4 +373,23 @@ func (s *Server) updateOnce(ctx context.Context, sync uint32, fn func(tx *store.
 	}
 	// What the change was built on, in other slices, is stable too.
 	return s.stable(ctx, read)
+}
+
+// lazily lets an unlink, rmdir, chmod, chown or utimes be answered before
+// its store record is synced (store.Lazily: within store.LazyFlushDelay,
+// or with the next synced change, or at a Sync with no changes, which
+// fsync(2) of a directory and close(2) after such a change send), as a
+// local file system makes them durable at its next journal commit or
+// fsync. Only where nothing else depends on the order of this server's
+// durable records: a deployment of one server (no backups), a caller in
+// this process (whose close and fsync call Sync here), no
+// .EventualConsistency.
+func (s *Server) lazily(ctx context.Context) context.Context {
+	if s.deploymentSize() != 1 || isEventual(ctx) {
+		return ctx
+	}
+	if _, err := pki.PeerName(ctx); err == nil {
+		return ctx // over the network
+	}
+	return store.Lazily(ctx)
 }

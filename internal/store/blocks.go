@@ -623,7 +623,12 @@ func (s *Store) Compact(ctx context.Context) error {
 	}
 	s.hook("repointed")
 
-	// Delete the emptied segments.
+	// Delete the emptied segments, once what emptied them is durable
+	// (a lazy unlink's record, which no record of this pass follows when
+	// there was nothing to move).
+	if err := s.Flush(); err != nil {
+		return fail(err)
+	}
 	var freed int64
 	deleted := 0
 	for id, seg := range cands {

@@ -159,8 +159,17 @@ func (s *Store) freeze(final bool) (*memtable, error) {
 			return nil, err
 		}
 	}
-	s.walGen++
 	s.commitMu.Lock()
+	// Lazy records in the old file must be durable before any record of
+	// the next one can be: recovery replays the files in order.
+	if err := s.syncLazyLocked(); err != nil {
+		s.commitMu.Unlock()
+		if next != nil {
+			next.f.Close()
+		}
+		return nil, err
+	}
+	s.walGen++
 	snap := s.snap.Load()
 	frozen := snap.layers[0]
 	frozen.last = snap.seq

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"go.etcd.io/bbolt"
 
@@ -23,6 +24,7 @@ const (
 type request struct {
 	ctx      context.Context
 	fn       func(*Tx) error
+	lazy     bool // Lazily: answered once logged, before it is synced
 	state    atomic.Int32
 	err      error
 	panicked bool
@@ -46,6 +48,7 @@ func (s *Store) Update(ctx context.Context, fn func(*Tx) error) error {
 	}
 	r := reqPool.Get().(*request)
 	r.ctx, r.fn = ctx, fn
+	r.lazy = ctx.Value(lazyKey{}) != nil
 	r.state.Store(reqQueued)
 	s.qmu.Lock()
 	if s.closed {
@@ -221,7 +224,7 @@ func (s *Store) runBatch(batch []*request) {
 		return
 	}
 	t.baseObjects = s.objects.Load()
-	ok := 0
+	ok, lazy := 0, true
 	for i, r := range batch {
 		if err := s.runFn(t, r); err != nil {
 			t.discardFn()
@@ -231,11 +234,12 @@ func (s *Store) runBatch(batch []*request) {
 		}
 		t.keepFn()
 		ok++
+		lazy = lazy && r.lazy
 	}
 	var err error
 	if ok > 0 {
 		if len(t.ops) > 0 {
-			err = s.commit(t)
+			err = s.commit(t, !lazy)
 		}
 		if err == nil {
 			s.batches.Add(1)
@@ -248,9 +252,9 @@ func (s *Store) runBatch(batch []*request) {
 	answerAll(err)
 }
 
-// commit makes the batch's writes durable as one log record and applies
-// them to the mutable overlay layer.
-func (s *Store) commit(t *Tx) error {
+// commit logs the batch's writes as one record, durable unless !sync,
+// and applies them to the mutable overlay layer.
+func (s *Store) commit(t *Tx, sync bool) error {
 	inl, err := s.syncBatch(t)
 	if err != nil {
 		return err
@@ -262,7 +266,7 @@ func (s *Store) commit(t *Tx) error {
 	}
 	s.commitMu.Lock()
 	defer s.commitMu.Unlock()
-	if err := s.appendLog(rec); err != nil {
+	if err := s.appendLog(rec, sync); err != nil {
 		return err
 	}
 	// The overlay keeps referencing rec (never reused).
@@ -292,7 +296,11 @@ func (s *Store) commit(t *Tx) error {
 // fdatasync flushes the zeros too, so a torn record can never be read
 // after the records that follow. Only if the zeroing fails is the store
 // stopped.
-func (s *Store) appendLog(rec []byte) error {
+//
+// Without sync the record is written but not synced (a lazy batch): the
+// next synced record's fdatasync covers it, as it is earlier in the same
+// file, and lazyTimer syncs it within LazyFlushDelay otherwise.
+func (s *Store) appendLog(rec []byte, sync bool) error {
 	w := s.wal
 	if need := w.off + int64(len(rec)) - w.alloc; need > 0 {
 		err := w.grow((need + walChunk - 1) / walChunk * walChunk)
@@ -308,7 +316,7 @@ func (s *Store) appendLog(rec []byte) error {
 		}
 	}
 	_, err := w.f.WriteAt(rec, w.off)
-	if err == nil && !s.noSync {
+	if err == nil && !s.noSync && sync {
 		err = fdatasync(w.f)
 	}
 	if err != nil {
@@ -322,7 +330,66 @@ func (s *Store) appendLog(rec []byte) error {
 		return s.failed
 	}
 	w.off += int64(len(rec))
+	if sync {
+		s.walDirty = false
+	} else if !s.noSync {
+		s.walDirty = true
+		if !s.lazyArmed {
+			s.lazyArmed = true
+			s.lazyTimer.Reset(LazyFlushDelay)
+		}
+	}
 	return nil
+}
+
+// LazyFlushDelay bounds how long a lazy update (Lazily) stays in the log
+// unsynced when no synced update or Flush comes first.
+const LazyFlushDelay = 50 * time.Millisecond
+
+type lazyKey struct{}
+
+// Lazily marks ctx's Update as one whose caller need not wait for it to
+// be durable: it is answered once logged and applied, and becomes
+// durable with the next update that is not lazy, at Flush, at a
+// checkpoint, or within LazyFlushDelay. Updates are durable in order (one
+// log), so a crash loses a suffix of lazy updates and nothing after them.
+// For changes POSIX makes durable only at the next fsync(2): unlink,
+// chmod, utimes.
+func Lazily(ctx context.Context) context.Context {
+	return context.WithValue(ctx, lazyKey{}, true)
+}
+
+// Flush makes every update answered so far durable (a barrier for lazy
+// ones).
+func (s *Store) Flush() error {
+	s.commitMu.Lock()
+	defer s.commitMu.Unlock()
+	return s.syncLazyLocked()
+}
+
+// syncLazyLocked syncs the log if lazy records are unsynced (commitMu
+// held). A failure leaves them dirty: the next synced record's fdatasync
+// reports it to the committer, which stops the store.
+func (s *Store) syncLazyLocked() error {
+	if !s.walDirty || s.wal == nil {
+		return nil
+	}
+	if err := fdatasync(s.wal.f); err != nil {
+		s.log.Error("store: sync of lazy log records failed", "err", err)
+		return ioErr("sync log", err)
+	}
+	s.walDirty = false
+	return nil
+}
+
+// lazyFlush is lazyTimer's function.
+func (s *Store) lazyFlush() {
+	s.commitMu.Lock()
+	defer s.commitMu.Unlock()
+	s.lazyArmed = false
+	if !s.lazyOff {
+		_ = s.syncLazyLocked() // logged; left dirty for the committer
+	}
 }
 
 func (s *Store) runFn(t *Tx, r *request) (err error) {

@@ -195,15 +195,21 @@ type Store struct {
 	// snap; ckMu serializes checkpoints (and guards walGen).
 	commitMu sync.Mutex
 	wal      *walFile
-	snap     atomic.Pointer[snapshot]
-	ckMu     sync.Mutex
-	walGen   uint64
-	ckBytes  int64
-	ckOps    int64
-	ckEvery  time.Duration
-	ckKick   chan struct{}
-	ckStop   chan struct{}
-	ckDone   chan struct{}
+	// walDirty: records of lazy updates (Lazily) are in wal but not
+	// synced; lazyArmed: lazyTimer will sync them. Both under commitMu.
+	walDirty  bool
+	lazyArmed bool
+	lazyOff   bool // Close: the timer must not touch the log
+	lazyTimer *time.Timer
+	snap      atomic.Pointer[snapshot]
+	ckMu      sync.Mutex
+	walGen    uint64
+	ckBytes   int64
+	ckOps     int64
+	ckEvery   time.Duration
+	ckKick    chan struct{}
+	ckStop    chan struct{}
+	ckDone    chan struct{}
 
 	// Segments.
 	appendMu sync.Mutex // serializes appends and rolls
@@ -381,6 +387,9 @@ func Open(dir string, o Options) (*Store, error) {
 		compactDone:  make(chan struct{}),
 		reserve:      o.Reserve,
 	}
+	s.lazyTimer = time.AfterFunc(time.Hour, s.lazyFlush)
+	s.lazyTimer.Stop()
+
 	s.wtx.s = s
 	s.wtx.writable = true
 	if err := s.open(); err != nil {
@@ -670,6 +679,10 @@ func (s *Store) Close() error {
 		s.compactStop() // a running pass stops copying at the next block
 		<-s.compactDone
 		s.stop()
+		s.commitMu.Lock()
+		s.lazyTimer.Stop()
+		s.lazyOff = true // a timer that fired already finds it (the files close)
+		s.commitMu.Unlock()
 		err := s.checkpoint(true)
 		if err == nil {
 			s.makeReserve() // from what the log files freed: room to open again

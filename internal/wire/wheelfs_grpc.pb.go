@@ -77,7 +77,8 @@ type StorageClient interface {
 	StatFS(ctx context.Context, in *StatFSRequest, opts ...grpc.CallOption) (*StatFSResponse, error)
 	Open(ctx context.Context, in *OpenRequest, opts ...grpc.CallOption) (*OpenResponse, error)
 	Release(ctx context.Context, in *ReleaseRequest, opts ...grpc.CallOption) (*ReleaseResponse, error)
-	// Sync waits for the backups of deferred changes (CreateRequest.defer_sync).
+	// Sync waits for the backups of deferred changes (CreateRequest.defer_sync);
+	// with no changes it is a barrier: what the server answered is durable there.
 	Sync(ctx context.Context, in *SyncRequest, opts ...grpc.CallOption) (*SyncResponse, error)
 	// Callbacks is the lease back channel: the client opens it (first
 	// message: its session), the server sends revocations on it, the client
@@ -431,7 +432,8 @@ type StorageServer interface {
 	StatFS(context.Context, *StatFSRequest) (*StatFSResponse, error)
 	Open(context.Context, *OpenRequest) (*OpenResponse, error)
 	Release(context.Context, *ReleaseRequest) (*ReleaseResponse, error)
-	// Sync waits for the backups of deferred changes (CreateRequest.defer_sync).
+	// Sync waits for the backups of deferred changes (CreateRequest.defer_sync);
+	// with no changes it is a barrier: what the server answered is durable there.
 	Sync(context.Context, *SyncRequest) (*SyncResponse, error)
 	// Callbacks is the lease back channel: the client opens it (first
 	// message: its session), the server sends revocations on it, the client
