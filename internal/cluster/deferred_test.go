@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"syscall"
 	"testing"
@@ -9,7 +10,23 @@ import (
 
 	"github.com/wheelfs/wheelfs/internal/client"
 	"github.com/wheelfs/wheelfs/internal/fserr"
+	"github.com/wheelfs/wheelfs/internal/oid"
 )
+
+// startWithDirAtWest starts three sites 20 ms apart whose clients bound a
+// call at 6 s (longer than a slice lock, 2 s: a close may meet a new
+// primary) and makes /d through west's client.
+func startWithDirAtWest(t *testing.T) (*Cluster, context.Context, *client.FS, oid.ID) {
+	t.Helper()
+	c := Start(t, Options{Sites: []string{"west", "east", "eu"}, ClientTimeout: 6 * time.Second,
+		RTT: UniformRTT(20 * time.Millisecond)})
+	ctx := opCtx(t)
+	fs := c.Servers("west")[0].Client()
+	if _, err := fs.Mkdir(ctx, Owner(), "/d", 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return c, ctx, fs, mustID(t, fs, "/d")
+}
 
 // TestCreateDurableAtClose: open(O_CREAT) is answered once the create is
 // committed at the primary, and its replication overlaps the writes
@@ -20,17 +37,8 @@ import (
 // that succeeds left a file that outlives the crash.
 func TestCreateDurableAtClose(t *testing.T) {
 	t.Parallel()
-	// Longer than a slice lock (2 s): a close may meet a new primary.
-	const bound = 6 * time.Second
-	c := Start(t, Options{Sites: []string{"west", "east", "eu"}, ClientTimeout: bound,
-		RTT: UniformRTT(20 * time.Millisecond)})
-	ctx := opCtx(t)
+	c, ctx, fs, d := startWithDirAtWest(t)
 	west := c.Servers("west")[0]
-	fs := west.Client()
-	if _, err := fs.Mkdir(ctx, Owner(), "/d", 0o755); err != nil {
-		t.Fatal(err)
-	}
-	d := mustID(t, fs, "/d")
 	// Not waiting for /d to reach its backups: right after start west's
 	// table may list no other server, and the close must still wait for
 	// three copies (issue 16 item 12).
@@ -87,15 +95,7 @@ func TestCreateDurableAtClose(t *testing.T) {
 // then has nothing left to wait for.
 func TestSyncDirWaitsForOpenCreates(t *testing.T) {
 	t.Parallel()
-	const bound = 6 * time.Second
-	c := Start(t, Options{Sites: []string{"west", "east", "eu"}, ClientTimeout: bound,
-		RTT: UniformRTT(20 * time.Millisecond)})
-	ctx := opCtx(t)
-	fs := c.Servers("west")[0].Client()
-	if _, err := fs.Mkdir(ctx, Owner(), "/d", 0o755); err != nil {
-		t.Fatal(err)
-	}
-	d := mustID(t, fs, "/d")
+	c, ctx, fs, d := startWithDirAtWest(t)
 	c.PartitionLink("west", "east")
 	c.PartitionLink("west", "eu")
 	h, _, err := fs.CreateOpen(ctx, Owner(), client.NoCues, d, "journal", client.CreateArgs{Mode: 0o644}, syscall.O_CREAT|syscall.O_WRONLY)
