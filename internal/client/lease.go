@@ -51,7 +51,7 @@ type leases struct {
 	closing bool                // close began: no new back channel (it would get no bye)
 	pending map[oid.ID]int      // own changes in flight (own.go): not served meanwhile
 
-	onRevoke func([]oid.ID)
+	onRevoke func(context.Context, []oid.ID)
 }
 
 type revokedMark struct {
@@ -386,7 +386,7 @@ func (l *leases) forget(ids ...oid.ID) {
 	cb := l.onRevoke
 	l.mu.Unlock()
 	if cb != nil {
-		cb(ids)
+		cb(context.Background(), ids)
 	}
 }
 
@@ -426,7 +426,7 @@ func (l *leases) revoke(ids []uint64, bc *backChannel, gen uint64, updates []*wi
 	l.mu.Unlock()
 	l.f.waitRegistrations(oids)
 	if cb != nil {
-		cb(oids)
+		cb(context.Background(), oids)
 	}
 	return kept
 }

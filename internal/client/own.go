@@ -38,6 +38,10 @@ type ownChange struct {
 	// renewMs is the lease the answer renewed on ids[0], the directory
 	// changed (ms), set before end.
 	renewMs uint32
+	// ctx is the last attempt's: end hands it to onRevoke with what it
+	// drops (the FUSE adapter knows the inodes the system call went
+	// through from it).
+	ctx context.Context
 }
 
 // beginOwn marks ids pending for a change this client is about to send.
@@ -62,7 +66,7 @@ func (o *ownChange) prep(ctx context.Context, c Conn, caller *wire.Caller) {
 	l := o.l
 	sess, tok := l.begin(ctx, c)
 	caller.Session, caller.Adopt = sess, nil
-	o.answered, o.adopted, o.tok = c.ID, nil, tok
+	o.answered, o.adopted, o.tok, o.ctx = c.ID, nil, tok, ctx
 	if sess == 0 {
 		return
 	}
@@ -115,7 +119,11 @@ func (o *ownChange) end(ok bool, apply func(id oid.ID, c *cached) bool) {
 	cb := l.onRevoke
 	l.mu.Unlock()
 	if cb != nil {
-		cb(dropped) // the kernel may hold names or attributes of them
+		ctx := o.ctx
+		if !ok || ctx == nil {
+			ctx = context.Background() // the system call failed: the kernel changed nothing
+		}
+		cb(ctx, dropped) // the kernel may hold names or attributes of them
 	}
 }
 

@@ -309,7 +309,7 @@ func TestReadsWaitForRevocation(t *testing.T) {
 	}
 	revoking, release := make(chan struct{}), make(chan struct{})
 	var once sync.Once
-	east.OnRevoke(func(ids []oid.ID) {
+	east.OnRevoke(func(_ context.Context, ids []oid.ID) {
 		if slices.Contains(ids, f) {
 			once.Do(func() { close(revoking) })
 			<-release

@@ -296,6 +296,9 @@ func (n *node) remove(ctx context.Context, what, name string, dirOnly bool) sysc
 	if c := n.GetChild(name); c != nil {
 		child, _ = c.Operations().(*node)
 	}
+	if child != nil {
+		ctx = withSyscallInodes(ctx, child.ino)
+	}
 	if err := n.root.core.Remove(ctx, n.root.user(ctx), n.cues, n.id, name, dirOnly); err != nil {
 		return n.root.errno(what, err)
 	}

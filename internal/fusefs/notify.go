@@ -1,6 +1,7 @@
 package fusefs
 
 import (
+	"context"
 	"slices"
 	"sync/atomic"
 	"time"
@@ -103,9 +104,25 @@ func (n *node) OnForget() {
 // hold while it waits for the very update being revoked, and a mount
 // killed then stays unkillable (we saw it: kill -9 of wheelfs up left it
 // in D state). Pages are kept at open only when the version is unchanged.
-func (r *root) revoked(ids []oid.ID) {
+func (r *root) revoked(ctx context.Context, ids []oid.ID) {
 	r.namesChanged(ids)
-	r.invalidate(ids, nil)
+	r.invalidate(ids, syscallInodes(ctx))
+}
+
+type syscallInodesKey struct{}
+
+// withSyscallInodes marks ctx as the request of a system call that went
+// through inodes inos, whose attributes the kernel invalidates itself
+// when the call succeeds (an unlink's victim: fuse_entry_unlinked): the
+// core's dropping them after the call's own change needs no notification
+// there, only at the object's other inodes (other cue sets).
+func withSyscallInodes(ctx context.Context, inos ...uint64) context.Context {
+	return context.WithValue(ctx, syscallInodesKey{}, inos)
+}
+
+func syscallInodes(ctx context.Context) []uint64 {
+	inos, _ := ctx.Value(syscallInodesKey{}).([]uint64)
+	return inos
 }
 
 // changedHere tells the kernel of a change this mount made in directory
