@@ -713,10 +713,12 @@ func (s *Store) closeFiles() error {
 	if s.db != nil {
 		errs = append(errs, s.db.Close())
 	}
+	s.commitMu.Lock() // Flush may come late (a server's Sync)
 	if s.wal != nil {
 		errs = append(errs, s.wal.f.Close())
 		s.wal = nil
 	}
+	s.commitMu.Unlock()
 	s.appendMu.Lock()
 	s.segMu.Lock()
 	for id, seg := range s.segs {
