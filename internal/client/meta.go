@@ -329,18 +329,17 @@ func (f *FS) Remove(ctx context.Context, u User, cues cue.Set, dir oid.ID, name 
 }
 
 // unlinkGate is called before a remove or rename that may unlink victim
-// (known: the cache says which object the name is, else any) and its
-// result after it. Opens served from the cache are registered at the
-// primary in the background: the primary must count those that came
-// before, or the file goes with its last name while open. They are
-// waited for, and opens until the change is answered go to the primary,
-// which orders them with it.
+// (known: the cache says which object the name is) and its result after
+// it. Opens served from the cache are registered at the primary in the
+// background: the primary must count those that came before, or the file
+// goes with its last name while open. The victim's are waited for, and
+// opens until the change is answered go to the primary, which orders
+// them with it. (Not all registrations when the victim is unknown: one
+// stuck at an unreachable primary would hold up every remove.)
 func (f *FS) unlinkGate(victim oid.ID, known bool) (done func()) {
 	f.unlinking.Add(1)
 	if known {
 		f.waitRegistrations([]oid.ID{victim})
-	} else {
-		f.waitRegistrations(nil)
 	}
 	return func() { f.unlinking.Add(-1) }
 }

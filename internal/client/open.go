@@ -514,17 +514,12 @@ func (f *FS) release(ctx context.Context, id oid.ID, h handleRef) {
 	}
 }
 
-// waitRegistrations waits until opens of ids (nil: of any object) served
-// from the cache are registered at their primary, so an update the
-// primary is about to apply (an unlink) sees them.
+// waitRegistrations waits until opens of ids served from the cache are
+// registered at their primary, so an update the primary is about to apply
+// (an unlink) sees them.
 func (f *FS) waitRegistrations(ids []oid.ID) {
 	f.regMu.Lock()
 	var chans []chan struct{}
-	if ids == nil {
-		for _, r := range f.regs {
-			chans = append(chans, r.done)
-		}
-	}
 	for _, id := range ids {
 		if r := f.regs[id]; r != nil {
 			chans = append(chans, r.done)
