@@ -156,10 +156,17 @@ func (n *node) Getattr(ctx context.Context, f fs.FileHandle, out *fuse.AttrOut) 
 	return 0
 }
 
-// Fsync implements fs.NodeFsyncer for fsync(2) of a directory (a file's
-// goes to its handle): databases and mail stores call it after creating
-// or renaming a file, and an error there is fatal to them.
+// Fsync implements fs.NodeFsyncer for fsync(2) of a directory:
+// databases and mail stores call it after creating or renaming a file,
+// and an error there is fatal to them. go-fuse asks the node before the
+// file handle, so a file's fsync is passed on to its handle here.
 func (n *node) Fsync(ctx context.Context, f fs.FileHandle, flags uint32) syscall.Errno {
+	if h, ok := f.(fs.FileFsyncer); ok {
+		return h.Fsync(ctx, flags)
+	}
+	if !n.IsDir() {
+		return 0 // no handle of ours: nothing buffered here to commit
+	}
 	ctx, done := n.root.step(ctx, true)
 	defer done()
 	if err := n.root.core.SyncDir(ctx, n.root.user(ctx), n.cues, n.id); err != nil {
