@@ -249,8 +249,8 @@ func (f *FS) Close() error {
 // or what was cached of them dropped after a change of this client (the
 // FUSE adapter invalidates the kernel's caches with it). ctx is that
 // change's context (values included) when it succeeded, else a
-// background one, as for a revocation. It runs before the revocation is acknowledged; it must not
-// wait on this client's operations.
+// background one, as for a revocation. It runs before the revocation
+// is acknowledged; it must not wait on this client's operations.
 func (f *FS) OnRevoke(fn func(ctx context.Context, ids []oid.ID)) {
 	f.leases.mu.Lock()
 	f.leases.onRevoke = fn

@@ -699,10 +699,7 @@ func (s *Store) stop() {
 	s.qmu.Lock()
 	s.closed = true
 	s.qmu.Unlock()
-	select {
-	case s.wake <- struct{}{}:
-	default:
-	}
+	s.wakeLoop()
 	<-s.loopDone
 	close(s.ckStop)
 	<-s.ckDone
