@@ -45,6 +45,9 @@ type Options struct {
 	Runs int
 	// SkipLoopback leaves out the go-fuse loopback target.
 	SkipLoopback bool
+	// LoopbackPassthrough lets the loopback's kernel read and write its
+	// backing files itself (LoopbackOptions.Passthrough).
+	LoopbackPassthrough bool
 	// Keep leaves the scratch directory (logs, data) in place.
 	Keep bool
 	// Self is the wheelfs binary to run as `wheelfs up`.
@@ -123,12 +126,6 @@ func Run(ctx context.Context, o Options) (rep *Report, err error) {
 	if rep.TarFiles, err = prepareTarball(ctx, goroot, tarball); err != nil {
 		return rep, err
 	}
-	var loopbackBin string
-	if !o.SkipLoopback {
-		if loopbackBin, err = buildLoopback(ctx, goTool, base, log); err != nil {
-			return rep, fmt.Errorf("%w\n(run from the WheelFS source tree, or use --skip-loopback)", err)
-		}
-	}
 	log.Info("generating random data", "size", FormatSize(o.Size))
 	data := randomData(o.Size)
 
@@ -144,7 +141,11 @@ func Run(ctx context.Context, o Options) (rep *Report, err error) {
 	}
 	setups := []setup{{Raw, func() (target, error) { return newRaw(base) }}}
 	if !o.SkipLoopback {
-		setups = append(setups, setup{Loopback, func() (target, error) { return startLoopback(ctx, loopbackBin, base, log) }})
+		rep.LoopbackDataPath = "process"
+		if o.LoopbackPassthrough {
+			rep.LoopbackDataPath = "passthrough"
+		}
+		setups = append(setups, setup{Loopback, func() (target, error) { return startLoopback(ctx, o.Self, o.LoopbackPassthrough, base, log) }})
 	}
 	setups = append(setups, setup{WheelFS, func() (target, error) { return startWheelFS(ctx, o.Self, base, log) }})
 

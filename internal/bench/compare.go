@@ -47,6 +47,9 @@ func Compare(old, cur *Report, slack float64) []Change {
 		o, okOld := wheelfsRatio(old, rw)
 		n, okNew := wheelfsRatio(cur, rw)
 		switch {
+		case rw.data && rw.base == Loopback && old.LoopbackDataPath != cur.LoopbackDataPath:
+			c.Missing = fmt.Sprintf("not comparable: the loopback's data path changed (%s -> %s)",
+				dataPath(old), dataPath(cur))
 		case !okOld:
 			c.Missing = "not in the recorded run"
 		case !okNew:
@@ -58,6 +61,13 @@ func Compare(old, cur *Report, slack float64) []Change {
 		out = append(out, c)
 	}
 	return out
+}
+
+func dataPath(r *Report) string {
+	if r.LoopbackDataPath == "" {
+		return "unrecorded"
+	}
+	return r.LoopbackDataPath
 }
 
 func wheelfsRatio(r *Report, rw row) (float64, bool) {

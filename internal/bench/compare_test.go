@@ -53,3 +53,25 @@ func TestCompareFlagsOnlyRatiosThatFell(t *testing.T) {
 		t.Errorf("create line %q; want -30%% and REGRESSED", l)
 	}
 }
+
+func TestCompareSkipsReadsWhenTheLoopbackDataPathChanged(t *testing.T) {
+	old, cur := sampleReport(), sampleReport()
+	old.LoopbackDataPath, cur.LoopbackDataPath = "passthrough", "process"
+	// Through its process the loopback reads at half the speed: WheelFS's
+	// read ratio doubles, which says nothing about WheelFS.
+	cur.Target(Loopback).Results[SeqRead].Rate /= 2
+	cur.Target(WheelFS).Results[SeqRead].Rate *= 0.5
+	got := map[string]Change{}
+	for _, c := range Compare(old, cur, DefaultSlack) {
+		got[c.Workload] = c
+	}
+	if c := got[SeqRead]; !strings.Contains(c.Missing, "passthrough -> process") || c.Regressed {
+		t.Errorf("seq-read across a data-path change: %+v; want it reported not comparable", c)
+	}
+	if c := got[SeqWrite]; c.Missing != "" {
+		t.Errorf("seq-write (against the raw disk): %+v; want it compared", c)
+	}
+	if c := got[Create]; c.Missing != "" || c.Regressed {
+		t.Errorf("create (metadata, not affected): %+v; want it compared, unchanged", c)
+	}
+}

@@ -7,9 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"runtime/debug"
 	"strings"
 	"time"
 
@@ -60,82 +58,32 @@ func (t *rawTarget) Restart(context.Context) error { return nil }
 func (t *rawTarget) Close() error                  { return nil }
 func (t *rawTarget) Check() error                  { return nil }
 
-// loopbackPkg is go-fuse's example pass-through file system.
-const loopbackPkg = "github.com/hanwen/go-fuse/v2/example/loopback"
-
-// buildLoopback builds go-fuse's loopback example into outDir: inside the
-// current module if that works (the WheelFS source tree), else in a
-// scratch module that requires the go-fuse version this binary was built
-// with.
-func buildLoopback(ctx context.Context, goTool, outDir string, log *slog.Logger) (string, error) {
-	out := filepath.Join(outDir, "loopback")
-	log.Info("building go-fuse loopback", "package", loopbackPkg)
-	cmd := exec.CommandContext(ctx, goTool, "build", "-o", out, loopbackPkg)
-	first, err := cmd.CombinedOutput()
-	if err == nil {
-		return out, nil
-	}
-	if ctx.Err() != nil {
-		return "", ctx.Err()
-	}
-	version := ""
-	if bi, ok := debug.ReadBuildInfo(); ok {
-		for _, d := range bi.Deps {
-			if d.Path == "github.com/hanwen/go-fuse/v2" {
-				version = d.Version
-				if d.Replace != nil {
-					version = d.Replace.Version
-				}
-			}
-		}
-	}
-	if version == "" || version == "(devel)" {
-		return "", fmt.Errorf("go build %s: %v\n%s", loopbackPkg, err, first)
-	}
-	log.Info("not in the WheelFS source tree; building loopback in a scratch module", "go-fuse", version)
-	mod := filepath.Join(outDir, "loopback-mod")
-	if err := os.MkdirAll(mod, 0o755); err != nil {
-		return "", err
-	}
-	gomod := "module wheelfsbenchloopback\n\ngo 1.22\n"
-	if err := os.WriteFile(filepath.Join(mod, "go.mod"), []byte(gomod), 0o644); err != nil {
-		return "", err
-	}
-	for _, args := range [][]string{
-		{"get", "github.com/hanwen/go-fuse/v2@" + version},
-		{"build", "-o", out, loopbackPkg},
-	} {
-		cmd := exec.CommandContext(ctx, goTool, args...)
-		cmd.Dir = mod
-		if b, err := cmd.CombinedOutput(); err != nil {
-			return "", fmt.Errorf("go %s: %v\n%s\n(in the current directory: %s)", strings.Join(args, " "), err, b, first)
-		}
-	}
-	return out, nil
-}
-
-// loopbackTarget is go-fuse's loopback mounting a directory of the backing disk.
+// loopbackTarget is go-fuse's loopback mounting a directory of the backing
+// disk, served by `wheelfs bench loopback` (ServeLoopback).
 type loopbackTarget struct {
 	backing, mnt string
+	passthrough  bool
 	proc         *child
 	log          *slog.Logger
 }
 
-func startLoopback(ctx context.Context, bin, base string, log *slog.Logger) (*loopbackTarget, error) {
-	t := &loopbackTarget{backing: filepath.Join(base, "loopback-backing"), mnt: filepath.Join(base, "loopback-mnt"), log: log}
+func startLoopback(ctx context.Context, self string, passthrough bool, base string, log *slog.Logger) (*loopbackTarget, error) {
+	t := &loopbackTarget{backing: filepath.Join(base, "loopback-backing"), mnt: filepath.Join(base, "loopback-mnt"),
+		passthrough: passthrough, log: log}
 	for _, d := range []string{t.backing, t.mnt} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			return nil, err
 		}
 	}
-	argv := []string{bin}
+	argv := []string{self, "bench", "loopback", t.mnt, t.backing}
 	if os.Getuid() == 0 {
-		// Like `wheelfs up` as root: allow_other, and the mount(2) call
-		// itself rather than fusermount (not installed on every host;
-		// `wheelfs up` opens /dev/fuse itself too).
-		argv = append(argv, "-allow-other", "-directmount")
+		// Like `wheelfs up` as root: allow_other, with the kernel
+		// checking permissions (and mount(2) called directly).
+		argv = append(argv, "--allow-other")
 	}
-	argv = append(argv, t.mnt, t.backing)
+	if passthrough {
+		argv = append(argv, "--passthrough")
+	}
 	log.Info("mounting loopback", "mountpoint", t.mnt, "backing", t.backing)
 	p, err := startChild("loopback", filepath.Join(base, "loopback.log"), nil, argv...)
 	if err != nil {
@@ -150,7 +98,11 @@ func startLoopback(ctx context.Context, bin, base string, log *slog.Logger) (*lo
 
 func (t *loopbackTarget) Root() string { return t.mnt }
 func (t *loopbackTarget) Describe() string {
-	return fmt.Sprintf("go-fuse loopback at %s over %s", t.mnt, t.backing)
+	how := "reads and writes through its process"
+	if t.passthrough {
+		how = "FUSE passthrough: the kernel reads and writes the backing files"
+	}
+	return fmt.Sprintf("go-fuse loopback at %s over %s (%s)", t.mnt, t.backing, how)
 }
 func (t *loopbackTarget) Restart(context.Context) error { return nil }
 func (t *loopbackTarget) Check() error                  { return checkMount("loopback", t.mnt, t.proc) }

@@ -18,15 +18,18 @@ func newBench(g *globalFlags) *cobra.Command {
 		files        int
 		runs         int
 		skipLoopback bool
+		passthrough  bool
 		asJSON, keep bool
 	)
 	cmd := &cobra.Command{
 		Use:   "bench [--dir DIR] [--size 512MiB] [--files 10000] [--runs 3] [--skip-loopback] [--json]",
 		Short: "Measure a one-host WheelFS against the raw disk and a FUSE loopback mount (run as root for cold reads)",
 		Long: `bench measures, on the same backing disk, three targets side by side: a plain
-directory (the raw disk), go-fuse's loopback example mounting a directory (the
-FUSE ceiling; built with the go command, so run it from the WheelFS source
-tree), and a one-host WheelFS started as ` + "`wheelfs up`" + ` with this binary.
+directory (the raw disk), go-fuse's loopback file system mounting a directory
+(the FUSE ceiling, served by this binary; its reads and writes go through
+its process, as WheelFS's do, unless --loopback-passthrough), and a one-host
+WheelFS started as ` + "`wheelfs up`" + ` with this binary. The tar workload needs the go
+command (it extracts $GOROOT/src).
 Workloads: sequential write and cold sequential read in 1 MiB I/Os; create,
 stat, readdir and unlink of many empty files; tar -x of $GOROOT/src.
 Progress goes to stderr, the table (or JSON) to stdout. See docs/BENCHMARKS.md.`,
@@ -43,7 +46,7 @@ Progress goes to stderr, the table (or JSON) to stdout. See docs/BENCHMARKS.md.`
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
 			rep, err := bench.Run(ctx, bench.Options{Dir: dir, Size: n, Files: files, Runs: runs, SkipLoopback: skipLoopback,
-				Keep: keep, Self: self, Logger: g.logger()})
+				LoopbackPassthrough: passthrough, Keep: keep, Self: self, Logger: g.logger()})
 			if rep != nil && len(rep.Targets) > 0 {
 				if asJSON {
 					enc := json.NewEncoder(os.Stdout)
@@ -70,10 +73,34 @@ Progress goes to stderr, the table (or JSON) to stdout. See docs/BENCHMARKS.md.`
 	f.StringVar(&size, "size", "512MiB", "size of the sequential file (KiB, MiB, GiB; KB, MB, GB)")
 	f.IntVar(&files, "files", 10000, "number of small files to create, stat, list and unlink")
 	f.IntVar(&runs, "runs", 3, "repetitions of the sequential write and read; the median is reported")
-	f.BoolVar(&skipLoopback, "skip-loopback", false, "do not build and measure go-fuse's loopback file system")
+	f.BoolVar(&skipLoopback, "skip-loopback", false, "do not measure go-fuse's loopback file system")
 	f.BoolVar(&asJSON, "json", false, "print the report as JSON on stdout (the table goes to stderr)")
 	f.BoolVar(&keep, "keep", false, "keep the scratch directory (logs, data) after the run")
-	cmd.AddCommand(newBenchCompare())
+	f.BoolVar(&passthrough, "loopback-passthrough", false, "let the loopback's kernel read and write its backing files itself (FUSE passthrough, root on Linux 6.9+): its reads and writes are then the raw disk's")
+	cmd.AddCommand(newBenchCompare(), newBenchLoopback(g))
+	return cmd
+}
+
+// newBenchLoopback is the loopback file system bench mounts as its FUSE
+// ceiling, served by this binary (hidden: bench runs it).
+func newBenchLoopback(g *globalFlags) *cobra.Command {
+	var o bench.LoopbackOptions
+	cmd := &cobra.Command{
+		Use:    "loopback MOUNTPOINT BACKING [--allow-other] [--passthrough]",
+		Short:  "Serve go-fuse's loopback file system of BACKING at MOUNTPOINT until interrupted (bench's FUSE ceiling)",
+		Hidden: true,
+		Args:   cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+			defer stop()
+			return bench.ServeLoopback(ctx, args[0], args[1], o, func() {
+				g.logger().Info("loopback mounted", "mountpoint", args[0], "backing", args[1], "passthrough", o.Passthrough)
+			})
+		},
+	}
+	cmd.Flags().BoolVar(&o.AllowOther, "allow-other", false, "let other users in (the kernel checks permissions)")
+	cmd.Flags().BoolVar(&o.Passthrough, "passthrough", false, "let the kernel read and write the backing files itself")
+	cmd.Flags().BoolVar(&o.Debug, "debug", false, "log every FUSE request")
 	return cmd
 }
 
