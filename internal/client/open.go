@@ -434,16 +434,26 @@ func (h *Handle) Release(ctx context.Context) {
 			f.log.Error("writes dropped: file released with uncommitted data", slog.String("id", st.id.String()))
 		}
 	}
-	// The primary's count only matters to reclaim unlinked files: tell it
-	// in the background, close(2) need not wait a round trip.
-	go func() {
+	// The primary's count only matters to reclaim unlinked files, and
+	// close(2) does not wait for a release (the kernel sends it in the
+	// background). A primary in this process is told at once: a
+	// goroutine per release cost more (spawn, stack growth) than the
+	// call. Anything that may wait (a registration in flight, a primary
+	// across the network) goes to the background, so that it never holds
+	// one of the kernel's few background requests.
+	release := func() {
 		h.regMu.Lock() // after a registration at a new primary in flight
 		h.released = true
 		h.regMu.Unlock()
 		ctx, cancel := f.bound(context.WithoutCancel(ctx), h.cues)
 		defer cancel()
 		h.releaseAt(ctx)
-	}()
+	}
+	if h.registered == nil && f.primaryInProcess(h.obj) {
+		release()
+		return
+	}
+	go release()
 }
 
 // hold remembers h, if a primary counted it (or will: registered), so
