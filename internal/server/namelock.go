@@ -24,7 +24,7 @@ type nameLock struct {
 	users int
 }
 
-func nameKey(dir oid.ID, name string) string { return fmt.Sprintf("%016x/%s", uint64(dir), name) }
+func nameKey(dir oid.ID, name string) string { return hexKey("", uint64(dir), "/"+name) }
 
 // lock takes the locks of the given entries (in a fixed order, so two
 // callers never wait for each other) and returns their release. It fails

@@ -3,7 +3,6 @@ package server
 import (
 	"context"
 	"errors"
-	"fmt"
 	"slices"
 	"strings"
 	"sync"
@@ -52,12 +51,12 @@ const (
 	opSweepPeriods = 60
 )
 
-func opSessionPrefix(session uint64) string { return fmt.Sprintf("%s%016x/", opPrefix, session) }
+func opSessionPrefix(session uint64) string { return hexKey(opPrefix, session, "/") }
 
 // opKey names a record; fixed-width hex keeps a session's records in seq
 // order.
 func opKey(session, seq uint64) string {
-	return fmt.Sprintf("%s%016x", opSessionPrefix(session), seq)
+	return hexKey(opSessionPrefix(session), seq, "")
 }
 
 // eachOutcome calls fn for id's records whose names start with prefix

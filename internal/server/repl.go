@@ -47,7 +47,7 @@ type pos struct {
 
 func (p pos) less(q pos) bool { return p.epoch < q.epoch || p.epoch == q.epoch && p.seq < q.seq }
 
-func posKey(s oid.Slice) string { return fmt.Sprintf("repl/%08x", uint32(s)) }
+func posKey(s oid.Slice) string { return string(appendHex([]byte("repl/"), uint64(uint32(s)), 8)) }
 
 func readPos(tx *store.Tx, s oid.Slice) pos {
 	v, err := tx.Sys(posKey(s))

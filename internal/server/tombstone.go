@@ -33,10 +33,10 @@ func nameHash(name string) uint64 {
 	return h.Sum64()
 }
 
-func tombNamePrefix(name string) string { return fmt.Sprintf("%s%016x/", tombPrefix, nameHash(name)) }
+func tombNamePrefix(name string) string { return hexKey(tombPrefix, nameHash(name), "/") }
 
 func tombKey(name string, id oid.ID) string {
-	return fmt.Sprintf("%s%016x", tombNamePrefix(name), uint64(id))
+	return hexKey(tombNamePrefix(name), uint64(id), "")
 }
 
 func tombValue(seq uint64, name string) []byte {

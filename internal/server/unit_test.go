@@ -23,7 +23,7 @@ import (
 
 var rootCaller = &wire.Caller{}
 
-func newTestServer(t *testing.T) (*Server, context.Context) {
+func newTestServer(t testing.TB) (*Server, context.Context) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	t.Cleanup(cancel)
@@ -49,7 +49,7 @@ func newTestServer(t *testing.T) (*Server, context.Context) {
 	return s, ctx
 }
 
-func create(t *testing.T, s *Server, ctx context.Context, dir oid.ID, name string, typ wire.Type) *wire.Meta {
+func create(t testing.TB, s *Server, ctx context.Context, dir oid.ID, name string, typ wire.Type) *wire.Meta {
 	t.Helper()
 	resp, err := s.Create(ctx, &wire.CreateRequest{Caller: rootCaller, Dir: uint64(dir), Name: name, Type: typ, Mode: 0o755})
 	if err != nil {
