@@ -46,7 +46,7 @@ type Options struct {
 	// SkipLoopback leaves out the go-fuse loopback target.
 	SkipLoopback bool
 	// LoopbackPassthrough lets the loopback's kernel read and write its
-	// backing files itself (LoopbackOptions.Passthrough).
+	// backing files itself (loopbackfs.Options.Passthrough).
 	LoopbackPassthrough bool
 	// Keep leaves the scratch directory (logs, data) in place.
 	Keep bool

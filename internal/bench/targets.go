@@ -59,7 +59,7 @@ func (t *rawTarget) Close() error                  { return nil }
 func (t *rawTarget) Check() error                  { return nil }
 
 // loopbackTarget is go-fuse's loopback mounting a directory of the backing
-// disk, served by `wheelfs bench loopback` (ServeLoopback).
+// disk, served by `wheelfs bench loopback` (internal/loopbackfs).
 type loopbackTarget struct {
 	backing, mnt string
 	passthrough  bool

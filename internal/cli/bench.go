@@ -10,6 +10,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/wheelfs/wheelfs/internal/bench"
+	"github.com/wheelfs/wheelfs/internal/loopbackfs"
 )
 
 func newBench(g *globalFlags) *cobra.Command {
@@ -84,7 +85,7 @@ Progress goes to stderr, the table (or JSON) to stdout. See docs/BENCHMARKS.md.`
 // newBenchLoopback is the loopback file system bench mounts as its FUSE
 // ceiling, served by this binary (hidden: bench runs it).
 func newBenchLoopback(g *globalFlags) *cobra.Command {
-	var o bench.LoopbackOptions
+	var o loopbackfs.Options
 	cmd := &cobra.Command{
 		Use:    "loopback MOUNTPOINT BACKING [--allow-other] [--passthrough]",
 		Short:  "Serve go-fuse's loopback file system of BACKING at MOUNTPOINT until interrupted (bench's FUSE ceiling)",
@@ -93,7 +94,7 @@ func newBenchLoopback(g *globalFlags) *cobra.Command {
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
-			return bench.ServeLoopback(ctx, args[0], args[1], o, func() {
+			return loopbackfs.Serve(ctx, args[0], args[1], o, func() {
 				g.logger().Info("loopback mounted", "mountpoint", args[0], "backing", args[1], "passthrough", o.Passthrough)
 			})
 		},

@@ -1,4 +1,4 @@
-package bench
+package loopbackfs
 
 import (
 	"bytes"
@@ -11,10 +11,10 @@ import (
 	"github.com/wheelfs/wheelfs/internal/mountinfo"
 )
 
-// TestServeLoopback mounts the bench's loopback without passthrough and
+// TestServe mounts the bench's loopback without passthrough and
 // checks that what is written through it lands in the backing directory
 // and reads back, and that cancelling unmounts it.
-func TestServeLoopback(t *testing.T) {
+func TestServe(t *testing.T) {
 	if os.Getuid() != 0 {
 		t.Skip("needs root to mount")
 	}
@@ -27,12 +27,12 @@ func TestServeLoopback(t *testing.T) {
 	ready := make(chan struct{})
 	done := make(chan error, 1)
 	go func() {
-		done <- ServeLoopback(ctx, mnt, backing, LoopbackOptions{AllowOther: true}, func() { close(ready) })
+		done <- Serve(ctx, mnt, backing, Options{AllowOther: true}, func() { close(ready) })
 	}()
 	select {
 	case <-ready:
 	case err := <-done:
-		t.Fatalf("ServeLoopback: %v", err)
+		t.Fatalf("Serve: %v", err)
 	case <-time.After(30 * time.Second):
 		t.Fatal("loopback not mounted after 30 s")
 	}
@@ -50,7 +50,7 @@ func TestServeLoopback(t *testing.T) {
 	select {
 	case err := <-done:
 		if err != nil {
-			t.Fatalf("ServeLoopback: %v", err)
+			t.Fatalf("Serve: %v", err)
 		}
 	case <-time.After(30 * time.Second):
 		t.Fatal("loopback still serving 30 s after its context ended")

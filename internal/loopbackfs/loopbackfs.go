@@ -1,4 +1,8 @@
-package bench
+// Package loopbackfs serves go-fuse's loopback file system (a directory
+// mirrored through FUSE) as the FUSE ceiling `wheelfs bench` compares
+// WheelFS with: by default its files decline FUSE passthrough, so that
+// their reads and writes go through this process as WheelFS's do.
+package loopbackfs
 
 import (
 	"context"
@@ -11,8 +15,8 @@ import (
 	"github.com/hanwen/go-fuse/v2/fuse"
 )
 
-// LoopbackOptions configures ServeLoopback.
-type LoopbackOptions struct {
+// Options configures Serve.
+type Options struct {
 	// AllowOther lets other users in, and then has the kernel check
 	// permissions (default_permissions), as go-fuse's example does.
 	AllowOther bool
@@ -25,12 +29,12 @@ type LoopbackOptions struct {
 	Debug bool
 }
 
-// ServeLoopback mounts go-fuse's loopback file system of backing at mnt,
+// Serve mounts go-fuse's loopback file system of backing at mnt,
 // with the options of go-fuse's example (1 s entry and attribute caches,
 // modes as they are), and serves it until ctx is done. It is the bench's
 // FUSE ceiling, served by this binary so that the bench needs no go-fuse
 // source to build; ready is called once the mount answers.
-func ServeLoopback(ctx context.Context, mnt, backing string, o LoopbackOptions, ready func()) error {
+func Serve(ctx context.Context, mnt, backing string, o Options, ready func()) error {
 	root, err := fs.NewLoopbackRoot(backing)
 	if err != nil {
 		return fmt.Errorf("loopback of %s: %w", backing, err)
