@@ -153,7 +153,7 @@ func (o *onceOp) wrap(fn func(tx *store.Tx) error) func(tx *store.Tx) error {
 		if !tx.Changed() {
 			return nil
 		}
-		if _, err := tx.Meta(o.anchor); err != nil {
+		if !tx.HasObject(o.anchor) {
 			return nil // the anchor went with the change: nothing to keep the record on
 		}
 		return o.record(tx)

@@ -463,6 +463,14 @@ func (t *Tx) Meta(id oid.ID) (*wire.Meta, error) {
 	return m, nil
 }
 
+// HasObject tells whether object id exists, without decoding its
+// meta-data.
+func (t *Tx) HasObject(id oid.ID) bool {
+	k := idKey(id)
+	_, ok := t.get(bObjects, k[:])
+	return ok
+}
+
 // PutMeta creates or replaces the meta-data of object m.Id.
 func (t *Tx) PutMeta(m *wire.Meta) error {
 	if err := t.writeCheck(); err != nil {
