@@ -436,24 +436,42 @@ func (h *Handle) Release(ctx context.Context) {
 	}
 	// The primary's count only matters to reclaim unlinked files, and
 	// close(2) does not wait for a release (the kernel sends it in the
-	// background). A primary in this process is told at once: a
-	// goroutine per release cost more (spawn, stack growth) than the
-	// call. Anything that may wait (a registration in flight, a primary
-	// across the network) goes to the background, so that it never holds
-	// one of the kernel's few background requests.
-	release := func() {
+	// background). A primary in this process gets one try at once, in
+	// this request's goroutine: a goroutine per release cost more (spawn,
+	// stack growth) than the call. Whatever could wait (a registration
+	// in flight, a primary across the network, a refusal while the
+	// primary changes) goes to a goroutine, so that it never holds one
+	// of the kernel's few background requests.
+	if h.registered == nil && h.releaseHere(ctx) {
+		return
+	}
+	go func() {
 		h.regMu.Lock() // after a registration at a new primary in flight
 		h.released = true
 		h.regMu.Unlock()
 		ctx, cancel := f.bound(context.WithoutCancel(ctx), h.cues)
 		defer cancel()
 		h.releaseAt(ctx)
+	}()
+}
+
+// releaseHere tells a primary in this process, in one try that waits for
+// nothing else, that h is gone; false leaves it to the background.
+func (h *Handle) releaseHere(ctx context.Context) bool {
+	f := h.fs
+	c, ok := f.primaryAtHand(h.obj)
+	if !ok || !c.InProcess || !h.regMu.TryLock() { // a re-registration in flight
+		return false
 	}
-	if h.registered == nil && f.primaryInProcess(h.obj) {
-		release()
-		return
+	h.released = true
+	h.regMu.Unlock()
+	if !h.counted {
+		return true
 	}
-	go release()
+	ctx, cancel := f.bound(context.WithoutCancel(ctx), h.cues)
+	defer cancel()
+	_, err := c.Release(ctx, &wire.ReleaseRequest{Id: uint64(h.obj), Handle: h.user.handle.wire()})
+	return err == nil
 }
 
 // hold remembers h, if a primary counted it (or will: registered), so

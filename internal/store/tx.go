@@ -479,10 +479,10 @@ func (t *Tx) PutMeta(m *wire.Meta) error {
 	if m.GetId() == 0 {
 		return fmt.Errorf("store: meta-data without an id: %w", fserr.ErrInvalid)
 	}
-	k := idKey(oid.ID(m.Id))
-	if _, ok := t.get(bObjects, k[:]); !ok {
+	if !t.HasObject(oid.ID(m.Id)) {
 		t.fn.objects++
 	}
+	k := idKey(oid.ID(m.Id))
 	mo := proto.MarshalOptions{}
 	v := t.mem.alloc(mo.Size(m))
 	v, err := proto.MarshalOptions{UseCachedSize: true}.MarshalAppend(v[:0], m)
@@ -500,10 +500,10 @@ func (t *Tx) DeleteObject(id oid.ID) error {
 	if err := t.writeCheck(); err != nil {
 		return err
 	}
-	k := idKey(id)
-	if _, ok := t.get(bObjects, k[:]); !ok {
+	if !t.HasObject(id) {
 		return fmt.Errorf("store: delete object %v: %w", id, fserr.ErrNotExist)
 	}
+	k := idKey(id)
 	if has, err := t.HasEntries(id); err != nil {
 		return err
 	} else if has {
