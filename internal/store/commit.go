@@ -109,7 +109,7 @@ func (s *Store) View(fn func(*Tx) error) error {
 	}
 	defer func() {
 		_ = t.btx.Rollback()
-		t.btx, t.layers, t.bk, t.s = nil, [2]*memtable{}, [nBuckets]*bbolt.Bucket{}, nil
+		t.btx, t.layers, t.bk, t.cur, t.s = nil, [2]*memtable{}, [nBuckets]*bbolt.Bucket{}, [nBuckets]*bbolt.Cursor{}, nil
 		viewPool.Put(t)
 	}()
 	return fn(t)
@@ -299,8 +299,13 @@ func (s *Store) commit(t *Tx, sync bool) error {
 //
 // Without sync the record is written but not synced (a lazy batch): the
 // next synced record's fdatasync covers it, as it is earlier in the same
-// file, and lazyTimer syncs it within LazyFlushDelay otherwise.
+// file, and lazyTimer syncs it within LazyFlushDelay otherwise. After a
+// failed sync of lazy records (logErr) nothing is appended.
 func (s *Store) appendLog(rec []byte, sync bool) error {
+	if s.logErr != nil {
+		s.failed = s.logErr
+		return s.failed
+	}
 	w := s.wal
 	if need := w.off + int64(len(rec)) - w.alloc; need > 0 {
 		err := w.grow((need + walChunk - 1) / walChunk * walChunk)
@@ -368,15 +373,27 @@ func (s *Store) Flush() error {
 }
 
 // syncLazyLocked syncs the log if lazy records are unsynced (commitMu
-// held). A failure leaves them dirty: the next synced record's fdatasync
-// reports it to the committer, which stops the store.
+// held). A failure is final (logErr): every later sync and append fails
+// with it, so the store takes no update until a restart replays the log.
+// It stays under commitMu: a synced append's fdatasync running beside it
+// could be the one told of a failure and report success to the other.
 func (s *Store) syncLazyLocked() error {
+	if s.logErr != nil {
+		return s.logErr
+	}
 	if !s.walDirty || s.wal == nil {
 		return nil
 	}
-	if err := fdatasync(s.wal.f); err != nil {
-		s.log.Error("store: sync of lazy log records failed", "err", err)
-		return ioErr("sync log", err)
+	var err error
+	if s.logSyncFault != nil {
+		err = s.logSyncFault()
+	} else {
+		err = fdatasync(s.wal.f)
+	}
+	if err != nil {
+		s.logErr = ioErr("sync lazy log records (restart the store to recover)", err)
+		s.log.Error("store: sync of lazy log records failed; the store takes no more updates", "err", err)
+		return s.logErr
 	}
 	s.walDirty = false
 	return nil
@@ -388,7 +405,7 @@ func (s *Store) lazyFlush() {
 	defer s.commitMu.Unlock()
 	s.lazyArmed = false
 	if !s.lazyOff {
-		_ = s.syncLazyLocked() // logged; left dirty for the committer
+		_ = s.syncLazyLocked() // a failure is logged and kept (logErr)
 	}
 }
 

@@ -3,9 +3,11 @@ package store
 import (
 	"context"
 	"errors"
+	"syscall"
 	"testing"
 	"time"
 
+	"github.com/wheelfs/wheelfs/internal/fserr"
 	"github.com/wheelfs/wheelfs/internal/oid"
 	"github.com/wheelfs/wheelfs/internal/poll"
 	"github.com/wheelfs/wheelfs/internal/wire"
@@ -76,5 +78,47 @@ func TestLazyUpdates(t *testing.T) {
 		if err := s.View(func(tx *Tx) error { _, err := tx.Meta(oid.Make(1, i)); return err }); err != nil {
 			t.Errorf("update %d after a reopen: %v", i, err)
 		}
+	}
+}
+
+// TestLazySyncFailure: once an fdatasync of lazy records failed, the
+// store takes no more updates, even once fdatasync works again (Linux
+// would report the lost write-back to no later one), until it reopens.
+func TestLazySyncFailure(t *testing.T) {
+	dir := t.TempDir()
+	s := openT(t, dir, Options{})
+	ctx := context.Background()
+	put := func(ctx context.Context, n uint64) error {
+		return s.Update(ctx, func(tx *Tx) error {
+			return tx.PutMeta(&wire.Meta{Id: uint64(oid.Make(1, n)), Type: wire.Type_TYPE_FILE})
+		})
+	}
+	if err := put(Lazily(ctx), 1); err != nil {
+		t.Fatal(err)
+	}
+	s.commitMu.Lock()
+	s.logSyncFault = func() error { return syscall.EIO }
+	s.commitMu.Unlock()
+	if err := s.Flush(); !errors.Is(err, fserr.ErrIO) {
+		t.Fatalf("Flush with a failing sync = %v, want EIO", err)
+	}
+	s.commitMu.Lock()
+	s.logSyncFault = nil
+	s.commitMu.Unlock()
+	if err := s.Flush(); !errors.Is(err, fserr.ErrIO) {
+		t.Errorf("Flush after a failed sync = %v, want EIO", err)
+	}
+	for _, c := range []context.Context{ctx, Lazily(ctx)} {
+		if err := put(c, 2); !errors.Is(err, fserr.ErrIO) {
+			t.Errorf("update after a failed sync of lazy records = %v, want EIO", err)
+		}
+	}
+	s.Close()
+	s = openT(t, dir, Options{})
+	if err := s.View(func(tx *Tx) error { _, err := tx.Meta(oid.Make(1, 1)); return err }); err != nil {
+		t.Errorf("the lazy update (still in the page cache) after a reopen: %v", err)
+	}
+	if err := put(ctx, 3); err != nil {
+		t.Errorf("update after a reopen: %v", err)
 	}
 }

@@ -27,7 +27,7 @@ type memtable struct {
 func newMemtable() *memtable {
 	m := new(memtable)
 	for i := range m.lists {
-		m.lists[i].head.next = make([]atomic.Pointer[node], maxHeight)
+		m.lists[i].head.more = make([]atomic.Pointer[node], maxHeight-inlineHeight)
 	}
 	return m
 }
@@ -54,16 +54,32 @@ func (m *memtable) addInline(blocks []inlineBlock) {
 }
 
 const (
-	maxHeight    = 12 // ample for millions of keys with branching factor 4
-	nodeOverhead = 96 // node struct plus an average tower, roughly
+	maxHeight    = 12  // ample for millions of keys with branching factor 4
+	inlineHeight = 4   // levels kept in the node itself: 255 nodes in 256
+	nodeOverhead = 128 // node struct (its size class), roughly
 )
 
-// node is one version of a key. Only next changes after publication.
+// node is one version of a key. Only its links change after publication.
+// The lowest levels' links are part of the node, so a step along them
+// touches one object, not the node and then its tower (a cache miss
+// less per step, an allocation less per insert).
 type node struct {
-	key, val []byte
-	seq      uint64
-	del      bool
-	next     []atomic.Pointer[node]
+	// A step reads the links and then key and seq: together they fill
+	// one 64-byte cache line.
+	next [inlineHeight]atomic.Pointer[node]
+	key  []byte
+	seq  uint64
+	val  []byte
+	del  bool
+	more []atomic.Pointer[node] // levels from inlineHeight up, if any
+}
+
+// link returns the node's link on level i.
+func (n *node) link(i int) *atomic.Pointer[node] {
+	if i < inlineHeight {
+		return &n.next[i]
+	}
+	return &n.more[i-inlineHeight]
 }
 
 // skiplist orders nodes by key ascending, then sequence number descending
@@ -95,7 +111,7 @@ func (l *skiplist) seek(key []byte, seq uint64, prev *[maxHeight]*node) *node {
 		for {
 			// Return the node compared, not a reload of x.next: the writer
 			// may have inserted a newer version in between.
-			if n = x.next[i].Load(); n == nil || cmpNode(n, key, seq) >= 0 {
+			if n = x.link(i).Load(); n == nil || cmpNode(n, key, seq) >= 0 {
 				break
 			}
 			x = n
@@ -135,10 +151,13 @@ func (l *skiplist) put(key, val []byte, seq uint64, del bool) {
 	if h > int(l.height.Load()) {
 		l.height.Store(int32(h)) // new levels start at head (prev default)
 	}
-	nn := &node{key: key, val: val, seq: seq, del: del, next: make([]atomic.Pointer[node], h)}
+	nn := &node{key: key, val: val, seq: seq, del: del}
+	if h > inlineHeight {
+		nn.more = make([]atomic.Pointer[node], h-inlineHeight)
+	}
 	for i := range h { // bottom up, so a node is in level 0 before any index level
-		nn.next[i].Store(prev[i].next[i].Load())
-		prev[i].next[i].Store(nn)
+		nn.link(i).Store(prev[i].link(i).Load())
+		prev[i].link(i).Store(nn)
 	}
 }
 

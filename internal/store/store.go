@@ -200,6 +200,12 @@ type Store struct {
 	walDirty  bool
 	lazyArmed bool
 	lazyOff   bool // Close: the timer must not touch the log
+	// logErr is the failure of an fdatasync of lazy records (under
+	// commitMu). Linux reports a writeback error to one fdatasync of an
+	// open file only: the next one succeeds although those records may
+	// never reach the disk, and a replay would stop at them, losing the
+	// synced records after them. So the log takes no record after it.
+	logErr    error
 	lazyTimer *time.Timer
 	snap      atomic.Pointer[snapshot]
 	ckMu      sync.Mutex
@@ -238,6 +244,9 @@ type Store struct {
 	// syncFault, when set (tests), stands in for a failing fdatasync of a
 	// segment: a non-nil error is returned instead of syncing.
 	syncFault func(seg uint32) error
+	// logSyncFault, when set (tests), stands in for a failing fdatasync
+	// of the log's lazy records.
+	logSyncFault func() error
 
 	// The reserve file (space.go).
 	resMu      sync.Mutex
