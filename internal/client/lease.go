@@ -76,6 +76,13 @@ type cached struct {
 	// listOwned: list is the cache's own copy (own changes edit it in
 	// place); otherwise the request that read it may still hold it.
 	listOwned bool
+	// listEdits holds this client's changes to a sorted listing that are
+	// not merged into list yet (name → entry; nil: removed). Inserting
+	// each into the slice moved its tail: O(n) per create or unlink, a
+	// quadratic rm -rf of a big directory (docs/BENCHMARKS.md). find
+	// reads them first; listing merges them, as adoptListed does once
+	// they are a quarter of the listing.
+	listEdits map[string]*wire.Entry
 	at        time.Time // last filled
 	used      bool      // served from since filled by a push (Revoke.updates)
 }
@@ -102,6 +109,9 @@ func (c *cached) find(name string) (e *wire.Entry, known bool) {
 	}
 	if !c.listed || !c.sorted {
 		return nil, false
+	}
+	if e, ok := c.listEdits[name]; ok {
+		return e, true
 	}
 	i, ok := slices.BinarySearchFunc(c.list, name, func(e *wire.Entry, n string) int { return strings.Compare(e.Name, n) })
 	if ok {
@@ -268,7 +278,7 @@ func (l *leases) record(t leaseToken, ms uint32, id oid.ID, fill func(c *cached)
 	if valid {
 		if c.stale || c.server != t.server || c.chanGen != t.chanGen || c.until.Before(now) {
 			// A fresh lease: what the old one covered may be out of date.
-			c.entries, c.absent, c.list, c.listed, c.listOwned, c.xattrs = nil, nil, nil, false, false, nil
+			c.entries, c.absent, c.list, c.listEdits, c.listed, c.listOwned, c.xattrs = nil, nil, nil, nil, false, false, nil
 		}
 		c.server, c.chanGen, c.stale = t.server, t.chanGen, false
 		c.until = leaseEnd(t, ms)
@@ -449,7 +459,7 @@ func (l *leases) updateLocked(bc *backChannel, gen uint64, updates []*wire.Lease
 			continue
 		}
 		c.meta, c.xattrs, c.stale, c.used = u.Meta, nil, false, false
-		c.entries, c.absent, c.list, c.listed, c.sorted = nil, nil, nil, false, false
+		c.entries, c.absent, c.list, c.listEdits, c.listed, c.sorted = nil, nil, nil, nil, false, false
 		kept = append(kept, u.Id)
 	}
 	return kept

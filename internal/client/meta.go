@@ -534,7 +534,7 @@ func (f *FS) fetchDir(ctx context.Context, u User, cues cue.Set, dir oid.ID) ([]
 	}
 	sorted := slices.IsSortedFunc(entries, func(a, b *wire.Entry) int { return strings.Compare(a.Name, b.Name) })
 	f.leases.record(first, lease, dir, func(c *cached) {
-		c.meta, c.list, c.listed, c.sorted, c.listOwned = d, entries, true, sorted, false
+		c.meta, c.list, c.listEdits, c.listed, c.sorted, c.listOwned = d, entries, nil, true, sorted, false
 		if x := newXattrSet(sum); x != nil && x.version == d.GetVersion() {
 			c.xattrs = x
 		}
@@ -573,7 +573,7 @@ func (f *FS) cachedList(u User, dir oid.ID, stale bool) ([]*wire.Entry, *wire.Me
 	var d *wire.Meta
 	var list []*wire.Entry
 	if !f.leases.lookup(dir, stale, func(c *cached) bool {
-		d, list = c.meta, c.list
+		d, list = c.meta, c.listing()
 		return c.listed && d != nil
 	}) {
 		return nil, nil, nil, false

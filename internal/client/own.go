@@ -2,8 +2,8 @@ package client
 
 import (
 	"context"
+	"maps"
 	"slices"
-	"strings"
 	"time"
 
 	"github.com/wheelfs/wheelfs/internal/cue"
@@ -166,25 +166,24 @@ func adoptEntryChange(c *cached, d *wire.Meta, name string, e *wire.Entry) bool 
 	return true
 }
 
-// adoptListed adds or removes name in the cached listing, keeping it in
-// name order when it was. The listing is copied once before it is first
-// changed in place: the request that read it may still hold it.
+// adoptListed adds or removes name in the cached listing. A sorted one
+// notes the change (listEdits) and merges the changes once they are a
+// quarter of it (a create or unlink costs O(log n) amortized, not a move
+// of the listing's tail). An unsorted one, rare, is changed in place,
+// copied once first: the request that read it may still hold it.
 func (c *cached) adoptListed(name string, e *wire.Entry) {
-	if !c.listOwned {
-		c.list, c.listOwned = slices.Clone(c.list), true
-	}
-	cmp := func(x *wire.Entry, n string) int { return strings.Compare(x.Name, n) }
 	if c.sorted {
-		i, found := slices.BinarySearchFunc(c.list, name, cmp)
-		switch {
-		case e != nil && found:
-			c.list[i] = e
-		case e != nil:
-			c.list = slices.Insert(c.list, i, e)
-		case found:
-			c.list = slices.Delete(c.list, i, i+1)
+		if c.listEdits == nil {
+			c.listEdits = map[string]*wire.Entry{}
+		}
+		c.listEdits[name] = e
+		if len(c.listEdits) > max(minListEdits, len(c.list)/4) {
+			c.mergeListEdits()
 		}
 		return
+	}
+	if !c.listOwned {
+		c.list, c.listOwned = slices.Clone(c.list), true
 	}
 	i := slices.IndexFunc(c.list, func(x *wire.Entry) bool { return x.Name == name })
 	switch {
@@ -195,6 +194,39 @@ func (c *cached) adoptListed(name string, e *wire.Entry) {
 	case i >= 0:
 		c.list = slices.Delete(c.list, i, i+1)
 	}
+}
+
+// minListEdits is how many changes a sorted listing collects before they
+// are merged into it, however short it is.
+const minListEdits = 64
+
+// listing returns the cached listing with this client's changes merged.
+func (c *cached) listing() []*wire.Entry {
+	c.mergeListEdits()
+	return c.list
+}
+
+// mergeListEdits merges listEdits into a new copy of the sorted listing.
+func (c *cached) mergeListEdits() {
+	if len(c.listEdits) == 0 {
+		return
+	}
+	names := slices.Sorted(maps.Keys(c.listEdits))
+	out := make([]*wire.Entry, 0, len(c.list)+len(names))
+	i := 0
+	for _, name := range names {
+		for i < len(c.list) && c.list[i].Name < name {
+			out = append(out, c.list[i])
+			i++
+		}
+		if i < len(c.list) && c.list[i].Name == name {
+			i++ // replaced or removed
+		}
+		if e := c.listEdits[name]; e != nil {
+			out = append(out, e)
+		}
+	}
+	c.list, c.listEdits, c.listOwned = append(out, c.list[i:]...), nil, true
 }
 
 // adoptMeta applies to c the change that left its object at meta-data
@@ -226,7 +258,7 @@ func (l *leases) recordNew(o *ownChange, ms uint32, m *wire.Meta) {
 		c.meta, c.xattrs = m, nil
 		if m.Type == wire.Type_TYPE_DIR {
 			c.entries, c.absent = nil, nil
-			c.list, c.listed, c.sorted, c.listOwned = nil, true, true, true
+			c.list, c.listEdits, c.listed, c.sorted, c.listOwned = nil, nil, true, true, true
 		}
 	})
 }

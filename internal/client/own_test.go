@@ -1,6 +1,7 @@
 package client
 
 import (
+	"fmt"
 	"slices"
 	"testing"
 
@@ -27,7 +28,7 @@ func TestAdoptEntryChange(t *testing.T) {
 	if !adoptEntryChange(c, &wire.Meta{Version: 5}, "b", &wire.Entry{Name: "b"}) {
 		t.Fatal("the next version was not adopted")
 	}
-	if got := names(c.list); !slices.Equal(got, []string{"a", "b", "c"}) {
+	if got := names(c.listing()); !slices.Equal(got, []string{"a", "b", "c"}) {
 		t.Errorf("listing %v after adding b", got)
 	}
 	if names(read)[1] != "c" || len(read) != 2 {
@@ -47,7 +48,7 @@ func TestAdoptEntryChange(t *testing.T) {
 	if e, known := c.find("a"); !known || e != nil {
 		t.Errorf("a is %v (known %v) after its removal", e, known)
 	}
-	if got := names(c.list); !slices.Equal(got, []string{"b", "c"}) {
+	if got := names(c.listing()); !slices.Equal(got, []string{"b", "c"}) {
 		t.Errorf("listing %v after removing a", got)
 	}
 
@@ -66,6 +67,52 @@ func TestAdoptEntryChange(t *testing.T) {
 	if !adoptEntryChange(u, &wire.Meta{Version: 2}, "a", &wire.Entry{Name: "a"}) ||
 		!slices.Equal(names(u.list), []string{"y", "x", "a"}) {
 		t.Errorf("unsorted listing %v", names(u.list))
+	}
+}
+
+// TestAdoptListedMany: a sorted listing that many own creates and
+// unlinks change answers every name right before and after the changes
+// are merged, and the request that read it keeps what it read.
+func TestAdoptListedMany(t *testing.T) {
+	var read []*wire.Entry
+	for i := range 1000 {
+		read = append(read, &wire.Entry{Name: fmt.Sprintf("f%04d", 2*i)}) // even names
+	}
+	c := &cached{list: read, listed: true, sorted: true}
+	want := map[string]bool{}
+	for _, e := range read {
+		want[e.Name] = true
+	}
+	check := func(step int) {
+		t.Helper()
+		for i := range 2001 {
+			name := fmt.Sprintf("f%04d", i)
+			if e, known := c.find(name); !known || (e != nil) != want[name] || e != nil && e.Name != name {
+				t.Fatalf("step %d: %s is %v (known %v), want present %v", step, name, e, known, want[name])
+			}
+		}
+	}
+	for i := range 1000 {
+		// Remove the even names from the front (rm of a listed directory),
+		// create the odd ones from the back.
+		gone, added := fmt.Sprintf("f%04d", 2*i), fmt.Sprintf("f%04d", 1999-2*i)
+		c.adoptListed(gone, nil)
+		c.adoptListed(added, &wire.Entry{Name: added})
+		want[gone], want[added] = false, true
+		if i%97 == 0 {
+			check(i)
+		}
+	}
+	check(1000)
+	var wantNames []string
+	for i := range 1000 {
+		wantNames = append(wantNames, fmt.Sprintf("f%04d", 2*i+1))
+	}
+	if got := names(c.listing()); !slices.Equal(got, wantNames) {
+		t.Errorf("listing after the changes: %d names, first %v", len(got), got[:min(3, len(got))])
+	}
+	if len(read) != 1000 || read[0].Name != "f0000" || read[999].Name != "f1998" {
+		t.Error("the listing the request read was changed")
 	}
 }
 
