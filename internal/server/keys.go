@@ -15,10 +15,23 @@ func appendHex(b []byte, v uint64, width int) []byte {
 	return b
 }
 
+// A key is built in a buffer on the stack, so that the string is its
+// one allocation.
+const keyBuf = 96
+
 // hexKey returns prefix, v as 16 hex digits, then suffix.
 func hexKey(prefix string, v uint64, suffix string) string {
-	b := make([]byte, 0, len(prefix)+16+len(suffix))
-	b = append(b, prefix...)
+	var buf [keyBuf]byte
+	b := append(buf[:0], prefix...)
 	b = appendHex(b, v, 16)
 	return string(append(b, suffix...))
+}
+
+// hexKey2 returns prefix, then v and w as 16 hex digits each, '/'
+// between them.
+func hexKey2(prefix string, v, w uint64) string {
+	var buf [keyBuf]byte
+	b := append(buf[:0], prefix...)
+	b = append(appendHex(b, v, 16), '/')
+	return string(appendHex(b, w, 16))
 }

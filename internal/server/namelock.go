@@ -24,7 +24,11 @@ type nameLock struct {
 	users int
 }
 
-func nameKey(dir oid.ID, name string) string { return hexKey("", uint64(dir), "/"+name) }
+func nameKey(dir oid.ID, name string) string {
+	var buf [keyBuf]byte
+	b := append(appendHex(buf[:0], uint64(dir), 16), '/')
+	return string(append(b, name...))
+}
 
 // lock takes the locks of the given entries (in a fixed order, so two
 // callers never wait for each other) and returns their release. It fails

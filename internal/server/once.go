@@ -56,7 +56,7 @@ func opSessionPrefix(session uint64) string { return hexKey(opPrefix, session, "
 // opKey names a record; fixed-width hex keeps a session's records in seq
 // order.
 func opKey(session, seq uint64) string {
-	return hexKey(opSessionPrefix(session), seq, "")
+	return hexKey2(opPrefix, session, seq)
 }
 
 // eachOutcome calls fn for id's records whose names start with prefix

@@ -36,7 +36,7 @@ func nameHash(name string) uint64 {
 func tombNamePrefix(name string) string { return hexKey(tombPrefix, nameHash(name), "/") }
 
 func tombKey(name string, id oid.ID) string {
-	return hexKey(tombNamePrefix(name), uint64(id), "")
+	return hexKey2(tombPrefix, nameHash(name), uint64(id))
 }
 
 func tombValue(seq uint64, name string) []byte {
