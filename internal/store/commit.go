@@ -109,7 +109,7 @@ func (s *Store) View(fn func(*Tx) error) error {
 	}
 	defer func() {
 		_ = t.btx.Rollback()
-		t.btx, t.layers, t.bk, t.cur, t.s = nil, [2]*memtable{}, [nBuckets]*bbolt.Bucket{}, [nBuckets]*bbolt.Cursor{}, nil
+		t.btx, t.layers, t.bk, t.cur, t.scur, t.s = nil, [2]*memtable{}, [nBuckets]*bbolt.Bucket{}, [nBuckets]*bbolt.Cursor{}, [nBuckets]*bbolt.Cursor{}, nil
 		viewPool.Put(t)
 	}()
 	return fn(t)

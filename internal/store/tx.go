@@ -55,6 +55,9 @@ type Tx struct {
 	// Bucket.Get allocates a cursor and grows its stack on every call,
 	// a fifth of a remove's allocations (docs/BENCHMARKS.md).
 	cur [nBuckets]*bbolt.Cursor
+	// scur is the same for scans (a scan's function may get, not scan:
+	// skey and sorted are the scan's too).
+	scur [nBuckets]*bbolt.Cursor
 
 	// Update only.
 	ops         []op           // the batch's buffered writes, oldest first
@@ -160,7 +163,7 @@ func (a *arena) alloc(n int) []byte {
 // endUpdate ends the committer's batch.
 func (t *Tx) endUpdate() {
 	_ = t.btx.Rollback()
-	t.btx, t.layers, t.bk, t.cur = nil, [2]*memtable{}, [nBuckets]*bbolt.Bucket{}, [nBuckets]*bbolt.Cursor{}
+	t.btx, t.layers, t.bk, t.cur, t.scur = nil, [2]*memtable{}, [nBuckets]*bbolt.Bucket{}, [nBuckets]*bbolt.Cursor{}, [nBuckets]*bbolt.Cursor{}
 	clear(t.ops) // drop references for the GC
 	t.ops, t.fnStart = t.ops[:0], 0
 	if cap(t.ops) > 1<<16 {
@@ -391,7 +394,11 @@ func (t *Tx) scan(b int, seek []byte, plen int, fn func(k, v []byte) bool) {
 			its[i] = m.lists[b].iter(seek, t.seq)
 		}
 	}
-	c := t.bucket(b).Cursor()
+	c := t.scur[b]
+	if c == nil {
+		c = t.bucket(b).Cursor()
+		t.scur[b] = c
+	}
 	ck, cv := c.Seek(seek)
 	j := 0
 	for {
