@@ -54,8 +54,11 @@ func putCkSeq(btx *bbolt.Tx, seq uint64) error {
 }
 
 // beginRead starts a read-only bbolt transaction that matches an overlay
-// snapshot and sets t up to read through both.
-func (s *Store) beginRead(t *Tx) error {
+// snapshot and sets t up to read through both. The committer passes
+// committer: its snapshot holds the last record committed (it commits
+// them all), and a checkpoint applies only records committed already, so
+// bbolt cannot be newer and the check (a bucket read) is spared.
+func (s *Store) beginRead(t *Tx, committer bool) error {
 	for {
 		snap := s.snap.Load()
 		btx, err := s.db.Begin(false)
@@ -68,7 +71,7 @@ func (s *Store) beginRead(t *Tx) error {
 		// A checkpoint of a layer frozen after snap was taken may have
 		// committed in between; bbolt would then show newer data than the
 		// layers. Rare: take a fresh snapshot.
-		if ckSeq(btx) <= snap.seq {
+		if committer || ckSeq(btx) <= snap.seq {
 			t.btx, t.layers, t.seq = btx, snap.layers, snap.seq
 			return nil
 		}

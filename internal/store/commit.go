@@ -102,7 +102,7 @@ func (s *Store) Update(ctx context.Context, fn func(*Tx) error) error {
 func (s *Store) View(fn func(*Tx) error) error {
 	t := viewPool.Get().(*Tx)
 	t.s = s
-	if err := s.beginRead(t); err != nil {
+	if err := s.beginRead(t, false); err != nil {
 		t.s = nil
 		viewPool.Put(t)
 		return err
@@ -219,7 +219,7 @@ func (s *Store) runBatch(batch []*request) {
 	}
 
 	t := &s.wtx
-	if err := s.beginRead(t); err != nil {
+	if err := s.beginRead(t, true); err != nil {
 		answerAll(err)
 		return
 	}
