@@ -1,8 +1,11 @@
 package store
 
 import (
+	"bytes"
 	"encoding/binary"
 	"fmt"
+	"math/rand/v2"
+	"slices"
 	"testing"
 )
 
@@ -80,4 +83,45 @@ func BenchmarkMemtable(b *testing.B) {
 			}
 		}
 	})
+}
+
+// TestSkiplistOrder checks the comparison by the keys' first words
+// against bytes.Compare on keys made to tie there: short keys, zero
+// bytes, shared 16-byte prefixes, prefixes of one another.
+func TestSkiplistOrder(t *testing.T) {
+	r := rand.New(rand.NewPCG(1, 2))
+	alphabet := []byte{0, 1, 'a', 0xff}
+	seen := map[string]bool{}
+	var keys [][]byte
+	m := newMemtable()
+	for range 20000 {
+		k := make([]byte, r.IntN(24))
+		for i := range k {
+			k[i] = alphabet[r.IntN(len(alphabet))]
+		}
+		if r.IntN(4) == 0 {
+			k = append([]byte("0123456789abcdef"), k...) // tie on both words
+		}
+		m.put(bXattrs, k, k, 1, false)
+		if !seen[string(k)] {
+			seen[string(k)] = true
+			keys = append(keys, k)
+		}
+	}
+	slices.SortFunc(keys, bytes.Compare)
+	i := 0
+	for it := m.lists[bXattrs].all(); it.n != nil; it.next() {
+		if i >= len(keys) || !bytes.Equal(it.n.key, keys[i]) {
+			t.Fatalf("key %d: got %x, want %x", i, it.n.key, keys[min(i, len(keys)-1)])
+		}
+		i++
+	}
+	if i != len(keys) {
+		t.Fatalf("iterated %d keys, want %d", i, len(keys))
+	}
+	for _, k := range keys {
+		if n := m.lists[bXattrs].get(k, 1); n == nil || !bytes.Equal(n.val, k) {
+			t.Fatalf("get %x: %v", k, n)
+		}
+	}
 }
