@@ -365,12 +365,14 @@ func (s *Server) grantCurrent(c *wire.Caller, m *wire.Meta) uint32 {
 	if ms == 0 {
 		return 0
 	}
-	current := false
-	_ = s.store.View(func(tx *store.Tx) error {
-		now, err := tx.Meta(id)
-		current = err == nil && now.Version == m.Version
-		return nil
-	})
+	now, known := s.store.RecentMeta(id) // just changed: no read transaction
+	if !known {
+		_ = s.store.View(func(tx *store.Tx) error {
+			now, _ = tx.Meta(id)
+			return nil
+		})
+	}
+	current := now != nil && now.Version == m.Version
 	if !current {
 		return 0
 	}

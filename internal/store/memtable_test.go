@@ -2,11 +2,15 @@ package store
 
 import (
 	"bytes"
+	"context"
 	"encoding/binary"
 	"fmt"
 	"math/rand/v2"
 	"slices"
 	"testing"
+
+	"github.com/wheelfs/wheelfs/internal/oid"
+	"github.com/wheelfs/wheelfs/internal/wire"
 )
 
 // TestSkiplistVersions checks the order a reader relies on: keys
@@ -123,5 +127,39 @@ func TestSkiplistOrder(t *testing.T) {
 		if n := m.lists[bXattrs].get(k, 1); n == nil || !bytes.Equal(n.val, k) {
 			t.Fatalf("get %x: %v", k, n)
 		}
+	}
+}
+
+// TestRecentMeta: the overlay answers for an object changed since the
+// last checkpoint (its last version, or its deletion), and defers to View
+// once a checkpoint moved it into bbolt.
+func TestRecentMeta(t *testing.T) {
+	s := openT(t, t.TempDir(), Options{})
+	ctx := context.Background()
+	id := oid.Make(1, 1)
+	for v := uint64(1); v <= 2; v++ {
+		if err := s.Update(ctx, func(tx *Tx) error {
+			return tx.PutMeta(&wire.Meta{Id: uint64(id), Type: wire.Type_TYPE_FILE, Version: v})
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if m, ok := s.RecentMeta(id); !ok || m == nil || m.Version != 2 {
+		t.Fatalf("after two changes: %v, %v; want version 2", m, ok)
+	}
+	if _, ok := s.RecentMeta(oid.Make(1, 2)); ok {
+		t.Error("an object the overlay does not hold was answered")
+	}
+	if err := s.checkpoint(false); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := s.RecentMeta(id); ok {
+		t.Error("answered from the overlay after a checkpoint emptied it")
+	}
+	if err := s.Update(ctx, func(tx *Tx) error { return tx.DeleteObject(id) }); err != nil {
+		t.Fatal(err)
+	}
+	if m, ok := s.RecentMeta(id); !ok || m != nil {
+		t.Errorf("after the delete: %v, %v; want nil, true", m, ok)
 	}
 }

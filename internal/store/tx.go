@@ -483,6 +483,31 @@ func (t *Tx) Meta(id oid.ID) (*wire.Meta, error) {
 	return m, nil
 }
 
+// RecentMeta returns object id's meta-data as last committed if the
+// overlay holds it (an object changed since the last checkpoint): no
+// read transaction. ok is false when only View can tell; m is nil (and
+// ok true) when the object's last change deleted it.
+func (s *Store) RecentMeta(id oid.ID) (m *wire.Meta, ok bool) {
+	snap := s.snap.Load()
+	k := idKey(id)
+	for _, l := range snap.layers {
+		if l == nil {
+			break
+		}
+		if n := l.lists[bObjects].get(k[:], snap.seq); n != nil {
+			if n.del {
+				return nil, true
+			}
+			m = new(wire.Meta)
+			if proto.Unmarshal(n.val, m) != nil {
+				return nil, false
+			}
+			return m, true
+		}
+	}
+	return nil, false
+}
+
 // HasObject tells whether object id exists, without decoding its
 // meta-data.
 func (t *Tx) HasObject(id oid.ID) bool {
