@@ -73,7 +73,7 @@ Progress goes to stderr, the table (or JSON) to stdout. See docs/BENCHMARKS.md.`
 	f.StringVar(&dir, "dir", "", "make the scratch directory in DIR (default /var/tmp); it sets the backing disk")
 	f.StringVar(&size, "size", "512MiB", "size of the sequential file (KiB, MiB, GiB; KB, MB, GB)")
 	f.IntVar(&files, "files", 10000, "number of small files to create, stat, list and unlink")
-	f.IntVar(&runs, "runs", 3, "repetitions of the sequential write and read; the median is reported")
+	f.IntVar(&runs, "runs", 3, "repetitions of the sequential write and read and of the metadata workloads; the median is reported")
 	f.BoolVar(&skipLoopback, "skip-loopback", false, "do not measure go-fuse's loopback file system")
 	f.BoolVar(&asJSON, "json", false, "print the report as JSON on stdout (the table goes to stderr)")
 	f.BoolVar(&keep, "keep", false, "keep the scratch directory (logs, data) after the run")
