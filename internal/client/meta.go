@@ -573,15 +573,19 @@ func (f *FS) cachedList(u User, dir oid.ID, stale bool) ([]*wire.Entry, *wire.Me
 	var d *wire.Meta
 	var list []*wire.Entry
 	if !f.leases.lookup(dir, stale, func(c *cached) bool {
-		d, list = c.meta, c.listing()
-		return c.listed && d != nil
+		if !c.listed || c.meta == nil {
+			return false
+		}
+		// Copied under the lock: an unsorted listing is edited in place.
+		d, list = c.meta, slices.Clone(c.listing())
+		return true
 	}) {
 		return nil, nil, nil, false
 	}
 	if err := perm.Access(attrs.Cred(u.caller()), attrs.Of(d), perm.R); err != nil {
 		return nil, nil, fmt.Errorf("readdir %v: %w", dir, err), true
 	}
-	return slices.Clone(list), proto.CloneOf(d), nil, true
+	return list, proto.CloneOf(d), nil, true
 }
 
 // Readlink returns a symlink's target.
