@@ -51,8 +51,6 @@ const (
 	opSweepPeriods = 60
 )
 
-func opSessionPrefix(session uint64) string { return hexKey(opPrefix, session, "/") }
-
 // opKey names a record; fixed-width hex keeps a session's records in seq
 // order.
 func opKey(session, seq uint64) string {

@@ -8,8 +8,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"go.etcd.io/bbolt"
-
 	"github.com/wheelfs/wheelfs/internal/fserr"
 )
 
@@ -108,8 +106,8 @@ func (s *Store) View(fn func(*Tx) error) error {
 		return err
 	}
 	defer func() {
-		_ = t.btx.Rollback()
-		t.btx, t.layers, t.bk, t.cur, t.scur, t.s = nil, [2]*memtable{}, [nBuckets]*bbolt.Bucket{}, [nBuckets]*bbolt.Cursor{}, [nBuckets]*bbolt.Cursor{}, nil
+		t.endRead()
+		t.s = nil
 		viewPool.Put(t)
 	}()
 	return fn(t)

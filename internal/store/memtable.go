@@ -2,6 +2,7 @@ package store
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/binary"
 	"math"
 	"math/rand/v2"
@@ -121,33 +122,19 @@ func posOf(key []byte, seq uint64) pos {
 
 // cmpNode compares n with the position p.
 func cmpNode(n *node, p *pos) int {
-	switch {
-	case n.ka != p.ka:
-		return cmpUint(n.ka, p.ka)
-	case n.kb != p.kb:
-		return cmpUint(n.kb, p.kb)
+	if n.ka != p.ka {
+		return cmp.Compare(n.ka, p.ka)
 	}
+	if n.kb != p.kb {
+		return cmp.Compare(n.kb, p.kb)
+	}
+	var c int
 	if len(n.key) > 16 || len(p.key) > 16 {
-		if c := bytes.Compare(n.key, p.key); c != 0 {
-			return c
-		}
-	} else if len(n.key) != len(p.key) { // equal words: one is a prefix of the other
-		return cmpUint(uint64(len(n.key)), uint64(len(p.key)))
+		c = bytes.Compare(n.key, p.key)
+	} else { // equal words: equal keys, or one is a prefix of the other
+		c = cmp.Compare(len(n.key), len(p.key))
 	}
-	switch {
-	case n.seq > p.seq:
-		return -1
-	case n.seq < p.seq:
-		return 1
-	}
-	return 0
-}
-
-func cmpUint(a, b uint64) int {
-	if a < b {
-		return -1
-	}
-	return 1 // callers pass a != b
+	return cmp.Or(c, cmp.Compare(p.seq, n.seq)) // then newest first
 }
 
 // seek returns the first node at or after (key, seq), recording the last
@@ -169,6 +156,20 @@ func (l *skiplist) seek(key []byte, seq uint64, prev *[maxHeight]*node) *node {
 		}
 	}
 	return n
+}
+
+// overlayGet returns the newest version of key in bucket b visible at
+// seq in layers (newest layer first), or nil when they do not hold it.
+func overlayGet(layers [2]*memtable, b int, key []byte, seq uint64) *node {
+	for _, m := range layers {
+		if m == nil {
+			break
+		}
+		if n := m.lists[b].get(key, seq); n != nil {
+			return n
+		}
+	}
+	return nil
 }
 
 // get returns the newest version of key visible at seq, or nil.

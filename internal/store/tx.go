@@ -160,10 +160,16 @@ func (a *arena) alloc(n int) []byte {
 	return a.cur[l : l+n : l+n]
 }
 
-// endUpdate ends the committer's batch.
-func (t *Tx) endUpdate() {
+// endRead ends the read transaction beginRead started and drops what
+// belongs to it (buckets, cursors, the snapshot's layers).
+func (t *Tx) endRead() {
 	_ = t.btx.Rollback()
 	t.btx, t.layers, t.bk, t.cur, t.scur = nil, [2]*memtable{}, [nBuckets]*bbolt.Bucket{}, [nBuckets]*bbolt.Cursor{}, [nBuckets]*bbolt.Cursor{}
+}
+
+// endUpdate ends the committer's batch.
+func (t *Tx) endUpdate() {
+	t.endRead()
 	clear(t.ops) // drop references for the GC
 	t.ops, t.fnStart = t.ops[:0], 0
 	if cap(t.ops) > 1<<16 {
@@ -283,13 +289,8 @@ func (t *Tx) get(b int, key []byte) ([]byte, bool) {
 			return o.val, !o.del
 		}
 	}
-	for _, m := range t.layers {
-		if m == nil {
-			break
-		}
-		if n := m.lists[b].get(key, t.seq); n != nil {
-			return n.val, !n.del
-		}
+	if n := overlayGet(t.layers, b, key, t.seq); n != nil {
+		return n.val, !n.del
 	}
 	c := t.cur[b]
 	if c == nil {
@@ -476,6 +477,10 @@ func (t *Tx) Meta(id oid.ID) (*wire.Meta, error) {
 	if !ok {
 		return nil, fmt.Errorf("store: object %v: %w", id, fserr.ErrNotExist)
 	}
+	return decodeMeta(id, v)
+}
+
+func decodeMeta(id oid.ID, v []byte) (*wire.Meta, error) {
 	m := new(wire.Meta)
 	if err := proto.Unmarshal(v, m); err != nil {
 		return nil, fmt.Errorf("store: object %v: corrupt meta-data: %w: %v", id, fserr.ErrIO, err)
@@ -490,22 +495,15 @@ func (t *Tx) Meta(id oid.ID) (*wire.Meta, error) {
 func (s *Store) RecentMeta(id oid.ID) (m *wire.Meta, ok bool) {
 	snap := s.snap.Load()
 	k := idKey(id)
-	for _, l := range snap.layers {
-		if l == nil {
-			break
-		}
-		if n := l.lists[bObjects].get(k[:], snap.seq); n != nil {
-			if n.del {
-				return nil, true
-			}
-			m = new(wire.Meta)
-			if proto.Unmarshal(n.val, m) != nil {
-				return nil, false
-			}
-			return m, true
-		}
+	n := overlayGet(snap.layers, bObjects, k[:], snap.seq)
+	switch {
+	case n == nil:
+		return nil, false
+	case n.del:
+		return nil, true
 	}
-	return nil, false
+	m, err := decodeMeta(id, n.val)
+	return m, err == nil
 }
 
 // HasObject tells whether object id exists, without decoding its
