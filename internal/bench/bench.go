@@ -91,6 +91,9 @@ func Run(ctx context.Context, o Options) (rep *Report, err error) {
 	if base, err = filepath.Abs(base); err != nil {
 		return nil, err
 	}
+	if err := spreadSubdirs(base); err != nil {
+		log.Warn("cannot spread the targets over ext4 block groups: the comparators' creates may measure earlier passes' unlinks", "dir", base, "err", err)
+	}
 	// The mount points are in base, and the loopback or wheelfs could leave
 	// one behind only if unmounting failed: never remove through a mount.
 	defer func() {

@@ -49,7 +49,17 @@ type rawTarget struct{ dir string }
 
 func newRaw(base string) (*rawTarget, error) {
 	dir := filepath.Join(base, "raw")
-	return &rawTarget{dir: dir}, os.MkdirAll(dir, 0o755)
+	return &rawTarget{dir: dir}, mkdirSpread(dir)
+}
+
+// mkdirSpread makes a target's directory on the backing disk, whose
+// subdirectories each start in an ext4 block group of their own
+// (spreadSubdirs).
+func mkdirSpread(dir string) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	return spreadSubdirs(dir)
 }
 
 func (t *rawTarget) Root() string                  { return t.dir }
@@ -70,10 +80,11 @@ type loopbackTarget struct {
 func startLoopback(ctx context.Context, self string, passthrough bool, base string, log *slog.Logger) (*loopbackTarget, error) {
 	t := &loopbackTarget{backing: filepath.Join(base, "loopback-backing"), mnt: filepath.Join(base, "loopback-mnt"),
 		passthrough: passthrough, log: log}
-	for _, d := range []string{t.backing, t.mnt} {
-		if err := os.MkdirAll(d, 0o755); err != nil {
-			return nil, err
-		}
+	if err := mkdirSpread(t.backing); err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(t.mnt, 0o755); err != nil {
+		return nil, err
 	}
 	argv := []string{self, "bench", "loopback", t.mnt, t.backing}
 	if os.Getuid() == 0 {
@@ -133,10 +144,11 @@ type wheelfsTarget struct {
 func startWheelFS(ctx context.Context, self, base string, log *slog.Logger) (*wheelfsTarget, error) {
 	t := &wheelfsTarget{self: self, data: filepath.Join(base, "wheelfs-data"), mnt: filepath.Join(base, "wheelfs-mnt"),
 		logPath: filepath.Join(base, "wheelfs-up.log"), log: log}
-	for _, d := range []string{t.data, t.mnt} {
-		if err := os.MkdirAll(d, 0o755); err != nil {
-			return nil, err
-		}
+	if err := mkdirSpread(t.data); err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(t.mnt, 0o755); err != nil {
+		return nil, err
 	}
 	return t, t.start(ctx)
 }
