@@ -127,7 +127,7 @@ func Run(ctx context.Context, o Options) (rep *Report, err error) {
 
 	log.Info("preparing tarball", "of", filepath.Join(goroot, "src"))
 	tarball := filepath.Join(base, "gosrc.tar")
-	if rep.TarFiles, err = prepareTarball(ctx, goroot, tarball); err != nil {
+	if rep.TarFiles, rep.TarDirs, err = prepareTarball(ctx, goroot, tarball); err != nil {
 		return rep, err
 	}
 	log.Info("generating random data", "size", FormatSize(o.Size))
@@ -288,8 +288,25 @@ func runTarget(ctx context.Context, t target, o Options, data []byte, tarball st
 	// by a third on a noisy disk (docs/BENCHMARKS.md).
 	metaKeys := []string{Create, Stat, Readdir, Unlink}
 	var metas []map[string]*Measurement
+	_, isRaw := t.(*rawTarget)
+	var flushes []*Measurement
 	for i := 0; i < runs; i++ {
 		res := map[string]*Measurement{}
+		if isRaw {
+			// What one durable step costs on this disk, beside the
+			// creates it bounds (durableFloor).
+			unix.Sync()
+			log.Info("durable appends", "records", flushRecords, "run", i+1, "of", runs)
+			var fm *Measurement
+			var ferr error
+			onQuietThread(func() { fm, ferr = durableAppends(ctx, t.Root()) })
+			if ferr != nil {
+				record(Flush, nil, ferr)
+				isRaw = false
+			} else {
+				flushes = append(flushes, fm)
+			}
+		}
 		unix.Sync()
 		log.Info("metadata workloads", "files", o.Files, "run", i+1, "of", runs)
 		onQuietThread(func() { metaWorkloads(ctx, filepath.Join(t.Root(), fmt.Sprintf("meta-%d", i)), o.Files, log, res) })
@@ -306,6 +323,9 @@ func runTarget(ctx context.Context, t target, o Options, data []byte, tarball st
 	}
 	for _, k := range metaKeys {
 		tr.Results[k] = medianOf(metas, k)
+	}
+	if len(flushes) == runs {
+		record(Flush, median(flushes), nil)
 	}
 
 	log.Info("extracting tarball", "files", rep.TarFiles)

@@ -38,7 +38,7 @@ type Change struct {
 func Compare(old, cur *Report, slack float64) []Change {
 	var out []Change
 	for _, rw := range rows {
-		if rw.secondRow {
+		if rw.secondRow || rw.base == "" {
 			continue
 		}
 		c := Change{Workload: rw.key, Base: rw.base, Unit: rw.unit}

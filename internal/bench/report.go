@@ -25,6 +25,8 @@ const (
 	Readdir  = "readdir"
 	Unlink   = "unlink"
 	Tar      = "tar"
+	// Flush is the raw disk's durable append (durableAppends).
+	Flush = "flush"
 )
 
 // Measurement is one timed workload on one target.
@@ -94,8 +96,11 @@ type Report struct {
 	// 6.9+).
 	LoopbackDataPath string `json:"loopback_data_path,omitempty"`
 	// TarFiles is the number of regular files in the extracted tree.
-	TarFiles int             `json:"tar_files"`
-	Targets  []*TargetResult `json:"targets"`
+	TarFiles int `json:"tar_files"`
+	// TarDirs is the number of directories in it (0 in reports made
+	// before it was recorded).
+	TarDirs int             `json:"tar_dirs,omitempty"`
+	Targets []*TargetResult `json:"targets"`
 }
 
 // Target returns the named target's results, or nil.
@@ -161,6 +166,7 @@ var rows = []row{
 	{key: Unlink, label: "unlink", unit: "ops/s", base: Loopback, goal: 0.6},
 	{key: Tar, label: "tar -x GOROOT/src", unit: "s", base: Loopback, seconds: true, goal: 0.6},
 	{key: Tar, label: "tar -x GOROOT/src", unit: "files/s", base: Loopback, secondRow: true},
+	{key: Flush, label: "durable append", unit: "syncs/s"},
 }
 
 // ratio returns target/base for rates and base/target for times; ok is
@@ -235,7 +241,7 @@ func WriteTable(w io.Writer, r *Report) error {
 	}
 	wfs := r.Target(WheelFS)
 	if wfs != nil {
-		header = append(header, "WHEELFS GOAL")
+		header = append(header, "WHEELFS GOAL", "VS LB + FLUSHES")
 	}
 	fmt.Fprintln(tw, strings.Join(header, "\t"))
 	for _, rw := range rows {
@@ -282,7 +288,7 @@ func WriteTable(w io.Writer, r *Report) error {
 					g += ": n/a"
 				}
 			}
-			cells = append(cells, g)
+			cells = append(cells, g, r.floorCell(rw, wfs))
 		}
 		fmt.Fprintln(tw, strings.Join(cells, "\t"))
 	}
@@ -304,6 +310,24 @@ func WriteTable(w io.Writer, r *Report) error {
 		}
 	}
 	return nil
+}
+
+// floorCell gives WheelFS's ratio to the loopback with one flush per
+// durable step (durableFloor), on the first row of a workload that has
+// durable steps.
+func (r *Report) floorCell(rw row, wfs *TargetResult) string {
+	if rw.secondRow {
+		return ""
+	}
+	floor, ok := r.durableFloor(rw.key)
+	if !ok {
+		return ""
+	}
+	q, ok := rw.ratio(wfs.Results[rw.key], floor)
+	if !ok {
+		return ""
+	}
+	return fmt.Sprintf("%.2fx (%s %s)", q, rw.cell(floor), rw.unit)
 }
 
 func abbrev(target string) string {

@@ -114,3 +114,57 @@ func TestWriteTableErrorsAndWarm(t *testing.T) {
 		t.Errorf("errors section missing:\n%s", out)
 	}
 }
+
+func TestDurableFloor(t *testing.T) {
+	r := sampleReport()
+	r.TarDirs = 100
+	r.Target(Raw).Results[Flush] = rate(5000, "syncs/s") // 200 us a flush
+	// The loopback's 4000 creates took 1 s; with a flush each, 1.8 s:
+	// 2222/s, against which WheelFS's 1000/s is 0.45x.
+	floor, ok := r.durableFloor(Create)
+	if !ok || floor.Count != 4000 || floor.Seconds < 1.799 || floor.Seconds > 1.801 {
+		t.Fatalf("create floor = %+v, %v", floor, ok)
+	}
+	// tar: 4 s + (2*1000 files + 100 dirs) * 200 us = 4.42 s.
+	if floor, ok := r.durableFloor(Tar); !ok || floor.Seconds < 4.419 || floor.Seconds > 4.421 {
+		t.Fatalf("tar floor = %+v, %v", floor, ok)
+	}
+	if _, ok := r.durableFloor(Unlink); ok {
+		t.Error("unlinks are durable lazily: no floor")
+	}
+	var b strings.Builder
+	if err := WriteTable(&b, r); err != nil {
+		t.Fatal(err)
+	}
+	out := b.String()
+	if c := lineWith(t, out, "create"); !strings.HasSuffix(strings.TrimSpace(c), "0.45x (2222 ops/s)") {
+		t.Errorf("create row: %q", c)
+	}
+	if c := lineWith(t, out, "tar -x GOROOT/src       s"); !strings.HasSuffix(strings.TrimSpace(c), "0.44x (4.42 s)") {
+		t.Errorf("tar row: %q", c)
+	}
+	if c := lineWith(t, out, "durable append"); !strings.Contains(c, "5000") {
+		t.Errorf("flush row: %q", c)
+	}
+	// Without the raw disk's flushes (older reports) the column is empty.
+	delete(r.Target(Raw).Results, Flush)
+	if _, ok := r.durableFloor(Create); ok {
+		t.Error("a floor without a flush figure")
+	}
+	// compare has no base for the flush row and skips it.
+	for _, c := range Compare(r, r, DefaultSlack) {
+		if c.Workload == Flush {
+			t.Errorf("Compare lists %s", Flush)
+		}
+	}
+}
+
+func TestDurableAppends(t *testing.T) {
+	m, err := durableAppends(t.Context(), t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.Count != flushRecords || m.Seconds <= 0 || m.Rate <= 0 || m.Unit != "syncs/s" {
+		t.Fatalf("durableAppends = %+v", m)
+	}
+}

@@ -242,23 +242,27 @@ func readdir(dir string, want int) (*Measurement, error) {
 	return m, nil
 }
 
-// prepareTarball archives $GOROOT/src into path and counts its regular files.
-func prepareTarball(ctx context.Context, goroot, path string) (int, error) {
-	files := 0
-	err := filepath.WalkDir(filepath.Join(goroot, "src"), func(_ string, d os.DirEntry, err error) error {
-		if err == nil && d.Type().IsRegular() {
+// prepareTarball archives $GOROOT/src into path and counts its regular
+// files and directories.
+func prepareTarball(ctx context.Context, goroot, path string) (files, dirs int, err error) {
+	err = filepath.WalkDir(filepath.Join(goroot, "src"), func(_ string, d os.DirEntry, err error) error {
+		switch {
+		case err != nil:
+		case d.Type().IsRegular():
 			files++
+		case d.IsDir():
+			dirs++
 		}
 		return err
 	})
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	cmd := exec.CommandContext(ctx, "tar", "-C", goroot, "-cf", path, "src")
 	if out, err := cmd.CombinedOutput(); err != nil {
-		return 0, fmt.Errorf("tar -c: %v: %s", err, out)
+		return 0, 0, fmt.Errorf("tar -c: %v: %s", err, out)
 	}
-	return files, nil
+	return files, dirs, nil
 }
 
 // extract runs `tar -xf tarball -C dir` (timed) after reading the tarball
