@@ -310,6 +310,17 @@ func runTarget(ctx context.Context, t target, o Options, data []byte, tarball st
 		unix.Sync()
 		log.Info("metadata workloads", "files", o.Files, "run", i+1, "of", runs)
 		onQuietThread(func() { metaWorkloads(ctx, filepath.Join(t.Root(), fmt.Sprintf("meta-%d", i)), o.Files, log, res) })
+		if lb, ok := t.(*loopbackTarget); ok && ctx.Err() == nil && !failedAny(res, metaKeys) {
+			unix.Sync()
+			log.Info("durable creates (the floor of WheelFS's)", "files", o.Files, "run", i+1, "of", runs)
+			onQuietThread(func() {
+				res[CreateDurable], err = durableCreates(ctx, filepath.Join(t.Root(), fmt.Sprintf("durable-%d", i)),
+					filepath.Join(filepath.Dir(lb.backing), "durable-creates.log"), o.Files)
+			})
+			if err != nil {
+				res[CreateDurable] = &Measurement{Error: err.Error()}
+			}
+		}
 		metas = append(metas, res)
 		if ctx.Err() != nil {
 			return
@@ -323,6 +334,9 @@ func runTarget(ctx context.Context, t target, o Options, data []byte, tarball st
 	}
 	for _, k := range metaKeys {
 		tr.Results[k] = medianOf(metas, k)
+	}
+	if _, ok := t.(*loopbackTarget); ok {
+		tr.Results[CreateDurable] = medianOf(metas, CreateDurable)
 	}
 	if len(flushes) == runs {
 		record(Flush, median(flushes), nil)

@@ -17,42 +17,109 @@ const flushRecords = 2000
 // in the daemon's trace).
 const flushRecordSize = 512
 
-// durableAppends times what one durable step costs on the backing disk:
-// pwrite of a small record after the last one, then fdatasync, into a file
-// written and synced in full beforehand, as WheelFS's log is. A file system
-// that makes a create durable before it returns pays at least this once per
-// create; the loopback (and the raw disk) pay nothing, which is why the
-// table also gives WheelFS's ratio to "loopback + these flushes".
-func durableAppends(ctx context.Context, dir string) (*Measurement, error) {
-	path := filepath.Join(dir, "flush.log")
+// durableLog is a file prepared as WheelFS's log is (written and synced
+// in full beforehand, so that an append changes no meta-data) for n
+// records of flushRecordSize bytes, each made durable on its own.
+type durableLog struct {
+	f   *os.File
+	rec []byte
+}
+
+func openDurableLog(path string, n int) (*durableLog, error) {
 	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR|os.O_TRUNC, 0o644)
 	if err != nil {
 		return nil, err
 	}
-	defer os.Remove(path)
-	defer f.Close()
-	if _, err := f.Write(make([]byte, flushRecords*flushRecordSize+4096)); err != nil {
+	l := &durableLog{f: f, rec: make([]byte, flushRecordSize)}
+	if _, err := f.Write(make([]byte, n*flushRecordSize+4096)); err != nil {
+		l.close()
 		return nil, err
 	}
 	if err := f.Sync(); err != nil {
+		l.close()
 		return nil, err
 	}
-	rec := make([]byte, flushRecordSize)
-	fd := int(f.Fd())
+	return l, nil
+}
+
+// append writes record i and waits until it is on stable storage.
+func (l *durableLog) append(i int) error {
+	l.rec[0] = byte(i)
+	if _, err := unix.Pwrite(int(l.f.Fd()), l.rec, int64(i*flushRecordSize)); err != nil {
+		return fmt.Errorf("pwrite: %w", err)
+	}
+	if err := unix.Fdatasync(int(l.f.Fd())); err != nil {
+		return fmt.Errorf("fdatasync: %w", err)
+	}
+	return nil
+}
+
+func (l *durableLog) close() {
+	l.f.Close()
+	os.Remove(l.f.Name())
+}
+
+// durableAppends times what one durable step costs on the backing disk
+// when nothing else runs: flushRecords appends to a durableLog in dir. A
+// file system that makes a create durable before it returns pays at least
+// this once per create; the loopback (and the raw disk) pay nothing.
+func durableAppends(ctx context.Context, dir string) (*Measurement, error) {
+	l, err := openDurableLog(filepath.Join(dir, "flush.log"), flushRecords)
+	if err != nil {
+		return nil, err
+	}
+	defer l.close()
 	start := time.Now()
 	for i := 0; i < flushRecords; i++ {
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
-		rec[0] = byte(i)
-		if _, err := unix.Pwrite(fd, rec, int64(i*flushRecordSize)); err != nil {
-			return nil, fmt.Errorf("pwrite: %w", err)
-		}
-		if err := unix.Fdatasync(fd); err != nil {
-			return nil, fmt.Errorf("fdatasync: %w", err)
+		if err := l.append(i); err != nil {
+			return nil, err
 		}
 	}
 	return measured(time.Since(start), flushRecords, "syncs/s"), nil
+}
+
+// durableCreates is the create workload on the loopback made durable as
+// WheelFS's is: after each openat(O_CREAT|O_EXCL)+close in dir (a new
+// directory in the mount), one record appended to a durableLog at logPath
+// (on the backing disk, outside the mount) and synced. It measures the
+// floor of a durable create on this machine, the spacing between flushes
+// included: a flush after 250 us of other work took 1.3-1.7x as long as
+// back to back (docs/BENCHMARKS.md), which durableAppends alone misses.
+func durableCreates(ctx context.Context, dir, logPath string, files int) (*Measurement, error) {
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		return nil, err
+	}
+	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer unix.Close(fd)
+	l, err := openDurableLog(logPath, files)
+	if err != nil {
+		return nil, err
+	}
+	defer l.close()
+	names := fileNames(files)
+	start := time.Now()
+	for i, name := range names {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		f, err := unix.Openat(fd, name, unix.O_CREAT|unix.O_EXCL|unix.O_WRONLY|unix.O_CLOEXEC, 0o644)
+		if err != nil {
+			return nil, fmt.Errorf("create %s: %w", name, err)
+		}
+		if err := unix.Close(f); err != nil {
+			return nil, fmt.Errorf("close %s: %w", name, err)
+		}
+		if err := l.append(i); err != nil {
+			return nil, err
+		}
+	}
+	return measured(time.Since(start), int64(files), "ops/s"), nil
 }
 
 // durableSteps is how many durable steps WheelFS makes in m, a
@@ -70,13 +137,20 @@ func (r *Report) durableSteps(key string, m *Measurement) float64 {
 	return 0
 }
 
-// durableFloor is the loopback's measurement of key with one flush (the
-// raw disk's durable append, in the same run) added per durable step: what
-// the loopback would take if it made its creates and closes durable as
-// WheelFS does. ok is false without the figures.
+// durableFloor is what the loopback would take for key if it made its
+// creates and closes durable as WheelFS does: for creates, measured
+// (durableCreates) where the run has it; otherwise the loopback's
+// measurement with one flush (the raw disk's durable append, in the same
+// run) added per durable step. ok is false without the figures.
 func (r *Report) durableFloor(key string) (*Measurement, bool) {
 	lb, raw := r.Target(Loopback), r.Target(Raw)
-	if lb == nil || raw == nil {
+	if lb == nil {
+		return nil, false
+	}
+	if m := lb.Results[CreateDurable]; key == Create && m != nil && m.Error == "" {
+		return m, true
+	}
+	if raw == nil {
 		return nil, false
 	}
 	m, fl := lb.Results[key], raw.Results[Flush]

@@ -27,6 +27,9 @@ const (
 	Tar      = "tar"
 	// Flush is the raw disk's durable append (durableAppends).
 	Flush = "flush"
+	// CreateDurable is the loopback's create with a durable append after
+	// each (durableCreates).
+	CreateDurable = "create-durable"
 )
 
 // Measurement is one timed workload on one target.
@@ -166,6 +169,7 @@ var rows = []row{
 	{key: Unlink, label: "unlink", unit: "ops/s", base: Loopback, goal: 0.6},
 	{key: Tar, label: "tar -x GOROOT/src", unit: "s", base: Loopback, seconds: true, goal: 0.6},
 	{key: Tar, label: "tar -x GOROOT/src", unit: "files/s", base: Loopback, secondRow: true},
+	{key: CreateDurable, label: "create + durable append", unit: "ops/s"},
 	{key: Flush, label: "durable append", unit: "syncs/s"},
 }
 

@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -46,6 +47,20 @@ func lineWith(t *testing.T, out, prefix string) string {
 	return ""
 }
 
+// unitRow is the table's line for label in unit.
+func unitRow(t *testing.T, out, label, unit string) string {
+	t.Helper()
+	for _, l := range strings.Split(out, "\n") {
+		if rest, ok := strings.CutPrefix(l, label); ok {
+			if f := strings.Fields(rest); len(f) > 0 && f[0] == unit {
+				return l
+			}
+		}
+	}
+	t.Fatalf("no %q row in %s in\n%s", label, unit, out)
+	return ""
+}
+
 func TestWriteTable(t *testing.T) {
 	var b strings.Builder
 	if err := WriteTable(&b, sampleReport()); err != nil {
@@ -78,7 +93,7 @@ func TestWriteTable(t *testing.T) {
 		t.Errorf("stat row: %q", s)
 	}
 	// Seconds: lower is better, so the ratio is loopback time / WheelFS time.
-	tarRow := lineWith(t, out, "tar -x GOROOT/src       s")
+	tarRow := unitRow(t, out, "tar -x GOROOT/src", "s")
 	if !strings.Contains(tarRow, "10.0 (0.40x lb)") || !strings.Contains(tarRow, "MISSED") {
 		t.Errorf("tar row: %q", tarRow)
 	}
@@ -140,12 +155,19 @@ func TestDurableFloor(t *testing.T) {
 	if c := lineWith(t, out, "create"); !strings.HasSuffix(strings.TrimSpace(c), "0.45x (2222 ops/s)") {
 		t.Errorf("create row: %q", c)
 	}
-	if c := lineWith(t, out, "tar -x GOROOT/src       s"); !strings.HasSuffix(strings.TrimSpace(c), "0.44x (4.42 s)") {
+	if c := unitRow(t, out, "tar -x GOROOT/src", "s"); !strings.HasSuffix(strings.TrimSpace(c), "0.44x (4.42 s)") {
 		t.Errorf("tar row: %q", c)
 	}
 	if c := lineWith(t, out, "durable append"); !strings.Contains(c, "5000") {
 		t.Errorf("flush row: %q", c)
 	}
+	// A measured floor (the loopback's creates, each followed by a durable
+	// append) takes the place of the computed one.
+	r.Target(Loopback).Results[CreateDurable] = rate(2000, "ops/s")
+	if floor, ok := r.durableFloor(Create); !ok || floor.Rate != 2000 {
+		t.Errorf("measured create floor = %+v, %v", floor, ok)
+	}
+	delete(r.Target(Loopback).Results, CreateDurable)
 	// Without the raw disk's flushes (older reports) the column is empty.
 	delete(r.Target(Raw).Results, Flush)
 	if _, ok := r.durableFloor(Create); ok {
@@ -166,5 +188,27 @@ func TestDurableAppends(t *testing.T) {
 	}
 	if m.Count != flushRecords || m.Seconds <= 0 || m.Rate <= 0 || m.Unit != "syncs/s" {
 		t.Fatalf("durableAppends = %+v", m)
+	}
+}
+
+func TestDurableCreates(t *testing.T) {
+	base := t.TempDir()
+	m, err := durableCreates(t.Context(), base+"/d", base+"/log", 50)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.Count != 50 || m.Rate <= 0 || m.Unit != "ops/s" {
+		t.Fatalf("durableCreates = %+v", m)
+	}
+	names, err := os.ReadDir(base + "/d")
+	if err != nil || len(names) != 50 {
+		t.Fatalf("%d files made (%v), want 50", len(names), err)
+	}
+	if _, err := os.Stat(base + "/log"); !os.IsNotExist(err) {
+		t.Errorf("the log was left behind: %v", err)
+	}
+	// An existing directory is an error, not a silent reuse.
+	if _, err := durableCreates(t.Context(), base+"/d", base+"/log", 1); err == nil {
+		t.Error("durableCreates into an existing directory: no error")
 	}
 }

@@ -147,10 +147,7 @@ func metaWorkloads(ctx context.Context, dir string, files int, log *slog.Logger,
 		return
 	}
 	defer unix.Close(fd)
-	names := make([]string, files)
-	for i := range names {
-		names[i] = fmt.Sprintf("f%07d", i)
-	}
+	names := fileNames(files)
 	steps := []struct {
 		key string
 		op  func(name string) error
@@ -220,6 +217,15 @@ func metaWorkloads(ctx context.Context, dir string, files int, log *slog.Logger,
 		log.Info("workload done", "workload", s.key, "seconds", fmt.Sprintf("%.3f", m.Seconds), "rate", formatNumber(m.Rate)+" "+m.Unit)
 		res[s.key] = m
 	}
+}
+
+// fileNames names the small files of the metadata workloads.
+func fileNames(n int) []string {
+	names := make([]string, n)
+	for i := range names {
+		names[i] = fmt.Sprintf("f%07d", i)
+	}
+	return names
 }
 
 // readdir lists dir in full and checks it holds want entries.
