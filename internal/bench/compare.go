@@ -41,26 +41,56 @@ func Compare(old, cur *Report, slack float64) []Change {
 		if rw.secondRow || rw.base == "" {
 			continue
 		}
-		c := Change{Workload: rw.key, Base: rw.base, Unit: rw.unit}
-		c.OldFigure, _ = wheelfsFigure(old, rw)
-		c.NewFigure, _ = wheelfsFigure(cur, rw)
-		o, okOld := wheelfsRatio(old, rw)
-		n, okNew := wheelfsRatio(cur, rw)
-		switch {
-		case rw.data && rw.base == Loopback && old.LoopbackDataPath != cur.LoopbackDataPath:
+		c := compareRatios(old, cur, rw, rw.key, rw.base, func(r *Report) (float64, bool) { return wheelfsRatio(r, rw) }, slack)
+		if rw.data && rw.base == Loopback && old.LoopbackDataPath != cur.LoopbackDataPath {
+			c.Old, c.New, c.Regressed = 0, 0, false
 			c.Missing = fmt.Sprintf("not comparable: the loopback's data path changed (%s -> %s)",
 				dataPath(old), dataPath(cur))
-		case !okOld:
-			c.Missing = "not in the recorded run"
-		case !okNew:
-			c.Missing = "not in the new run"
-		default:
-			c.Old, c.New = o, n
-			c.Regressed = n < o*(1-slack)
 		}
 		out = append(out, c)
 	}
+	// Against the durable floor too: both sides then pay the disk's
+	// flushes, so the ratio moves less with the host's flush latency.
+	for _, rw := range rows {
+		if rw.secondRow || (rw.key != Create && rw.key != Tar) {
+			continue
+		}
+		out = append(out, compareRatios(old, cur, rw, rw.key+"-vs-floor", floorBase,
+			func(r *Report) (float64, bool) { return floorRatio(r, rw) }, slack))
+	}
 	return out
+}
+
+// floorBase names the durable floor (Report.durableFloor) as a base.
+const floorBase = "lb+flushes"
+
+// compareRatios is one Change: ratio taken in both reports.
+func compareRatios(old, cur *Report, rw row, workload, base string, ratio func(*Report) (float64, bool), slack float64) Change {
+	c := Change{Workload: workload, Base: base, Unit: rw.unit}
+	c.OldFigure, _ = wheelfsFigure(old, rw)
+	c.NewFigure, _ = wheelfsFigure(cur, rw)
+	o, okOld := ratio(old)
+	n, okNew := ratio(cur)
+	switch {
+	case !okOld:
+		c.Missing = "not in the recorded run"
+	case !okNew:
+		c.Missing = "not in the new run"
+	default:
+		c.Old, c.New = o, n
+		c.Regressed = n < o*(1-slack)
+	}
+	return c
+}
+
+// floorRatio is WheelFS's ratio to the durable floor of rw's workload.
+func floorRatio(r *Report, rw row) (float64, bool) {
+	w := r.Target(WheelFS)
+	floor, ok := r.durableFloor(rw.key)
+	if w == nil || !ok {
+		return 0, false
+	}
+	return rw.ratio(w.Results[rw.key], floor)
 }
 
 func dataPath(r *Report) string {

@@ -27,8 +27,11 @@ func TestCompareFlagsOnlyRatiosThatFell(t *testing.T) {
 	for _, c := range cs {
 		got[c.Workload] = c
 	}
-	if len(got) != 7 {
-		t.Fatalf("%d workloads compared, want 7: %+v", len(got), cs)
+	if len(got) != 9 {
+		t.Fatalf("%d workloads compared, want 9 (7 and create, tar against the durable floor): %+v", len(got), cs)
+	}
+	if c := got["create-vs-floor"]; c.Missing != "not in the recorded run" {
+		t.Errorf("create against the floor, with no flush figures: %+v", c)
 	}
 	if !got[Create].Regressed || Regressions(cs) != 1 {
 		t.Errorf("create regressed=%v, %d regressions; want only create: %+v", got[Create].Regressed, Regressions(cs), cs)
@@ -73,5 +76,35 @@ func TestCompareSkipsReadsWhenTheLoopbackDataPathChanged(t *testing.T) {
 	}
 	if c := got[Create]; c.Missing != "" || c.Regressed {
 		t.Errorf("create (metadata, not affected): %+v; want it compared, unchanged", c)
+	}
+}
+
+func TestCompareAgainstTheDurableFloor(t *testing.T) {
+	old, cur := sampleReport(), sampleReport()
+	for _, r := range []*Report{old, cur} {
+		r.TarDirs = 100
+		r.Target(Raw).Results[Flush] = rate(5000, "syncs/s")
+	}
+	// The disk's flushes twice as slow: WheelFS's creates slow down as
+	// much as the floor does, and only the loopback ratio falls.
+	cur.Target(Raw).Results[Flush] = rate(2500, "syncs/s")
+	cur.Target(WheelFS).Results[Create].Rate = 1000 * 1.8 / 2.6
+	got := map[string]Change{}
+	for _, c := range Compare(old, cur, DefaultSlack) {
+		got[c.Workload] = c
+	}
+	if c := got[Create]; !c.Regressed {
+		t.Errorf("create against the loopback: %+v; want it flagged", c)
+	}
+	f := got["create-vs-floor"]
+	if f.Missing != "" || f.Regressed || f.Base != floorBase || f.New < f.Old*0.99 || f.New > f.Old*1.01 {
+		t.Errorf("create against the floor: %+v; want the same ratio", f)
+	}
+	var b strings.Builder
+	if err := WriteComparison(&b, Compare(old, cur, DefaultSlack), DefaultSlack); err != nil {
+		t.Fatal(err)
+	}
+	if l := lineWith(t, b.String(), "create-vs-floor"); !strings.Contains(l, "lb+fl") || !strings.Contains(l, "ok") {
+		t.Errorf("line %q", l)
 	}
 }

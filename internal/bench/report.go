@@ -323,11 +323,8 @@ func (r *Report) floorCell(rw row, wfs *TargetResult) string {
 	if rw.secondRow {
 		return ""
 	}
-	floor, ok := r.durableFloor(rw.key)
-	if !ok {
-		return ""
-	}
-	q, ok := rw.ratio(wfs.Results[rw.key], floor)
+	floor, _ := r.durableFloor(rw.key)
+	q, ok := floorRatio(r, rw)
 	if !ok {
 		return ""
 	}
@@ -337,6 +334,9 @@ func (r *Report) floorCell(rw row, wfs *TargetResult) string {
 func abbrev(target string) string {
 	if target == Loopback {
 		return "lb"
+	}
+	if target == floorBase {
+		return "lb+fl"
 	}
 	return target
 }
