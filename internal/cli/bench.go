@@ -32,7 +32,10 @@ its process, as WheelFS's do, unless --loopback-passthrough), and a one-host
 WheelFS started as ` + "`wheelfs up`" + ` with this binary. The tar workload needs the go
 command (it extracts $GOROOT/src).
 Workloads: sequential write and cold sequential read in 1 MiB I/Os; create,
-stat, readdir and unlink of many empty files; tar -x of $GOROOT/src.
+stat, readdir and unlink of many empty files; tar -x of $GOROOT/src; and
+the floor of a durable create: the raw disk's pwrite+fdatasync, and the
+loopback's creates each followed by one (WheelFS makes every create
+durable, the loopback none: the last column compares with that floor).
 Progress goes to stderr, the table (or JSON) to stdout. See docs/BENCHMARKS.md.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
