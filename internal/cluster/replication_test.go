@@ -377,10 +377,14 @@ func TestFaultsUnderWrites(t *testing.T) {
 			c.Restart(p)
 		})
 		run(fmt.Sprintf("crash a backup of %s's files, restart it", b), func() {
-			in, err := info(ctx, c.Client(otherSite(c, b)), "/w/"+b+"-a")
-			if err != nil {
-				t.Fatal(err)
-			}
+			// The workload replaces the file by a rename: the object the
+			// name resolved to may be gone when its info is asked for.
+			var in *client.Info
+			c.WaitFor(30*time.Second, "the replicas of /w/"+b+"-a", func() error {
+				var err error
+				in, err = info(ctx, c.Client(otherSite(c, b)), "/w/"+b+"-a")
+				return err
+			})
 			b := c.Node(in.Replicas[len(in.Replicas)-1].Server)
 			c.Crash(b)
 			progress("writes with a backup down")
