@@ -288,38 +288,33 @@ func runTarget(ctx context.Context, t target, o Options, data []byte, tarball st
 	// by a third on a noisy disk (docs/BENCHMARKS.md).
 	metaKeys := []string{Create, Stat, Readdir, Unlink}
 	var metas []map[string]*Measurement
-	_, isRaw := t.(*rawTarget)
-	var flushes []*Measurement
+	// The floor of a durable create (durableFloor) is measured beside the
+	// creates it bounds: the disk's durable append on the raw target, the
+	// loopback's creates each followed by one on the loopback.
+	var floorKey string
+	switch t.(type) {
+	case *rawTarget:
+		floorKey = Flush
+	case *loopbackTarget:
+		floorKey = CreateDurable
+	}
 	for i := 0; i < runs; i++ {
 		res := map[string]*Measurement{}
-		if isRaw {
-			// What one durable step costs on this disk, beside the
-			// creates it bounds (durableFloor).
+		if floorKey == Flush {
 			unix.Sync()
 			log.Info("durable appends", "records", flushRecords, "run", i+1, "of", runs)
-			var fm *Measurement
-			var ferr error
-			onQuietThread(func() { fm, ferr = durableAppends(ctx, t.Root()) })
-			if ferr != nil {
-				record(Flush, nil, ferr)
-				isRaw = false
-			} else {
-				flushes = append(flushes, fm)
-			}
+			res[Flush] = measureOrError(Flush, log, func() (*Measurement, error) { return durableAppends(ctx, t.Root()) })
 		}
 		unix.Sync()
 		log.Info("metadata workloads", "files", o.Files, "run", i+1, "of", runs)
 		onQuietThread(func() { metaWorkloads(ctx, filepath.Join(t.Root(), fmt.Sprintf("meta-%d", i)), o.Files, log, res) })
-		if lb, ok := t.(*loopbackTarget); ok && ctx.Err() == nil && !failedAny(res, metaKeys) {
+		if floorKey == CreateDurable && ctx.Err() == nil && !failedAny(res, metaKeys) {
 			unix.Sync()
 			log.Info("durable creates (the floor of WheelFS's)", "files", o.Files, "run", i+1, "of", runs)
-			onQuietThread(func() {
-				res[CreateDurable], err = durableCreates(ctx, filepath.Join(t.Root(), fmt.Sprintf("durable-%d", i)),
-					filepath.Join(filepath.Dir(lb.backing), "durable-creates.log"), o.Files)
+			logPath := filepath.Join(filepath.Dir(t.(*loopbackTarget).backing), "durable-creates.log")
+			res[CreateDurable] = measureOrError(CreateDurable, log, func() (*Measurement, error) {
+				return durableCreates(ctx, filepath.Join(t.Root(), fmt.Sprintf("durable-%d", i)), logPath, o.Files)
 			})
-			if err != nil {
-				res[CreateDurable] = &Measurement{Error: err.Error()}
-			}
 		}
 		metas = append(metas, res)
 		if ctx.Err() != nil {
@@ -335,11 +330,8 @@ func runTarget(ctx context.Context, t target, o Options, data []byte, tarball st
 	for _, k := range metaKeys {
 		tr.Results[k] = medianOf(metas, k)
 	}
-	if _, ok := t.(*loopbackTarget); ok {
-		tr.Results[CreateDurable] = medianOf(metas, CreateDurable)
-	}
-	if len(flushes) == runs {
-		record(Flush, median(flushes), nil)
+	if floorKey != "" {
+		tr.Results[floorKey] = medianOf(metas, floorKey)
 	}
 
 	log.Info("extracting tarball", "files", rep.TarFiles)
@@ -348,6 +340,19 @@ func runTarget(ctx context.Context, t target, o Options, data []byte, tarball st
 	if ctx.Err() == nil {
 		down(Tar)
 	}
+}
+
+// measureOrError runs workload key's f on a quiet thread (onQuietThread)
+// and returns its measurement, or its error (logged) as one.
+func measureOrError(key string, log *slog.Logger, f func() (*Measurement, error)) *Measurement {
+	var m *Measurement
+	var err error
+	onQuietThread(func() { m, err = f() })
+	if err != nil {
+		log.Error("workload failed", "workload", key, "err", err)
+		return &Measurement{Error: err.Error()}
+	}
+	return m
 }
 
 // failedAny reports whether any of keys failed (or did not run) in res.

@@ -56,7 +56,7 @@ func Compare(old, cur *Report, slack float64) []Change {
 			continue
 		}
 		out = append(out, compareRatios(old, cur, rw, rw.key+"-vs-floor", floorBase,
-			func(r *Report) (float64, bool) { return floorRatio(r, rw) }, slack))
+			func(r *Report) (float64, bool) { q, _, ok := floorRatio(r, rw); return q, ok }, slack))
 	}
 	return out
 }
@@ -83,14 +83,16 @@ func compareRatios(old, cur *Report, rw row, workload, base string, ratio func(*
 	return c
 }
 
-// floorRatio is WheelFS's ratio to the durable floor of rw's workload.
-func floorRatio(r *Report, rw row) (float64, bool) {
+// floorRatio is WheelFS's ratio to the durable floor of rw's workload,
+// and the floor.
+func floorRatio(r *Report, rw row) (float64, *Measurement, bool) {
 	w := r.Target(WheelFS)
 	floor, ok := r.durableFloor(rw.key)
 	if w == nil || !ok {
-		return 0, false
+		return 0, nil, false
 	}
-	return rw.ratio(w.Results[rw.key], floor)
+	q, ok := rw.ratio(w.Results[rw.key], floor)
+	return q, floor, ok
 }
 
 func dataPath(r *Report) string {

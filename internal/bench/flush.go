@@ -108,12 +108,8 @@ func durableCreates(ctx context.Context, dir, logPath string, files int) (*Measu
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
-		f, err := unix.Openat(fd, name, unix.O_CREAT|unix.O_EXCL|unix.O_WRONLY|unix.O_CLOEXEC, 0o644)
-		if err != nil {
+		if err := createEmpty(fd, name); err != nil {
 			return nil, fmt.Errorf("create %s: %w", name, err)
-		}
-		if err := unix.Close(f); err != nil {
-			return nil, fmt.Errorf("close %s: %w", name, err)
 		}
 		if err := l.append(i); err != nil {
 			return nil, err

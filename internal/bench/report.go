@@ -292,7 +292,7 @@ func WriteTable(w io.Writer, r *Report) error {
 					g += ": n/a"
 				}
 			}
-			cells = append(cells, g, r.floorCell(rw, wfs))
+			cells = append(cells, g, r.floorCell(rw))
 		}
 		fmt.Fprintln(tw, strings.Join(cells, "\t"))
 	}
@@ -319,12 +319,11 @@ func WriteTable(w io.Writer, r *Report) error {
 // floorCell gives WheelFS's ratio to the loopback with one flush per
 // durable step (durableFloor), on the first row of a workload that has
 // durable steps.
-func (r *Report) floorCell(rw row, wfs *TargetResult) string {
+func (r *Report) floorCell(rw row) string {
 	if rw.secondRow {
 		return ""
 	}
-	floor, _ := r.durableFloor(rw.key)
-	q, ok := floorRatio(r, rw)
+	q, floor, ok := floorRatio(r, rw)
 	if !ok {
 		return ""
 	}

@@ -152,13 +152,7 @@ func metaWorkloads(ctx context.Context, dir string, files int, log *slog.Logger,
 		key string
 		op  func(name string) error
 	}{
-		{Create, func(name string) error {
-			f, err := unix.Openat(fd, name, unix.O_CREAT|unix.O_EXCL|unix.O_WRONLY|unix.O_CLOEXEC, 0o644)
-			if err != nil {
-				return err
-			}
-			return unix.Close(f)
-		}},
+		{Create, func(name string) error { return createEmpty(fd, name) }},
 		{Stat, func(name string) error {
 			var st unix.Stat_t
 			if err := unix.Fstatat(fd, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
@@ -217,6 +211,16 @@ func metaWorkloads(ctx context.Context, dir string, files int, log *slog.Logger,
 		log.Info("workload done", "workload", s.key, "seconds", fmt.Sprintf("%.3f", m.Seconds), "rate", formatNumber(m.Rate)+" "+m.Unit)
 		res[s.key] = m
 	}
+}
+
+// createEmpty is the create workload's step: a new empty file name in the
+// directory dirfd, created and closed.
+func createEmpty(dirfd int, name string) error {
+	f, err := unix.Openat(dirfd, name, unix.O_CREAT|unix.O_EXCL|unix.O_WRONLY|unix.O_CLOEXEC, 0o644)
+	if err != nil {
+		return err
+	}
+	return unix.Close(f)
 }
 
 // fileNames names the small files of the metadata workloads.
