@@ -105,6 +105,14 @@ func estimatesClose(ctx context.Context, c *Cluster, nodes int, report *string) 
 func TestHoldersNearestFirst(t *testing.T) {
 	c := Start(t, Options{RTT: MatrixRTT(hotspotRTT), Adjust: fastCoords})
 	ctx := t.Context()
+	// A holder's coordinate is the one it sent with its report, so the
+	// reads wait until the coordinates have settled (under a loaded
+	// -race run that can take most of a minute).
+	nodes := len(c.Servers("")) + len(c.Sites())
+	var report string
+	c.WaitFor(90*time.Second, "coordinates estimate the site RTTs", func() error {
+		return estimatesClose(ctx, c, nodes, &report)
+	})
 	u := Owner()
 	data := bytes.Repeat([]byte("hotspot!"), 4*client.BlockSize/8) // 4 blocks
 	if err := c.Client("west").WriteFile(ctx, u, "/f", data, 0o644); err != nil {
@@ -132,7 +140,7 @@ func TestHoldersNearestFirst(t *testing.T) {
 		{c.Servers("east")[0].Client(), "east", []string{east, west, eu}},
 		{c.Servers("eu")[0].Client(), "eu", []string{eu, east, west}},
 	} {
-		c.WaitFor(60*time.Second, "holders ranked for a reader at "+tc.site, func() error {
+		c.WaitFor(90*time.Second, "holders ranked for a reader at "+tc.site, func() error {
 			hs, err := holdersOf(ctx, tc.asker, "/.Hotspot/f", 4)
 			if err != nil {
 				return err
