@@ -439,7 +439,7 @@ func (f *FS) setAttr(ctx context.Context, u User, cues cue.Set, id oid.ID, req *
 		st.updateMeta(resp.Meta, req.Valid&wire.SetSize != 0)
 		if req.Valid&wire.SetSize == 0 {
 			st.mu.Lock()
-			st.attrsLazy = true
+			st.lazy = true
 			st.mu.Unlock()
 		}
 	}

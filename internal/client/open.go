@@ -74,9 +74,11 @@ type fileState struct {
 	// waits for (CreateRequest.defer_sync): close and fsync wait for it
 	// (syncCreate) before they return.
 	unsynced []*wire.Unsynced
-	// attrsLazy: a chmod, chown or utimes went to the primary since the
-	// last commit, and may not be durable yet (barrier).
-	attrsLazy bool
+	// lazy: a change of the file since the last commit (a chmod, chown
+	// or utimes, or this client's create of it, CreateResponse.lazy) may
+	// not be durable yet at its primary: close and fsync make it so
+	// (barrier), as a commit does.
+	lazy bool
 }
 
 func newFileState(id oid.ID, m *wire.Meta) *fileState {
@@ -296,7 +298,7 @@ func (f *FS) CreateOpen(ctx context.Context, u User, cues cue.Set, dir oid.ID, n
 		// The name existed, or this was a retry of a create already made.
 		oh, a, err := f.Open(ctx, u, cues, oid.ID(resp.Entry.GetId()), flags&^(syscall.O_CREAT|syscall.O_EXCL))
 		if err == nil {
-			oh.st.addUnsynced(resp.Pending)
+			oh.st.addUnsynced(resp.Pending, resp.Lazy)
 		}
 		return oh, a, err
 	}
@@ -310,7 +312,7 @@ func (f *FS) CreateOpen(ctx context.Context, u User, cues cue.Set, dir oid.ID, n
 		h.at = c.ID
 	}
 	f.attach(h, resp.Meta)
-	h.st.addUnsynced(resp.Pending)
+	h.st.addUnsynced(resp.Pending, resp.Lazy)
 	f.hold(h)
 	return h, attrOf(f.overlay(resp.Meta)), nil
 }

@@ -242,16 +242,7 @@ func (st *fileState) flush(ctx context.Context, f *FS, u User, cues cue.Set) err
 		if err := st.syncCreate(ctx, f, u, cues); err != nil {
 			return err
 		}
-		if st.attrsLazy {
-			// A chmod, chown or utimes since the last commit, answered
-			// before it was durable (server.lazily): close and fsync
-			// make it so.
-			if err := f.barrier(ctx, u, st.id); err != nil {
-				return fmt.Errorf("close of %v: %w", st.id, err)
-			}
-			st.attrsLazy = false
-		}
-		return nil
+		return st.syncLazy(ctx, f, u)
 	}
 	if st.writer != nil {
 		u = st.writer.user
@@ -321,14 +312,30 @@ func (st *fileState) commit(ctx context.Context, f *FS, u User, cues cue.Set) er
 	return nil
 }
 
-// addUnsynced records the replication a create left to wait for.
-func (st *fileState) addUnsynced(pending []*wire.Unsynced) {
-	if len(pending) == 0 {
+// addUnsynced records what a create left to wait for: its replication,
+// and its own record when the primary answered before it was durable.
+func (st *fileState) addUnsynced(pending []*wire.Unsynced, lazy bool) {
+	if len(pending) == 0 && !lazy {
 		return
 	}
 	st.mu.Lock()
 	st.unsynced = append(st.unsynced, pending...)
+	st.lazy = st.lazy || lazy
 	st.mu.Unlock()
+}
+
+// syncLazy makes the changes of the file answered before they were
+// durable (fileState.lazy) durable at its primary, when no commit does;
+// the caller holds st.mu.
+func (st *fileState) syncLazy(ctx context.Context, f *FS, u User) error {
+	if !st.lazy {
+		return nil
+	}
+	if err := f.barrier(ctx, u, st.id); err != nil {
+		return fmt.Errorf("close of %v: %w", st.id, err)
+	}
+	st.lazy = false
+	return nil
 }
 
 // syncCreate waits for the replication of this client's create of the
@@ -437,7 +444,7 @@ func (st *fileState) flushEventual(ctx context.Context, f *FS, u User, cues cue.
 
 // committed adopts the meta-data of a commit of this client's changes.
 func (st *fileState) committed(m *wire.Meta) {
-	st.attrsLazy = false // a commit's record is synced, and comes after
+	st.lazy = false // a commit's record is synced, and comes after
 	if m.Version == st.version+1 {
 		for idx, ref := range st.staged {
 			st.hashes[idx] = ref
@@ -466,7 +473,10 @@ func (h *Handle) Flush(ctx context.Context) error {
 		defer cancel()
 		h.st.mu.Lock()
 		defer h.st.mu.Unlock()
-		return h.st.syncCreate(ctx, h.fs, h.user, h.cues)
+		if err := h.st.syncCreate(ctx, h.fs, h.user, h.cues); err != nil {
+			return err
+		}
+		return h.st.syncLazy(ctx, h.fs, h.user)
 	}
 	ctx, cancel := h.fs.bound(ctx, h.cues)
 	defer cancel()
@@ -476,7 +486,7 @@ func (h *Handle) Flush(ctx context.Context) error {
 func (st *fileState) hasUnsynced() bool {
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	return len(st.unsynced) > 0
+	return len(st.unsynced) > 0 || st.lazy
 }
 
 // Fsync is Flush: a commit is durable at the promised SyncLevel.

@@ -225,9 +225,16 @@ func (s *Server) Create(ctx context.Context, req *wire.CreateRequest) (*wire.Cre
 		}
 	}
 	uctx, deferred := ctx, (*deferral)(nil)
+	lazy := false
 	if deferSync {
 		deferred = &deferral{}
 		uctx = withDeferral(ctx, deferred)
+		// open() promises nothing durable: close() and fsync() make the
+		// create durable, with the file's commit when it wrote (one
+		// fdatasync for create, write and close), else with a Sync.
+		if lazy = s.mayBeLazy(ctx); lazy {
+			uctx = store.Lazily(uctx)
+		}
 	}
 	again := false    // a retry of this create, done by its first attempt
 	var opened oid.ID // the new local object this attempt opened
@@ -339,6 +346,7 @@ func (s *Server) Create(ctx context.Context, req *wire.CreateRequest) (*wire.Cre
 			}
 		}
 		resp.Pending = deferred.pending
+		resp.Lazy = lazy
 	}
 	if err != nil {
 		return nil, fmt.Errorf("create %q: %w", req.Name, err)
@@ -397,6 +405,7 @@ func (s *Server) createReplayed(ctx context.Context, op *onceOp, req *wire.Creat
 		s.addCommitted(d, id.Slice())
 	}
 	resp.Pending = d.pending
+	resp.Lazy = s.mayBeLazy(ctx) // the first attempt's record may not be synced yet
 	return resp, nil
 }
 

@@ -375,8 +375,9 @@ func (s *Server) updateOnce(ctx context.Context, sync uint32, fn func(tx *store.
 	return s.stable(ctx, read)
 }
 
-// lazily lets an unlink, rmdir, chmod, chown or utimes be answered before
-// its store record is synced (store.Lazily: within store.LazyFlushDelay,
+// lazily lets an unlink, rmdir, chmod, chown or utimes (and a create with
+// defer_sync, CreateResponse.lazy) be answered before its store record is
+// synced (store.Lazily: within store.Options.LazyFlushDelay,
 // or with the next synced change, or at a Sync with no changes, which
 // fsync(2) of a directory and close(2) after such a change send), as a
 // local file system makes them durable at its next journal commit or
@@ -385,11 +386,18 @@ func (s *Server) updateOnce(ctx context.Context, sync uint32, fn func(tx *store.
 // this process (whose close and fsync call Sync here), no
 // .EventualConsistency.
 func (s *Server) lazily(ctx context.Context) context.Context {
-	if s.deploymentSize() != 1 || isEventual(ctx) {
+	if !s.mayBeLazy(ctx) {
 		return ctx
 	}
-	if _, err := pki.PeerName(ctx); err == nil {
-		return ctx // over the network
-	}
 	return store.Lazily(ctx)
+}
+
+// mayBeLazy reports whether ctx's change may be answered before it is
+// durable (lazily).
+func (s *Server) mayBeLazy(ctx context.Context) bool {
+	if s.deploymentSize() != 1 || isEventual(ctx) {
+		return false
+	}
+	_, err := pki.PeerName(ctx)
+	return err != nil // else over the network
 }

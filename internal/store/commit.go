@@ -297,7 +297,7 @@ func (s *Store) commit(t *Tx, sync bool) error {
 //
 // Without sync the record is written but not synced (a lazy batch): the
 // next synced record's fdatasync covers it, as it is earlier in the same
-// file, and lazyTimer syncs it within LazyFlushDelay otherwise. After a
+// file, and lazyTimer syncs it within Options.LazyFlushDelay otherwise. After a
 // failed sync of lazy records (logErr) nothing is appended.
 func (s *Store) appendLog(rec []byte, sync bool) error {
 	if s.logErr != nil {
@@ -321,6 +321,7 @@ func (s *Store) appendLog(rec []byte, sync bool) error {
 	_, err := w.f.WriteAt(rec, w.off)
 	if err == nil && !s.noSync && sync {
 		err = fdatasync(w.f)
+		s.logSyncs.Add(1)
 	}
 	if err != nil {
 		if noSpace(err) {
@@ -334,27 +335,28 @@ func (s *Store) appendLog(rec []byte, sync bool) error {
 	}
 	w.off += int64(len(rec))
 	if sync {
-		s.walDirty = false
+		s.walDirty.Store(false)
 	} else if !s.noSync {
-		s.walDirty = true
+		s.walDirty.Store(true)
 		if !s.lazyArmed {
 			s.lazyArmed = true
-			s.lazyTimer.Reset(LazyFlushDelay)
+			s.lazyTimer.Reset(s.lazyDelay)
 		}
 	}
 	return nil
 }
 
-// LazyFlushDelay bounds how long a lazy update (Lazily) stays in the log
-// unsynced when no synced update or Flush comes first.
-const LazyFlushDelay = 50 * time.Millisecond
+// DefaultLazyFlushDelay bounds how long a lazy update (Lazily) stays in
+// the log unsynced when no synced update or Flush comes first
+// (Options.LazyFlushDelay).
+const DefaultLazyFlushDelay = 50 * time.Millisecond
 
 type lazyKey struct{}
 
 // Lazily marks ctx's Update as one whose caller need not wait for it to
 // be durable: it is answered once logged and applied, and becomes
 // durable with the next update that is not lazy, at Flush, at a
-// checkpoint, or within LazyFlushDelay. Updates are durable in order (one
+// checkpoint, or within Options.LazyFlushDelay. Updates are durable in order (one
 // log), so a crash loses a suffix of lazy updates and nothing after them.
 // For changes POSIX makes durable only at the next fsync(2): unlink,
 // chmod, utimes.
@@ -379,7 +381,7 @@ func (s *Store) syncLazyLocked() error {
 	if s.logErr != nil {
 		return s.logErr
 	}
-	if !s.walDirty || s.wal == nil {
+	if !s.walDirty.Load() || s.wal == nil {
 		return nil
 	}
 	var err error
@@ -387,13 +389,14 @@ func (s *Store) syncLazyLocked() error {
 		err = s.logSyncFault()
 	} else {
 		err = fdatasync(s.wal.f)
+		s.logSyncs.Add(1)
 	}
 	if err != nil {
 		s.logErr = ioErr("sync lazy log records (restart the store to recover)", err)
 		s.log.Error("store: sync of lazy log records failed; the store takes no more updates", "err", err)
 		return s.logErr
 	}
-	s.walDirty = false
+	s.walDirty.Store(false)
 	return nil
 }
 

@@ -23,7 +23,7 @@ func TestLazyUpdates(t *testing.T) {
 	dirty := func() bool {
 		s.commitMu.Lock()
 		defer s.commitMu.Unlock()
-		return s.walDirty
+		return s.walDirty.Load()
 	}
 	n := uint64(0)
 	put := func(ctx context.Context) oid.ID {
@@ -50,7 +50,7 @@ func TestLazyUpdates(t *testing.T) {
 	}
 
 	lazy()
-	poll.Until(t, 10*LazyFlushDelay+5*time.Second, "the timer syncs a lazy update", func() error {
+	poll.Until(t, 10*DefaultLazyFlushDelay+5*time.Second, "the timer syncs a lazy update", func() error {
 		if dirty() {
 			return errors.New("log still unsynced")
 		}

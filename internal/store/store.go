@@ -74,6 +74,7 @@
 package store
 
 import (
+	"cmp"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -144,6 +145,10 @@ type Options struct {
 	// housekeeping on a full disk (see space.go): default DefaultReserve,
 	// negative for none.
 	Reserve int64
+	// LazyFlushDelay bounds how long a lazy update (Lazily) stays in the
+	// log unsynced when no synced update or Flush comes first (default
+	// DefaultLazyFlushDelay).
+	LazyFlushDelay time.Duration
 
 	// Checkpoint thresholds (tests; zero means the default).
 	ckBytes, ckOps int64
@@ -162,6 +167,10 @@ type Usage struct {
 	// live bytes copied out: ReclaimedBytes = deleted − moved).
 	Compactions    int64
 	ReclaimedBytes int64
+	// LogSyncs counts the fdatasyncs of the log since Open; Unsynced
+	// reports lazy records (Lazily) in the log not synced yet.
+	LogSyncs int64
+	Unsynced bool
 }
 
 // Store is a storage server's local store. It is safe for concurrent use.
@@ -178,6 +187,7 @@ type Store struct {
 	batches     atomic.Int64 // committed batches (tests, diagnostics)
 	checkpoints atomic.Int64 // completed checkpoints (tests, diagnostics)
 	inlined     atomic.Int64 // records that carried block data (tests, diagnostics)
+	logSyncs    atomic.Int64 // fdatasyncs of the log (Usage)
 	restored    int          // blocks Open wrote back from the log (tests, diagnostics)
 
 	// Group commit.
@@ -197,7 +207,7 @@ type Store struct {
 	wal      *walFile
 	// walDirty: records of lazy updates (Lazily) are in wal but not
 	// synced; lazyArmed: lazyTimer will sync them. Both under commitMu.
-	walDirty  bool
+	walDirty  atomic.Bool // Usage reads it without commitMu
 	lazyArmed bool
 	lazyOff   bool // Close: the timer must not touch the log
 	// logErr is the failure of an fdatasync of lazy records (under
@@ -207,6 +217,7 @@ type Store struct {
 	// synced records after them. So the log takes no record after it.
 	logErr    error
 	lazyTimer *time.Timer
+	lazyDelay time.Duration
 	snap      atomic.Pointer[snapshot]
 	ckMu      sync.Mutex
 	walGen    uint64
@@ -395,6 +406,7 @@ func Open(dir string, o Options) (*Store, error) {
 		compactEvery: o.CompactInterval,
 		compactDone:  make(chan struct{}),
 		reserve:      o.Reserve,
+		lazyDelay:    cmp.Or(o.LazyFlushDelay, DefaultLazyFlushDelay),
 	}
 	s.lazyTimer = time.AfterFunc(time.Hour, s.lazyFlush)
 	s.lazyTimer.Stop()
@@ -766,6 +778,7 @@ func (s *Store) Usage() (Usage, error) {
 	s.segMu.RUnlock()
 	u.Objects = s.objects.Load()
 	u.Compactions, u.ReclaimedBytes = s.compactions.Load(), s.reclaimed.Load()
+	u.LogSyncs, u.Unsynced = s.logSyncs.Load(), s.walDirty.Load()
 	return u, nil
 }
 

@@ -1494,6 +1494,10 @@ func (x *CreateRequest) GetDeferSync() bool {
 // lease_ms: a lease on the new object (meta) for the caller's session,
 // granted when the caller adopts the directory (Caller.adopt); dir_lease_ms
 // renews its lease on the directory, which it keeps current itself.
+// lazy: with defer_sync, the create was answered before its record was
+// durable at the primary (a primary in the caller's process with no
+// backups): close() and fsync() make it durable, by the file's commit
+// (a later record of the same log) or by a Sync without changes.
 type CreateResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Entry         *Entry                 `protobuf:"bytes,1,opt,name=entry,proto3" json:"entry,omitempty"`
@@ -1504,6 +1508,7 @@ type CreateResponse struct {
 	Pending       []*Unsynced            `protobuf:"bytes,6,rep,name=pending,proto3" json:"pending,omitempty"`
 	LeaseMs       uint32                 `protobuf:"varint,7,opt,name=lease_ms,json=leaseMs,proto3" json:"lease_ms,omitempty"`
 	DirLeaseMs    uint32                 `protobuf:"varint,8,opt,name=dir_lease_ms,json=dirLeaseMs,proto3" json:"dir_lease_ms,omitempty"`
+	Lazy          bool                   `protobuf:"varint,9,opt,name=lazy,proto3" json:"lazy,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1592,6 +1597,13 @@ func (x *CreateResponse) GetDirLeaseMs() uint32 {
 		return x.DirLeaseMs
 	}
 	return 0
+}
+
+func (x *CreateResponse) GetLazy() bool {
+	if x != nil {
+		return x.Lazy
+	}
+	return false
 }
 
 // Unsynced is a change committed at the primary of a slice in one epoch
@@ -7722,7 +7734,7 @@ const file_wheelfs_proto_rawDesc = "" +
 	"\x05umask\x18\x10 \x01(\rH\x00R\x05umask\x88\x01\x01\x12\x1d\n" +
 	"\n" +
 	"defer_sync\x18\x11 \x01(\bR\tdeferSyncB\b\n" +
-	"\x06_umask\"\xa2\x02\n" +
+	"\x06_umask\"\xb6\x02\n" +
 	"\x0eCreateResponse\x12'\n" +
 	"\x05entry\x18\x01 \x01(\v2\x11.wheelfs.v1.EntryR\x05entry\x12$\n" +
 	"\x04meta\x18\x02 \x01(\v2\x10.wheelfs.v1.MetaR\x04meta\x12\"\n" +
@@ -7732,7 +7744,8 @@ const file_wheelfs_proto_rawDesc = "" +
 	"\apending\x18\x06 \x03(\v2\x14.wheelfs.v1.UnsyncedR\apending\x12\x19\n" +
 	"\blease_ms\x18\a \x01(\rR\aleaseMs\x12 \n" +
 	"\fdir_lease_ms\x18\b \x01(\rR\n" +
-	"dirLeaseMs\"`\n" +
+	"dirLeaseMs\x12\x12\n" +
+	"\x04lazy\x18\t \x01(\bR\x04lazy\"`\n" +
 	"\bUnsynced\x12\x14\n" +
 	"\x05slice\x18\x01 \x01(\rR\x05slice\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12\x10\n" +
