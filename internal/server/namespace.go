@@ -346,7 +346,7 @@ func (s *Server) Create(ctx context.Context, req *wire.CreateRequest) (*wire.Cre
 			}
 		}
 		resp.Pending = deferred.pending
-		resp.Lazy = lazy
+		resp.Lazy = lazy && !resp.Existed // an existing name: nothing made
 	}
 	if err != nil {
 		return nil, fmt.Errorf("create %q: %w", req.Name, err)
