@@ -7,7 +7,10 @@ import (
 	"sync"
 	"time"
 
+	"github.com/hashicorp/serf/coordinate"
+
 	"github.com/wheelfs/wheelfs/internal/holders"
+	"github.com/wheelfs/wheelfs/internal/netcoord"
 	"github.com/wheelfs/wheelfs/internal/oid"
 	"github.com/wheelfs/wheelfs/internal/wire"
 )
@@ -27,6 +30,12 @@ const (
 	maxSentFiles    = 4096
 	refreshAfter    = holders.DefaultTTL / 2
 	reportTimeout   = 5 * time.Second
+	// coordMoved is how far this host's coordinate may drift from the one
+	// its reports carried before what it holds is reported again: a
+	// primary ranks holders by the coordinate of their last report, and
+	// one sent before the coordinate settled (a host just started) would
+	// otherwise misplace the holder until refreshAfter.
+	coordMoved = 10 * time.Millisecond
 )
 
 // holdReports collects the blocks this client cached for .Hotspot reads
@@ -35,6 +44,7 @@ type holdReports struct {
 	mu      sync.Mutex
 	pending map[oid.ID]*heldFile
 	sent    map[oid.ID]*heldFile
+	coord   *coordinate.Coordinate // what the last report carried
 	running bool
 	now     chan struct{} // a report is wanted at once (kick)
 	stop    chan struct{}
@@ -123,11 +133,44 @@ func (r *holdReports) run(ctx context.Context, f *FS) {
 		case <-r.stop:
 			return
 		case <-t.C:
+			if f.cfg.Coord != nil {
+				r.coordChanged(f.cfg.Coord.Coordinate())
+			}
 			r.flush(ctx, f)
 		case <-r.now:
 			r.flush(ctx, f)
 		}
 	}
+}
+
+// coordChanged queues again, for the next report, what was reported
+// within refreshAfter with a coordinate more than coordMoved from cur.
+func (r *holdReports) coordChanged(cur *coordinate.Coordinate) {
+	now := time.Now()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.coord == nil || netcoord.Estimate(r.coord, cur) <= coordMoved {
+		return // Unknown (negative) when either is missing
+	}
+	for id, s := range r.sent {
+		if now.Sub(s.at) >= refreshAfter {
+			continue // its hint has run out: only a read reports it again
+		}
+		p := r.pending[id]
+		if p == nil {
+			if len(r.pending) >= maxPendingFiles {
+				break
+			}
+			p = &heldFile{version: s.version, caller: s.caller}
+			r.pending[id] = p
+		}
+		if p.version == s.version {
+			for _, x := range s.ranges {
+				p.ranges = holders.Add(p.ranges, x)
+			}
+		}
+	}
+	r.coord = nil // set again by the report
 }
 
 // kick makes the reporter send what is pending now, not at its next tick.
@@ -150,8 +193,10 @@ func (r *holdReports) flush(ctx context.Context, f *FS) {
 	}
 	for _, ids := range bySlice {
 		req := &wire.ReportHoldingRequest{Node: f.cfg.Node, Site: f.cfg.Site, PeerAddr: f.peer.cfg.Addr}
+		var coord *coordinate.Coordinate
 		if f.cfg.Coord != nil {
-			req.Coord = f.cfg.Coord.Wire()
+			coord = f.cfg.Coord.Coordinate()
+			req.Coord = netcoord.ToWire(coord)
 		}
 		for _, id := range ids {
 			p := pending[id]
@@ -171,7 +216,7 @@ func (r *holdReports) flush(ctx context.Context, f *FS) {
 			r.requeue(ids, pending)
 			continue
 		}
-		r.markSent(ids, pending)
+		r.markSent(ids, pending, coord)
 	}
 }
 
@@ -198,10 +243,13 @@ func (r *holdReports) requeue(ids []oid.ID, pending map[oid.ID]*heldFile) {
 	}
 }
 
-func (r *holdReports) markSent(ids []oid.ID, pending map[oid.ID]*heldFile) {
+func (r *holdReports) markSent(ids []oid.ID, pending map[oid.ID]*heldFile, coord *coordinate.Coordinate) {
 	now := time.Now()
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if coord != nil {
+		r.coord = coord
+	}
 	for _, id := range ids {
 		p := pending[id]
 		s := r.sent[id]
@@ -209,7 +257,7 @@ func (r *holdReports) markSent(ids []oid.ID, pending map[oid.ID]*heldFile) {
 			s = &heldFile{version: p.version}
 			r.sent[id] = s
 		}
-		s.at = now
+		s.at, s.caller = now, p.caller
 		for _, x := range p.ranges {
 			s.ranges = holders.Add(s.ranges, x)
 		}
