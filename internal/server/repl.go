@@ -89,7 +89,7 @@ type sliceRepl struct {
 	listed, replaced []string
 	pinging          map[string]bool // backups pingIdle is pinging
 	checked          time.Time       // last digest comparison (checkReplicas)
-	collected        time.Time       // last tombstone collection
+	collected        time.Time       // last tombstone collection (or taking the slice)
 	swept            time.Time       // last sweep of outcome records
 	quiet            *time.Timer     // sends what commitQuiet held back
 	// since is when this server started serving the slice at this
@@ -127,9 +127,14 @@ type follower struct {
 
 func newSliceRepl(s *Server, slice oid.Slice, epoch int64, repLevel int, seq uint64) *sliceRepl {
 	ctx, cancel := context.WithCancel(s.bg)
+	// Tombstones are first collected a collection period after the slice
+	// is taken, not at once: the first maintenance pass follows any table
+	// change, and collecting then cut short what a removal's tombstone is
+	// for (TestReconcileKeepsRemovedNames' flake).
+	now := time.Now()
 	return &sliceRepl{s: s, slice: slice, epoch: epoch, repLevel: repLevel, ctx: ctx, cancel: cancel,
 		changed: make(chan struct{}), seq: seq, committed: seq, followers: map[string]*follower{}, tombs: true,
-		since: time.Now(), orphans: map[oid.ID]int{}}
+		since: now, collected: now, orphans: map[oid.ID]int{}}
 }
 
 // signalLocked wakes waiters (r.mu held).
