@@ -36,6 +36,9 @@ const (
 	// one sent before the coordinate settled (a host just started) would
 	// otherwise misplace the holder until refreshAfter.
 	coordMoved = 10 * time.Millisecond
+	// coordEvery bounds how often a moving coordinate alone sends
+	// everything held again (a jittery link keeps coordinates moving).
+	coordEvery = 5 * time.Second
 )
 
 // holdReports collects the blocks this client cached for .Hotspot reads
@@ -45,6 +48,7 @@ type holdReports struct {
 	pending map[oid.ID]*heldFile
 	sent    map[oid.ID]*heldFile
 	coord   *coordinate.Coordinate // what the last report carried
+	coordAt time.Time              // when a move last queued reports (coordChanged)
 	running bool
 	now     chan struct{} // a report is wanted at once (kick)
 	stop    chan struct{}
@@ -144,14 +148,16 @@ func (r *holdReports) run(ctx context.Context, f *FS) {
 }
 
 // coordChanged queues again, for the next report, what was reported
-// within refreshAfter with a coordinate more than coordMoved from cur.
+// within refreshAfter with a coordinate more than coordMoved from cur (at
+// most once per coordEvery).
 func (r *holdReports) coordChanged(cur *coordinate.Coordinate) {
 	now := time.Now()
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.coord == nil || netcoord.Estimate(r.coord, cur) <= coordMoved {
-		return // Unknown (negative) when either is missing
+	if r.coord == nil || now.Sub(r.coordAt) < coordEvery || netcoord.Estimate(r.coord, cur) <= coordMoved {
+		return // Estimate is Unknown (negative) when either is missing
 	}
+	r.coordAt = now
 	for id, s := range r.sent {
 		if now.Sub(s.at) >= refreshAfter {
 			continue // its hint has run out: only a read reports it again

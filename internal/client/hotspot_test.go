@@ -57,4 +57,19 @@ func TestReportAgainWhenCoordinateMoves(t *testing.T) {
 	if len(r.pending) != 1 {
 		t.Errorf("pending %v, want only the fresh file", r.pending)
 	}
+
+	// Moves in quick succession queue reports once per coordEvery.
+	r = setup()
+	r.coordChanged(coordAt(1))
+	clear(r.pending)
+	r.markSent([]oid.ID{fresh}, map[oid.ID]*heldFile{fresh: {version: 3, caller: caller}}, coordAt(1))
+	r.coordChanged(coordAt(2))
+	if len(r.pending) != 0 {
+		t.Errorf("a second move within coordEvery queued %v", r.pending)
+	}
+	r.coordAt = time.Now().Add(-coordEvery)
+	r.coordChanged(coordAt(2))
+	if r.pending[fresh] == nil {
+		t.Errorf("a move after coordEvery queued nothing")
+	}
 }
