@@ -149,7 +149,7 @@ func (r *holdReports) run(ctx context.Context, f *FS) {
 
 // coordChanged queues again, for the next report, what was reported
 // within refreshAfter with a coordinate more than coordMoved from cur (at
-// most once per coordEvery).
+// most once per coordEvery; the report then carries cur).
 func (r *holdReports) coordChanged(cur *coordinate.Coordinate) {
 	now := time.Now()
 	r.mu.Lock()
@@ -159,24 +159,10 @@ func (r *holdReports) coordChanged(cur *coordinate.Coordinate) {
 	}
 	r.coordAt = now
 	for id, s := range r.sent {
-		if now.Sub(s.at) >= refreshAfter {
-			continue // its hint has run out: only a read reports it again
-		}
-		p := r.pending[id]
-		if p == nil {
-			if len(r.pending) >= maxPendingFiles {
-				break
-			}
-			p = &heldFile{version: s.version, caller: s.caller}
-			r.pending[id] = p
-		}
-		if p.version == s.version {
-			for _, x := range s.ranges {
-				p.ranges = holders.Add(p.ranges, x)
-			}
+		if now.Sub(s.at) < refreshAfter { // past it, the hint has run out: only a read reports it again
+			r.requeueLocked(id, &heldFile{version: s.version, caller: s.caller, ranges: slices.Clone(s.ranges)})
 		}
 	}
-	r.coord = nil // set again by the report
 }
 
 // kick makes the reporter send what is pending now, not at its next tick.
@@ -232,19 +218,20 @@ func (r *holdReports) requeue(ids []oid.ID, pending map[oid.ID]*heldFile) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for _, id := range ids {
-		old := pending[id]
-		p := r.pending[id]
-		if p == nil {
-			if len(r.pending) >= maxPendingFiles {
-				continue
-			}
-			r.pending[id] = old
-			continue
-		}
-		if p.version == old.version {
-			for _, x := range old.ranges {
-				p.ranges = holders.Add(p.ranges, x)
-			}
+		r.requeueLocked(id, pending[id])
+	}
+}
+
+// requeueLocked queues old for id's next report, merged into what is
+// pending of the same version (r.mu held).
+func (r *holdReports) requeueLocked(id oid.ID, old *heldFile) {
+	p := r.pending[id]
+	switch {
+	case p == nil && len(r.pending) < maxPendingFiles:
+		r.pending[id] = old
+	case p != nil && p.version == old.version:
+		for _, x := range old.ranges {
+			p.ranges = holders.Add(p.ranges, x)
 		}
 	}
 }

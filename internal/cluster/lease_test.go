@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/wheelfs/wheelfs/internal/client"
+	"github.com/wheelfs/wheelfs/internal/cue"
 	"github.com/wheelfs/wheelfs/internal/deploy"
 	"github.com/wheelfs/wheelfs/internal/fserr"
 	"github.com/wheelfs/wheelfs/internal/oid"
@@ -25,9 +26,15 @@ func listNames(t *testing.T, fs *client.FS, path string) []string {
 	if err != nil || r.Meta == nil {
 		t.Fatalf("resolve %s: %v", path, err)
 	}
-	entries, _, err := fs.ReadDir(ctx, Owner(), r.Cues, oid.ID(r.Meta.Id))
+	return listDir(t, fs, r.Cues, oid.ID(r.Meta.Id))
+}
+
+// listDir lists directory dir by id, sorted.
+func listDir(t *testing.T, fs *client.FS, cues cue.Set, dir oid.ID) []string {
+	t.Helper()
+	entries, _, err := fs.ReadDir(opCtx(t), Owner(), cues, dir)
 	if err != nil {
-		t.Fatalf("readdir %s: %v", path, err)
+		t.Fatalf("readdir %v: %v", dir, err)
 	}
 	var names []string
 	for _, e := range entries {

@@ -222,16 +222,7 @@ func TestOwnChangesRenewLease(t *testing.T) {
 	// Listed by id: resolving "/d" looks "d" up in the root, whose own
 	// lease (from the last path walk) may have run out meanwhile.
 	n := calls(east, func() {
-		entries, _, err := east.ReadDir(ctx, Owner(), client.NoCues, d)
-		if err != nil {
-			t.Fatalf("readdir /d: %v", err)
-		}
-		var got []string
-		for _, e := range entries {
-			got = append(got, e.Name)
-		}
-		slices.Sort(got)
-		if !slices.Equal(got, want) {
+		if got := listDir(t, east, client.NoCues, d); !slices.Equal(got, want) {
 			t.Errorf("east lists %v, want %v", got, want)
 		}
 	})

@@ -129,8 +129,8 @@ func newSliceRepl(s *Server, slice oid.Slice, epoch int64, repLevel int, seq uin
 	ctx, cancel := context.WithCancel(s.bg)
 	// Tombstones are first collected a collection period after the slice
 	// is taken, not at once: the first maintenance pass follows any table
-	// change, and collecting then cut short what a removal's tombstone is
-	// for (TestReconcileKeepsRemovedNames' flake).
+	// change, and collecting then could drop a removal's tombstone before
+	// a late push it guards against arrives.
 	now := time.Now()
 	return &sliceRepl{s: s, slice: slice, epoch: epoch, repLevel: repLevel, ctx: ctx, cancel: cancel,
 		changed: make(chan struct{}), seq: seq, committed: seq, followers: map[string]*follower{}, tombs: true,
