@@ -10,6 +10,7 @@ import (
 
 	"github.com/wheelfs/wheelfs/internal/client"
 	"github.com/wheelfs/wheelfs/internal/deploy"
+	"github.com/wheelfs/wheelfs/internal/fserr"
 	"github.com/wheelfs/wheelfs/internal/oid"
 )
 
@@ -244,5 +245,78 @@ func TestRetriedUnlinkKeepsALaterPut(t *testing.T) {
 		if err := readIs(ctx, fs, "/d/n", []byte("new")); err != nil {
 			t.Fatalf("the put that completed after the unlink: %v", err)
 		}
+	}
+}
+
+// TestRetriedCreateKeepsItsRemoteObject is what the linearizability
+// checker found in CI (a put whose rename of its own temporary name
+// answered ENOENT): the directory's primary commits a create whose
+// object another server stored (write-local), then fails the request
+// before its backups answered, as losing the slice while replicating
+// does. The client's retry is answered from the record with the new
+// name; the first attempt must not drop the object the name now points
+// at.
+func TestRetriedCreateKeepsItsRemoteObject(t *testing.T) {
+	t.Parallel()
+	var mu sync.Mutex
+	failNext := false
+	o := Options{Sites: []string{"west", "east", "eu"}}
+	o.Adjust = func(_ *Node, cfg *deploy.Config) {
+		cfg.Server.AfterCommit = func(method string) error {
+			mu.Lock()
+			defer mu.Unlock()
+			if !failNext || !strings.HasSuffix(method, "/Create") {
+				return nil
+			}
+			failNext = false
+			return fmt.Errorf("lost the slice while replicating (fault injection): %w", fserr.ErrNotPrimary)
+		}
+	}
+	c := Start(t, o)
+	ctx := opCtx(t)
+	u := Owner()
+	west, east := c.Client("west"), c.Client("east")
+	if _, err := west.Mkdir(ctx, u, "/.Site=west/d", 0o777); err != nil {
+		t.Fatal(err)
+	}
+	dir := oid.ID(resolve(t, ctx, west, u, "/d").Meta.Id)
+	mu.Lock()
+	failNext = true
+	mu.Unlock()
+	m, err := east.Create(ctx, u, client.NoCues, dir, "f", client.CreateArgs{Type: client.TypeFile, Mode: 0o644})
+	if err != nil {
+		t.Fatalf("create whose first attempt failed after its commit: %v", err)
+	}
+	mu.Lock()
+	fired := !failNext
+	mu.Unlock()
+	if !fired {
+		t.Fatal("no create failed after its commit")
+	}
+	dp, err := c.Primary(ctx, dir.Slice())
+	if err != nil {
+		t.Fatal(err)
+	}
+	op, err := c.Primary(ctx, oid.ID(m.Id).Slice())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if op == dp {
+		t.Fatalf("the object is at the directory's primary %s: want it placed at east", dp)
+	}
+	// A drop by the first attempt went out before the retry was sent
+	// and takes one round trip; this covers it many times over.
+	hold := time.Now().Add(2 * time.Second)
+	for time.Now().Before(hold) {
+		if _, err := east.RevalidateAttr(ctx, u, client.NoCues, oid.ID(m.Id)); err != nil {
+			t.Fatalf("the object the create's name points at: %v", err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if err := east.WriteFile(ctx, u, "/d/f", []byte("kept"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := readIs(ctx, west, "/d/f", []byte("kept")); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -238,6 +238,12 @@ func (s *Server) Create(ctx context.Context, req *wire.CreateRequest) (*wire.Cre
 	}
 	again := false    // a retry of this create, done by its first attempt
 	var opened oid.ID // the new local object this attempt opened
+	// linked: this attempt committed a name for remote. An error after
+	// the commit (the slice lost while replicating) leaves it unknown
+	// whether the name outlives a failover, and the client's retry may
+	// be answered with it, so the object must stay: at worst it outlives
+	// a lost name (space, not data) until an fsck.
+	linked := false
 	unopen := func() {
 		if opened != 0 {
 			s.files.unopen(hk, opened)
@@ -247,7 +253,7 @@ func (s *Server) Create(ctx context.Context, req *wire.CreateRequest) (*wire.Cre
 	err := s.updateUndo(uctx, req.SyncLevel, op.wrap(func(tx *store.Tx) error {
 		unopen()
 		*resp = wire.CreateResponse{}
-		again = false
+		again, linked = false, false
 		d, err := s.dirMeta(tx, dir)
 		if err != nil {
 			return err
@@ -312,6 +318,10 @@ func (s *Server) Create(ctx context.Context, req *wire.CreateRequest) (*wire.Cre
 		if err := tx.PutEntry(dir, e); err != nil {
 			return err
 		}
+		if remote != nil {
+			linked = true
+			tx.OnAbort(func() { linked = false })
+		}
 		touch(d, now, true)
 		resp.Entry, resp.Meta, resp.Dir = e, m, d
 		return tx.PutMeta(d)
@@ -325,8 +335,9 @@ func (s *Server) Create(ctx context.Context, req *wire.CreateRequest) (*wire.Cre
 			err = op.settle(ctx, req.SyncLevel)
 		}
 	}
-	if remote != nil && (err != nil || resp.Entry.GetId() != remote.Id) {
-		// The name went elsewhere: no link to it, nor the open made with it.
+	if remote != nil && !linked {
+		// The name went elsewhere, or no name was committed: no link to
+		// it, nor the open made with it.
 		var h *wire.HandleRef
 		if open {
 			h = hk

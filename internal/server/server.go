@@ -104,6 +104,11 @@ type Config struct {
 	// succeeded; an error replaces the answer by codes.Unavailable, as a
 	// connection that broke after the change was applied.
 	AfterApply func(method string, req any) error
+	// AfterCommit, for fault tests, runs in an update of a Storage
+	// request (method, its full name) once the change committed here,
+	// before the wait for backups; an error fails the request there, as
+	// losing the slice while replicating does.
+	AfterCommit func(method string) error
 	// DiskReserve is the free space of the data directory's file system
 	// below which this server counts as full: placement puts no new data
 	// on it (space.go). Zero means min(2% of the file system, 512 MiB);

@@ -12,6 +12,7 @@ import (
 	"github.com/wheelfs/wheelfs/internal/pki"
 	"github.com/wheelfs/wheelfs/internal/store"
 	"github.com/wheelfs/wheelfs/internal/wire"
+	"google.golang.org/grpc"
 )
 
 // update runs fn in a store transaction, as primary of every slice it
@@ -345,6 +346,13 @@ func (s *Server) updateOnce(ctx context.Context, sync uint32, fn func(tx *store.
 		}
 	}
 	committed()
+	if h := s.cfg.AfterCommit; h != nil {
+		if method, ok := grpc.Method(ctx); ok {
+			if err := h(method); err != nil {
+				return err
+			}
+		}
+	}
 	if isEventual(ctx) && sync == 0 {
 		return nil
 	}
