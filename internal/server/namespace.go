@@ -304,6 +304,9 @@ func (s *Server) Create(ctx context.Context, req *wire.CreateRequest) (*wire.Cre
 			}
 			if open && s.primary(oid.ID(m.Id)) == nil && s.files.openNew(hk, oid.ID(m.Id), req.OpenAccess) {
 				opened = oid.ID(m.Id)
+				// Kept once committed, as linked keeps a remote object:
+				// a retry here is answered with this open.
+				tx.OnAbort(unopen)
 			}
 		}
 		resp.Opened = open && (remote != nil || opened != 0)
@@ -326,9 +329,6 @@ func (s *Server) Create(ctx context.Context, req *wire.CreateRequest) (*wire.Cre
 		resp.Entry, resp.Meta, resp.Dir = e, m, d
 		return tx.PutMeta(d)
 	}), unopen)
-	if err != nil {
-		unopen()
-	}
 	if op.replayed() {
 		again = true
 		if err == nil && deferred == nil {
