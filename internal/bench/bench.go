@@ -57,7 +57,8 @@ type Options struct {
 	Logger *slog.Logger
 }
 
-// Run measures every target and returns the report. It returns a partial
+// Run measures every target and returns the report. The targets are all
+// set up first and take turns, workload by workload and run by run. It returns a partial
 // report with an error if it was cancelled or could not prepare; failures
 // of single workloads are recorded in the report instead.
 func Run(ctx context.Context, o Options) (rep *Report, err error) {
@@ -153,6 +154,16 @@ func Run(ctx context.Context, o Options) (rep *Report, err error) {
 	}
 	setups = append(setups, setup{WheelFS, func() (target, error) { return startWheelFS(ctx, o.Self, base, log) }})
 
+	// Every target is set up first and the workloads then alternate
+	// between them, run by run: a ratio compares measurements taken
+	// seconds apart, not minutes (this VM's disk and CPU change speed by
+	// up to 2x between phases minutes apart, docs/BENCHMARKS.md).
+	var runs []*targetRun
+	defer func() {
+		for i := len(runs) - 1; i >= 0; i-- {
+			runs[i].close()
+		}
+	}()
 	for _, s := range setups {
 		tr := &TargetResult{Name: s.name, Results: map[string]*Measurement{}}
 		rep.Targets = append(rep.Targets, tr)
@@ -162,23 +173,37 @@ func Run(ctx context.Context, o Options) (rep *Report, err error) {
 		if t != nil {
 			tr.Description = t.Describe()
 		}
-		if serr == nil {
-			runTarget(ctx, t, o, data, tarball, rep, tr, tlog)
-			if p, ok := t.(interface{ problems() []string }); ok && len(tr.failures()) > 0 {
-				tr.Problems = p.problems()
-			}
-		} else {
+		r := &targetRun{ctx: ctx, t: t, o: o, data: data, tarball: tarball, rep: rep, tr: tr, log: tlog}
+		if serr != nil {
 			tr.Error = "setup: " + serr.Error()
 			tlog.Error("target setup failed", "err", serr)
+			r.stopped = true
 		}
 		if t != nil {
-			if cerr := t.Close(); cerr != nil {
-				tr.Error = strings.TrimPrefix(tr.Error+"; ", "; ") + "teardown: " + cerr.Error()
-				tlog.Error("target teardown failed", "err", cerr)
-			}
+			runs = append(runs, r)
 		}
 		if ctx.Err() != nil {
 			return rep, ctx.Err()
+		}
+	}
+	steps := []func(r *targetRun, i int){(*targetRun).begin}
+	n := max(o.Runs, 1)
+	for i := 0; i < n; i++ {
+		steps = append(steps, func(r *targetRun, _ int) { r.seqRound(i) })
+	}
+	steps = append(steps, (*targetRun).endSeq)
+	for i := 0; i < n; i++ {
+		steps = append(steps, func(r *targetRun, _ int) { r.metaRound(i) })
+	}
+	steps = append(steps, (*targetRun).endMeta, (*targetRun).tar)
+	for _, step := range steps {
+		for _, r := range runs {
+			if !r.stopped {
+				step(r, 0)
+			}
+			if ctx.Err() != nil {
+				return rep, ctx.Err()
+			}
 		}
 	}
 	return rep, nil
@@ -187,158 +212,219 @@ func Run(ctx context.Context, o Options) (rep *Report, err error) {
 // allWorkloads lists the workloads in the order they run.
 var allWorkloads = []string{SeqWrite, SeqRead, Create, Stat, Readdir, Unlink, Tar}
 
-// runTarget runs every workload on one target, recording failures. It
-// checks that the target is still mounted before and after each step, so
-// that a vanished mount cannot pass its mount point's directory off as
-// the file system.
-func runTarget(ctx context.Context, t target, o Options, data []byte, tarball string, rep *Report, tr *TargetResult, log *slog.Logger) {
-	record := func(key string, m *Measurement, err error) bool {
-		if err != nil {
-			if ctx.Err() != nil {
-				return false
-			}
-			log.Error("workload failed", "workload", key, "err", err)
-			tr.Results[key] = &Measurement{Error: err.Error()}
-			return false
-		}
-		log.Info("workload done", "workload", key, "seconds", fmt.Sprintf("%.3f", m.Seconds),
-			"rate", formatNumber(m.Rate)+" "+m.Unit)
-		tr.Results[key] = m
-		return true
-	}
-	// down reports whether the target is gone after (or before) the
-	// workloads in keys; their results, if any, are then void and the
-	// remaining ones are not run.
-	down := func(keys ...string) bool {
-		err := t.Check()
-		if err == nil {
-			return false
-		}
-		log.Error("target is down", "err", err)
-		for _, k := range keys {
-			tr.Results[k] = &Measurement{Error: "target went down: " + err.Error()}
-		}
-		for _, k := range allWorkloads {
-			if tr.Results[k] == nil {
-				tr.Results[k] = &Measurement{Error: "not run: target is down"}
-			}
-		}
-		return true
-	}
-	var m *Measurement
-	var err error
+// targetRun runs one target's workloads in steps (Run interleaves the
+// targets' steps), recording failures. It checks that the target is still
+// mounted before and after each step, so that a vanished mount cannot
+// pass its mount point's directory off as the file system; once it is
+// down, or a step failed in a way that voids the rest, stopped is set and
+// Run skips its remaining steps.
+type targetRun struct {
+	ctx     context.Context
+	t       target
+	o       Options
+	data    []byte
+	tarball string
+	rep     *Report
+	tr      *TargetResult
+	log     *slog.Logger
+	stopped bool
 
+	writes, reads []*Measurement
+	seqDone       bool // a sequential step failed: no more rounds
+	metas         []map[string]*Measurement
+	metaDone      bool
+}
+
+func (r *targetRun) record(key string, m *Measurement, err error) bool {
+	if err != nil {
+		if r.ctx.Err() != nil {
+			return false
+		}
+		r.log.Error("workload failed", "workload", key, "err", err)
+		r.tr.Results[key] = &Measurement{Error: err.Error()}
+		return false
+	}
+	r.log.Info("workload done", "workload", key, "seconds", fmt.Sprintf("%.3f", m.Seconds),
+		"rate", formatNumber(m.Rate)+" "+m.Unit)
+	r.tr.Results[key] = m
+	return true
+}
+
+// down reports whether the target is gone after (or before) the
+// workloads in keys; their results, if any, are then void and the
+// remaining ones are not run.
+func (r *targetRun) down(keys ...string) bool {
+	err := r.t.Check()
+	if err == nil {
+		return false
+	}
+	r.log.Error("target is down", "err", err)
+	for _, k := range keys {
+		r.tr.Results[k] = &Measurement{Error: "target went down: " + err.Error()}
+	}
+	for _, k := range allWorkloads {
+		if r.tr.Results[k] == nil {
+			r.tr.Results[k] = &Measurement{Error: "not run: target is down"}
+		}
+	}
+	r.stopped = true
+	return true
+}
+
+func (r *targetRun) begin(int) {
 	unix.Sync()
-	if down() {
+	r.down()
+}
+
+// seqRound is run i of the sequential write and the cold read of what it
+// wrote.
+func (r *targetRun) seqRound(i int) {
+	if r.seqDone {
 		return
 	}
-	runs := max(o.Runs, 1)
-	var writes, reads []*Measurement
-	for i := 0; i < runs; i++ {
-		seq := filepath.Join(t.Root(), fmt.Sprintf("seq-%d.dat", i))
-		unix.Sync()
-		log.Info("sequential write", "size", FormatSize(o.Size), "run", i+1, "of", runs)
-		onQuietThread(func() { m, err = seqWrite(ctx, seq, data, log) })
-		if err != nil {
-			record(SeqWrite, m, err)
-			tr.Results[SeqRead] = &Measurement{Error: "not run: the write failed"}
-			break
-		}
-		writes = append(writes, m)
-		if ctx.Err() != nil || down(SeqWrite) {
-			return
-		}
-		log.Info("making caches cold before the read")
-		if err := t.Restart(ctx); err != nil {
-			record(SeqRead, nil, err)
-			if ctx.Err() == nil {
-				down() // a failed restart leaves nothing to run on
-			}
-			return
-		}
-		if rep.ColdCache {
-			if err := dropCaches(); err != nil {
-				log.Warn("drop caches failed", "err", err)
-			}
-		}
-		if down() {
-			return
-		}
-		log.Info("sequential read", "size", FormatSize(o.Size), "run", i+1, "of", runs)
-		onQuietThread(func() { m, err = seqRead(ctx, seq, data, log) })
-		if err != nil {
-			record(SeqRead, m, err)
-			break
-		}
-		reads = append(reads, m)
-		if ctx.Err() != nil || down(SeqRead) {
-			return
-		}
-		os.Remove(seq) // keep the disk's free space the same for every run
+	ctx, t, log := r.ctx, r.t, r.log
+	runs := max(r.o.Runs, 1)
+	var m *Measurement
+	var err error
+	seq := filepath.Join(t.Root(), fmt.Sprintf("seq-%d.dat", i))
+	unix.Sync()
+	log.Info("sequential write", "size", FormatSize(r.o.Size), "run", i+1, "of", runs)
+	onQuietThread(func() { m, err = seqWrite(ctx, seq, r.data, log) })
+	if err != nil {
+		r.record(SeqWrite, m, err)
+		r.tr.Results[SeqRead] = &Measurement{Error: "not run: the write failed"}
+		r.seqDone = true
+		return
 	}
-	if len(writes) == runs {
-		record(SeqWrite, median(writes), nil)
+	r.writes = append(r.writes, m)
+	if ctx.Err() != nil || r.down(SeqWrite) {
+		return
 	}
-	if len(reads) == runs {
-		record(SeqRead, median(reads), nil)
+	log.Info("making caches cold before the read")
+	if err := t.Restart(ctx); err != nil {
+		r.record(SeqRead, nil, err)
+		if ctx.Err() == nil {
+			r.down() // a failed restart leaves nothing to run on
+		}
+		r.stopped = true
+		return
 	}
+	if r.rep.ColdCache {
+		if err := dropCaches(); err != nil {
+			log.Warn("drop caches failed", "err", err)
+		}
+	}
+	if r.down() {
+		return
+	}
+	log.Info("sequential read", "size", FormatSize(r.o.Size), "run", i+1, "of", runs)
+	onQuietThread(func() { m, err = seqRead(ctx, seq, r.data, log) })
+	if err != nil {
+		r.record(SeqRead, m, err)
+		r.seqDone = true
+		return
+	}
+	r.reads = append(r.reads, m)
+	if ctx.Err() != nil || r.down(SeqRead) {
+		return
+	}
+	os.Remove(seq) // keep the disk's free space the same for every run
+}
 
-	// The metadata workloads run runs times too, each in a directory of
-	// its own, and each row reports its median: one pass moved a ratio
-	// by a third on a noisy disk (docs/BENCHMARKS.md).
-	metaKeys := []string{Create, Stat, Readdir, Unlink}
-	var metas []map[string]*Measurement
-	// The floor of a durable create (durableFloor) is measured beside the
-	// creates it bounds: the disk's durable append on the raw target, the
-	// loopback's creates each followed by one on the loopback.
-	var floorKey string
+func (r *targetRun) endSeq(int) {
+	runs := max(r.o.Runs, 1)
+	if len(r.writes) == runs {
+		r.record(SeqWrite, median(r.writes), nil)
+	}
+	if len(r.reads) == runs {
+		r.record(SeqRead, median(r.reads), nil)
+	}
+}
+
+// metaKeys are the metadata workloads. They run Runs times too, each in a
+// directory of its own, and each row reports its median: one pass moved
+// a ratio by a third on a noisy disk (docs/BENCHMARKS.md).
+var metaKeys = []string{Create, Stat, Readdir, Unlink}
+
+// floorKey is the measurement of a durable create's floor (durableFloor)
+// that t takes beside the creates it bounds: the disk's durable append on
+// the raw target, the loopback's creates each followed by one on the
+// loopback.
+func floorKey(t target) string {
 	switch t.(type) {
 	case *rawTarget:
-		floorKey = Flush
+		return Flush
 	case *loopbackTarget:
-		floorKey = CreateDurable
+		return CreateDurable
 	}
-	for i := 0; i < runs; i++ {
-		res := map[string]*Measurement{}
-		if floorKey == Flush {
-			unix.Sync()
-			log.Info("durable appends", "records", flushRecords, "run", i+1, "of", runs)
-			res[Flush] = measureOrError(Flush, log, func() (*Measurement, error) { return durableAppends(ctx, t.Root()) })
-		}
-		unix.Sync()
-		log.Info("metadata workloads", "files", o.Files, "run", i+1, "of", runs)
-		onQuietThread(func() { metaWorkloads(ctx, filepath.Join(t.Root(), fmt.Sprintf("meta-%d", i)), o.Files, log, res) })
-		if floorKey == CreateDurable && ctx.Err() == nil && !failedAny(res, metaKeys) {
-			unix.Sync()
-			log.Info("durable creates (the floor of WheelFS's)", "files", o.Files, "run", i+1, "of", runs)
-			logPath := filepath.Join(filepath.Dir(t.(*loopbackTarget).backing), "durable-creates.log")
-			res[CreateDurable] = measureOrError(CreateDurable, log, func() (*Measurement, error) {
-				return durableCreates(ctx, filepath.Join(t.Root(), fmt.Sprintf("durable-%d", i)), logPath, o.Files)
-			})
-		}
-		metas = append(metas, res)
-		if ctx.Err() != nil {
-			return
-		}
-		if failedAny(res, metaKeys) {
-			break
-		}
-		if down(metaKeys...) {
-			return
-		}
-	}
-	for _, k := range metaKeys {
-		tr.Results[k] = medianOf(metas, k)
-	}
-	if floorKey != "" {
-		tr.Results[floorKey] = medianOf(metas, floorKey)
-	}
+	return ""
+}
 
-	log.Info("extracting tarball", "files", rep.TarFiles)
-	m, err = extract(ctx, tarball, filepath.Join(t.Root(), "tar"), rep.TarFiles, log)
-	record(Tar, m, err)
-	if ctx.Err() == nil {
-		down(Tar)
+func (r *targetRun) metaRound(i int) {
+	if r.metaDone {
+		return
+	}
+	ctx, t, log := r.ctx, r.t, r.log
+	runs := max(r.o.Runs, 1)
+	fk := floorKey(t)
+	res := map[string]*Measurement{}
+	if fk == Flush {
+		unix.Sync()
+		log.Info("durable appends", "records", flushRecords, "run", i+1, "of", runs)
+		res[Flush] = measureOrError(Flush, log, func() (*Measurement, error) { return durableAppends(ctx, t.Root()) })
+	}
+	unix.Sync()
+	log.Info("metadata workloads", "files", r.o.Files, "run", i+1, "of", runs)
+	onQuietThread(func() { metaWorkloads(ctx, filepath.Join(t.Root(), fmt.Sprintf("meta-%d", i)), r.o.Files, log, res) })
+	if fk == CreateDurable && ctx.Err() == nil && !failedAny(res, metaKeys) {
+		unix.Sync()
+		log.Info("durable creates (the floor of WheelFS's)", "files", r.o.Files, "run", i+1, "of", runs)
+		logPath := filepath.Join(filepath.Dir(t.(*loopbackTarget).backing), "durable-creates.log")
+		res[CreateDurable] = measureOrError(CreateDurable, log, func() (*Measurement, error) {
+			return durableCreates(ctx, filepath.Join(t.Root(), fmt.Sprintf("durable-%d", i)), logPath, r.o.Files)
+		})
+	}
+	r.metas = append(r.metas, res)
+	if ctx.Err() != nil {
+		return
+	}
+	if failedAny(res, metaKeys) {
+		r.metaDone = true
+		return
+	}
+	r.down(metaKeys...)
+}
+
+func (r *targetRun) endMeta(int) {
+	for _, k := range metaKeys {
+		r.tr.Results[k] = medianOf(r.metas, k)
+	}
+	if fk := floorKey(r.t); fk != "" {
+		r.tr.Results[fk] = medianOf(r.metas, fk)
+	}
+}
+
+func (r *targetRun) tar(int) {
+	r.log.Info("extracting tarball", "files", r.rep.TarFiles)
+	m, err := extract(r.ctx, r.tarball, filepath.Join(r.t.Root(), "tar"), r.rep.TarFiles, r.log)
+	r.record(Tar, m, err)
+	if r.ctx.Err() == nil {
+		r.down(Tar)
+	}
+}
+
+// close stops the target, if it was set up, and records a failed
+// teardown.
+func (r *targetRun) close() {
+	if r.t == nil {
+		return
+	}
+	if p, ok := r.t.(interface{ problems() []string }); ok && len(r.tr.failures()) > 0 {
+		r.tr.Problems = p.problems()
+	}
+	if cerr := r.t.Close(); cerr != nil {
+		r.tr.Error = strings.TrimPrefix(r.tr.Error+"; ", "; ") + "teardown: " + cerr.Error()
+		r.log.Error("target teardown failed", "err", cerr)
 	}
 }
 
