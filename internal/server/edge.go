@@ -165,6 +165,10 @@ func (s *Server) clientNode(ctx context.Context) (string, bool) {
 // makes this server read the table from the configuration service.
 const freshTableEvery = time.Second
 
+// freshFoundFor is how long a fresh read that found a server vouches for
+// it while this server's watch has not brought its registration yet.
+const freshFoundFor = 10 * time.Second
+
 // registeredServer reports whether name, the caller of ctx, is a
 // registered server. A node registers moments before its own client's
 // first request, which may arrive before this server's watch brings the
@@ -180,44 +184,91 @@ func (s *Server) registeredServer(ctx context.Context, name string) bool {
 	return s.registeredNow(ctx, name, pki.HasServerRole(cert))
 }
 
-// registeredNow reads the table from the configuration service, at most
-// once per freshTableEvery per name and only for a serverRole caller, and
-// reports whether it has name.
+// registeredNow reports whether name, a serverRole caller, is in a table
+// read from the configuration service after this call began: a read that
+// began earlier may predate a registration whose node is calling now (its
+// ready file was written in between; refusing it made a user's first
+// write at a fresh node EACCES). Reads are shared, at most one per
+// freshTableEvery per name, so a call may wait that long (or until ctx
+// ends); a read that found name vouches for it for freshFoundFor.
 func (s *Server) registeredNow(ctx context.Context, name string, serverRole bool) bool {
-	if !serverRole || !s.unknownPeers.due(name) {
+	if !serverRole {
 		return false
 	}
-	t, err := s.conf.Table(ctx)
-	if err != nil {
-		s.log.Warn("cannot read the table to check a peer's registration", "node", name, "err", err)
-		return false
+	began := time.Now()
+	for {
+		c, wait, read := s.unknownPeers.next(name, began)
+		if read {
+			t, err := s.conf.Table(ctx)
+			if err != nil {
+				s.log.Warn("cannot read the table to check a peer's registration", "node", name, "err", err)
+			} else {
+				_, c.found = t.Servers[name]
+			}
+			close(c.done)
+			return c.found
+		}
+		if wait == nil {
+			return c.found
+		}
+		select {
+		case <-wait:
+		case <-ctx.Done():
+			return false
+		}
 	}
-	_, ok := t.Servers[name]
-	return ok
 }
 
-// peerChecks rate-limits fresh table reads per unknown node name.
+// peerChecks shares the fresh table reads per unknown node name.
 type peerChecks struct {
 	mu   sync.Mutex
-	last map[string]time.Time
+	last map[string]*peerCheck
+}
+
+// peerCheck is one fresh read for a name.
+type peerCheck struct {
+	started time.Time
+	done    chan struct{} // closed when found is set
+	found   bool
 }
 
 // maxPeerChecks bounds the names remembered (then all are forgotten).
 const maxPeerChecks = 1024
 
-// due reports whether name may be checked now, and notes that it is.
-func (p *peerChecks) due(name string) bool {
+// next says what a check of name that began at began does: use c's
+// answer (wait nil), wait for wait and ask again, or make the read c
+// (read; the caller closes c.done).
+func (p *peerChecks) next(name string, began time.Time) (c *peerCheck, wait <-chan struct{}, read bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	now := time.Now()
-	if at, ok := p.last[name]; ok && now.Sub(at) < freshTableEvery {
-		return false
+	c = p.last[name]
+	if c != nil {
+		select {
+		case <-c.done:
+			switch {
+			case c.found && now.Sub(c.started) < freshFoundFor, !c.started.Before(began):
+				return c, nil, false
+			case now.Sub(c.started) < freshTableEvery:
+				return c, after(c.started.Add(freshTableEvery).Sub(now)), false
+			}
+		default:
+			return c, c.done, false // in flight: its answer, or a later read
+		}
 	}
 	if p.last == nil || len(p.last) >= maxPeerChecks {
-		p.last = map[string]time.Time{}
+		p.last = map[string]*peerCheck{}
 	}
-	p.last[name] = now
-	return true
+	c = &peerCheck{started: now, done: make(chan struct{})}
+	p.last[name] = c
+	return c, nil, true
+}
+
+// after returns a channel closed once d has passed.
+func after(d time.Duration) <-chan struct{} {
+	ch := make(chan struct{})
+	time.AfterFunc(d, func() { close(ch) })
+	return ch
 }
 
 // checkUser admits a Storage request's uids (Config.Users): its caller,

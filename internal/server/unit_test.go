@@ -7,6 +7,7 @@ import (
 	"maps"
 	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -301,7 +302,7 @@ func TestXattrSummaryBounds(t *testing.T) {
 // TestRegisteredServerBeforeItsWatch: a server registered moments ago,
 // whose registration this server's watch has not brought yet, is found by
 // a fresh read when its certificate has the server role (and only then),
-// and an unknown name is read again only after freshTableEvery.
+// also when it registered just after such a read found nothing.
 func TestRegisteredServerBeforeItsWatch(t *testing.T) {
 	s, ctx := newTestServer(t)
 	if err := s.conf.Register(ctx, configsvc.ServerInfo{ID: "s2", Site: "site2", Addr: "elsewhere"}); err != nil {
@@ -332,17 +333,36 @@ func TestRegisteredServerBeforeItsWatch(t *testing.T) {
 	if s.registeredNow(ctx, "s3", true) {
 		t.Error("an unregistered node was taken for a server")
 	}
+	began := time.Now()
+	if !s.registeredNow(ctx, "s2", true) || time.Since(began) > freshTableEvery/2 {
+		t.Errorf("s2, found by a fresh read a moment ago, took %v to be admitted again", time.Since(began))
+	}
+	// s3 registers (and calls) right after a read that did not find it:
+	// the call waits for the next read instead of being refused.
 	if err := s.conf.Register(ctx, configsvc.ServerInfo{ID: "s3", Site: "site2", Addr: "elsewhere"}); err != nil {
 		t.Fatal(err)
 	}
-	if s.registeredNow(ctx, "s3", true) {
-		t.Error("a name read a moment ago was read again at once")
-	}
-	s.unknownPeers.mu.Lock()
-	s.unknownPeers.last["s3"] = time.Now().Add(-freshTableEvery)
-	s.unknownPeers.mu.Unlock()
+	began = time.Now()
 	if !s.registeredNow(ctx, "s3", true) {
-		t.Error("s3, registered since the last read, was refused after freshTableEvery")
+		t.Error("s3, registered since the last read, was refused")
+	}
+	if took := time.Since(began); took > 3*freshTableEvery {
+		t.Errorf("s3 admitted after %v, want within about freshTableEvery (%v)", took, freshTableEvery)
+	}
+	// Calls from an unknown node share reads and are refused within
+	// about freshTableEvery.
+	var wg sync.WaitGroup
+	began = time.Now()
+	for range 8 {
+		wg.Go(func() {
+			if s.registeredNow(ctx, "s4", true) {
+				t.Error("an unregistered node was taken for a server")
+			}
+		})
+	}
+	wg.Wait()
+	if took := time.Since(began); took > 3*freshTableEvery {
+		t.Errorf("8 calls from an unknown node took %v", took)
 	}
 }
 
