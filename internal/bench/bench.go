@@ -58,9 +58,10 @@ type Options struct {
 }
 
 // Run measures every target and returns the report. The targets are all
-// set up first and take turns, workload by workload and run by run. It returns a partial
-// report with an error if it was cancelled or could not prepare; failures
-// of single workloads are recorded in the report instead.
+// set up first and take turns, workload by workload and run by run. It
+// returns a partial report with an error if it was cancelled or could not
+// prepare; failures of single workloads are recorded in the report
+// instead.
 func Run(ctx context.Context, o Options) (rep *Report, err error) {
 	log := o.Logger
 	if log == nil {
@@ -186,20 +187,20 @@ func Run(ctx context.Context, o Options) (rep *Report, err error) {
 			return rep, ctx.Err()
 		}
 	}
-	steps := []func(r *targetRun, i int){(*targetRun).begin}
+	steps := []func(r *targetRun){(*targetRun).begin}
 	n := max(o.Runs, 1)
 	for i := 0; i < n; i++ {
-		steps = append(steps, func(r *targetRun, _ int) { r.seqRound(i) })
+		steps = append(steps, func(r *targetRun) { r.seqRound(i) })
 	}
 	steps = append(steps, (*targetRun).endSeq)
 	for i := 0; i < n; i++ {
-		steps = append(steps, func(r *targetRun, _ int) { r.metaRound(i) })
+		steps = append(steps, func(r *targetRun) { r.metaRound(i) })
 	}
 	steps = append(steps, (*targetRun).endMeta, (*targetRun).tar)
 	for _, step := range steps {
 		for _, r := range runs {
 			if !r.stopped {
-				step(r, 0)
+				step(r)
 			}
 			if ctx.Err() != nil {
 				return rep, ctx.Err()
@@ -271,7 +272,7 @@ func (r *targetRun) down(keys ...string) bool {
 	return true
 }
 
-func (r *targetRun) begin(int) {
+func (r *targetRun) begin() {
 	unix.Sync()
 	r.down()
 }
@@ -331,7 +332,7 @@ func (r *targetRun) seqRound(i int) {
 	os.Remove(seq) // keep the disk's free space the same for every run
 }
 
-func (r *targetRun) endSeq(int) {
+func (r *targetRun) endSeq() {
 	runs := max(r.o.Runs, 1)
 	if len(r.writes) == runs {
 		r.record(SeqWrite, median(r.writes), nil)
@@ -395,7 +396,7 @@ func (r *targetRun) metaRound(i int) {
 	r.down(metaKeys...)
 }
 
-func (r *targetRun) endMeta(int) {
+func (r *targetRun) endMeta() {
 	for _, k := range metaKeys {
 		r.tr.Results[k] = medianOf(r.metas, k)
 	}
@@ -404,7 +405,7 @@ func (r *targetRun) endMeta(int) {
 	}
 }
 
-func (r *targetRun) tar(int) {
+func (r *targetRun) tar() {
 	r.log.Info("extracting tarball", "files", r.rep.TarFiles)
 	m, err := extract(r.ctx, r.tarball, filepath.Join(r.t.Root(), "tar"), r.rep.TarFiles, r.log)
 	r.record(Tar, m, err)

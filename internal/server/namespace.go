@@ -244,14 +244,10 @@ func (s *Server) Create(ctx context.Context, req *wire.CreateRequest) (*wire.Cre
 	// be answered with it, so the object must stay: at worst it outlives
 	// a lost name (space, not data) until an fsck.
 	linked := false
-	unopen := func() {
-		if opened != 0 {
-			s.files.unopen(hk, opened)
-			opened = 0
-		}
-	}
-	err := s.updateUndo(uctx, req.SyncLevel, op.wrap(func(tx *store.Tx) error {
-		unopen()
+	// A function run that does not commit undoes its open and its link
+	// (OnAbort), whether it failed, was undone to revoke leases or its
+	// batch failed.
+	err := s.update(uctx, req.SyncLevel, op.wrap(func(tx *store.Tx) error {
 		*resp = wire.CreateResponse{}
 		again, linked = false, false
 		d, err := s.dirMeta(tx, dir)
@@ -306,7 +302,10 @@ func (s *Server) Create(ctx context.Context, req *wire.CreateRequest) (*wire.Cre
 				opened = oid.ID(m.Id)
 				// Kept once committed, as linked keeps a remote object:
 				// a retry here is answered with this open.
-				tx.OnAbort(unopen)
+				tx.OnAbort(func() {
+					s.files.unopen(hk, opened)
+					opened = 0
+				})
 			}
 		}
 		resp.Opened = open && (remote != nil || opened != 0)
@@ -328,7 +327,7 @@ func (s *Server) Create(ctx context.Context, req *wire.CreateRequest) (*wire.Cre
 		touch(d, now, true)
 		resp.Entry, resp.Meta, resp.Dir = e, m, d
 		return tx.PutMeta(d)
-	}), unopen)
+	}))
 	if op.replayed() {
 		again = true
 		if err == nil && deferred == nil {
