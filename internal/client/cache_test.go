@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"path/filepath"
 	"sync/atomic"
+	"syscall"
 	"testing"
 
 	"google.golang.org/grpc"
@@ -126,4 +127,88 @@ func TestDiskCacheSkipsInProcessServer(t *testing.T) {
 			t.Fatalf("round %d: disk tier holds %+v, want nothing", round, disk)
 		}
 	}
+}
+
+// TestReadInProcessSkipsCache reads a file whose primary is the server in
+// the reader's own process: whole blocks go from its store straight into
+// the reader's buffer, so none is cached; a read that starts or ends
+// inside a block caches just those blocks; blocks this client holds dirty,
+// holes and the short last block read as they must.
+func TestReadInProcessSkipsCache(t *testing.T) {
+	h := deploytest.Start(t, nil)
+	ctx := context.Background()
+	const bs = client.BlockSize
+	data := randomBytes(20*bs+123, 7)
+	if err := h.Client.WriteFile(ctx, root, "/direct", data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cfg := client.NewConfig()
+	cfg.Logger = slog.New(slog.DiscardHandler)
+	fs := client.New(cfg, h.Router)
+	defer fs.Close()
+	open := func(path string, flags uint32) *client.Handle {
+		r, err := fs.Resolve(ctx, root, path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		hd, _, err := fs.Open(ctx, root, r.Cues, oid.ID(r.Meta.Id), flags)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { hd.Release(ctx) })
+		return hd
+	}
+	read := func(hd *client.Handle, off, n int, want []byte) {
+		t.Helper()
+		buf := make([]byte, n)
+		got, err := hd.Read(ctx, buf, int64(off))
+		if err != nil || !bytes.Equal(buf[:got], want) {
+			t.Fatalf("read %d at %d: %d bytes, %v; want %d bytes of the file", n, off, got, err, len(want))
+		}
+	}
+	cached := func() int64 { _, _, used, _ := fs.CacheStats(); return used }
+
+	hd := open("/direct", syscall.O_RDONLY)
+	calls := fs.Stats().Calls["ReadBlocks"]
+	for off := 0; off < 20*bs; off += 2 * bs { // the kernel's 128 KiB reads
+		read(hd, off, 2*bs, data[off:off+2*bs])
+	}
+	read(hd, 20*bs, bs, data[20*bs:]) // the short last block
+	if used := cached(); used != 0 {
+		t.Fatalf("whole-block reads left %d bytes in the cache, want none", used)
+	}
+	if n := fs.Stats().Calls["ReadBlocks"] - calls; n != 11 {
+		t.Fatalf("11 reads asked the server %d times, want 11", n)
+	}
+	read(hd, bs+1000, 3*bs, data[bs+1000:4*bs+1000])
+	if used := cached(); used != 2*bs {
+		t.Fatalf("an unaligned read cached %d bytes, want its two partial blocks (%d)", used, 2*bs)
+	}
+
+	// Dirty blocks come from this client, the rest from the server.
+	rw := open("/direct", syscall.O_RDWR)
+	patch := randomBytes(bs/2, 8)
+	if _, err := rw.Write(ctx, patch, 6*bs+100); err != nil {
+		t.Fatal(err)
+	}
+	want := append([]byte(nil), data[4*bs:10*bs]...)
+	copy(want[2*bs+100:], patch)
+	read(rw, 4*bs, 6*bs, want)
+
+	// Holes read as zeros.
+	if err := h.Client.WriteFile(ctx, root, "/sparse", nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	sp := open("/sparse", syscall.O_RDWR)
+	tail := randomBytes(bs, 9)
+	if _, err := sp.Write(ctx, tail, 4*bs); err != nil {
+		t.Fatal(err)
+	}
+	if err := sp.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	fresh := client.New(cfg, h.Router)
+	defer fresh.Close()
+	fs = fresh
+	read(open("/sparse", syscall.O_RDONLY), 2*bs, 3*bs, append(make([]byte, 2*bs), tail...))
 }

@@ -46,6 +46,13 @@ type Conn struct {
 	wire.StorageClient
 }
 
+// BlocksInto is what the storage client of a server in this process
+// (server.LocalClient) adds: ReadBlocks straight into the caller's buffer,
+// the blocks back to back (dst is as long as they are together).
+type BlocksInto interface {
+	ReadBlocksInto(ctx context.Context, in *wire.ReadBlocksRequest, dst []byte) error
+}
+
 // ServerRef names a server and its site.
 type ServerRef struct {
 	Server string `json:"server"`

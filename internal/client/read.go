@@ -2,9 +2,12 @@ package client
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"time"
+
+	"google.golang.org/grpc"
 
 	"github.com/wheelfs/wheelfs/internal/fserr"
 	"github.com/wheelfs/wheelfs/internal/oid"
@@ -27,13 +30,25 @@ func (h *Handle) Read(ctx context.Context, p []byte, off int64) (int, error) {
 	defer cancel()
 	st := h.st
 	st.mu.Lock()
-	defer st.mu.Unlock()
 	if off >= st.size {
+		st.mu.Unlock()
 		return 0, nil
 	}
 	if end := st.size - off; int64(len(p)) > end {
 		p = p[:end]
 	}
+	if h.inProcess() {
+		return h.readInProcess(ctx, p, off) // unlocks st.mu
+	}
+	defer st.mu.Unlock()
+	return h.readCached(ctx, p, off)
+}
+
+// readCached serves a read through the block cache (st.mu held): it
+// fetches what the cache lacks and prefetches ahead of a sequential
+// reader.
+func (h *Handle) readCached(ctx context.Context, p []byte, off int64) (int, error) {
+	st := h.st
 	first := uint64(off / BlockSize)
 	last := uint64((off + int64(len(p)) - 1) / BlockSize)
 	blocks, err := st.blocks(ctx, h.fs, h.user, first, last, h.cues.Hotspot)
@@ -59,22 +74,146 @@ func (h *Handle) Read(ctx context.Context, p []byte, off int64) (int, error) {
 	}
 	n := 0
 	for idx := first; idx <= last; idx++ {
-		b := blocks[idx-first]
-		start := int64(0)
-		if idx == first {
-			start = off % BlockSize
-		}
-		want := min(int64(len(p)-n), BlockSize-start)
-		seg := p[n : n+int(want)]
-		c := 0
-		if start < int64(len(b)) {
-			c = copy(seg, b[start:])
-		}
-		clear(seg[c:]) // holes and short blocks read as zeros
-		n += int(want)
+		start, want := blockSpan(idx, first, off, len(p)-n)
+		fill(p[n:n+want], blocks[idx-first], start)
+		n += want
 	}
 	return n, nil
 }
+
+// blockSpan says where a read at off, with left bytes still to fill, uses
+// block idx (first is the read's first block): from start, want bytes.
+func blockSpan(idx, first uint64, off int64, left int) (start int64, want int) {
+	if idx == first {
+		start = off % BlockSize
+	}
+	return start, int(min(int64(left), BlockSize-start))
+}
+
+// fill copies block b from start into seg; holes and short blocks read
+// as zeros.
+func fill(seg, b []byte, start int64) {
+	c := 0
+	if start < int64(len(b)) {
+		c = copy(seg, b[start:])
+	}
+	clear(seg[c:])
+}
+
+// inProcess tells whether this handle's reads go straight to the server in
+// this process (the one-host default): not for .Hotspot (holders serve
+// those), .EventualConsistency (any replica may) nor .WholeFile (the
+// cue asks for the prefetch).
+func (h *Handle) inProcess() bool {
+	if h.cues.Hotspot || h.cues.WholeFile || h.st.eventual {
+		return false
+	}
+	c, ok := h.fs.primaryAtHand(h.st.id)
+	if !ok || !c.InProcess {
+		return false
+	}
+	_, ok = c.StorageClient.(BlocksInto)
+	return ok
+}
+
+// directRun is a stretch of a read that whole blocks fill back to back,
+// to be read by the server straight into p[from:to].
+type directRun struct {
+	from, to int
+	hashes   [][32]byte
+}
+
+// readInProcess serves a read from the server in this process (st.mu
+// held; it unlocks it). Whole blocks the client does not hold are read by
+// the server's store straight into p once st.mu is released, so that the
+// kernel's concurrent read-ahead requests overlap and no block is
+// allocated, cached or copied: the store's segment files are in this
+// host's page cache, as a loopback's file would be. Blocks held dirty or
+// cached, holes, and blocks only partly read come through the cache.
+// Nothing is prefetched: the kernel reads ahead on the mount.
+func (h *Handle) readInProcess(ctx context.Context, p []byte, off int64) (int, error) {
+	st, f := h.st, h.fs
+	first := uint64(off / BlockSize)
+	last := uint64((off + int64(len(p)) - 1) / BlockSize)
+	runs, err := h.planInProcess(ctx, p, off, first, last)
+	if err != nil {
+		st.mu.Unlock()
+		return 0, fmt.Errorf("read %v at %d: %w", st.id, off, err)
+	}
+	st.nextRead = off + int64(len(p))
+	st.mu.Unlock()
+	for _, r := range runs {
+		if err := f.readInto(ctx, h.user, st.id, r.hashes, p[r.from:r.to]); err != nil {
+			// The primary moved, or the blocks went with a newer version
+			// of the file: read the ordinary way, which sorts that out.
+			f.log.Debug("in-process read falls back to the cache", "id", st.id.String(), "err", err)
+			st.mu.Lock()
+			defer st.mu.Unlock()
+			return h.readCached(ctx, p, off)
+		}
+	}
+	return len(p), nil
+}
+
+// planInProcess fills what of p does not come straight from the server
+// (st.mu held) and returns the runs that do.
+func (h *Handle) planInProcess(ctx context.Context, p []byte, off int64, first, last uint64) ([]directRun, error) {
+	st, f := h.st, h.fs
+	if err := st.loadRefs(ctx, f, h.user, first, last); err != nil {
+		return nil, err
+	}
+	var runs []directRun
+	open := false // the last run may grow
+	n := 0
+	for idx := first; idx <= last; idx++ {
+		start, want := blockSpan(idx, first, off, len(p)-n)
+		seg := p[n : n+want]
+		ref, ok := st.ref(idx)
+		_, held := st.buffered(idx)
+		if ok && !held && start == 0 && ref.len > 0 && int(ref.len) <= want && !f.cache.Contains(ref.hash) {
+			if !open {
+				runs = append(runs, directRun{from: n, to: n})
+			}
+			r := &runs[len(runs)-1]
+			r.hashes = append(r.hashes, ref.hash)
+			r.to += int(ref.len)
+			clear(seg[ref.len:]) // a short block: zeros after it
+			open = int(ref.len) == want
+		} else {
+			open = false
+			blocks, err := st.blocks(ctx, f, h.user, idx, idx, false)
+			if err != nil {
+				return nil, err
+			}
+			fill(seg, blocks[0], start)
+		}
+		n += want
+	}
+	return runs, nil
+}
+
+// readInto reads blocks of id from the server in this process straight
+// into dst (their total length).
+func (f *FS) readInto(ctx context.Context, u User, id oid.ID, hs [][32]byte, dst []byte) error {
+	req := &wire.ReadBlocksRequest{Caller: u.caller(), Id: uint64(id), Hashes: make([][]byte, len(hs))}
+	for i := range hs {
+		req.Hashes[i] = hs[i][:]
+	}
+	_, err := call(ctx, f, id, func(c wire.StorageClient, ctx context.Context, req *wire.ReadBlocksRequest, _ ...grpc.CallOption) (*wire.ReadBlocksResponse, error) {
+		if conn, ok := c.(Conn); ok { // callVia passes the Conn
+			c = conn.StorageClient
+		}
+		into, ok := c.(BlocksInto)
+		if !ok {
+			return nil, errNotInProcess
+		}
+		return nil, into.ReadBlocksInto(ctx, req, dst)
+	}, req)
+	return err
+}
+
+// errNotInProcess: the primary is no longer the server in this process.
+var errNotInProcess = errors.New("the primary is not in this process")
 
 // blocks returns the contents of blocks first..last (nil for holes),
 // fetching what the cache lacks; blocks a prefetch is already bringing are

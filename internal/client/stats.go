@@ -197,6 +197,16 @@ func (c countingClient) ReadBlocks(ctx context.Context, in *wire.ReadBlocksReque
 	return c.c.ReadBlocks(ctx, in, opts...)
 }
 
+// ReadBlocksInto counts as a ReadBlocks; it is there when c's client has it.
+func (c countingClient) ReadBlocksInto(ctx context.Context, in *wire.ReadBlocksRequest, dst []byte) error {
+	into, ok := c.c.(BlocksInto)
+	if !ok {
+		return errNotInProcess
+	}
+	c.counts.add("ReadBlocks")
+	return into.ReadBlocksInto(ctx, in, dst)
+}
+
 func (c countingClient) PutBlocks(ctx context.Context, in *wire.PutBlocksRequest, opts ...grpc.CallOption) (*wire.PutBlocksResponse, error) {
 	c.counts.add("PutBlocks")
 	return c.c.PutBlocks(ctx, in, opts...)

@@ -23,7 +23,7 @@ import (
 
 // lateLocal is the router's in-process shortcut to this host's server: the
 // router is created before the server, which is filled in before any call.
-type lateLocal struct{ wire.StorageClient }
+type lateLocal struct{ server.LocalStorage }
 
 // startServer runs the server role: the store, the gRPC listener (through
 // the shaped network if any) and server.Server, registered under its
@@ -57,7 +57,7 @@ func (h *Host) startServer(ctx context.Context, local *lateLocal) (err error) {
 	// quorum for a few seconds.
 	reg := &startService{Service: h.Conf, h: h, until: time.Now().Add(cfg.ConfigWait)}
 	h.Server = server.New(scfg, st, reg, cfg.LockTTL)
-	local.StorageClient = server.LocalClient(h.Server)
+	local.LocalStorage = server.LocalClient(h.Server)
 	h.grpc = grpc.NewServer(grpc.Creds(h.Creds.ServerCredentials()),
 		grpc.MaxRecvMsgSize(wire.MaxMessageSize), grpc.MaxSendMsgSize(wire.MaxMessageSize),
 		// Clients and peers ping idle connections (route.KeepaliveTime).

@@ -129,12 +129,9 @@ func (s *Server) ReadBlocks(ctx context.Context, req *wire.ReadBlocksRequest) (*
 	} else if err := s.checkData(ctx, req.Caller, id, perm.R); err != nil {
 		return nil, err
 	}
-	hs := make([][32]byte, len(req.Hashes))
-	for i, h := range req.Hashes {
-		if len(h) != 32 {
-			return nil, fmt.Errorf("block hash of %d bytes: %w", len(h), fserr.ErrInvalid)
-		}
-		hs[i] = [32]byte(h)
+	hs, err := blockHashes(req.Hashes)
+	if err != nil {
+		return nil, err
 	}
 	data, err := s.store.ReadBlocks(hs)
 	if err != nil {
@@ -144,6 +141,36 @@ func (s *Server) ReadBlocks(ctx context.Context, req *wire.ReadBlocksRequest) (*
 		s.blockBytes.Add(int64(len(d)))
 	}
 	return &wire.ReadBlocksResponse{Data: data}, nil
+}
+
+// readBlocksInto is ReadBlocks for the client in this process, into its
+// buffer (store.ReadBlocksInto): the primary's own reader, so no grant.
+func (s *Server) readBlocksInto(ctx context.Context, req *wire.ReadBlocksRequest, dst []byte) error {
+	id := oid.ID(req.Id)
+	if err := s.checkData(ctx, req.Caller, id, perm.R); err != nil {
+		return err
+	}
+	hs, err := blockHashes(req.Hashes)
+	if err != nil {
+		return err
+	}
+	if err := s.store.ReadBlocksInto(hs, dst); err != nil {
+		return fmt.Errorf("read blocks of %v: %w", id, err)
+	}
+	s.blockBytes.Add(int64(len(dst)))
+	return nil
+}
+
+// blockHashes converts a request's block hashes.
+func blockHashes(in [][]byte) ([][32]byte, error) {
+	hs := make([][32]byte, len(in))
+	for i, h := range in {
+		if len(h) != 32 {
+			return nil, fmt.Errorf("block hash of %d bytes: %w", len(h), fserr.ErrInvalid)
+		}
+		hs[i] = [32]byte(h)
+	}
+	return hs, nil
 }
 
 // checkData allows block transfers for a file the caller may access

@@ -231,46 +231,96 @@ func (s *Store) ReadBlock(h [32]byte) ([]byte, error) {
 // block is checked against its CRC. A block that moved meanwhile (Compact)
 // is read on its own.
 func (s *Store) ReadBlocks(hs [][32]byte) ([][]byte, error) {
+	locs, _, err := s.locate(hs)
+	if err != nil {
+		return nil, err
+	}
 	out := make([][]byte, len(hs))
+	err = s.eachRun(locs, func(i, j int) error {
+		first := int64(locs[i].off)
+		buf := make([]byte, locs[j-1].end()-first)
+		if err := s.readRun(hs[i:j], locs[i:j], buf); err != nil {
+			return err
+		}
+		for k, l := range locs[i:j] {
+			lo, hi := int64(l.off)-first, l.end()-first
+			out[i+k] = buf[lo:hi:hi]
+		}
+		return nil
+	})
+	return out, err
+}
+
+// ReadBlocksInto is ReadBlocks into the caller's buffer: the blocks go
+// back to back into buf, which must be exactly as long as they are
+// together. A FUSE read of a file whose server is in the same process
+// lands in the kernel's reply this way, with no allocation and no copy.
+func (s *Store) ReadBlocksInto(hs [][32]byte, buf []byte) error {
+	locs, total, err := s.locate(hs)
+	if err != nil {
+		return err
+	}
+	if total != int64(len(buf)) {
+		return fmt.Errorf("store: %d blocks of %d bytes into a buffer of %d: %w", len(hs), total, len(buf), fserr.ErrInvalid)
+	}
+	var at int64
+	return s.eachRun(locs, func(i, j int) error {
+		n := locs[j-1].end() - int64(locs[i].off)
+		if err := s.readRun(hs[i:j], locs[i:j], buf[at:at+n]); err != nil {
+			return err
+		}
+		at += n
+		return nil
+	})
+}
+
+// locate looks every block up, and totals their lengths.
+func (s *Store) locate(hs [][32]byte) ([]loc, int64, error) {
 	locs := make([]loc, len(hs))
+	var total int64
 	for i, h := range hs {
 		l, ok, err := s.lookup(h)
 		if err != nil {
-			return nil, err
+			return nil, 0, err
 		}
 		if !ok {
-			return nil, fmt.Errorf("store: block %s: %w", short(h[:]), fserr.ErrNotExist)
+			return nil, 0, fmt.Errorf("store: block %s: %w", short(h[:]), fserr.ErrNotExist)
 		}
 		locs[i] = l
+		total += int64(l.n)
 	}
-	for i := 0; i < len(hs); {
+	return locs, total, nil
+}
+
+// eachRun calls read for each run locs[i:j] of blocks stored back to back
+// in one segment, in order.
+func (s *Store) eachRun(locs []loc, read func(i, j int) error) error {
+	for i := 0; i < len(locs); {
 		j := i + 1
-		for j < len(hs) && locs[j].seg == locs[i].seg && int64(locs[j].off) == locs[j-1].end() {
+		for j < len(locs) && locs[j].seg == locs[i].seg && int64(locs[j].off) == locs[j-1].end() {
 			j++
 		}
-		if err := s.readRun(hs[i:j], locs[i:j], out[i:j]); err != nil {
-			return nil, err
+		if err := read(i, j); err != nil {
+			return err
 		}
 		i = j
 	}
-	return out, nil
+	return nil
 }
 
-// readRun reads blocks stored back to back in one segment.
-func (s *Store) readRun(hs [][32]byte, locs []loc, out [][]byte) error {
-	first, last := locs[0], locs[len(locs)-1]
-	seg := s.segment(first.seg)
-	if seg != nil {
-		buf := make([]byte, last.end()-int64(first.off))
+// readRun reads blocks stored back to back in one segment into buf (as
+// long as they are together), checking each block's CRC.
+func (s *Store) readRun(hs [][32]byte, locs []loc, buf []byte) error {
+	first := locs[0]
+	if seg := s.segment(first.seg); seg != nil {
 		live, err := seg.readAt(buf, int64(first.off))
 		if live && err == nil {
 			for k, l := range locs {
-				b := buf[int64(l.off)-int64(first.off) : l.end()-int64(first.off) : l.end()-int64(first.off)]
+				b := buf[int64(l.off)-int64(first.off) : l.end()-int64(first.off)]
 				if blockCRC(b) != l.crc {
 					s.log.Error("store: block checksum mismatch", "hash", fmt.Sprintf("%x", hs[k]), "segment", segName(l.seg), "offset", l.off)
 					return fmt.Errorf("store: block %s in %s at %d: checksum mismatch: %w", short(hs[k][:]), segName(l.seg), l.off, fserr.ErrIO)
 				}
-				out[k] = b
 			}
 			return nil
 		}
@@ -278,12 +328,16 @@ func (s *Store) readRun(hs [][32]byte, locs []loc, out [][]byte) error {
 			return ioErr(fmt.Sprintf("read %d blocks from %s at %d", len(locs), segName(first.seg), first.off), err)
 		}
 	}
-	for k, h := range hs { // the segment was compacted away: one by one
+	at := 0
+	for _, h := range hs { // the segment was compacted away: one by one
 		b, err := s.ReadBlock(h)
 		if err != nil {
 			return err
 		}
-		out[k] = b
+		if at+len(b) > len(buf) {
+			return fmt.Errorf("store: block %s changed length while moved: %w", short(h[:]), fserr.ErrIO)
+		}
+		at += copy(buf[at:], b)
 	}
 	return nil
 }
