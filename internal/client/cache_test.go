@@ -212,3 +212,43 @@ func TestReadInProcessSkipsCache(t *testing.T) {
 	fs = fresh
 	read(open("/sparse", syscall.O_RDONLY), 2*bs, 3*bs, append(make([]byte, 2*bs), tail...))
 }
+
+// TestPrefetchFitsTheCache reads a file sequentially from a server shown
+// as remote through a memory cache of eight blocks and no disk tier: the
+// prefetch window shrinks to what the cache holds, so each block is
+// fetched once (a 64-block window would be evicted before it is read, and
+// fetched again by the read).
+func TestPrefetchFitsTheCache(t *testing.T) {
+	h := deploytest.Start(t, nil)
+	ctx := context.Background()
+	const bs, blocks = client.BlockSize, 100
+	data := randomBytes(blocks*bs, 10)
+	if err := h.Client.WriteFile(ctx, root, "/seq", data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cfg := client.NewConfig()
+	cfg.Logger = slog.New(slog.DiscardHandler)
+	cfg.CacheBytes = 8 * bs
+	r := &countingRouter{Router: h.Router, remote: true}
+	fs := client.New(cfg, r)
+	defer fs.Close()
+	res, err := fs.Resolve(ctx, root, "/seq")
+	if err != nil {
+		t.Fatal(err)
+	}
+	hd, _, err := fs.Open(ctx, root, res.Cues, oid.ID(res.Meta.Id), syscall.O_RDONLY)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hd.Release(ctx)
+	buf := make([]byte, 2*bs) // the kernel's 128 KiB reads
+	for off := 0; off < blocks*bs; off += len(buf) {
+		n, err := hd.Read(ctx, buf, int64(off))
+		if err != nil || !bytes.Equal(buf[:n], data[off:off+len(buf)]) {
+			t.Fatalf("read at %d: %d bytes, %v; want the file's %d", off, n, err, len(buf))
+		}
+	}
+	if n := r.blocks.Load(); n != blocks {
+		t.Fatalf("a sequential read of %d blocks fetched %d, want each once", blocks, n)
+	}
+}

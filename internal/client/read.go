@@ -24,6 +24,14 @@ const readAhead = 64
 // the FUSE mount lets the kernel read ahead as far.
 const ReadAheadBytes = readAhead * BlockSize
 
+// window is how many blocks past a sequential read f prefetches: readAhead,
+// or a quarter of the memory cache when that is smaller, since a window
+// the cache cannot hold is evicted before it is read and fetched again
+// (a 4 MiB cache made cold reads 0.6-0.7x, docs/BENCHMARKS.md).
+func (f *FS) window() uint64 {
+	return uint64(max(1, min(readAhead, f.cfg.CacheBytes/BlockSize/4)))
+}
+
 // Read reads up to len(p) bytes at off.
 func (h *Handle) Read(ctx context.Context, p []byte, off int64) (int, error) {
 	ctx, cancel := h.fs.bound(ctx, h.cues)
@@ -60,8 +68,9 @@ func (h *Handle) readCached(ctx context.Context, p []byte, off int64) (int, erro
 	maxIdx := uint64((st.size - 1) / BlockSize)
 	// Refill the window when half of it is consumed, so prefetches go
 	// out in large batches.
-	if last < maxIdx && (off == st.nextRead || h.cues.WholeFile) && last+readAhead/2 > st.prefetched {
-		ahead := min(last+readAhead, maxIdx)
+	w := h.fs.window()
+	if last < maxIdx && (off == st.nextRead || h.cues.WholeFile) && last+w/2 >= st.prefetched {
+		ahead := min(last+w, maxIdx)
 		if h.cues.WholeFile {
 			ahead = maxIdx
 		}
