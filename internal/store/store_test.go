@@ -1443,16 +1443,7 @@ func TestReadBlocksCoalesces(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	var hs [][32]byte
-	var want [][]byte
-	for i := 0; i < 5; i++ {
-		b := bytes.Repeat([]byte{byte(i + 1)}, 1000+i)
-		h, err := s.PutBlock(b)
-		if err != nil {
-			t.Fatal(err)
-		}
-		hs, want = append(hs, h), append(want, b)
-	}
+	hs, want := putBlocks(t, s, 5, func(i int) []byte { return bytes.Repeat([]byte{byte(i + 1)}, 1000+i) })
 	order := []int{0, 1, 2, 4, 3, 3}
 	var ask [][32]byte
 	for _, i := range order {
@@ -1472,6 +1463,21 @@ func TestReadBlocksCoalesces(t *testing.T) {
 	}
 }
 
+// putBlocks stores n blocks, block(i) for each i, and returns their hashes
+// and contents.
+func putBlocks(t *testing.T, s *Store, n int, block func(i int) []byte) (hs [][32]byte, data [][]byte) {
+	t.Helper()
+	for i := range n {
+		b := block(i)
+		h, err := s.PutBlock(b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		hs, data = append(hs, h), append(data, b)
+	}
+	return hs, data
+}
+
 // TestReadBlocksInto checks the read into the caller's buffer: blocks back
 // to back in the order asked (neighbours, a block from elsewhere, a
 // duplicate), a buffer of the wrong length refused, and bit rot caught by
@@ -1479,16 +1485,7 @@ func TestReadBlocksCoalesces(t *testing.T) {
 func TestReadBlocksInto(t *testing.T) {
 	dir := t.TempDir()
 	s := openT(t, dir, Options{NoSync: true})
-	var hs [][32]byte
-	var want [][]byte
-	for i := range 5 {
-		b := randBlock(t, 1000+i)
-		h, err := s.PutBlock(b)
-		if err != nil {
-			t.Fatal(err)
-		}
-		hs, want = append(hs, h), append(want, b)
-	}
+	hs, want := putBlocks(t, s, 5, func(i int) []byte { return randBlock(t, 1000+i) })
 	order := []int{0, 1, 2, 4, 3, 3}
 	var ask [][32]byte
 	var expect []byte
