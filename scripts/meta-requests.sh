@@ -33,7 +33,7 @@ go build -o "$base/wheelfs" ./cmd/wheelfs
 
 cat >"$base/ops.py" <<'PY'
 import os, subprocess, sys, time
-pid, d, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+pid, d, n, out = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
 os.mkdir(d)
 dev = os.stat(d).st_dev
 
@@ -49,7 +49,7 @@ def perf_stat(text):
     return got
 
 def phase(name, op, stat=False):
-    rec = os.path.join(os.path.dirname(d), name + '.perf')
+    rec = os.path.join(out, name + '.perf')  # not on the mount: perf's own writes would be traced
     tr = subprocess.Popen(['perf', 'record', '-q', '-e', 'fuse:fuse_request_send', '-a', '-o', rec, '--', 'sleep', '100000'])
     st = subprocess.Popen(['perf', 'stat', '-x', ',', '-e', 'context-switches,task-clock', '-p', pid],
                           stderr=subprocess.PIPE, text=True) if stat else None
@@ -65,9 +65,9 @@ def phase(name, op, stat=False):
         got = perf_stat(st.communicate()[1])
         extra = '; daemon per op: %.1f context switches, %.0f us CPU' % (
             got.get('context-switches', 0) / n, got.get('task-clock', 0) * 1e3 / n)
-    out = subprocess.run("perf script -i %s 2>/dev/null | grep 'connection %d req' | grep -o '(FUSE_[A-Z_0-9]*)' | sort | uniq -c | sort -rn" % (rec, dev),
+    listing = subprocess.run("perf script -i %s 2>/dev/null | grep 'connection %d req' | grep -o '(FUSE_[A-Z_0-9]*)' | sort | uniq -c | sort -rn" % (rec, dev),
                          shell=True, capture_output=True, text=True).stdout
-    reqs = ', '.join('%s %s' % (c, req.strip('()')[5:]) for c, req in (l.split() for l in out.strip().splitlines()))
+    reqs = ', '.join('%s %s' % (c, req.strip('()')[5:]) for c, req in (l.split() for l in listing.strip().splitlines()))
     print('  %-6s %5.0f us/op  requests: %s%s' % (name, wall / n * 1e6, reqs or 'none', extra), flush=True)
 
 phase('create', lambda p: os.close(os.open(p, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)))
@@ -85,7 +85,8 @@ run() { # name, then the command that serves $base/mnt-name
   for _ in $(seq 100); do mountpoint -q "$mnt" && break; sleep 0.2; done
   mountpoint -q "$mnt" || { echo "meta-requests: $name did not mount (log: $base/$name.log)" >&2; exit 1; }
   echo "== $name, $n files"
-  python3 "$base/ops.py" "$pid" "$mnt/d" "$n"
+  mkdir -p "$base/perf-$name"
+  python3 "$base/ops.py" "$pid" "$mnt/d" "$n" "$base/perf-$name"
   kill "$pid"; wait "$pid" 2>/dev/null || true
   pid=
 }
