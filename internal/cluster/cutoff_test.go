@@ -192,8 +192,12 @@ func TestCutOffSiteAfterLocksLapse(t *testing.T) {
 	}
 
 	c.HealSite("east")
+	// A context of its own: the test's has run since the cluster started
+	// and, under load, would end before this wait does (every attempt then
+	// fails before it calls anyone, hiding why the read did not succeed).
+	healed := opCtx(t)
 	c.WaitFor(60*time.Second, "west reads east's write after the heal", func() error {
-		return readIs(ctx, west, "/ev/old", []byte("v2"))
+		return readIs(healed, west, "/ev/old", []byte("v2"))
 	})
 }
 
