@@ -52,14 +52,30 @@ func (s *Server) applyReplicate(ctx context.Context, req *wire.ReplicateRequest)
 			return nil, err
 		}
 	}
+	// Every block the request sets and this server holds stays held
+	// until the request is applied: an earlier batch may free it and a
+	// later one set it again (two files of the same bytes, both
+	// rewritten), which the request cannot carry when the primary has
+	// freed it too.
+	held := map[[32]byte]bool{}
+	for _, b := range req.Batches {
+		for _, m := range b.Mutations {
+			if m.Kind == wire.MutationKind_MUT_SET_BLOCK && len(m.Data) == 32 {
+				if h := [32]byte(m.Data); !held[h] {
+					held[h] = s.store.Retain(h)
+				}
+			}
+		}
+	}
+	has := func(h [32]byte) bool { return held[h] }
 	// A block that a later mutation of this request overwrites may be
 	// gone at the primary already: such a SetBlock is skipped.
-	skip := supersededBlocks(req.Batches, s.store.HasBlock)
+	skip := supersededBlocks(req.Batches, has)
 	var missing [][]byte
 	for bi, b := range req.Batches {
 		for mi, m := range b.Mutations {
 			if m.Kind == wire.MutationKind_MUT_SET_BLOCK && len(m.Data) == 32 &&
-				!skip[[2]int{bi, mi}] && !s.store.HasBlock([32]byte(m.Data)) {
+				!skip[[2]int{bi, mi}] && !has([32]byte(m.Data)) {
 				missing = append(missing, m.Data)
 			}
 		}

@@ -153,15 +153,22 @@ func (s *Server) sendPush(ctx context.Context, to string, req *wire.ReconcileReq
 // fetchMissing fetches from source the blocks that objects reference and
 // this server lacks.
 func (s *Server) fetchMissing(ctx context.Context, source string, objects []*wire.ObjectState) error {
-	var missing [][32]byte
+	return s.fetchBlocks(ctx, source, s.retainBlocks(objects))
+}
+
+// retainBlocks keeps the blocks that objects reference and this server
+// has referenceable for a while (store.Retain), and returns the others.
+// Installing or merging one object may free a block that a later one
+// references.
+func (s *Server) retainBlocks(objects []*wire.ObjectState) (missing [][32]byte) {
 	for _, o := range objects {
 		for _, b := range o.Blocks {
-			if len(b.Hash) == 32 && !s.store.HasBlock([32]byte(b.Hash)) {
+			if len(b.Hash) == 32 && !s.store.Retain([32]byte(b.Hash)) {
 				missing = append(missing, [32]byte(b.Hash))
 			}
 		}
 	}
-	return s.fetchBlocks(ctx, source, missing)
+	return missing
 }
 
 // fetchBlocks copies blocks from server src into the local store.

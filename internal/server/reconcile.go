@@ -128,6 +128,7 @@ func (s *Server) mergePush(ctx context.Context, req *wire.ReconcileRequest) erro
 	now := time.Now().UnixNano()
 	var dying []oid.ID
 	defer func() { s.buried(dying) }()
+	s.retainBlocks(req.Objects) // mergeObject keeps ours where one is missing
 	return s.update(withEventual(ctx), 0, func(tx *store.Tx) error {
 		for _, st := range req.Objects {
 			if err := s.mergeObject(tx, sl, st); err != nil {

@@ -430,6 +430,12 @@ func (r *sliceRepl) follow(ctx context.Context, f *follower) {
 					r.s.lostSlice(r.slice, r.epoch, "a backup has seen a newer epoch")
 					return
 				}
+				if errors.Is(err, fserr.ErrInvalid) {
+					// It cannot apply these batches, and would refuse
+					// them again: a snapshot brings it up to date.
+					r.s.log.Warn("backup refused the stream; sending it a snapshot", "slice", r.slice, "backup", f.id, "err", err)
+					r.resync(f.id)
+				}
 				if errors.Is(err, fserr.ErrNoSpace) && !r.s.suspected(f.id) {
 					// Its disk is full: replace it now (tend), as one
 					// that does not answer, rather than retry until
@@ -599,7 +605,7 @@ func (r *sliceRepl) replicate(ctx context.Context, id string, req *wire.Replicat
 	if n > 0 {
 		r.s.xfer.done(id, n, time.Since(start), err != nil && cctx.Err() != nil && ctx.Err() == nil)
 	}
-	return resp, err
+	return resp, fserr.FromStatus(err)
 }
 
 // checkStalled pings backup id, whose replication call (carrying n block

@@ -185,6 +185,31 @@ func (s *Store) appendTo(segp **segment, data []byte) (loc, error) {
 	return loc{seg: seg.id, off: uint64(off), n: uint32(len(data)), crc: blockCRC(data)}, nil
 }
 
+// Retain reports whether the block is stored (indexed or pending) and,
+// if so, keeps it referenceable by Tx.SetBlock for PendingTTL, as if it
+// had been put again, even if an update frees its last reference
+// meanwhile. A replicated request may free a block in one batch and
+// reference it again in a later one, without carrying it (the primary has
+// freed it too by then). A block in a segment being compacted is
+// reported missing: its copy may move.
+func (s *Store) Retain(h [32]byte) bool {
+	now := s.now()
+	if s.refreshPending(h, now) {
+		return true
+	}
+	l, indexed, err := s.indexed(h)
+	if err != nil || !indexed {
+		return false
+	}
+	s.pendMu.Lock()
+	defer s.pendMu.Unlock()
+	if seg := s.segment(l.seg); seg != nil && !seg.compacting {
+		s.pending[h] = pendingBlock{loc: l, at: now}
+		return true
+	}
+	return false
+}
+
 // HasBlock reports whether the block is stored (indexed or pending).
 func (s *Store) HasBlock(h [32]byte) bool {
 	_, ok, _ := s.lookup(h)

@@ -450,6 +450,31 @@ func TestFreedBlockReput(t *testing.T) {
 	}
 }
 
+// TestRetainKeepsAFreedBlock: a block held with Retain can be set again
+// after its last reference is dropped, in the same update or a later one,
+// as one that was put again can (TestFreedBlockReput).
+func TestRetainKeepsAFreedBlock(t *testing.T) {
+	s := openT(t, t.TempDir(), Options{NoSync: true})
+	data := randBlock(t, 4096)
+	h, _ := s.PutBlock(data)
+	if s.Retain(sha256.Sum256([]byte("never stored"))) {
+		t.Fatal("Retain of a block never stored reports it held")
+	}
+	update(t, s, func(tx *Tx) error { return tx.SetBlock(fileID, 0, h) })
+	if !s.Retain(h) {
+		t.Fatal("Retain of an indexed block reports it missing")
+	}
+	update(t, s, func(tx *Tx) error {
+		if err := tx.ClearBlock(fileID, 0); err != nil { // its last reference
+			return err
+		}
+		return tx.SetBlock(dirID, 0, h)
+	})
+	if got, err := s.ReadBlock(h); err != nil || !bytes.Equal(got, data) {
+		t.Fatalf("ReadBlock after it was freed and set again: %v", err)
+	}
+}
+
 func TestDeleteObject(t *testing.T) {
 	s := openT(t, t.TempDir(), Options{NoSync: true})
 	var hs [][32]byte
