@@ -601,3 +601,61 @@ func TestRestartAllThenWriteThenKill(t *testing.T) {
 		return readIs(ctx, reader, "/fo/f", data)
 	})
 }
+
+// TestSameBytesRewrittenWhileBackupCutOff: blocks are content-addressed.
+// Two files hold the same bytes and are both rewritten while their backup
+// is cut off, so the request that catches the backup up frees the shared
+// block (the first file's rewrite) and sets it again (the second file's
+// write), and the primary, having freed it too, cannot send it. The
+// backup must keep the copy it has: it used to refuse that request at
+// every retry, and the slice's stream never moved again. After the heal
+// the backup catches up and, once the primary is gone, serves both files.
+func TestSameBytesRewrittenWhileBackupCutOff(t *testing.T) {
+	c := Start(t, Options{Sites: []string{"west", "east"}, LockTTL: 2 * time.Second})
+	ctx := opCtx(t)
+	west := c.Client("west")
+	if _, err := west.Mkdir(ctx, Owner(), "/.Site=west/d", 0o777); err != nil {
+		t.Fatal(err)
+	}
+	const same, rewritten = "the same bytes", "the"
+	first := createOpen(t, west, Owner(), "/.Site=west/.SyncLevel=1/d/first", 0o644)
+	if _, err := first.Write(ctx, []byte(same), 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := first.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	c.WaitFor(30*time.Second, "east holds the first file", func() error { return converged(ctx, t, c) })
+
+	c.PartitionLink("west", "east")
+	truncate := func(h opened) {
+		t.Helper()
+		_, err := west.ChangeAttr(ctx, Owner(), h.cues, h.ID(), client.AttrChange{Valid: client.SetSize, Size: uint64(len(rewritten)), Handle: h.Handle})
+		if err != nil {
+			t.Fatalf("truncate with east cut off: %v", err)
+		}
+	}
+	truncate(first)
+	second := createOpen(t, west, Owner(), "/.Site=west/.SyncLevel=1/d/second", 0o644)
+	if _, err := second.Write(ctx, []byte(same), 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := second.Flush(ctx); err != nil {
+		t.Fatalf("write with east cut off: %v", err)
+	}
+	truncate(second)
+	first.Release(ctx)
+	second.Release(ctx)
+	c.HealLink("west", "east")
+
+	c.WaitFor(30*time.Second, "east catches up", func() error { return converged(ctx, t, c) })
+	primary, err := c.Primary(ctx, first.ID().Slice())
+	if err != nil || primary.Site != "west" {
+		t.Fatalf("primary %v (%v): want west", primary, err)
+	}
+	c.Crash(primary)
+	east := c.Client("east")
+	for _, p := range []string{"/d/first", "/d/second"} {
+		c.WaitFor(30*time.Second, "east serves "+p, func() error { return readIs(ctx, east, p, []byte(rewritten)) })
+	}
+}
