@@ -96,7 +96,7 @@ func (r *sliceRepl) snapshot(ctx context.Context, f *follower) error {
 	dig, err := p.Digest(dctx, &wire.DigestRequest{Slice: uint32(r.slice)})
 	cancel()
 	if err != nil {
-		return err
+		return fserr.FromStatus(err)
 	}
 	if dig.Epoch > r.epoch {
 		return errStale
@@ -124,7 +124,7 @@ func (r *sliceRepl) snapshot(ctx context.Context, f *follower) error {
 		resp, err := p.Install(ictx, req)
 		cancel()
 		if err != nil {
-			return err
+			return fserr.FromStatus(err) // follow acts on ENOSPC
 		}
 		if resp.Status == wire.ReplStatus_REPL_STALE_EPOCH {
 			return errStale
