@@ -128,10 +128,13 @@ func (s *Server) mergePush(ctx context.Context, req *wire.ReconcileRequest) erro
 	now := time.Now().UnixNano()
 	var dying []oid.ID
 	defer func() { s.buried(dying) }()
-	s.retainBlocks(req.Objects) // mergeObject keeps ours where one is missing
+	missing := map[[32]byte]bool{}
+	for _, h := range s.retainBlocks(req.Objects) {
+		missing[h] = true
+	}
 	return s.update(withEventual(ctx), 0, func(tx *store.Tx) error {
 		for _, st := range req.Objects {
-			if err := s.mergeObject(tx, sl, st); err != nil {
+			if err := s.mergeObject(tx, sl, st, missing); err != nil {
 				return err
 			}
 		}
@@ -144,14 +147,16 @@ func (s *Server) mergePush(ctx context.Context, req *wire.ReconcileRequest) erro
 	})
 }
 
-func (s *Server) mergeObject(tx *store.Tx, sl oid.Slice, st *wire.ObjectState) error {
+// mergeObject merges one pushed object; missing lists the blocks this
+// server lacks (retainBlocks, before the update: fn may not call View).
+func (s *Server) mergeObject(tx *store.Tx, sl oid.Slice, st *wire.ObjectState, missing map[[32]byte]bool) error {
 	m := st.GetMeta()
 	id := oid.ID(m.GetId())
 	if id.Slice() != sl {
 		return nil
 	}
 	for _, b := range st.Blocks {
-		if len(b.Hash) != 32 || !s.store.HasBlock([32]byte(b.Hash)) {
+		if len(b.Hash) != 32 || missing[[32]byte(b.Hash)] {
 			s.log.Warn("reconcile: a block of the pushed object is missing; keeping ours", "id", id)
 			return nil
 		}
