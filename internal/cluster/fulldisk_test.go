@@ -182,6 +182,65 @@ func TestFullDisk(t *testing.T) {
 	checkAcked("space freed")
 }
 
+// TestFullBackupReplaced: the only backup of a file fills its disk. The
+// primary learns it from the stream's answer (ENOSPC) and replaces that
+// backup at once, so a write waiting for a backup's copy succeeds. The
+// primary's DeadAfter is set far beyond the client's call bound: a
+// backup that fails is replaced only after DeadAfter otherwise, and the
+// write would time out.
+func TestFullBackupReplaced(t *testing.T) {
+	mnts := map[string]string{"east": tmpfs.Mount(t, 64<<20), "eu": tmpfs.Mount(t, 64<<20)}
+	c := Start(t, Options{Sites: []string{"west", "east", "eu"}, ConfigMembers: 1,
+		Adjust: func(n *Node, cfg *deploy.Config) {
+			switch {
+			case n.Name == "west-0":
+				cfg.Server.DeadAfter = 10 * time.Minute
+				return
+			case n.Name != n.Site+"-0": // a client node
+				return
+			}
+			cfg.DataDir = mnts[n.Site]
+			cfg.Store.SegmentSize = 4 << 20
+			cfg.Store.Reserve = 2 << 20
+			cfg.Server.DiskReserve = 8 << 20
+		}})
+	ctx := opCtx(t)
+	west := c.Client("west")
+	if _, err := west.Mkdir(ctx, Owner(), "/.Site=west/d", 0o755); err != nil {
+		t.Fatal(err)
+	}
+	first := randData(t, 64<<10)
+	if err := west.WriteFile(ctx, Owner(), "/.Site=west/.RepLevel=2/d/f", first, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	in, err := info(ctx, west, "/d/f")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(in.Replicas) != 2 || in.Primary.Site != "west" {
+		t.Fatalf("/d/f placed at %+v: want its primary at west and one backup", in)
+	}
+	backup := in.Replicas[1]
+	tmpfs.Fill(t, filepath.Join(mnts[backup.Site], "filler"))
+
+	more := randData(t, 8<<20)
+	if err := appendFile(ctx, west, "/d/f", more); err != nil {
+		t.Fatalf("write while the backup at %s is full: %v; want the backup replaced", backup.Site, err)
+	}
+	in, err = info(ctx, west, "/d/f")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range in.Replicas {
+		if r.Server == backup.Server {
+			t.Errorf("the full server at %s is still a replica: %+v", backup.Site, in.Replicas)
+		}
+	}
+	if err := readIs(ctx, c.Client("eu"), "/d/f", append(first, more...)); err != nil {
+		t.Error(err)
+	}
+}
+
 // appendFile writes data at the end of path (no truncation first: a
 // failed write must leave what the file held).
 func appendFile(ctx context.Context, fs *client.FS, path string, data []byte) error {
