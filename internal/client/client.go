@@ -25,6 +25,10 @@ const BlockSize = 64 << 10
 // unreachable server can never hang a mount.
 const DefaultTimeout = 30 * time.Second
 
+// DefaultStagedFor is Config.StagedFor's default: well inside the ten
+// minutes (store.PendingTTL) a server keeps uploaded blocks for a commit.
+const DefaultStagedFor = 2 * time.Minute
+
 // Router finds the servers that keep a slice.
 type Router interface {
 	// Primary returns the current primary of slice s.
@@ -83,8 +87,14 @@ type Config struct {
 	// DiskCacheBytes bounds the on-disk block cache (default 4 GiB).
 	DiskCacheBytes int64
 	// DirtyBytes is how much written data a file buffers before uploading
-	// full blocks ahead of close (they are committed only on close/fsync).
+	// full blocks ahead of close (they are committed on close/fsync, or
+	// after StagedFor).
 	DirtyBytes int64
+	// StagedFor bounds how long blocks uploaded ahead of close wait for
+	// their commit (default DefaultStagedFor): a server keeps a block no
+	// commit names for store.PendingTTL only, so a file written for
+	// longer is committed on the way, as fsync would.
+	StagedFor time.Duration
 	// Timeout bounds operations without a .MaxTime cue.
 	Timeout time.Duration
 	// LoginRequired: this host runs no server, so servers act for its
@@ -116,6 +126,7 @@ func NewConfig() Config {
 		CacheBytes:     100 << 20,
 		DiskCacheBytes: 4 << 30,
 		DirtyBytes:     4 << 20,
+		StagedFor:      DefaultStagedFor,
 		Timeout:        DefaultTimeout,
 	}
 }
@@ -202,6 +213,9 @@ func New(cfg Config, router Router) *FS {
 	}
 	if cfg.DirtyBytes <= 0 {
 		cfg.DirtyBytes = def.DirtyBytes
+	}
+	if cfg.StagedFor <= 0 {
+		cfg.StagedFor = DefaultStagedFor
 	}
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = def.Timeout

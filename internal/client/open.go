@@ -51,8 +51,11 @@ type fileState struct {
 	upDone     chan struct{}       // closed when that upload ends; nil if none
 	upErr      error               // a background upload's failure, for the next write or flush
 	staged     map[uint64]blockRef // uploaded, not yet committed
-	modified   bool
-	mtimeNs    int64
+	// stagedCommit commits staged blocks that waited Config.StagedFor
+	// (nil while nothing is staged).
+	stagedCommit *time.Timer
+	modified     bool
+	mtimeNs      int64
 
 	// view is the file's meta-data as this client sees it: the server's,
 	// plus buffered writes and the attribute changes in pending, which

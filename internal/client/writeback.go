@@ -146,7 +146,7 @@ func (st *fileState) startUpload(ctx context.Context, f *FS, u User) {
 		defer cancel()
 		err := st.sendBlocks(ctx, f, u, idxs, bufs, func(idx uint64, ref blockRef, data []byte) {
 			st.mu.Lock()
-			st.staged[idx] = ref
+			st.stage(f, idx, ref)
 			st.mu.Unlock()
 		})
 		st.mu.Lock()
@@ -222,11 +222,45 @@ func (st *fileState) dirtyBlocks(onlyFull bool) (idxs []uint64, bufs [][]byte) {
 func (st *fileState) upload(ctx context.Context, f *FS, u User, onlyFull bool) error {
 	idxs, bufs := st.dirtyBlocks(onlyFull)
 	return st.sendBlocks(ctx, f, u, idxs, bufs, func(idx uint64, ref blockRef, data []byte) {
-		st.staged[idx] = ref
+		st.stage(f, idx, ref)
 		delete(st.dirty, idx)
 		st.dirtyBytes -= BlockSize
 		freeBlockBuf(data)
 	})
+}
+
+// stage records an uploaded block for the next commit (st.mu held). The
+// first one staged starts the clock: the server forgets uploaded blocks
+// that no commit names after store.PendingTTL, so blocks that waited
+// Config.StagedFor are committed then, as fsync would, whether the
+// application still writes or has gone quiet. A failed commit is tried
+// again a period later; close() makes the last attempt.
+func (st *fileState) stage(f *FS, idx uint64, ref blockRef) {
+	st.staged[idx] = ref
+	if st.stagedCommit != nil {
+		return
+	}
+	var t *time.Timer
+	t = time.AfterFunc(f.cfg.StagedFor, func() {
+		st.mu.Lock()
+		w := st.writer
+		current := st.stagedCommit == t
+		st.mu.Unlock()
+		if !current || w == nil {
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), f.cfg.Timeout)
+		defer cancel()
+		if err := st.flush(ctx, f, w.user, w.cues); err != nil {
+			f.log.Warn("commit of blocks uploaded ahead of close failed; retrying", "id", st.id.String(), "err", err)
+			st.mu.Lock()
+			if st.stagedCommit == t {
+				t.Reset(f.cfg.StagedFor)
+			}
+			st.mu.Unlock()
+		}
+	})
+	st.stagedCommit = t
 }
 
 // flush commits buffered writes as a new version; close() and fsync()
@@ -455,6 +489,10 @@ func (st *fileState) committed(m *wire.Meta) {
 		st.reset(m)
 	}
 	clear(st.staged)
+	if st.stagedCommit != nil {
+		st.stagedCommit.Stop()
+		st.stagedCommit = nil
+	}
 	st.pending = nil
 	st.writer = nil
 	st.view = proto.CloneOf(m)

@@ -145,6 +145,9 @@ type Options struct {
 	// housekeeping on a full disk (see space.go): default DefaultReserve,
 	// negative for none.
 	Reserve int64
+	// PendingTTL is how long a block put but not referenced stays
+	// referenceable (default PendingTTL).
+	PendingTTL time.Duration
 	// LazyFlushDelay bounds how long a lazy update (Lazily) stays in the
 	// log unsynced when no synced update or Flush comes first (default
 	// DefaultLazyFlushDelay).
@@ -401,7 +404,7 @@ func Open(dir string, o Options) (*Store, error) {
 		ckStop:   make(chan struct{}),
 		ckDone:   make(chan struct{}),
 
-		pendingTTL:   PendingTTL,
+		pendingTTL:   cmp.Or(o.PendingTTL, PendingTTL),
 		deadFrac:     o.CompactDeadFraction,
 		compactEvery: o.CompactInterval,
 		compactDone:  make(chan struct{}),
