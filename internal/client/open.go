@@ -431,6 +431,10 @@ func (h *Handle) Release(ctx context.Context) {
 	if last {
 		st.mu.Lock()
 		lost := st.modified
+		if st.stagedCommit != nil { // nobody can commit them any more
+			st.stagedCommit.Stop()
+			st.stagedCommit = nil
+		}
 		if !lost && st.upDone == nil {
 			f.leases.keepRefs(st.id, st.version, st.hashes, st.loaded)
 		}
