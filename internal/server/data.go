@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"syscall"
@@ -270,7 +271,13 @@ func (s *Server) Commit(ctx context.Context, req *wire.CommitRequest) (*wire.Com
 			if len(b.Hash) != 32 || b.Index*blockSize >= req.Size {
 				continue
 			}
-			if err := tx.SetBlock(id, b.Index, [32]byte(b.Hash)); err != nil {
+			if err := tx.SetBlock(id, b.Index, [32]byte(b.Hash)); errors.Is(err, store.ErrUnknownBlock) {
+				// Uploaded, then lost: this server restarted or took
+				// the file over since, or the upload waited longer
+				// than store.PendingTTL. The data is gone, not the
+				// request malformed.
+				return fmt.Errorf("block %d: uploaded data no longer stored here: %w", b.Index, fserr.ErrIO)
+			} else if err != nil {
 				return err
 			}
 		}

@@ -119,10 +119,12 @@ const (
 	writebackChunk = 256 << 10
 )
 
-// Errors specific to the store. Both wrap an fserr sentinel.
+// Errors specific to the store. Each wraps an fserr sentinel.
 var (
 	ErrClosed   = fmt.Errorf("store: closed: %w", fserr.ErrIO)
 	ErrReadOnly = fmt.Errorf("store: write in a read-only transaction: %w", fserr.ErrInvalid)
+	// ErrUnknownBlock: SetBlock of a block neither indexed nor pending.
+	ErrUnknownBlock = fmt.Errorf("unknown block: %w", fserr.ErrInvalid)
 )
 
 // Options configure a Store.

@@ -810,7 +810,7 @@ func (t *Tx) incRef(hash [32]byte) error {
 	p, ok := s.pending[hash]
 	s.pendMu.Unlock()
 	if !ok {
-		return fmt.Errorf("store: unknown block %s: %w", short(hash[:]), fserr.ErrInvalid)
+		return fmt.Errorf("store: block %s: %w", short(hash[:]), ErrUnknownBlock)
 	}
 	putIdx(buf[:], p.loc, 1)
 	t.put(bBlockidx, hash[:], buf[:])
