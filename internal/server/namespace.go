@@ -549,6 +549,35 @@ func (s *Server) unlinkObjectFor(ctx context.Context, tx *store.Tx, m *wire.Meta
 	return tx.DeleteObject(id)
 }
 
+// unlinkReplaced is unlinkObject for target, losing its name to a rename
+// over it: a file losing its last link at its primary is spared for the
+// rename grace (orphans.go) rather than deleted, its open handles, if
+// any, recorded as holders as for any orphan. It is marked spared (and
+// appended to spared) until the caller's Update has committed: opens go
+// on meanwhile, and a release ends its holder after the commit.
+func (s *Server) unlinkReplaced(tx *store.Tx, m *wire.Meta, now int64, dying, spared *[]oid.ID) error {
+	id := oid.ID(m.Id)
+	if isDir(m) || m.Nlink != 1 || s.primary(id) != nil {
+		// A backup deletes at once, as for any unlink there: it counts no
+		// opens, and only a primary sweeps orphans.
+		return s.unlinkObject(tx, m, now, dying)
+	}
+	m.Nlink = 0
+	touch(m, now, false)
+	if err := s.mustRevoke(context.Background(), id); err != nil {
+		return err
+	}
+	named, anon := s.files.replaced(id)
+	*spared = append(*spared, id)
+	if err := s.orphan(tx, id, named, anon); err != nil {
+		return err
+	}
+	if err := tx.SetXattr(id, graceKey(time.Unix(0, now).Add(s.cfg.RenameGrace)), []byte(s.cfg.ID)); err != nil {
+		return err
+	}
+	return tx.PutMeta(m)
+}
+
 // Remove implements wire.StorageServer.
 func (s *Server) Remove(ctx context.Context, req *wire.RemoveRequest) (*wire.RemoveResponse, error) {
 	dir := oid.ID(req.Dir)

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sync"
 	"syscall"
+	"time"
 
 	"github.com/wheelfs/wheelfs/internal/fserr"
 	"github.com/wheelfs/wheelfs/internal/oid"
@@ -75,8 +76,9 @@ func (s *Server) Open(ctx context.Context, req *wire.OpenRequest) (*wire.OpenRes
 		if m, err = tx.Meta(id); err != nil {
 			return err
 		}
-		if m.Nlink == 0 && !isDir(m) && !(req.RegisterOnly && s.isHolder(ctx, tx, id, h)) {
-			// An orphan's holder registering at a new primary goes on.
+		if m.Nlink == 0 && !isDir(m) && !(req.RegisterOnly && s.isHolder(ctx, tx, id, h)) && !inGrace(tx, id, time.Now()) {
+			// An orphan's holder registering at a new primary goes on, and
+			// so does any open of a file a rename replaced a moment ago.
 			return fmt.Errorf("open of unlinked file: %w", fserr.ErrNotExist)
 		}
 		if err := perm.Access(cred(req.Caller), attr(m), want); err != nil {
@@ -145,6 +147,9 @@ type openFiles struct {
 	mu     sync.Mutex
 	opens  map[oid.ID]int // open handles, named and anonymous
 	dying  map[oid.ID]int // last links removed but not yet committed
+	// spared are files losing their last link to a rename over it, not
+	// yet committed: they stay for the rename grace, so opens go on.
+	spared map[oid.ID]int
 	grants map[handleKey]grant
 	// released are orphans' holders whose release could not be made
 	// durable (holder key → node): the orphan sweep ends them.
@@ -171,7 +176,8 @@ func keyOf(h *wire.HandleRef) (handleKey, bool) {
 }
 
 func newOpenFiles() openFiles {
-	return openFiles{opens: map[oid.ID]int{}, dying: map[oid.ID]int{}, grants: map[handleKey]grant{},
+	return openFiles{opens: map[oid.ID]int{}, dying: map[oid.ID]int{}, spared: map[oid.ID]int{},
+		grants: map[handleKey]grant{},
 		released: map[oid.ID]map[string]string{}}
 }
 
@@ -276,10 +282,11 @@ func (f *openFiles) release(id oid.ID, h *wire.HandleRef) (pending bool, anon in
 			delete(f.opens, id)
 		}
 	}
+	pending = f.dying[id] > 0 || f.spared[id] > 0
 	if named {
-		return f.dying[id] > 0, 0
+		return pending, 0
 	}
-	return f.dying[id] > 0, f.anonLocked(id)
+	return pending, f.anonLocked(id)
 }
 
 // releasedLate records that the holder key (of node) of orphan id was
@@ -338,6 +345,33 @@ func (f *openFiles) unlinked(id oid.ID) (named []handleKey, anon int) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.dying[id]++
+	return f.holdersLocked(id)
+}
+
+// replaced is unlinked for a file a rename replaces: it is marked spared
+// until unspared, not dying, since it stays (for the rename grace).
+func (f *openFiles) replaced(id oid.ID) (named []handleKey, anon int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.spared[id]++
+	return f.holdersLocked(id)
+}
+
+// unspared ends the marks of replaced.
+func (f *openFiles) unspared(ids []oid.ID) {
+	if len(ids) == 0 {
+		return
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, id := range ids {
+		if f.spared[id]--; f.spared[id] <= 0 {
+			delete(f.spared, id)
+		}
+	}
+}
+
+func (f *openFiles) holdersLocked(id oid.ID) (named []handleKey, anon int) {
 	if f.opens[id] == 0 {
 		return nil, 0
 	}

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -37,6 +38,45 @@ import (
 // as one holder named after this process (session 0, its boot number):
 // they die with the process.
 const orphanPrefix = "\x00orphan/"
+
+// A file a rename replaces is an orphan too, for the rename grace: one
+// more holder, \x00orphan/grace/<deadline>, ends at the deadline (unix
+// ns, hex). rename(2) promises that the name never goes missing, and a
+// reader resolves a name before it opens the object by id, so the
+// object must outlive the rename a little: an open by id of a spared
+// file succeeds (the old contents, as on a local file system), and the
+// opens made so become holders when the grace ends.
+const gracePrefix = orphanPrefix + "grace/"
+
+// DefaultRenameGrace is Config.RenameGrace's default: far longer than a
+// lookup-to-open gap, even across sites.
+const DefaultRenameGrace = 10 * time.Second
+
+func graceKey(deadline time.Time) string {
+	return gracePrefix + hex.EncodeToString(binary.BigEndian.AppendUint64(nil, uint64(deadline.UnixNano())))
+}
+
+// graceEnd is the deadline of the grace holder name (ok false for any
+// other name).
+func graceEnd(name string) (deadline time.Time, ok bool) {
+	b, err := hex.DecodeString(strings.TrimPrefix(name, gracePrefix))
+	if err != nil || len(b) != 8 || !strings.HasPrefix(name, gracePrefix) {
+		return time.Time{}, false
+	}
+	return time.Unix(0, int64(binary.BigEndian.Uint64(b))), true
+}
+
+// inGrace reports whether orphan id is a replaced file still in its
+// rename grace at now.
+func inGrace(tx *store.Tx, id oid.ID, now time.Time) bool {
+	spared := false
+	eachOutcome(tx, id, gracePrefix, func(name string, _ []byte) bool {
+		end, ok := graceEnd(name)
+		spared = ok && now.Before(end)
+		return !spared
+	})
+	return spared
+}
 
 // DefaultHolderIdle is Config.HolderIdle's default.
 const DefaultHolderIdle = 2 * time.Minute
@@ -111,10 +151,12 @@ func (s *Server) Release(ctx context.Context, req *wire.ReleaseRequest) (*wire.R
 	if err := s.primary(id); err != nil {
 		return nil, fmt.Errorf("release %v: %w", id, err)
 	}
+	var dying []oid.ID
+	defer func() { s.buried(dying) }()
 	err := s.update(ctx, 0, func(tx *store.Tx) error {
 		return s.endHolders(tx, id, func(name string, v []byte) bool {
 			return name == key && string(v) == node
-		})
+		}, &dying)
 	})
 	if err != nil {
 		// The client does not retry a release: the sweep ends the
@@ -173,9 +215,12 @@ func (s *Server) isOrphan(id oid.ID) bool {
 }
 
 // endHolders removes the holders of orphan id that end says are over
-// and deletes the orphan when none is left. An object with links, or
-// gone, is left alone.
-func (s *Server) endHolders(tx *store.Tx, id oid.ID, end func(name string, v []byte) bool) error {
+// and deletes the orphan when none is left, unless handles opened on it
+// while it was spared (in its rename grace) are counted here: those hold
+// it from now on. An object with links, or gone, is left alone. An id
+// deleted or held anew is marked dying (and appended to dying) until
+// the caller's Update has committed, as in unlinkObject.
+func (s *Server) endHolders(tx *store.Tx, id oid.ID, end func(name string, v []byte) bool, dying *[]oid.ID) error {
 	m, err := tx.Meta(id)
 	if err != nil || m.Nlink > 0 {
 		return nil
@@ -190,7 +235,7 @@ func (s *Server) endHolders(tx *store.Tx, id oid.ID, end func(name string, v []b
 		}
 		return true
 	})
-	if left > 0 {
+	removeEnded := func() error {
 		for _, name := range ended {
 			if err := tx.RemoveXattr(id, name); err != nil && !errors.Is(err, fserr.ErrNoAttr) {
 				return err
@@ -198,8 +243,23 @@ func (s *Server) endHolders(tx *store.Tx, id oid.ID, end func(name string, v []b
 		}
 		return nil
 	}
+	if left > 0 {
+		return removeEnded()
+	}
 	if has, err := tx.HasEntries(id); err != nil || has {
 		return err // a removed directory takes no entries: never here
+	}
+	named, anon := s.files.unlinked(id)
+	*dying = append(*dying, id)
+	named = slices.DeleteFunc(named, func(k handleKey) bool { return slices.Contains(ended, holderKey(k.session, k.id)) })
+	if slices.Contains(ended, holderKey(0, s.boot)) {
+		anon = 0
+	}
+	if len(named) > 0 || anon > 0 {
+		if err := removeEnded(); err != nil {
+			return err
+		}
+		return s.orphan(tx, id, named, anon)
 	}
 	// The slice's index of orphans forgets it at the next sweep (this
 	// transaction may still fail).
@@ -212,6 +272,9 @@ func (s *Server) endHolders(tx *store.Tx, id oid.ID, end func(name string, v []b
 // counted from since (when this server started serving the slice) at the
 // earliest.
 func (s *Server) holderLive(id oid.ID, name string, v []byte, since, now time.Time) bool {
+	if end, ok := graceEnd(name); ok {
+		return now.Before(end)
+	}
 	session, handle, ok := parseHolder(name)
 	if !ok || s.files.wasReleased(id, name, string(v)) {
 		return false
@@ -294,10 +357,12 @@ func (s *Server) sweepOrphans(ctx context.Context, sl oid.Slice, r *sliceRepl) e
 	}
 	uctx, cancel := context.WithTimeout(ctx, s.cfg.PeerTimeout)
 	defer cancel()
+	var dying []oid.ID
+	defer func() { s.buried(dying) }()
 	err = s.update(withEventual(uctx), 0, func(tx *store.Tx) error {
 		for id := range gone {
 			end := func(name string, v []byte) bool { return !s.holderLive(id, name, v, since, now) }
-			if err := s.endHolders(tx, id, end); err != nil {
+			if err := s.endHolders(tx, id, end, &dying); err != nil {
 				return err
 			}
 		}

@@ -60,27 +60,83 @@ func TestOrphanReleasedAtANewPrimary(t *testing.T) {
 	}
 }
 
-// A rename over an open file makes it an orphan as an unlink does.
+// A rename over a file keeps it for the rename grace: an open by id in
+// the grace succeeds (a reader that resolved the name just before the
+// rename reads the old file, never ENOENT), a handle open from before
+// the rename holds it as for an unlink, and a handle opened in the grace
+// holds it once the grace ends. After the grace an open by id fails.
 func TestOrphanOfRenameOver(t *testing.T) {
 	s, ctx := newTestServer(t)
+	s.cfg.RenameGrace = 300 * time.Millisecond
 	f := create(t, s, ctx, oid.Root, "f", wire.Type_TYPE_FILE)
 	create(t, s, ctx, oid.Root, "g", wire.Type_TYPE_FILE)
-	if _, err := s.Open(ctx, &wire.OpenRequest{Caller: as(0, 1), Id: f.Id, Flags: syscall.O_RDONLY}); err != nil {
+	open := func(h uint64) error {
+		_, err := s.Open(ctx, &wire.OpenRequest{Caller: as(0, h), Id: f.Id, Flags: syscall.O_RDONLY})
+		return err
+	}
+	release := func(h uint64) {
+		t.Helper()
+		if _, err := s.Release(ctx, &wire.ReleaseRequest{Id: f.Id, Handle: as(0, h).Handle}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	id := oid.ID(f.Id)
+	r := s.owned.repl(id.Slice())
+	orphan := func() (bool, int) {
+		t.Helper()
+		if err := s.sweepOrphans(ctx, id.Slice(), r); err != nil {
+			t.Fatal(err)
+		}
+		exists, holders, err := s.Orphan(id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return exists, holders
+	}
+	if err := open(1); err != nil {
 		t.Fatal(err)
 	}
+	renamed := time.Now()
 	_, err := s.Rename(ctx, &wire.RenameRequest{Caller: rootCaller, SrcDir: uint64(oid.Root), SrcName: "g", DstDir: uint64(oid.Root), DstName: "f"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	id := oid.ID(f.Id)
-	if exists, holders, err := s.Orphan(id); err != nil || !exists || holders != 1 {
-		t.Fatalf("file renamed over while open: exists %v, holders %d (%v); want an orphan with one", exists, holders, err)
+	if exists, holders := orphan(); !exists || holders != 2 {
+		t.Fatalf("file renamed over while open: exists %v, holders %d; want an orphan with two (the handle, the grace)", exists, holders)
 	}
-	if _, err := s.Release(ctx, &wire.ReleaseRequest{Id: f.Id, Handle: as(0, 1).Handle}); err != nil {
+	if err := open(2); err != nil {
+		t.Fatalf("open by id in the rename grace: %v", err)
+	}
+	release(1)
+	if exists, holders := orphan(); !exists || holders != 1 {
+		t.Fatalf("after the release in the grace: exists %v, holders %d; want the orphan with its grace", exists, holders)
+	}
+	time.Sleep(time.Until(renamed.Add(s.cfg.RenameGrace + 50*time.Millisecond)))
+	if exists, holders := orphan(); !exists || holders != 1 {
+		t.Fatalf("after the grace: exists %v, holders %d; want the orphan held by the handle opened in the grace", exists, holders)
+	}
+	if err := open(3); fserr.Errno(err) != syscall.ENOENT {
+		t.Fatalf("open by id after the grace: %v, want ENOENT", err)
+	}
+	release(2)
+	if _, err := s.primaryMeta(id); fserr.Errno(err) != syscall.ENOENT {
+		t.Fatalf("orphan after its last release: %v, want ENOENT", err)
+	}
+
+	// Nobody opens it: it goes with the grace.
+	f = create(t, s, ctx, oid.Root, "f2", wire.Type_TYPE_FILE)
+	id = oid.ID(f.Id)
+	create(t, s, ctx, oid.Root, "g2", wire.Type_TYPE_FILE)
+	renamed = time.Now()
+	if _, err := s.Rename(ctx, &wire.RenameRequest{Caller: rootCaller, SrcDir: uint64(oid.Root), SrcName: "g2", DstDir: uint64(oid.Root), DstName: "f2"}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.primaryMeta(id); fserr.Errno(err) != syscall.ENOENT {
-		t.Fatalf("orphan after its release: %v, want ENOENT", err)
+	if exists, holders := orphan(); !exists || holders != 1 {
+		t.Fatalf("file renamed over: exists %v, holders %d; want an orphan with its grace", exists, holders)
+	}
+	time.Sleep(time.Until(renamed.Add(s.cfg.RenameGrace + 50*time.Millisecond)))
+	if exists, _ := orphan(); exists {
+		t.Fatal("a replaced file nobody opened outlived its rename grace")
 	}
 }
 
@@ -169,7 +225,9 @@ func TestOrphanSweep(t *testing.T) {
 	if !sweep() {
 		t.Fatal("the sweep removed an orphan this process holds open")
 	}
-	// As after a restart: the holder is a previous process's.
+	// As after a restart: the holder is a previous process's, and this
+	// one counts no open.
+	s.files = newOpenFiles()
 	err := s.update(ctx, 1, func(tx *store.Tx) error {
 		if err := tx.RemoveXattr(id, holderKey(0, s.boot)); err != nil {
 			return err

@@ -80,15 +80,16 @@ func (s *Server) dropRemote(target string, id oid.ID, h *wire.HandleRef) {
 	}()
 }
 
-// dropLink removes one link to object id at its primary, server owner.
-func (s *Server) dropLink(ctx context.Context, owner string, id oid.ID) error {
+// dropLink removes one link to object id at its primary, server owner;
+// replaced says a rename over the name took it (unlinkReplaced).
+func (s *Server) dropLink(ctx context.Context, owner string, id oid.ID, replaced bool) error {
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.PeerTimeout)
 	defer cancel()
 	p, err := s.peer(ctx, owner)
 	if err != nil {
 		return err
 	}
-	_, err = p.DropLink(ctx, &wire.DropLinkRequest{Id: uint64(id)})
+	_, err = p.DropLink(ctx, &wire.DropLinkRequest{Id: uint64(id), Replaced: replaced})
 	return fserr.FromStatus(err)
 }
 
@@ -111,7 +112,7 @@ func (s *Server) countLink(ctx context.Context, owner string, id oid.ID) error {
 // uncountLink takes back a link counted by countLink.
 func (s *Server) uncountLink(ctx context.Context, owner string, id oid.ID) error {
 	if owner != "" {
-		return s.dropLink(ctx, owner, id)
+		return s.dropLink(ctx, owner, id, false)
 	}
 	var dying []oid.ID
 	defer func() { s.buried(dying) }()

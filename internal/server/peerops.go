@@ -94,8 +94,8 @@ func (s *Server) addLink(ctx context.Context, req *wire.AddLinkRequest) (*wire.A
 		}
 	}
 	resp := &wire.AddLinkResponse{}
-	var dying []oid.ID
-	defer func() { s.buried(dying) }()
+	var dying, spared []oid.ID
+	defer func() { s.buried(dying); s.files.unspared(spared) }()
 	dropRemote := false
 	err := s.update(ctx, req.SyncLevel, func(tx *store.Tx) error {
 		resp.Replaced, resp.Same, dropRemote = nil, false, false
@@ -142,7 +142,7 @@ func (s *Server) addLink(ctx context.Context, req *wire.AddLinkRequest) (*wire.A
 		}
 		if target != nil {
 			if !dropRemote {
-				if err := s.unlinkObject(tx, target, now, &dying); err != nil {
+				if err := s.unlinkReplaced(tx, target, now, &dying, &spared); err != nil {
 					return err
 				}
 			}
@@ -162,7 +162,7 @@ func (s *Server) addLink(ctx context.Context, req *wire.AddLinkRequest) (*wire.A
 		return nil, err
 	}
 	if dropRemote {
-		if err := s.dropLink(ctx, remoteOwner, oid.ID(resp.Replaced.Id)); err != nil {
+		if err := s.dropLink(ctx, remoteOwner, oid.ID(resp.Replaced.Id), true); err != nil {
 			s.log.Warn("could not unlink a replaced file on its server", "id", oid.ID(resp.Replaced.Id), "err", err)
 		}
 	}
@@ -195,8 +195,8 @@ func (s *Server) dropLinkHere(ctx context.Context, req *wire.DropLinkRequest) (*
 	}
 	now := time.Now().UnixNano()
 	var out *wire.Meta
-	var dying []oid.ID
-	defer func() { s.buried(dying) }()
+	var dying, spared []oid.ID
+	defer func() { s.buried(dying); s.files.unspared(spared) }()
 	err := s.update(ctx, req.SyncLevel, func(tx *store.Tx) error {
 		m, err := tx.Meta(id)
 		if err != nil {
@@ -214,6 +214,9 @@ func (s *Server) dropLinkHere(ctx context.Context, req *wire.DropLinkRequest) (*
 			return err
 		}
 		out = m
+		if req.Replaced {
+			return s.unlinkReplaced(tx, m, now, &dying, &spared)
+		}
 		return s.unlinkObject(tx, m, now, &dying)
 	})
 	if err != nil {

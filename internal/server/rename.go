@@ -48,8 +48,8 @@ func (s *Server) Rename(ctx context.Context, req *wire.RenameRequest) (*wire.Ren
 	}
 	c := cred(req.Caller)
 	now := time.Now().UnixNano()
-	var dying []oid.ID
-	defer func() { s.buried(dying) }()
+	var dying, spared []oid.ID
+	defer func() { s.buried(dying); s.files.unspared(spared) }()
 	// Objects on other servers: their meta-data for the permission checks.
 	remote := map[uint64]*wire.Meta{}
 	owners := map[uint64]string{}
@@ -147,7 +147,7 @@ func (s *Server) Rename(ctx context.Context, req *wire.RenameRequest) (*wire.Ren
 			}
 			if _, ok := remote[target.Id]; ok {
 				dropRemote = target.Id
-			} else if err := s.unlinkObject(tx, target, now, &dying); err != nil {
+			} else if err := s.unlinkReplaced(tx, target, now, &dying, &spared); err != nil {
 				return err
 			}
 			resp.Replaced = target
@@ -170,7 +170,7 @@ func (s *Server) Rename(ctx context.Context, req *wire.RenameRequest) (*wire.Ren
 			}
 		}
 		return putDirs(tx, sd, dd, now)
-	}), func() { s.buried(dying); dying = nil })
+	}), func() { s.buried(dying); s.files.unspared(spared); dying, spared = nil, nil })
 	if err == nil {
 		err = op.settle(ctx, 0)
 	}
@@ -178,7 +178,7 @@ func (s *Server) Rename(ctx context.Context, req *wire.RenameRequest) (*wire.Ren
 		return nil, fmt.Errorf("rename %q to %q: %w", req.SrcName, req.DstName, err)
 	}
 	if dropRemote != 0 {
-		if err := s.dropLink(ctx, owners[dropRemote], oid.ID(dropRemote)); err != nil {
+		if err := s.dropLink(ctx, owners[dropRemote], oid.ID(dropRemote), true); err != nil {
 			// The name is gone; the object keeps one link too many
 			// (space, not data, is lost) until an fsck.
 			s.log.Warn("could not unlink a replaced file on its server", "id", oid.ID(dropRemote), "err", err)

@@ -122,6 +122,11 @@ type Config struct {
 	// orphan beyond it; a client cut off from the primary longer loses
 	// its unlinked open files.
 	HolderIdle time.Duration
+	// RenameGrace is how long a file replaced by a rename over its name
+	// stays openable by id after the rename (default DefaultRenameGrace):
+	// a reader that resolved the old name and opens it a moment later
+	// gets the old file, as on a local file system, not ENOENT.
+	RenameGrace time.Duration
 	// OnLock, for fault tests, hears of every slice lock this server
 	// takes, renews or gives up, with until when it counts the lock held:
 	// a takeover before that is a safety violation (lockevent.go).
@@ -208,6 +213,9 @@ func New(cfg Config, st *store.Store, conf ConfigService, lockTTL time.Duration)
 	}
 	if cfg.LeaseTTL == 0 {
 		cfg.LeaseTTL = DefaultLeaseTTL
+	}
+	if cfg.RenameGrace <= 0 {
+		cfg.RenameGrace = DefaultRenameGrace
 	}
 	if cfg.HolderIdle <= 0 {
 		cfg.HolderIdle = DefaultHolderIdle

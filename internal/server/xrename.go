@@ -180,7 +180,7 @@ func (s *Server) renameAcrossSteps(ctx context.Context, req *wire.RenameRequest,
 		return nil, fmt.Errorf("after adding %q: %w", req.DstName, err)
 	}
 	if removed && owner != "" {
-		if err := s.dropLink(ctx, owner, id); err != nil {
+		if err := s.dropLink(ctx, owner, id, false); err != nil {
 			s.log.Warn("could not drop the link of a renamed file at its server", "id", id, "err", err)
 		}
 	}

@@ -4851,7 +4851,8 @@ type DropLinkRequest struct {
 	SyncLevel     uint32                 `protobuf:"varint,4,opt,name=sync_level,json=syncLevel,proto3" json:"sync_level,omitempty"`
 	Caller        *Caller                `protobuf:"bytes,5,opt,name=caller,proto3" json:"caller,omitempty"` // checked against dir and the object (sticky directories); none: no check
 	Dir           *Meta                  `protobuf:"bytes,6,opt,name=dir,proto3" json:"dir,omitempty"`
-	Handle        *HandleRef             `protobuf:"bytes,7,opt,name=handle,proto3" json:"handle,omitempty"` // an open of the object to end first (a create+open whose name was not added)
+	Handle        *HandleRef             `protobuf:"bytes,7,opt,name=handle,proto3" json:"handle,omitempty"`      // an open of the object to end first (a create+open whose name was not added)
+	Replaced      bool                   `protobuf:"varint,8,opt,name=replaced,proto3" json:"replaced,omitempty"` // the name went to a rename over it: a last link keeps the object for the rename grace
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -4933,6 +4934,13 @@ func (x *DropLinkRequest) GetHandle() *HandleRef {
 		return x.Handle
 	}
 	return nil
+}
+
+func (x *DropLinkRequest) GetReplaced() bool {
+	if x != nil {
+		return x.Replaced
+	}
+	return false
 }
 
 type DropLinkResponse struct {
@@ -7982,7 +7990,7 @@ const file_wheelfs_proto_rawDesc = "" +
 	"\vclient_node\x18\a \x01(\tR\n" +
 	"clientNode\"<\n" +
 	"\x14CreateObjectResponse\x12$\n" +
-	"\x04meta\x18\x01 \x01(\v2\x10.wheelfs.v1.MetaR\x04meta\"\xf7\x01\n" +
+	"\x04meta\x18\x01 \x01(\v2\x10.wheelfs.v1.MetaR\x04meta\"\x93\x02\n" +
 	"\x0fDropLinkRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x19\n" +
 	"\bdir_only\x18\x02 \x01(\bR\adirOnly\x12\x1b\n" +
@@ -7991,7 +7999,8 @@ const file_wheelfs_proto_rawDesc = "" +
 	"sync_level\x18\x04 \x01(\rR\tsyncLevel\x12*\n" +
 	"\x06caller\x18\x05 \x01(\v2\x12.wheelfs.v1.CallerR\x06caller\x12\"\n" +
 	"\x03dir\x18\x06 \x01(\v2\x10.wheelfs.v1.MetaR\x03dir\x12-\n" +
-	"\x06handle\x18\a \x01(\v2\x15.wheelfs.v1.HandleRefR\x06handle\"8\n" +
+	"\x06handle\x18\a \x01(\v2\x15.wheelfs.v1.HandleRefR\x06handle\x12\x1a\n" +
+	"\breplaced\x18\b \x01(\bR\breplaced\"8\n" +
 	"\x10DropLinkResponse\x12$\n" +
 	"\x04meta\x18\x01 \x01(\v2\x10.wheelfs.v1.MetaR\x04meta\"\x1d\n" +
 	"\vStatRequest\x12\x0e\n" +

@@ -1,11 +1,15 @@
 package e2e
 
 import (
+	"bytes"
+	"fmt"
 	"os"
 	"path/filepath"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/wheelfs/wheelfs/internal/server"
 )
 
 // objects returns the number of objects the deployment stores, which
@@ -100,5 +104,79 @@ func TestOrphanReclaim(t *testing.T) {
 			}
 			waitObjects(t, up.Mnt, base, "after the last close and the unlink")
 		})
+	}
+}
+
+// TestReplaceByRename checks rename(2)'s promise that a name replaced by a
+// rename over it is never missing: a reader looping on a file that a
+// writer keeps replacing (write a temporary file, rename it over) reads
+// one whole version every time, never ENOENT, and the replaced versions
+// are reclaimed afterwards (after the rename grace, server/orphans.go).
+func TestReplaceByRename(t *testing.T) {
+	t.Parallel()
+	up := startUp(t, t.TempDir())
+	dir := filepath.Join(up.Mnt, "replace")
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	p, tmp := filepath.Join(dir, "f"), filepath.Join(dir, "f.tmp")
+	version := func(i int) []byte { return bytes.Repeat([]byte(fmt.Sprintf("v%08d\n", i)), 512) }
+	if err := os.WriteFile(p, version(0), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	base := objects(t, up.Mnt)
+	stop := make(chan struct{})
+	writerErr := make(chan error, 1)
+	written := 0
+	go func() {
+		defer close(writerErr)
+		for i := 1; ; i++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if err := os.WriteFile(tmp, version(i), 0o644); err != nil {
+				writerErr <- err
+				return
+			}
+			if err := os.Rename(tmp, p); err != nil {
+				writerErr <- err
+				return
+			}
+			written = i
+		}
+	}()
+	reads, failed := 0, 0
+	for end := time.Now().Add(3 * time.Second); time.Now().Before(end); reads++ {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			if failed++; failed <= 5 {
+				t.Errorf("read %d: %v", reads, err)
+			}
+			continue
+		}
+		if len(b) != len(version(0)) || !bytes.Equal(b, bytes.Repeat(b[:10], 512)) {
+			t.Errorf("read %d: %d bytes, not one whole version", reads, len(b))
+		}
+	}
+	close(stop)
+	if err := <-writerErr; err != nil {
+		t.Fatalf("writer: %v", err)
+	}
+	t.Logf("%d reads against %d replacements, %d failed", reads, written, failed)
+	if failed > 0 {
+		t.Errorf("%d of %d reads of a file replaced by rename failed", failed, reads)
+	}
+	if written == 0 {
+		t.Fatal("the writer replaced nothing")
+	}
+	// Every replaced version goes once its grace is over.
+	deadline := time.Now().Add(server.DefaultRenameGrace + 20*time.Second)
+	for got := objects(t, up.Mnt); got != base; got = objects(t, up.Mnt) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d objects, want %d: replaced versions were not reclaimed", got, base)
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 }
