@@ -144,9 +144,9 @@ func (s *Server) buried(ids []oid.ID) {
 // knows neither (see mayData). Only when an object becomes an orphan are
 // its open handles written down, replicated, as its holders (orphans.go).
 type openFiles struct {
-	mu     sync.Mutex
-	opens  map[oid.ID]int // open handles, named and anonymous
-	dying  map[oid.ID]int // last links removed but not yet committed
+	mu    sync.Mutex
+	opens map[oid.ID]int // open handles, named and anonymous
+	dying map[oid.ID]int // last links removed but not yet committed
 	// spared are files losing their last link to a rename over it, not
 	// yet committed: they stay for the rename grace, so opens go on.
 	spared map[oid.ID]int
@@ -177,7 +177,7 @@ func keyOf(h *wire.HandleRef) (handleKey, bool) {
 
 func newOpenFiles() openFiles {
 	return openFiles{opens: map[oid.ID]int{}, dying: map[oid.ID]int{}, spared: map[oid.ID]int{},
-		grants: map[handleKey]grant{},
+		grants:   map[handleKey]grant{},
 		released: map[oid.ID]map[string]string{}}
 }
 
