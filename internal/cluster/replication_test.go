@@ -8,11 +8,13 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/wheelfs/wheelfs/internal/client"
 	"github.com/wheelfs/wheelfs/internal/configsvc"
+	"github.com/wheelfs/wheelfs/internal/fserr"
 	"github.com/wheelfs/wheelfs/internal/oid"
 	"github.com/wheelfs/wheelfs/internal/wire"
 )
@@ -152,6 +154,7 @@ type histOp struct {
 	version    int // written, or read (-1: empty file)
 	begin, end time.Time
 	ok         bool
+	err        error // a read's failure
 }
 
 func (h *history) add(op histOp) {
@@ -171,8 +174,18 @@ func (h *history) check(t *testing.T) (reads, writes int) {
 	for _, op := range h.ops {
 		byPath[op.path] = append(byPath[op.path], op)
 	}
+	failed, missing := 0, 0
 	for path, ops := range byPath {
 		for _, r := range ops {
+			if !r.write && !r.ok {
+				// A fault may fail a read, but the name a writer only
+				// replaces by a rename over it never goes missing.
+				if failed++; fserr.Errno(r.err) == syscall.ENOENT {
+					if missing++; missing <= 5 {
+						t.Errorf("%s: read at [%v,%v]: %v", path, r.begin.Sub(h.start), r.end.Sub(h.start), r.err)
+					}
+				}
+			}
 			if r.write || !r.ok {
 				continue
 			}
@@ -199,6 +212,9 @@ func (h *history) check(t *testing.T) (reads, writes int) {
 				writes++
 			}
 		}
+	}
+	if failed > 0 {
+		t.Logf("%d reads failed, %d of them with ENOENT", failed, missing)
 	}
 	return reads, writes
 }
@@ -272,7 +288,7 @@ func workload(ctx context.Context, c *Cluster, h *history, stop <-chan struct{},
 				p := paths[n%len(paths)]
 				op := histOp{path: p, begin: time.Now()}
 				data, err := reader.ReadFile(ctx, Owner(), p)
-				op.end = time.Now()
+				op.end, op.err = time.Now(), err
 				if err == nil {
 					v, verr := versionOf(p, data)
 					if verr != nil {

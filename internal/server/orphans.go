@@ -308,6 +308,7 @@ func (s *Server) sweepOrphans(ctx context.Context, sl oid.Slice, r *sliceRepl) e
 	var found, deleted, linked []oid.ID
 	seen := map[oid.ID]bool{}
 	gone := map[oid.ID]bool{} // orphans with a holder to end
+	sessionsEnded := 0        // of them, those not only at the end of a rename grace
 	visit := func(tx *store.Tx, m *wire.Meta) {
 		id := oid.ID(m.Id)
 		if m.Nlink != 0 || seen[id] {
@@ -315,16 +316,21 @@ func (s *Server) sweepOrphans(ctx context.Context, sl oid.Slice, r *sliceRepl) e
 		}
 		seen[id] = true
 		found = append(found, id)
-		any := false
+		any, ends := false, false
 		eachOutcome(tx, id, orphanPrefix, func(name string, v []byte) bool {
 			any = true
 			if !s.holderLive(id, name, v, since, now) {
 				gone[id] = true
+				_, grace := graceEnd(name)
+				ends = ends || !grace
 			}
 			return true
 		})
 		if !any {
-			gone[id] = true // no holder at all (written before holders were)
+			gone[id], ends = true, true // no holder at all (written before holders were)
+		}
+		if ends {
+			sessionsEnded++
 		}
 	}
 	err := s.store.View(func(tx *store.Tx) error {
@@ -374,7 +380,10 @@ func (s *Server) sweepOrphans(ctx context.Context, sl oid.Slice, r *sliceRepl) e
 	for id := range gone {
 		s.files.forgetReleased(id)
 	}
-	s.log.Info("holders of unlinked files ended", "slice", sl, "orphans", len(gone))
+	if sessionsEnded > 0 {
+		s.log.Info("holders of unlinked files ended", "slice", sl, "orphans", sessionsEnded)
+	}
+	s.log.Debug("orphan holders ended", "slice", sl, "orphans", len(gone), "replaced", len(gone)-sessionsEnded)
 	return nil
 }
 
