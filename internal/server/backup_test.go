@@ -3,10 +3,8 @@ package server
 import (
 	"crypto/sha256"
 	"fmt"
-	"syscall"
 	"testing"
 
-	"github.com/wheelfs/wheelfs/internal/fserr"
 	"github.com/wheelfs/wheelfs/internal/oid"
 	"github.com/wheelfs/wheelfs/internal/store"
 	"github.com/wheelfs/wheelfs/internal/wire"
@@ -110,23 +108,5 @@ func TestInstallReusesAFreedBlock(t *testing.T) {
 	})
 	if err != nil {
 		t.Fatal(err)
-	}
-}
-
-// TestCommitOfLostUploadIsEIO: a commit naming a block this server does
-// not have (uploaded before a restart or a takeover, or kept longer than
-// store.PendingTTL) fails with EIO, the data's loss, not EINVAL, and
-// changes nothing.
-func TestCommitOfLostUploadIsEIO(t *testing.T) {
-	s, ctx := newTestServer(t)
-	f := create(t, s, ctx, oid.Root, "f", wire.Type_TYPE_FILE)
-	lost := sha256.Sum256([]byte("uploaded to a server that restarted since"))
-	_, err := s.Commit(ctx, &wire.CommitRequest{Caller: rootCaller, Id: f.Id, Size: 41,
-		Blocks: []*wire.BlockRef{{Index: 0, Hash: lost[:], Len: 41}}})
-	if fserr.Errno(err) != syscall.EIO {
-		t.Fatalf("commit of a lost upload: %v, want EIO", err)
-	}
-	if m := meta(t, s, f.Id); m.Size != 0 || m.Version != f.Version {
-		t.Fatalf("after the failed commit: size %d version %d, want 0 and %d", m.Size, m.Version, f.Version)
 	}
 }

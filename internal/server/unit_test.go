@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"maps"
@@ -390,5 +391,23 @@ func TestMutatedObjectsSkipsHiddenAttributes(t *testing.T) {
 	}
 	if got := mutatedObjects(muts[:2]); len(got) != 0 {
 		t.Errorf("a sweep of hidden attributes mutates %v, want nothing", got)
+	}
+}
+
+// TestCommitOfLostUploadIsEIO: a commit naming a block this server does
+// not have (uploaded before a restart or a takeover, or kept longer than
+// store.PendingTTL) fails with EIO, the data's loss, not EINVAL, and
+// changes nothing.
+func TestCommitOfLostUploadIsEIO(t *testing.T) {
+	s, ctx := newTestServer(t)
+	f := create(t, s, ctx, oid.Root, "f", wire.Type_TYPE_FILE)
+	lost := sha256.Sum256([]byte("uploaded to a server that restarted since"))
+	_, err := s.Commit(ctx, &wire.CommitRequest{Caller: rootCaller, Id: f.Id, Size: 41,
+		Blocks: []*wire.BlockRef{{Index: 0, Hash: lost[:], Len: 41}}})
+	if fserr.Errno(err) != syscall.EIO {
+		t.Fatalf("commit of a lost upload: %v, want EIO", err)
+	}
+	if m := meta(t, s, f.Id); m.Size != 0 || m.Version != f.Version {
+		t.Fatalf("after the failed commit: size %d version %d, want 0 and %d", m.Size, m.Version, f.Version)
 	}
 }

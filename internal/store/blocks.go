@@ -66,28 +66,18 @@ func (s *Store) putHashed(h [32]byte, data []byte) ([32]byte, error) {
 	if s.isClosed() {
 		return h, ErrClosed
 	}
-	l, indexed, err := s.indexed(h)
-	if err != nil {
+	// Already indexed: remember it as pending too, so a concurrent free
+	// of the last reference cannot make a later SetBlock fail. In a
+	// segment being compacted, write a fresh copy.
+	if ok, err := s.retainIndexed(h, now); err != nil || ok {
 		return h, err
-	}
-	if indexed {
-		// Remember it as pending too, so a concurrent free of the last
-		// reference cannot make a later SetBlock fail.
-		s.pendMu.Lock()
-		if seg := s.segment(l.seg); seg != nil && !seg.compacting {
-			s.pending[h] = pendingBlock{loc: l, at: now}
-			s.pendMu.Unlock()
-			return h, nil
-		}
-		s.pendMu.Unlock()
-		// Its segment is being compacted: write a fresh copy.
 	}
 	s.appendMu.Lock()
 	defer s.appendMu.Unlock()
 	if s.refreshPending(h, now) { // a concurrent PutBlock of the same data won
 		return h, nil
 	}
-	l, err = s.appendLocked(data)
+	l, err := s.appendLocked(data)
 	if err != nil {
 		return h, err
 	}
@@ -197,17 +187,25 @@ func (s *Store) Retain(h [32]byte) bool {
 	if s.refreshPending(h, now) {
 		return true
 	}
+	ok, _ := s.retainIndexed(h, now)
+	return ok
+}
+
+// retainIndexed makes indexed block h pending (as of now) and reports
+// whether it could: false when it is not indexed or its segment is being
+// compacted.
+func (s *Store) retainIndexed(h [32]byte, now int64) (bool, error) {
 	l, indexed, err := s.indexed(h)
 	if err != nil || !indexed {
-		return false
+		return false, err
 	}
 	s.pendMu.Lock()
 	defer s.pendMu.Unlock()
 	if seg := s.segment(l.seg); seg != nil && !seg.compacting {
 		s.pending[h] = pendingBlock{loc: l, at: now}
-		return true
+		return true, nil
 	}
-	return false
+	return false, nil
 }
 
 // HasBlock reports whether the block is stored (indexed or pending).
