@@ -358,18 +358,7 @@ func (f *openFiles) replaced(id oid.ID) (named []handleKey, anon int) {
 }
 
 // unspared ends the marks of replaced.
-func (f *openFiles) unspared(ids []oid.ID) {
-	if len(ids) == 0 {
-		return
-	}
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	for _, id := range ids {
-		if f.spared[id]--; f.spared[id] <= 0 {
-			delete(f.spared, id)
-		}
-	}
-}
+func (f *openFiles) unspared(ids []oid.ID) { f.unmark(f.spared, ids) }
 
 func (f *openFiles) holdersLocked(id oid.ID) (named []handleKey, anon int) {
 	if f.opens[id] == 0 {
@@ -384,15 +373,18 @@ func (f *openFiles) holdersLocked(id oid.ID) (named []handleKey, anon int) {
 }
 
 // buried ends the dying marks of ids.
-func (f *openFiles) buried(ids []oid.ID) {
+func (f *openFiles) buried(ids []oid.ID) { f.unmark(f.dying, ids) }
+
+// unmark takes one mark of each of ids from marks (dying or spared).
+func (f *openFiles) unmark(marks map[oid.ID]int, ids []oid.ID) {
 	if len(ids) == 0 {
 		return
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	for _, id := range ids {
-		if f.dying[id]--; f.dying[id] <= 0 {
-			delete(f.dying, id)
+		if marks[id]--; marks[id] <= 0 {
+			delete(marks, id)
 		}
 	}
 }
