@@ -118,7 +118,8 @@ func TestRenameAcrossServers(t *testing.T) {
 }
 
 func TestRenameAcrossServersReplaces(t *testing.T) {
-	c, ctx := renameSetup(t, Options{})
+	const grace = 2 * time.Second
+	c, ctx := renameSetup(t, Options{Adjust: func(_ *Node, cfg *deploy.Config) { cfg.Server.RenameGrace = grace }})
 	fs := c.Client("west")
 	// The replaced object lives at the destination's server or a third.
 	for _, site := range []string{"east", "eu"} {
@@ -142,9 +143,22 @@ func TestRenameAcrossServersReplaces(t *testing.T) {
 			if err := renamePath(ctx, fs, Owner(), src, dst, 0); err != nil {
 				t.Fatal(err)
 			}
+			// A reader that resolved dst just before the rename opens the
+			// old file by id in the rename grace (server/orphans.go), even
+			// with the old object at a third server.
+			h, _, err := c.Client("eu").Open(ctx, Owner(), client.NoCues, oid.ID(old.Id), 0)
+			if err != nil {
+				t.Fatalf("open of the replaced file by id in the grace: %v", err)
+			}
+			buf := make([]byte, 16)
+			n, err := h.Read(ctx, buf, 0)
+			h.Release(ctx)
+			if err != nil || string(buf[:n]) != "old" {
+				t.Fatalf("read of the replaced file in the grace: %q, %v", buf[:n], err)
+			}
 			checkGone(t, ctx, c, src)
 			checkFile(t, ctx, c, dst, data, 1)
-			WaitFor(t, 10*time.Second, "the replaced object to be deleted", func() error {
+			WaitFor(t, grace+10*time.Second, "the replaced object to be deleted", func() error {
 				if _, err := fs.GetAttr(ctx, Owner(), client.NoCues, oid.ID(old.Id)); !errors.Is(err, fserr.ErrNotExist) {
 					return fmt.Errorf("replaced object: %v", err)
 				}
