@@ -486,6 +486,9 @@ func TestFaultsUnderWrites(t *testing.T) {
 			op := histOp{path: p, begin: time.Now()}
 			data, err := c.Client(otherSite(c, site)).ReadFile(ctx, Owner(), p)
 			if err != nil {
+				// Seen twice under a CPU hog (a name absent): say who
+				// answers what before failing.
+				diagnoseAbsent(ctx, t, c, p)
 				t.Fatalf("final read %s: %v", p, err)
 			}
 			op.end = time.Now()
@@ -500,6 +503,35 @@ func TestFaultsUnderWrites(t *testing.T) {
 	t.Logf("%d fault schedules; history of %d acknowledged writes and %d reads checked", schedules, writes, reads)
 	if writes < 20 || reads < 20 {
 		t.Errorf("too little work to judge: %d writes, %d reads", writes, reads)
+	}
+}
+
+// diagnoseAbsent logs what every site's client resolves path to, and
+// what the primary of its directory answers, in process, for its name.
+func diagnoseAbsent(ctx context.Context, t *testing.T, c *Cluster, path string) {
+	dir, name := path[:strings.LastIndex(path, "/")], path[strings.LastIndex(path, "/")+1:]
+	for _, site := range c.Sites() {
+		r, err := c.Client(site).Resolve(ctx, Owner(), path)
+		if err != nil {
+			t.Logf("%s: resolve %s: %v", site, path, err)
+			continue
+		}
+		t.Logf("%s: resolve %s: object %v, nlink %d, version %d", site, path, oid.ID(r.Meta.Id), r.Meta.Nlink, r.Meta.Version)
+	}
+	for _, site := range c.Sites() {
+		d, err := c.Client(site).Resolve(ctx, Owner(), dir)
+		if err != nil {
+			t.Logf("%s: resolve %s: %v", site, dir, err)
+			continue
+		}
+		n, err := c.PrimaryOf(ctx, c.Client(site), dir)
+		if err != nil {
+			t.Logf("%s: primary of %s: %v", site, dir, err)
+			continue
+		}
+		resp, err := n.Host().Server.Lookup(ctx, &wire.LookupRequest{Caller: &wire.Caller{}, Dir: d.Meta.Id, Name: name, AbsentOk: true})
+		t.Logf("%s: %s (version %d) at its primary %s: entry %v, absent %v, err %v", site, dir, d.Meta.Version, n,
+			resp.GetEntry(), resp.GetAbsent(), err)
 	}
 }
 
