@@ -518,12 +518,27 @@ func (s *Server) Link(ctx context.Context, req *wire.LinkRequest) (*wire.LinkRes
 // instead of counting a handle on an object about to vanish, and a
 // release racing with it ends its holder after the commit.
 func (s *Server) unlinkObject(tx *store.Tx, m *wire.Meta, now int64, dying *[]oid.ID) error {
-	return s.unlinkObjectFor(context.Background(), tx, m, now, dying)
+	return s.unlinkObjectFor(context.Background(), tx, m, now, dying, nil)
+}
+
+// unlinkReplaced is unlinkObject for m losing its name to a rename over
+// it: a file losing its last link at its primary is spared for the rename
+// grace (orphans.go) rather than deleted.
+func (s *Server) unlinkReplaced(tx *store.Tx, m *wire.Meta, now int64, dying, spared *[]oid.ID) error {
+	return s.unlinkObjectFor(context.Background(), tx, m, now, dying, spared)
 }
 
 // unlinkObjectFor is unlinkObject for a request admitted with ctx (whose
-// adopter's own lease on m does not have to be revoked first).
-func (s *Server) unlinkObjectFor(ctx context.Context, tx *store.Tx, m *wire.Meta, now int64, dying *[]oid.ID) error {
+// adopter's own lease on m does not have to be revoked first). With
+// spared non-nil, the link is lost to a rename over m: a file losing its
+// last link at its primary becomes an orphan held by the grace as well as
+// by its handles, and is marked spared (and appended to spared), not
+// dying, until the caller's Update has committed, so that opens go on
+// meanwhile. A backup deletes at once, as for any unlink there: it counts
+// no opens, and only a primary sweeps orphans.
+func (s *Server) unlinkObjectFor(ctx context.Context, tx *store.Tx, m *wire.Meta, now int64, dying, spared *[]oid.ID) error {
+	id := oid.ID(m.Id)
+	graced := spared != nil && !isDir(m) && m.Nlink == 1 && s.primary(id) == nil
 	if isDir(m) {
 		m.Nlink = 0
 	} else if m.Nlink > 0 {
@@ -533,47 +548,30 @@ func (s *Server) unlinkObjectFor(ctx context.Context, tx *store.Tx, m *wire.Meta
 	if m.Nlink > 0 {
 		return tx.PutMeta(m)
 	}
-	id := oid.ID(m.Id)
 	if err := s.mustRevoke(ctx, id); err != nil {
 		return err
 	}
-	named, anon := s.files.unlinked(id)
-	*dying = append(*dying, id)
-	if len(named) > 0 || anon > 0 {
-		// Unlinked while open: keep the data until the last release.
-		if err := s.orphan(tx, id, named, anon); err != nil {
-			return err
+	var named []handleKey
+	var anon int
+	if graced {
+		named, anon = s.files.replaced(id)
+		*spared = append(*spared, id)
+	} else {
+		named, anon = s.files.unlinked(id)
+		*dying = append(*dying, id)
+		if len(named) == 0 && anon == 0 {
+			return tx.DeleteObject(id)
 		}
-		return tx.PutMeta(m)
 	}
-	return tx.DeleteObject(id)
-}
-
-// unlinkReplaced is unlinkObject for target, losing its name to a rename
-// over it: a file losing its last link at its primary is spared for the
-// rename grace (orphans.go) rather than deleted, its open handles, if
-// any, recorded as holders as for any orphan. It is marked spared (and
-// appended to spared) until the caller's Update has committed: opens go
-// on meanwhile, and a release ends its holder after the commit.
-func (s *Server) unlinkReplaced(tx *store.Tx, m *wire.Meta, now int64, dying, spared *[]oid.ID) error {
-	id := oid.ID(m.Id)
-	if isDir(m) || m.Nlink != 1 || s.primary(id) != nil {
-		// A backup deletes at once, as for any unlink there: it counts no
-		// opens, and only a primary sweeps orphans.
-		return s.unlinkObject(tx, m, now, dying)
-	}
-	m.Nlink = 0
-	touch(m, now, false)
-	if err := s.mustRevoke(context.Background(), id); err != nil {
-		return err
-	}
-	named, anon := s.files.replaced(id)
-	*spared = append(*spared, id)
+	// Unlinked while open, or replaced: keep the data until the last
+	// holder ends.
 	if err := s.orphan(tx, id, named, anon); err != nil {
 		return err
 	}
-	if err := tx.SetXattr(id, graceKey(time.Unix(0, now).Add(s.cfg.RenameGrace)), []byte(s.cfg.ID)); err != nil {
-		return err
+	if graced {
+		if err := tx.SetXattr(id, graceKey(time.Unix(0, now).Add(s.cfg.RenameGrace)), []byte(s.cfg.ID)); err != nil {
+			return err
+		}
 	}
 	return tx.PutMeta(m)
 }
@@ -638,7 +636,7 @@ func (s *Server) Remove(ctx context.Context, req *wire.RemoveRequest) (*wire.Rem
 		if err := tx.DeleteEntry(dir, req.Name); err != nil {
 			return err
 		}
-		if err := s.unlinkObjectFor(ctx, tx, m, now, &dying); err != nil {
+		if err := s.unlinkObjectFor(ctx, tx, m, now, &dying, nil); err != nil {
 			return err
 		}
 		touch(d, now, true)
