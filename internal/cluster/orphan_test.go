@@ -229,6 +229,77 @@ func TestOrphanSurvivesFailover(t *testing.T) {
 	})
 }
 
+// TestReplacedOpenSurvivesFailover: client east resolves a file, client
+// eu replaces it by a rename, east opens the old file by id in the rename
+// grace, and the primary (west) dies before the grace ends there. The
+// server that takes over, where the grace is over by then, keeps the old
+// file for east's handle until its release. Opens in the grace used to be
+// counted only at the primary until the grace ended, so the new primary
+// deleted the file under the handle.
+func TestReplacedOpenSurvivesFailover(t *testing.T) {
+	const grace = 2 * time.Second
+	c := Start(t, Options{Sites: []string{"west", "east", "eu"}, LockTTL: 2 * time.Second,
+		Adjust: func(_ *Node, cfg *deploy.Config) {
+			cfg.Server.HolderIdle = orphanIdle
+			cfg.Server.RenameGrace = grace
+		}})
+	ctx := orphanCtx(t)
+	a, b := c.Client("east"), c.Client("eu")
+	if err := a.WriteFile(ctx, Owner(), orphanPath, orphanData, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r := resolve(t, ctx, a, Owner(), orphanPath)
+	id := oid.ID(r.Meta.Id)
+	if err := b.WriteFile(ctx, Owner(), orphanPath+".new", []byte("new"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := renamePath(ctx, b, Owner(), orphanPath+".new", orphanPath, 0); err != nil {
+		t.Fatal(err)
+	}
+	h, _, err := a.Open(ctx, Owner(), r.Cues, id, syscall.O_RDONLY)
+	if err != nil {
+		t.Fatalf("open of the replaced file by id in the grace: %v", err)
+	}
+	defer h.Release(ctx)
+	// The handle is a holder at both replicas at once, beside the grace.
+	c.WaitFor(30*time.Second, "the replaced file held by the grace and the handle at both replicas", func() error {
+		reps, err := replicaNodes(ctx, c, id)
+		if err != nil || len(reps) != 2 {
+			return fmt.Errorf("replicas %v (%v)", reps, err)
+		}
+		for _, n := range reps {
+			if exists, holders, err := srv(t, n).Orphan(id); err != nil || !exists || holders != 2 {
+				return fmt.Errorf("%s: exists %v, holders %d (%v)", n, exists, holders, err)
+			}
+		}
+		return nil
+	})
+	crashPrimary(t, ctx, c, id)
+	p, err := c.Primary(ctx, id.Slice())
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Past the grace and a sweep at the new primary, the file is still
+	// there for the handle.
+	past := time.Now().Add(grace + 3*time.Second)
+	c.WaitFor(time.Minute, "the grace and a sweep to pass at the new primary", func() error {
+		if exists, _, err := srv(t, p).Orphan(id); err != nil || !exists {
+			t.Fatalf("the replaced file went while a handle held it (exists %v, %v)", exists, err)
+		}
+		if time.Now().Before(past) {
+			return fmt.Errorf("not yet")
+		}
+		return nil
+	})
+	if err := readThrough(ctx, a, h); err != nil {
+		t.Fatalf("after the failover: %v", err)
+	}
+	h.Release(ctx)
+	c.WaitFor(time.Minute, "the replaced file gone at every replica", func() error {
+		return orphanGone(t, ctx, c, id)
+	})
+}
+
 // TestOrphanEndsWithItsSession: as TestOrphanSurvivesFailover, but the
 // holder's client host is then cut off for good without closing
 // anything (no bye): the new primary removes the orphan once the

@@ -72,14 +72,17 @@ func (s *Server) Open(ctx context.Context, req *wire.OpenRequest) (*wire.OpenRes
 	}
 	var m *wire.Meta
 	var fd *wire.FileData
+	spared := false // a file a rename replaced, in its grace
 	err := s.store.View(func(tx *store.Tx) (err error) {
 		if m, err = tx.Meta(id); err != nil {
 			return err
 		}
-		if m.Nlink == 0 && !isDir(m) && !(req.RegisterOnly && s.isHolder(ctx, tx, id, h)) && !inGrace(tx, id, time.Now()) {
+		if m.Nlink == 0 && !isDir(m) && !(req.RegisterOnly && s.isHolder(ctx, tx, id, h)) {
 			// An orphan's holder registering at a new primary goes on, and
 			// so does any open of a file a rename replaced a moment ago.
-			return fmt.Errorf("open of unlinked file: %w", fserr.ErrNotExist)
+			if spared = inGrace(tx, id, time.Now()); !spared {
+				return fmt.Errorf("open of unlinked file: %w", fserr.ErrNotExist)
+			}
 		}
 		if err := perm.Access(cred(req.Caller), attr(m), want); err != nil {
 			return err
@@ -93,6 +96,9 @@ func (s *Server) Open(ctx context.Context, req *wire.OpenRequest) (*wire.OpenRes
 		// A registration answers nothing the client uses; the client
 		// acknowledges a revocation only after it, so it must not wait.
 		err = s.settled(ctx, err, id)
+	}
+	if err == nil && spared && counted {
+		err = s.holdSpared(ctx, id, h)
 	}
 	if err != nil {
 		undo()

@@ -125,6 +125,28 @@ func (s *Server) orphan(tx *store.Tx, id oid.ID, named []handleKey, anon int) er
 	return nil
 }
 
+// holdSpared writes the handle h, just opened on id in its rename grace,
+// as one of id's holders. Counted here only, it would hold id at this
+// server alone: a primary after a failover, where the grace may be over
+// by the time the handle registers, would delete the file under it. An
+// open without a handle (in process) dies with this server anyway.
+func (s *Server) holdSpared(ctx context.Context, id oid.ID, h *wire.HandleRef) error {
+	k, ok := keyOf(h)
+	if !ok {
+		return nil
+	}
+	return s.update(ctx, 0, func(tx *store.Tx) error {
+		m, err := tx.Meta(id)
+		if err != nil {
+			return err
+		}
+		if m.Nlink > 0 {
+			return nil
+		}
+		return s.orphan(tx, id, []handleKey{k}, 0)
+	})
+}
+
 // Release implements wire.StorageServer. It ends the handle's count
 // here and, when the object is an orphan, its holder, which may have
 // been recorded at a previous primary.

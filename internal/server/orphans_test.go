@@ -64,7 +64,9 @@ func TestOrphanReleasedAtANewPrimary(t *testing.T) {
 // the grace succeeds (a reader that resolved the name just before the
 // rename reads the old file, never ENOENT), a handle open from before
 // the rename holds it as for an unlink, and a handle opened in the grace
-// holds it once the grace ends. After the grace an open by id fails.
+// is a holder at once (replicated: a primary after a failover keeps the
+// file for it), which holds it past the grace. After the grace an open
+// by id fails.
 func TestOrphanOfRenameOver(t *testing.T) {
 	s, ctx := newTestServer(t)
 	s.cfg.RenameGrace = 300 * time.Millisecond
@@ -107,9 +109,12 @@ func TestOrphanOfRenameOver(t *testing.T) {
 	if err := open(2); err != nil {
 		t.Fatalf("open by id in the rename grace: %v", err)
 	}
+	if exists, holders := orphan(); !exists || holders != 3 {
+		t.Fatalf("opened in the grace: exists %v, holders %d; want three (two handles, the grace)", exists, holders)
+	}
 	release(1)
-	if exists, holders := orphan(); !exists || holders != 1 {
-		t.Fatalf("after the release in the grace: exists %v, holders %d; want the orphan with its grace", exists, holders)
+	if exists, holders := orphan(); !exists || holders != 2 {
+		t.Fatalf("after the release in the grace: exists %v, holders %d; want the grace and the handle opened in it", exists, holders)
 	}
 	time.Sleep(time.Until(renamed.Add(s.cfg.RenameGrace + 50*time.Millisecond)))
 	if exists, holders := orphan(); !exists || holders != 1 {
