@@ -1,7 +1,9 @@
 package client
 
 import (
+	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -145,6 +147,7 @@ func (st *fileState) startUpload(ctx context.Context, f *FS, u User) {
 		ctx, cancel := context.WithTimeout(ctx, f.cfg.Timeout)
 		defer cancel()
 		err := st.sendBlocks(ctx, f, u, idxs, bufs, func(idx uint64, ref blockRef, data []byte) {
+			st.keepStaged(f, ref, data)
 			st.mu.Lock()
 			st.stage(f, idx, ref)
 			st.mu.Unlock()
@@ -222,10 +225,45 @@ func (st *fileState) dirtyBlocks(onlyFull bool) (idxs []uint64, bufs [][]byte) {
 func (st *fileState) upload(ctx context.Context, f *FS, u User, onlyFull bool) error {
 	idxs, bufs := st.dirtyBlocks(onlyFull)
 	return st.sendBlocks(ctx, f, u, idxs, bufs, func(idx uint64, ref blockRef, data []byte) {
+		st.keepStaged(f, ref, data)
 		st.stage(f, idx, ref)
 		delete(st.dirty, idx)
 		st.dirtyBytes -= BlockSize
 		freeBlockBuf(data)
+	})
+}
+
+// keepStaged caches a copy of a block just uploaded as ref, unless the
+// file's primary is in this process (it dies with this client). A
+// primary keeps uploaded blocks in memory until a commit names them, so
+// one that restarts or hands the file over meanwhile loses them; the
+// commit then sends them again from the cache (resend). The copy also
+// serves reads of what was just written.
+func (st *fileState) keepStaged(f *FS, ref blockRef, data []byte) {
+	if f.primaryInProcess(st.id) {
+		return
+	}
+	f.cacheBlock(st.id, false, ref.hash, bytes.Clone(data))
+}
+
+// resend uploads again, from the block cache, the staged blocks that
+// req names, for a commit that failed with EIO: the primary may have
+// lost them. It fails when any of them is no longer cached. st.mu is held.
+func (st *fileState) resend(ctx context.Context, f *FS, u User, req *wire.CommitRequest) error {
+	idxs := make([]uint64, len(req.Blocks))
+	bufs := make([][]byte, len(req.Blocks))
+	for i, b := range req.Blocks {
+		data, ok := f.cache.Get([32]byte(b.Hash))
+		if !ok || len(data) != int(b.Len) {
+			return fmt.Errorf("block %d of %v, uploaded before, is no longer cached: %w", b.Index, st.id, fserr.ErrIO)
+		}
+		idxs[i], bufs[i] = b.Index, data
+	}
+	i := 0
+	return st.sendBlocks(ctx, f, u, idxs, bufs, func(idx uint64, ref blockRef, _ []byte) {
+		req.Blocks[i].Hash, req.Blocks[i].Len = ref.hash[:], ref.len
+		st.staged[idx] = ref
+		i++
 	})
 }
 
@@ -326,9 +364,19 @@ func (st *fileState) commit(ctx context.Context, f *FS, u User, cues cue.Set) er
 		idxs, bufs = nil, nil
 	}
 	done := f.ops.stamp(req.Caller) // a retried commit must not undo a later writer's
-	o := f.leases.beginOwn(st.id)
-	resp, err := callVia(ctx, f, st.id, wire.StorageClient.Commit, req, callOpts{prep: func(c Conn) { o.prep(ctx, c, req.Caller) }})
-	o.end(err == nil, func(_ oid.ID, c *cached) bool { return adoptMeta(c, resp.Meta) })
+	resp, err := st.commitAt(ctx, f, req)
+	if errors.Is(err, fserr.ErrIO) && len(req.Blocks) > 0 && ctx.Err() == nil {
+		// The primary may have restarted, or another server taken the
+		// file over, since the upload: the staged blocks are gone there.
+		// Send them again and commit once more, as the same operation (a
+		// first attempt that did apply answers as it did then).
+		if rerr := st.resend(ctx, f, u, req); rerr != nil {
+			f.log.Warn("commit failed, and its uploaded blocks cannot be sent again", "id", st.id.String(), "err", err, "resend", rerr)
+		} else {
+			f.log.Info("commit failed; sent its uploaded blocks again", "id", st.id.String(), "err", err, "blocks", len(req.Blocks))
+			resp, err = st.commitAt(ctx, f, req)
+		}
+	}
 	done()
 	if err != nil {
 		return fmt.Errorf("commit %v: %w", st.id, err)
@@ -344,6 +392,15 @@ func (st *fileState) commit(ctx context.Context, f *FS, u User, cues cue.Set) er
 	}
 	st.committed(resp.Meta)
 	return nil
+}
+
+// commitAt sends req to the file's primary as a change this client
+// adopts (own.go).
+func (st *fileState) commitAt(ctx context.Context, f *FS, req *wire.CommitRequest) (*wire.CommitResponse, error) {
+	o := f.leases.beginOwn(st.id)
+	resp, err := callVia(ctx, f, st.id, wire.StorageClient.Commit, req, callOpts{prep: func(c Conn) { o.prep(ctx, c, req.Caller) }})
+	o.end(err == nil, func(_ oid.ID, c *cached) bool { return adoptMeta(c, resp.Meta) })
+	return resp, err
 }
 
 // addUnsynced records what a create left to wait for: its replication,

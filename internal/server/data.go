@@ -326,3 +326,7 @@ func (s *Server) StatFS(ctx context.Context, req *wire.StatFSRequest) (*wire.Sta
 		Files: files, Ffree: files - objects, NameLen: 255,
 	}, nil
 }
+
+// StoreUsage reports the local store's usage (tests check what it holds
+// pending, uploaded but not yet committed).
+func (s *Server) StoreUsage() (store.Usage, error) { return s.store.Usage() }
