@@ -53,11 +53,12 @@ func startOrphans(t *testing.T, edge string) *Cluster {
 		}})
 }
 
-// openOrphan writes orphanPath from a, opens it for reading and writing
-// there, and unlinks it from b. It returns the handle and the file's ID.
+// openOrphan writes orphanPath from b, opens it for reading and writing
+// at a, and unlinks it from b. It returns the handle and the file's ID.
+// (a's block cache holds none of the file: its reads ask a server.)
 func openOrphan(t *testing.T, ctx context.Context, a, b *client.FS) (*client.Handle, oid.ID) {
 	t.Helper()
-	if err := a.WriteFile(ctx, Owner(), orphanPath, orphanData, 0o644); err != nil {
+	if err := b.WriteFile(ctx, Owner(), orphanPath, orphanData, 0o644); err != nil {
 		t.Fatal(err)
 	}
 	r := resolve(t, ctx, a, Owner(), orphanPath)
@@ -81,22 +82,7 @@ func openOrphan(t *testing.T, ctx context.Context, a, b *client.FS) (*client.Han
 // slice over; it returns the crashed node.
 func failOver(t *testing.T, ctx context.Context, c *Cluster, id oid.ID) *Node {
 	t.Helper()
-	c.WaitFor(30*time.Second, "the orphan and its holder at both replicas", func() error {
-		reps, err := replicaNodes(ctx, c, id)
-		if err != nil {
-			return err
-		}
-		if len(reps) != 2 {
-			return fmt.Errorf("replicas %v", reps)
-		}
-		for _, n := range reps {
-			exists, holders, err := srv(t, n).Orphan(id)
-			if err != nil || !exists || holders != 1 {
-				return fmt.Errorf("%s: exists %v, holders %d (%v)", n, exists, holders, err)
-			}
-		}
-		return nil
-	})
+	heldAtReplicas(t, ctx, c, id, 1, "the orphan and its holder")
 	return crashPrimary(t, ctx, c, id)
 }
 
@@ -117,6 +103,44 @@ func crashPrimary(t *testing.T, ctx context.Context, c *Cluster, id oid.ID) *Nod
 		return nil
 	})
 	return old
+}
+
+// heldAtReplicas waits until both replicas of id hold it as an orphan
+// with holders holders (what: the wait).
+func heldAtReplicas(t *testing.T, ctx context.Context, c *Cluster, id oid.ID, holders int, what string) {
+	t.Helper()
+	c.WaitFor(30*time.Second, what+" at both replicas", func() error {
+		reps, err := replicaNodes(ctx, c, id)
+		if err != nil || len(reps) != 2 {
+			return fmt.Errorf("replicas %v (%v)", reps, err)
+		}
+		for _, n := range reps {
+			if exists, got, err := srv(t, n).Orphan(id); err != nil || !exists || got != holders {
+				return fmt.Errorf("%s: exists %v, holders %d (%v)", n, exists, got, err)
+			}
+		}
+		return nil
+	})
+}
+
+// keptFor fails the test if id, an orphan held by an open handle, goes
+// at its current primary before d (what: the wait) has passed.
+func keptFor(t *testing.T, ctx context.Context, c *Cluster, id oid.ID, d time.Duration, what string) {
+	t.Helper()
+	p, err := c.Primary(ctx, id.Slice())
+	if err != nil {
+		t.Fatal(err)
+	}
+	until := time.Now().Add(d)
+	c.WaitFor(d+time.Minute, what+" to pass at the new primary", func() error {
+		if exists, _, err := srv(t, p).Orphan(id); err != nil || !exists {
+			t.Fatalf("%v went at %s while a handle held it (exists %v, %v)", id, p, exists, err)
+		}
+		if time.Now().Before(until) {
+			return fmt.Errorf("not yet")
+		}
+		return nil
+	})
 }
 
 // replicaNodes returns the running servers of id's replica list.
@@ -198,20 +222,7 @@ func TestOrphanSurvivesFailover(t *testing.T) {
 		t.Fatalf("commit through the handle after the failover: %v", err)
 	}
 	// A live holder keeps the orphan past HolderIdle.
-	p, err := c.Primary(ctx, id.Slice())
-	if err != nil {
-		t.Fatal(err)
-	}
-	idle := time.Now().Add(orphanIdle + 3*time.Second)
-	c.WaitFor(time.Minute, "HolderIdle to pass at the new primary", func() error {
-		if exists, _, err := srv(t, p).Orphan(id); err != nil || !exists {
-			t.Fatalf("the orphan went while its holder was open (exists %v, %v)", exists, err)
-		}
-		if time.Now().Before(idle) {
-			return fmt.Errorf("not yet")
-		}
-		return nil
-	})
+	keptFor(t, ctx, c, id, orphanIdle+3*time.Second, "HolderIdle")
 	h.Release(ctx)
 	c.WaitFor(time.Minute, "the orphan gone at every replica", func() error {
 		return orphanGone(t, ctx, c, id)
@@ -245,7 +256,7 @@ func TestReplacedOpenSurvivesFailover(t *testing.T) {
 		}})
 	ctx := orphanCtx(t)
 	a, b := c.Client("east"), c.Client("eu")
-	if err := a.WriteFile(ctx, Owner(), orphanPath, orphanData, 0o644); err != nil {
+	if err := b.WriteFile(ctx, Owner(), orphanPath, orphanData, 0o644); err != nil {
 		t.Fatal(err)
 	}
 	r := resolve(t, ctx, a, Owner(), orphanPath)
@@ -262,35 +273,11 @@ func TestReplacedOpenSurvivesFailover(t *testing.T) {
 	}
 	defer h.Release(ctx)
 	// The handle is a holder at both replicas at once, beside the grace.
-	c.WaitFor(30*time.Second, "the replaced file held by the grace and the handle at both replicas", func() error {
-		reps, err := replicaNodes(ctx, c, id)
-		if err != nil || len(reps) != 2 {
-			return fmt.Errorf("replicas %v (%v)", reps, err)
-		}
-		for _, n := range reps {
-			if exists, holders, err := srv(t, n).Orphan(id); err != nil || !exists || holders != 2 {
-				return fmt.Errorf("%s: exists %v, holders %d (%v)", n, exists, holders, err)
-			}
-		}
-		return nil
-	})
+	heldAtReplicas(t, ctx, c, id, 2, "the replaced file held by the grace and the handle")
 	crashPrimary(t, ctx, c, id)
-	p, err := c.Primary(ctx, id.Slice())
-	if err != nil {
-		t.Fatal(err)
-	}
 	// Past the grace and a sweep at the new primary, the file is still
 	// there for the handle.
-	past := time.Now().Add(grace + 3*time.Second)
-	c.WaitFor(time.Minute, "the grace and a sweep to pass at the new primary", func() error {
-		if exists, _, err := srv(t, p).Orphan(id); err != nil || !exists {
-			t.Fatalf("the replaced file went while a handle held it (exists %v, %v)", exists, err)
-		}
-		if time.Now().Before(past) {
-			return fmt.Errorf("not yet")
-		}
-		return nil
-	})
+	keptFor(t, ctx, c, id, grace+3*time.Second, "the grace and a sweep")
 	if err := readThrough(ctx, a, h); err != nil {
 		t.Fatalf("after the failover: %v", err)
 	}
@@ -333,18 +320,7 @@ func TestOrphanSurvivesRestartOfAll(t *testing.T) {
 	ctx := orphanCtx(t)
 	a := c.Client("east")
 	h, id := openOrphan(t, ctx, a, c.Client("eu"))
-	c.WaitFor(30*time.Second, "the orphan at both replicas", func() error {
-		reps, err := replicaNodes(ctx, c, id)
-		if err != nil || len(reps) != 2 {
-			return fmt.Errorf("replicas %v (%v)", reps, err)
-		}
-		for _, n := range reps {
-			if exists, holders, err := srv(t, n).Orphan(id); err != nil || !exists || holders != 1 {
-				return fmt.Errorf("%s: exists %v, holders %d (%v)", n, exists, holders, err)
-			}
-		}
-		return nil
-	})
+	heldAtReplicas(t, ctx, c, id, 1, "the orphan")
 	nodes := c.Servers("")
 	c.StopAll(nodes...)
 	for _, n := range nodes {
