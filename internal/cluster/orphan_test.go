@@ -358,7 +358,7 @@ func TestOpenBeforeFailoverUnlinkAfter(t *testing.T) {
 	if _, err := a.Mkdir(ctx, Owner(), dir, 0o777); err != nil {
 		t.Fatal(err)
 	}
-	if err := a.WriteFile(ctx, Owner(), path, orphanData, 0o644); err != nil {
+	if err := b.WriteFile(ctx, Owner(), path, orphanData, 0o644); err != nil { // not cached at a
 		t.Fatal(err)
 	}
 	r := resolve(t, ctx, a, Owner(), path)
