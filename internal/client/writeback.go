@@ -143,11 +143,14 @@ func (st *fileState) startUpload(ctx context.Context, f *FS, u User) {
 	done := make(chan struct{})
 	st.upDone = done
 	ctx = context.WithoutCancel(ctx)
+	local := f.primaryInProcess(st.id)
 	go func() {
 		ctx, cancel := context.WithTimeout(ctx, f.cfg.Timeout)
 		defer cancel()
 		err := st.sendBlocks(ctx, f, u, idxs, bufs, func(idx uint64, ref blockRef, data []byte) {
-			st.keepStaged(f, ref, data)
+			if !local {
+				st.keepStaged(f, ref, data)
+			}
 			st.mu.Lock()
 			st.stage(f, idx, ref)
 			st.mu.Unlock()
@@ -224,8 +227,11 @@ func (st *fileState) dirtyBlocks(onlyFull bool) (idxs []uint64, bufs [][]byte) {
 // and keeps their references staged for the next commit. st.mu is held.
 func (st *fileState) upload(ctx context.Context, f *FS, u User, onlyFull bool) error {
 	idxs, bufs := st.dirtyBlocks(onlyFull)
+	local := f.primaryInProcess(st.id)
 	return st.sendBlocks(ctx, f, u, idxs, bufs, func(idx uint64, ref blockRef, data []byte) {
-		st.keepStaged(f, ref, data)
+		if !local {
+			st.keepStaged(f, ref, data)
+		}
 		st.stage(f, idx, ref)
 		delete(st.dirty, idx)
 		st.dirtyBytes -= BlockSize
@@ -233,22 +239,21 @@ func (st *fileState) upload(ctx context.Context, f *FS, u User, onlyFull bool) e
 	})
 }
 
-// keepStaged caches a copy of a block just uploaded as ref, unless the
-// file's primary is in this process (it dies with this client). A
+// keepStaged caches a copy of a block just uploaded as ref to a primary
+// in another process (one in this process dies with this client). A
 // primary keeps uploaded blocks in memory until a commit names them, so
 // one that restarts or hands the file over meanwhile loses them; the
 // commit then sends them again from the cache (resend). The copy also
 // serves reads of what was just written.
 func (st *fileState) keepStaged(f *FS, ref blockRef, data []byte) {
-	if f.primaryInProcess(st.id) {
-		return
-	}
 	f.cacheBlock(st.id, false, ref.hash, bytes.Clone(data))
 }
 
 // resend uploads again, from the block cache, the staged blocks that
 // req names, for a commit that failed with EIO: the primary may have
-// lost them. It fails when any of them is no longer cached. st.mu is held.
+// lost them. It fails when any of them is no longer cached. Blocks are
+// named by their content's hash, so req and the staged references stay
+// as they are. st.mu is held.
 func (st *fileState) resend(ctx context.Context, f *FS, u User, req *wire.CommitRequest) error {
 	idxs := make([]uint64, len(req.Blocks))
 	bufs := make([][]byte, len(req.Blocks))
@@ -259,12 +264,7 @@ func (st *fileState) resend(ctx context.Context, f *FS, u User, req *wire.Commit
 		}
 		idxs[i], bufs[i] = b.Index, data
 	}
-	i := 0
-	return st.sendBlocks(ctx, f, u, idxs, bufs, func(idx uint64, ref blockRef, _ []byte) {
-		req.Blocks[i].Hash, req.Blocks[i].Len = ref.hash[:], ref.len
-		st.staged[idx] = ref
-		i++
-	})
+	return st.sendBlocks(ctx, f, u, idxs, bufs, func(uint64, blockRef, []byte) {})
 }
 
 // stage records an uploaded block for the next commit (st.mu held). The
